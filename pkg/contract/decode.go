@@ -1,0 +1,126 @@
+package contract
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"unicode/utf8"
+)
+
+// Size and shape limits applied before any JSON is decoded.
+const (
+	// MaxEnvelopeBytes is the largest envelope accepted anywhere; streams are
+	// configured with the same max message size.
+	MaxEnvelopeBytes = 1 << 20
+	// MaxDataBytes caps an event's data, a payload or a checkpoint.
+	MaxDataBytes = 512 << 10
+	// MaxDepth is the deepest nesting of objects and arrays accepted.
+	MaxDepth = 32
+)
+
+// checkShape rejects input that is too large, not UTF-8, nested deeper than
+// MaxDepth or followed by trailing data, without building any value: a
+// 10,000-deep array costs a scan, not a stack.
+func checkShape(field string, b []byte, limit int) error {
+	if len(b) > limit {
+		return tooLarge(field, len(b), limit)
+	}
+	if len(b) == 0 {
+		return fieldErr(field, "is empty")
+	}
+	if !utf8.Valid(b) {
+		return fieldErr(field, "is not valid UTF-8")
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.UseNumber()
+	depth := 0
+	for {
+		tok, err := dec.Token()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return fieldErr(field, "is not valid JSON: "+jsonReason(err))
+		}
+		if d, ok := tok.(json.Delim); ok {
+			switch d {
+			case '{', '[':
+				depth++
+				if depth > MaxDepth {
+					return fieldErr(field, fmt.Sprintf("is nested deeper than %d levels", MaxDepth))
+				}
+			default:
+				depth--
+			}
+		}
+		if depth == 0 && dec.More() {
+			return fieldErr(field, "has data after the JSON value")
+		}
+	}
+	return nil
+}
+
+// decodeStrict decodes b into v rejecting unknown fields, after checkShape.
+func decodeStrict(field string, b []byte, limit int, v any) error {
+	if err := checkShape(field, b, limit); err != nil {
+		return err
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return fieldErr(field, "is not valid: "+jsonReason(err))
+	}
+	return nil
+}
+
+// jsonReason turns encoding/json errors into text that names the field.
+func jsonReason(err error) string {
+	var typeErr *json.UnmarshalTypeError
+	var syntaxErr *json.SyntaxError
+	switch {
+	case errors.As(err, &typeErr):
+		if typeErr.Field != "" {
+			return fmt.Sprintf("field %q must be %s, got %s", typeErr.Field, typeName(typeErr.Type.String()), typeErr.Value)
+		}
+		return fmt.Sprintf("expected %s, got %s", typeName(typeErr.Type.String()), typeErr.Value)
+	case errors.As(err, &syntaxErr):
+		return fmt.Sprintf("syntax error at byte %d: %s", syntaxErr.Offset, syntaxErr.Error())
+	case errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, io.EOF):
+		return "unexpected end of input (truncated JSON)"
+	}
+	msg := err.Error()
+	if rest, ok := strings.CutPrefix(msg, "json: unknown field "); ok {
+		return "unknown field " + rest
+	}
+	return strings.TrimPrefix(msg, "json: ")
+}
+
+func typeName(goType string) string {
+	switch {
+	case strings.HasPrefix(goType, "int"), strings.HasPrefix(goType, "uint"):
+		return "an integer"
+	case strings.HasPrefix(goType, "float"):
+		return "a number"
+	case goType == "string", goType == "time.Time":
+		return "a string"
+	case goType == "bool":
+		return "a boolean"
+	case strings.HasPrefix(goType, "map"), strings.HasPrefix(goType, "struct"):
+		return "an object"
+	case strings.HasPrefix(goType, "[]"):
+		return "an array"
+	}
+	return goType
+}
+
+// checkRaw validates an optional embedded JSON value (data, payload,
+// checkpoint).
+func checkRaw(field string, raw json.RawMessage) error {
+	if len(raw) == 0 {
+		return nil
+	}
+	return checkShape(field, raw, MaxDataBytes)
+}

@@ -1,0 +1,148 @@
+package contract
+
+import (
+	"encoding/json"
+	"fmt"
+	"time"
+)
+
+// SpecVersion is the CloudEvents version of every envelope.
+const SpecVersion = "1.0"
+
+// Envelope is a CloudEvents 1.0 event in JSON structured mode. Producer
+// events on INGEST and EVENTS, lifecycle events on RETRIES, runs and jobs all
+// travel in it.
+type Envelope struct {
+	SpecVersion     string          `json:"specversion"`
+	ID              string          `json:"id"`
+	Source          string          `json:"source"`
+	Type            string          `json:"type"`
+	Time            time.Time       `json:"time"`
+	Subject         string          `json:"subject,omitempty"`
+	DataContentType string          `json:"datacontenttype,omitempty"`
+	Data            json.RawMessage `json:"data,omitempty"`
+}
+
+// ProducerEvent is what a producer sends to POST /v1/events or to
+// ingest.<source>: an envelope whose specversion, id and time may be left
+// out (ingress fills them in).
+type ProducerEvent struct {
+	SpecVersion     string          `json:"specversion,omitempty"`
+	ID              string          `json:"id,omitempty"`
+	Source          string          `json:"source"`
+	Type            string          `json:"type"`
+	Time            *time.Time      `json:"time,omitempty"`
+	Subject         string          `json:"subject,omitempty"`
+	DataContentType string          `json:"datacontenttype,omitempty"`
+	Data            json.RawMessage `json:"data,omitempty"`
+}
+
+// DecodeProducerEvent strictly decodes and validates a producer event.
+// Fields left out stay empty; call Envelope to complete it.
+func DecodeProducerEvent(b []byte) (ProducerEvent, error) {
+	var ev ProducerEvent
+	if err := decodeStrict("event", b, MaxEnvelopeBytes, &ev); err != nil {
+		return ProducerEvent{}, err
+	}
+	return ev, ev.Validate()
+}
+
+// Validate checks every field of a producer event.
+func (ev ProducerEvent) Validate() error {
+	if ev.SpecVersion != "" && ev.SpecVersion != SpecVersion {
+		return fieldErr("specversion", fmt.Sprintf("must be %q, got %q", SpecVersion, ev.SpecVersion))
+	}
+	if ev.ID != "" {
+		if err := ValidateID("id", ev.ID); err != nil {
+			return err
+		}
+	}
+	if err := ValidateToken("source", ev.Source); err != nil {
+		return err
+	}
+	if err := ValidateType("type", ev.Type); err != nil {
+		return err
+	}
+	if len(ev.Subject) > MaxIDLen {
+		return fieldErr("subject", fmt.Sprintf("is longer than %d characters", MaxIDLen))
+	}
+	if ev.DataContentType != "" && ev.DataContentType != ContentTypeJSON {
+		return fieldErr("datacontenttype", fmt.Sprintf("must be %q when set", ContentTypeJSON))
+	}
+	return checkRaw("data", ev.Data)
+}
+
+// Envelope completes a producer event: id (when empty, from fallbackID),
+// specversion and time (when empty, now).
+func (ev ProducerEvent) Envelope(fallbackID string, now time.Time) Envelope {
+	id := ev.ID
+	if id == "" {
+		id = fallbackID
+	}
+	t := now.UTC()
+	if ev.Time != nil {
+		t = ev.Time.UTC()
+	}
+	return Envelope{
+		SpecVersion:     SpecVersion,
+		ID:              id,
+		Source:          ev.Source,
+		Type:            ev.Type,
+		Time:            t,
+		Subject:         ev.Subject,
+		DataContentType: ev.DataContentType,
+		Data:            ev.Data,
+	}
+}
+
+// DecodeEnvelope strictly decodes a complete envelope and validates its
+// attributes. Lifecycle, run and job envelopes have a free-form source (such
+// as "retryd/scheduler"); use ValidateEventEnvelope for producer events.
+func DecodeEnvelope(b []byte) (Envelope, error) {
+	var env Envelope
+	if err := decodeStrict("envelope", b, MaxEnvelopeBytes, &env); err != nil {
+		return Envelope{}, err
+	}
+	return env, env.validate()
+}
+
+func (env Envelope) validate() error {
+	if env.SpecVersion != SpecVersion {
+		return fieldErr("specversion", fmt.Sprintf("must be %q, got %q", SpecVersion, env.SpecVersion))
+	}
+	if env.ID == "" || len(env.ID) > 2*MaxIDLen+64 {
+		return fieldErr("id", "is required and at most 320 characters")
+	}
+	if env.Source == "" || len(env.Source) > 256 {
+		return fieldErr("source", "is required and at most 256 characters")
+	}
+	if env.Type == "" || len(env.Type) > MaxTypeLen {
+		return fieldErr("type", fmt.Sprintf("is required and at most %d characters", MaxTypeLen))
+	}
+	if env.Time.IsZero() {
+		return fieldErr("time", "is required (RFC 3339)")
+	}
+	return checkRaw("data", env.Data)
+}
+
+// ValidateEventEnvelope checks the stricter rules of producer events (as on
+// INGEST and EVENTS): a subject-safe id, a token source and a dotted type.
+func ValidateEventEnvelope(env Envelope) error {
+	if err := ValidateID("id", env.ID); err != nil {
+		return err
+	}
+	if err := ValidateToken("source", env.Source); err != nil {
+		return err
+	}
+	return ValidateType("type", env.Type)
+}
+
+// Marshal encodes the envelope. It cannot fail for envelopes built by this
+// package; an error means Data is not valid JSON.
+func (env Envelope) Marshal() ([]byte, error) {
+	b, err := json.Marshal(env)
+	if err != nil {
+		return nil, fmt.Errorf("marshal envelope: %w", err)
+	}
+	return b, nil
+}

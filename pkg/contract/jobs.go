@@ -1,0 +1,97 @@
+package contract
+
+import (
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats.go"
+)
+
+// JobData is a unit of work on jobs.<job_type>. A first run has Attempt 1
+// and no checkpoint; a retry (routed from retry.job.due.<id>) carries the
+// attempt number and the checkpoint of the last failure, so a multi-step job
+// resumes where it stopped.
+type JobData struct {
+	ID           string            `json:"id"`
+	JobType      string            `json:"job_type"`
+	Attempt      int               `json:"attempt"`
+	Payload      json.RawMessage   `json:"payload,omitempty"`
+	Checkpoint   json.RawMessage   `json:"checkpoint,omitempty"`
+	MaxRetries   *int              `json:"max_retries,omitempty"`
+	RetryEnabled *bool             `json:"retry_enabled,omitempty"`
+	TimeoutMS    int64             `json:"timeout_ms,omitempty"`
+	Metadata     map[string]string `json:"metadata,omitempty"`
+}
+
+// JobMsgID is the Nats-Msg-Id of a job message. The first run uses
+// "job:<id>:1"; runs routed from a due event reuse the due's id
+// ("job-retry:<id>:<attempt>") so a due routed twice runs once.
+func JobMsgID(id string, attempt int) string {
+	if attempt <= 1 {
+		return "job:" + id + ":1"
+	}
+	return DueMsgID(KindJob, id, attempt)
+}
+
+// Validate checks a job.
+func (d JobData) Validate() error {
+	if err := ValidateID("data.id", d.ID); err != nil {
+		return err
+	}
+	if err := ValidateToken("data.job_type", d.JobType); err != nil {
+		return err
+	}
+	if err := ValidateAttempt("data.attempt", d.Attempt); err != nil {
+		return err
+	}
+	if d.MaxRetries != nil && (*d.MaxRetries < 0 || *d.MaxRetries > 1000) {
+		return fieldErr("data.max_retries", fmt.Sprintf("must be between 0 and 1000, got %d", *d.MaxRetries))
+	}
+	if d.TimeoutMS < 0 || d.TimeoutMS > int64(24*time.Hour/time.Millisecond) {
+		return fieldErr("data.timeout_ms", "must be between 0 and 24 hours")
+	}
+	if err := checkRaw("data.payload", d.Payload); err != nil {
+		return err
+	}
+	if err := checkRaw("data.checkpoint", d.Checkpoint); err != nil {
+		return err
+	}
+	return validateMetadata(d.Metadata)
+}
+
+// NewJobMsg builds the message for jobs.<job_type>.
+func NewJobMsg(source string, d JobData, now time.Time) (*nats.Msg, error) {
+	if err := d.Validate(); err != nil {
+		return nil, fmt.Errorf("build job: %w", err)
+	}
+	raw, err := json.Marshal(d)
+	if err != nil {
+		return nil, fmt.Errorf("marshal job: %w", err)
+	}
+	msg, err := newEnvelopeMsg(JobSubject(d.JobType), JobMsgID(d.ID, d.Attempt), source, "job.requested", raw, now)
+	if err != nil {
+		return nil, err
+	}
+	msg.Header.Set(HeaderKind, KindJob)
+	msg.Header.Set(HeaderItemID, d.ID)
+	msg.Header.Set(HeaderAttempt, strconv.Itoa(d.Attempt))
+	return msg, nil
+}
+
+// DecodeJob strictly decodes a jobs.<job_type> message.
+func DecodeJob(subject string, body []byte) (Envelope, JobData, error) {
+	var d JobData
+	env, err := decodeTyped(subject, body, &d, func() error {
+		jt, err := ParseJobSubject(subject)
+		if err != nil {
+			return err
+		}
+		if jt != d.JobType {
+			return fieldErr("data.job_type", fmt.Sprintf("%q does not match subject job type %q", d.JobType, jt))
+		}
+		return d.Validate()
+	})
+	return env, d, err
+}

@@ -1,0 +1,276 @@
+package contract
+
+import (
+	"encoding/json"
+	"fmt"
+	"time"
+)
+
+// ErrorInfo is what went wrong in an attempt. Class is one of the error
+// classes (see package errclass); empty means "classify the message".
+type ErrorInfo struct {
+	Class   string `json:"class,omitempty"`
+	Message string `json:"message"`
+}
+
+// FailedData is published by an item's owner on retry.<kind>.failed.<id>
+// when attempt number Attempt did not succeed.
+type FailedData struct {
+	Kind    string    `json:"kind"`
+	ID      string    `json:"id"`
+	Attempt int       `json:"attempt"`
+	Error   ErrorInfo `json:"error"`
+	// Reason is a short machine-readable cause set by owners that hold an
+	// item back themselves: source_throttled, source_paused,
+	// trigger_throttled, max_concurrency. With RetryAfter it makes the
+	// scheduler record decided_by=throttle.
+	Reason     string      `json:"reason,omitempty"`
+	RetryAfter *RetryAfter `json:"retry_after,omitempty"`
+	JobType    string      `json:"job_type,omitempty"`
+	Source     string      `json:"source,omitempty"`
+	// MaxRetries and RetryEnabled are job-level overrides of the policy.
+	MaxRetries   *int              `json:"max_retries,omitempty"`
+	RetryEnabled *bool             `json:"retry_enabled,omitempty"`
+	Payload      json.RawMessage   `json:"payload,omitempty"`
+	Checkpoint   json.RawMessage   `json:"checkpoint,omitempty"`
+	Metadata     map[string]string `json:"metadata,omitempty"`
+}
+
+// SucceededData is published by the owner when attempt Attempt worked.
+type SucceededData struct {
+	Kind     string            `json:"kind"`
+	ID       string            `json:"id"`
+	Attempt  int               `json:"attempt"`
+	Metadata map[string]string `json:"metadata,omitempty"`
+}
+
+// Decision says why the scheduler chose a time: the policy and version, the
+// backoff figures, and what decided (backoff, retry_after, throttle or
+// manual).
+type Decision struct {
+	Policy        string `json:"policy"`
+	PolicyVersion int    `json:"policy_version"`
+	DecidedBy     string `json:"decided_by"`
+	ErrorClass    string `json:"error_class,omitempty"`
+	BaseDelayMS   int64  `json:"base_delay_ms"`
+	JitterMS      int64  `json:"jitter_ms"`
+	DelayMS       int64  `json:"delay_ms"`
+	RetryAfterMS  *int64 `json:"retry_after_ms,omitempty"`
+	RetryCount    int    `json:"retry_count"`
+	MaxRetries    int    `json:"max_retries"`
+	Note          string `json:"note,omitempty"`
+}
+
+// Values of Decision.DecidedBy.
+const (
+	DecidedByBackoff    = "backoff"
+	DecidedByRetryAfter = "retry_after"
+	DecidedByThrottle   = "throttle"
+	DecidedByManual     = "manual"
+)
+
+// ScheduledData is published by the scheduler on retry.<kind>.scheduled.<id>
+// (first retry) and retry.<kind>.rescheduled.<id> (later ones, and manual
+// retries). Attempt is the attempt that will run when due.
+type ScheduledData struct {
+	Kind          string    `json:"kind"`
+	ID            string    `json:"id"`
+	Attempt       int       `json:"attempt"`
+	NextAttemptAt time.Time `json:"next_attempt_at"`
+	JobType       string    `json:"job_type,omitempty"`
+	Source        string    `json:"source,omitempty"`
+	Decision      Decision  `json:"decision"`
+}
+
+// DueData is published by the scheduler on retry.<kind>.due.<id> with
+// Nats-Msg-Id DueMsgID(kind, id, attempt). It brings back the payload and
+// checkpoint of the last failure.
+type DueData struct {
+	Kind          string            `json:"kind"`
+	ID            string            `json:"id"`
+	Attempt       int               `json:"attempt"`
+	NextAttemptAt time.Time         `json:"next_attempt_at"`
+	JobType       string            `json:"job_type,omitempty"`
+	Source        string            `json:"source,omitempty"`
+	Payload       json.RawMessage   `json:"payload,omitempty"`
+	Checkpoint    json.RawMessage   `json:"checkpoint,omitempty"`
+	Metadata      map[string]string `json:"metadata,omitempty"`
+}
+
+// Values of ExhaustedData.Reason.
+const (
+	ExhaustedMaxRetries      = "max_retries"
+	ExhaustedNonRetryable    = "non_retryable"
+	ExhaustedRetriesDisabled = "retries_disabled"
+)
+
+// ExhaustedData is the dead-letter fact on retry.<kind>.exhausted.<id>.
+type ExhaustedData struct {
+	Kind          string    `json:"kind"`
+	ID            string    `json:"id"`
+	Attempt       int       `json:"attempt"`
+	Reason        string    `json:"reason"`
+	Error         ErrorInfo `json:"error"`
+	RetryCount    int       `json:"retry_count"`
+	MaxRetries    int       `json:"max_retries"`
+	Policy        string    `json:"policy"`
+	PolicyVersion int       `json:"policy_version"`
+	JobType       string    `json:"job_type,omitempty"`
+	Source        string    `json:"source,omitempty"`
+}
+
+// CancelledData is published on retry.<kind>.cancelled.<id> by an operator
+// (through the scheduler's API) or by an owner that gave up on the item.
+type CancelledData struct {
+	Kind    string `json:"kind"`
+	ID      string `json:"id"`
+	Attempt int    `json:"attempt"`
+	By      string `json:"by"`
+	Reason  string `json:"reason,omitempty"`
+}
+
+// validate methods check what JSON decoding cannot.
+
+func validateItem(kind, id string, attempt int) error {
+	if err := ValidateKind("data.kind", kind); err != nil {
+		return err
+	}
+	if err := ValidateID("data.id", id); err != nil {
+		return err
+	}
+	return ValidateAttempt("data.attempt", attempt)
+}
+
+func validateOptionalTokens(jobType, source string) error {
+	if jobType != "" {
+		if err := ValidateToken("data.job_type", jobType); err != nil {
+			return err
+		}
+	}
+	if source != "" {
+		if err := ValidateToken("data.source", source); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func validateMetadata(md map[string]string) error {
+	if len(md) > 32 {
+		return fieldErr("data.metadata", "has more than 32 entries")
+	}
+	for k, v := range md {
+		if k == "" || len(k) > 64 || len(v) > 1024 {
+			return fieldErr("data.metadata", fmt.Sprintf("entry %q: keys are 1 to 64 characters, values at most 1024", k))
+		}
+	}
+	return nil
+}
+
+func validateError(e ErrorInfo) error {
+	if e.Class != "" {
+		if err := ValidateToken("data.error.class", e.Class); err != nil {
+			return err
+		}
+	}
+	if len(e.Message) > MaxMessageLen {
+		return fieldErr("data.error.message", fmt.Sprintf("is longer than %d bytes", MaxMessageLen))
+	}
+	return nil
+}
+
+// Validate checks a failed event.
+func (d FailedData) Validate() error {
+	if err := validateItem(d.Kind, d.ID, d.Attempt); err != nil {
+		return err
+	}
+	if err := validateError(d.Error); err != nil {
+		return err
+	}
+	if len(d.Reason) > MaxTokenLen {
+		return fieldErr("data.reason", fmt.Sprintf("is longer than %d characters", MaxTokenLen))
+	}
+	if err := validateOptionalTokens(d.JobType, d.Source); err != nil {
+		return err
+	}
+	if d.MaxRetries != nil && (*d.MaxRetries < 0 || *d.MaxRetries > 1000) {
+		return fieldErr("data.max_retries", fmt.Sprintf("must be between 0 and 1000, got %d", *d.MaxRetries))
+	}
+	if err := checkRaw("data.payload", d.Payload); err != nil {
+		return err
+	}
+	if err := checkRaw("data.checkpoint", d.Checkpoint); err != nil {
+		return err
+	}
+	return validateMetadata(d.Metadata)
+}
+
+// Validate checks a succeeded event.
+func (d SucceededData) Validate() error {
+	if err := validateItem(d.Kind, d.ID, d.Attempt); err != nil {
+		return err
+	}
+	return validateMetadata(d.Metadata)
+}
+
+// Validate checks a scheduled or rescheduled event.
+func (d ScheduledData) Validate() error {
+	if err := validateItem(d.Kind, d.ID, d.Attempt); err != nil {
+		return err
+	}
+	if d.NextAttemptAt.IsZero() {
+		return fieldErr("data.next_attempt_at", "is required")
+	}
+	return validateOptionalTokens(d.JobType, d.Source)
+}
+
+// Validate checks a due event.
+func (d DueData) Validate() error {
+	if err := validateItem(d.Kind, d.ID, d.Attempt); err != nil {
+		return err
+	}
+	if err := validateOptionalTokens(d.JobType, d.Source); err != nil {
+		return err
+	}
+	if err := checkRaw("data.payload", d.Payload); err != nil {
+		return err
+	}
+	if err := checkRaw("data.checkpoint", d.Checkpoint); err != nil {
+		return err
+	}
+	return validateMetadata(d.Metadata)
+}
+
+// Validate checks an exhausted event.
+func (d ExhaustedData) Validate() error {
+	if err := validateItem(d.Kind, d.ID, d.Attempt); err != nil {
+		return err
+	}
+	switch d.Reason {
+	case ExhaustedMaxRetries, ExhaustedNonRetryable, ExhaustedRetriesDisabled:
+	default:
+		return fieldErr("data.reason", fmt.Sprintf("%q is not max_retries, non_retryable or retries_disabled", d.Reason))
+	}
+	return validateError(d.Error)
+}
+
+// Validate checks a cancelled event. Attempt may be 0 when the item was
+// cancelled before it ever failed.
+func (d CancelledData) Validate() error {
+	if err := ValidateKind("data.kind", d.Kind); err != nil {
+		return err
+	}
+	if err := ValidateID("data.id", d.ID); err != nil {
+		return err
+	}
+	if d.Attempt < 0 || d.Attempt > MaxAttempt {
+		return fieldErr("data.attempt", fmt.Sprintf("must be between 0 and %d", MaxAttempt))
+	}
+	if d.By == "" || len(d.By) > MaxTokenLen {
+		return fieldErr("data.by", fmt.Sprintf("is required and at most %d characters", MaxTokenLen))
+	}
+	if len(d.Reason) > MaxMessageLen {
+		return fieldErr("data.reason", fmt.Sprintf("is longer than %d bytes", MaxMessageLen))
+	}
+	return nil
+}

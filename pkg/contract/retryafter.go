@@ -1,0 +1,80 @@
+package contract
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"math"
+	"strconv"
+	"time"
+)
+
+// MaxRetryAfter bounds a retry-after hint; the scheduler caps it further at
+// the policy's max delay.
+const MaxRetryAfter = 366 * 24 * time.Hour
+
+// RetryAfter is the owner's hint for when to try again, as in HTTP's
+// Retry-After: either an absolute time (RFC 3339 string) or a number of
+// seconds (JSON number, or a string of digits).
+type RetryAfter struct {
+	At    time.Time
+	After time.Duration
+}
+
+// RetryAfterAt builds an absolute hint.
+func RetryAfterAt(t time.Time) *RetryAfter { return &RetryAfter{At: t.UTC()} }
+
+// RetryAfterDuration builds a relative hint.
+func RetryAfterDuration(d time.Duration) *RetryAfter { return &RetryAfter{After: d} }
+
+// Delay resolves the hint against the failure time; never negative.
+func (r RetryAfter) Delay(failedAt time.Time) time.Duration {
+	d := r.After
+	if !r.At.IsZero() {
+		d = r.At.Sub(failedAt)
+	}
+	return max(d, 0)
+}
+
+// MarshalJSON writes an RFC 3339 string for absolute hints and seconds for
+// relative ones.
+func (r RetryAfter) MarshalJSON() ([]byte, error) {
+	if !r.At.IsZero() {
+		return json.Marshal(r.At.UTC().Format(time.RFC3339Nano))
+	}
+	return []byte(strconv.FormatFloat(r.After.Seconds(), 'f', -1, 64)), nil
+}
+
+// UnmarshalJSON accepts a number of seconds, a string of seconds or an
+// RFC 3339 time.
+func (r *RetryAfter) UnmarshalJSON(b []byte) error {
+	b = bytes.TrimSpace(b)
+	if len(b) > 0 && b[0] == '"' {
+		var s string
+		if err := json.Unmarshal(b, &s); err != nil {
+			return err
+		}
+		if secs, err := strconv.ParseFloat(s, 64); err == nil {
+			return r.setSeconds(secs)
+		}
+		t, err := time.Parse(time.RFC3339Nano, s)
+		if err != nil {
+			return fmt.Errorf("retry_after %q is neither RFC 3339 nor a number of seconds", s)
+		}
+		*r = RetryAfter{At: t.UTC()}
+		return nil
+	}
+	secs, err := strconv.ParseFloat(string(b), 64)
+	if err != nil {
+		return fmt.Errorf("retry_after must be an RFC 3339 string or a number of seconds")
+	}
+	return r.setSeconds(secs)
+}
+
+func (r *RetryAfter) setSeconds(secs float64) error {
+	if math.IsNaN(secs) || secs < 0 || secs > MaxRetryAfter.Seconds() {
+		return fmt.Errorf("retry_after must be between 0 and %d seconds", int64(MaxRetryAfter.Seconds()))
+	}
+	*r = RetryAfter{After: time.Duration(secs * float64(time.Second))}
+	return nil
+}

@@ -1,0 +1,182 @@
+package contract
+
+import (
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go"
+)
+
+// RunRequestedData asks for a workflow run; published by triggers on
+// runs.<workflow>.requested.<run_id> with Nats-Msg-Id "run:<run_id>".
+type RunRequestedData struct {
+	RunID          string          `json:"run_id"`
+	Workflow       string          `json:"workflow"`
+	TriggerID      string          `json:"trigger_id"`
+	TriggerVersion int             `json:"trigger_version"`
+	DeliveryID     string          `json:"delivery_id"`
+	EventID        string          `json:"event_id"`
+	Event          json.RawMessage `json:"event,omitempty"`
+}
+
+// RunFinishedData reports a run's end on runs.<workflow>.completed.<run_id>
+// or runs.<workflow>.failed.<run_id>.
+type RunFinishedData struct {
+	RunID    string     `json:"run_id"`
+	Workflow string     `json:"workflow"`
+	Error    *ErrorInfo `json:"error,omitempty"`
+}
+
+// RunMsgID is the Nats-Msg-Id of a run event: "run-<event>:<run_id>".
+func RunMsgID(event, runID string) string { return "run-" + event + ":" + runID }
+
+// Validate checks a run request.
+func (d RunRequestedData) Validate() error {
+	for _, f := range []struct{ name, v string }{{"data.run_id", d.RunID}, {"data.trigger_id", d.TriggerID}, {"data.delivery_id", d.DeliveryID}, {"data.event_id", d.EventID}} {
+		if err := ValidateID(f.name, f.v); err != nil {
+			return err
+		}
+	}
+	if err := ValidateToken("data.workflow", d.Workflow); err != nil {
+		return err
+	}
+	return checkRaw("data.event", d.Event)
+}
+
+// Validate checks a run completion or failure.
+func (d RunFinishedData) Validate() error {
+	if err := ValidateID("data.run_id", d.RunID); err != nil {
+		return err
+	}
+	if err := ValidateToken("data.workflow", d.Workflow); err != nil {
+		return err
+	}
+	if d.Error != nil {
+		return validateError(*d.Error)
+	}
+	return nil
+}
+
+// NewRunMsg builds a RUNS message; data is RunRequestedData for "requested"
+// and RunFinishedData for "completed" and "failed".
+func NewRunMsg(source, event string, data interface{ Validate() error }, now time.Time) (*nats.Msg, error) {
+	var workflow, runID string
+	switch d := data.(type) {
+	case RunRequestedData:
+		workflow, runID = d.Workflow, d.RunID
+		if event != RunRequested {
+			return nil, fieldErr("event", "RunRequestedData goes with requested")
+		}
+	case RunFinishedData:
+		workflow, runID = d.Workflow, d.RunID
+		if event != RunCompleted && event != RunFailed {
+			return nil, fieldErr("event", "RunFinishedData goes with completed or failed")
+		}
+	default:
+		return nil, fieldErr("data", fmt.Sprintf("%T is not run data", data))
+	}
+	if err := data.Validate(); err != nil {
+		return nil, fmt.Errorf("build run %s event: %w", event, err)
+	}
+	raw, err := json.Marshal(data)
+	if err != nil {
+		return nil, fmt.Errorf("marshal run data: %w", err)
+	}
+	msgID := RunMsgID(event, runID)
+	return newEnvelopeMsg(RunSubject(workflow, event, runID), msgID, source, "run."+event, raw, now)
+}
+
+// DecodeRunRequested strictly decodes a runs.*.requested.* message.
+func DecodeRunRequested(subject string, body []byte) (Envelope, RunRequestedData, error) {
+	var d RunRequestedData
+	env, err := decodeTyped(subject, body, &d, func() error {
+		p, err := ParseRunSubject(subject)
+		if err != nil {
+			return err
+		}
+		if p.Event != RunRequested || p.RunID != d.RunID || p.Workflow != d.Workflow {
+			return fieldErr("data", "run_id/workflow do not match the subject")
+		}
+		return d.Validate()
+	})
+	return env, d, err
+}
+
+// DecodeRunFinished strictly decodes a runs.*.completed.* or runs.*.failed.*
+// message.
+func DecodeRunFinished(subject string, body []byte) (Envelope, RunFinishedData, error) {
+	var d RunFinishedData
+	env, err := decodeTyped(subject, body, &d, func() error {
+		p, err := ParseRunSubject(subject)
+		if err != nil {
+			return err
+		}
+		if p.Event == RunRequested || p.RunID != d.RunID || p.Workflow != d.Workflow {
+			return fieldErr("data", "run_id/workflow do not match the subject")
+		}
+		return d.Validate()
+	})
+	return env, d, err
+}
+
+func decodeTyped(_ string, body []byte, v any, check func() error) (Envelope, error) {
+	env, err := DecodeEnvelope(body)
+	if err != nil {
+		return Envelope{}, err
+	}
+	if len(env.Data) == 0 {
+		return Envelope{}, fieldErr("data", "is required")
+	}
+	if err := decodeStrict("data", env.Data, MaxEnvelopeBytes, v); err != nil {
+		return Envelope{}, err
+	}
+	return env, check()
+}
+
+func newEnvelopeMsg(subject, msgID, source, typ string, data json.RawMessage, now time.Time) (*nats.Msg, error) {
+	env := Envelope{
+		SpecVersion:     SpecVersion,
+		ID:              msgID,
+		Source:          source,
+		Type:            typ,
+		Time:            now.UTC(),
+		DataContentType: ContentTypeJSON,
+		Data:            data,
+	}
+	body, err := env.Marshal()
+	if err != nil {
+		return nil, err
+	}
+	msg := nats.NewMsg(subject)
+	msg.Data = body
+	msg.Header.Set(HeaderMsgID, msgID)
+	msg.Header.Set(HeaderContentType, ContentTypeJSON)
+	return msg, nil
+}
+
+// NewEventMsg builds the message for a producer event on INGEST or EVENTS:
+// the envelope as body and its id as Nats-Msg-Id.
+func NewEventMsg(subject string, env Envelope) (*nats.Msg, error) {
+	if err := ValidateEventEnvelope(env); err != nil {
+		return nil, err
+	}
+	body, err := env.Marshal()
+	if err != nil {
+		return nil, err
+	}
+	msg := nats.NewMsg(subject)
+	msg.Data = body
+	msg.Header.Set(HeaderMsgID, env.ID)
+	msg.Header.Set(HeaderContentType, ContentTypeJSON)
+	return msg, nil
+}
+
+// DecodeEventMsg strictly decodes a producer event from INGEST or EVENTS.
+func DecodeEventMsg(body []byte) (Envelope, error) {
+	env, err := DecodeEnvelope(body)
+	if err != nil {
+		return Envelope{}, err
+	}
+	return env, ValidateEventEnvelope(env)
+}

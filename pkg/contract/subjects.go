@@ -1,0 +1,183 @@
+package contract
+
+import (
+	"fmt"
+	"strings"
+)
+
+// Stream names.
+const (
+	StreamIngest  = "INGEST"
+	StreamEvents  = "EVENTS"
+	StreamRetries = "RETRIES"
+	StreamRuns    = "RUNS"
+	StreamJobs    = "JOBS"
+)
+
+// Built-in retry kinds.
+const (
+	KindEvent        = "event"
+	KindEventTrigger = "event-trigger"
+	KindJob          = "job"
+)
+
+// Lifecycle is the name of a retry lifecycle event; it is the third token
+// of a RETRIES subject and, prefixed with "retry.", the CloudEvents type.
+type Lifecycle string
+
+const (
+	Failed      Lifecycle = "failed"
+	Succeeded   Lifecycle = "succeeded"
+	Scheduled   Lifecycle = "scheduled"
+	Rescheduled Lifecycle = "rescheduled"
+	Due         Lifecycle = "due"
+	Exhausted   Lifecycle = "exhausted"
+	Cancelled   Lifecycle = "cancelled"
+)
+
+// Lifecycles lists every lifecycle event in the order an item goes through
+// them.
+var Lifecycles = []Lifecycle{Failed, Scheduled, Rescheduled, Due, Succeeded, Exhausted, Cancelled}
+
+// Valid reports whether l is a known lifecycle event.
+func (l Lifecycle) Valid() bool {
+	for _, v := range Lifecycles {
+		if v == l {
+			return true
+		}
+	}
+	return false
+}
+
+// CloudEventType is the CloudEvents "type" of the lifecycle event, e.g.
+// "retry.failed".
+func (l Lifecycle) CloudEventType() string { return "retry." + string(l) }
+
+// Run lifecycle events on RUNS.
+const (
+	RunRequested = "requested"
+	RunCompleted = "completed"
+	RunFailed    = "failed"
+)
+
+// IngestSubject is "ingest.<source>".
+func IngestSubject(source string) string { return "ingest." + source }
+
+// EventSubject is "events.<source>.<type>"; a dotted type adds tokens.
+func EventSubject(source, typ string) string { return "events." + source + "." + typ }
+
+// RetrySubject is "retry.<kind>.<event>.<id>".
+func RetrySubject(kind string, ev Lifecycle, id string) string {
+	return "retry." + kind + "." + string(ev) + "." + id
+}
+
+// RetryFilter is the subject filter for one lifecycle event of one kind;
+// kind may be "*" for every kind.
+func RetryFilter(kind string, ev Lifecycle) string {
+	return "retry." + kind + "." + string(ev) + ".*"
+}
+
+// RetryItemFilter matches every lifecycle event of one item: what
+// `nats stream view RETRIES --subject` takes to show an item's history.
+func RetryItemFilter(kind, id string) string { return "retry." + kind + ".*." + id }
+
+// RunSubject is "runs.<workflow>.<event>.<run_id>".
+func RunSubject(workflow, event, runID string) string {
+	return "runs." + workflow + "." + event + "." + runID
+}
+
+// JobSubject is "jobs.<job_type>".
+func JobSubject(jobType string) string { return "jobs." + jobType }
+
+// RetrySubjectParts is a parsed RETRIES subject.
+type RetrySubjectParts struct {
+	Kind  string
+	Event Lifecycle
+	ID    string
+}
+
+// ParseRetrySubject splits and validates "retry.<kind>.<event>.<id>".
+func ParseRetrySubject(subject string) (RetrySubjectParts, error) {
+	toks := strings.Split(subject, ".")
+	if len(toks) != 4 || toks[0] != "retry" {
+		return RetrySubjectParts{}, fieldErr("subject", fmt.Sprintf("%q is not of the form retry.<kind>.<event>.<id>", subject))
+	}
+	p := RetrySubjectParts{Kind: toks[1], Event: Lifecycle(toks[2]), ID: toks[3]}
+	if err := ValidateKind("subject kind", p.Kind); err != nil {
+		return RetrySubjectParts{}, err
+	}
+	if !p.Event.Valid() {
+		return RetrySubjectParts{}, fieldErr("subject event", fmt.Sprintf("%q is not a lifecycle event", toks[2]))
+	}
+	if err := ValidateID("subject id", p.ID); err != nil {
+		return RetrySubjectParts{}, err
+	}
+	return p, nil
+}
+
+// ParseEventSubject splits "events.<source>.<type>".
+func ParseEventSubject(subject string) (source, typ string, err error) {
+	toks := strings.SplitN(subject, ".", 3)
+	if len(toks) != 3 || toks[0] != "events" {
+		return "", "", fieldErr("subject", fmt.Sprintf("%q is not of the form events.<source>.<type>", subject))
+	}
+	if err := ValidateToken("subject source", toks[1]); err != nil {
+		return "", "", err
+	}
+	if err := ValidateType("subject type", toks[2]); err != nil {
+		return "", "", err
+	}
+	return toks[1], toks[2], nil
+}
+
+// ParseIngestSubject returns the source of "ingest.<source>".
+func ParseIngestSubject(subject string) (string, error) {
+	toks := strings.Split(subject, ".")
+	if len(toks) != 2 || toks[0] != "ingest" {
+		return "", fieldErr("subject", fmt.Sprintf("%q is not of the form ingest.<source>", subject))
+	}
+	if err := ValidateToken("subject source", toks[1]); err != nil {
+		return "", err
+	}
+	return toks[1], nil
+}
+
+// RunSubjectParts is a parsed RUNS subject.
+type RunSubjectParts struct {
+	Workflow string
+	Event    string
+	RunID    string
+}
+
+// ParseRunSubject splits "runs.<workflow>.<event>.<run_id>".
+func ParseRunSubject(subject string) (RunSubjectParts, error) {
+	toks := strings.Split(subject, ".")
+	if len(toks) != 4 || toks[0] != "runs" {
+		return RunSubjectParts{}, fieldErr("subject", fmt.Sprintf("%q is not of the form runs.<workflow>.<event>.<run_id>", subject))
+	}
+	p := RunSubjectParts{Workflow: toks[1], Event: toks[2], RunID: toks[3]}
+	if err := ValidateToken("subject workflow", p.Workflow); err != nil {
+		return RunSubjectParts{}, err
+	}
+	switch p.Event {
+	case RunRequested, RunCompleted, RunFailed:
+	default:
+		return RunSubjectParts{}, fieldErr("subject event", fmt.Sprintf("%q is not requested, completed or failed", p.Event))
+	}
+	if err := ValidateID("subject run_id", p.RunID); err != nil {
+		return RunSubjectParts{}, err
+	}
+	return p, nil
+}
+
+// ParseJobSubject returns the job type of "jobs.<job_type>".
+func ParseJobSubject(subject string) (string, error) {
+	toks := strings.Split(subject, ".")
+	if len(toks) != 2 || toks[0] != "jobs" {
+		return "", fieldErr("subject", fmt.Sprintf("%q is not of the form jobs.<job_type>", subject))
+	}
+	if err := ValidateToken("subject job_type", toks[1]); err != nil {
+		return "", err
+	}
+	return toks[1], nil
+}
