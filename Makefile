@@ -1,0 +1,50 @@
+# retryd — every target loops over all modules of go.work.
+# `make test` is the command CI runs (through .ci/run); it needs Go and the
+# Postgres 15 binaries, and starts everything else itself.
+
+GO       ?= go
+BIN      ?= $(CURDIR)/bin
+PKGS     := github.com/retryd/retryd/...
+STATICCHECK_VERSION := v0.8.2
+BINARIES := \
+	github.com/retryd/retryd/services/scheduler/cmd/retryd-scheduler \
+	github.com/retryd/retryd/services/ingress/cmd/retryd-ingress \
+	github.com/retryd/retryd/services/triggers/cmd/retryd-triggers \
+	github.com/retryd/retryd/cmd/retryd \
+	github.com/retryd/retryd/bench
+
+.PHONY: all build test test-race test-short lint fmt fuzz run dev bench-quick clean
+
+all: build test
+
+build:
+	@mkdir -p $(BIN)
+	@for b in $(BINARIES); do echo "go build $$b"; GOBIN=$(BIN) $(GO) install $$b || exit 1; done
+
+test:
+	./scripts/test
+
+test-race:
+	./scripts/test -race
+
+test-short:
+	./scripts/test -short
+
+lint:
+	./scripts/lint
+
+fmt:
+	gofmt -w $$(git ls-files '*.go')
+
+# A short fuzzing pass over every decoder (FUZZTIME per target).
+fuzz:
+	./scripts/fuzz
+
+run dev:
+	$(GO) run github.com/retryd/retryd/cmd/retryd dev
+
+bench-quick:
+	$(GO) run github.com/retryd/retryd/bench --quick all
+
+clean:
+	rm -rf $(BIN)

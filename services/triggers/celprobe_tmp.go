@@ -1,0 +1,5 @@
+package triggers
+
+import "cel.dev/cel-go/cel"
+
+var _ = cel.NewEnv
