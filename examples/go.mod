@@ -20,6 +20,9 @@ require (
 	github.com/nats-io/nkeys v0.4.16 // indirect
 	github.com/nats-io/nuid v1.0.1 // indirect
 	github.com/prometheus/client_golang v1.25.0 // indirect
+	github.com/retryd/retryd/migrations v0.0.0-00010101000000-000000000000
+	github.com/retryd/retryd/projections v0.0.0-00010101000000-000000000000
+	github.com/retryd/retryd/services/scheduler v0.0.0-00010101000000-000000000000
 	github.com/rs/zerolog v1.35.1 // indirect
 	github.com/stretchr/testify v1.12.1 // indirect
 	golang.org/x/crypto v0.58.0 // indirect
@@ -29,3 +32,9 @@ require (
 )
 
 replace github.com/retryd/retryd/pkg => ../pkg
+
+replace github.com/retryd/retryd/services/scheduler => ../services/scheduler
+
+replace github.com/retryd/retryd/projections => ../projections
+
+replace github.com/retryd/retryd/migrations => ../migrations

@@ -37,9 +37,11 @@ CREATE TABLE retry_policy_versions (
     PRIMARY KEY (kind, job_type, version)
 );
 
--- Defaults from the seeds: 003 (1 s base, 5 min cap, 1 s jitter, 3 retries)
--- for events, trigger deliveries, workflow steps and unknown kinds; 004
--- (2 h base, x2, 24 h cap, 5 min jitter, 5 retries) for jobs.
+-- Defaults from the seeds: 003's backoff (1 s base, x2, 5 min cap, up to 1 s
+-- jitter) for every kind but jobs, with its 3 retries for workflow steps and
+-- unknown kinds; events and trigger deliveries allow 20 retries because a
+-- throttle or a pause, not a fault, holds them back. 004 (2 h base, x2, 24 h
+-- cap, 5 min jitter, 5 retries) for jobs, and its example job types.
 INSERT INTO retry_policies (kind, job_type, name, max_retries, base_delay_ms, multiplier, max_delay_ms, jitter, jitter_ms, non_retryable_classes) VALUES
     ('*',             '',                  'default',                3,  1000,     2,   300000,   'additive', 1000,   '{authentication,permission,validation}'),
     ('event',         '',                  'event-ingress',          20, 1000,     2,   300000,   'additive', 1000,   '{authentication,permission,validation}'),

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"reflect"
+	"slices"
 	"strings"
 	"unicode/utf8"
 )
@@ -36,15 +38,24 @@ func checkShape(field string, b []byte, limit int) error {
 	}
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.UseNumber()
-	depth := 0
+	depth, tokens := 0, 0
 	for {
 		tok, err := dec.Token()
 		if err == io.EOF {
+			// Token reports a value cut off inside an object or array as a
+			// plain EOF, and blank input as no token at all.
+			switch {
+			case tokens == 0:
+				return fieldErr(field, "is empty")
+			case depth > 0:
+				return fieldErr(field, "is not valid JSON: unexpected end of input (truncated JSON)")
+			}
 			break
 		}
 		if err != nil {
 			return fieldErr(field, "is not valid JSON: "+jsonReason(err))
 		}
+		tokens++
 		if d, ok := tok.(json.Delim); ok {
 			switch d {
 			case '{', '[':
@@ -71,9 +82,77 @@ func decodeStrict(field string, b []byte, limit int, v any) error {
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
-		return fieldErr(field, "is not valid: "+jsonReason(err))
+		reason := jsonReason(err)
+		if !namesField(err) {
+			if path := failingField(b, reflect.TypeOf(v)); path != "" {
+				reason = fmt.Sprintf("field %q: %s", path, reason)
+			}
+		}
+		return fieldErr(field, "is not valid: "+reason)
 	}
 	return nil
+}
+
+// namesField reports whether encoding/json already named the field in err.
+// Errors returned by UnmarshalJSON methods (time.Time, RetryAfter) come
+// without one.
+func namesField(err error) bool {
+	var typeErr *json.UnmarshalTypeError
+	var syntaxErr *json.SyntaxError
+	return errors.As(err, &typeErr) || errors.As(err, &syntaxErr) ||
+		errors.Is(err, io.ErrUnexpectedEOF) || strings.HasPrefix(err.Error(), "json: unknown field ")
+}
+
+// failingField finds the dotted path of the first field (in key order) of
+// the JSON object b whose value does not decode into its field of struct
+// type t. It runs only after a decode failed, on input already bounded by
+// checkShape.
+func failingField(b []byte, t reflect.Type) string {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	if t.Kind() != reflect.Struct {
+		return ""
+	}
+	var obj map[string]json.RawMessage
+	if json.Unmarshal(b, &obj) != nil {
+		return ""
+	}
+	keys := make([]string, 0, len(obj))
+	for k := range obj {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	for _, key := range keys {
+		ft, ok := jsonField(t, key)
+		if !ok {
+			continue
+		}
+		if json.Unmarshal(obj[key], reflect.New(ft).Interface()) == nil {
+			continue
+		}
+		if sub := failingField(obj[key], ft); sub != "" {
+			return key + "." + sub
+		}
+		return key
+	}
+	return ""
+}
+
+// jsonField returns the type of the field of struct t that JSON key
+// decodes into.
+func jsonField(t reflect.Type, key string) (reflect.Type, bool) {
+	for i := range t.NumField() {
+		f := t.Field(i)
+		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		if name == "" {
+			name = f.Name
+		}
+		if strings.EqualFold(name, key) {
+			return f.Type, true
+		}
+	}
+	return nil, false
 }
 
 // jsonReason turns encoding/json errors into text that names the field.

@@ -57,6 +57,11 @@ func (ev ProducerEvent) Validate() error {
 			return err
 		}
 	}
+	// Envelope converts the time to UTC, which must still be a time the
+	// envelope can carry.
+	if ev.Time != nil && (ev.Time.IsZero() || !inYearRange(*ev.Time)) {
+		return fieldErr("time", "must be between the years 0001 and 9999 in UTC, leave it out for now")
+	}
 	if err := ValidateToken("source", ev.Source); err != nil {
 		return err
 	}
@@ -122,7 +127,14 @@ func (env Envelope) validate() error {
 	if env.Time.IsZero() {
 		return fieldErr("time", "is required (RFC 3339)")
 	}
-	return checkRaw("data", env.Data)
+	// The data of a lifecycle, run or job envelope holds a payload and a
+	// checkpoint of up to MaxDataBytes each, so only the envelope's own
+	// limit applies here; producer data is held to MaxDataBytes by
+	// ValidateEventEnvelope.
+	if len(env.Data) == 0 {
+		return nil
+	}
+	return checkShape("data", env.Data, MaxEnvelopeBytes)
 }
 
 // ValidateEventEnvelope checks the stricter rules of producer events (as on
@@ -134,7 +146,10 @@ func ValidateEventEnvelope(env Envelope) error {
 	if err := ValidateToken("source", env.Source); err != nil {
 		return err
 	}
-	return ValidateType("type", env.Type)
+	if err := ValidateType("type", env.Type); err != nil {
+		return err
+	}
+	return checkRaw("data", env.Data)
 }
 
 // Marshal encodes the envelope. It cannot fail for envelopes built by this

@@ -77,6 +77,9 @@ func NewJobMsg(source string, d JobData, now time.Time) (*nats.Msg, error) {
 	msg.Header.Set(HeaderKind, KindJob)
 	msg.Header.Set(HeaderItemID, d.ID)
 	msg.Header.Set(HeaderAttempt, strconv.Itoa(d.Attempt))
+	if err := checkMsgSize(msg); err != nil {
+		return nil, fmt.Errorf("build job: %w", err)
+	}
 	return msg, nil
 }
 

@@ -11,6 +11,9 @@ import (
 type ErrorInfo struct {
 	Class   string `json:"class,omitempty"`
 	Message string `json:"message"`
+	// NonRetryable marks this failure as final whatever its class, like
+	// Temporal's non-retryable application errors.
+	NonRetryable bool `json:"non_retryable,omitempty"`
 }
 
 // FailedData is published by an item's owner on retry.<kind>.failed.<id>

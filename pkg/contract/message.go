@@ -64,6 +64,9 @@ func NewLifecycleMsg(source string, ev Lifecycle, data item, now time.Time) (*na
 	msg.Header.Set(HeaderItemID, id)
 	msg.Header.Set(HeaderAttempt, strconv.Itoa(attempt))
 	msg.Header.Set(HeaderEvent, string(ev))
+	if err := checkMsgSize(msg); err != nil {
+		return nil, fmt.Errorf("build %s event: %w", ev, err)
+	}
 	return msg, nil
 }
 

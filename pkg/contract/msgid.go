@@ -49,7 +49,9 @@ func ParseDueMsgID(msgID string) (kind, id string, attempt int, err error) {
 		return "", "", 0, err
 	}
 	attempt, convErr := strconv.Atoi(parts[2])
-	if convErr != nil {
+	// Only the canonical form DueMsgID writes: "+3" or "03" would name the
+	// same attempt with a different id, which JetStream would not dedupe.
+	if convErr != nil || strconv.Itoa(attempt) != parts[2] {
 		return "", "", 0, fieldErr("Nats-Msg-Id attempt", fmt.Sprintf("%q is not a number", parts[2]))
 	}
 	if err := ValidateAttempt("Nats-Msg-Id attempt", attempt); err != nil {

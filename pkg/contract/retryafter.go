@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"regexp"
 	"strconv"
 	"time"
 )
@@ -12,6 +13,8 @@ import (
 // MaxRetryAfter bounds a retry-after hint; the scheduler caps it further at
 // the policy's max delay.
 const MaxRetryAfter = 366 * 24 * time.Hour
+
+var decimalPattern = regexp.MustCompile(`^[0-9]+(\.[0-9]+)?$`)
 
 // RetryAfter is the owner's hint for when to try again, as in HTTP's
 // Retry-After: either an absolute time (RFC 3339 string) or a number of
@@ -54,12 +57,21 @@ func (r *RetryAfter) UnmarshalJSON(b []byte) error {
 		if err := json.Unmarshal(b, &s); err != nil {
 			return err
 		}
-		if secs, err := strconv.ParseFloat(s, 64); err == nil {
+		// Only plain decimals count as seconds: ParseFloat alone would also
+		// take "Inf", "NaN" and hex floats such as "0x1p-2".
+		if decimalPattern.MatchString(s) {
+			secs, err := strconv.ParseFloat(s, 64)
+			if err != nil {
+				return fmt.Errorf("retry_after %q is not a number of seconds", s)
+			}
 			return r.setSeconds(secs)
 		}
 		t, err := time.Parse(time.RFC3339Nano, s)
 		if err != nil {
 			return fmt.Errorf("retry_after %q is neither RFC 3339 nor a number of seconds", s)
+		}
+		if !inYearRange(t) {
+			return fmt.Errorf("retry_after %q is not between the years 0001 and 9999 in UTC", s)
 		}
 		*r = RetryAfter{At: t.UTC()}
 		return nil
@@ -75,6 +87,16 @@ func (r *RetryAfter) setSeconds(secs float64) error {
 	if math.IsNaN(secs) || secs < 0 || secs > MaxRetryAfter.Seconds() {
 		return fmt.Errorf("retry_after must be between 0 and %d seconds", int64(MaxRetryAfter.Seconds()))
 	}
-	*r = RetryAfter{After: time.Duration(secs * float64(time.Second))}
+	// Rounded, not truncated: 0.3 * 1e9 is 299999999.99999994 in float64,
+	// and a hint must survive MarshalJSON/UnmarshalJSON unchanged.
+	*r = RetryAfter{After: time.Duration(math.Round(secs * float64(time.Second)))}
 	return nil
+}
+
+// inYearRange reports whether t, in UTC, can be written as RFC 3339 again:
+// "9999-12-31T23:00:00-05:00" is year 10000 in UTC, which encoding/json
+// refuses to marshal.
+func inYearRange(t time.Time) bool {
+	y := t.UTC().Year()
+	return y >= 1 && y <= 9999
 }

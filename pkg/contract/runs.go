@@ -95,10 +95,13 @@ func DecodeRunRequested(subject string, body []byte) (Envelope, RunRequestedData
 		if err != nil {
 			return err
 		}
-		if p.Event != RunRequested || p.RunID != d.RunID || p.Workflow != d.Workflow {
-			return fieldErr("data", "run_id/workflow do not match the subject")
+		if p.Event != RunRequested {
+			return fieldErr("subject event", fmt.Sprintf("%q is not requested", p.Event))
 		}
-		return d.Validate()
+		if err := d.Validate(); err != nil {
+			return err
+		}
+		return matchRunSubject(p, d.Workflow, d.RunID)
 	})
 	return env, d, err
 }
@@ -112,12 +115,28 @@ func DecodeRunFinished(subject string, body []byte) (Envelope, RunFinishedData, 
 		if err != nil {
 			return err
 		}
-		if p.Event == RunRequested || p.RunID != d.RunID || p.Workflow != d.Workflow {
-			return fieldErr("data", "run_id/workflow do not match the subject")
+		if p.Event == RunRequested {
+			return fieldErr("subject event", "requested is not completed or failed")
 		}
-		return d.Validate()
+		if err := d.Validate(); err != nil {
+			return err
+		}
+		return matchRunSubject(p, d.Workflow, d.RunID)
 	})
 	return env, d, err
+}
+
+// matchRunSubject checks that the data is about the run its subject names.
+// The data is validated first, so a malformed id is reported as such and
+// not as a mismatch.
+func matchRunSubject(p RunSubjectParts, workflow, runID string) error {
+	if p.Workflow != workflow {
+		return fieldErr("data.workflow", fmt.Sprintf("%q does not match subject workflow %q", workflow, p.Workflow))
+	}
+	if p.RunID != runID {
+		return fieldErr("data.run_id", fmt.Sprintf("%q does not match subject run_id %q", runID, p.RunID))
+	}
+	return nil
 }
 
 func decodeTyped(_ string, body []byte, v any, check func() error) (Envelope, error) {
@@ -152,7 +171,27 @@ func newEnvelopeMsg(subject, msgID, source, typ string, data json.RawMessage, no
 	msg.Data = body
 	msg.Header.Set(HeaderMsgID, msgID)
 	msg.Header.Set(HeaderContentType, ContentTypeJSON)
+	if err := checkMsgSize(msg); err != nil {
+		return nil, err
+	}
 	return msg, nil
+}
+
+// checkMsgSize refuses a message the streams would refuse: their max
+// message size, MaxEnvelopeBytes, counts headers and body. Without it a
+// payload and a checkpoint of MaxDataBytes each build an envelope that no
+// stream stores and no decoder accepts.
+func checkMsgSize(msg *nats.Msg) error {
+	size := len(msg.Data) + len("NATS/1.0\r\n\r\n")
+	for k, vs := range msg.Header {
+		for _, v := range vs {
+			size += len(k) + len(": \r\n") + len(v)
+		}
+	}
+	if size > MaxEnvelopeBytes {
+		return tooLarge("envelope", size, MaxEnvelopeBytes)
+	}
+	return nil
 }
 
 // NewEventMsg builds the message for a producer event on INGEST or EVENTS:
@@ -169,6 +208,9 @@ func NewEventMsg(subject string, env Envelope) (*nats.Msg, error) {
 	msg.Data = body
 	msg.Header.Set(HeaderMsgID, env.ID)
 	msg.Header.Set(HeaderContentType, ContentTypeJSON)
+	if err := checkMsgSize(msg); err != nil {
+		return nil, err
+	}
 	return msg, nil
 }
 

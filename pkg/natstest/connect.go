@@ -15,7 +15,14 @@ import (
 // Connect connects to srv and returns the connection and a JetStream
 // context; the connection is closed in t.Cleanup. It reconnects forever,
 // quickly, so it survives Restart.
-func Connect(t testing.TB, srv *server.Server, opts ...nats.Option) (*nats.Conn, jetstream.JetStream) {
+func Connect(t testing.TB, srv *server.Server) (*nats.Conn, jetstream.JetStream) {
+	t.Helper()
+	return ConnectWith(t, srv)
+}
+
+// ConnectWith is Connect with extra client options (credentials, TLS,
+// handlers); they are applied after the defaults and override them.
+func ConnectWith(t testing.TB, srv *server.Server, opts ...nats.Option) (*nats.Conn, jetstream.JetStream) {
 	t.Helper()
 	base := []nats.Option{
 		nats.Name(t.Name()),

@@ -1,0 +1,134 @@
+package main
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// probeSpec is the probe stream of the lateness scenarios: rate items a
+// second, each failing once and due delay later, for dur. Items published
+// during the first warmup are not counted (pools, consumers and caches
+// warming up).
+type probeSpec struct {
+	rate   int
+	dur    time.Duration
+	delay  time.Duration
+	warmup time.Duration
+}
+
+// latenessResult is one system's lateness run.
+type latenessResult struct {
+	pending int
+	// lat is from the time the item was due (next_attempt_at, or the nak
+	// time plus the delay, or the schedule time) to the owner receiving it.
+	lat summary
+	// e2e is the extra time on top of the delay from the owner reporting
+	// the failure to receiving the retry: lateness plus the time the
+	// failure took to be scheduled.
+	e2e        summary
+	expected   int
+	received   int
+	loadTime   time.Duration
+	loadHow    string
+	durability string
+	note       string
+}
+
+type probeRecorder struct {
+	spec     probeSpec
+	start    time.Time
+	lat, e2e latencies
+	received atomic.Int64
+	expected atomic.Int64
+}
+
+func newProbeRecorder(spec probeSpec) *probeRecorder { return &probeRecorder{spec: spec} }
+
+// due records a probe item published (failure reported) at publishedAt,
+// meant to come due at dueAt, received at receivedAt.
+func (r *probeRecorder) due(publishedAt, dueAt, receivedAt time.Time) {
+	r.received.Add(1)
+	if publishedAt.Before(r.start.Add(r.spec.warmup)) {
+		return
+	}
+	r.lat.add(receivedAt.Sub(dueAt))
+	r.e2e.add(receivedAt.Sub(publishedAt) - r.spec.delay)
+}
+
+// run publishes the probe stream with publish(n) at spec.rate for
+// spec.dur, then waits up to drainFor for every item to come back.
+func (r *probeRecorder) run(ctx context.Context, drainFor time.Duration, publish func(n int) error) error {
+	r.start = time.Now()
+	sent, err := pace(ctx, r.spec.rate, r.spec.dur, publish)
+	r.expected.Store(int64(sent))
+	if err != nil {
+		return err
+	}
+	r.drain(ctx, drainFor)
+	return nil
+}
+
+func (r *probeRecorder) drain(ctx context.Context, timeout time.Duration) {
+	waitFor(ctx, timeout, func() bool { return r.received.Load() >= r.expected.Load() })
+}
+
+func (r *probeRecorder) result() latenessResult {
+	return latenessResult{
+		lat: r.lat.summary(), e2e: r.e2e.summary(),
+		expected: int(r.expected.Load()), received: int(r.received.Load()),
+	}
+}
+
+// burstResult is one system's burst run: n items due within one second
+// starting at t0.
+type burstResult struct {
+	n, received int
+	// drain is from the start of the burst second to the last item
+	// received; after is from the end of that second.
+	drain, after time.Duration
+	lat          summary // each item from its due time to its receipt
+	loadTime     time.Duration
+	durability   string
+	note         string
+}
+
+type burstRecorder struct {
+	n        int
+	t0       time.Time
+	mu       sync.Mutex
+	last     time.Time
+	received atomic.Int64
+	lat      latencies
+}
+
+func newBurstRecorder(n int) *burstRecorder { return &burstRecorder{n: n} }
+
+func (b *burstRecorder) setWindow(t0 time.Time) { b.t0 = t0 }
+
+func (b *burstRecorder) received1(dueAt, at time.Time) {
+	b.received.Add(1)
+	b.lat.add(at.Sub(dueAt))
+	b.mu.Lock()
+	if at.After(b.last) {
+		b.last = at
+	}
+	b.mu.Unlock()
+}
+
+func (b *burstRecorder) wait(ctx context.Context, timeout time.Duration) {
+	waitFor(ctx, time.Until(b.t0)+timeout, func() bool { return b.received.Load() >= int64(b.n) })
+}
+
+func (b *burstRecorder) result() burstResult {
+	b.mu.Lock()
+	last := b.last
+	b.mu.Unlock()
+	r := burstResult{n: b.n, received: int(b.received.Load()), lat: b.lat.summary()}
+	if !last.IsZero() {
+		r.drain = last.Sub(b.t0)
+		r.after = last.Sub(b.t0.Add(time.Second))
+	}
+	return r
+}

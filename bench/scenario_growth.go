@@ -1,0 +1,99 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+func init() {
+	register("growth", "lateness and cycle rate as retry_history grows (bulk-loaded), autovacuum at defaults", runGrowth)
+}
+
+type growthStep struct {
+	history      int64 // rows in retry_history when the step was measured
+	historyBytes int64
+	loadTime     time.Duration
+	cycles       cycleResult
+	lat          latenessResult
+}
+
+func runGrowth(ctx context.Context, env Env) error {
+	s := env.Sizes
+	r, err := startRetryd(ctx, env, false)
+	if err != nil {
+		return err
+	}
+	defer r.close(ctx)
+	if err := copyPending(ctx, r.db.pool, pendingRows{kind: kindBG, n: s.GrowthPending, from: time.Now(), span: time.Hour}); err != nil {
+		return err
+	}
+	stopBG, err := r.ownBackground(ctx, kindBG)
+	if err != nil {
+		return err
+	}
+	defer stopBG()
+	fmt.Fprintf(env.Out, "%s pending in the background; per history size: cycles for %s (%d in flight), then the %d/s probe for %s; history loaded with INSERT ... generate_series in 1M-row statements\n",
+		count(s.GrowthPending), s.GrowthFor, s.CycleWindow, s.Probe.rate, s.GrowthFor)
+
+	var steps []growthStep
+	var loaded int64
+	spec := s.Probe
+	spec.dur = s.GrowthFor
+	spec.warmup = min(spec.warmup, spec.dur/2)
+	for _, target := range s.HistorySizes {
+		var st growthStep
+		var have int64
+		if err := r.db.pool.QueryRow(ctx, "SELECT count(*) FROM retry_history").Scan(&have); err != nil {
+			return fmt.Errorf("count history: %w", err)
+		}
+		if int64(target) > have {
+			start := time.Now()
+			if err := loadHistory(ctx, r.db.pool, loaded, loaded+int64(target)-have); err != nil {
+				return err
+			}
+			loaded += int64(target) - have
+			st.loadTime = time.Since(start)
+		}
+		if err := r.db.pool.QueryRow(ctx, "SELECT count(*), pg_total_relation_size('retry_history') FROM retry_history").Scan(&st.history, &st.historyBytes); err != nil {
+			return fmt.Errorf("count history: %w", err)
+		}
+		if st.cycles, err = r.cycles(ctx, s.CycleWindow, 2*time.Second, s.GrowthFor); err != nil {
+			return fmt.Errorf("cycles at %d history rows: %w", st.history, err)
+		}
+		if st.lat, err = r.probe(ctx, spec); err != nil {
+			return fmt.Errorf("probe at %d history rows: %w", st.history, err)
+		}
+		steps = append(steps, st)
+		params := map[string]any{"history": st.history}
+		env.rec.add("growth", "retryd", "cycles_per_s", st.cycles.rate, "1/s", params)
+		env.rec.addDuration("growth", "retryd", "p99", st.lat.lat.P99, params)
+		fmt.Fprintf(env.Out, "  history %s: %.0f cycles/s, p99 lateness %s\n", fmtRows(st.history), st.cycles.rate, ms(st.lat.lat.P99))
+	}
+	t := newTable("history rows", "history size", "load", "cycles/s", "vs first", "p50", "p99", "max", "probe received")
+	for _, st := range steps {
+		t.row(fmtRows(st.history), bytesIEC(float64(st.historyBytes)), st.loadTime.Round(time.Second).String(),
+			fmt.Sprintf("%.0f", st.cycles.rate), ratioHigher(st.cycles.rate, steps[0].cycles.rate),
+			ms(st.lat.lat.P50), ms(st.lat.lat.P99), ms(st.lat.lat.Max), fmt.Sprintf("%d/%d", st.lat.received, st.lat.expected))
+	}
+	fmt.Fprintln(env.Out)
+	t.print(env.Out)
+	last := steps[len(steps)-1]
+	fmt.Fprintf(env.Out, "at %s history rows: p99 lateness %s (target < %s): %s; cycle rate %s of the empty-history rate\n",
+		fmtRows(last.history), ms(last.lat.lat.P99), ms(latenessTarget), verdict(last.lat.lat.P99 < latenessTarget && last.lat.lat.N > 0),
+		ratioHigher(last.cycles.rate, steps[0].cycles.rate))
+	var av string
+	_ = r.db.pool.QueryRow(ctx, "SELECT current_setting('autovacuum')").Scan(&av)
+	fmt.Fprintf(env.Out, "autovacuum=%s (defaults); durability: %s\n", av, r.durability(ctx))
+	return nil
+}
+
+func fmtRows(n int64) string {
+	switch {
+	case n >= 1_000_000:
+		return fmt.Sprintf("%.1fM", float64(n)/1e6)
+	case n >= 1_000:
+		return fmt.Sprintf("%.0fk", float64(n)/1e3)
+	}
+	return fmt.Sprint(n)
+}

@@ -1,0 +1,145 @@
+package main
+
+import (
+	"fmt"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+)
+
+func newAnalyticsCmd(g *globals) *cobra.Command {
+	var jobType, since, until string
+	var days, top int
+	cmd := &cobra.Command{
+		Use:   "analytics",
+		Short: "Job retry analytics: success rates, attempts to success, common errors",
+		Example: `  retryd analytics
+  retryd analytics --job-type send_email --days 30
+  retryd analytics --since 2h`,
+		Args: args(0),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			q := url.Values{}
+			if jobType != "" {
+				q.Set("job_type", jobType)
+			}
+			now := time.Now()
+			for name, v := range map[string]string{"since": since, "until": until} {
+				if v == "" {
+					continue
+				}
+				t, err := parseTimeFlag(v, now)
+				if err != nil {
+					return usageErrorf(cmd, "--%s: %v", name, err)
+				}
+				q.Set(name, t.UTC().Format(time.RFC3339Nano))
+			}
+			if cmd.Flags().Changed("days") {
+				if since != "" {
+					return usageErrorf(cmd, "--days and --since go separately")
+				}
+				q.Set("days", strconv.Itoa(days))
+			}
+			if top > 0 {
+				q.Set("top", strconv.Itoa(top))
+			}
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			var a analyticsView
+			raw, err := c.get(cmd.Context(), "/v1/analytics/retries", q, &a)
+			if err != nil {
+				return fmt.Errorf("retry analytics: %w", err)
+			}
+			if g.json {
+				return printJSON(g.stdout, raw)
+			}
+			return printAnalytics(g, a)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&jobType, "job-type", "", "one job type (default all)")
+	f.IntVar(&days, "days", 7, "period: this many days back from now")
+	f.StringVar(&since, "since", "", "period start: RFC 3339 or a duration back from now such as 2h")
+	f.StringVar(&until, "until", "", "period end: RFC 3339 or a duration back from now")
+	f.IntVar(&top, "top", 0, "how many error patterns per job type (server default)")
+	return cmd
+}
+
+func printAnalytics(g *globals, a analyticsView) error {
+	w := g.stdout
+	fmt.Fprintf(w, "Jobs created %s to %s\n\n", a.Since.Local().Format(time.RFC3339), a.Until.Local().Format(time.RFC3339))
+	if len(a.JobTypes) == 0 {
+		fmt.Fprintln(w, "No jobs in this period.")
+		return nil
+	}
+	t := newTable(w, "JOB TYPE", "JOBS", "SUCCEEDED", "FAILED", "SUCCESS RATE", "AVG ATTEMPTS TO SUCCESS", "RETRIES", "RETRIED JOBS", "RETRY SUCCESS", "P50 TO SUCCESS", "P90 TO SUCCESS")
+	for _, ta := range a.JobTypes {
+		avg := ""
+		if ta.AvgAttemptsToSuccess != nil {
+			avg = strconv.FormatFloat(*ta.AvgAttemptsToSuccess, 'f', 2, 64)
+		}
+		t.row(ta.JobType, itoa(ta.TotalJobs), itoa(ta.Succeeded), itoa(ta.Failed), percent(ta.SuccessRate), avg,
+			itoa(ta.TotalRetries), itoa(ta.RetriedJobs), percent(ta.RetrySuccessRate),
+			msPtr(ta.TimeToSuccessMS.P50), msPtr(ta.TimeToSuccessMS.P90))
+	}
+	if err := t.flush(); err != nil {
+		return err
+	}
+
+	fmt.Fprintln(w, "\nStatus and retries per job")
+	t = newTable(w, "JOB TYPE", "STATUS", "RETRY DISTRIBUTION (retries: jobs)")
+	for _, ta := range a.JobTypes {
+		var st, dist []string
+		for _, s := range jobStatuses {
+			if n := ta.ByStatus[s]; n > 0 {
+				st = append(st, fmt.Sprintf("%s %d", s, n))
+			}
+		}
+		for _, b := range ta.RetryDistribution {
+			dist = append(dist, fmt.Sprintf("%d: %d", b.Retries, b.Jobs))
+		}
+		t.row(ta.JobType, strings.Join(st, ", "), strings.Join(dist, ", "))
+	}
+	if err := t.flush(); err != nil {
+		return err
+	}
+
+	fmt.Fprintln(w, "\nErrors by class")
+	t = newTable(w, "JOB TYPE", "CLASS", "FAILURES")
+	n := 0
+	for _, ta := range a.JobTypes {
+		for _, e := range ta.ErrorsByClass {
+			t.row(ta.JobType, e.Class, itoa(e.Count))
+			n++
+		}
+	}
+	if n == 0 {
+		fmt.Fprintln(w, "  (no failures)")
+		return nil
+	}
+	if err := t.flush(); err != nil {
+		return err
+	}
+
+	fmt.Fprintln(w, "\nMost common errors")
+	t = newTable(w, "JOB TYPE", "CLASS", "COUNT", "PATTERN")
+	for _, ta := range a.JobTypes {
+		for _, e := range ta.TopErrors {
+			t.row(ta.JobType, e.Class, itoa(e.Count), trunc(e.Pattern, 90))
+		}
+	}
+	return t.flush()
+}
+
+func itoa(n int64) string { return strconv.FormatInt(n, 10) }
+
+func msPtr(ms *float64) string {
+	if ms == nil {
+		return ""
+	}
+	return msDuration(int64(*ms))
+}

@@ -1,0 +1,75 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"strconv"
+
+	"github.com/rs/zerolog"
+	"github.com/spf13/cobra"
+
+	"github.com/retryd/retryd/migrations"
+)
+
+func newMigrateCmd(g *globals) *cobra.Command {
+	var dbURL string
+	var statusOnly bool
+	cmd := &cobra.Command{
+		Use:   "migrate",
+		Short: "Apply the Postgres schema (DATABASE_URL); safe to run any number of times",
+		Long: `migrate applies every pending migration, each in its own transaction, under
+an advisory lock (several processes may run it at once). Run it with the
+migration owner role (see deploy/postgres/roles.sql); the services then
+connect with the runtime role.`,
+		Example: `  DATABASE_URL=postgres://retryd_owner@db/retryd retryd migrate
+  retryd migrate --status`,
+		Args: args(0),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if dbURL == "" {
+				dbURL = os.Getenv("DATABASE_URL")
+			}
+			if dbURL == "" {
+				return usageErrorf(cmd, "set DATABASE_URL or --database-url")
+			}
+			log := zerolog.New(zerolog.ConsoleWriter{Out: g.stderr, NoColor: true}).With().Timestamp().Logger()
+			if g.json {
+				log = zerolog.Nop()
+			}
+			if !statusOnly {
+				if err := migrations.Up(cmd.Context(), dbURL, log); err != nil {
+					return fmt.Errorf("migrate: %w", err)
+				}
+			}
+			status, err := migrations.Status(cmd.Context(), dbURL)
+			if err != nil {
+				return fmt.Errorf("migration status: %w", err)
+			}
+			if g.json {
+				return writeJSON(g.stdout, status)
+			}
+			t := newTable(g.stdout, "VERSION", "MIGRATION", "APPLIED")
+			pending := 0
+			for _, s := range status {
+				applied := "pending"
+				if s.Applied {
+					applied = s.AppliedAt.Local().Format("2006-01-02 15:04:05")
+				} else {
+					pending++
+				}
+				t.row(strconv.FormatInt(s.Version, 10), s.Name, applied)
+			}
+			if err := t.flush(); err != nil {
+				return err
+			}
+			if pending > 0 {
+				fmt.Fprintf(g.stdout, "%d migration(s) pending: run retryd migrate.\n", pending)
+			} else {
+				fmt.Fprintf(g.stdout, "Schema up to date (version %d).\n", migrations.Latest())
+			}
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&dbURL, "database-url", "", "Postgres URL (default $DATABASE_URL)")
+	cmd.Flags().BoolVar(&statusOnly, "status", false, "only show which migrations are applied")
+	return cmd
+}

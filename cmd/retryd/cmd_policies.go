@@ -1,0 +1,318 @@
+package main
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+)
+
+func newPoliciesCmd(g *globals) *cobra.Command {
+	cmd := group(&cobra.Command{
+		Use:     "policies",
+		Aliases: []string{"policy"},
+		Short:   "Retry policies per kind and job type",
+		Long: `Retry policies per kind and job type. The policy of an item is its
+(kind, job type) policy, else the kind's default (job type "_"), else the
+fallback kind "*".`,
+	})
+	cmd.AddCommand(newPoliciesListCmd(g), newPoliciesGetCmd(g), newPoliciesSetCmd(g), newPoliciesVersionsCmd(g))
+	return cmd
+}
+
+// policyPath is /v1/policies/{kind}/{job_type}; "_" is the kind's default.
+func policyPath(kind, jobType string) string {
+	if jobType == "" {
+		jobType = "_"
+	}
+	return "/v1/policies/" + seg(kind) + "/" + seg(jobType)
+}
+
+func policyArgs(a []string) (kind, jobType string) {
+	kind = a[0]
+	if len(a) > 1 && a[1] != "_" && a[1] != "default" {
+		jobType = a[1]
+	}
+	return kind, jobType
+}
+
+func newPoliciesListCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "list",
+		Short: "List every policy",
+		Args:  args(0),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			var res struct {
+				Policies []policyView `json:"policies"`
+			}
+			raw, err := c.get(cmd.Context(), "/v1/policies", nil, &res)
+			if err != nil {
+				return fmt.Errorf("list policies: %w", err)
+			}
+			if g.json {
+				return printJSON(g.stdout, raw)
+			}
+			t := newTable(g.stdout, "KIND", "JOB TYPE", "NAME", "VERSION", "MAX RETRIES", "BASE", "MULTIPLIER", "MAX", "JITTER", "ENABLED")
+			for _, p := range res.Policies {
+				jt := p.JobType
+				if jt == "" {
+					jt = "_"
+				}
+				t.row(p.Kind, jt, p.Name, strconv.Itoa(p.Version), strconv.Itoa(p.MaxRetries), msDuration(p.BaseDelayMS),
+					strconv.FormatFloat(p.Multiplier, 'g', -1, 64), msDuration(p.MaxDelayMS), jitter(p), strconv.FormatBool(p.Enabled))
+			}
+			return t.flush()
+		},
+	}
+}
+
+func jitter(p policyView) string {
+	if p.Jitter == "additive" {
+		return "+0.." + msDuration(p.JitterMS)
+	}
+	return p.Jitter
+}
+
+func printPolicy(g *globals, p policyView) error {
+	jt := p.JobType
+	if jt == "" {
+		jt = "_ (the kind's default)"
+	}
+	return keyValues(g.stdout,
+		"Kind", p.Kind,
+		"Job type", jt,
+		"Name", p.Name,
+		"Version", strconv.Itoa(p.Version),
+		"Enabled", strconv.FormatBool(p.Enabled),
+		"Max retries", strconv.Itoa(p.MaxRetries),
+		"Backoff", fmt.Sprintf("%s x%g, capped at %s", msDuration(p.BaseDelayMS), p.Multiplier, msDuration(p.MaxDelayMS)),
+		"Jitter", jitter(p),
+		"Retryable classes", joinOr(p.RetryableClasses, "(class defaults)"),
+		"Non-retryable classes", joinOr(p.NonRetryableClasses, "(class defaults)"),
+		"Updated", stamp(&p.UpdatedAt, time.Now())+" by "+p.UpdatedBy,
+	)
+}
+
+func newPoliciesGetCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "get KIND [JOB_TYPE]",
+		Short: "Show one policy (JOB_TYPE _ or left out: the kind's default)",
+		Example: `  retryd policies get job send_email
+  retryd policies get event`,
+		Args: args(1, "KIND", "JOB_TYPE"),
+		RunE: func(cmd *cobra.Command, a []string) error {
+			kind, jobType := policyArgs(a)
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			var p policyView
+			raw, err := c.get(cmd.Context(), policyPath(kind, jobType), nil, &p)
+			if err != nil {
+				return fmt.Errorf("get policy %s: %w", policyName(kind, jobType), err)
+			}
+			if g.json {
+				return printJSON(g.stdout, raw)
+			}
+			return printPolicy(g, p)
+		},
+	}
+}
+
+func policyName(kind, jobType string) string {
+	if jobType == "" {
+		return kind + "/_"
+	}
+	return kind + "/" + jobType
+}
+
+func newPoliciesVersionsCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "versions KIND [JOB_TYPE]",
+		Short: "Show every version of a policy",
+		Args:  args(1, "KIND", "JOB_TYPE"),
+		RunE: func(cmd *cobra.Command, a []string) error {
+			kind, jobType := policyArgs(a)
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			var res struct {
+				Versions []policyVersion `json:"versions"`
+			}
+			raw, err := c.get(cmd.Context(), policyPath(kind, jobType)+"/versions", nil, &res)
+			if err != nil {
+				return fmt.Errorf("policy versions %s: %w", policyName(kind, jobType), err)
+			}
+			if g.json {
+				return printJSON(g.stdout, raw)
+			}
+			t := newTable(g.stdout, "VERSION", "CHANGED", "BY", "POLICY")
+			for _, v := range res.Versions {
+				t.row(strconv.Itoa(v.Version), v.ChangedAt.Local().Format(time.RFC3339), v.ChangedBy, trunc(string(v.Policy), 120))
+			}
+			return t.flush()
+		},
+	}
+}
+
+// policyFlags are the flags of `policies set` and of the ad-hoc policy of
+// `simulate`.
+type policyFlags struct {
+	maxRetries    int
+	baseDelay     time.Duration
+	maxDelay      time.Duration
+	multiplier    float64
+	jitter        string
+	jitterMax     time.Duration
+	retryable     []string
+	nonRetryable  []string
+	enabled       bool
+	name          string
+	by            string
+	flagsSet      func(name string) bool
+	withClassFlag bool
+}
+
+func (pf *policyFlags) register(cmd *cobra.Command, full bool) {
+	f := cmd.Flags()
+	f.IntVar(&pf.maxRetries, "max-retries", 0, "retries allowed (attempts = max retries + 1)")
+	f.DurationVar(&pf.baseDelay, "base-delay", 0, "delay before the first retry, e.g. 1s")
+	f.DurationVar(&pf.maxDelay, "max-delay", 0, "cap of the exponential delay, e.g. 5m")
+	f.Float64Var(&pf.multiplier, "multiplier", 0, "growth factor per retry (>= 1)")
+	f.StringVar(&pf.jitter, "jitter", "", "jitter mode: none, full, equal or additive")
+	f.DurationVar(&pf.jitterMax, "jitter-max", 0, "largest additive jitter, e.g. 1s")
+	if full {
+		pf.withClassFlag = true
+		f.StringSliceVar(&pf.retryable, "retryable", nil, "classes to retry whatever their default")
+		f.StringSliceVar(&pf.nonRetryable, "non-retryable", nil, "classes never to retry")
+		f.BoolVar(&pf.enabled, "enabled", true, "retries on (--enabled=false turns them off)")
+		f.StringVar(&pf.name, "name", "", "policy name (default kind-job_type)")
+		f.StringVar(&pf.by, "by", "", "who changes it (default api)")
+	}
+	pf.flagsSet = func(name string) bool { return cmd.Flags().Changed(name) }
+}
+
+// apply overrides the fields of p whose flags were given.
+func (pf *policyFlags) apply(cmd *cobra.Command, p *policyView) error {
+	set := pf.flagsSet
+	if set("max-retries") {
+		if pf.maxRetries < 0 || pf.maxRetries > 1000 {
+			return usageErrorf(cmd, "--max-retries must be between 0 and 1000, got %d", pf.maxRetries)
+		}
+		p.MaxRetries = pf.maxRetries
+	}
+	if set("base-delay") {
+		p.BaseDelayMS = pf.baseDelay.Milliseconds()
+	}
+	if set("max-delay") {
+		p.MaxDelayMS = pf.maxDelay.Milliseconds()
+	}
+	if set("multiplier") {
+		p.Multiplier = pf.multiplier
+	}
+	if set("jitter") {
+		switch pf.jitter {
+		case "none", "full", "equal", "additive":
+		default:
+			return usageErrorf(cmd, "--jitter %q is not none, full, equal or additive", pf.jitter)
+		}
+		p.Jitter = pf.jitter
+	}
+	if set("jitter-max") {
+		p.JitterMS = pf.jitterMax.Milliseconds()
+	}
+	if !pf.withClassFlag {
+		return nil
+	}
+	if set("retryable") {
+		p.RetryableClasses = pf.retryable
+	}
+	if set("non-retryable") {
+		p.NonRetryableClasses = pf.nonRetryable
+	}
+	if set("enabled") {
+		p.Enabled = pf.enabled
+	}
+	if set("name") {
+		p.Name = pf.name
+	}
+	return nil
+}
+
+func newPoliciesSetCmd(g *globals) *cobra.Command {
+	var pf policyFlags
+	cmd := &cobra.Command{
+		Use:   "set KIND [JOB_TYPE]",
+		Short: "Create or change a policy; flags left out keep their current value",
+		Long: `set creates a policy or changes the flags given and keeps the rest. Every
+change is a new version; retries decided afterwards use it. A new policy
+needs --max-retries, --base-delay and --max-delay.`,
+		Example: `  retryd policies set job send_email --max-retries 5 --base-delay 30s --max-delay 10m
+  retryd policies set job send_email --non-retryable validation,authentication
+  retryd policies set event --enabled=false`,
+		Args: args(1, "KIND", "JOB_TYPE"),
+		RunE: func(cmd *cobra.Command, a []string) error {
+			kind, jobType := policyArgs(a)
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			var cur policyView
+			_, err = c.get(cmd.Context(), policyPath(kind, jobType), nil, &cur)
+			exists := err == nil
+			switch {
+			case isNotFound(err):
+				for _, name := range []string{"max-retries", "base-delay", "max-delay"} {
+					if !pf.flagsSet(name) {
+						return usageErrorf(cmd, "policy %s does not exist yet: give --max-retries, --base-delay and --max-delay", policyName(kind, jobType))
+					}
+				}
+				cur = policyView{Kind: kind, JobType: jobType, Multiplier: 2, Jitter: "additive", Enabled: true,
+					Name: strings.TrimSuffix(kind+"-"+jobType, "-")}
+			case err != nil:
+				return fmt.Errorf("read policy %s: %w", policyName(kind, jobType), err)
+			}
+			if err := pf.apply(cmd, &cur); err != nil {
+				return err
+			}
+			body := map[string]any{
+				"name": cur.Name, "max_retries": cur.MaxRetries, "base_delay_ms": cur.BaseDelayMS,
+				"max_delay_ms": cur.MaxDelayMS, "multiplier": cur.Multiplier, "jitter": cur.Jitter,
+				"jitter_ms": cur.JitterMS, "retryable_classes": nonNil(cur.RetryableClasses),
+				"non_retryable_classes": nonNil(cur.NonRetryableClasses), "enabled": cur.Enabled,
+			}
+			if exists {
+				body["version"] = cur.Version // 409 if someone changed it meanwhile
+			}
+			if pf.by != "" {
+				body["updated_by"] = pf.by
+			}
+			var saved policyView
+			raw, err := c.put(cmd.Context(), policyPath(kind, jobType), body, &saved)
+			if err != nil {
+				return fmt.Errorf("set policy %s: %w", policyName(kind, jobType), err)
+			}
+			if g.json {
+				return printJSON(g.stdout, raw)
+			}
+			fmt.Fprintf(g.stdout, "Policy %s is now version %d.\n", policyName(kind, jobType), saved.Version)
+			return printPolicy(g, saved)
+		},
+	}
+	pf.register(cmd, true)
+	return cmd
+}
+
+func nonNil(s []string) []string {
+	if s == nil {
+		return []string{}
+	}
+	return s
+}

@@ -1,0 +1,342 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+)
+
+func (g *globals) client() (*apiClient, error) { return newAPIClient(g.api, g.timeout) }
+
+// retryStates are the states the API filters on.
+var retryStates = []string{"scheduled", "due", "succeeded", "exhausted", "cancelled"}
+
+func newRetriesCmd(g *globals) *cobra.Command {
+	cmd := group(&cobra.Command{
+		Use:     "retries",
+		Aliases: []string{"retry"},
+		Short:   "List, inspect, cancel and retry retries",
+	})
+	cmd.AddCommand(newRetriesListCmd(g), newRetriesShowCmd(g), newRetriesCancelCmd(g),
+		newRetriesRetryCmd(g), newBulkRetryCmd(g))
+	return cmd
+}
+
+func newRetriesListCmd(g *globals) *cobra.Command {
+	var kind, state, source, jobType, cursor string
+	var limit int
+	var all bool
+	cmd := &cobra.Command{
+		Use:   "list",
+		Short: "List retries, filtered by kind, state, source and job type",
+		Example: `  retryd retries list --state scheduled
+  retryd retries list --kind job --job-type send_email --state exhausted
+  retryd retries list --source shop --json`,
+		Args: args(0),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if state != "" && !contains(retryStates, state) {
+				return usageErrorf(cmd, "--state %q is not one of %s", state, strings.Join(retryStates, ", "))
+			}
+			if limit < 1 || limit > 1000 {
+				return usageErrorf(cmd, "--limit must be between 1 and 1000, got %d", limit)
+			}
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			q := url.Values{}
+			for k, v := range map[string]string{"kind": kind, "state": state, "source": source, "job_type": jobType, "cursor": cursor} {
+				if v != "" {
+					q.Set(k, v)
+				}
+			}
+			q.Set("limit", strconv.Itoa(limit))
+			var rows []retryRow
+			var raws []json.RawMessage
+			next := ""
+			for {
+				var page retryPage
+				raw, err := c.get(cmd.Context(), "/v1/retries", q, &page)
+				if err != nil {
+					return fmt.Errorf("list retries: %w", err)
+				}
+				raws = append(raws, raw)
+				rows = append(rows, page.Retries...)
+				next = page.NextCursor
+				if !all || next == "" {
+					break
+				}
+				q.Set("cursor", next)
+			}
+			if g.json {
+				if len(raws) == 1 {
+					return printJSON(g.stdout, raws[0])
+				}
+				return writeJSON(g.stdout, retryPage{Retries: rows})
+			}
+			if len(rows) == 0 {
+				fmt.Fprintln(g.stdout, "No retries match.")
+				return nil
+			}
+			now := time.Now()
+			t := newTable(g.stdout, "KIND", "ID", "STATE", "ATTEMPT", "RETRIES", "NEXT ATTEMPT", "JOB TYPE", "SOURCE", "LAST ERROR")
+			for _, r := range rows {
+				next := ""
+				if r.State == "scheduled" || r.State == "due" {
+					next = relTime(r.NextAttemptAt, now)
+				}
+				t.row(r.Kind, r.ID, r.State, strconv.Itoa(r.Attempt), fmt.Sprintf("%d/%d", r.RetryCount, r.MaxRetries),
+					next, r.JobType, r.Source, lastError(r))
+			}
+			if err := t.flush(); err != nil {
+				return err
+			}
+			if next != "" {
+				fmt.Fprintf(g.stderr, "More retries: add --cursor %s (or --all).\n", next)
+			}
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&kind, "kind", "", "kind: event, event-trigger, job or your own")
+	f.StringVar(&state, "state", "", "state: "+strings.Join(retryStates, ", "))
+	f.StringVar(&source, "source", "", "event source")
+	f.StringVar(&jobType, "job-type", "", "job type")
+	f.IntVar(&limit, "limit", 100, "page size (1-1000)")
+	f.StringVar(&cursor, "cursor", "", "continue after a previous page")
+	f.BoolVar(&all, "all", false, "fetch every page")
+	return cmd
+}
+
+func lastError(r retryRow) string {
+	switch {
+	case r.LastErrorClass == "" && r.LastErrorMessage == "":
+		return r.LastReason
+	case r.LastErrorMessage == "":
+		return r.LastErrorClass
+	}
+	return trunc(r.LastErrorClass+": "+r.LastErrorMessage, 60)
+}
+
+// itemArgs reads KIND ID, or KIND/ID as one argument.
+func itemArgs(cmd *cobra.Command, a []string) (kind, id string, err error) {
+	switch {
+	case len(a) == 2:
+		return a[0], a[1], nil
+	case len(a) == 1 && strings.Count(a[0], "/") == 1:
+		kind, id, _ = strings.Cut(a[0], "/")
+		if kind != "" && id != "" {
+			return kind, id, nil
+		}
+	}
+	return "", "", usageErrorf(cmd, "%s takes KIND ID (or KIND/ID), e.g. job 01J9ZX…", cmd.CommandPath())
+}
+
+func newRetriesShowCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "show KIND ID",
+		Short: "Show one retry and its lifecycle: why did it retry?",
+		Example: `  retryd retries show job 01J9ZX3K5Q8V2N4M6P7R9S0T1W
+  retryd retries show event/order-7781`,
+		Args: cobra.ArbitraryArgs,
+		RunE: func(cmd *cobra.Command, a []string) error {
+			kind, id, err := itemArgs(cmd, a)
+			if err != nil {
+				return err
+			}
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			var v retryView
+			raw, err := c.get(cmd.Context(), "/v1/retries/"+seg(kind)+"/"+seg(id), nil, &v)
+			if err != nil {
+				return fmt.Errorf("show retry %s/%s: %w", kind, id, err)
+			}
+			if g.json {
+				return printJSON(g.stdout, raw)
+			}
+			return printRetry(g, v)
+		},
+	}
+}
+
+func printRetry(g *globals, v retryView) error {
+	r, now := v.Retry, time.Now()
+	pairs := []string{
+		"Kind", r.Kind,
+		"ID", r.ID,
+		"State", r.State,
+		"Attempt", strconv.Itoa(r.Attempt),
+		"Retries used", fmt.Sprintf("%d of %d", r.RetryCount, r.MaxRetries),
+		"Policy", fmt.Sprintf("%s v%d", r.PolicyName, r.PolicyVersion),
+	}
+	if r.JobType != "" {
+		pairs = append(pairs, "Job type", r.JobType)
+	}
+	if r.Source != "" {
+		pairs = append(pairs, "Source", r.Source)
+	}
+	if r.State == "scheduled" || r.State == "due" {
+		pairs = append(pairs, "Next attempt", stamp(r.NextAttemptAt, now))
+	}
+	if r.LastErrorClass != "" || r.LastErrorMessage != "" {
+		pairs = append(pairs, "Last error", strings.TrimPrefix(r.LastErrorClass+": "+r.LastErrorMessage, ": "))
+	}
+	if r.LastReason != "" {
+		pairs = append(pairs, "Last reason", r.LastReason)
+	}
+	if r.ExhaustedReason != "" {
+		pairs = append(pairs, "Exhausted", r.ExhaustedReason)
+	}
+	if !r.RetryEnabled {
+		pairs = append(pairs, "Retries", "disabled for this item")
+	}
+	pairs = append(pairs, "Created", stamp(&r.CreatedAt, now), "Updated", stamp(&r.UpdatedAt, now))
+	if err := keyValues(g.stdout, pairs...); err != nil {
+		return err
+	}
+	fmt.Fprintf(g.stdout, "\nLifecycle (%d events; nats stream view RETRIES --subject 'retry.%s.*.%s'):\n", len(v.History), r.Kind, r.ID)
+	if len(v.History) == 0 {
+		fmt.Fprintln(g.stdout, "  (no history)")
+		return nil
+	}
+	t := newTable(g.stdout, "TIME", "EVENT", "ATTEMPT", "ERROR CLASS", "DECIDED BY", "DELAY", "POLICY", "NEXT ATTEMPT", "DETAIL")
+	for _, h := range v.History {
+		delay, policy := "", ""
+		if h.DelayMS != nil {
+			delay = msDuration(*h.DelayMS)
+		}
+		if h.PolicyName != "" {
+			policy = fmt.Sprintf("%s v%d", h.PolicyName, h.PolicyVersion)
+		}
+		next := ""
+		if h.NextAttemptAt != nil {
+			next = h.NextAttemptAt.Local().Format("15:04:05.000")
+		}
+		t.row(h.At.Local().Format("2006-01-02 15:04:05.000"), h.Event, strconv.Itoa(h.Attempt), h.ErrorClass,
+			h.DecidedBy, delay, policy, next, trunc(historyDetail(h), 70))
+	}
+	return t.flush()
+}
+
+// historyDetail is the most telling part of an entry: the error message,
+// or an operator's note or reason.
+func historyDetail(h historyEntry) string {
+	if h.ErrorMessage != "" {
+		return h.ErrorMessage
+	}
+	var d map[string]any
+	if len(h.Detail) == 0 || json.Unmarshal(h.Detail, &d) != nil {
+		return ""
+	}
+	var parts []string
+	for _, k := range []string{"note", "reason", "by"} {
+		if s, ok := d[k].(string); ok && s != "" {
+			parts = append(parts, s)
+		}
+	}
+	// A scheduling decision: how the delay was made up.
+	if base, ok := d["base_delay_ms"].(float64); ok {
+		s := "base " + msDuration(int64(base))
+		if j, ok := d["jitter_ms"].(float64); ok && j != 0 {
+			s += fmt.Sprintf(", jitter %+dms", int64(j))
+		}
+		if ra, ok := d["retry_after_ms"].(float64); ok {
+			s += ", retry-after " + msDuration(int64(ra))
+		}
+		parts = append(parts, s)
+	}
+	if rc, ok := d["retry_count"].(float64); ok {
+		if mr, ok := d["max_retries"].(float64); ok {
+			parts = append(parts, fmt.Sprintf("retry %d of %d", int(rc), int(mr)))
+		}
+	}
+	return strings.Join(parts, "; ")
+}
+
+func newRetriesCancelCmd(g *globals) *cobra.Command {
+	var reason, by string
+	cmd := &cobra.Command{
+		Use:     "cancel KIND ID",
+		Short:   "Cancel a pending retry: no due event follows",
+		Example: `  retryd retries cancel job 01J9ZX3K5Q8V2N4M6P7R9S0T1W --reason "customer deleted"`,
+		Args:    cobra.ArbitraryArgs,
+		RunE: func(cmd *cobra.Command, a []string) error {
+			kind, id, err := itemArgs(cmd, a)
+			if err != nil {
+				return err
+			}
+			return retryAction(cmd, g, kind, id, "cancel", map[string]any{"reason": reason, "by": by})
+		},
+	}
+	cmd.Flags().StringVar(&reason, "reason", "", "why (recorded in the lifecycle)")
+	cmd.Flags().StringVar(&by, "by", "", "who (default operator)")
+	return cmd
+}
+
+func newRetriesRetryCmd(g *globals) *cobra.Command {
+	var reason, by string
+	var reset bool
+	cmd := &cobra.Command{
+		Use:   "retry KIND ID",
+		Short: "Retry now, from any state (exhausted and cancelled included)",
+		Example: `  retryd retries retry job 01J9ZX3K5Q8V2N4M6P7R9S0T1W --reason "API key rotated"
+  retryd retries retry job 01J9ZX3K5Q8V2N4M6P7R9S0T1W --reset-attempts`,
+		Args: cobra.ArbitraryArgs,
+		RunE: func(cmd *cobra.Command, a []string) error {
+			kind, id, err := itemArgs(cmd, a)
+			if err != nil {
+				return err
+			}
+			return retryAction(cmd, g, kind, id, "retry", map[string]any{"reason": reason, "by": by, "reset_attempts": reset})
+		},
+	}
+	cmd.Flags().StringVar(&reason, "reason", "", "why (recorded in the lifecycle)")
+	cmd.Flags().StringVar(&by, "by", "", "who (default operator)")
+	cmd.Flags().BoolVar(&reset, "reset-attempts", false, "give the item its full retry budget again")
+	return cmd
+}
+
+func retryAction(cmd *cobra.Command, g *globals, kind, id, action string, body map[string]any) error {
+	c, err := g.client()
+	if err != nil {
+		return err
+	}
+	for k, v := range body {
+		if v == "" {
+			delete(body, k)
+		}
+	}
+	var v retryView
+	raw, err := c.post(cmd.Context(), "/v1/retries/"+seg(kind)+"/"+seg(id)+"/"+action, body, &v)
+	if err != nil {
+		return fmt.Errorf("%s %s/%s: %w", action, kind, id, err)
+	}
+	if g.json {
+		return printJSON(g.stdout, raw)
+	}
+	r := v.Retry
+	switch action {
+	case "cancel":
+		fmt.Fprintf(g.stdout, "Cancelled %s/%s at attempt %d: state %s.\n", r.Kind, r.ID, r.Attempt, r.State)
+	default:
+		fmt.Fprintf(g.stdout, "Retrying %s/%s now: attempt %d, state %s (retries used %d of %d).\n",
+			r.Kind, r.ID, r.Attempt, r.State, r.RetryCount, r.MaxRetries)
+	}
+	return nil
+}
+
+func contains(list []string, s string) bool {
+	for _, v := range list {
+		if v == s {
+			return true
+		}
+	}
+	return false
+}

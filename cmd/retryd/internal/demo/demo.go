@@ -1,0 +1,204 @@
+// Package demo feeds a running retryd dev stack with realistic traffic: a
+// throttled source and a source paused now and then (ingress deferrals), a
+// trigger with a throttle and a max concurrency plus a small run executor
+// (trigger-delivery retries), and a flaky worker (job retries, exhaustion
+// and analytics). Fast policies (seconds, not hours) make retries show up
+// within a minute.
+package demo
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+
+	"github.com/retryd/retryd/pkg/contract"
+	"github.com/retryd/retryd/pkg/worker"
+)
+
+// Names the demo creates.
+const (
+	SourceShop     = "shop"
+	SourcePartner  = "partner"
+	TriggerID      = "demo-fulfil-order"
+	Workflow       = "fulfil_order"
+	ExecutorName   = "demo-run-executor"
+	PublisherName  = "retryd/demo"
+	partnerPause   = 15 * time.Second
+	partnerCycle   = 60 * time.Second
+	defaultTraffic = 1.0
+)
+
+// Config configures a Demo.
+type Config struct {
+	// API is the base URL of the stack's HTTP server.
+	API string
+	// JS publishes jobs and run outcomes.
+	JS     jetstream.JetStream
+	Logger zerolog.Logger
+	// Traffic scales every producer's rate. Default 1 (about 4 events and
+	// 2.5 jobs per second).
+	Traffic float64
+}
+
+// Demo is the traffic generator.
+type Demo struct {
+	cfg      Config
+	api      *client
+	log      zerolog.Logger
+	cancel   context.CancelFunc
+	wg       sync.WaitGroup
+	stopExec func()
+	once     sync.Once
+}
+
+// New validates cfg.
+func New(cfg Config) (*Demo, error) {
+	if cfg.API == "" {
+		return nil, errors.New("demo: Config.API is required")
+	}
+	if cfg.JS == nil {
+		return nil, errors.New("demo: Config.JS is required")
+	}
+	if cfg.Traffic == 0 {
+		cfg.Traffic = defaultTraffic
+	}
+	if cfg.Traffic < 0 || cfg.Traffic > 100 {
+		return nil, fmt.Errorf("demo: Config.Traffic must be between 0 and 100, got %v", cfg.Traffic)
+	}
+	return &Demo{cfg: cfg, api: newClient(cfg.API), log: cfg.Logger.With().Str("component", "demo").Logger()}, nil
+}
+
+// Start sets up the demo's policies, sources and trigger through the API,
+// starts the run executor and the producers. ctx bounds the setup.
+func (d *Demo) Start(ctx context.Context) error {
+	if err := d.setup(ctx); err != nil {
+		return fmt.Errorf("demo setup: %w", err)
+	}
+	if err := d.startExecutor(ctx); err != nil {
+		return fmt.Errorf("demo run executor: %w", err)
+	}
+	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	d.cancel = cancel
+	d.every(runCtx, 250*time.Millisecond, d.shopEvent)
+	d.every(runCtx, 8*time.Second, d.shopBurst)
+	d.every(runCtx, time.Second, d.partnerEvent)
+	d.every(runCtx, 400*time.Millisecond, d.job)
+	d.wg.Go(func() { d.pauseCycle(runCtx) })
+	d.log.Info().Float64("traffic", d.cfg.Traffic).Msg("demo traffic started")
+	return nil
+}
+
+// Stop ends the producers and the executor. Runs in flight stay requested
+// and are finished by the executor of the next start (its consumer is
+// durable).
+func (d *Demo) Stop(ctx context.Context) error {
+	d.once.Do(func() {
+		if d.cancel != nil {
+			d.cancel()
+		}
+		if d.stopExec != nil {
+			d.stopExec()
+		}
+	})
+	done := make(chan struct{})
+	go func() { d.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("stop demo: %w", ctx.Err())
+	}
+}
+
+// every calls fn each period (scaled by Traffic) until ctx ends.
+func (d *Demo) every(ctx context.Context, period time.Duration, fn func(ctx context.Context) error) {
+	if d.cfg.Traffic <= 0 {
+		return
+	}
+	period = time.Duration(float64(period) / d.cfg.Traffic)
+	d.wg.Go(func() {
+		t := time.NewTicker(period)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				if err := fn(ctx); err != nil && ctx.Err() == nil {
+					d.log.Warn().Err(err).Msg("demo producer")
+				}
+			}
+		}
+	})
+}
+
+var customers = []string{"acme", "globex", "initech", "umbrella", "hooli", "stark", "wayne", "wonka"}
+
+func (d *Demo) shopEvent(ctx context.Context) error {
+	return d.postEvent(ctx, SourceShop, "order.created", map[string]any{
+		"order_id": contract.NewID(), "customer": customers[rand.IntN(len(customers))],
+		"total": float64(rand.IntN(30000)) / 100,
+	})
+}
+
+// shopBurst sends more orders at once than the source's rate limit
+// admits: the rest are deferred and come back as retries.
+func (d *Demo) shopBurst(ctx context.Context) error {
+	for range 6 + rand.IntN(6) {
+		if err := d.shopEvent(ctx); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (d *Demo) partnerEvent(ctx context.Context) error {
+	return d.postEvent(ctx, SourcePartner, "invoice.paid", map[string]any{
+		"invoice": fmt.Sprintf("INV-%05d", rand.IntN(100000)), "amount": rand.IntN(5000),
+	})
+}
+
+func (d *Demo) postEvent(ctx context.Context, source, typ string, data any) error {
+	return d.api.do(ctx, "POST", "/v1/events", map[string]any{"source": source, "type": typ, "data": data}, nil)
+}
+
+// pauseCycle pauses the partner source for partnerPause every
+// partnerCycle: its events are deferred and admitted after the pause.
+func (d *Demo) pauseCycle(ctx context.Context) {
+	t := time.NewTicker(partnerCycle)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		until := time.Now().Add(partnerPause).UTC()
+		err := d.api.do(ctx, "POST", "/v1/sources/"+SourcePartner+"/pause",
+			map[string]any{"until": until, "reason": "demo: partner maintenance window"}, nil)
+		if err != nil && ctx.Err() == nil {
+			d.log.Warn().Err(err).Msg("demo pause")
+		}
+	}
+}
+
+func (d *Demo) job(ctx context.Context) error {
+	var job contract.JobData
+	switch roll := rand.Float64(); {
+	case roll < 0.5:
+		job = contract.JobData{JobType: JobSendEmail, TimeoutMS: 1200,
+			Payload: mustJSON(emailPayload{To: customers[rand.IntN(len(customers))] + "@example.com", Template: "receipt"})}
+	case roll < 0.8:
+		job = contract.JobData{JobType: JobSyncCRM, Payload: mustJSON(map[string]string{"contact": contract.NewID()})}
+	default:
+		job = contract.JobData{JobType: JobChargeCard, Payload: mustJSON(map[string]any{"amount_cents": 500 + rand.IntN(20000)})}
+	}
+	_, err := worker.Enqueue(ctx, d.cfg.JS, job)
+	return err
+}

@@ -1,0 +1,388 @@
+// Package devstack runs all of retryd in one process: an embedded NATS
+// server with JetStream on disk, a local Postgres (or DATABASE_URL), the
+// schema and streams, the scheduler, ingress, triggers, the jobs
+// projection and API, a worker with the due router, and one HTTP server
+// for every API, the dashboard, health and metrics. `retryd dev` and the
+// CLI's tests use it.
+package devstack
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/rs/zerolog"
+
+	"github.com/retryd/retryd/migrations"
+	"github.com/retryd/retryd/migrations/pgcluster"
+	"github.com/retryd/retryd/pkg/serve"
+	"github.com/retryd/retryd/pkg/streams"
+	"github.com/retryd/retryd/pkg/worker"
+	"github.com/retryd/retryd/projections/jobs"
+	"github.com/retryd/retryd/services/ingress"
+	"github.com/retryd/retryd/services/scheduler"
+	"github.com/retryd/retryd/services/triggers"
+)
+
+// Stack is retryd in one process. Build it with New, run it with Start,
+// stop it with Stop.
+type Stack struct {
+	cfg Config
+	log zerolog.Logger
+
+	// Set by Start.
+	NATS      *server.Server
+	NC        *nats.Conn
+	JS        jetstream.JetStream
+	Pool      *pgxpool.Pool
+	Registry  *prometheus.Registry
+	Health    *serve.Health
+	Scheduler *scheduler.Scheduler
+	Ingress   *ingress.Service
+	Triggers  *triggers.Service
+	Projector *jobs.Projector
+	JobsAPI   *jobs.API
+	Worker    *worker.Worker
+
+	databaseURL string
+	localPG     bool
+	httpAddr    net.Addr
+
+	mu       sync.Mutex
+	started  bool
+	stopped  bool
+	stopErr  error
+	shutdown []step // undone in reverse order by Stop
+}
+
+// step is one thing Stop undoes.
+type step struct {
+	name string
+	fn   func(ctx context.Context) error
+}
+
+// New validates cfg; it does no I/O.
+func New(cfg Config) (*Stack, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, fmt.Errorf("dev stack: %w", err)
+	}
+	return &Stack{cfg: cfg, log: cfg.Logger}, nil
+}
+
+func (s *Stack) onStop(name string, fn func(ctx context.Context) error) {
+	s.shutdown = append(s.shutdown, step{name: name, fn: fn})
+}
+
+// Start brings everything up in dependency order. On error, what started
+// is stopped again.
+func (s *Stack) Start(ctx context.Context) (err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.started || s.stopped {
+		return errors.New("dev stack: already started")
+	}
+	s.started = true
+	defer func() {
+		if err != nil {
+			_ = s.stopLocked(context.WithoutCancel(ctx))
+		}
+	}()
+	if err := os.MkdirAll(s.cfg.DataDir, 0o755); err != nil {
+		return fmt.Errorf("create data directory: %w", err)
+	}
+	if err := s.startNATS(); err != nil {
+		return err
+	}
+	if err := s.startPostgres(ctx); err != nil {
+		return err
+	}
+	if err := migrations.Up(ctx, s.databaseURL, s.log.With().Str("component", "migrations").Logger()); err != nil {
+		return fmt.Errorf("migrate: %w", err)
+	}
+	if err := s.connect(ctx); err != nil {
+		return err
+	}
+	if err := streams.Ensure(ctx, s.JS, streams.Options{}); err != nil {
+		return fmt.Errorf("ensure streams: %w", err)
+	}
+	s.Registry = prometheus.NewRegistry()
+	s.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	s.Health = &serve.Health{}
+	if err := s.startServices(ctx); err != nil {
+		return err
+	}
+	if err := s.startHTTP(); err != nil {
+		return err
+	}
+	// Registered last, so undone first: /readyz answers 503 before anything
+	// stops.
+	s.onStop("readiness", func(context.Context) error { s.Health.SetReady(false); return nil })
+	s.Health.SetReady(true)
+	s.log.Info().Str("http", s.URL()).Str("nats", s.NATSURL()).Msg("retryd dev stack started")
+	return nil
+}
+
+func (s *Stack) startNATS() error {
+	dir, err := filepath.Abs(filepath.Join(s.cfg.DataDir, "nats"))
+	if err != nil {
+		return fmt.Errorf("resolve NATS store directory: %w", err)
+	}
+	opts := &server.Options{
+		ServerName:         "retryd-dev",
+		Host:               s.cfg.NATSHost,
+		Port:               s.cfg.NATSPort,
+		JetStream:          true,
+		StoreDir:           dir,
+		SyncAlways:         s.cfg.NATSSyncAlways,
+		SyncInterval:       s.cfg.NATSSyncInterval,
+		NoSigs:             true,
+		JetStreamMaxMemory: 256 << 20,
+	}
+	srv, err := server.NewServer(opts)
+	if err != nil {
+		return fmt.Errorf("configure embedded NATS: %w", err)
+	}
+	srv.SetLoggerV2(natsLogger{s.log.With().Str("component", "nats-server").Logger()}, false, false, false)
+	go srv.Start()
+	if !srv.ReadyForConnections(15 * time.Second) {
+		srv.Shutdown()
+		return fmt.Errorf("embedded NATS did not start on %s:%d (is the port taken? use --nats-port)", s.cfg.NATSHost, s.cfg.NATSPort)
+	}
+	s.NATS = srv
+	s.onStop("nats server", func(context.Context) error {
+		srv.Shutdown()
+		srv.WaitForShutdown()
+		return nil
+	})
+	return nil
+}
+
+func (s *Stack) startPostgres(ctx context.Context) error {
+	if s.cfg.DatabaseURL != "" {
+		s.databaseURL = s.cfg.DatabaseURL
+		return nil
+	}
+	dir, note, err := postgresDir(s.cfg.DataDir)
+	if err != nil {
+		return err
+	}
+	if note != "" {
+		s.log.Warn().Str("dir", dir).Msg(note)
+	}
+	cluster, err := pgcluster.Start(ctx, pgcluster.Options{DataDir: dir, Log: s.cfg.PostgresLog})
+	if errors.Is(err, pgcluster.ErrNoPostgres) {
+		return fmt.Errorf("no DATABASE_URL and no local Postgres to start: %w\n"+
+			"  Debian/Ubuntu: sudo apt-get install postgresql-15\n"+
+			"  or run against a server: DATABASE_URL=postgres://user@host/db go run ./cmd/retryd dev", err)
+	}
+	if err != nil {
+		return fmt.Errorf("start local Postgres in %s: %w", dir, err)
+	}
+	s.localPG = true
+	s.databaseURL = cluster.URL("postgres")
+	s.onStop("postgres", cluster.Stop)
+	return nil
+}
+
+func (s *Stack) connect(ctx context.Context) error {
+	pcfg, err := pgxpool.ParseConfig(s.databaseURL)
+	if err != nil {
+		return fmt.Errorf("parse database URL: %w", err)
+	}
+	pcfg.MaxConns = int32(s.cfg.PoolConns)
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		return fmt.Errorf("open database: %w", err)
+	}
+	s.Pool = pool
+	s.onStop("postgres pool", func(context.Context) error { pool.Close(); return nil })
+
+	nc, err := nats.Connect(s.NATS.ClientURL(), nats.Name("retryd-dev"), nats.MaxReconnects(-1))
+	if err != nil {
+		return fmt.Errorf("connect to embedded NATS: %w", err)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		nc.Close()
+		return fmt.Errorf("jetstream: %w", err)
+	}
+	s.NC, s.JS = nc, js
+	s.onStop("nats connection", func(context.Context) error {
+		if err := nc.Drain(); err != nil {
+			nc.Close()
+		}
+		for i := 0; i < 100 && !nc.IsClosed(); i++ {
+			time.Sleep(10 * time.Millisecond)
+		}
+		return nil
+	})
+	return nil
+}
+
+func (s *Stack) startServices(ctx context.Context) error {
+	lg := func(name string) zerolog.Logger { return s.log.With().Str("service", name).Logger() }
+	reg := s.Registry
+
+	sched, err := scheduler.New(scheduler.Config{Pool: s.Pool, JS: s.JS, Logger: lg("scheduler"), Registerer: reg,
+		MaxIdle: s.cfg.SchedulerMaxIdle})
+	if err != nil {
+		return fmt.Errorf("new scheduler: %w", err)
+	}
+	if err := sched.Start(ctx); err != nil {
+		return fmt.Errorf("start scheduler: %w", err)
+	}
+	s.Scheduler = sched
+	s.onStop("scheduler", sched.Stop)
+
+	ing, err := ingress.New(ingress.Config{Pool: s.Pool, JS: s.JS, Logger: lg("ingress"), Registerer: reg})
+	if err != nil {
+		return fmt.Errorf("new ingress: %w", err)
+	}
+	if err := ing.Start(ctx); err != nil {
+		return fmt.Errorf("start ingress: %w", err)
+	}
+	s.Ingress = ing
+	s.onStop("ingress", ing.Stop)
+
+	trig, err := triggers.New(triggers.Config{Pool: s.Pool, JS: s.JS, Logger: lg("triggers"), Registerer: reg})
+	if err != nil {
+		return fmt.Errorf("new triggers: %w", err)
+	}
+	if err := trig.Start(ctx); err != nil {
+		return fmt.Errorf("start triggers: %w", err)
+	}
+	s.Triggers = trig
+	s.onStop("triggers", trig.Stop)
+
+	proj, err := jobs.NewProjector(jobs.ProjectorConfig{Pool: s.Pool, JS: s.JS, Logger: lg("jobs-projection"),
+		Registerer: reg, FetchWait: s.cfg.FetchWait})
+	if err != nil {
+		return fmt.Errorf("new jobs projection: %w", err)
+	}
+	if err := proj.Start(ctx); err != nil {
+		return fmt.Errorf("start jobs projection: %w", err)
+	}
+	s.Projector = proj
+	s.onStop("jobs projection", proj.Stop)
+
+	api, err := jobs.NewAPI(jobs.APIConfig{Pool: s.Pool, Retry: RetryController{S: sched}, Logger: lg("jobs-api"), Registerer: reg})
+	if err != nil {
+		return fmt.Errorf("new jobs API: %w", err)
+	}
+	if err := api.Start(ctx); err != nil {
+		return fmt.Errorf("start jobs API: %w", err)
+	}
+	s.JobsAPI = api
+	s.onStop("jobs API", api.Stop)
+
+	w, err := worker.New(worker.Config{JS: s.JS, Logger: lg("worker"), Registerer: reg, Source: "retryd/dev-worker",
+		Concurrency: s.cfg.WorkerConcurrency, FetchWait: s.cfg.FetchWait})
+	if err != nil {
+		return fmt.Errorf("new worker: %w", err)
+	}
+	for jobType, h := range s.cfg.Handlers {
+		if err := w.Handle(jobType, h); err != nil {
+			return err
+		}
+	}
+	if err := w.Start(ctx); err != nil {
+		return fmt.Errorf("start worker: %w", err)
+	}
+	s.Worker = w
+	s.onStop("worker", w.Stop)
+	return nil
+}
+
+func (s *Stack) startHTTP() error {
+	ln, err := net.Listen("tcp", s.cfg.HTTPAddr)
+	if err != nil {
+		return fmt.Errorf("listen on %s (is it taken? use --http): %w", s.cfg.HTTPAddr, err)
+	}
+	s.httpAddr = ln.Addr()
+	srv := &http.Server{Handler: s.routes(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- serve.Serve(ctx, srv, ln, s.log.With().Str("component", "http").Logger()) }()
+	s.onStop("http server", func(context.Context) error {
+		cancel()
+		return <-done
+	})
+	return nil
+}
+
+// Stop stops everything in reverse order: readiness off, the HTTP server,
+// the consumers (drained), then the connections, NATS and Postgres. It is
+// idempotent.
+func (s *Stack) Stop(ctx context.Context) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.stopped {
+		return s.stopErr
+	}
+	return s.stopLocked(ctx)
+}
+
+func (s *Stack) stopLocked(ctx context.Context) error {
+	s.stopped = true
+	var errs []error
+	// Undo in reverse: readiness off, HTTP, the consumers (drained), the
+	// connections, then NATS and Postgres.
+	order := make([]step, 0, len(s.shutdown))
+	for i := len(s.shutdown) - 1; i >= 0; i-- {
+		order = append(order, s.shutdown[i])
+	}
+	for _, st := range order {
+		if err := st.fn(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("stop %s: %w", st.name, err))
+		}
+	}
+	s.shutdown = nil
+	s.stopErr = errors.Join(errs...)
+	return s.stopErr
+}
+
+// URL is the base URL of the HTTP server, e.g. http://127.0.0.1:8080.
+func (s *Stack) URL() string {
+	if s.httpAddr == nil {
+		return ""
+	}
+	return "http://" + displayAddr(s.httpAddr)
+}
+
+// NATSURL is the client URL of the embedded NATS server.
+func (s *Stack) NATSURL() string {
+	if s.NATS == nil {
+		return ""
+	}
+	return s.NATS.ClientURL()
+}
+
+// DatabaseURL is the Postgres URL in use.
+func (s *Stack) DatabaseURL() string { return s.databaseURL }
+
+// LocalPostgres reports whether the stack started its own Postgres.
+func (s *Stack) LocalPostgres() bool { return s.localPG }
+
+// displayAddr turns a wildcard listen address into one a browser can open.
+func displayAddr(a net.Addr) string {
+	tcp, ok := a.(*net.TCPAddr)
+	if !ok {
+		return a.String()
+	}
+	if tcp.IP == nil || tcp.IP.IsUnspecified() {
+		return net.JoinHostPort("127.0.0.1", fmt.Sprint(tcp.Port))
+	}
+	return tcp.String()
+}

@@ -1,0 +1,155 @@
+package main
+
+import (
+	"encoding/json"
+	"time"
+)
+
+// The API's answers as the CLI reads them. Only the fields it shows are
+// decoded; --json prints the answers whole.
+
+type retryRow struct {
+	Kind             string            `json:"kind"`
+	ID               string            `json:"id"`
+	State            string            `json:"state"`
+	Attempt          int               `json:"attempt"`
+	RetryCount       int               `json:"retry_count"`
+	MaxRetries       int               `json:"max_retries"`
+	RetryEnabled     bool              `json:"retry_enabled"`
+	JobType          string            `json:"job_type"`
+	Source           string            `json:"source"`
+	PolicyName       string            `json:"policy_name"`
+	PolicyVersion    int               `json:"policy_version"`
+	NextAttemptAt    *time.Time        `json:"next_attempt_at"`
+	DueAt            *time.Time        `json:"due_at"`
+	LastErrorClass   string            `json:"last_error_class"`
+	LastErrorMessage string            `json:"last_error_message"`
+	LastErrorAt      *time.Time        `json:"last_error_at"`
+	LastReason       string            `json:"last_reason"`
+	ExhaustedReason  string            `json:"exhausted_reason"`
+	Metadata         map[string]string `json:"metadata"`
+	CreatedAt        time.Time         `json:"created_at"`
+	UpdatedAt        time.Time         `json:"updated_at"`
+	ResolvedAt       *time.Time        `json:"resolved_at"`
+}
+
+type retryPage struct {
+	Retries    []retryRow `json:"retries"`
+	NextCursor string     `json:"next_cursor"`
+}
+
+type historyEntry struct {
+	Attempt       int             `json:"attempt"`
+	Event         string          `json:"event"`
+	ErrorClass    string          `json:"error_class"`
+	ErrorMessage  string          `json:"error_message"`
+	DelayMS       *int64          `json:"delay_ms"`
+	DecidedBy     string          `json:"decided_by"`
+	PolicyName    string          `json:"policy_name"`
+	PolicyVersion int             `json:"policy_version"`
+	NextAttemptAt *time.Time      `json:"next_attempt_at"`
+	Detail        json.RawMessage `json:"detail"`
+	MsgID         string          `json:"msg_id"`
+	At            time.Time       `json:"at"`
+}
+
+type retryView struct {
+	Retry   retryRow       `json:"retry"`
+	History []historyEntry `json:"history"`
+}
+
+type sourceView struct {
+	Source       string     `json:"source"`
+	RateLimit    *int       `json:"rate_limit"`
+	RateWindow   string     `json:"rate_window"`
+	Paused       bool       `json:"paused"`
+	PausedUntil  *time.Time `json:"paused_until"`
+	PauseReason  string     `json:"pause_reason"`
+	AllowedTypes []string   `json:"allowed_types"`
+	Deferred     int64      `json:"deferred"`
+	UpdatedBy    string     `json:"updated_by"`
+	UpdatedAt    time.Time  `json:"updated_at"`
+}
+
+type policyView struct {
+	Kind                string    `json:"kind"`
+	JobType             string    `json:"job_type"`
+	Name                string    `json:"name"`
+	Version             int       `json:"version"`
+	MaxRetries          int       `json:"max_retries"`
+	BaseDelayMS         int64     `json:"base_delay_ms"`
+	Multiplier          float64   `json:"multiplier"`
+	MaxDelayMS          int64     `json:"max_delay_ms"`
+	Jitter              string    `json:"jitter"`
+	JitterMS            int64     `json:"jitter_ms"`
+	RetryableClasses    []string  `json:"retryable_classes"`
+	NonRetryableClasses []string  `json:"non_retryable_classes"`
+	Enabled             bool      `json:"enabled"`
+	UpdatedBy           string    `json:"updated_by"`
+	UpdatedAt           time.Time `json:"updated_at"`
+}
+
+type policyVersion struct {
+	Version   int             `json:"version"`
+	Policy    json.RawMessage `json:"policy"`
+	ChangedBy string          `json:"changed_by"`
+	ChangedAt time.Time       `json:"changed_at"`
+}
+
+type analyticsView struct {
+	Since    time.Time       `json:"since"`
+	Until    time.Time       `json:"until"`
+	JobTypes []typeAnalytics `json:"job_types"`
+}
+
+type typeAnalytics struct {
+	JobType              string           `json:"job_type"`
+	TotalJobs            int64            `json:"total_jobs"`
+	ByStatus             map[string]int64 `json:"by_status"`
+	Succeeded            int64            `json:"succeeded"`
+	Failed               int64            `json:"failed"`
+	SuccessRate          *float64         `json:"success_rate"`
+	AvgAttemptsToSuccess *float64         `json:"avg_attempts_to_success"`
+	TimeToSuccessMS      struct {
+		P50 *float64 `json:"p50"`
+		P90 *float64 `json:"p90"`
+		P99 *float64 `json:"p99"`
+	} `json:"time_to_success_ms"`
+	TotalRetries      int64    `json:"total_retries"`
+	RetriedJobs       int64    `json:"retried_jobs"`
+	RetriedSucceeded  int64    `json:"retried_succeeded"`
+	RetrySuccessRate  *float64 `json:"retry_success_rate"`
+	RetryDistribution []struct {
+		Retries int   `json:"retries"`
+		Jobs    int64 `json:"jobs"`
+	} `json:"retry_distribution"`
+	ErrorsByClass []struct {
+		Class string `json:"class"`
+		Count int64  `json:"count"`
+	} `json:"errors_by_class"`
+	TopErrors []struct {
+		Pattern string `json:"pattern"`
+		Class   string `json:"class"`
+		Count   int64  `json:"count"`
+	} `json:"top_errors"`
+}
+
+type operationView struct {
+	Operation struct {
+		ID            string     `json:"id"`
+		Status        string     `json:"status"`
+		RatePerSecond float64    `json:"rate_per_second"`
+		Total         int        `json:"total"`
+		Released      int        `json:"released"`
+		Skipped       int        `json:"skipped"`
+		Failed        int        `json:"failed"`
+		Pending       int        `json:"pending"`
+		CreatedAt     time.Time  `json:"created_at"`
+		FinishedAt    *time.Time `json:"finished_at"`
+	} `json:"operation"`
+	Problems []struct {
+		JobID string `json:"job_id"`
+		State string `json:"state"`
+		Error string `json:"error"`
+	} `json:"problems"`
+}

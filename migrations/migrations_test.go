@@ -1,0 +1,277 @@
+package migrations_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io/fs"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"testing/fstest"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/rs/zerolog"
+	"github.com/stretchr/testify/require"
+
+	"github.com/retryd/retryd/migrations"
+	"github.com/retryd/retryd/migrations/pgtest"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+type bundle struct {
+	url  string
+	conn *pgx.Conn
+}
+
+func setup(t *testing.T) bundle {
+	t.Helper()
+	u := pgtest.NewEmptyDatabaseURL(t)
+	conn, err := pgx.Connect(context.Background(), u)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close(context.Background()) })
+	return bundle{url: u, conn: conn}
+}
+
+// tables lists the tables of the public schema, without goose's own.
+func (b bundle) tables(t *testing.T) []string {
+	t.Helper()
+	rows, err := b.conn.Query(context.Background(),
+		"SELECT tablename FROM pg_tables WHERE schemaname = 'public' AND tablename <> 'goose_db_version' ORDER BY 1")
+	require.NoError(t, err)
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	return names
+}
+
+func (b bundle) requireAllApplied(t *testing.T) {
+	t.Helper()
+	st, err := migrations.Status(context.Background(), b.url)
+	require.NoError(t, err)
+	require.NotEmpty(t, st)
+	for _, s := range st {
+		require.True(t, s.Applied, "migration %s not applied", s.Name)
+		require.False(t, s.AppliedAt.IsZero())
+	}
+	require.Equal(t, migrations.Latest(), st[len(st)-1].Version)
+	var dup int
+	require.NoError(t, b.conn.QueryRow(context.Background(),
+		"SELECT count(*) FROM (SELECT version_id FROM goose_db_version WHERE is_applied GROUP BY 1 HAVING count(*) > 1) d").Scan(&dup))
+	require.Zero(t, dup, "a migration was recorded twice")
+}
+
+// foundationTables are the tables 00001_foundation.sql creates.
+var foundationTables = []string{
+	"event_ingress_retries", "event_source_windows", "event_sources", "inbox", "jobs", "outbox",
+	"retries", "retry_history", "retry_policies", "retry_policy_versions", "workflow_events",
+	"workflow_run_steps", "workflow_runs", "workflow_trigger_deliveries", "workflow_trigger_versions",
+	"workflow_triggers",
+}
+
+func TestUpIsIdempotent(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	require.NoError(t, migrations.Up(ctx, b.url, zerolog.Nop()))
+	require.NoError(t, migrations.Up(ctx, b.url, zerolog.Nop()))
+	b.requireAllApplied(t)
+	require.Subset(t, b.tables(t), foundationTables)
+
+	var policies int
+	require.NoError(t, b.conn.QueryRow(ctx, "SELECT count(*) FROM retry_policies WHERE updated_by = 'migration'").Scan(&policies))
+	require.Equal(t, 8, policies, "running Up again must not seed twice")
+}
+
+func TestDownToZeroAndUpAgain(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	require.NoError(t, migrations.Up(ctx, b.url, zerolog.Nop()))
+
+	require.NoError(t, migrations.Down(ctx, b.url, 0, zerolog.Nop()))
+	require.Empty(t, b.tables(t), "every migration's Down removes what its Up created")
+	st, err := migrations.Status(ctx, b.url)
+	require.NoError(t, err)
+	for _, s := range st {
+		require.False(t, s.Applied, "%s still applied after Down to 0", s.Name)
+	}
+
+	require.NoError(t, migrations.Up(ctx, b.url, zerolog.Nop()))
+	b.requireAllApplied(t)
+	require.Subset(t, b.tables(t), foundationTables)
+}
+
+func TestDownToVersion(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	require.NoError(t, migrations.Up(ctx, b.url, zerolog.Nop()))
+	require.NoError(t, migrations.Down(ctx, b.url, 1, zerolog.Nop()))
+	st, err := migrations.Status(ctx, b.url)
+	require.NoError(t, err)
+	for _, s := range st {
+		require.Equal(t, s.Version <= 1, s.Applied, "%s", s.Name)
+	}
+	require.ElementsMatch(t, foundationTables, b.tables(t))
+
+	require.ErrorContains(t, migrations.Down(ctx, b.url, -1, zerolog.Nop()), "negative")
+}
+
+// Every service may run Up at start: concurrent runs on separate
+// connections must serialise on the advisory lock, all succeed, and apply
+// each migration exactly once.
+func TestConcurrentUp(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	// Status creates goose's version table, so the runs below race on the
+	// migrations themselves rather than on creating that table (which
+	// goose retries on its own).
+	_, err := migrations.Status(context.Background(), b.url)
+	require.NoError(t, err)
+	var wg sync.WaitGroup
+	errs := make([]error, 3)
+	for i := range errs {
+		wg.Go(func() { errs[i] = migrations.Up(context.Background(), b.url, zerolog.Nop()) })
+	}
+	wg.Wait()
+	for _, err := range errs {
+		require.NoError(t, err)
+	}
+	b.requireAllApplied(t)
+	require.Subset(t, b.tables(t), foundationTables)
+	var policies int
+	require.NoError(t, b.conn.QueryRow(context.Background(), "SELECT count(*) FROM retry_policy_versions WHERE changed_by = 'migration'").Scan(&policies))
+	require.Equal(t, 8, policies)
+}
+
+func TestSeededPolicies(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	require.NoError(t, migrations.Up(ctx, b.url, zerolog.Nop()))
+
+	type policy struct {
+		kind, jobType, name string
+		maxRetries          int
+		baseMS, maxMS       int64
+		multiplier          float64
+		jitter              string
+		jitterMS            int64
+	}
+	want := []policy{
+		{"*", "", "default", 3, 1000, 300000, 2, "additive", 1000},
+		{"event", "", "event-ingress", 20, 1000, 300000, 2, "additive", 1000},
+		{"event-trigger", "", "event-trigger", 20, 1000, 300000, 2, "additive", 1000},
+		{"job", "", "job-default", 5, 7200000, 86400000, 2, "additive", 300000},
+		{"job", "workflow_step", "workflow-step", 3, 1000, 300000, 2, "additive", 1000},
+		{"job", "linkedin_outreach", "linkedin-outreach", 3, 3600000, 43200000, 1.5, "additive", 300000},
+		{"job", "email_campaign", "email-campaign", 4, 1800000, 21600000, 2, "additive", 300000},
+		{"job", "data_enrichment", "data-enrichment", 5, 300000, 3600000, 2, "additive", 60000},
+	}
+	for _, w := range want {
+		var got policy
+		var version int
+		var nonRetryable []string
+		var enabled bool
+		err := b.conn.QueryRow(ctx, `
+			SELECT kind, job_type, name, max_retries, base_delay_ms, max_delay_ms, multiplier, jitter, jitter_ms,
+			       version, non_retryable_classes, enabled
+			FROM retry_policies WHERE kind = $1 AND job_type = $2`, w.kind, w.jobType).
+			Scan(&got.kind, &got.jobType, &got.name, &got.maxRetries, &got.baseMS, &got.maxMS, &got.multiplier,
+				&got.jitter, &got.jitterMS, &version, &nonRetryable, &enabled)
+		require.NoError(t, err, "policy %s/%s", w.kind, w.jobType)
+		require.Equal(t, w, got)
+		require.Equal(t, 1, version)
+		require.True(t, enabled)
+		require.ElementsMatch(t, []string{"authentication", "permission", "validation"}, nonRetryable)
+
+		var snapshot map[string]any
+		require.NoError(t, b.conn.QueryRow(ctx,
+			"SELECT policy FROM retry_policy_versions WHERE kind = $1 AND job_type = $2 AND version = 1",
+			w.kind, w.jobType).Scan(&snapshot), "version 1 of %s/%s is kept", w.kind, w.jobType)
+		require.Equal(t, w.name, snapshot["name"])
+		require.NotContains(t, snapshot, "updated_at")
+	}
+}
+
+func TestUpLogsEachMigration(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	var buf bytes.Buffer
+	require.NoError(t, migrations.Up(context.Background(), b.url, zerolog.New(&buf)))
+
+	files, err := fs.Glob(migrations.FS(), "*.sql")
+	require.NoError(t, err)
+	var logged []string
+	for line := range strings.SplitSeq(strings.TrimSpace(buf.String()), "\n") {
+		var rec map[string]any
+		require.NoError(t, json.Unmarshal([]byte(line), &rec), line)
+		if rec["message"] != "migration" {
+			continue
+		}
+		require.Equal(t, "info", rec["level"])
+		require.Equal(t, "up", rec["direction"])
+		require.Contains(t, rec, "version")
+		require.Contains(t, rec, "duration")
+		logged = append(logged, rec["name"].(string))
+	}
+	require.Equal(t, files, logged, "one line per migration, in order")
+}
+
+// A migration runs in one transaction: when a statement fails, what the
+// migration did before it is rolled back and the version stays where it
+// was.
+func TestFailedMigrationRollsBack(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	fsys := fstest.MapFS{
+		"00001_a.sql": {Data: []byte("-- +goose Up\nCREATE TABLE a (id int);\n-- +goose Down\nDROP TABLE a;\n")},
+		"00002_b.sql": {Data: []byte("-- +goose Up\nCREATE TABLE b (id int);\nSELECT no_such_function();\n-- +goose Down\nDROP TABLE b;\n")},
+	}
+	var buf bytes.Buffer
+	err := migrations.UpFS(context.Background(), b.url, fsys, zerolog.New(&buf))
+	require.ErrorContains(t, err, "no_such_function")
+	require.Equal(t, []string{"a"}, b.tables(t))
+	require.Contains(t, buf.String(), `"level":"error"`)
+	require.Contains(t, buf.String(), `"name":"00002_b.sql"`)
+}
+
+// The rules for files in sql/: five-digit numbers (blocks in
+// docs/design.md), an Up and a Down section, and no opting out of the
+// per-migration transaction.
+func TestMigrationFiles(t *testing.T) {
+	t.Parallel()
+	files, err := fs.Glob(migrations.FS(), "*")
+	require.NoError(t, err)
+	name := regexp.MustCompile(`^\d{5}_[a-z0-9_]+\.sql$`)
+	seen := map[string]string{}
+	for _, f := range files {
+		require.Regexp(t, name, f)
+		require.NotContains(t, seen, f[:5], "%s and %s share a version", f, seen[f[:5]])
+		seen[f[:5]] = f
+		b, err := fs.ReadFile(migrations.FS(), f)
+		require.NoError(t, err)
+		body := string(b)
+		require.Contains(t, body, "-- +goose Up", f)
+		require.Contains(t, body, "-- +goose Down", f)
+		require.NotContains(t, strings.ToUpper(body), "+GOOSE NO TRANSACTION", "%s must run in a transaction", f)
+	}
+	require.Contains(t, seen, "00001")
+}
+
+func TestFingerprint(t *testing.T) {
+	t.Parallel()
+	fp := migrations.Fingerprint()
+	require.Len(t, fp, 16)
+	require.Equal(t, fp, migrations.Fingerprint())
+	require.GreaterOrEqual(t, migrations.Latest(), int64(1))
+}
+
+func TestBadURL(t *testing.T) {
+	t.Parallel()
+	require.Error(t, migrations.Up(context.Background(), "postgres://%zz", zerolog.Nop()))
+	_, err := migrations.Status(context.Background(), "::not a url")
+	require.Error(t, err)
+}

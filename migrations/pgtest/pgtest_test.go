@@ -1,0 +1,151 @@
+package pgtest
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/retryd/retryd/migrations"
+)
+
+func TestMain(m *testing.M) { Main(m) }
+
+func databaseExists(t *testing.T, name string) bool {
+	t.Helper()
+	var exists bool
+	require.NoError(t, env.admin.QueryRow(context.Background(),
+		"SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)", name).Scan(&exists))
+	return exists
+}
+
+func TestNewPoolIsMigratedAndSeeded(t *testing.T) {
+	t.Parallel()
+	pool := NewPool(t)
+	var policies int
+	require.NoError(t, pool.QueryRow(context.Background(),
+		"SELECT count(*) FROM retry_policies WHERE kind IN ('*', 'event', 'event-trigger', 'job')").Scan(&policies))
+	require.GreaterOrEqual(t, policies, 8)
+	var version int64
+	require.NoError(t, pool.QueryRow(context.Background(), "SELECT max(version_id) FROM goose_db_version").Scan(&version))
+	require.Equal(t, migrations.Latest(), version)
+}
+
+func TestDatabasesAreIsolated(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	a, b := NewPool(t), NewPool(t)
+	_, err := a.Exec(ctx, "INSERT INTO inbox (consumer, msg_id) VALUES ('c', 'm')")
+	require.NoError(t, err)
+	var n int
+	require.NoError(t, b.QueryRow(ctx, "SELECT count(*) FROM inbox").Scan(&n))
+	require.Zero(t, n)
+}
+
+func TestDatabaseDroppedOnCleanup(t *testing.T) {
+	t.Parallel()
+	var name string
+	t.Run("uses", func(t *testing.T) {
+		u := NewDatabaseURL(t)
+		conn, err := pgx.Connect(context.Background(), u)
+		require.NoError(t, err)
+		// Left open on purpose: the drop must not wait for the test's connections.
+		require.NoError(t, conn.QueryRow(context.Background(), "SELECT current_database()").Scan(&name))
+		require.True(t, strings.HasPrefix(name, "test_"), name)
+	})
+	require.NotEmpty(t, name)
+	require.False(t, databaseExists(t, name), "database %s survives its test", name)
+}
+
+func TestEmptyDatabase(t *testing.T) {
+	t.Parallel()
+	conn, err := pgx.Connect(context.Background(), NewEmptyDatabaseURL(t))
+	require.NoError(t, err)
+	defer conn.Close(context.Background())
+	var tables int
+	require.NoError(t, conn.QueryRow(context.Background(),
+		"SELECT count(*) FROM pg_tables WHERE schemaname = 'public'").Scan(&tables))
+	require.Zero(t, tables)
+}
+
+func TestManyDatabasesInParallel(t *testing.T) {
+	t.Parallel()
+	for i := range 12 {
+		t.Run(fmt.Sprint(i), func(t *testing.T) {
+			t.Parallel()
+			var one int
+			require.NoError(t, NewPool(t).QueryRow(context.Background(), "SELECT 1").Scan(&one))
+		})
+	}
+}
+
+// Two test binaries that start at the same time against one server both
+// need the template; one builds it, the other waits and reuses it. A build
+// left behind by a binary that died mid-way is replaced.
+func TestTemplateSharedAndRebuilt(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	ctx := context.Background()
+	tmpl := "retryd_tmpl_test_" + randomHex(4)
+	t.Cleanup(func() {
+		for _, db := range []string{tmpl, tmpl + "_build"} {
+			_, _ = e.admin.Exec(ctx, "ALTER DATABASE "+ident(db)+" WITH IS_TEMPLATE false")
+			_, _ = e.admin.Exec(ctx, "DROP DATABASE IF EXISTS "+ident(db)+" WITH (FORCE)")
+		}
+	})
+	_, err := e.admin.Exec(ctx, "CREATE DATABASE "+ident(tmpl+"_build"))
+	require.NoError(t, err)
+
+	var wg sync.WaitGroup
+	errs := make([]error, 3)
+	for i := range errs {
+		wg.Go(func() {
+			other := &environment{adminURL: e.adminURL, admin: e.admin, template: tmpl}
+			errs[i] = other.ensureTemplate(ctx)
+		})
+	}
+	wg.Wait()
+	for _, err := range errs {
+		require.NoError(t, err)
+	}
+	require.True(t, databaseExists(t, tmpl))
+	require.False(t, databaseExists(t, tmpl+"_build"))
+
+	other := &environment{adminURL: e.adminURL, admin: e.admin, template: tmpl}
+	u := other.newDatabase(t, tmpl)
+	conn, err := pgx.Connect(ctx, u)
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	var policies int
+	require.NoError(t, conn.QueryRow(ctx, "SELECT count(*) FROM retry_policies").Scan(&policies))
+	require.GreaterOrEqual(t, policies, 8)
+}
+
+func TestWithDatabase(t *testing.T) {
+	t.Parallel()
+	u, err := withDatabase("postgres://u:p@h:5432/postgres?sslmode=disable", "test_x")
+	require.NoError(t, err)
+	require.Equal(t, "postgres://u:p@h:5432/test_x?sslmode=disable", u)
+	_, err = withDatabase("host=h dbname=postgres", "x")
+	require.ErrorContains(t, err, EnvURL)
+}
+
+// BenchmarkNewDatabase measures one test database: create from the
+// template, then drop.
+func BenchmarkNewDatabase(b *testing.B) {
+	e := setup(b)
+	ctx := context.Background()
+	for b.Loop() {
+		name := "test_" + randomHex(8)
+		if err := createFromTemplate(ctx, e.admin, name, e.template); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := e.admin.Exec(ctx, "DROP DATABASE "+ident(name)+" WITH (FORCE)"); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

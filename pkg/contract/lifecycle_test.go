@@ -1,0 +1,286 @@
+package contract_test
+
+import (
+	"encoding/json"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/retryd/retryd/pkg/contract"
+)
+
+// lifecycleSamples is one complete, valid data value per lifecycle event.
+func lifecycleSamples() map[contract.Lifecycle]any {
+	next := now.Add(90 * time.Second)
+	retryAfterMS := int64(60_000)
+	return map[contract.Lifecycle]any{
+		contract.Failed: contract.FailedData{
+			Kind: contract.KindJob, ID: "01JQ7Z3K5W", Attempt: 2,
+			Error:      contract.ErrorInfo{Class: "rate_limit", Message: "429 Too Many Requests"},
+			Reason:     "source_throttled",
+			RetryAfter: contract.RetryAfterDuration(60 * time.Second),
+			JobType:    "send_email", Source: "shop",
+			MaxRetries: intPtr(5), RetryEnabled: boolPtr(true),
+			Payload:    json.RawMessage(`{"to":"a@example.com"}`),
+			Checkpoint: json.RawMessage(`{"last_node":"render"}`),
+			Metadata:   map[string]string{"tenant": "t1"},
+		},
+		contract.Succeeded: contract.SucceededData{Kind: contract.KindJob, ID: "01JQ7Z3K5W", Attempt: 3, Metadata: map[string]string{"took_ms": "12"}},
+		contract.Scheduled: contract.ScheduledData{
+			Kind: contract.KindEvent, ID: "01JQ7Z3K5W", Attempt: 2, NextAttemptAt: next, Source: "shop",
+			Decision: contract.Decision{Policy: "event-default", PolicyVersion: 1, DecidedBy: contract.DecidedByRetryAfter, ErrorClass: "rate_limit",
+				BaseDelayMS: 1000, JitterMS: 250, DelayMS: 60_000, RetryAfterMS: &retryAfterMS, RetryCount: 0, MaxRetries: 5, Note: "capped"},
+		},
+		contract.Rescheduled: contract.ScheduledData{
+			Kind: contract.KindEventTrigger, ID: "d-1", Attempt: 3, NextAttemptAt: next,
+			Decision: contract.Decision{Policy: "trigger-default", PolicyVersion: 2, DecidedBy: contract.DecidedByBackoff, BaseDelayMS: 2000, JitterMS: 10, DelayMS: 2010, RetryCount: 1, MaxRetries: 5},
+		},
+		contract.Due: contract.DueData{
+			Kind: contract.KindJob, ID: "01JQ7Z3K5W", Attempt: 3, NextAttemptAt: next, JobType: "send_email",
+			Payload: json.RawMessage(`{"to":"a@example.com"}`), Checkpoint: json.RawMessage(`{"last_node":"render"}`),
+			Metadata: map[string]string{"tenant": "t1"},
+		},
+		contract.Exhausted: contract.ExhaustedData{
+			Kind: contract.KindJob, ID: "01JQ7Z3K5W", Attempt: 6, Reason: contract.ExhaustedNonRetryable,
+			Error: contract.ErrorInfo{Class: "timeout", Message: "deadline exceeded", NonRetryable: true}, RetryCount: 5, MaxRetries: 5,
+			Policy: "job-send_email", PolicyVersion: 3, JobType: "send_email",
+		},
+		contract.Cancelled: contract.CancelledData{Kind: contract.KindEvent, ID: "01JQ7Z3K5W", Attempt: 0, By: "operator", Reason: "customer asked"},
+	}
+}
+
+func TestLifecycleRoundTrip(t *testing.T) {
+	t.Parallel()
+	for ev, data := range lifecycleSamples() {
+		t.Run(string(ev), func(t *testing.T) {
+			t.Parallel()
+			msg, err := newLifecycle(ev, data)
+			require.NoError(t, err)
+			kind, id, attempt := itemOf(data)
+
+			require.Equal(t, contract.RetrySubject(kind, ev, id), msg.Subject)
+			msgID := contract.LifecycleMsgID(kind, ev, id, attempt)
+			require.Equal(t, msgID, msg.Header.Get(contract.HeaderMsgID))
+			require.Equal(t, contract.ContentTypeJSON, msg.Header.Get(contract.HeaderContentType))
+			require.Equal(t, kind, msg.Header.Get(contract.HeaderKind))
+			require.Equal(t, id, msg.Header.Get(contract.HeaderItemID))
+			require.Equal(t, strconv.Itoa(attempt), msg.Header.Get(contract.HeaderAttempt))
+			require.Equal(t, string(ev), msg.Header.Get(contract.HeaderEvent))
+
+			got, err := contract.DecodeLifecycle(msg.Subject, msg.Data)
+			require.NoError(t, err)
+			require.Equal(t, ev, got.Event)
+			require.Equal(t, kind, got.Kind)
+			require.Equal(t, id, got.ID)
+			require.Equal(t, attempt, got.Attempt())
+			require.Equal(t, contract.Envelope{
+				SpecVersion: "1.0", ID: msgID, Source: "retryd/test", Type: "retry." + string(ev), Time: now,
+				Subject: kind + "/" + id, DataContentType: "application/json", Data: got.Envelope.Data,
+			}, got.Envelope)
+
+			var decoded any
+			set := 0
+			for _, p := range []any{got.Failed, got.Succeeded, got.Scheduled, got.Due, got.Exhausted, got.Cancelled} {
+				switch v := p.(type) {
+				case *contract.FailedData:
+					if v != nil {
+						decoded, set = *v, set+1
+					}
+				case *contract.SucceededData:
+					if v != nil {
+						decoded, set = *v, set+1
+					}
+				case *contract.ScheduledData:
+					if v != nil {
+						decoded, set = *v, set+1
+					}
+				case *contract.DueData:
+					if v != nil {
+						decoded, set = *v, set+1
+					}
+				case *contract.ExhaustedData:
+					if v != nil {
+						decoded, set = *v, set+1
+					}
+				case *contract.CancelledData:
+					if v != nil {
+						decoded, set = *v, set+1
+					}
+				}
+			}
+			require.Equal(t, 1, set, "exactly one data field is set")
+			require.Equal(t, data, decoded)
+
+			// The same fact built twice is byte for byte the same message.
+			again, err := newLifecycle(ev, data)
+			require.NoError(t, err)
+			require.Equal(t, msg.Data, again.Data)
+		})
+	}
+}
+
+func TestLifecycleMinimalRoundTrip(t *testing.T) {
+	t.Parallel()
+	d := contract.FailedData{Kind: "event", ID: "e1", Attempt: 1}
+	msg, err := contract.NewLifecycleMsg("ingress", contract.Failed, d, now)
+	require.NoError(t, err)
+	require.NotContains(t, string(msg.Data), "retry_after")
+	require.NotContains(t, string(msg.Data), "payload")
+	got, err := contract.DecodeLifecycle(msg.Subject, msg.Data)
+	require.NoError(t, err)
+	require.Equal(t, d, *got.Failed)
+
+	// Pointers to data work as well as values.
+	_, err = contract.NewLifecycleMsg("ingress", contract.Failed, &d, now)
+	require.NoError(t, err)
+}
+
+func TestNewLifecycleMsgRefuses(t *testing.T) {
+	t.Parallel()
+	valid := contract.FailedData{Kind: "event", ID: "e1", Attempt: 1}
+	big := json.RawMessage(`"` + strings.Repeat("x", contract.MaxDataBytes-2) + `"`)
+	tests := []struct {
+		name   string
+		ev     contract.Lifecycle
+		data   any
+		target error
+		field  string
+	}{
+		{"unknown event", "retried", valid, contract.ErrInvalid, "event"},
+		{"data of another event", contract.Due, valid, contract.ErrInvalid, "does not go with lifecycle event"},
+		{"succeeded as scheduled", contract.Scheduled, contract.SucceededData{Kind: "event", ID: "e", Attempt: 1}, contract.ErrInvalid, "data"},
+		{"bad kind", contract.Failed, contract.FailedData{Kind: "Event", ID: "e1", Attempt: 1}, contract.ErrInvalid, "data.kind"},
+		{"bad id", contract.Failed, contract.FailedData{Kind: "event", ID: "e.1", Attempt: 1}, contract.ErrInvalid, "data.id"},
+		{"attempt 0", contract.Failed, contract.FailedData{Kind: "event", ID: "e1"}, contract.ErrInvalid, "data.attempt"},
+		{"bad class", contract.Failed, contract.FailedData{Kind: "event", ID: "e1", Attempt: 1, Error: contract.ErrorInfo{Class: "Rate Limit"}}, contract.ErrInvalid, "data.error.class"},
+		{"long message", contract.Failed, contract.FailedData{Kind: "event", ID: "e1", Attempt: 1, Error: contract.ErrorInfo{Message: strings.Repeat("m", contract.MaxMessageLen+1)}}, contract.ErrInvalid, "data.error.message"},
+		{"long reason", contract.Failed, contract.FailedData{Kind: "event", ID: "e1", Attempt: 1, Reason: strings.Repeat("r", 65)}, contract.ErrInvalid, "data.reason"},
+		{"bad job type", contract.Failed, contract.FailedData{Kind: "job", ID: "e1", Attempt: 1, JobType: "Send Email"}, contract.ErrInvalid, "data.job_type"},
+		{"bad source", contract.Failed, contract.FailedData{Kind: "event", ID: "e1", Attempt: 1, Source: "a.b"}, contract.ErrInvalid, "data.source"},
+		{"max retries", contract.Failed, contract.FailedData{Kind: "job", ID: "e1", Attempt: 1, MaxRetries: intPtr(-1)}, contract.ErrInvalid, "data.max_retries"},
+		{"payload not json", contract.Failed, contract.FailedData{Kind: "job", ID: "e1", Attempt: 1, Payload: json.RawMessage(`{`)}, contract.ErrInvalid, "data.payload"},
+		{"checkpoint too big", contract.Failed, contract.FailedData{Kind: "job", ID: "e1", Attempt: 1, Checkpoint: json.RawMessage(`"` + strings.Repeat("x", contract.MaxDataBytes) + `"`)}, contract.ErrTooLarge, "data.checkpoint"},
+		{"payload and checkpoint over the envelope limit", contract.Failed, contract.FailedData{Kind: "job", ID: "e1", Attempt: 1, Payload: big, Checkpoint: big}, contract.ErrTooLarge, "envelope"},
+		{"metadata", contract.Failed, contract.FailedData{Kind: "job", ID: "e1", Attempt: 1, Metadata: map[string]string{"": "x"}}, contract.ErrInvalid, "data.metadata"},
+		{"no next attempt", contract.Scheduled, contract.ScheduledData{Kind: "job", ID: "e1", Attempt: 2}, contract.ErrInvalid, "data.next_attempt_at"},
+		{"exhausted reason", contract.Exhausted, contract.ExhaustedData{Kind: "job", ID: "e1", Attempt: 2, Reason: "tired"}, contract.ErrInvalid, "data.reason"},
+		{"cancelled by nobody", contract.Cancelled, contract.CancelledData{Kind: "job", ID: "e1"}, contract.ErrInvalid, "data.by"},
+		{"cancelled attempt", contract.Cancelled, contract.CancelledData{Kind: "job", ID: "e1", Attempt: -1, By: "op"}, contract.ErrInvalid, "data.attempt"},
+		{"due payload", contract.Due, contract.DueData{Kind: "job", ID: "e1", Attempt: 2, Payload: json.RawMessage(`[1,]`)}, contract.ErrInvalid, "data.payload"},
+		{"succeeded attempt", contract.Succeeded, contract.SucceededData{Kind: "job", ID: "e1"}, contract.ErrInvalid, "data.attempt"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			msg, err := newLifecycle(tc.ev, tc.data)
+			require.Nil(t, msg)
+			requireFieldErr(t, err, tc.target, tc.field)
+		})
+	}
+}
+
+// The largest payload and checkpoint the envelope can carry still build,
+// and the decoder accepts what the builder built.
+func TestLifecycleSizeBoundary(t *testing.T) {
+	t.Parallel()
+	payload := json.RawMessage(`"` + strings.Repeat("p", contract.MaxDataBytes-2) + `"`)
+	d := contract.DueData{Kind: "job", ID: "j", Attempt: 2, Payload: payload}
+	msg, err := contract.NewLifecycleMsg("s", contract.Due, d, now)
+	require.NoError(t, err)
+	got, err := contract.DecodeLifecycle(msg.Subject, msg.Data)
+	require.NoError(t, err)
+	require.Len(t, got.Due.Payload, contract.MaxDataBytes)
+
+	// The largest checkpoint that still fits next to that payload builds
+	// and decodes; one byte more is refused as too large for the envelope,
+	// not as a checkpoint error.
+	withCheckpoint := func(n int) (*nats.Msg, error) {
+		d.Checkpoint = json.RawMessage(`"` + strings.Repeat("c", n) + `"`)
+		return contract.NewLifecycleMsg("s", contract.Due, d, now)
+	}
+	lo, hi := 0, contract.MaxDataBytes-2 // lo builds, hi does not
+	_, err = withCheckpoint(hi)
+	require.Error(t, err)
+	for hi-lo > 1 {
+		mid := (lo + hi) / 2
+		if _, err := withCheckpoint(mid); err == nil {
+			lo = mid
+		} else {
+			hi = mid
+		}
+	}
+	msg, err = withCheckpoint(lo)
+	require.NoError(t, err)
+	require.LessOrEqual(t, len(msg.Data), contract.MaxEnvelopeBytes)
+	require.Greater(t, len(msg.Data), contract.MaxEnvelopeBytes-512, "the whole envelope is usable, minus headers")
+	_, err = contract.DecodeLifecycle(msg.Subject, msg.Data)
+	require.NoError(t, err)
+	_, err = withCheckpoint(lo + 1)
+	requireFieldErr(t, err, contract.ErrTooLarge, "envelope")
+}
+
+// newLifecycle calls NewLifecycleMsg with the concrete data type (its item
+// parameter is unexported).
+func newLifecycle(ev contract.Lifecycle, data any) (*nats.Msg, error) {
+	switch d := data.(type) {
+	case contract.FailedData:
+		return contract.NewLifecycleMsg("retryd/test", ev, d, now)
+	case contract.SucceededData:
+		return contract.NewLifecycleMsg("retryd/test", ev, d, now)
+	case contract.ScheduledData:
+		return contract.NewLifecycleMsg("retryd/test", ev, d, now)
+	case contract.DueData:
+		return contract.NewLifecycleMsg("retryd/test", ev, d, now)
+	case contract.ExhaustedData:
+		return contract.NewLifecycleMsg("retryd/test", ev, d, now)
+	case contract.CancelledData:
+		return contract.NewLifecycleMsg("retryd/test", ev, d, now)
+	}
+	panic("unknown data type")
+}
+
+func itemOf(data any) (string, string, int) {
+	switch d := data.(type) {
+	case contract.FailedData:
+		return d.Kind, d.ID, d.Attempt
+	case contract.SucceededData:
+		return d.Kind, d.ID, d.Attempt
+	case contract.ScheduledData:
+		return d.Kind, d.ID, d.Attempt
+	case contract.DueData:
+		return d.Kind, d.ID, d.Attempt
+	case contract.ExhaustedData:
+		return d.Kind, d.ID, d.Attempt
+	case contract.CancelledData:
+		return d.Kind, d.ID, d.Attempt
+	}
+	panic("unknown data type")
+}
+
+// Errors from types that decode themselves (times, retry_after) still name
+// the field.
+func TestDecodeErrorsNameSelfDecodingFields(t *testing.T) {
+	t.Parallel()
+	msg, err := newLifecycle(contract.Scheduled, lifecycleSamples()[contract.Scheduled])
+	require.NoError(t, err)
+	body := strings.Replace(string(msg.Data), `"next_attempt_at":"2025-03-14T15:10:56.535Z"`, `"next_attempt_at":"2025-13-14T15:10:56Z"`, 1)
+	require.NotEqual(t, string(msg.Data), body)
+	_, err = contract.DecodeLifecycle(msg.Subject, []byte(body))
+	requireFieldErr(t, err, contract.ErrInvalid, `field "next_attempt_at"`)
+
+	body = strings.Replace(string(msg.Data), `"time":"2025-03-14T15:09:26.535Z"`, `"time":17`, 1)
+	require.NotEqual(t, string(msg.Data), body)
+	_, err = contract.DecodeLifecycle(msg.Subject, []byte(body))
+	requireFieldErr(t, err, contract.ErrInvalid, `field "time"`)
+
+	failed, err := newLifecycle(contract.Failed, lifecycleSamples()[contract.Failed])
+	require.NoError(t, err)
+	body = strings.Replace(string(failed.Data), `"retry_after":60`, `"retry_after":"soon"`, 1)
+	require.NotEqual(t, string(failed.Data), body)
+	_, err = contract.DecodeLifecycle(failed.Subject, []byte(body))
+	requireFieldErr(t, err, contract.ErrInvalid, `field "retry_after"`)
+}

@@ -1,0 +1,61 @@
+// Calls to retryd's HTTP API. Errors carry the API's error body:
+// {"error": {"code", "message", "field"}}.
+
+const base = (document.querySelector('meta[name="retryd-api-base"]')?.content || "").replace(/\/+$/, "");
+
+export class APIError extends Error {
+  constructor(status, code, message, field) {
+    super(message || `HTTP ${status}`);
+    this.status = status;
+    this.code = code;
+    this.field = field;
+  }
+}
+
+async function call(method, path, { query, body, local } = {}) {
+  let url = (local ? "" : base) + path;
+  if (query) {
+    const q = new URLSearchParams();
+    for (const [k, v] of Object.entries(query)) if (v !== undefined && v !== null && v !== "") q.set(k, v);
+    const qs = q.toString();
+    if (qs) url += "?" + qs;
+  }
+  const init = { method, headers: { Accept: "application/json" } };
+  if (body !== undefined) {
+    init.headers["Content-Type"] = "application/json";
+    init.body = JSON.stringify(body);
+  }
+  let resp;
+  try {
+    resp = await fetch(url, init);
+  } catch (e) {
+    throw new APIError(0, "unreachable", `cannot reach the retryd API (${e.message})`);
+  }
+  const text = await resp.text();
+  let data = null;
+  try { data = text ? JSON.parse(text) : null; } catch { data = null; }
+  if (!resp.ok) {
+    const err = data && data.error ? data.error : {};
+    throw new APIError(resp.status, err.code || `http_${resp.status}`, err.message || text.trim() || resp.statusText, err.field);
+  }
+  return data;
+}
+
+const seg = encodeURIComponent;
+const jt = (jobType) => (jobType ? seg(jobType) : "_");
+
+export const api = {
+  summary: () => call("GET", "api/summary", { local: true }),
+  listRetries: (filter) => call("GET", "/v1/retries", { query: filter }),
+  getRetry: (kind, id) => call("GET", `/v1/retries/${seg(kind)}/${seg(id)}`),
+  cancelRetry: (kind, id, reason) => call("POST", `/v1/retries/${seg(kind)}/${seg(id)}/cancel`, { body: { reason, by: "dashboard" } }),
+  retryNow: (kind, id, reason, reset) =>
+    call("POST", `/v1/retries/${seg(kind)}/${seg(id)}/retry`, { body: { reason, by: "dashboard", reset_attempts: !!reset } }),
+  analytics: (query) => call("GET", "/v1/analytics/retries", { query }),
+  listSources: () => call("GET", "/v1/sources"),
+  pauseSource: (source, reason, until) => call("POST", `/v1/sources/${seg(source)}/pause`, { body: { reason, ...(until ? { until } : {}) } }),
+  resumeSource: (source) => call("POST", `/v1/sources/${seg(source)}/resume`),
+  listPolicies: () => call("GET", "/v1/policies"),
+  putPolicy: (kind, jobType, body) => call("PUT", `/v1/policies/${seg(kind)}/${jt(jobType)}`, { body }),
+  policyVersions: (kind, jobType) => call("GET", `/v1/policies/${seg(kind)}/${jt(jobType)}/versions`),
+};

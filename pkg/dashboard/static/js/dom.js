@@ -1,0 +1,116 @@
+// DOM building and formatting helpers. Text always goes in through
+// textContent, never innerHTML: API data cannot inject markup.
+
+export function h(tag, attrs, ...children) {
+  const el = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (v === undefined || v === null || v === false) continue;
+    if (k === "class") el.className = v;
+    else if (k === "text") el.textContent = v;
+    else if (k === "style") for (const [p, val] of Object.entries(v)) el.style.setProperty(p, val);
+    else if (k === "dataset") Object.assign(el.dataset, v);
+    else if (k.startsWith("on") && typeof v === "function") el.addEventListener(k.slice(2), v);
+    else if (v === true) el.setAttribute(k, "");
+    else el.setAttribute(k, String(v));
+  }
+  append(el, children);
+  return el;
+}
+
+function append(el, children) {
+  for (const c of children) {
+    if (c === undefined || c === null || c === false) continue;
+    if (Array.isArray(c)) append(el, c);
+    else if (c instanceof Node) el.appendChild(c);
+    else el.appendChild(document.createTextNode(String(c)));
+  }
+}
+
+export function clear(el) {
+  while (el.firstChild) el.removeChild(el.firstChild);
+  return el;
+}
+
+const SVG = "http://www.w3.org/2000/svg";
+
+export function s(tag, attrs, ...children) {
+  const el = document.createElementNS(SVG, tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (v === undefined || v === null) continue;
+    if (k === "text") el.textContent = v;
+    else el.setAttribute(k, String(v));
+  }
+  for (const c of children.flat()) if (c) el.appendChild(c);
+  return el;
+}
+
+// Durations and times.
+
+export function fmtMS(ms) {
+  if (ms === null || ms === undefined) return "";
+  const neg = ms < 0;
+  ms = Math.abs(ms);
+  let out;
+  if (ms < 1000) out = `${Math.round(ms)}ms`;
+  else if (ms < 10000) out = `${(ms / 1000).toFixed(1)}s`;
+  else if (ms < 60000) out = `${Math.round(ms / 1000)}s`;
+  else if (ms < 3600000) {
+    const m = Math.floor(ms / 60000), sec = Math.round((ms % 60000) / 1000);
+    out = sec ? `${m}m${sec}s` : `${m}m`;
+  } else if (ms < 172800000) {
+    const hr = Math.floor(ms / 3600000), m = Math.round((ms % 3600000) / 60000);
+    out = m ? `${hr}h${m}m` : `${hr}h`;
+  } else out = `${Math.floor(ms / 86400000)}d${Math.round((ms % 86400000) / 3600000)}h`;
+  return neg ? "-" + out : out;
+}
+
+export function relTime(iso, now = Date.now()) {
+  if (!iso) return "";
+  const d = Date.parse(iso) - now;
+  if (Math.abs(d) < 1000) return "now";
+  return d > 0 ? `in ${fmtMS(d)}` : `${fmtMS(-d)} ago`;
+}
+
+export function clock(iso) {
+  if (!iso) return "";
+  const d = new Date(iso);
+  const p = (n, w = 2) => String(n).padStart(w, "0");
+  return `${p(d.getHours())}:${p(d.getMinutes())}:${p(d.getSeconds())}.${p(d.getMilliseconds(), 3)}`;
+}
+
+export function dateTime(iso) {
+  if (!iso) return "";
+  const d = new Date(iso);
+  return `${d.toLocaleDateString()} ${clock(iso)}`;
+}
+
+export function pct(r) {
+  return r === null || r === undefined ? "–" : `${(r * 100).toFixed(1)}%`;
+}
+
+export function badge(state) {
+  return h("span", { class: `badge ${state}`, text: state.replaceAll("_", " ") });
+}
+
+export function classTag(cls) {
+  return cls ? h("span", { class: `cls ${cls}`, text: cls }) : null;
+}
+
+export function trunc(str, n) {
+  if (!str) return "";
+  return str.length > n ? str.slice(0, n - 1) + "…" : str;
+}
+
+// Colors shared by charts, legends and the timeline.
+export const stateColors = {
+  scheduled: "#d97706", rescheduled: "#d97706", retrying: "#d97706",
+  due: "#2563eb", in_progress: "#60a5fa",
+  succeeded: "#16a34a", completed: "#16a34a",
+  exhausted: "#dc2626", failed_max_retries: "#dc2626",
+  failed: "#b91c1c", cancelled: "#9ca3af",
+};
+
+export const classColors = {
+  timeout: "#ea580c", rate_limit: "#ca8a04", network: "#0284c7", temporary: "#7c3aed",
+  validation: "#dc2626", authentication: "#be123c", permission: "#9f1239", unknown: "#6b7280",
+};

@@ -1,0 +1,131 @@
+package policy
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/retryd/retryd/pkg/backoff"
+	"github.com/retryd/retryd/pkg/contract"
+	"github.com/retryd/retryd/pkg/errclass"
+)
+
+// Input is one failed attempt as the scheduler sees it.
+type Input struct {
+	// Attempt is the attempt that failed (1-based); Outcome.NextAttempt is
+	// Attempt+1. The budget is counted by RetryCount, not Attempt, so a
+	// manual retry that resets the budget keeps attempts growing.
+	Attempt int
+	// RetryCount is how many retries were already used; it is also the
+	// 0-based backoff step of the retry being decided.
+	RetryCount int
+	FailedAt   time.Time
+	// Class is the error class; empty counts as unknown.
+	Class errclass.Class
+	// NonRetryable is the owner's word that retrying cannot help
+	// (errclass.NonRetryable); it stops retries whatever the class.
+	NonRetryable bool
+	// RetryAfter is the owner's hint; it replaces backoff and jitter,
+	// capped at the policy's max delay.
+	RetryAfter *contract.RetryAfter
+	// Throttled is set when the owner held the item back itself (the failed
+	// event has a Reason): the hint is then recorded as decided_by=throttle.
+	Throttled bool
+	// MaxRetriesOverride and RetryEnabledOverride are the item's own
+	// settings (failed event max_retries and retry_enabled).
+	MaxRetriesOverride   *int
+	RetryEnabledOverride *bool
+}
+
+// Outcome is the decision: retry at NextAttemptAt, or stop for
+// ExhaustedReason (contract.ExhaustedMaxRetries, ExhaustedNonRetryable or
+// ExhaustedRetriesDisabled).
+type Outcome struct {
+	Retry           bool
+	NextAttemptAt   time.Time
+	NextAttempt     int
+	ExhaustedReason string
+	// Decision is what the scheduled/rescheduled event records; for an
+	// exhausted outcome it has the policy, class and budget, an empty
+	// DecidedBy and the reason spelled out in Note.
+	Decision contract.Decision
+}
+
+// Decide applies the rules in order:
+//
+//  1. retries disabled by the policy or by the item => exhausted retries_disabled;
+//  2. the item is marked non-retryable, or the policy does not retry its
+//     class => exhausted non_retryable;
+//  3. RetryCount >= max retries (the item's override wins) => exhausted max_retries;
+//  4. otherwise retry after the retry-after hint capped at Backoff.Max
+//     (decided_by throttle or retry_after, no jitter), or after
+//     Backoff.Delay(RetryCount, r) (decided_by backoff).
+//
+// Delays are whole milliseconds, so Decision.DelayMS equals
+// BaseDelayMS + JitterMS and NextAttemptAt - FailedAt exactly. A nil r uses
+// the package default random source.
+func Decide(p Policy, in Input, r backoff.Rand) Outcome {
+	class := in.Class
+	if class == "" {
+		class = errclass.Unknown
+	}
+	used := max(in.RetryCount, 0)
+	maxRetries := p.EffectiveMaxRetries(in.MaxRetriesOverride)
+	dec := contract.Decision{
+		Policy:        p.Name,
+		PolicyVersion: p.Version,
+		ErrorClass:    string(class),
+		RetryCount:    used,
+		MaxRetries:    maxRetries,
+	}
+	var hint time.Duration
+	if in.RetryAfter != nil {
+		hint = in.RetryAfter.Delay(in.FailedAt)
+		ms := delayMS(hint)
+		dec.RetryAfterMS = &ms
+	}
+
+	switch {
+	case !p.Enabled:
+		return exhausted(dec, contract.ExhaustedRetriesDisabled, fmt.Sprintf("retries are disabled by policy %s v%d", p.Name, p.Version))
+	case in.RetryEnabledOverride != nil && !*in.RetryEnabledOverride:
+		return exhausted(dec, contract.ExhaustedRetriesDisabled, "retries are disabled for this item (retry_enabled=false)")
+	case in.NonRetryable:
+		return exhausted(dec, contract.ExhaustedNonRetryable, "the owner marked the error non-retryable")
+	case !p.Retryable(class):
+		return exhausted(dec, contract.ExhaustedNonRetryable, fmt.Sprintf("class %s is not retried by policy %s v%d", class, p.Name, p.Version))
+	case used >= maxRetries:
+		return exhausted(dec, contract.ExhaustedMaxRetries, fmt.Sprintf("%d of %d retries used", used, maxRetries))
+	}
+
+	var base, delay time.Duration
+	if in.RetryAfter != nil {
+		delay = min(hint, max(p.Backoff.Max, 0))
+		base = delay
+		dec.DecidedBy = contract.DecidedByRetryAfter
+		if in.Throttled {
+			dec.DecidedBy = contract.DecidedByThrottle
+		}
+		if hint > delay {
+			dec.Note = fmt.Sprintf("retry-after hint of %dms capped at the max delay of %dms", delayMS(hint), delayMS(delay))
+		}
+	} else {
+		base = p.Backoff.BaseDelay(used)
+		delay, _ = p.Backoff.Delay(used, r)
+		dec.DecidedBy = contract.DecidedByBackoff
+	}
+	dec.BaseDelayMS = delayMS(base)
+	dec.DelayMS = delayMS(delay)
+	dec.JitterMS = dec.DelayMS - dec.BaseDelayMS
+	dec.RetryCount = used + 1
+	return Outcome{
+		Retry:         true,
+		NextAttemptAt: in.FailedAt.Add(time.Duration(dec.DelayMS) * time.Millisecond),
+		NextAttempt:   in.Attempt + 1,
+		Decision:      dec,
+	}
+}
+
+func exhausted(dec contract.Decision, reason, note string) Outcome {
+	dec.Note = note
+	return Outcome{ExhaustedReason: reason, Decision: dec}
+}

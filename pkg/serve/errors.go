@@ -1,0 +1,84 @@
+package serve
+
+import (
+	"encoding/json"
+	"errors"
+	"net/http"
+
+	"github.com/retryd/retryd/pkg/contract"
+)
+
+var (
+	// ErrNotFound is wrapped by handlers for a missing resource (404).
+	ErrNotFound = errors.New("not found")
+	// ErrConflict is wrapped when the request clashes with the resource's
+	// state, e.g. retrying a retry that is still pending (409).
+	ErrConflict = errors.New("conflict")
+)
+
+// Error codes of the error body.
+const (
+	CodeInvalidInput = "invalid_input"
+	CodeTooLarge     = "too_large"
+	CodeNotFound     = "not_found"
+	CodeConflict     = "conflict"
+	CodeInternal     = "internal"
+)
+
+// ErrorBody is the JSON body of every error response.
+type ErrorBody struct {
+	Error ErrorDetail `json:"error"`
+}
+
+// ErrorDetail says what went wrong; Field names the offending input field
+// when known.
+type ErrorDetail struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+	Field   string `json:"field,omitempty"`
+}
+
+// WriteJSON writes v as JSON with the status code.
+func WriteJSON(w http.ResponseWriter, status int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		status = http.StatusInternalServerError
+		b = []byte(`{"error":{"code":"internal","message":"internal error"}}`)
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(status)
+	_, _ = w.Write(append(b, '\n'))
+}
+
+// WriteError writes err as an error body with the status ErrorStatus
+// gives. The message of a 500 is hidden: it may carry internal details.
+func WriteError(w http.ResponseWriter, err error) {
+	status, detail := Describe(err)
+	WriteJSON(w, status, ErrorBody{Error: detail})
+}
+
+// Describe maps an error to its HTTP status and error detail, as WriteError
+// writes them.
+func Describe(err error) (int, ErrorDetail) {
+	var maxBytes *http.MaxBytesError
+	var field *contract.FieldError
+	fieldName := ""
+	if errors.As(err, &field) {
+		fieldName = field.Field
+	}
+	switch {
+	case errors.Is(err, contract.ErrTooLarge), errors.As(err, &maxBytes):
+		if fieldName == "" {
+			fieldName = "body"
+		}
+		return http.StatusRequestEntityTooLarge, ErrorDetail{Code: CodeTooLarge, Message: err.Error(), Field: fieldName}
+	case errors.Is(err, contract.ErrInvalid):
+		return http.StatusBadRequest, ErrorDetail{Code: CodeInvalidInput, Message: err.Error(), Field: fieldName}
+	case errors.Is(err, ErrNotFound):
+		return http.StatusNotFound, ErrorDetail{Code: CodeNotFound, Message: err.Error()}
+	case errors.Is(err, ErrConflict):
+		return http.StatusConflict, ErrorDetail{Code: CodeConflict, Message: err.Error()}
+	}
+	return http.StatusInternalServerError, ErrorDetail{Code: CodeInternal, Message: "internal error"}
+}

@@ -1,0 +1,281 @@
+package serve_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
+	"github.com/stretchr/testify/require"
+
+	"github.com/retryd/retryd/pkg/contract"
+	"github.com/retryd/retryd/pkg/serve"
+)
+
+func get(t *testing.T, h http.Handler, path string) (int, string) {
+	t.Helper()
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil))
+	return rec.Code, rec.Body.String()
+}
+
+func TestMuxHealthReadyMetrics(t *testing.T) {
+	t.Parallel()
+	reg := prometheus.NewRegistry()
+	c := prometheus.NewCounter(prometheus.CounterOpts{Namespace: "retryd", Subsystem: "test", Name: "hits_total", Help: "hits"})
+	reg.MustRegister(c)
+	c.Add(3)
+	var health serve.Health
+	mux := serve.NewMux(reg, &health)
+
+	code, body := get(t, mux, "/healthz")
+	require.Equal(t, http.StatusOK, code)
+	require.JSONEq(t, `{"status":"ok"}`, body)
+
+	code, body = get(t, mux, "/readyz")
+	require.Equal(t, http.StatusServiceUnavailable, code)
+	require.JSONEq(t, `{"status":"not_ready"}`, body)
+
+	health.SetReady(true)
+	require.True(t, health.Ready())
+	code, body = get(t, mux, "/readyz")
+	require.Equal(t, http.StatusOK, code)
+	require.JSONEq(t, `{"status":"ready"}`, body)
+
+	health.SetReady(false)
+	code, _ = get(t, mux, "/readyz")
+	require.Equal(t, http.StatusServiceUnavailable, code)
+
+	// Liveness does not depend on readiness.
+	code, _ = get(t, mux, "/healthz")
+	require.Equal(t, http.StatusOK, code)
+
+	code, body = get(t, mux, "/metrics")
+	require.Equal(t, http.StatusOK, code)
+	require.Contains(t, body, "retryd_test_hits_total 3")
+}
+
+func TestMuxAcceptsServiceRoutes(t *testing.T) {
+	t.Parallel()
+	mux := serve.NewMux(nil, nil)
+	mux.HandleFunc("GET /v1/things/{id}", func(w http.ResponseWriter, r *http.Request) {
+		serve.WriteJSON(w, http.StatusOK, map[string]string{"id": r.PathValue("id")})
+	})
+	code, body := get(t, mux, "/v1/things/abc")
+	require.Equal(t, http.StatusOK, code)
+	require.JSONEq(t, `{"id":"abc"}`, body)
+	code, _ = get(t, mux, "/readyz")
+	require.Equal(t, http.StatusServiceUnavailable, code, "nil Health is never ready")
+	code, _ = get(t, mux, "/metrics")
+	require.Equal(t, http.StatusOK, code)
+}
+
+func TestWriteErrorMapping(t *testing.T) {
+	t.Parallel()
+	_, decodeErr := contract.DecodeProducerEvent([]byte(`{"source":"shop","type":"Bad Type"}`))
+	require.Error(t, decodeErr)
+	_, tooBig := contract.DecodeProducerEvent(bytes.Repeat([]byte(" "), contract.MaxEnvelopeBytes+1))
+	require.Error(t, tooBig)
+
+	tests := []struct {
+		name    string
+		err     error
+		status  int
+		code    string
+		field   string
+		message string
+	}{
+		{"contract invalid", fmt.Errorf("decode event: %w", decodeErr), 400, "invalid_input", "type", "type"},
+		{"contract too large", tooBig, 413, "too_large", "event", "limit"},
+		{"max bytes", &http.MaxBytesError{Limit: 10}, 413, "too_large", "body", "too large"},
+		{"bare invalid", contract.ErrInvalid, 400, "invalid_input", "", "invalid input"},
+		{"not found", fmt.Errorf("retry event/abc: %w", serve.ErrNotFound), 404, "not_found", "", "retry event/abc: not found"},
+		{"conflict", fmt.Errorf("retry is pending: %w", serve.ErrConflict), 409, "conflict", "", "retry is pending: conflict"},
+		{"internal hidden", errors.New("pq: password authentication failed for user x"), 500, "internal", "", "internal error"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			rec := httptest.NewRecorder()
+			serve.WriteError(rec, tc.err)
+			require.Equal(t, tc.status, rec.Code)
+			require.Equal(t, "application/json", rec.Header().Get("Content-Type"))
+			var body serve.ErrorBody
+			dec := json.NewDecoder(rec.Body)
+			dec.DisallowUnknownFields()
+			require.NoError(t, dec.Decode(&body))
+			require.Equal(t, tc.code, body.Error.Code)
+			require.Equal(t, tc.field, body.Error.Field)
+			require.Contains(t, body.Error.Message, tc.message)
+		})
+	}
+}
+
+type request struct {
+	Name  string           `json:"name"`
+	Count int              `json:"count"`
+	When  time.Time        `json:"when"`
+	Inner *struct{ A int } `json:"inner"`
+}
+
+func decode(body string, limit int64) (request, error) {
+	var v request
+	r := httptest.NewRequest(http.MethodPost, "/", strings.NewReader(body))
+	err := serve.DecodeJSON(r, limit, &v)
+	return v, err
+}
+
+func TestDecodeJSON(t *testing.T) {
+	t.Parallel()
+	v, err := decode(`{"name":"a","count":2}`+"\n", 1024)
+	require.NoError(t, err)
+	require.Equal(t, "a", v.Name)
+	require.Equal(t, 2, v.Count)
+
+	deep := strings.Repeat("[", 10_000) + strings.Repeat("]", 10_000)
+	tests := []struct {
+		name   string
+		body   string
+		limit  int64
+		target error
+		field  string
+		reason string
+	}{
+		{"empty", "", 1024, contract.ErrInvalid, "body", "empty"},
+		{"blank", "  \n", 1024, contract.ErrInvalid, "body", "empty"},
+		{"unknown field", `{"name":"a","nmae":"b"}`, 1024, contract.ErrInvalid, "nmae", "not a known field"},
+		{"wrong type", `{"count":"two"}`, 1024, contract.ErrInvalid, "count", "integer"},
+		{"wrong nested type", `{"inner":{"A":"x"}}`, 1024, contract.ErrInvalid, "inner.A", "integer"},
+		{"not an object", `[1,2]`, 1024, contract.ErrInvalid, "body", "object"},
+		{"truncated", `{"name":"a"`, 1024, contract.ErrInvalid, "body", "truncated"},
+		{"syntax", `{"name":}`, 1024, contract.ErrInvalid, "body", "not valid JSON"},
+		{"trailing data", `{"name":"a"} {"name":"b"}`, 1024, contract.ErrInvalid, "body", "data after"},
+		{"trailing garbage", `{"name":"a"}x`, 1024, contract.ErrInvalid, "body", "data after"},
+		{"bad time", `{"when":"yesterday"}`, 1024, contract.ErrInvalid, "body", "yesterday"},
+		{"invalid utf8", "{\"name\":\"\xff\xfe\"}", 1024, contract.ErrInvalid, "body", "UTF-8"},
+		{"huge number", `{"count":1e400}`, 1024, contract.ErrInvalid, "count", "integer"},
+		{"too deep", deep, 1 << 20, contract.ErrInvalid, "body", "nested deeper than 32"},
+		{"deep in a string is fine for the scan", `{"name":"[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[\"[[["}x`, 1024, contract.ErrInvalid, "body", "data after"},
+		{"too large", `{"name":"` + strings.Repeat("a", 2000) + `"}`, 1024, contract.ErrTooLarge, "body", "limit of 1024"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			_, err := decode(tc.body, tc.limit)
+			require.ErrorIs(t, err, tc.target)
+			var fe *contract.FieldError
+			require.ErrorAs(t, err, &fe)
+			require.Equal(t, tc.field, fe.Field)
+			require.Contains(t, err.Error(), tc.reason)
+
+			rec := httptest.NewRecorder()
+			serve.WriteError(rec, err)
+			want := http.StatusBadRequest
+			if tc.target == contract.ErrTooLarge {
+				want = http.StatusRequestEntityTooLarge
+			}
+			require.Equal(t, want, rec.Code)
+		})
+	}
+}
+
+func TestDecodeJSONNilBody(t *testing.T) {
+	t.Parallel()
+	r := httptest.NewRequest(http.MethodPost, "/", nil)
+	r.Body = nil
+	var v request
+	require.ErrorIs(t, serve.DecodeJSON(r, 10, &v), contract.ErrInvalid)
+}
+
+func TestServeGracefulShutdown(t *testing.T) {
+	t.Parallel()
+	started := make(chan struct{})
+	release := make(chan struct{})
+	mux := serve.NewMux(nil, nil)
+	mux.HandleFunc("GET /slow", func(w http.ResponseWriter, _ *http.Request) {
+		close(started)
+		<-release
+		serve.WriteJSON(w, http.StatusOK, map[string]string{"done": "yes"})
+	})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- serve.Serve(ctx, srv, ln, zerolog.Nop()) }()
+
+	url := "http://" + ln.Addr().String()
+	respc := make(chan *http.Response, 1)
+	go func() {
+		resp, err := http.Get(url + "/slow")
+		if err != nil {
+			respc <- nil
+			return
+		}
+		respc <- resp
+	}()
+	<-started
+	cancel() // shutdown begins while /slow is in flight
+
+	// New connections are refused once shutdown started.
+	require.Eventually(t, func() bool {
+		_, err := net.Dial("tcp", ln.Addr().String())
+		return err != nil
+	}, 5*time.Second, 10*time.Millisecond)
+
+	close(release)
+	resp := <-respc
+	require.NotNil(t, resp, "in-flight request must complete")
+	b, _ := io.ReadAll(resp.Body)
+	_ = resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	require.JSONEq(t, `{"done":"yes"}`, string(b))
+	require.NoError(t, <-done)
+}
+
+func TestRunListenError(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	srv := &http.Server{Addr: ln.Addr().String(), ReadHeaderTimeout: time.Second}
+	err = serve.Run(context.Background(), srv, zerolog.Nop())
+	require.ErrorContains(t, err, "listen on "+ln.Addr().String())
+}
+
+func TestRunServesUntilCancelled(t *testing.T) {
+	t.Parallel()
+	// Pick a free port, release it, and let Run listen on it.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := ln.Addr().String()
+	require.NoError(t, ln.Close())
+
+	health := &serve.Health{}
+	health.SetReady(true)
+	srv := &http.Server{Addr: addr, Handler: serve.NewMux(prometheus.NewRegistry(), health), ReadHeaderTimeout: time.Second}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- serve.Run(ctx, srv, zerolog.Nop()) }()
+
+	require.Eventually(t, func() bool {
+		resp, err := http.Get("http://" + addr + "/readyz")
+		if err != nil {
+			return false
+		}
+		_ = resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	}, 5*time.Second, 10*time.Millisecond)
+	cancel()
+	require.NoError(t, <-done)
+}

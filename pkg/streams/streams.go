@@ -1,0 +1,176 @@
+// Package streams defines retryd's five JetStream streams and creates them.
+//
+// The configuration is the same everywhere it is used: Ensure creates or
+// updates the streams at service start, Export writes them as JSON files
+// for `nats stream add --config FILE`, and deploy/streams holds those files
+// (generated, and checked by a test).
+//
+// Choices shared by every stream:
+//   - File storage: a retry must survive a NATS restart.
+//   - Limits retention, also for JOBS: several durable consumers read each
+//     stream (the JOBS stream feeds both the workers and the jobs
+//     projection), so no consumer's ack may remove a message.
+//   - MaxAge 7 days, 30 days for RETRIES: the retry projection in Postgres
+//     can be rebuilt by replaying RETRIES, so it is kept longer.
+//   - A 2 minute duplicate window: every publish carries a deterministic
+//     Nats-Msg-Id and a relay that crashed between publish and commit
+//     republishes well within it.
+//   - MaxMsgSize 1 MiB (contract.MaxEnvelopeBytes), headers included.
+//   - Discard old: a full stream drops its oldest messages instead of
+//     refusing new facts; the Postgres projections hold pending work.
+package streams
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/retryd/retryd/pkg/contract"
+)
+
+// Defaults of every stream.
+const (
+	DefaultMaxAge        = 7 * 24 * time.Hour
+	DefaultRetriesMaxAge = 30 * 24 * time.Hour
+	DuplicateWindow      = 2 * time.Minute
+	MaxMsgSize           = contract.MaxEnvelopeBytes
+)
+
+// Names lists the streams in the order Configs returns them.
+var Names = []string{
+	contract.StreamIngest,
+	contract.StreamEvents,
+	contract.StreamRetries,
+	contract.StreamRuns,
+	contract.StreamJobs,
+}
+
+// Options adjusts the stream configurations to a deployment. The zero value
+// is a single-server deployment: file storage, one replica, default ages.
+type Options struct {
+	// Replicas is the number of copies in a cluster (num_replicas): 0 means
+	// 1; use 3 in a three-node cluster.
+	Replicas int
+	// Storage is jetstream.FileStorage (the zero value) or MemoryStorage
+	// (tests and benchmarks only: a restart loses everything).
+	Storage jetstream.StorageType
+	// MaxAge overrides the max age of streams by name, e.g.
+	// {"RETRIES": 90 * 24 * time.Hour}.
+	MaxAge map[string]time.Duration
+}
+
+// Validate reports options a server would refuse, naming the field.
+func (o Options) Validate() error {
+	if o.Replicas < 0 || o.Replicas > 5 {
+		return fmt.Errorf("Options.Replicas must be between 1 and 5, got %d", o.Replicas)
+	}
+	if o.Storage != jetstream.FileStorage && o.Storage != jetstream.MemoryStorage {
+		return fmt.Errorf("Options.Storage must be file or memory, got %d", o.Storage)
+	}
+	for name, age := range o.MaxAge {
+		if !isStream(name) {
+			return fmt.Errorf("Options.MaxAge: %q is not a retryd stream (%v)", name, Names)
+		}
+		if age < DuplicateWindow {
+			return fmt.Errorf("Options.MaxAge[%s] must be at least the duplicate window %s, got %s", name, DuplicateWindow, age)
+		}
+	}
+	return nil
+}
+
+func isStream(name string) bool {
+	for _, n := range Names {
+		if n == name {
+			return true
+		}
+	}
+	return false
+}
+
+// definition is what differs between streams.
+type definition struct {
+	name        string
+	subjects    []string
+	maxAge      time.Duration
+	description string
+}
+
+var definitions = []definition{
+	{
+		name:        contract.StreamIngest,
+		subjects:    []string{"ingest.*"},
+		maxAge:      DefaultMaxAge,
+		description: "retryd: producer events as accepted at the edge (ingest.<source>)",
+	},
+	{
+		name:        contract.StreamEvents,
+		subjects:    []string{"events.>"},
+		maxAge:      DefaultMaxAge,
+		description: "retryd: events admitted past the source gate (events.<source>.<type>)",
+	},
+	{
+		name:        contract.StreamRetries,
+		subjects:    []string{"retry.*.*.*"},
+		maxAge:      DefaultRetriesMaxAge,
+		description: "retryd: retry lifecycle, one subject per item (retry.<kind>.<event>.<id>); the retry projection is rebuilt from it",
+	},
+	{
+		name:        contract.StreamRuns,
+		subjects:    []string{"runs.*.*.*"},
+		maxAge:      DefaultMaxAge,
+		description: "retryd: workflow runs requested, completed and failed (runs.<workflow>.<event>.<run_id>)",
+	},
+	{
+		name:        contract.StreamJobs,
+		subjects:    []string{"jobs.*"},
+		maxAge:      DefaultMaxAge,
+		description: "retryd: work for workers, read by the workers and the jobs projection (jobs.<job_type>)",
+	},
+}
+
+// Configs returns the configuration of the five streams, INGEST, EVENTS,
+// RETRIES, RUNS and JOBS, in that order. Limits that retryd leaves open are
+// written as the server stores them (-1, unlimited) so that a config read
+// back from the server compares equal.
+func Configs(opts Options) []jetstream.StreamConfig {
+	replicas := opts.Replicas
+	if replicas <= 0 {
+		replicas = 1
+	}
+	out := make([]jetstream.StreamConfig, 0, len(definitions))
+	for _, d := range definitions {
+		age := d.maxAge
+		if v, ok := opts.MaxAge[d.name]; ok {
+			age = v
+		}
+		out = append(out, jetstream.StreamConfig{
+			Name:              d.name,
+			Description:       d.description,
+			Subjects:          append([]string(nil), d.subjects...),
+			Retention:         jetstream.LimitsPolicy,
+			MaxConsumers:      -1,
+			MaxMsgs:           -1,
+			MaxBytes:          -1,
+			MaxAge:            age,
+			MaxMsgsPerSubject: -1,
+			MaxMsgSize:        MaxMsgSize,
+			Discard:           jetstream.DiscardOld,
+			Storage:           opts.Storage,
+			Replicas:          replicas,
+			Duplicates:        DuplicateWindow,
+			Compression:       jetstream.NoCompression,
+		})
+	}
+	return out
+}
+
+// Config returns the configuration of one stream by name.
+func Config(name string, opts Options) (jetstream.StreamConfig, bool) {
+	for _, c := range Configs(opts) {
+		if c.Name == name {
+			return c, true
+		}
+	}
+	return jetstream.StreamConfig{}, false
+}

@@ -1,0 +1,125 @@
+package worker
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
+
+	"github.com/retryd/retryd/pkg/errclass"
+)
+
+// Defaults of Config.
+const (
+	DefaultSource      = "retryd/worker"
+	DefaultConcurrency = 4
+	DefaultTimeout     = 5 * time.Minute
+	DefaultAckWait     = 30 * time.Second
+	DefaultGrace       = 5 * time.Second
+	DefaultFetchWait   = 5 * time.Second
+	// DueRouterDurable is the durable consumer on RETRIES that turns
+	// retry.job.due.<id> into jobs.<job_type>; every worker process shares it.
+	DueRouterDurable = "worker-due-router"
+)
+
+// Config configures a Worker. JS is required; everything else has a default.
+type Config struct {
+	// JS publishes outcomes and consumes jobs. The JOBS and RETRIES streams
+	// must exist (streams.Ensure).
+	JS jetstream.JetStream
+	// Logger receives ids, types, attempts and classes; never payloads,
+	// checkpoints or error messages.
+	Logger zerolog.Logger
+	// Source is the CloudEvents source of the outcomes this worker
+	// publishes. Default "retryd/worker".
+	Source string
+	// Concurrency is how many jobs of each type run at once in this
+	// process. Default 4.
+	Concurrency int
+	// MaxAckPending caps the jobs of one type in flight across every
+	// process sharing the worker-<job_type> consumer. Default Concurrency;
+	// raise it to Concurrency × processes when several workers share a type.
+	MaxAckPending int
+	// Timeout bounds a handler when the job carries no timeout_ms.
+	// Default 5 minutes.
+	Timeout time.Duration
+	// Grace is how long a handler that overran its timeout may take to
+	// return before the attempt is reported as a timeout anyway. Default 5s.
+	Grace time.Duration
+	// AckWait is the consumers' ack wait; running jobs send an in-progress
+	// ack every AckWait/3 so the broker does not redeliver them. Default 30s.
+	AckWait time.Duration
+	// FetchWait is how long one pull waits for jobs. Stop takes up to this
+	// long to end a pull. Default 5s.
+	FetchWait time.Duration
+	// Classifier classifies errors that are not *errclass.Error.
+	// Default errclass.DefaultClassifier().
+	Classifier *errclass.Classifier
+	// DisableDueRouter turns off the worker-due-router consumer in this
+	// process. At least one process must run it for retries to reach workers.
+	DisableDueRouter bool
+	// Registerer receives the worker's metrics. Default: a private registry.
+	Registerer prometheus.Registerer
+	// Now is the clock, for tests. Default time.Now.
+	Now func() time.Time
+}
+
+func (c *Config) validate() error {
+	if c.JS == nil {
+		return errors.New("Config.JS is required")
+	}
+	if c.Source == "" {
+		c.Source = DefaultSource
+	}
+	if len(c.Source) > 256 {
+		return errors.New("Config.Source must be at most 256 characters")
+	}
+	if c.Concurrency == 0 {
+		c.Concurrency = DefaultConcurrency
+	}
+	if c.Concurrency < 1 || c.Concurrency > 10_000 {
+		return fmt.Errorf("Config.Concurrency must be between 1 and 10000, got %d", c.Concurrency)
+	}
+	if c.MaxAckPending == 0 {
+		c.MaxAckPending = c.Concurrency
+	}
+	if c.MaxAckPending < c.Concurrency {
+		return fmt.Errorf("Config.MaxAckPending must be at least Config.Concurrency (%d), got %d", c.Concurrency, c.MaxAckPending)
+	}
+	if c.Timeout == 0 {
+		c.Timeout = DefaultTimeout
+	}
+	if c.Grace == 0 {
+		c.Grace = DefaultGrace
+	}
+	if c.AckWait == 0 {
+		c.AckWait = DefaultAckWait
+	}
+	if c.FetchWait == 0 {
+		c.FetchWait = DefaultFetchWait
+	}
+	for name, d := range map[string]time.Duration{"Timeout": c.Timeout, "Grace": c.Grace, "AckWait": c.AckWait, "FetchWait": c.FetchWait} {
+		if d < 0 {
+			return fmt.Errorf("Config.%s must not be negative, got %s", name, d)
+		}
+	}
+	if c.AckWait < 300*time.Millisecond {
+		return fmt.Errorf("Config.AckWait must be at least 300ms, got %s", c.AckWait)
+	}
+	if c.FetchWait < 100*time.Millisecond {
+		return fmt.Errorf("Config.FetchWait must be at least 100ms, got %s", c.FetchWait)
+	}
+	if c.Classifier == nil {
+		c.Classifier = errclass.DefaultClassifier()
+	}
+	if c.Registerer == nil {
+		c.Registerer = prometheus.NewRegistry()
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	return nil
+}

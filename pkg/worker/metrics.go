@@ -1,0 +1,97 @@
+package worker
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+type metrics struct {
+	attempts       *prometheus.CounterVec   // job_type, outcome
+	duration       *prometheus.HistogramVec // job_type, outcome
+	inflight       *prometheus.GaugeVec     // job_type
+	malformed      *prometheus.CounterVec   // consumer
+	routed         prometheus.Counter
+	publishRetries *prometheus.CounterVec // event
+}
+
+// Values of the outcome label.
+const (
+	outcomeSucceeded   = "succeeded"
+	outcomeFailed      = "failed"
+	outcomePanicked    = "panicked"
+	outcomeTimedOut    = "timed_out"
+	outcomeInterrupted = "interrupted"
+)
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	m := &metrics{
+		attempts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "retryd", Subsystem: "worker", Name: "attempts_total",
+			Help: "Job attempts run, by job type and outcome (succeeded, failed, panicked, timed_out, interrupted).",
+		}, []string{"job_type", "outcome"}),
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: "retryd", Subsystem: "worker", Name: "attempt_duration_seconds",
+			Help:    "How long handlers ran, by job type and outcome.",
+			Buckets: prometheus.ExponentialBuckets(0.005, 4, 10),
+		}, []string{"job_type", "outcome"}),
+		inflight: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: "retryd", Subsystem: "worker", Name: "inflight",
+			Help: "Handlers running now, by job type.",
+		}, []string{"job_type"}),
+		malformed: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "retryd", Subsystem: "worker", Name: "malformed_total",
+			Help: "Messages terminated because they could not be decoded, by consumer.",
+		}, []string{"consumer"}),
+		routed: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "retryd", Subsystem: "worker", Name: "routed_total",
+			Help: "Due events republished as jobs by the due router.",
+		}),
+		publishRetries: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "retryd", Subsystem: "worker", Name: "publish_retries_total",
+			Help: "Publishes of outcomes or routed jobs tried again after an error, by event.",
+		}, []string{"event"}),
+	}
+	var err error
+	m.attempts, err = register(reg, m.attempts)
+	if err != nil {
+		return nil, err
+	}
+	m.duration, err = register(reg, m.duration)
+	if err != nil {
+		return nil, err
+	}
+	m.inflight, err = register(reg, m.inflight)
+	if err != nil {
+		return nil, err
+	}
+	m.malformed, err = register(reg, m.malformed)
+	if err != nil {
+		return nil, err
+	}
+	m.routed, err = register(reg, m.routed)
+	if err != nil {
+		return nil, err
+	}
+	m.publishRetries, err = register(reg, m.publishRetries)
+	if err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// register registers c, or returns the collector already registered under
+// the same name, so that several workers can share one registry.
+func register[C prometheus.Collector](reg prometheus.Registerer, c C) (C, error) {
+	if err := reg.Register(c); err != nil {
+		var are prometheus.AlreadyRegisteredError
+		if errors.As(err, &are) {
+			if existing, ok := are.ExistingCollector.(C); ok {
+				return existing, nil
+			}
+		}
+		return c, fmt.Errorf("register worker metrics: %w", err)
+	}
+	return c, nil
+}

@@ -1,0 +1,207 @@
+package worker
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/rs/zerolog"
+
+	"github.com/retryd/retryd/pkg/contract"
+	"github.com/retryd/retryd/pkg/errclass"
+)
+
+// Reserved metadata keys. The worker copies a job's overrides into the
+// metadata of its failure so that they come back on the due event (which
+// has no fields for them) and the due router restores them on the retried
+// job.
+const (
+	MetaMaxRetries   = "retryd.max_retries"
+	MetaRetryEnabled = "retryd.retry_enabled"
+	MetaTimeoutMS    = "retryd.timeout_ms"
+)
+
+// Publish retries: a failed publish is tried publishAttempts times with
+// doubling pauses before the job is handed back to the broker.
+const (
+	publishAttempts = 5
+	publishTimeout  = 5 * time.Second
+	publishPause    = 100 * time.Millisecond
+)
+
+type outcomeMsg struct {
+	msg   *nats.Msg
+	event string
+	class string
+}
+
+func (w *Worker) succeededMsg(d contract.JobData) (*outcomeMsg, error) {
+	msg, err := contract.NewLifecycleMsg(w.cfg.Source, contract.Succeeded, contract.SucceededData{
+		Kind:     contract.KindJob,
+		ID:       d.ID,
+		Attempt:  d.Attempt,
+		Metadata: d.Metadata,
+	}, w.cfg.Now())
+	if err != nil {
+		return nil, err
+	}
+	return &outcomeMsg{msg: msg, event: string(contract.Succeeded)}, nil
+}
+
+// failure is a classified handler error.
+type failure struct {
+	class        errclass.Class
+	message      string
+	retryAfter   *contract.RetryAfter
+	nonRetryable bool
+}
+
+// classify maps a handler's error to what the failed event reports.
+func (w *Worker) classify(res attemptResult) failure {
+	err := res.err
+	var p *panicError
+	switch {
+	case res.outcome == outcomeTimedOut:
+		return failure{class: errclass.Timeout, message: fmt.Sprintf("attempt timed out after %s: %v", res.timeout, err)}
+	case errors.As(err, &p):
+		return failure{class: errclass.Temporary, message: p.Error()}
+	}
+	f := failure{message: err.Error()}
+	if e, ok := errclass.As(err); ok {
+		f.class = e.Class
+		f.nonRetryable = e.NonRetryable
+		if e.RetryAfter > 0 {
+			f.retryAfter = contract.RetryAfterDuration(e.RetryAfter)
+		}
+	}
+	if f.class == "" {
+		class, hint := w.cfg.Classifier.Classify(err)
+		f.class = class
+		if f.retryAfter == nil && hint > 0 {
+			f.retryAfter = contract.RetryAfterDuration(hint)
+		}
+	}
+	if f.class == "" {
+		f.class = errclass.Unknown
+	}
+	return f
+}
+
+func (w *Worker) failedMsg(d contract.JobData, checkpoint json.RawMessage, res attemptResult, log zerolog.Logger) (*outcomeMsg, error) {
+	f := w.classify(res)
+	fd := contract.FailedData{
+		Kind:         contract.KindJob,
+		ID:           d.ID,
+		Attempt:      d.Attempt,
+		Error:        contract.ErrorInfo{Class: string(f.class), Message: truncate(f.message, contract.MaxMessageLen), NonRetryable: f.nonRetryable},
+		RetryAfter:   f.retryAfter,
+		JobType:      d.JobType,
+		MaxRetries:   d.MaxRetries,
+		RetryEnabled: d.RetryEnabled,
+		Payload:      d.Payload,
+		Checkpoint:   checkpoint,
+		Metadata:     withOverrides(d),
+	}
+	msg, err := contract.NewLifecycleMsg(w.cfg.Source, contract.Failed, fd, w.cfg.Now())
+	if errors.Is(err, contract.ErrTooLarge) && len(checkpoint) > 0 {
+		// Payload and a large new checkpoint do not fit one message: keep
+		// the checkpoint the attempt started from, which did fit.
+		log.Warn().Int("checkpoint_bytes", len(checkpoint)).Msg("checkpoint too large to report with the payload; keeping the previous one")
+		fd.Checkpoint = d.Checkpoint
+		msg, err = contract.NewLifecycleMsg(w.cfg.Source, contract.Failed, fd, w.cfg.Now())
+	}
+	if err != nil {
+		return nil, err
+	}
+	return &outcomeMsg{msg: msg, event: string(contract.Failed), class: string(f.class)}, nil
+}
+
+// withOverrides returns the job's metadata plus its overrides under the
+// reserved keys, leaving the metadata alone when there is no room.
+func withOverrides(d contract.JobData) map[string]string {
+	extra := map[string]string{}
+	if d.MaxRetries != nil {
+		extra[MetaMaxRetries] = strconv.Itoa(*d.MaxRetries)
+	}
+	if d.RetryEnabled != nil {
+		extra[MetaRetryEnabled] = strconv.FormatBool(*d.RetryEnabled)
+	}
+	if d.TimeoutMS > 0 {
+		extra[MetaTimeoutMS] = strconv.FormatInt(d.TimeoutMS, 10)
+	}
+	if len(extra) == 0 {
+		return d.Metadata
+	}
+	md := make(map[string]string, len(d.Metadata)+len(extra))
+	for k, v := range d.Metadata {
+		md[k] = v
+	}
+	for k, v := range extra {
+		md[k] = v
+	}
+	if len(md) > 32 {
+		return d.Metadata
+	}
+	return md
+}
+
+// restoreOverrides moves the reserved metadata keys of a due event back
+// into the job's fields. Values that do not parse are dropped.
+func restoreOverrides(d *contract.JobData) {
+	if len(d.Metadata) == 0 {
+		return
+	}
+	md := make(map[string]string, len(d.Metadata))
+	for k, v := range d.Metadata {
+		switch k {
+		case MetaMaxRetries:
+			if n, err := strconv.Atoi(v); err == nil && n >= 0 && n <= 1000 {
+				d.MaxRetries = &n
+			}
+		case MetaRetryEnabled:
+			if b, err := strconv.ParseBool(v); err == nil {
+				d.RetryEnabled = &b
+			}
+		case MetaTimeoutMS:
+			if n, err := strconv.ParseInt(v, 10, 64); err == nil && n > 0 && n <= int64(24*time.Hour/time.Millisecond) {
+				d.TimeoutMS = n
+			}
+		default:
+			md[k] = v
+		}
+	}
+	if len(md) == 0 {
+		md = nil
+	}
+	d.Metadata = md
+}
+
+// publish sends msg and waits for the stream's ack, trying again on errors
+// with doubling pauses. It gives up after publishAttempts tries or when the
+// worker is forced to stop.
+func (w *Worker) publish(msg *nats.Msg, event string) error {
+	pause := publishPause
+	var err error
+	for i := range publishAttempts {
+		if i > 0 {
+			w.m.publishRetries.WithLabelValues(event).Inc()
+			select {
+			case <-time.After(pause):
+			case <-w.hardCtx.Done():
+				return fmt.Errorf("publish %s: %w (last error: %w)", event, w.hardCtx.Err(), err)
+			}
+			pause *= 2
+		}
+		ctx, cancel := context.WithTimeout(w.hardCtx, publishTimeout)
+		_, err = w.cfg.JS.PublishMsg(ctx, msg)
+		cancel()
+		if err == nil {
+			return nil
+		}
+	}
+	return fmt.Errorf("publish %s: %w", event, err)
+}

@@ -1,0 +1,83 @@
+package worker
+
+import (
+	"fmt"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/retryd/retryd/pkg/contract"
+)
+
+// routerBatch is how many due events the router pulls at once.
+const routerBatch = 64
+
+// consumeDues runs the due router: every retry.job.due.<id> becomes a job
+// message on jobs.<job_type> carrying the attempt, payload and checkpoint,
+// with the due's Nats-Msg-Id, so a due routed twice is stored once. Any
+// worker process can route any job type.
+func (w *Worker) consumeDues(cons jetstream.Consumer) {
+	defer w.loops.Done()
+	// Routing is a publish and an ack: done in the loop, one at a time,
+	// with a batch pulled ahead.
+	slots := make(chan struct{}, routerBatch)
+	w.fetchLoop(DueRouterDurable, cons, slots, func(msg jetstream.Msg) {
+		defer func() { <-slots }()
+		w.route(msg)
+	})
+}
+
+func (w *Worker) route(msg jetstream.Msg) {
+	data, err := dueToJob(msg)
+	if err != nil {
+		w.terminate(DueRouterDurable, msg, err)
+		return
+	}
+	log := w.log.With().Str("job_id", data.ID).Str("job_type", data.JobType).Int("attempt", data.Attempt).Logger()
+	jobMsg, err := contract.NewJobMsg(w.cfg.Source, data, w.cfg.Now())
+	if err != nil {
+		w.terminate(DueRouterDurable, msg, err)
+		return
+	}
+	if err := w.publish(jobMsg, "job"); err != nil {
+		log.Warn().Err(err).Msg("route due: publish job failed; due redelivered")
+		_ = msg.NakWithDelay(fetchBackoff)
+		return
+	}
+	if err := msg.Ack(); err != nil {
+		// A redelivered due is routed again with the same Nats-Msg-Id.
+		log.Debug().Err(err).Msg("ack of routed due failed")
+	}
+	w.m.routed.Inc()
+	log.Debug().Msg("due routed to jobs")
+}
+
+// dueToJob decodes a due event and builds the job it asks for.
+func dueToJob(msg jetstream.Msg) (contract.JobData, error) {
+	ev, err := contract.DecodeLifecycle(msg.Subject(), msg.Data())
+	if err != nil {
+		return contract.JobData{}, err
+	}
+	if ev.Due == nil || ev.Kind != contract.KindJob {
+		return contract.JobData{}, fmt.Errorf("%w: %s is not a job due event", contract.ErrInvalid, msg.Subject())
+	}
+	d := ev.Due
+	if d.JobType == "" {
+		return contract.JobData{}, &contract.FieldError{Field: "data.job_type", Reason: "is required to route a job due event", Err: contract.ErrInvalid}
+	}
+	if id := msg.Headers().Get(contract.HeaderMsgID); id != "" && id != contract.JobMsgID(d.ID, d.Attempt) {
+		return contract.JobData{}, &contract.FieldError{Field: contract.HeaderMsgID, Reason: fmt.Sprintf("%q does not match the due's id and attempt", id), Err: contract.ErrInvalid}
+	}
+	data := contract.JobData{
+		ID:         d.ID,
+		JobType:    d.JobType,
+		Attempt:    d.Attempt,
+		Payload:    d.Payload,
+		Checkpoint: d.Checkpoint,
+		Metadata:   d.Metadata,
+	}
+	restoreOverrides(&data)
+	if err := data.Validate(); err != nil {
+		return contract.JobData{}, err
+	}
+	return data, nil
+}

@@ -1,0 +1,282 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime/debug"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+
+	"github.com/retryd/retryd/pkg/contract"
+)
+
+// fetchBackoff is the pause after a failed pull (broker unreachable,
+// consumer deleted) before pulling again.
+const fetchBackoff = time.Second
+
+// consumeJobs pulls jobs of one type, never more than Concurrency at a
+// time: it only asks the broker for as many messages as it has free slots,
+// so nothing waits in a local buffer while its ack wait runs out.
+func (w *Worker) consumeJobs(jobType string, h Handler, cons jetstream.Consumer) {
+	defer w.loops.Done()
+	slots := make(chan struct{}, w.cfg.Concurrency)
+	consumer := ConsumerName(jobType)
+	w.fetchLoop(consumer, cons, slots, func(msg jetstream.Msg) {
+		w.inflight.Add(1)
+		go func() {
+			defer w.inflight.Done()
+			defer func() { <-slots }()
+			w.process(jobType, h, msg)
+		}()
+	})
+}
+
+// fetchLoop pulls up to the number of free slots in slots and hands every
+// message to dispatch, which must release one slot per message when done.
+func (w *Worker) fetchLoop(consumer string, cons jetstream.Consumer, slots chan struct{}, dispatch func(jetstream.Msg)) {
+	log := w.log.With().Str("consumer", consumer).Logger()
+	for {
+		select {
+		case slots <- struct{}{}:
+		case <-w.loopCtx.Done():
+			return
+		}
+		free := 1
+	more:
+		for free < cap(slots) {
+			select {
+			case slots <- struct{}{}:
+				free++
+			default:
+				break more
+			}
+		}
+		fctx, cancel := context.WithTimeout(w.loopCtx, w.cfg.FetchWait)
+		batch, err := cons.Fetch(free, jetstream.FetchContext(fctx))
+		got := 0
+		if err == nil {
+			for msg := range batch.Messages() {
+				got++
+				if w.loopCtx.Err() != nil {
+					// Stopping: hand it straight back rather than start it.
+					_ = msg.Nak()
+					<-slots
+					continue
+				}
+				dispatch(msg)
+			}
+			err = batch.Error()
+		}
+		cancel()
+		for range free - got {
+			<-slots
+		}
+		if err != nil && !isFetchEnd(err) && w.loopCtx.Err() == nil {
+			log.Warn().Err(err).Msg("pull failed; trying again")
+			select {
+			case <-time.After(fetchBackoff):
+			case <-w.loopCtx.Done():
+				return
+			}
+		}
+	}
+}
+
+// isFetchEnd reports the normal ends of a pull: it timed out, was
+// cancelled, or found nothing.
+func isFetchEnd(err error) bool {
+	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) ||
+		errors.Is(err, jetstream.ErrNoMessages) || errors.Is(err, jetstream.ErrNoHeartbeat)
+}
+
+// attemptResult is how one run of a handler ended.
+type attemptResult struct {
+	err         error
+	outcome     string
+	timeout     time.Duration
+	interrupted bool
+	// returned is closed when the handler goroutine has returned; a handler
+	// that overran its timeout and grace may still be running.
+	returned <-chan struct{}
+}
+
+// process runs one job message: decode, run the handler with heartbeats,
+// publish the outcome, then ack. Publishing before the ack means a crash
+// in between redelivers the job; the scheduler's inbox and the outcome's
+// Nats-Msg-Id absorb the repeated report.
+func (w *Worker) process(jobType string, h Handler, msg jetstream.Msg) {
+	_, data, err := contract.DecodeJob(msg.Subject(), msg.Data())
+	if err != nil {
+		w.terminate(ConsumerName(jobType), msg, err)
+		return
+	}
+	log := w.log.With().Str("job_id", data.ID).Str("job_type", data.JobType).Int("attempt", data.Attempt).Logger()
+	stopBeat := w.heartbeat(msg, log)
+	defer stopBeat()
+
+	job := newJob(data)
+	timeout := w.cfg.Timeout
+	if data.TimeoutMS > 0 {
+		timeout = time.Duration(data.TimeoutMS) * time.Millisecond
+	}
+	w.m.inflight.WithLabelValues(jobType).Inc()
+	start := time.Now()
+	res := w.runHandler(h, job, timeout, log)
+	w.m.inflight.WithLabelValues(jobType).Dec()
+	w.m.attempts.WithLabelValues(jobType, res.outcome).Inc()
+	w.m.duration.WithLabelValues(jobType, res.outcome).Observe(time.Since(start).Seconds())
+
+	if res.interrupted {
+		// Forced stop: no outcome, the job goes back to the broker as is.
+		if err := msg.Nak(); err != nil {
+			log.Debug().Err(err).Msg("nak of interrupted job failed; the broker redelivers it after the ack wait")
+		}
+		log.Warn().Msg("job interrupted by stop; handed back for redelivery")
+		return
+	}
+
+	var out *outcomeMsg
+	if res.err == nil {
+		out, err = w.succeededMsg(data)
+	} else {
+		out, err = w.failedMsg(data, job.checkpoint(), res, log)
+	}
+	if err != nil {
+		// Only an internal bug gets here: the job decoded and validated.
+		log.Error().Err(err).Msg("build outcome failed; terminating job")
+		_ = msg.TermWithReason("worker could not build outcome: " + truncate(err.Error(), 200))
+		return
+	}
+	if err := w.publish(out.msg, out.event); err != nil {
+		log.Warn().Err(err).Str("event", out.event).Msg("publish outcome failed; job redelivered for another attempt")
+		_ = msg.NakWithDelay(fetchBackoff)
+		return
+	}
+	ackCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	if err := msg.DoubleAck(ackCtx); err != nil {
+		// The outcome is published; a redelivery runs the attempt again
+		// and its report is dropped as a duplicate.
+		log.Warn().Err(err).Msg("ack failed after outcome was published")
+	}
+	cancel()
+	ev := log.Info()
+	if res.err != nil {
+		ev = log.Warn().Str("class", out.class)
+	}
+	ev.Str("event", out.event).Dur("took", time.Since(start)).Msg("job attempt reported")
+	// Keep the slot until a handler that overran its grace returns, so
+	// that Concurrency bounds running handlers, not just reported ones.
+	select {
+	case <-res.returned:
+	case <-w.hardCtx.Done():
+	}
+}
+
+// runHandler calls h with a timeout, converting panics to errors. A handler
+// that ignores its context past the timeout plus Config.Grace is reported
+// as timed out while it keeps running.
+func (w *Worker) runHandler(h Handler, job *Job, timeout time.Duration, log zerolog.Logger) attemptResult {
+	ctx, cancel := context.WithTimeout(w.hardCtx, timeout)
+	defer cancel()
+	done := make(chan error, 1)
+	returned := make(chan struct{})
+	go func() {
+		defer close(returned)
+		done <- callHandler(ctx, h, job)
+	}()
+	var err error
+	select {
+	case err = <-done:
+	case <-ctx.Done():
+		select {
+		case err = <-done:
+		case <-time.After(w.cfg.Grace):
+			err = fmt.Errorf("handler did not return within %s after its context ended: %w", w.cfg.Grace, ctx.Err())
+			log.Error().Dur("timeout", timeout).Msg("handler ignores its context; reporting the attempt while it still runs")
+		}
+	}
+	res := attemptResult{err: err, timeout: timeout, returned: returned}
+	var p *panicError
+	switch {
+	case err == nil:
+		res.outcome = outcomeSucceeded
+	case w.hardCtx.Err() != nil:
+		res.outcome, res.interrupted = outcomeInterrupted, true
+	case errors.As(err, &p):
+		res.outcome = outcomePanicked
+		log.Error().Str("stack", p.stack).Msg("handler panicked")
+	case errors.Is(ctx.Err(), context.DeadlineExceeded):
+		res.outcome = outcomeTimedOut
+	default:
+		res.outcome = outcomeFailed
+	}
+	return res
+}
+
+// panicError is a recovered handler panic.
+type panicError struct {
+	value any
+	stack string
+}
+
+func (p *panicError) Error() string { return fmt.Sprintf("handler panicked: %v", p.value) }
+
+func callHandler(ctx context.Context, h Handler, job *Job) (err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			err = &panicError{value: v, stack: string(debug.Stack())}
+		}
+	}()
+	return h(ctx, job)
+}
+
+// heartbeat tells the broker every AckWait/3 that the job is still being
+// worked on, until the returned func is called.
+func (w *Worker) heartbeat(msg jetstream.Msg, log zerolog.Logger) func() {
+	stop := make(chan struct{})
+	go func() {
+		t := time.NewTicker(w.cfg.AckWait / 3)
+		defer t.Stop()
+		for {
+			select {
+			case <-t.C:
+				if err := msg.InProgress(); err != nil {
+					log.Debug().Err(err).Msg("in-progress ack failed")
+				}
+			case <-stop:
+				return
+			}
+		}
+	}()
+	return func() { close(stop) }
+}
+
+// terminate ends a message that can never be processed and counts it.
+func (w *Worker) terminate(consumer string, msg jetstream.Msg, err error) {
+	w.m.malformed.WithLabelValues(consumer).Inc()
+	reason := "malformed: " + truncate(err.Error(), 200)
+	seq := uint64(0)
+	if md, mdErr := msg.Metadata(); mdErr == nil {
+		seq = md.Sequence.Stream
+	}
+	w.log.Warn().Str("consumer", consumer).Str("subject", msg.Subject()).Uint64("stream_seq", seq).Str("reason", reason).Msg("terminating malformed message")
+	if err := msg.TermWithReason(reason); err != nil {
+		w.log.Warn().Err(err).Str("consumer", consumer).Msg("term failed")
+	}
+}
+
+// truncate cuts s to at most n bytes without splitting a UTF-8 sequence.
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
+}
+
+func utf8RuneStart(b byte) bool { return b&0xC0 != 0x80 }

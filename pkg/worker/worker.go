@@ -1,0 +1,215 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+
+	"github.com/retryd/retryd/pkg/contract"
+)
+
+// ErrStarted is returned by Handle after Start and by a second Start.
+var ErrStarted = errors.New("worker already started")
+
+// Worker runs handlers for job types. Build it with New, register handlers
+// with Handle, then Start; Stop drains it.
+type Worker struct {
+	cfg Config
+	log zerolog.Logger
+	m   *metrics
+
+	mu       sync.Mutex
+	handlers map[string]Handler
+	started  bool
+
+	// loopCtx ends the fetch loops (Stop); hardCtx also cancels running
+	// handlers (Stop's deadline passed).
+	loopCtx    context.Context
+	loopCancel context.CancelFunc
+	hardCtx    context.Context
+	hardCancel context.CancelFunc
+	loops      sync.WaitGroup
+	inflight   sync.WaitGroup
+
+	stopOnce sync.Once
+	stopped  chan struct{}
+	stopErr  error
+}
+
+// New validates cfg, fills its defaults and returns a Worker with no
+// handlers.
+func New(cfg Config) (*Worker, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, fmt.Errorf("new worker: %w", err)
+	}
+	m, err := newMetrics(cfg.Registerer)
+	if err != nil {
+		return nil, fmt.Errorf("new worker: %w", err)
+	}
+	w := &Worker{
+		cfg:      cfg,
+		log:      cfg.Logger.With().Str("component", "worker").Logger(),
+		m:        m,
+		handlers: map[string]Handler{},
+		stopped:  make(chan struct{}),
+	}
+	w.loopCtx, w.loopCancel = context.WithCancel(context.Background())
+	w.hardCtx, w.hardCancel = context.WithCancel(context.Background())
+	return w, nil
+}
+
+// Handle registers the handler of a job type. It must be called before
+// Start. The handler's error decides what happens next:
+//   - nil: retry.job.succeeded.<id> is published.
+//   - an *errclass.Error (errclass.New, Wrap, RetryAfter, NonRetryable):
+//     its class, retry-after hint and non-retryable flag are reported.
+//   - any other error: Config.Classifier classifies its message.
+//   - a handler that overruns its timeout reports class timeout; a panic
+//     reports class temporary.
+func (w *Worker) Handle(jobType string, h Handler) error {
+	if err := contract.ValidateToken("jobType", jobType); err != nil {
+		return fmt.Errorf("handle job type: %w", err)
+	}
+	if len(jobType) > contract.MaxTokenLen-len("worker-") {
+		return fmt.Errorf("handle job type: %w", &contract.FieldError{Field: "jobType", Reason: "is too long for a consumer name", Err: contract.ErrInvalid})
+	}
+	if h == nil {
+		return errors.New("handle job type: handler is nil")
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.started {
+		return fmt.Errorf("handle job type %s: %w", jobType, ErrStarted)
+	}
+	if _, dup := w.handlers[jobType]; dup {
+		return fmt.Errorf("handle job type %s: a handler is already registered", jobType)
+	}
+	w.handlers[jobType] = h
+	return nil
+}
+
+// JobTypes lists the registered job types, sorted.
+func (w *Worker) JobTypes() []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	out := make([]string, 0, len(w.handlers))
+	for t := range w.handlers {
+		out = append(out, t)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// ConsumerName is the durable consumer of a job type: "worker-<job_type>".
+func ConsumerName(jobType string) string { return "worker-" + jobType }
+
+// Start creates or updates the durable consumers (worker-<job_type> on JOBS
+// for every registered type, worker-due-router on RETRIES unless disabled)
+// and starts consuming. ctx bounds the setup only; Stop ends the worker.
+func (w *Worker) Start(ctx context.Context) error {
+	w.mu.Lock()
+	if w.started {
+		w.mu.Unlock()
+		return ErrStarted
+	}
+	w.started = true
+	types := make([]string, 0, len(w.handlers))
+	for t := range w.handlers {
+		types = append(types, t)
+	}
+	w.mu.Unlock()
+	sort.Strings(types)
+	if len(types) == 0 && w.cfg.DisableDueRouter {
+		return errors.New("start worker: no handlers and the due router is disabled: nothing to run")
+	}
+
+	consumers := make(map[string]jetstream.Consumer, len(types))
+	for _, t := range types {
+		cons, err := w.cfg.JS.CreateOrUpdateConsumer(ctx, contract.StreamJobs, jetstream.ConsumerConfig{
+			Durable:       ConsumerName(t),
+			Description:   "retryd worker SDK: runs jobs of type " + t,
+			FilterSubject: contract.JobSubject(t),
+			DeliverPolicy: jetstream.DeliverAllPolicy,
+			AckPolicy:     jetstream.AckExplicitPolicy,
+			AckWait:       w.cfg.AckWait,
+			MaxAckPending: w.cfg.MaxAckPending,
+			// Never give up on a job: a message the broker dropped after N
+			// deliveries would be a lost job. Poison jobs fail and go
+			// through the retry policy instead.
+			MaxDeliver: -1,
+		})
+		if err != nil {
+			return fmt.Errorf("start worker: create consumer %s: %w", ConsumerName(t), err)
+		}
+		consumers[t] = cons
+	}
+	var router jetstream.Consumer
+	if !w.cfg.DisableDueRouter {
+		var err error
+		router, err = w.cfg.JS.CreateOrUpdateConsumer(ctx, contract.StreamRetries, jetstream.ConsumerConfig{
+			Durable:       DueRouterDurable,
+			Description:   "retryd worker SDK: republishes retry.job.due.<id> as jobs.<job_type>",
+			FilterSubject: contract.RetryFilter(contract.KindJob, contract.Due),
+			DeliverPolicy: jetstream.DeliverAllPolicy,
+			AckPolicy:     jetstream.AckExplicitPolicy,
+			AckWait:       w.cfg.AckWait,
+			MaxAckPending: 1024,
+			MaxDeliver:    -1,
+		})
+		if err != nil {
+			return fmt.Errorf("start worker: create consumer %s: %w", DueRouterDurable, err)
+		}
+	}
+
+	for _, t := range types {
+		w.loops.Add(1)
+		go w.consumeJobs(t, w.handlers[t], consumers[t])
+	}
+	if router != nil {
+		w.loops.Add(1)
+		go w.consumeDues(router)
+	}
+	w.log.Info().Strs("job_types", types).Bool("due_router", router != nil).Int("concurrency", w.cfg.Concurrency).Msg("worker started")
+	return nil
+}
+
+// Stop stops fetching, waits for running handlers to finish and report,
+// and returns. If ctx ends first, running handlers are cancelled and their
+// jobs are handed back to the broker (nak) without an outcome, to be run
+// again by this or another worker; Stop then returns ctx's error. Stop is
+// idempotent.
+func (w *Worker) Stop(ctx context.Context) error {
+	w.stopOnce.Do(func() {
+		defer close(w.stopped)
+		w.loopCancel()
+		w.loops.Wait()
+		done := make(chan struct{})
+		go func() {
+			w.inflight.Wait()
+			close(done)
+		}()
+		select {
+		case <-done:
+		case <-ctx.Done():
+			w.hardCancel()
+			w.stopErr = fmt.Errorf("stop worker: running handlers interrupted: %w", ctx.Err())
+			// Interrupted handlers nak their jobs as soon as they return;
+			// give them a moment so the jobs are redelivered at once
+			// rather than after AckWait.
+			select {
+			case <-done:
+			case <-time.After(w.cfg.Grace):
+			}
+		}
+		w.hardCancel()
+		w.log.Info().Msg("worker stopped")
+	})
+	<-w.stopped
+	return w.stopErr
+}

@@ -1,0 +1,107 @@
+package ingressstore
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+)
+
+// Status of a workflow event.
+type Status string
+
+const (
+	// StatusReceived is an event stored but not yet evaluated; it is only
+	// visible inside the gate's transaction.
+	StatusReceived Status = "received"
+	// StatusAdmitted is an event published to events.<source>.<type>.
+	StatusAdmitted Status = "admitted"
+	// StatusDeferred is an event held back by its source's gate, waiting
+	// for a retry.
+	StatusDeferred Status = "deferred"
+	// StatusCancelled is a deferral an operator cancelled: never admitted.
+	StatusCancelled Status = "cancelled"
+	// StatusExhausted is a deferral the scheduler gave up on.
+	StatusExhausted Status = "exhausted"
+)
+
+// Event is a row of workflow_events.
+type Event struct {
+	ID         string
+	Source     string
+	Type       string
+	Status     Status
+	Envelope   json.RawMessage
+	ReceivedAt time.Time
+	AdmittedAt *time.Time
+	UpdatedAt  time.Time
+}
+
+const eventColumns = `event_id, source, type, status, envelope, received_at, admitted_at, updated_at`
+
+func scanEvent(row interface{ Scan(...any) error }) (Event, error) {
+	var ev Event
+	var status string
+	var env []byte
+	if err := row.Scan(&ev.ID, &ev.Source, &ev.Type, &status, &env, &ev.ReceivedAt, &ev.AdmittedAt, &ev.UpdatedAt); err != nil {
+		return Event{}, err
+	}
+	ev.Status = Status(status)
+	ev.Envelope = env
+	return ev, nil
+}
+
+// InsertEvent stores an event with status received. An event id is stored
+// once: inserted is false when the id already exists, and the stored row
+// is left as it was.
+func InsertEvent(ctx context.Context, db DB, id, source, typ string, envelope []byte) (inserted bool, err error) {
+	tag, err := db.Exec(ctx, `
+		INSERT INTO workflow_events (event_id, source, type, status, envelope)
+		VALUES ($1, $2, $3, 'received', $4)
+		ON CONFLICT (event_id) DO NOTHING`, id, source, typ, string(envelope))
+	if err != nil {
+		return false, fmt.Errorf("insert workflow event: %w", err)
+	}
+	return tag.RowsAffected() == 1, nil
+}
+
+// GetEvent reads an event.
+func GetEvent(ctx context.Context, db DB, id string) (Event, error) {
+	ev, err := scanEvent(db.QueryRow(ctx, `SELECT `+eventColumns+` FROM workflow_events WHERE event_id = $1`, id))
+	if err != nil {
+		return Event{}, fmt.Errorf("get workflow event: %w", notFound(err))
+	}
+	return ev, nil
+}
+
+// LockEvent reads an event and locks its row until the transaction ends,
+// so the gate, the retry consumer and the cancel API see one another's
+// decisions.
+func LockEvent(ctx context.Context, db DB, id string) (Event, error) {
+	ev, err := scanEvent(db.QueryRow(ctx, `SELECT `+eventColumns+` FROM workflow_events WHERE event_id = $1 FOR UPDATE`, id))
+	if err != nil {
+		return Event{}, fmt.Errorf("lock workflow event: %w", notFound(err))
+	}
+	return ev, nil
+}
+
+// SetEventStatus moves an event to status. Admitted also sets admitted_at.
+// Only events currently in one of from change; changed says whether this
+// one did.
+func SetEventStatus(ctx context.Context, db DB, id string, status Status, from ...Status) (changed bool, err error) {
+	froms := make([]string, len(from))
+	for i, f := range from {
+		froms[i] = string(f)
+	}
+	tag, err := db.Exec(ctx, `
+		UPDATE workflow_events
+		SET status = $2,
+		    admitted_at = CASE WHEN $2 = 'admitted' THEN now() ELSE admitted_at END,
+		    updated_at = now()
+		WHERE event_id = $1 AND (cardinality($3::text[]) = 0 OR status = ANY($3::text[]))`,
+		id, string(status), froms)
+	if err != nil {
+		return false, fmt.Errorf("set workflow event status: %w", err)
+	}
+	return tag.RowsAffected() == 1, nil
+}

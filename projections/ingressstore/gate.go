@@ -1,0 +1,116 @@
+package ingressstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Reasons the gate defers an event; they travel as FailedData.Reason and
+// make the scheduler record decided_by=throttle.
+const (
+	ReasonSourceThrottled = "source_throttled"
+	ReasonSourcePaused    = "source_paused"
+)
+
+// ErrTypeNotAllowed is returned by Gate when the source restricts its
+// types and the event's type is not one of them. Retrying cannot help.
+var ErrTypeNotAllowed = errors.New("type not allowed for source")
+
+// Verdict is the gate's decision for one event.
+type Verdict struct {
+	Admitted bool
+	// Reason is ReasonSourceThrottled or ReasonSourcePaused when not
+	// admitted.
+	Reason string
+	// Detail explains the reason for operators ("10 per 1s reached").
+	Detail string
+	// RetryAt is when the source may admit the event again: the end of the
+	// rate window or of the pause; zero for a pause without an end.
+	RetryAt time.Time
+	// Now is the database time the decision was taken at.
+	Now time.Time
+}
+
+// Gate evaluates source for one event of type typ inside tx and, when it
+// admits, counts the event in the source's current rate window.
+//
+// The source row is locked FOR SHARE until tx ends, so a pause or a limit
+// change commits either before this decision (and is seen) or after it;
+// the window row is incremented with a guarded upsert, so instances that
+// evaluate the same source at once never admit more than the limit in a
+// window. Windows are fixed: rate_window_ms long, aligned on the Unix epoch,
+// measured on the database clock so every instance agrees on them.
+func Gate(ctx context.Context, tx pgx.Tx, source, typ string) (Verdict, error) {
+	var now time.Time
+	src, err := scanSource(tx.QueryRow(ctx, `SELECT `+sourceColumns+`, now() FROM event_sources s WHERE s.source = $1 FOR SHARE`, source), &now)
+	if errors.Is(err, pgx.ErrNoRows) {
+		// No row, no limits.
+		return Verdict{Admitted: true}, nil
+	}
+	if err != nil {
+		return Verdict{}, fmt.Errorf("lock event source: %w", err)
+	}
+	if !src.AllowsType(typ) {
+		return Verdict{}, fmt.Errorf("%w: %q is not in the allowed types of source %q", ErrTypeNotAllowed, typ, source)
+	}
+	v := Verdict{Now: now}
+	if src.PausedAt(now) {
+		v.Reason = ReasonSourcePaused
+		v.Detail = "source is paused"
+		if src.PausedUntil != nil {
+			v.RetryAt = src.PausedUntil.UTC()
+			v.Detail += " until " + v.RetryAt.Format(time.RFC3339)
+		}
+		return v, nil
+	}
+	if src.RateLimit == nil || src.RateWindow <= 0 {
+		v.Admitted = true
+		return v, nil
+	}
+	start, end := window(now, src.RateWindow)
+	var admitted int
+	err = tx.QueryRow(ctx, `
+		INSERT INTO event_source_windows (source, window_start, admitted)
+		VALUES ($1, $2, 1)
+		ON CONFLICT (source, window_start) DO UPDATE SET admitted = event_source_windows.admitted + 1
+		WHERE event_source_windows.admitted < $3
+		RETURNING admitted`, source, start, *src.RateLimit).Scan(&admitted)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		v.Reason = ReasonSourceThrottled
+		v.Detail = fmt.Sprintf("rate limit of %d per %s reached", *src.RateLimit, src.RateWindow)
+		v.RetryAt = end
+		return v, nil
+	case err != nil:
+		return Verdict{}, fmt.Errorf("count event in rate window: %w", err)
+	}
+	v.Admitted = true
+	return v, nil
+}
+
+// window returns the fixed window of length d that holds now, aligned on
+// the Unix epoch.
+func window(now time.Time, d time.Duration) (start, end time.Time) {
+	ms := d.Milliseconds()
+	startMS := now.UnixMilli() / ms * ms
+	start = time.UnixMilli(startMS).UTC()
+	return start, start.Add(time.Duration(ms) * time.Millisecond)
+}
+
+// PruneWindows deletes rate windows that ended more than keep ago; they no
+// longer decide anything.
+func PruneWindows(ctx context.Context, db DB, keep time.Duration) (int64, error) {
+	tag, err := db.Exec(ctx, `
+		DELETE FROM event_source_windows w
+		WHERE w.window_start
+		      + coalesce((SELECT s.rate_window_ms FROM event_sources s WHERE s.source = w.source), 0) * interval '1 millisecond'
+		      < now() - $1 * interval '1 millisecond'`, keep.Milliseconds())
+	if err != nil {
+		return 0, fmt.Errorf("prune rate windows: %w", err)
+	}
+	return tag.RowsAffected(), nil
+}

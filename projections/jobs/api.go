@@ -1,0 +1,424 @@
+package jobs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
+
+	"github.com/retryd/retryd/pkg/contract"
+	"github.com/retryd/retryd/pkg/serve"
+	"github.com/retryd/retryd/projections/jobstore"
+	"github.com/retryd/retryd/projections/retrystore"
+)
+
+// RetryController is what the jobs API needs from the scheduler: a manual
+// retry and a cancel of one item. The scheduler's methods fit it through a
+// small adapter (see docs/jobs.md). Errors wrapping serve.ErrNotFound,
+// serve.ErrConflict or contract.ErrInvalid answer 404, 409 and 400.
+type RetryController interface {
+	// RetryNow schedules a new attempt of kind/id now.
+	RetryNow(ctx context.Context, kind, id, reason, by string, resetAttempts bool) error
+	// Cancel cancels the pending retry of kind/id.
+	Cancel(ctx context.Context, kind, id, by, reason string) error
+}
+
+// Defaults of APIConfig.
+const (
+	DefaultMaxBodyBytes  = 64 << 10
+	DefaultLeaseTTL      = 30 * time.Second
+	DefaultScanInterval  = 5 * time.Second
+	DefaultRatePerSecond = 10
+	MaxRatePerSecond     = 1000
+	DefaultAnalyticsDays = 7
+)
+
+// APIConfig configures the jobs API. Pool and Retry are required.
+type APIConfig struct {
+	Pool  *pgxpool.Pool
+	Retry RetryController
+	// Logger gets ids, types and counts, never error messages of jobs.
+	Logger zerolog.Logger
+	// Registerer receives the bulk retry metrics; nil means a private
+	// registry.
+	Registerer prometheus.Registerer
+	// Runner names this process in bulk retry leases; default
+	// "<hostname>-<pid>".
+	Runner string
+	// LeaseTTL is how long a bulk retry stays with a runner that stopped
+	// renewing it (crashed) before another runner resumes it. Default 30s.
+	LeaseTTL time.Duration
+	// ScanInterval is how often the runner looks for bulk retries to run
+	// or resume. Default 5s.
+	ScanInterval time.Duration
+	// MaxBodyBytes caps request bodies. Default 64 KiB.
+	MaxBodyBytes int64
+	// Now is the clock for analytics periods, for tests. Default time.Now.
+	Now func() time.Time
+}
+
+func (c *APIConfig) validate() error {
+	switch {
+	case c.Pool == nil:
+		return errors.New("APIConfig.Pool is required")
+	case c.Retry == nil:
+		return errors.New("APIConfig.Retry is required")
+	case c.LeaseTTL < 0:
+		return fmt.Errorf("APIConfig.LeaseTTL must not be negative, got %s", c.LeaseTTL)
+	case c.ScanInterval < 0:
+		return fmt.Errorf("APIConfig.ScanInterval must not be negative, got %s", c.ScanInterval)
+	case c.MaxBodyBytes < 0:
+		return fmt.Errorf("APIConfig.MaxBodyBytes must not be negative, got %d", c.MaxBodyBytes)
+	}
+	if c.Runner == "" {
+		host, _ := os.Hostname()
+		c.Runner = fmt.Sprintf("%s-%d", host, os.Getpid())
+	}
+	if c.LeaseTTL == 0 {
+		c.LeaseTTL = DefaultLeaseTTL
+	}
+	if c.ScanInterval == 0 {
+		c.ScanInterval = DefaultScanInterval
+	}
+	if c.MaxBodyBytes == 0 {
+		c.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if c.Registerer == nil {
+		c.Registerer = prometheus.NewRegistry()
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	return nil
+}
+
+// API serves the jobs, analytics and bulk retry endpoints and runs bulk
+// retries in the background (Start/Stop):
+//
+//	GET  /v1/analytics/retries?job_type=&since=&until=&days=&top=
+//	GET  /v1/jobs?status=&job_type=&min_retry_count=&error_class=&since=&until=&limit=&cursor=
+//	GET  /v1/jobs/{id}
+//	POST /v1/jobs/{id}/retry     {"reason": "...", "by": "...", "reset_attempts": false}
+//	POST /v1/jobs/{id}/cancel    {"reason": "...", "by": "..."}
+//	POST /v1/jobs/bulk-retry     {"filter": {...}, "dry_run": true, "rate_per_second": 5, "reason": "..."}
+//	GET  /v1/operations/{id}
+//	POST /v1/operations/{id}/cancel
+type API struct {
+	cfg APIConfig
+	log zerolog.Logger
+	m   *apiMetrics
+
+	mu      sync.Mutex
+	started bool
+	stopped bool
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup
+	running map[string]bool // operations with a local runner goroutine
+	kick    chan struct{}
+}
+
+// NewAPI validates cfg and returns the API.
+func NewAPI(cfg APIConfig) (*API, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, fmt.Errorf("new jobs api: %w", err)
+	}
+	m, err := newAPIMetrics(cfg.Registerer)
+	if err != nil {
+		return nil, fmt.Errorf("new jobs api: %w", err)
+	}
+	return &API{
+		cfg:     cfg,
+		log:     cfg.Logger.With().Str("component", "jobs-api").Logger(),
+		m:       m,
+		running: map[string]bool{},
+		kick:    make(chan struct{}, 1),
+	}, nil
+}
+
+// Register adds the API's routes to mux.
+func (a *API) Register(mux *http.ServeMux) {
+	mux.HandleFunc("GET /v1/analytics/retries", a.handleAnalytics)
+	mux.HandleFunc("GET /v1/jobs", a.handleList)
+	mux.HandleFunc("POST /v1/jobs/bulk-retry", a.handleBulkRetry)
+	mux.HandleFunc("GET /v1/jobs/{id}", a.handleGet)
+	mux.HandleFunc("POST /v1/jobs/{id}/retry", a.handleRetry)
+	mux.HandleFunc("POST /v1/jobs/{id}/cancel", a.handleCancel)
+	mux.HandleFunc("GET /v1/operations/{id}", a.handleGetOperation)
+	mux.HandleFunc("POST /v1/operations/{id}/cancel", a.handleCancelOperation)
+}
+
+// Handler returns a handler serving only the API's routes.
+func (a *API) Handler() http.Handler {
+	mux := http.NewServeMux()
+	a.Register(mux)
+	return mux
+}
+
+func invalid(field, reason string) error {
+	return &contract.FieldError{Field: field, Reason: reason, Err: contract.ErrInvalid}
+}
+
+// period reads since/until or days (default DefaultAnalyticsDays back from
+// now).
+func (a *API) period(q url.Values) (since, until time.Time, err error) {
+	until = a.cfg.Now().UTC()
+	if v := q.Get("until"); v != "" {
+		if until, err = time.Parse(time.RFC3339Nano, v); err != nil {
+			return since, until, invalid("until", "must be an RFC 3339 time")
+		}
+	}
+	days := DefaultAnalyticsDays
+	if v := q.Get("days"); v != "" {
+		if q.Get("since") != "" {
+			return since, until, invalid("days", "cannot be combined with since")
+		}
+		if days, err = strconv.Atoi(v); err != nil || days < 1 || days > 3660 {
+			return since, until, invalid("days", "must be a whole number of days between 1 and 3660")
+		}
+	}
+	since = until.AddDate(0, 0, -days)
+	if v := q.Get("since"); v != "" {
+		if since, err = time.Parse(time.RFC3339Nano, v); err != nil {
+			return since, until, invalid("since", "must be an RFC 3339 time")
+		}
+	}
+	if !until.After(since) {
+		return since, until, invalid("until", "must be after since")
+	}
+	return since, until, nil
+}
+
+func (a *API) handleAnalytics(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	since, until, err := a.period(q)
+	if err != nil {
+		serve.WriteError(w, err)
+		return
+	}
+	aq := jobstore.AnalyticsQuery{JobType: q.Get("job_type"), Since: since, Until: until}
+	if aq.JobType != "" {
+		if err := contract.ValidateToken("job_type", aq.JobType); err != nil {
+			serve.WriteError(w, err)
+			return
+		}
+	}
+	if v := q.Get("top"); v != "" {
+		if aq.TopErrors, err = strconv.Atoi(v); err != nil || aq.TopErrors < 1 || aq.TopErrors > 100 {
+			serve.WriteError(w, invalid("top", "must be between 1 and 100"))
+			return
+		}
+	}
+	res, err := jobstore.RetryAnalytics(r.Context(), a.cfg.Pool, aq)
+	if err != nil {
+		a.internal(w, err)
+		return
+	}
+	serve.WriteJSON(w, http.StatusOK, res)
+}
+
+// listFilter reads the filter of GET /v1/jobs.
+func listFilter(q url.Values) (jobstore.Filter, error) {
+	var f jobstore.Filter
+	for _, v := range q["status"] {
+		for _, s := range strings.Split(v, ",") {
+			st := jobstore.Status(strings.TrimSpace(s))
+			if !st.Valid() {
+				return f, invalid("status", fmt.Sprintf("%q is not one of %v", st, jobstore.Statuses))
+			}
+			f.Statuses = append(f.Statuses, st)
+		}
+	}
+	f.JobType = q.Get("job_type")
+	if f.JobType != "" {
+		if err := contract.ValidateToken("job_type", f.JobType); err != nil {
+			return f, err
+		}
+	}
+	if v := q.Get("min_retry_count"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 || n > contract.MaxAttempt {
+			return f, invalid("min_retry_count", "must be a non-negative whole number")
+		}
+		f.MinRetryCount = n
+	}
+	f.ErrorClass = q.Get("error_class")
+	if f.ErrorClass != "" {
+		if err := contract.ValidateToken("error_class", f.ErrorClass); err != nil {
+			return f, err
+		}
+	}
+	for _, p := range []struct {
+		name string
+		dst  **time.Time
+	}{{"since", &f.Since}, {"until", &f.Until}} {
+		if v := q.Get(p.name); v != "" {
+			t, err := time.Parse(time.RFC3339Nano, v)
+			if err != nil {
+				return f, invalid(p.name, "must be an RFC 3339 time")
+			}
+			*p.dst = &t
+		}
+	}
+	return f, nil
+}
+
+func (a *API) handleList(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	f, err := listFilter(q)
+	if err != nil {
+		serve.WriteError(w, err)
+		return
+	}
+	limit := 0
+	if v := q.Get("limit"); v != "" {
+		if limit, err = strconv.Atoi(v); err != nil || limit < 1 || limit > jobstore.MaxListLimit {
+			serve.WriteError(w, invalid("limit", fmt.Sprintf("must be between 1 and %d", jobstore.MaxListLimit)))
+			return
+		}
+	}
+	page, err := jobstore.List(r.Context(), a.cfg.Pool, f, limit, q.Get("cursor"))
+	if errors.Is(err, jobstore.ErrBadCursor) {
+		serve.WriteError(w, invalid("cursor", "is not a cursor this API returned"))
+		return
+	}
+	if err != nil {
+		a.internal(w, err)
+		return
+	}
+	serve.WriteJSON(w, http.StatusOK, page)
+}
+
+// JobDetail is GET /v1/jobs/{id}: the job and every lifecycle fact of it.
+type JobDetail struct {
+	Job     *jobstore.Job             `json:"job"`
+	History []retrystore.HistoryEntry `json:"history"`
+}
+
+func pathID(r *http.Request) (string, error) {
+	id := r.PathValue("id")
+	if err := contract.ValidateID("id", id); err != nil {
+		return "", err
+	}
+	return id, nil
+}
+
+func (a *API) handleGet(w http.ResponseWriter, r *http.Request) {
+	id, err := pathID(r)
+	if err != nil {
+		serve.WriteError(w, err)
+		return
+	}
+	var detail JobDetail
+	job, err := jobstore.Get(r.Context(), a.cfg.Pool, id)
+	switch {
+	case err == nil:
+		detail.Job = &job
+	case !errors.Is(err, jobstore.ErrNotFound):
+		a.internal(w, err)
+		return
+	}
+	detail.History, err = retrystore.History(r.Context(), a.cfg.Pool, contract.KindJob, id)
+	if err != nil {
+		a.internal(w, err)
+		return
+	}
+	if detail.Job == nil && len(detail.History) == 0 {
+		serve.WriteError(w, fmt.Errorf("job %s: %w", id, serve.ErrNotFound))
+		return
+	}
+	if detail.History == nil {
+		detail.History = []retrystore.HistoryEntry{}
+	}
+	serve.WriteJSON(w, http.StatusOK, detail)
+}
+
+// ActionRequest is the body of POST /v1/jobs/{id}/retry and /cancel. All
+// fields are optional; an empty body is fine.
+type ActionRequest struct {
+	Reason        string `json:"reason,omitempty"`
+	By            string `json:"by,omitempty"`
+	ResetAttempts bool   `json:"reset_attempts,omitempty"`
+}
+
+// ActionResponse answers an accepted action: the scheduler recorded it and
+// the job's status follows as the projection folds the resulting event.
+type ActionResponse struct {
+	ID     string `json:"id"`
+	Action string `json:"action"`
+	By     string `json:"by"`
+	Reason string `json:"reason,omitempty"`
+}
+
+func (a *API) decodeOptional(r *http.Request, v any) error {
+	if r.ContentLength == 0 {
+		return nil
+	}
+	return serve.DecodeJSON(r, a.cfg.MaxBodyBytes, v)
+}
+
+func (a *API) action(w http.ResponseWriter, r *http.Request, name string) {
+	id, err := pathID(r)
+	if err != nil {
+		serve.WriteError(w, err)
+		return
+	}
+	var req ActionRequest
+	if err := a.decodeOptional(r, &req); err != nil {
+		serve.WriteError(w, err)
+		return
+	}
+	if req.By == "" {
+		req.By = "operator"
+	}
+	if len(req.By) > contract.MaxTokenLen {
+		serve.WriteError(w, invalid("by", fmt.Sprintf("is longer than %d characters", contract.MaxTokenLen)))
+		return
+	}
+	if len(req.Reason) > contract.MaxMessageLen {
+		serve.WriteError(w, invalid("reason", fmt.Sprintf("is longer than %d bytes", contract.MaxMessageLen)))
+		return
+	}
+	if name == "retry" {
+		err = a.cfg.Retry.RetryNow(r.Context(), contract.KindJob, id, req.Reason, req.By, req.ResetAttempts)
+	} else {
+		if req.ResetAttempts {
+			serve.WriteError(w, invalid("reset_attempts", "applies to retry only"))
+			return
+		}
+		err = a.cfg.Retry.Cancel(r.Context(), contract.KindJob, id, req.By, req.Reason)
+	}
+	if err != nil {
+		a.controllerError(w, err)
+		return
+	}
+	a.log.Info().Str("job_id", id).Str("action", name).Str("by", req.By).Msg("job action")
+	serve.WriteJSON(w, http.StatusAccepted, ActionResponse{ID: id, Action: name, By: req.By, Reason: req.Reason})
+}
+
+func (a *API) handleRetry(w http.ResponseWriter, r *http.Request)  { a.action(w, r, "retry") }
+func (a *API) handleCancel(w http.ResponseWriter, r *http.Request) { a.action(w, r, "cancel") }
+
+// controllerError writes a scheduler error: its own 400/404/409, 500 for
+// anything else.
+func (a *API) controllerError(w http.ResponseWriter, err error) {
+	if errors.Is(err, serve.ErrNotFound) || errors.Is(err, serve.ErrConflict) || errors.Is(err, contract.ErrInvalid) {
+		serve.WriteError(w, err)
+		return
+	}
+	a.internal(w, err)
+}
+
+func (a *API) internal(w http.ResponseWriter, err error) {
+	a.log.Error().Err(err).Msg("jobs api request failed")
+	serve.WriteError(w, err)
+}

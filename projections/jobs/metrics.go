@@ -1,0 +1,76 @@
+package jobs
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+type projectorMetrics struct {
+	applied    *prometheus.CounterVec // stream
+	duplicates *prometheus.CounterVec // stream
+	malformed  *prometheus.CounterVec // consumer (stream)
+	errors     *prometheus.CounterVec // stream
+}
+
+func newProjectorMetrics(reg prometheus.Registerer) (*projectorMetrics, error) {
+	m := &projectorMetrics{
+		applied: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "retryd", Subsystem: "jobs", Name: "applied_total",
+			Help: "Messages folded into the jobs table, by stream.",
+		}, []string{"stream"}),
+		duplicates: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "retryd", Subsystem: "jobs", Name: "duplicates_total",
+			Help: "Messages already applied (inbox), by stream.",
+		}, []string{"stream"}),
+		malformed: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "retryd", Subsystem: "jobs", Name: "malformed_total",
+			Help: "Messages terminated because they could not be decoded, by consumer stream.",
+		}, []string{"consumer"}),
+		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "retryd", Subsystem: "jobs", Name: "apply_errors_total",
+			Help: "Batches rolled back and handed back for redelivery, by stream.",
+		}, []string{"stream"}),
+	}
+	var err error
+	for _, c := range []**prometheus.CounterVec{&m.applied, &m.duplicates, &m.malformed, &m.errors} {
+		if *c, err = register(reg, *c); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}
+
+type apiMetrics struct {
+	bulkItems *prometheus.CounterVec // result
+}
+
+func newAPIMetrics(reg prometheus.Registerer) (*apiMetrics, error) {
+	m := &apiMetrics{
+		bulkItems: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "retryd", Subsystem: "jobs", Name: "bulk_retry_items_total",
+			Help: "Jobs handled by bulk retries, by result (released, skipped, failed).",
+		}, []string{"result"}),
+	}
+	var err error
+	if m.bulkItems, err = register(reg, m.bulkItems); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// register registers c or returns the collector already registered under
+// its name, so that several instances can share a registry.
+func register[C prometheus.Collector](reg prometheus.Registerer, c C) (C, error) {
+	if err := reg.Register(c); err != nil {
+		var are prometheus.AlreadyRegisteredError
+		if errors.As(err, &are) {
+			if existing, ok := are.ExistingCollector.(C); ok {
+				return existing, nil
+			}
+		}
+		return c, fmt.Errorf("register jobs metrics: %w", err)
+	}
+	return c, nil
+}

@@ -1,0 +1,357 @@
+package jobs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
+
+	"github.com/retryd/retryd/pkg/contract"
+	"github.com/retryd/retryd/projections/inbox"
+	"github.com/retryd/retryd/projections/jobstore"
+)
+
+// ProjectionDurable is the durable consumer name of the projection on both
+// streams (JOBS and RETRIES) and its inbox consumer name.
+const ProjectionDurable = "jobs-projection"
+
+// Defaults of ProjectorConfig.
+const (
+	DefaultBatch     = 100
+	DefaultAckWait   = 30 * time.Second
+	DefaultFetchWait = 5 * time.Second
+)
+
+// retryFilters are the lifecycle events of jobs the projection folds; due
+// events change nothing (the job message routed from them does).
+var retryFilters = []string{
+	contract.RetryFilter(contract.KindJob, contract.Failed),
+	contract.RetryFilter(contract.KindJob, contract.Scheduled),
+	contract.RetryFilter(contract.KindJob, contract.Rescheduled),
+	contract.RetryFilter(contract.KindJob, contract.Succeeded),
+	contract.RetryFilter(contract.KindJob, contract.Exhausted),
+	contract.RetryFilter(contract.KindJob, contract.Cancelled),
+}
+
+// ProjectorConfig configures a Projector. Pool and JS are required.
+type ProjectorConfig struct {
+	Pool *pgxpool.Pool
+	JS   jetstream.JetStream
+	// Logger gets ids, types, attempts and counts; never payloads,
+	// checkpoints or error messages.
+	Logger zerolog.Logger
+	// Registerer receives the retryd_jobs_* metrics; nil means a private
+	// registry.
+	Registerer prometheus.Registerer
+	// Batch is how many messages one transaction applies. Default 100.
+	Batch int
+	// AckWait is the consumers' ack wait. Default 30s.
+	AckWait time.Duration
+	// FetchWait is how long one pull waits; Stop takes up to this long.
+	// Default 5s.
+	FetchWait time.Duration
+	// Hooks are failpoints for tests.
+	Hooks ProjectorHooks
+}
+
+// ProjectorHooks are failpoints that let tests stop the projector at the
+// worst moment.
+type ProjectorHooks struct {
+	// AfterCommit runs after a batch's transaction committed, before its
+	// messages are acked. An error leaves them unacked, as if the process
+	// died there: they are redelivered after AckWait and dropped by the
+	// inbox.
+	AfterCommit func() error
+}
+
+func (c *ProjectorConfig) validate() error {
+	switch {
+	case c.Pool == nil:
+		return errors.New("ProjectorConfig.Pool is required")
+	case c.JS == nil:
+		return errors.New("ProjectorConfig.JS is required")
+	case c.Batch < 0 || c.Batch > 10_000:
+		return fmt.Errorf("ProjectorConfig.Batch must be between 1 and 10000, got %d", c.Batch)
+	case c.AckWait < 0:
+		return fmt.Errorf("ProjectorConfig.AckWait must not be negative, got %s", c.AckWait)
+	case c.FetchWait < 0:
+		return fmt.Errorf("ProjectorConfig.FetchWait must not be negative, got %s", c.FetchWait)
+	}
+	if c.Batch == 0 {
+		c.Batch = DefaultBatch
+	}
+	if c.AckWait == 0 {
+		c.AckWait = DefaultAckWait
+	}
+	if c.FetchWait == 0 {
+		c.FetchWait = DefaultFetchWait
+	}
+	if c.Registerer == nil {
+		c.Registerer = prometheus.NewRegistry()
+	}
+	return nil
+}
+
+// Projector folds the JOBS stream (jobs.<job_type>: an attempt is queued)
+// and the job lifecycle events on RETRIES (retry.job.<event>.<id>) into the
+// jobs table. Each batch is applied in one transaction that also claims
+// every message in the inbox, so a redelivered message changes nothing;
+// the fold itself is ordering-safe (see package jobstore), so the two
+// streams may run ahead of each other.
+type Projector struct {
+	cfg ProjectorConfig
+	log zerolog.Logger
+	m   *projectorMetrics
+
+	mu      sync.Mutex
+	started bool
+	cancel  context.CancelFunc
+	loops   sync.WaitGroup
+	stopped bool
+}
+
+// NewProjector validates cfg and returns a Projector.
+func NewProjector(cfg ProjectorConfig) (*Projector, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, fmt.Errorf("new jobs projector: %w", err)
+	}
+	m, err := newProjectorMetrics(cfg.Registerer)
+	if err != nil {
+		return nil, fmt.Errorf("new jobs projector: %w", err)
+	}
+	return &Projector{cfg: cfg, log: cfg.Logger.With().Str("component", "jobs-projection").Logger(), m: m}, nil
+}
+
+// Start creates or updates the durable consumers and starts folding. ctx
+// bounds the setup; Stop ends the projector.
+func (p *Projector) Start(ctx context.Context) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.started {
+		return errors.New("start jobs projector: already started")
+	}
+	jobsCons, err := p.cfg.JS.CreateOrUpdateConsumer(ctx, contract.StreamJobs, jetstream.ConsumerConfig{
+		Durable:       ProjectionDurable,
+		Description:   "retryd jobs projection: attempts queued",
+		FilterSubject: "jobs.*",
+		DeliverPolicy: jetstream.DeliverAllPolicy,
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		AckWait:       p.cfg.AckWait,
+		MaxAckPending: 4 * p.cfg.Batch,
+		MaxDeliver:    -1,
+	})
+	if err != nil {
+		return fmt.Errorf("start jobs projector: create consumer on %s: %w", contract.StreamJobs, err)
+	}
+	retryCons, err := p.cfg.JS.CreateOrUpdateConsumer(ctx, contract.StreamRetries, jetstream.ConsumerConfig{
+		Durable:        ProjectionDurable,
+		Description:    "retryd jobs projection: job lifecycle",
+		FilterSubjects: retryFilters,
+		DeliverPolicy:  jetstream.DeliverAllPolicy,
+		AckPolicy:      jetstream.AckExplicitPolicy,
+		AckWait:        p.cfg.AckWait,
+		MaxAckPending:  4 * p.cfg.Batch,
+		MaxDeliver:     -1,
+	})
+	if err != nil {
+		return fmt.Errorf("start jobs projector: create consumer on %s: %w", contract.StreamRetries, err)
+	}
+	loopCtx, cancel := context.WithCancel(context.Background())
+	p.cancel = cancel
+	p.started = true
+	p.loops.Add(2)
+	go p.consume(loopCtx, contract.StreamJobs, jobsCons)
+	go p.consume(loopCtx, contract.StreamRetries, retryCons)
+	p.log.Info().Msg("jobs projection started")
+	return nil
+}
+
+// Stop ends the pulls and waits for the batch being applied (its
+// transaction is committed or rolled back, its messages acked or handed
+// back). It is idempotent; ctx bounds the wait.
+func (p *Projector) Stop(ctx context.Context) error {
+	p.mu.Lock()
+	if !p.started || p.stopped {
+		p.mu.Unlock()
+		return nil
+	}
+	p.stopped = true
+	p.cancel()
+	p.mu.Unlock()
+	done := make(chan struct{})
+	go func() {
+		p.loops.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+		p.log.Info().Msg("jobs projection stopped")
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("stop jobs projector: %w", ctx.Err())
+	}
+}
+
+func (p *Projector) consume(ctx context.Context, stream string, cons jetstream.Consumer) {
+	defer p.loops.Done()
+	log := p.log.With().Str("stream", stream).Logger()
+	pause := time.Duration(0)
+	for ctx.Err() == nil {
+		if pause > 0 {
+			select {
+			case <-time.After(pause):
+			case <-ctx.Done():
+				return
+			}
+		}
+		fctx, cancel := context.WithTimeout(ctx, p.cfg.FetchWait)
+		batch, err := cons.Fetch(p.cfg.Batch, jetstream.FetchContext(fctx))
+		var msgs []jetstream.Msg
+		if err == nil {
+			for msg := range batch.Messages() {
+				msgs = append(msgs, msg)
+			}
+			err = batch.Error()
+		}
+		cancel()
+		if len(msgs) > 0 {
+			// The batch is applied even while stopping: it was delivered,
+			// and finishing it is quicker than its redelivery.
+			if applyErr := p.applyBatch(context.WithoutCancel(ctx), stream, msgs, log); applyErr != nil {
+				log.Warn().Err(applyErr).Int("messages", len(msgs)).Msg("apply batch failed; handed back for redelivery")
+				for _, m := range msgs {
+					_ = m.NakWithDelay(time.Second)
+				}
+				pause = min(max(2*pause, 100*time.Millisecond), 5*time.Second)
+				continue
+			}
+		}
+		pause = 0
+		if err != nil && !fetchEnded(err) && ctx.Err() == nil {
+			log.Warn().Err(err).Msg("pull failed; trying again")
+			pause = time.Second
+		}
+	}
+}
+
+func fetchEnded(err error) bool {
+	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) ||
+		errors.Is(err, jetstream.ErrNoMessages) || errors.Is(err, jetstream.ErrNoHeartbeat)
+}
+
+// decoded is a message ready to apply.
+type decoded struct {
+	msg   jetstream.Msg
+	msgID string
+	job   *contract.JobData
+	at    time.Time
+	ev    *contract.LifecycleEvent
+}
+
+// applyBatch decodes msgs, terminates the malformed ones and applies the
+// others in one transaction; after the commit it acks them. On error
+// nothing is acked.
+func (p *Projector) applyBatch(ctx context.Context, stream string, msgs []jetstream.Msg, log zerolog.Logger) error {
+	var good []decoded
+	for _, m := range msgs {
+		d, err := decode(stream, m)
+		if err != nil {
+			p.m.malformed.WithLabelValues(stream).Inc()
+			reason := "malformed: " + truncate(err.Error(), 200)
+			log.Warn().Str("subject", m.Subject()).Str("reason", reason).Msg("terminating malformed message")
+			if termErr := m.TermWithReason(reason); termErr != nil {
+				log.Warn().Err(termErr).Msg("term failed")
+			}
+			continue
+		}
+		good = append(good, d)
+	}
+	if len(good) == 0 {
+		return nil
+	}
+	applied, dups := 0, 0
+	err := pgx.BeginFunc(ctx, p.cfg.Pool, func(tx pgx.Tx) error {
+		applied, dups = 0, 0
+		for _, d := range good {
+			first, err := inbox.Claim(ctx, tx, ProjectionDurable, d.msgID)
+			if err != nil {
+				return err
+			}
+			if !first {
+				dups++
+				continue
+			}
+			if d.job != nil {
+				err = jobstore.ApplyJob(ctx, tx, *d.job, d.at)
+			} else {
+				err = jobstore.ApplyLifecycle(ctx, tx, *d.ev)
+			}
+			if err != nil {
+				return err
+			}
+			applied++
+		}
+		return nil
+	})
+	if err != nil {
+		p.m.errors.WithLabelValues(stream).Inc()
+		return err
+	}
+	p.m.applied.WithLabelValues(stream).Add(float64(applied))
+	p.m.duplicates.WithLabelValues(stream).Add(float64(dups))
+	if hook := p.cfg.Hooks.AfterCommit; hook != nil {
+		if err := hook(); err != nil {
+			log.Warn().Err(err).Msg("after-commit failpoint: leaving the batch unacked")
+			return nil
+		}
+	}
+	for _, d := range good {
+		if err := d.msg.Ack(); err != nil {
+			// Redelivered later and dropped by the inbox.
+			log.Debug().Err(err).Msg("ack after commit failed")
+		}
+	}
+	return nil
+}
+
+func decode(stream string, m jetstream.Msg) (decoded, error) {
+	d := decoded{msg: m, msgID: m.Headers().Get(contract.HeaderMsgID)}
+	if stream == contract.StreamJobs {
+		env, job, err := contract.DecodeJob(m.Subject(), m.Data())
+		if err != nil {
+			return decoded{}, err
+		}
+		d.job, d.at = &job, env.Time
+		if d.msgID == "" {
+			d.msgID = env.ID
+		}
+		return d, nil
+	}
+	ev, err := contract.DecodeLifecycle(m.Subject(), m.Data())
+	if err != nil {
+		return decoded{}, err
+	}
+	d.ev = &ev
+	if d.msgID == "" {
+		d.msgID = ev.Envelope.ID
+	}
+	return d, nil
+}
+
+// truncate cuts s to at most n bytes on a rune boundary.
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && s[n]&0xC0 == 0x80 {
+		n--
+	}
+	return s[:n]
+}

@@ -1,0 +1,275 @@
+package jobs_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/retryd/retryd/migrations/pgtest"
+	"github.com/retryd/retryd/pkg/contract"
+	"github.com/retryd/retryd/pkg/natstest"
+	"github.com/retryd/retryd/projections/jobs"
+	"github.com/retryd/retryd/projections/jobstore"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+const wait = 15 * time.Second
+
+type bundle struct {
+	ctx  context.Context
+	pool *pgxpool.Pool
+	js   jetstream.JetStream
+	reg  *prometheus.Registry
+	log  zerolog.Logger
+}
+
+func setup(t *testing.T) *bundle {
+	t.Helper()
+	srv := natstest.RunServer(t)
+	_, js := natstest.Connect(t, srv)
+	natstest.EnsureStreams(t, js)
+	return &bundle{
+		ctx: context.Background(), pool: pgtest.NewPool(t), js: js, reg: prometheus.NewRegistry(),
+		log: zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.WarnLevel),
+	}
+}
+
+func (b *bundle) startProjector(t *testing.T, cfg jobs.ProjectorConfig) *jobs.Projector {
+	t.Helper()
+	cfg.Pool, cfg.JS, cfg.Logger = b.pool, b.js, b.log
+	if cfg.Registerer == nil {
+		cfg.Registerer = b.reg
+	}
+	if cfg.FetchWait == 0 {
+		cfg.FetchWait = 200 * time.Millisecond
+	}
+	p, err := jobs.NewProjector(cfg)
+	require.NoError(t, err)
+	require.NoError(t, p.Start(b.ctx))
+	t.Cleanup(func() { _ = p.Stop(context.Background()) })
+	return p
+}
+
+func (b *bundle) publish(t *testing.T, msg *nats.Msg) {
+	t.Helper()
+	_, err := b.js.PublishMsg(b.ctx, msg)
+	require.NoError(t, err)
+}
+
+func (b *bundle) publishJob(t *testing.T, d contract.JobData, at time.Time) {
+	t.Helper()
+	msg, err := contract.NewJobMsg("test", d, at)
+	require.NoError(t, err)
+	b.publish(t, msg)
+}
+
+func (b *bundle) publishEvent(t *testing.T, ev contract.Lifecycle, data interface {
+	Validate() error
+}, at time.Time) {
+	t.Helper()
+	var msg *nats.Msg
+	var err error
+	switch d := data.(type) {
+	case contract.FailedData:
+		msg, err = contract.NewLifecycleMsg("test", ev, d, at)
+	case contract.ScheduledData:
+		msg, err = contract.NewLifecycleMsg("test", ev, d, at)
+	case contract.SucceededData:
+		msg, err = contract.NewLifecycleMsg("test", ev, d, at)
+	case contract.ExhaustedData:
+		msg, err = contract.NewLifecycleMsg("test", ev, d, at)
+	case contract.DueData:
+		msg, err = contract.NewLifecycleMsg("test", ev, d, at)
+	}
+	require.NoError(t, err)
+	b.publish(t, msg)
+}
+
+func (b *bundle) job(t *testing.T, id string) jobstore.Job {
+	t.Helper()
+	j, err := jobstore.Get(b.ctx, b.pool, id)
+	require.NoError(t, err)
+	return j
+}
+
+func (b *bundle) eventually(t *testing.T, id string, cond func(jobstore.Job) bool, msg string) jobstore.Job {
+	t.Helper()
+	var last jobstore.Job
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		j, err := jobstore.Get(b.ctx, b.pool, id)
+		if !assert.NoError(c, err) {
+			return
+		}
+		last = j
+		assert.True(c, cond(j), "%s: %+v", msg, j)
+	}, wait, 10*time.Millisecond)
+	return last
+}
+
+func metric(t *testing.T, reg *prometheus.Registry, name string, labels ...string) float64 {
+	t.Helper()
+	families, err := reg.Gather()
+	require.NoError(t, err)
+	for _, f := range families {
+		if f.GetName() != name {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			match := len(m.GetLabel()) == len(labels)
+			for i := 0; match && i < len(labels); i++ {
+				match = m.GetLabel()[i].GetValue() == labels[i]
+			}
+			if match {
+				return m.GetCounter().GetValue()
+			}
+		}
+	}
+	return 0
+}
+
+// publishLife publishes the life of a job that failed with a timeout once
+// and then worked.
+func (b *bundle) publishLife(t *testing.T, id string, t0 time.Time) {
+	t.Helper()
+	b.publishJob(t, contract.JobData{ID: id, JobType: "email_campaign", Attempt: 1}, t0)
+	b.publishEvent(t, contract.Failed, contract.FailedData{Kind: "job", ID: id, Attempt: 1, JobType: "email_campaign",
+		Error: contract.ErrorInfo{Class: "timeout", Message: "timed out"}, Checkpoint: json.RawMessage(`{"step":"render"}`)}, t0.Add(time.Second))
+	b.publishEvent(t, contract.Scheduled, contract.ScheduledData{Kind: "job", ID: id, Attempt: 2, JobType: "email_campaign",
+		NextAttemptAt: t0.Add(3 * time.Second), Decision: contract.Decision{RetryCount: 1, MaxRetries: 4}}, t0.Add(time.Second))
+	b.publishEvent(t, contract.Due, contract.DueData{Kind: "job", ID: id, Attempt: 2, JobType: "email_campaign", NextAttemptAt: t0.Add(3 * time.Second)}, t0.Add(3*time.Second))
+	b.publishJob(t, contract.JobData{ID: id, JobType: "email_campaign", Attempt: 2, Checkpoint: json.RawMessage(`{"step":"render"}`)}, t0.Add(3*time.Second))
+	b.publishEvent(t, contract.Succeeded, contract.SucceededData{Kind: "job", ID: id, Attempt: 2}, t0.Add(4*time.Second))
+}
+
+func TestProjectorFoldsBothStreams(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.startProjector(t, jobs.ProjectorConfig{})
+	t0 := time.Date(2024, 5, 1, 10, 0, 0, 0, time.UTC)
+	b.publishLife(t, "j1", t0)
+	// 2 job messages and 3 lifecycle facts; the due is not consumed. The
+	// streams are read independently: wait for both.
+	b.waitApplied(t, b.reg, 2, 3)
+	j := b.job(t, "j1")
+	require.Equal(t, jobstore.StatusCompleted, j.Status)
+	require.Equal(t, 2, j.Attempt)
+	require.Equal(t, 1, j.RetryCount)
+	require.Equal(t, 4, *j.MaxRetries)
+	require.Equal(t, "render", j.CurrentStep)
+	require.Equal(t, "timed out", j.LastErrorMessage)
+	require.Equal(t, t0, j.CreatedAt.UTC())
+	require.Equal(t, t0.Add(4*time.Second), j.CompletedAt.UTC())
+	require.Equal(t, t0.Add(3*time.Second), j.LastAttemptAt.UTC())
+}
+
+// waitApplied waits until the projection applied jobs messages from JOBS
+// and lifecycle facts from RETRIES.
+func (b *bundle) waitApplied(t *testing.T, reg *prometheus.Registry, jobs, lifecycle float64) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		return metric(t, reg, "retryd_jobs_applied_total", "JOBS") == jobs && metric(t, reg, "retryd_jobs_applied_total", "RETRIES") == lifecycle
+	}, wait, 10*time.Millisecond)
+}
+
+func TestProjectorReplayIsAbsorbedByTheInbox(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	p := b.startProjector(t, jobs.ProjectorConfig{})
+	t0 := time.Date(2024, 5, 1, 10, 0, 0, 0, time.UTC)
+	b.publishLife(t, "j1", t0)
+	b.waitApplied(t, b.reg, 2, 3)
+	before := b.job(t, "j1")
+	require.NoError(t, p.Stop(b.ctx))
+
+	// Deleting the consumers replays both streams from the start, as after
+	// a lost consumer: every message comes again.
+	for _, stream := range []string{contract.StreamJobs, contract.StreamRetries} {
+		require.NoError(t, b.js.DeleteConsumer(b.ctx, stream, jobs.ProjectionDurable))
+	}
+	reg := prometheus.NewRegistry()
+	b.startProjector(t, jobs.ProjectorConfig{Registerer: reg})
+	require.Eventually(t, func() bool {
+		return metric(t, reg, "retryd_jobs_duplicates_total", "JOBS") == 2 && metric(t, reg, "retryd_jobs_duplicates_total", "RETRIES") == 3
+	}, wait, 10*time.Millisecond)
+	require.Zero(t, metric(t, reg, "retryd_jobs_applied_total", "JOBS"))
+	after := b.job(t, "j1")
+	require.Equal(t, before, after, "a replay changes nothing, not even updated_at")
+}
+
+func TestProjectorCrashAfterCommitLosesNothing(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	var crashed atomic.Bool
+	first := b.startProjector(t, jobs.ProjectorConfig{AckWait: time.Second, Hooks: jobs.ProjectorHooks{
+		AfterCommit: func() error {
+			crashed.Store(true)
+			return errors.New("process killed after commit")
+		},
+	}})
+	t0 := time.Date(2024, 5, 1, 10, 0, 0, 0, time.UTC)
+	b.publishLife(t, "j1", t0)
+	require.Eventually(t, crashed.Load, wait, 10*time.Millisecond)
+	require.NoError(t, first.Stop(b.ctx))
+
+	// A new process gets every unacked message again after the ack wait.
+	reg := prometheus.NewRegistry()
+	b.startProjector(t, jobs.ProjectorConfig{AckWait: time.Second, Registerer: reg})
+	j := b.eventually(t, "j1", func(j jobstore.Job) bool { return j.Status == jobstore.StatusCompleted }, "job never completed")
+	require.Equal(t, 2, j.Attempt)
+	for _, stream := range []string{contract.StreamJobs, contract.StreamRetries} {
+		require.Eventually(t, func() bool {
+			c, err := b.js.Consumer(b.ctx, stream, jobs.ProjectionDurable)
+			require.NoError(t, err)
+			info, err := c.Info(b.ctx)
+			require.NoError(t, err)
+			return info.NumAckPending == 0 && info.NumPending == 0
+		}, wait, 20*time.Millisecond, stream)
+	}
+	require.Positive(t, metric(t, reg, "retryd_jobs_duplicates_total", "JOBS")+metric(t, reg, "retryd_jobs_duplicates_total", "RETRIES"),
+		"the redelivered batch must have been recognised by the inbox")
+}
+
+func TestProjectorTerminatesMalformedMessages(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.startProjector(t, jobs.ProjectorConfig{})
+	for i, m := range []struct{ subject, body string }{
+		{"jobs.email", `{"not":"an envelope"}`},
+		{"jobs.email", `{"specversion":"1.0","id":"x","source":"s","type":"job.requested","time":"2024-01-01T00:00:00Z","data":{"id":"a","job_type":"sms","attempt":1}}`},
+		{"retry.job.failed.x", `{"specversion":"1.0","id":"x","source":"s","type":"retry.failed","time":"2024-01-01T00:00:00Z","data":{"kind":"job","id":"y","attempt":1,"error":{"message":"m"}}}`},
+		{"retry.job.succeeded.x", `[1,2,3]`},
+	} {
+		msg := nats.NewMsg(m.subject)
+		msg.Data = []byte(m.body)
+		msg.Header.Set(contract.HeaderMsgID, "bad-"+string(rune('a'+i)))
+		b.publish(t, msg)
+	}
+	b.publishJob(t, contract.JobData{ID: "good", JobType: "email", Attempt: 1}, time.Now())
+	b.eventually(t, "good", func(j jobstore.Job) bool { return j.Status == jobstore.StatusInProgress }, "good job not applied")
+	require.Eventually(t, func() bool {
+		return metric(t, b.reg, "retryd_jobs_malformed_total", "JOBS") == 2 && metric(t, b.reg, "retryd_jobs_malformed_total", "RETRIES") == 2
+	}, wait, 10*time.Millisecond)
+	var n int
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM jobs`).Scan(&n))
+	require.Equal(t, 1, n)
+}
+
+func TestProjectorConfigValidation(t *testing.T) {
+	t.Parallel()
+	_, err := jobs.NewProjector(jobs.ProjectorConfig{})
+	require.ErrorContains(t, err, "ProjectorConfig.Pool is required")
+	_, err = jobs.NewAPI(jobs.APIConfig{})
+	require.ErrorContains(t, err, "APIConfig.Pool is required")
+}

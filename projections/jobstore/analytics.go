@@ -1,0 +1,280 @@
+package jobstore
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"time"
+)
+
+// DefaultTopErrors is how many error patterns Analytics returns per job
+// type unless told otherwise.
+const DefaultTopErrors = 10
+
+// AnalyticsQuery selects the period and job type of Analytics.
+type AnalyticsQuery struct {
+	// JobType limits the result to one type; empty means every type.
+	JobType string
+	// Since (inclusive) and Until (exclusive) bound the period. Job figures
+	// count jobs created in it; error figures count failures in it.
+	Since, Until time.Time
+	// TopErrors is how many error patterns to return per type (0 means
+	// DefaultTopErrors).
+	TopErrors int
+}
+
+// Analytics is the retry analytics of a period, one entry per job type.
+type Analytics struct {
+	Since    time.Time       `json:"since"`
+	Until    time.Time       `json:"until"`
+	JobTypes []TypeAnalytics `json:"job_types"`
+}
+
+// TypeAnalytics are the figures of one job type.
+type TypeAnalytics struct {
+	JobType string `json:"job_type"`
+	// TotalJobs counts jobs created in the period, by status in ByStatus.
+	TotalJobs int64            `json:"total_jobs"`
+	ByStatus  map[Status]int64 `json:"by_status"`
+	// Succeeded is the completed jobs; Failed the failed and
+	// failed_max_retries ones.
+	Succeeded int64 `json:"succeeded"`
+	Failed    int64 `json:"failed"`
+	// SuccessRate is Succeeded / (Succeeded + Failed): the share of jobs
+	// that reached an outcome and worked. Null when none did.
+	SuccessRate *float64 `json:"success_rate"`
+	// AvgAttemptsToSuccess is the mean attempt number of completed jobs
+	// (1 = worked the first time).
+	AvgAttemptsToSuccess *float64 `json:"avg_attempts_to_success"`
+	// TimeToSuccessMS are percentiles (continuous, interpolated) of the
+	// time from creation to completion of completed jobs.
+	TimeToSuccessMS Percentiles `json:"time_to_success_ms"`
+	// TotalRetries sums the retries the jobs used; RetriedJobs counts jobs
+	// that used at least one, RetriedSucceeded those of them that
+	// completed, and RetrySuccessRate is RetriedSucceeded over the retried
+	// jobs that reached an outcome.
+	TotalRetries     int64    `json:"total_retries"`
+	RetriedJobs      int64    `json:"retried_jobs"`
+	RetriedSucceeded int64    `json:"retried_succeeded"`
+	RetrySuccessRate *float64 `json:"retry_success_rate"`
+	// RetryDistribution counts jobs by the number of retries they used,
+	// ascending.
+	RetryDistribution []RetryBucket `json:"retry_distribution"`
+	// ErrorsByClass counts failed attempts in the period by class, most
+	// frequent first.
+	ErrorsByClass []ClassCount `json:"errors_by_class"`
+	// TopErrors are the most frequent normalized error messages of failed
+	// attempts in the period (retryd_normalize_error), with the class most
+	// of them had.
+	TopErrors []ErrorPattern `json:"top_errors"`
+}
+
+// Percentiles of a distribution; null when it is empty.
+type Percentiles struct {
+	P50 *float64 `json:"p50"`
+	P90 *float64 `json:"p90"`
+	P99 *float64 `json:"p99"`
+}
+
+// RetryBucket is the number of jobs that used Retries retries.
+type RetryBucket struct {
+	Retries int   `json:"retries"`
+	Jobs    int64 `json:"jobs"`
+}
+
+// ClassCount is the number of failed attempts of one class.
+type ClassCount struct {
+	Class string `json:"class"`
+	Count int64  `json:"count"`
+}
+
+// ErrorPattern is a normalized error message and how often it occurred.
+type ErrorPattern struct {
+	Pattern string `json:"pattern"`
+	Class   string `json:"class"`
+	Count   int64  `json:"count"`
+}
+
+// RetryAnalytics computes the analytics of q.Since to q.Until from the jobs
+// table (job outcomes) and retry_history (failed attempts of kind job).
+func RetryAnalytics(ctx context.Context, db Querier, q AnalyticsQuery) (Analytics, error) {
+	if !q.Until.After(q.Since) {
+		return Analytics{}, fmt.Errorf("retry analytics: until %s must be after since %s", q.Until, q.Since)
+	}
+	if q.TopErrors == 0 {
+		q.TopErrors = DefaultTopErrors
+	}
+	out := Analytics{Since: q.Since.UTC(), Until: q.Until.UTC()}
+	types := map[string]*TypeAnalytics{}
+	get := func(jobType string) *TypeAnalytics {
+		t, ok := types[jobType]
+		if !ok {
+			t = &TypeAnalytics{
+				JobType: jobType, ByStatus: map[Status]int64{},
+				RetryDistribution: []RetryBucket{}, ErrorsByClass: []ClassCount{}, TopErrors: []ErrorPattern{},
+			}
+			types[jobType] = t
+		}
+		return t
+	}
+	if err := jobFigures(ctx, db, q, get); err != nil {
+		return Analytics{}, err
+	}
+	if err := retryDistribution(ctx, db, q, get); err != nil {
+		return Analytics{}, err
+	}
+	if err := errorFigures(ctx, db, q, get); err != nil {
+		return Analytics{}, err
+	}
+	out.JobTypes = make([]TypeAnalytics, 0, len(types))
+	for _, t := range types {
+		out.JobTypes = append(out.JobTypes, *t)
+	}
+	sort.Slice(out.JobTypes, func(i, j int) bool { return out.JobTypes[i].JobType < out.JobTypes[j].JobType })
+	return out, nil
+}
+
+func ratio(num, den int64) *float64 {
+	if den == 0 {
+		return nil
+	}
+	v := float64(num) / float64(den)
+	return &v
+}
+
+func jobFigures(ctx context.Context, db Querier, q AnalyticsQuery, get func(string) *TypeAnalytics) error {
+	rows, err := db.Query(ctx, `
+SELECT job_type,
+	count(*) FILTER (WHERE status = 'in_progress'),
+	count(*) FILTER (WHERE status = 'retrying'),
+	count(*) FILTER (WHERE status = 'completed'),
+	count(*) FILTER (WHERE status = 'failed'),
+	count(*) FILTER (WHERE status = 'failed_max_retries'),
+	count(*) FILTER (WHERE status = 'cancelled'),
+	sum(retry_count),
+	count(*) FILTER (WHERE retry_count > 0),
+	count(*) FILTER (WHERE retry_count > 0 AND status = 'completed'),
+	count(*) FILTER (WHERE retry_count > 0 AND status IN ('completed', 'failed', 'failed_max_retries')),
+	(avg(attempt) FILTER (WHERE status = 'completed'))::float8,
+	percentile_cont(ARRAY[0.5, 0.9, 0.99]) WITHIN GROUP (ORDER BY extract(epoch FROM completed_at - created_at) * 1000)
+		FILTER (WHERE status = 'completed' AND completed_at IS NOT NULL)
+FROM jobs
+WHERE created_at >= $1 AND created_at < $2 AND ($3 = '' OR job_type = $3)
+GROUP BY job_type`, q.Since, q.Until, q.JobType)
+	if err != nil {
+		return fmt.Errorf("retry analytics: job figures: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var jobType string
+		var inProgress, retrying, completed, failed, failedMax, cancelled, retries, retried, retriedOK, retriedDone int64
+		var avgAttempts *float64
+		var pct []*float64
+		if err := rows.Scan(&jobType, &inProgress, &retrying, &completed, &failed, &failedMax, &cancelled,
+			&retries, &retried, &retriedOK, &retriedDone, &avgAttempts, &pct); err != nil {
+			return fmt.Errorf("retry analytics: job figures: %w", err)
+		}
+		t := get(jobType)
+		for st, n := range map[Status]int64{
+			StatusInProgress: inProgress, StatusRetrying: retrying, StatusCompleted: completed,
+			StatusFailed: failed, StatusFailedMaxRetries: failedMax, StatusCancelled: cancelled,
+		} {
+			if n > 0 {
+				t.ByStatus[st] = n
+			}
+			t.TotalJobs += n
+		}
+		t.Succeeded = completed
+		t.Failed = failed + failedMax
+		t.SuccessRate = ratio(t.Succeeded, t.Succeeded+t.Failed)
+		t.AvgAttemptsToSuccess = avgAttempts
+		if len(pct) == 3 {
+			t.TimeToSuccessMS = Percentiles{P50: pct[0], P90: pct[1], P99: pct[2]}
+		}
+		t.TotalRetries, t.RetriedJobs, t.RetriedSucceeded = retries, retried, retriedOK
+		t.RetrySuccessRate = ratio(retriedOK, retriedDone)
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("retry analytics: job figures: %w", err)
+	}
+	return nil
+}
+
+func retryDistribution(ctx context.Context, db Querier, q AnalyticsQuery, get func(string) *TypeAnalytics) error {
+	rows, err := db.Query(ctx, `
+SELECT job_type, retry_count, count(*) FROM jobs
+WHERE created_at >= $1 AND created_at < $2 AND ($3 = '' OR job_type = $3)
+GROUP BY job_type, retry_count ORDER BY job_type, retry_count`, q.Since, q.Until, q.JobType)
+	if err != nil {
+		return fmt.Errorf("retry analytics: retry distribution: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var jobType string
+		var b RetryBucket
+		if err := rows.Scan(&jobType, &b.Retries, &b.Jobs); err != nil {
+			return fmt.Errorf("retry analytics: retry distribution: %w", err)
+		}
+		t := get(jobType)
+		t.RetryDistribution = append(t.RetryDistribution, b)
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("retry analytics: retry distribution: %w", err)
+	}
+	return nil
+}
+
+// errorFigures reads failed attempts from retry_history: counts by class
+// and the top normalized messages per job type.
+func errorFigures(ctx context.Context, db Querier, q AnalyticsQuery, get func(string) *TypeAnalytics) error {
+	rows, err := db.Query(ctx, `
+SELECT job_type, error_class, count(*) FROM retry_history
+WHERE kind = 'job' AND event = 'failed' AND job_type <> '' AND at >= $1 AND at < $2 AND ($3 = '' OR job_type = $3)
+GROUP BY job_type, error_class ORDER BY job_type, count(*) DESC, error_class`, q.Since, q.Until, q.JobType)
+	if err != nil {
+		return fmt.Errorf("retry analytics: errors by class: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var jobType string
+		var c ClassCount
+		if err := rows.Scan(&jobType, &c.Class, &c.Count); err != nil {
+			return fmt.Errorf("retry analytics: errors by class: %w", err)
+		}
+		t := get(jobType)
+		t.ErrorsByClass = append(t.ErrorsByClass, c)
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("retry analytics: errors by class: %w", err)
+	}
+	rows.Close()
+
+	rows, err = db.Query(ctx, `
+SELECT job_type, pattern, class, n FROM (
+	SELECT job_type, retryd_normalize_error(error_message) AS pattern,
+		mode() WITHIN GROUP (ORDER BY error_class) AS class, count(*) AS n,
+		row_number() OVER (PARTITION BY job_type ORDER BY count(*) DESC, retryd_normalize_error(error_message)) AS rn
+	FROM retry_history
+	WHERE kind = 'job' AND event = 'failed' AND job_type <> '' AND at >= $1 AND at < $2 AND ($3 = '' OR job_type = $3)
+	GROUP BY job_type, retryd_normalize_error(error_message)
+) AS p
+WHERE rn <= $4
+ORDER BY job_type, n DESC, pattern`, q.Since, q.Until, q.JobType, q.TopErrors)
+	if err != nil {
+		return fmt.Errorf("retry analytics: top errors: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var jobType string
+		var e ErrorPattern
+		if err := rows.Scan(&jobType, &e.Pattern, &e.Class, &e.Count); err != nil {
+			return fmt.Errorf("retry analytics: top errors: %w", err)
+		}
+		t := get(jobType)
+		t.TopErrors = append(t.TopErrors, e)
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("retry analytics: top errors: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,34 @@
+// Package retrystore is the Postgres side of the scheduler: the retries
+// projection (one row per retried item), its history (every lifecycle fact
+// of every item, in order) and the retry policies with their versions.
+//
+// The package holds SQL and types only. The state machine — which fact
+// moves a row where, and which facts are stale — lives in the scheduler,
+// which calls these functions inside its own transactions. Every function
+// takes a Querier, so the same code runs on a pool or inside a pgx.Tx.
+//
+// Time comparisons (what is due, what must be re-emitted) use the
+// database clock, never the caller's, so a skewed service clock cannot fire
+// a retry early.
+package retrystore
+
+import (
+	"context"
+	"errors"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Querier is what the functions of this package need: a *pgxpool.Pool, a
+// *pgx.Conn or a pgx.Tx.
+type Querier interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// ErrNotFound is returned when a retry or a policy does not exist.
+var ErrNotFound = errors.New("not found")
+
+func isNoRows(err error) bool { return errors.Is(err, pgx.ErrNoRows) }

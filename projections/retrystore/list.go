@@ -1,0 +1,152 @@
+package retrystore
+
+import (
+	"context"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+)
+
+// MaxListLimit bounds one page of List.
+const MaxListLimit = 1000
+
+// ErrBadCursor is returned by List for a cursor it did not produce.
+var ErrBadCursor = errors.New("cursor is not valid")
+
+// ListFilter selects retries; empty fields match everything.
+type ListFilter struct {
+	Kind    string
+	State   State
+	Source  string
+	JobType string
+	// Limit is the page size, 1 to MaxListLimit (0 means 100).
+	Limit int
+	// Cursor is the NextCursor of the previous page, or empty.
+	Cursor string
+}
+
+// Page is one page of List.
+type Page struct {
+	Retries []Retry `json:"retries"`
+	// NextCursor is empty on the last page.
+	NextCursor string `json:"next_cursor,omitempty"`
+}
+
+// List returns retries matching f ordered by kind and item id, one page at
+// a time (keyset pagination: a page costs the same however deep it is, and
+// rows inserted meanwhile do not shift later pages).
+func List(ctx context.Context, q Querier, f ListFilter) (Page, error) {
+	limit := f.Limit
+	if limit == 0 {
+		limit = 100
+	}
+	if limit < 1 || limit > MaxListLimit {
+		return Page{}, fmt.Errorf("list retries: limit must be between 1 and %d, got %d", MaxListLimit, f.Limit)
+	}
+	var where []string
+	var args []any
+	add := func(cond string, v any) {
+		args = append(args, v)
+		where = append(where, strings.ReplaceAll(cond, "?", "$"+strconv.Itoa(len(args))))
+	}
+	if f.Kind != "" {
+		add("kind = ?", f.Kind)
+	}
+	if f.State != "" {
+		add("state = ?", string(f.State))
+	}
+	if f.Source != "" {
+		add("source = ?", f.Source)
+	}
+	if f.JobType != "" {
+		add("job_type = ?", f.JobType)
+	}
+	if f.Cursor != "" {
+		kind, item, err := decodeCursor(f.Cursor)
+		if err != nil {
+			return Page{}, fmt.Errorf("list retries: %w", err)
+		}
+		args = append(args, kind, item)
+		where = append(where, fmt.Sprintf("(kind, item_id) > ($%d, $%d)", len(args)-1, len(args)))
+	}
+	sql := `SELECT ` + retryColumns + ` FROM retries`
+	if len(where) > 0 {
+		sql += ` WHERE ` + strings.Join(where, " AND ")
+	}
+	args = append(args, limit+1)
+	sql += fmt.Sprintf(` ORDER BY kind, item_id LIMIT $%d`, len(args))
+	rows, err := q.Query(ctx, sql, args...)
+	if err != nil {
+		return Page{}, fmt.Errorf("list retries: %w", err)
+	}
+	defer rows.Close()
+	page := Page{Retries: []Retry{}}
+	for rows.Next() {
+		r, err := scanRetry(rows)
+		if err != nil {
+			return Page{}, fmt.Errorf("list retries: %w", err)
+		}
+		page.Retries = append(page.Retries, r)
+	}
+	if err := rows.Err(); err != nil {
+		return Page{}, fmt.Errorf("list retries: %w", err)
+	}
+	if len(page.Retries) > limit {
+		page.Retries = page.Retries[:limit]
+		last := page.Retries[limit-1]
+		page.NextCursor = encodeCursor(last.Kind, last.ItemID)
+	}
+	return page, nil
+}
+
+// Cursors are opaque to clients: base64 of "kind\x00item_id". Neither part
+// can hold a NUL byte.
+func encodeCursor(kind, item string) string {
+	return base64.RawURLEncoding.EncodeToString([]byte(kind + "\x00" + item))
+}
+
+func decodeCursor(c string) (kind, item string, err error) {
+	b, err := base64.RawURLEncoding.DecodeString(c)
+	if err != nil {
+		return "", "", ErrBadCursor
+	}
+	kind, item, ok := strings.Cut(string(b), "\x00")
+	if !ok || kind == "" || item == "" {
+		return "", "", ErrBadCursor
+	}
+	return kind, item, nil
+}
+
+// PendingCount is the number of rows of one kind in one pending state.
+type PendingCount struct {
+	Kind  string
+	State State
+	Count int64
+}
+
+// Pending counts the scheduled and due rows per kind. It reads the two
+// partial indexes' rows only, not the terminal ones.
+func Pending(ctx context.Context, q Querier) ([]PendingCount, error) {
+	rows, err := q.Query(ctx, `SELECT kind, state, count(*) FROM retries
+WHERE state IN ('scheduled', 'due') GROUP BY kind, state ORDER BY kind, state`)
+	if err != nil {
+		return nil, fmt.Errorf("count pending retries: %w", err)
+	}
+	defer rows.Close()
+	var out []PendingCount
+	for rows.Next() {
+		var c PendingCount
+		var state string
+		if err := rows.Scan(&c.Kind, &state, &c.Count); err != nil {
+			return nil, fmt.Errorf("count pending retries: %w", err)
+		}
+		c.State = State(state)
+		out = append(out, c)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("count pending retries: %w", err)
+	}
+	return out, nil
+}

@@ -1,0 +1,225 @@
+package retrystore
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// State is the state of a retry row.
+type State string
+
+// States of a retry. Scheduled and due are pending; the others are
+// terminal until an operator retries the item by hand.
+const (
+	// StateScheduled waits for NextAttemptAt.
+	StateScheduled State = "scheduled"
+	// StateDue had its due event published; the owner runs the attempt and
+	// reports failed or succeeded.
+	StateDue State = "due"
+	// StateSucceeded: an attempt worked.
+	StateSucceeded State = "succeeded"
+	// StateExhausted: no retry left (max retries, non-retryable class or
+	// retries disabled); the dead-letter state.
+	StateExhausted State = "exhausted"
+	// StateCancelled: an operator or the owner cancelled the item.
+	StateCancelled State = "cancelled"
+)
+
+// States lists every state.
+var States = []State{StateScheduled, StateDue, StateSucceeded, StateExhausted, StateCancelled}
+
+// Valid reports whether s is a known state.
+func (s State) Valid() bool {
+	for _, v := range States {
+		if v == s {
+			return true
+		}
+	}
+	return false
+}
+
+// Terminal reports whether s is a final state (succeeded, exhausted,
+// cancelled).
+func (s State) Terminal() bool {
+	return s == StateSucceeded || s == StateExhausted || s == StateCancelled
+}
+
+// Retry is one row of the retries table.
+type Retry struct {
+	Kind   string `json:"kind"`
+	ItemID string `json:"id"`
+	State  State  `json:"state"`
+	// Attempt is the attempt that runs next (scheduled, due) or that ran
+	// last (terminal states).
+	Attempt int `json:"attempt"`
+	// RetryCount is the number of retries used against MaxRetries:
+	// Attempt - 1 - BudgetBase while pending.
+	RetryCount int `json:"retry_count"`
+	// BudgetBase is raised by a manual retry that resets the budget, so
+	// attempts keep growing (and due ids stay unique).
+	BudgetBase         int               `json:"budget_base"`
+	MaxRetries         int               `json:"max_retries"`
+	RetryEnabled       bool              `json:"retry_enabled"`
+	MaxRetriesOverride *int              `json:"max_retries_override,omitempty"`
+	JobType            string            `json:"job_type,omitempty"`
+	Source             string            `json:"source,omitempty"`
+	PolicyName         string            `json:"policy_name"`
+	PolicyVersion      int               `json:"policy_version"`
+	NextAttemptAt      *time.Time        `json:"next_attempt_at,omitempty"`
+	DueAt              *time.Time        `json:"due_at,omitempty"`
+	DueEmissions       int               `json:"due_emissions"`
+	LastErrorClass     string            `json:"last_error_class,omitempty"`
+	LastErrorMessage   string            `json:"last_error_message,omitempty"`
+	LastErrorAt        *time.Time        `json:"last_error_at,omitempty"`
+	LastReason         string            `json:"last_reason,omitempty"`
+	ExhaustedReason    string            `json:"exhausted_reason,omitempty"`
+	Payload            json.RawMessage   `json:"payload,omitempty"`
+	Checkpoint         json.RawMessage   `json:"checkpoint,omitempty"`
+	Metadata           map[string]string `json:"metadata,omitempty"`
+	CreatedAt          time.Time         `json:"created_at"`
+	UpdatedAt          time.Time         `json:"updated_at"`
+	ResolvedAt         *time.Time        `json:"resolved_at,omitempty"`
+}
+
+// Key identifies a retry.
+type Key struct {
+	Kind   string
+	ItemID string
+}
+
+// Key returns the row's key.
+func (r Retry) Key() Key { return Key{Kind: r.Kind, ItemID: r.ItemID} }
+
+const retryColumns = `kind, item_id, state, attempt, retry_count, budget_base, max_retries,
+	retry_enabled, max_retries_override, job_type, source, policy_name, policy_version,
+	next_attempt_at, due_at, due_emissions, last_error_class, last_error_message, last_error_at,
+	last_reason, exhausted_reason, payload, checkpoint, metadata, created_at, updated_at, resolved_at`
+
+func scanRetry(row pgx.Row, extra ...any) (Retry, error) {
+	var r Retry
+	var state string
+	var metadata []byte
+	dest := []any{
+		&r.Kind, &r.ItemID, &state, &r.Attempt, &r.RetryCount, &r.BudgetBase, &r.MaxRetries,
+		&r.RetryEnabled, &r.MaxRetriesOverride, &r.JobType, &r.Source, &r.PolicyName, &r.PolicyVersion,
+		&r.NextAttemptAt, &r.DueAt, &r.DueEmissions, &r.LastErrorClass, &r.LastErrorMessage, &r.LastErrorAt,
+		&r.LastReason, &r.ExhaustedReason, (*[]byte)(&r.Payload), (*[]byte)(&r.Checkpoint), &metadata,
+		&r.CreatedAt, &r.UpdatedAt, &r.ResolvedAt,
+	}
+	if err := row.Scan(append(dest, extra...)...); err != nil {
+		return Retry{}, err
+	}
+	r.State = State(state)
+	if len(metadata) > 0 && string(metadata) != "null" {
+		if err := json.Unmarshal(metadata, &r.Metadata); err != nil {
+			return Retry{}, fmt.Errorf("decode metadata of %s/%s: %w", r.Kind, r.ItemID, err)
+		}
+	}
+	if len(r.Metadata) == 0 {
+		r.Metadata = nil
+	}
+	return r, nil
+}
+
+// Get returns the retry kind/itemID, or ErrNotFound.
+func Get(ctx context.Context, q Querier, kind, itemID string) (Retry, error) {
+	return get(ctx, q, kind, itemID, "")
+}
+
+// GetForUpdate is Get with a row lock held until the transaction ends; q
+// must be a transaction.
+func GetForUpdate(ctx context.Context, q Querier, kind, itemID string) (Retry, error) {
+	return get(ctx, q, kind, itemID, " FOR UPDATE")
+}
+
+func get(ctx context.Context, q Querier, kind, itemID, lock string) (Retry, error) {
+	row := q.QueryRow(ctx, `SELECT `+retryColumns+` FROM retries WHERE kind = $1 AND item_id = $2`+lock, kind, itemID)
+	r, err := scanRetry(row)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Retry{}, fmt.Errorf("get retry %s/%s: %w", kind, itemID, ErrNotFound)
+	}
+	if err != nil {
+		return Retry{}, fmt.Errorf("get retry %s/%s: %w", kind, itemID, err)
+	}
+	return r, nil
+}
+
+// Save inserts or updates the row with every field of r except CreatedAt
+// (kept on update) and UpdatedAt (set to now()). It returns the row as
+// stored.
+func Save(ctx context.Context, q Querier, r Retry) (Retry, error) {
+	if !r.State.Valid() {
+		return Retry{}, fmt.Errorf("save retry %s/%s: state %q is not valid", r.Kind, r.ItemID, r.State)
+	}
+	md := r.Metadata
+	if md == nil {
+		md = map[string]string{}
+	}
+	mdJSON, err := json.Marshal(md)
+	if err != nil {
+		return Retry{}, fmt.Errorf("save retry %s/%s: encode metadata: %w", r.Kind, r.ItemID, err)
+	}
+	row := q.QueryRow(ctx, `
+INSERT INTO retries (kind, item_id, state, attempt, retry_count, budget_base, max_retries,
+	retry_enabled, max_retries_override, job_type, source, policy_name, policy_version,
+	next_attempt_at, due_at, due_emissions, last_error_class, last_error_message, last_error_at,
+	last_reason, exhausted_reason, payload, checkpoint, metadata, resolved_at)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19,
+	$20, $21, $22, $23, $24, $25)
+ON CONFLICT (kind, item_id) DO UPDATE SET
+	state = EXCLUDED.state, attempt = EXCLUDED.attempt, retry_count = EXCLUDED.retry_count,
+	budget_base = EXCLUDED.budget_base, max_retries = EXCLUDED.max_retries,
+	retry_enabled = EXCLUDED.retry_enabled, max_retries_override = EXCLUDED.max_retries_override,
+	job_type = EXCLUDED.job_type, source = EXCLUDED.source, policy_name = EXCLUDED.policy_name,
+	policy_version = EXCLUDED.policy_version, next_attempt_at = EXCLUDED.next_attempt_at,
+	due_at = EXCLUDED.due_at, due_emissions = EXCLUDED.due_emissions,
+	last_error_class = EXCLUDED.last_error_class, last_error_message = EXCLUDED.last_error_message,
+	last_error_at = EXCLUDED.last_error_at, last_reason = EXCLUDED.last_reason,
+	exhausted_reason = EXCLUDED.exhausted_reason, payload = EXCLUDED.payload,
+	checkpoint = EXCLUDED.checkpoint, metadata = EXCLUDED.metadata,
+	resolved_at = EXCLUDED.resolved_at, updated_at = now()
+RETURNING `+retryColumns,
+		r.Kind, r.ItemID, string(r.State), r.Attempt, r.RetryCount, r.BudgetBase, r.MaxRetries,
+		r.RetryEnabled, r.MaxRetriesOverride, r.JobType, r.Source, r.PolicyName, r.PolicyVersion,
+		r.NextAttemptAt, r.DueAt, r.DueEmissions, r.LastErrorClass, r.LastErrorMessage, r.LastErrorAt,
+		r.LastReason, r.ExhaustedReason, rawOrNil(r.Payload), rawOrNil(r.Checkpoint), mdJSON, r.ResolvedAt)
+	saved, err := scanRetry(row)
+	if err != nil {
+		return Retry{}, fmt.Errorf("save retry %s/%s: %w", r.Kind, r.ItemID, err)
+	}
+	return saved, nil
+}
+
+// rawOrNil makes an empty payload a SQL NULL rather than an invalid empty
+// JSON text.
+func rawOrNil(b json.RawMessage) any {
+	if len(b) == 0 {
+		return nil
+	}
+	return string(b)
+}
+
+// Count returns the number of retry rows and history rows; the rebuild uses
+// it to refuse a projection that is not empty.
+func Count(ctx context.Context, q Querier) (retries, history int64, err error) {
+	err = q.QueryRow(ctx, `SELECT (SELECT count(*) FROM retries), (SELECT count(*) FROM retry_history)`).Scan(&retries, &history)
+	if err != nil {
+		return 0, 0, fmt.Errorf("count retries: %w", err)
+	}
+	return retries, history, nil
+}
+
+// DBNow returns the database clock (transaction start time inside a
+// transaction).
+func DBNow(ctx context.Context, q Querier) (time.Time, error) {
+	var now time.Time
+	if err := q.QueryRow(ctx, `SELECT now()`).Scan(&now); err != nil {
+		return time.Time{}, fmt.Errorf("read database clock: %w", err)
+	}
+	return now, nil
+}

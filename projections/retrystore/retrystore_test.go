@@ -1,0 +1,270 @@
+package retrystore_test
+
+import (
+	"context"
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/retryd/retryd/migrations/pgtest"
+	"github.com/retryd/retryd/projections/retrystore"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+func setup(t *testing.T) (context.Context, *pgxpool.Pool) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	return ctx, pgtest.NewPool(t)
+}
+
+func scheduledRow(kind, id string, next time.Time) retrystore.Retry {
+	return retrystore.Retry{
+		Kind: kind, ItemID: id, State: retrystore.StateScheduled, Attempt: 2, RetryCount: 1,
+		MaxRetries: 3, RetryEnabled: true, PolicyName: "default", PolicyVersion: 1,
+		NextAttemptAt: &next,
+	}
+}
+
+func TestSaveGetRoundTrip(t *testing.T) {
+	t.Parallel()
+	ctx, pool := setup(t)
+
+	next := time.Now().Add(time.Hour).Truncate(time.Microsecond)
+	r := scheduledRow("job", "j1", next)
+	r.Payload = json.RawMessage(`{"b": 1, "a": [2]}`)
+	r.Metadata = map[string]string{"tenant": "t1"}
+	over := 7
+	r.MaxRetriesOverride = &over
+	saved, err := retrystore.Save(ctx, pool, r)
+	require.NoError(t, err)
+	require.False(t, saved.CreatedAt.IsZero())
+
+	got, err := retrystore.Get(ctx, pool, "job", "j1")
+	require.NoError(t, err)
+	require.Equal(t, `{"b": 1, "a": [2]}`, string(got.Payload), "json column keeps the payload byte for byte")
+	require.Nil(t, got.Checkpoint)
+	require.Equal(t, map[string]string{"tenant": "t1"}, got.Metadata)
+	require.Equal(t, 7, *got.MaxRetriesOverride)
+	require.True(t, next.Equal(*got.NextAttemptAt))
+
+	got.State = retrystore.StateExhausted
+	got.Payload = nil
+	_, err = retrystore.Save(ctx, pool, got)
+	require.NoError(t, err)
+	again, err := retrystore.Get(ctx, pool, "job", "j1")
+	require.NoError(t, err)
+	require.Equal(t, retrystore.StateExhausted, again.State)
+	require.Nil(t, again.Payload)
+	require.True(t, saved.CreatedAt.Equal(again.CreatedAt), "created_at is kept on update")
+
+	_, err = retrystore.Get(ctx, pool, "job", "nope")
+	require.ErrorIs(t, err, retrystore.ErrNotFound)
+
+	bad := r
+	bad.State = "waiting"
+	_, err = retrystore.Save(ctx, pool, bad)
+	require.Error(t, err)
+}
+
+func TestHistoryKeepsOrder(t *testing.T) {
+	t.Parallel()
+	ctx, pool := setup(t)
+
+	delay := int64(1500)
+	at := time.Date(2030, 1, 2, 3, 4, 5, 6000, time.UTC)
+	require.NoError(t, retrystore.InsertHistory(ctx, pool,
+		retrystore.HistoryEntry{Kind: "event", ItemID: "e1", Attempt: 1, Event: "failed", ErrorClass: "timeout", At: at},
+		retrystore.HistoryEntry{Kind: "event", ItemID: "e1", Attempt: 2, Event: "scheduled", DelayMS: &delay,
+			DecidedBy: "backoff", Detail: json.RawMessage(`{"policy":"p"}`)},
+		retrystore.HistoryEntry{Kind: "event", ItemID: "other", Attempt: 1, Event: "failed"},
+	))
+	h, err := retrystore.History(ctx, pool, "event", "e1")
+	require.NoError(t, err)
+	require.Len(t, h, 2)
+	require.Equal(t, "failed", h[0].Event)
+	require.True(t, at.Equal(h[0].At), "an explicit time is kept")
+	require.Equal(t, "scheduled", h[1].Event)
+	require.Equal(t, int64(1500), *h[1].DelayMS)
+	require.JSONEq(t, `{"policy":"p"}`, string(h[1].Detail))
+	require.Nil(t, h[0].Detail)
+	require.Less(t, h[0].ID, h[1].ID)
+	require.WithinDuration(t, time.Now(), h[1].At, time.Minute, "a zero time means now()")
+}
+
+func TestDueSelection(t *testing.T) {
+	t.Parallel()
+	ctx, pool := setup(t)
+
+	past := time.Now().Add(-time.Minute)
+	for _, r := range []retrystore.Retry{
+		scheduledRow("event", "late2", past.Add(time.Second)),
+		scheduledRow("event", "late1", past),
+		scheduledRow("event", "future", time.Now().Add(time.Hour)),
+	} {
+		_, err := retrystore.Save(ctx, pool, r)
+		require.NoError(t, err)
+	}
+
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx)
+	rows, err := retrystore.SelectDue(ctx, tx, 10)
+	require.NoError(t, err)
+	require.Len(t, rows, 2)
+	require.Equal(t, "late1", rows[0].ItemID, "earliest first")
+	require.Greater(t, rows[0].Lateness, 50*time.Second)
+
+	// A second transaction skips the locked rows instead of waiting.
+	tx2, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer tx2.Rollback(ctx)
+	other, err := retrystore.SelectDue(ctx, tx2, 10)
+	require.NoError(t, err)
+	require.Empty(t, other)
+	require.NoError(t, tx2.Rollback(ctx))
+
+	require.NoError(t, retrystore.MarkDue(ctx, tx, []retrystore.Key{rows[0].Key(), rows[1].Key()}))
+	require.NoError(t, tx.Commit(ctx))
+
+	got, err := retrystore.Get(ctx, pool, "event", "late1")
+	require.NoError(t, err)
+	require.Equal(t, retrystore.StateDue, got.State)
+	require.Equal(t, 1, got.DueEmissions)
+	require.NotNil(t, got.DueAt)
+
+	next, ok, dbNow, err := retrystore.NextDue(ctx, pool)
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.InDelta(t, time.Hour.Seconds(), next.Sub(dbNow).Seconds(), 5)
+
+	// Nothing is old enough to be re-emitted yet; moving due_at back is
+	// what the passing of RedueAfter looks like.
+	redue, err := retrystore.SelectRedue(ctx, pool, 5*time.Minute, 10)
+	require.NoError(t, err)
+	require.Empty(t, redue)
+	_, err = pool.Exec(ctx, `UPDATE retries SET due_at = due_at - interval '6 minutes' WHERE item_id = 'late1'`)
+	require.NoError(t, err)
+	in, ok, err := retrystore.NextRedue(ctx, pool, 5*time.Minute)
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.Less(t, in, time.Duration(0))
+	redue, err = retrystore.SelectRedue(ctx, pool, 5*time.Minute, 10)
+	require.NoError(t, err)
+	require.Len(t, redue, 1)
+	require.Equal(t, "late1", redue[0].ItemID)
+
+	err = retrystore.MarkDue(ctx, pool, []retrystore.Key{{Kind: "event", ItemID: "missing"}})
+	require.Error(t, err)
+}
+
+func TestListPagination(t *testing.T) {
+	t.Parallel()
+	ctx, pool := setup(t)
+
+	for i, id := range []string{"a", "b", "c", "d", "e"} {
+		r := scheduledRow("job", id, time.Now())
+		if i%2 == 0 {
+			r.State = retrystore.StateExhausted
+		}
+		r.Source = "crm"
+		_, err := retrystore.Save(ctx, pool, r)
+		require.NoError(t, err)
+	}
+	_, err := retrystore.Save(ctx, pool, scheduledRow("event", "z", time.Now()))
+	require.NoError(t, err)
+
+	var ids []string
+	cursor := ""
+	for pages := 0; ; pages++ {
+		require.Less(t, pages, 5)
+		page, err := retrystore.List(ctx, pool, retrystore.ListFilter{Kind: "job", Limit: 2, Cursor: cursor})
+		require.NoError(t, err)
+		for _, r := range page.Retries {
+			ids = append(ids, r.ItemID)
+		}
+		if page.NextCursor == "" {
+			break
+		}
+		cursor = page.NextCursor
+	}
+	require.Equal(t, []string{"a", "b", "c", "d", "e"}, ids)
+
+	page, err := retrystore.List(ctx, pool, retrystore.ListFilter{State: retrystore.StateExhausted, Source: "crm"})
+	require.NoError(t, err)
+	require.Len(t, page.Retries, 3)
+	require.Empty(t, page.NextCursor)
+
+	_, err = retrystore.List(ctx, pool, retrystore.ListFilter{Cursor: "!!"})
+	require.ErrorIs(t, err, retrystore.ErrBadCursor)
+	_, err = retrystore.List(ctx, pool, retrystore.ListFilter{Limit: retrystore.MaxListLimit + 1})
+	require.Error(t, err)
+
+	counts, err := retrystore.Pending(ctx, pool)
+	require.NoError(t, err)
+	require.Equal(t, []retrystore.PendingCount{
+		{Kind: "event", State: retrystore.StateScheduled, Count: 1},
+		{Kind: "job", State: retrystore.StateScheduled, Count: 2},
+	}, counts)
+}
+
+func TestPolicies(t *testing.T) {
+	t.Parallel()
+	ctx, pool := setup(t)
+
+	// Fallback order: exact job type, kind default, "*".
+	p, err := retrystore.LookupPolicy(ctx, pool, "job", "email_campaign")
+	require.NoError(t, err)
+	require.Equal(t, "email-campaign", p.Name)
+	p, err = retrystore.LookupPolicy(ctx, pool, "job", "unknown_type")
+	require.NoError(t, err)
+	require.Equal(t, "job-default", p.Name)
+	p, err = retrystore.LookupPolicy(ctx, pool, "webhook", "")
+	require.NoError(t, err)
+	require.Equal(t, "default", p.Name)
+	require.Equal(t, []string{"authentication", "permission", "validation"}, p.NonRetryableClasses)
+
+	_, err = retrystore.GetPolicy(ctx, pool, "webhook", "")
+	require.ErrorIs(t, err, retrystore.ErrNotFound)
+
+	created, err := retrystore.PutPolicy(ctx, pool, retrystore.Policy{
+		Kind: "webhook", Name: "webhooks", MaxRetries: 2, BaseDelayMS: 100, Multiplier: 3,
+		MaxDelayMS: 1000, Jitter: "none", Enabled: true,
+	}, "alice")
+	require.NoError(t, err)
+	require.Equal(t, 1, created.Version)
+	require.Equal(t, []string{}, created.RetryableClasses)
+
+	upd := created
+	upd.MaxRetries = 4
+	updated, err := retrystore.PutPolicy(ctx, pool, upd, "bob")
+	require.NoError(t, err)
+	require.Equal(t, 2, updated.Version)
+	require.Equal(t, "bob", updated.UpdatedBy)
+
+	upd.Version = 1 // stale read
+	_, err = retrystore.PutPolicy(ctx, pool, upd, "carol")
+	require.ErrorIs(t, err, retrystore.ErrVersionConflict)
+
+	versions, err := retrystore.PolicyVersions(ctx, pool, "webhook", "")
+	require.NoError(t, err)
+	require.Len(t, versions, 2)
+	require.Equal(t, 2, versions[0].Version)
+	require.Equal(t, "bob", versions[0].ChangedBy)
+	var snap map[string]any
+	require.NoError(t, json.Unmarshal(versions[0].Policy, &snap))
+	require.EqualValues(t, 4, snap["max_retries"])
+	require.EqualValues(t, 2, snap["version"])
+
+	p, err = retrystore.LookupPolicy(ctx, pool, "webhook", "anything")
+	require.NoError(t, err)
+	require.Equal(t, "webhooks", p.Name)
+
+	all, err := retrystore.ListPolicies(ctx, pool)
+	require.NoError(t, err)
+	require.Len(t, all, 9)
+}

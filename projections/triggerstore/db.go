@@ -1,0 +1,50 @@
+package triggerstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// DB is what the store needs from a connection: pgx.Tx, *pgx.Conn and
+// *pgxpool.Pool satisfy it.
+type DB interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+var (
+	// ErrNotFound is returned when a trigger, delivery or run does not
+	// exist (or the trigger was deleted).
+	ErrNotFound = errors.New("not found")
+	// ErrConflict is returned when a trigger id is already taken.
+	ErrConflict = errors.New("already exists")
+)
+
+func notFound(err error) error {
+	if errors.Is(err, pgx.ErrNoRows) {
+		return ErrNotFound
+	}
+	return err
+}
+
+func isUniqueViolation(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "23505"
+}
+
+// Now reads the database clock. Launch times and throttle windows use it,
+// not the clocks of the service instances, so instances with skewed clocks
+// still count the same window.
+func Now(ctx context.Context, db DB) (time.Time, error) {
+	var now time.Time
+	if err := db.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&now); err != nil {
+		return time.Time{}, fmt.Errorf("read database clock: %w", err)
+	}
+	return now, nil
+}

@@ -1,0 +1,115 @@
+package triggerstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// RunStatus is where a workflow run stands.
+type RunStatus string
+
+const (
+	RunRequested RunStatus = "requested"
+	RunRunning   RunStatus = "running"
+	RunCompleted RunStatus = "completed"
+	RunFailed    RunStatus = "failed"
+)
+
+// InFlight reports whether a run holds one of its trigger's concurrency
+// slots.
+func (s RunStatus) InFlight() bool { return s == RunRequested || s == RunRunning }
+
+// Run is a row of workflow_runs: the run a delivery launched.
+type Run struct {
+	ID          string
+	Workflow    string
+	DeliveryID  string
+	TriggerID   string
+	EventID     string
+	Status      RunStatus
+	Error       string
+	RequestedAt time.Time
+	FinishedAt  *time.Time
+	UpdatedAt   time.Time
+}
+
+const runColumns = `run_id, workflow, coalesce(delivery_id, ''), coalesce(trigger_id, ''),
+	coalesce(event_id, ''), status, error, requested_at, finished_at, updated_at`
+
+func scanRun(row interface{ Scan(...any) error }) (Run, error) {
+	var r Run
+	var status string
+	if err := row.Scan(&r.ID, &r.Workflow, &r.DeliveryID, &r.TriggerID, &r.EventID, &status,
+		&r.Error, &r.RequestedAt, &r.FinishedAt, &r.UpdatedAt); err != nil {
+		return Run{}, err
+	}
+	r.Status = RunStatus(status)
+	return r, nil
+}
+
+// InsertRun records a requested run. A delivery launches at most one run:
+// inserted is false when the run id or the delivery already has a run.
+func InsertRun(ctx context.Context, db DB, r Run) (inserted bool, err error) {
+	tag, err := db.Exec(ctx, `
+		INSERT INTO workflow_runs (run_id, workflow, delivery_id, trigger_id, event_id, status, requested_at)
+		VALUES ($1, $2, $3, $4, $5, 'requested', $6)
+		ON CONFLICT DO NOTHING`,
+		r.ID, r.Workflow, nullString(r.DeliveryID), nullString(r.TriggerID), nullString(r.EventID), r.RequestedAt)
+	if err != nil {
+		return false, fmt.Errorf("insert run: %w", err)
+	}
+	return tag.RowsAffected() == 1, nil
+}
+
+// GetRun reads a run.
+func GetRun(ctx context.Context, db DB, id string) (Run, error) {
+	r, err := scanRun(db.QueryRow(ctx, `SELECT `+runColumns+` FROM workflow_runs WHERE run_id = $1`, id))
+	if err != nil {
+		return Run{}, fmt.Errorf("get run: %w", notFound(err))
+	}
+	return r, nil
+}
+
+// CountInFlight counts a trigger's runs that are requested or running:
+// the slots its max concurrency limits.
+func CountInFlight(ctx context.Context, db DB, triggerID string) (int, error) {
+	var n int
+	if err := db.QueryRow(ctx, `
+		SELECT count(*) FROM workflow_runs
+		WHERE trigger_id = $1 AND status IN ('requested', 'running')`, triggerID).Scan(&n); err != nil {
+		return 0, fmt.Errorf("count runs in flight: %w", err)
+	}
+	return n, nil
+}
+
+// maxRunError bounds the error text kept for a failed run.
+const maxRunError = 1024
+
+// FinishRun marks a requested or running run completed or failed, freeing
+// its concurrency slot. A run that already finished is left as it was
+// (changed is false); ErrNotFound means retryd did not launch it.
+func FinishRun(ctx context.Context, db DB, id string, status RunStatus, errMsg string) (r Run, changed bool, err error) {
+	if status != RunCompleted && status != RunFailed {
+		return Run{}, false, fmt.Errorf("finish run: status %q is not completed or failed", status)
+	}
+	if len(errMsg) > maxRunError {
+		errMsg = errMsg[:maxRunError]
+	}
+	r, err = scanRun(db.QueryRow(ctx, `
+		UPDATE workflow_runs
+		SET status = $2, error = $3, finished_at = now(), updated_at = now()
+		WHERE run_id = $1 AND status IN ('requested', 'running')
+		RETURNING `+runColumns, id, string(status), errMsg))
+	if err == nil {
+		return r, true, nil
+	}
+	if !errors.Is(err, pgx.ErrNoRows) {
+		return Run{}, false, fmt.Errorf("finish run: %w", err)
+	}
+	r, err = GetRun(ctx, db, id)
+	return r, false, err
+}

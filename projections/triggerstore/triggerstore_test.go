@@ -1,0 +1,358 @@
+package triggerstore_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/retryd/retryd/migrations/pgtest"
+	"github.com/retryd/retryd/projections/triggerstore"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+type bundle struct {
+	ctx  context.Context
+	pool *pgxpool.Pool
+}
+
+func setup(t *testing.T) bundle {
+	t.Helper()
+	return bundle{ctx: context.Background(), pool: pgtest.NewPool(t)}
+}
+
+func definition() triggerstore.Definition {
+	return triggerstore.Definition{
+		Name: "paid invoices", Source: "billing", EventType: "invoice.paid",
+		Predicate: "data.amount > 100.0", ThrottleLimit: 3, ThrottleWindow: 1500 * time.Millisecond,
+		ThrottleKey: "data.customer", MaxConcurrency: 2, Workflow: "onboard", Enabled: true,
+	}
+}
+
+func TestTriggerLifecycleVersions(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+
+	created, err := triggerstore.CreateTrigger(b.ctx, b.pool, "t1", definition())
+	require.NoError(t, err)
+	require.Equal(t, 1, created.Version)
+	require.Equal(t, definition(), created.Definition)
+
+	_, err = triggerstore.CreateTrigger(b.ctx, b.pool, "t1", definition())
+	require.ErrorIs(t, err, triggerstore.ErrConflict)
+
+	same, changed, err := triggerstore.UpdateTrigger(b.ctx, b.pool, "t1", definition())
+	require.NoError(t, err)
+	require.False(t, changed, "an identical definition is not a change")
+	require.Equal(t, 1, same.Version)
+
+	d := definition()
+	d.ThrottleLimit, d.ThrottleWindow, d.ThrottleKey, d.MaxConcurrency = 0, 0, "", 0
+	updated, changed, err := triggerstore.UpdateTrigger(b.ctx, b.pool, "t1", d)
+	require.NoError(t, err)
+	require.True(t, changed)
+	require.Equal(t, 2, updated.Version)
+	require.Equal(t, d, updated.Definition, "zero limits round-trip through NULL")
+
+	disabled, changed, err := triggerstore.SetEnabled(b.ctx, b.pool, "t1", false)
+	require.NoError(t, err)
+	require.True(t, changed)
+	require.Equal(t, 3, disabled.Version)
+	require.False(t, disabled.Enabled)
+	_, changed, err = triggerstore.SetEnabled(b.ctx, b.pool, "t1", false)
+	require.NoError(t, err)
+	require.False(t, changed)
+
+	deleted, err := triggerstore.DeleteTrigger(b.ctx, b.pool, "t1")
+	require.NoError(t, err)
+	require.Equal(t, 4, deleted.Version)
+	require.True(t, deleted.Deleted())
+
+	_, err = triggerstore.GetTrigger(b.ctx, b.pool, "t1")
+	require.ErrorIs(t, err, triggerstore.ErrNotFound)
+	_, err = triggerstore.DeleteTrigger(b.ctx, b.pool, "t1")
+	require.ErrorIs(t, err, triggerstore.ErrNotFound)
+	_, _, err = triggerstore.UpdateTrigger(b.ctx, b.pool, "t1", d)
+	require.ErrorIs(t, err, triggerstore.ErrNotFound)
+	_, err = triggerstore.CreateTrigger(b.ctx, b.pool, "t1", definition())
+	require.ErrorIs(t, err, triggerstore.ErrConflict, "ids of deleted triggers are not reused")
+
+	versions, err := triggerstore.ListVersions(b.ctx, b.pool, "t1")
+	require.NoError(t, err)
+	require.Len(t, versions, 4)
+	require.Equal(t, definition(), versions[0].Definition)
+	require.Equal(t, d, versions[1].Definition)
+	require.False(t, versions[2].Definition.Enabled)
+	require.True(t, versions[3].Deleted)
+
+	_, err = triggerstore.ListVersions(b.ctx, b.pool, "nope")
+	require.ErrorIs(t, err, triggerstore.ErrNotFound)
+
+	err = pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error {
+		locked, err := triggerstore.LockTrigger(b.ctx, tx, "t1")
+		require.NoError(t, err)
+		require.True(t, locked.Deleted(), "LockTrigger sees deleted triggers")
+		return nil
+	})
+	require.NoError(t, err)
+}
+
+func TestListAndMatchTriggers(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	for i, id := range []string{"a", "b", "c", "d"} {
+		d := definition()
+		d.Enabled = i != 1
+		if i == 3 {
+			d.EventType = "invoice.voided"
+		}
+		_, err := triggerstore.CreateTrigger(b.ctx, b.pool, id, d)
+		require.NoError(t, err)
+	}
+	_, err := triggerstore.DeleteTrigger(b.ctx, b.pool, "c")
+	require.NoError(t, err)
+
+	ids, err := triggerstore.MatchingTriggerIDs(b.ctx, b.pool, "billing", "invoice.paid")
+	require.NoError(t, err)
+	require.Equal(t, []string{"a"}, ids, "disabled, deleted and other types do not match")
+
+	all, err := triggerstore.ListTriggers(b.ctx, b.pool, triggerstore.ListTriggersOptions{Limit: 2})
+	require.NoError(t, err)
+	require.Equal(t, []string{"a", "b"}, triggerIDs(all))
+	next, err := triggerstore.ListTriggers(b.ctx, b.pool, triggerstore.ListTriggersOptions{After: "b"})
+	require.NoError(t, err)
+	require.Equal(t, []string{"d"}, triggerIDs(next))
+
+	enabled := false
+	off, err := triggerstore.ListTriggers(b.ctx, b.pool, triggerstore.ListTriggersOptions{Enabled: &enabled})
+	require.NoError(t, err)
+	require.Equal(t, []string{"b"}, triggerIDs(off))
+	voided, err := triggerstore.ListTriggers(b.ctx, b.pool, triggerstore.ListTriggersOptions{Source: "billing", EventType: "invoice.voided"})
+	require.NoError(t, err)
+	require.Equal(t, []string{"d"}, triggerIDs(voided))
+}
+
+func triggerIDs(ts []triggerstore.Trigger) []string {
+	out := make([]string, len(ts))
+	for i, t := range ts {
+		out[i] = t.ID
+	}
+	return out
+}
+
+func delivery(id, eventID string, status triggerstore.Status) triggerstore.Delivery {
+	return triggerstore.Delivery{
+		ID: id, TriggerID: "t1", TriggerVersion: 1, EventID: eventID, Source: "billing",
+		EventType: "invoice.paid", Status: status, RetryState: triggerstore.RetryNone,
+	}
+}
+
+func TestDeliveriesStoredOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	d := delivery("D1", "e1", triggerstore.StatusFiltered)
+	d.StatusReason = "predicate_false"
+	inserted, err := triggerstore.InsertDelivery(b.ctx, b.pool, d)
+	require.NoError(t, err)
+	require.True(t, inserted)
+
+	again := delivery("D1", "e1", triggerstore.StatusLaunched)
+	inserted, err = triggerstore.InsertDelivery(b.ctx, b.pool, again)
+	require.NoError(t, err)
+	require.False(t, inserted)
+	other := delivery("D2", "e1", triggerstore.StatusLaunched)
+	inserted, err = triggerstore.InsertDelivery(b.ctx, b.pool, other)
+	require.NoError(t, err)
+	require.False(t, inserted, "(event, trigger) is unique too")
+
+	got, err := triggerstore.GetDelivery(b.ctx, b.pool, "D1")
+	require.NoError(t, err)
+	require.Equal(t, triggerstore.StatusFiltered, got.Status)
+	require.Equal(t, "predicate_false", got.StatusReason)
+
+	bad := delivery("D3", "e3", "bogus")
+	_, err = triggerstore.InsertDelivery(b.ctx, b.pool, bad)
+	require.Error(t, err, "the status check constraint refuses unknown statuses")
+
+	_, err = triggerstore.GetDelivery(b.ctx, b.pool, "missing")
+	require.ErrorIs(t, err, triggerstore.ErrNotFound)
+}
+
+func launch(t *testing.T, b bundle, id, key string, at time.Time) {
+	t.Helper()
+	d := delivery(id, "ev-"+id, triggerstore.StatusLaunched)
+	d.ThrottleKey, d.RunID, d.LaunchedAt = key, "run-"+id, &at
+	inserted, err := triggerstore.InsertDelivery(b.ctx, b.pool, d)
+	require.NoError(t, err)
+	require.True(t, inserted)
+}
+
+func TestNthRecentLaunchSlidingWindow(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	now := time.Now().UTC().Truncate(time.Millisecond)
+	launch(t, b, "L1", "k", now.Add(-50*time.Second))
+	launch(t, b, "L2", "k", now.Add(-3*time.Second))
+	launch(t, b, "L3", "k", now.Add(-2*time.Second))
+	launch(t, b, "L4", "k", now.Add(-1*time.Second))
+	launch(t, b, "O1", "other", now.Add(-1*time.Second))
+	held := delivery("H1", "ev-H1", triggerstore.StatusThrottled)
+	held.ThrottleKey = "k"
+	_, err := triggerstore.InsertDelivery(b.ctx, b.pool, held)
+	require.NoError(t, err)
+
+	since := now.Add(-10 * time.Second)
+	at, full, err := triggerstore.NthRecentLaunch(b.ctx, b.pool, "t1", "k", since, 3, "H1")
+	require.NoError(t, err)
+	require.True(t, full, "three launches of key k in the window, L1 is outside it")
+	require.True(t, at.Equal(now.Add(-3*time.Second)), "the 3rd most recent launch frees the next slot, got %s", at)
+
+	_, full, err = triggerstore.NthRecentLaunch(b.ctx, b.pool, "t1", "k", since, 4, "H1")
+	require.NoError(t, err)
+	require.False(t, full, "throttled deliveries never count, only launches")
+
+	_, full, err = triggerstore.NthRecentLaunch(b.ctx, b.pool, "t1", "k", since, 3, "L4")
+	require.NoError(t, err)
+	require.False(t, full, "the excluded delivery does not count against itself")
+
+	_, full, err = triggerstore.NthRecentLaunch(b.ctx, b.pool, "t1", "other", since, 1, "H1")
+	require.NoError(t, err)
+	require.True(t, full, "keys have separate budgets")
+}
+
+func TestRunsAndConcurrency(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	now := time.Now()
+	for _, id := range []string{"r1", "r2"} {
+		inserted, err := triggerstore.InsertRun(b.ctx, b.pool, triggerstore.Run{ID: id, Workflow: "w", DeliveryID: "d-" + id, TriggerID: "t1", EventID: "e", RequestedAt: now})
+		require.NoError(t, err)
+		require.True(t, inserted)
+	}
+	inserted, err := triggerstore.InsertRun(b.ctx, b.pool, triggerstore.Run{ID: "r3", Workflow: "w", DeliveryID: "d-r1", TriggerID: "t1", RequestedAt: now})
+	require.NoError(t, err)
+	require.False(t, inserted, "one run per delivery")
+
+	n, err := triggerstore.CountInFlight(b.ctx, b.pool, "t1")
+	require.NoError(t, err)
+	require.Equal(t, 2, n)
+
+	r, changed, err := triggerstore.FinishRun(b.ctx, b.pool, "r1", triggerstore.RunCompleted, "")
+	require.NoError(t, err)
+	require.True(t, changed)
+	require.Equal(t, triggerstore.RunCompleted, r.Status)
+	require.NotNil(t, r.FinishedAt)
+	r, changed, err = triggerstore.FinishRun(b.ctx, b.pool, "r1", triggerstore.RunFailed, "late")
+	require.NoError(t, err)
+	require.False(t, changed, "a finished run stays as it finished")
+	require.Equal(t, triggerstore.RunCompleted, r.Status)
+
+	n, err = triggerstore.CountInFlight(b.ctx, b.pool, "t1")
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+
+	_, _, err = triggerstore.FinishRun(b.ctx, b.pool, "unknown", triggerstore.RunCompleted, "")
+	require.ErrorIs(t, err, triggerstore.ErrNotFound)
+	_, _, err = triggerstore.FinishRun(b.ctx, b.pool, "r2", triggerstore.RunRequested, "")
+	require.Error(t, err)
+}
+
+func TestRetryStateGuards(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	held := delivery("H1", "e1", triggerstore.StatusThrottled)
+	held.RetryState, held.RetryAttempts = triggerstore.RetryScheduled, 1
+	_, err := triggerstore.InsertDelivery(b.ctx, b.pool, held)
+	require.NoError(t, err)
+
+	next := time.Now().Add(time.Minute).UTC().Truncate(time.Millisecond)
+	applied, err := triggerstore.ApplyScheduled(b.ctx, b.pool, "H1", 2, next, map[string]any{"policy": "event-trigger"})
+	require.NoError(t, err)
+	require.True(t, applied)
+	got, err := triggerstore.GetDelivery(b.ctx, b.pool, "H1")
+	require.NoError(t, err)
+	require.Equal(t, 2, got.ScheduledAttempt)
+	require.True(t, got.NextAttemptAt.Equal(next))
+	require.Equal(t, "event-trigger", got.RetryMetadata["policy"])
+
+	// Attempt 2 was held again: the delivery now knows attempt 2 failed.
+	got.RetryAttempts = 2
+	require.NoError(t, triggerstore.SaveOutcome(b.ctx, b.pool, got))
+	applied, err = triggerstore.ApplyScheduled(b.ctx, b.pool, "H1", 2, next, nil)
+	require.NoError(t, err)
+	require.False(t, applied, "a scheduled event older than the delivery's state is ignored")
+
+	_, applied, err = triggerstore.ApplyExhausted(b.ctx, b.pool, "H1", 1, "max_retries", nil)
+	require.NoError(t, err)
+	require.False(t, applied, "a stale exhausted is ignored")
+	d, applied, err := triggerstore.ApplyExhausted(b.ctx, b.pool, "H1", 2, "max_retries", map[string]any{"exhausted_reason": "max_retries"})
+	require.NoError(t, err)
+	require.True(t, applied)
+	require.Equal(t, triggerstore.StatusExhausted, d.Status)
+	require.Equal(t, triggerstore.RetryExhausted, d.RetryState)
+	require.Equal(t, "max_retries", d.StatusReason)
+	require.Nil(t, d.NextAttemptAt)
+	require.Equal(t, "event-trigger", d.RetryMetadata["policy"], "metadata is merged")
+
+	launched := delivery("L1", "e2", triggerstore.StatusLaunched)
+	launched.RunID = "run-L1"
+	_, err = triggerstore.InsertDelivery(b.ctx, b.pool, launched)
+	require.NoError(t, err)
+	d, applied, err = triggerstore.ApplyCancelled(b.ctx, b.pool, "L1", 0, "cancelled_by_operator", nil)
+	require.NoError(t, err)
+	require.False(t, applied, "a launched delivery is never cancelled")
+	require.Equal(t, triggerstore.StatusLaunched, d.Status)
+
+	_, _, err = triggerstore.ApplyCancelled(b.ctx, b.pool, "missing", 0, "x", nil)
+	require.ErrorIs(t, err, triggerstore.ErrNotFound)
+}
+
+func TestUnconfirmedAndListing(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	held := delivery("H1", "e1", triggerstore.StatusConcurrencyLimited)
+	held.RetryState, held.RetryAttempts = triggerstore.RetryScheduled, 1
+	_, err := triggerstore.InsertDelivery(b.ctx, b.pool, held)
+	require.NoError(t, err)
+	confirmed := delivery("H2", "e2", triggerstore.StatusThrottled)
+	confirmed.RetryState, confirmed.RetryAttempts = triggerstore.RetryScheduled, 1
+	_, err = triggerstore.InsertDelivery(b.ctx, b.pool, confirmed)
+	require.NoError(t, err)
+	_, err = triggerstore.ApplyScheduled(b.ctx, b.pool, "H2", 2, time.Now(), nil)
+	require.NoError(t, err)
+
+	list, err := triggerstore.Unconfirmed(b.ctx, b.pool, time.Now().Add(time.Second), 10)
+	require.NoError(t, err)
+	require.Len(t, list, 1)
+	require.Equal(t, "H1", list[0].ID)
+	list, err = triggerstore.Unconfirmed(b.ctx, b.pool, time.Now().Add(-time.Hour), 10)
+	require.NoError(t, err)
+	require.Empty(t, list, "recent deliveries are left to the normal path")
+
+	page, err := triggerstore.ListDeliveries(b.ctx, b.pool, triggerstore.ListDeliveriesOptions{TriggerID: "t1", Limit: 1})
+	require.NoError(t, err)
+	require.Len(t, page, 1)
+	rest, err := triggerstore.ListDeliveries(b.ctx, b.pool, triggerstore.ListDeliveriesOptions{TriggerID: "t1", Before: page[0].ID})
+	require.NoError(t, err)
+	require.Len(t, rest, 1)
+	require.NotEqual(t, page[0].ID, rest[0].ID)
+	throttled, err := triggerstore.ListDeliveries(b.ctx, b.pool, triggerstore.ListDeliveriesOptions{TriggerID: "t1", Status: triggerstore.StatusThrottled})
+	require.NoError(t, err)
+	require.Len(t, throttled, 1)
+
+	counts, err := triggerstore.CountByStatus(b.ctx, b.pool, "t1")
+	require.NoError(t, err)
+	require.Equal(t, map[triggerstore.Status]int{triggerstore.StatusThrottled: 1, triggerstore.StatusConcurrencyLimited: 1}, counts)
+}
+
+func TestNowIsDatabaseClock(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	now, err := triggerstore.Now(b.ctx, b.pool)
+	require.NoError(t, err)
+	require.WithinDuration(t, time.Now(), now, time.Minute)
+}

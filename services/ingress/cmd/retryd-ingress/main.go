@@ -1,0 +1,207 @@
+// Command retryd-ingress runs retryd's ingress: HTTP and NATS intake, the
+// per-source gate and durable event-ingress retries.
+//
+// Configuration is read from the environment:
+//
+//	DATABASE_URL                        Postgres URL (required)
+//	NATS_URL, NATS_CREDS, NATS_NKEY,    NATS connection (see pkg/natsconn)
+//	NATS_USER, NATS_PASSWORD, NATS_TOKEN,
+//	NATS_TLS_CERT, NATS_TLS_KEY, NATS_TLS_CA
+//	RETRYD_HTTP_ADDR                    listen address (default :8081)
+//	RETRYD_LOG_LEVEL                    debug, info (default), warn, error
+//	RETRYD_INGRESS_MIGRATE              apply migrations at start (default true)
+//	RETRYD_INGRESS_ENSURE_STREAMS       create/update the streams at start (default true)
+//	RETRYD_INGRESS_MAX_BODY_BYTES       POST /v1/events body cap (default 1048576)
+//	RETRYD_INGRESS_MAX_BATCH_BODY_BYTES POST /v1/events:batch body cap (default 8388608)
+//	RETRYD_INGRESS_MAX_BATCH_EVENTS     events per batch (default 500)
+//	RETRYD_INGRESS_CONCURRENCY          messages in flight per consumer (default 4)
+//	RETRYD_INGRESS_ACK_WAIT             consumer ack wait (default 30s)
+//	RETRYD_INGRESS_PAUSED_CLASS         class of source_paused deferrals: temporary (default) or rate_limit
+//	RETRYD_INGRESS_SOURCE_CACHE_TTL     intake's allowed-types cache (default 1s)
+//	RETRYD_INGRESS_RECONCILE_INTERVAL   reconciler period (default 30s)
+//	RETRYD_INGRESS_RECONCILE_AFTER      republish unconfirmed deferrals after (default 3m)
+//	RETRYD_INGRESS_INBOX_RETENTION      prune inbox rows older than (default 168h; negative disables)
+//	RETRYD_INGRESS_SHUTDOWN_TIMEOUT     bound on the graceful stop (default 30s)
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/rs/zerolog"
+
+	"github.com/retryd/retryd/migrations"
+	"github.com/retryd/retryd/pkg/errclass"
+	"github.com/retryd/retryd/pkg/natsconn"
+	"github.com/retryd/retryd/pkg/serve"
+	"github.com/retryd/retryd/pkg/streams"
+	"github.com/retryd/retryd/services/ingress"
+)
+
+func main() {
+	log := zerolog.New(os.Stderr).With().Timestamp().Str("service", "retryd-ingress").Logger()
+	if lvl, err := zerolog.ParseLevel(env("RETRYD_LOG_LEVEL", "info")); err == nil && lvl != zerolog.NoLevel {
+		log = log.Level(lvl)
+	}
+	ctx, stop := serve.SignalContext()
+	defer stop()
+	if err := run(ctx, log, nil); err != nil {
+		log.Error().Err(err).Msg("retryd-ingress failed")
+		os.Exit(1)
+	}
+}
+
+// run starts ingress as the environment says and serves until ctx is done,
+// then shuts down gracefully. ready, when set, is told the HTTP address
+// once the service is ready.
+func run(ctx context.Context, log zerolog.Logger, ready func(addr string)) error {
+	e := &envReader{}
+	dbURL := os.Getenv("DATABASE_URL")
+	addr := env("RETRYD_HTTP_ADDR", ":8081")
+	migrate := e.bool("RETRYD_INGRESS_MIGRATE", true)
+	ensure := e.bool("RETRYD_INGRESS_ENSURE_STREAMS", true)
+	shutdownTimeout := e.duration("RETRYD_INGRESS_SHUTDOWN_TIMEOUT", 30*time.Second)
+	cfg := ingress.Config{
+		Logger:            log,
+		MaxBodyBytes:      e.int64("RETRYD_INGRESS_MAX_BODY_BYTES"),
+		MaxBatchBodyBytes: e.int64("RETRYD_INGRESS_MAX_BATCH_BODY_BYTES"),
+		MaxBatchEvents:    int(e.int64("RETRYD_INGRESS_MAX_BATCH_EVENTS")),
+		Concurrency:       int(e.int64("RETRYD_INGRESS_CONCURRENCY")),
+		AckWait:           e.duration("RETRYD_INGRESS_ACK_WAIT", 0),
+		PausedClass:       errclass.Class(os.Getenv("RETRYD_INGRESS_PAUSED_CLASS")),
+		SourceCacheTTL:    e.duration("RETRYD_INGRESS_SOURCE_CACHE_TTL", 0),
+		ReconcileInterval: e.duration("RETRYD_INGRESS_RECONCILE_INTERVAL", 0),
+		ReconcileAfter:    e.duration("RETRYD_INGRESS_RECONCILE_AFTER", 0),
+		InboxRetention:    e.duration("RETRYD_INGRESS_INBOX_RETENTION", 0),
+	}
+	if dbURL == "" {
+		e.errs = append(e.errs, errors.New("DATABASE_URL is required"))
+	}
+	if err := errors.Join(e.errs...); err != nil {
+		return err
+	}
+
+	if migrate {
+		if err := migrations.Up(ctx, dbURL, log); err != nil {
+			return fmt.Errorf("migrate: %w", err)
+		}
+	}
+	pool, err := pgxpool.New(ctx, dbURL)
+	if err != nil {
+		return fmt.Errorf("open database: %w", err)
+	}
+	defer pool.Close()
+	nc, js, err := natsconn.Connect(ctx, natsconn.OptionsFromEnv("retryd-ingress"), log)
+	if err != nil {
+		return fmt.Errorf("connect to nats: %w", err)
+	}
+	defer nc.Close()
+	if ensure {
+		if err := streams.Ensure(ctx, js, streams.Options{}); err != nil {
+			return fmt.Errorf("ensure streams: %w", err)
+		}
+	}
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	health := &serve.Health{}
+	cfg.Pool, cfg.JS, cfg.Registerer, cfg.Health = pool, js, reg, health
+	if ensure {
+		cfg.Streams = &streams.Options{}
+	}
+	svc, err := ingress.New(cfg)
+	if err != nil {
+		return err
+	}
+	if err := svc.Start(ctx); err != nil {
+		return err
+	}
+
+	mux := serve.NewMux(reg, health)
+	mux.Handle("/v1/", svc.Handler())
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		_ = svc.Stop(context.Background())
+		return fmt.Errorf("listen on %s: %w", addr, err)
+	}
+	httpCtx, stopHTTP := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopHTTP()
+	httpDone := make(chan error, 1)
+	go func() { httpDone <- serve.Serve(httpCtx, srv, ln, log) }()
+	if ready != nil {
+		ready(ln.Addr().String())
+	}
+
+	select {
+	case <-ctx.Done():
+		log.Info().Msg("shutting down")
+	case err := <-httpDone:
+		_ = svc.Stop(context.Background())
+		return err
+	}
+	// Readiness off and consumers drained first, so nothing is half done;
+	// the HTTP server keeps answering intake until then.
+	stopCtx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
+	defer cancel()
+	stopErr := svc.Stop(stopCtx)
+	stopHTTP()
+	httpErr := <-httpDone
+	return errors.Join(stopErr, httpErr)
+}
+
+func env(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
+
+// envReader parses optional variables and collects every error, each
+// naming its variable.
+type envReader struct{ errs []error }
+
+func (e *envReader) int64(name string) int64 {
+	v := os.Getenv(name)
+	if v == "" {
+		return 0
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || n < 0 {
+		e.errs = append(e.errs, fmt.Errorf("%s must be a non-negative integer, got %q", name, v))
+	}
+	return n
+}
+
+func (e *envReader) duration(name string, def time.Duration) time.Duration {
+	v := os.Getenv(name)
+	if v == "" {
+		return def
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil {
+		e.errs = append(e.errs, fmt.Errorf("%s must be a duration such as 30s, got %q", name, v))
+	}
+	return d
+}
+
+func (e *envReader) bool(name string, def bool) bool {
+	v := os.Getenv(name)
+	if v == "" {
+		return def
+	}
+	b, err := strconv.ParseBool(v)
+	if err != nil {
+		e.errs = append(e.errs, fmt.Errorf("%s must be true or false, got %q", name, v))
+	}
+	return b
+}

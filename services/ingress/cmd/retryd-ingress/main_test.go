@@ -1,0 +1,88 @@
+package main
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+	"github.com/stretchr/testify/require"
+
+	"github.com/retryd/retryd/migrations/pgtest"
+	"github.com/retryd/retryd/pkg/natstest"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+// The binary's life: configured from the environment, ready, serving, and
+// on cancellation (the signal) stopping cleanly with no error (exit 0).
+// Not parallel: it sets environment variables.
+func TestRunServesAndStopsGracefully(t *testing.T) {
+	srv := natstest.RunServer(t)
+	t.Setenv("DATABASE_URL", pgtest.NewDatabaseURL(t))
+	t.Setenv("NATS_URL", srv.ClientURL())
+	t.Setenv("RETRYD_HTTP_ADDR", "127.0.0.1:0")
+	t.Setenv("RETRYD_INGRESS_ACK_WAIT", "2s")
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	addrs := make(chan string, 1)
+	done := make(chan error, 1)
+	go func() { done <- run(ctx, zerolog.Nop(), func(addr string) { addrs <- addr }) }()
+	var base string
+	select {
+	case addr := <-addrs:
+		base = "http://" + addr
+	case err := <-done:
+		t.Fatalf("run ended before ready: %v", err)
+	case <-time.After(time.Minute):
+		t.Fatal("not ready within a minute")
+	}
+
+	get := func(path string) (int, string) {
+		resp, err := http.Get(base + path)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		return resp.StatusCode, string(b)
+	}
+	status, _ := get("/healthz")
+	require.Equal(t, http.StatusOK, status)
+	status, _ = get("/readyz")
+	require.Equal(t, http.StatusOK, status)
+
+	resp, err := http.Post(base+"/v1/events", "application/json",
+		strings.NewReader(`{"id":"bin-1","source":"billing","type":"invoice.paid"}`))
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusAccepted, resp.StatusCode)
+	require.Eventually(t, func() bool {
+		status, body := get("/v1/events/bin-1")
+		return status == http.StatusOK && strings.Contains(body, `"status":"admitted"`)
+	}, 20*time.Second, 20*time.Millisecond)
+	_, metrics := get("/metrics")
+	require.Contains(t, metrics, `retryd_ingress_intake_total{result="accepted",source="billing"} 1`)
+	require.Contains(t, metrics, "go_goroutines")
+
+	cancel()
+	select {
+	case err := <-done:
+		require.NoError(t, err, "a graceful stop exits 0")
+	case <-time.After(time.Minute):
+		t.Fatal("no stop within a minute")
+	}
+}
+
+func TestRunRejectsBadEnvironment(t *testing.T) {
+	t.Setenv("DATABASE_URL", "")
+	t.Setenv("RETRYD_INGRESS_ACK_WAIT", "soon")
+	t.Setenv("RETRYD_INGRESS_MAX_BODY_BYTES", "-1")
+	err := run(context.Background(), zerolog.Nop(), nil)
+	require.ErrorContains(t, err, "DATABASE_URL is required")
+	require.ErrorContains(t, err, `RETRYD_INGRESS_ACK_WAIT must be a duration such as 30s, got "soon"`)
+	require.ErrorContains(t, err, "RETRYD_INGRESS_MAX_BODY_BYTES must be a non-negative integer")
+}

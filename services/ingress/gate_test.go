@@ -1,0 +1,206 @@
+package ingress_test
+
+import (
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/retryd/retryd/pkg/contract"
+	"github.com/retryd/retryd/services/ingress"
+)
+
+func TestNATSIntake(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.putSource(t, "crm", map[string]any{"allowed_types": []string{"contact.created"}})
+
+	publish := func(subject, msgID, body string) {
+		t.Helper()
+		msg := nats.NewMsg(subject)
+		msg.Data = []byte(body)
+		if msgID != "" {
+			msg.Header.Set(nats.MsgIdHdr, msgID)
+		}
+		_, err := b.js.PublishMsg(b.ctx, msg)
+		require.NoError(t, err)
+	}
+	// A producer that sets only the header, one that sets both.
+	publish("ingest.crm", "n-1", `{"source":"crm","type":"contact.created"}`)
+	publish("ingest.crm", "n-2", `{"id":"n-2","source":"crm","type":"contact.created","data":{"a":1}}`)
+	// Bad input: each is terminated, counted and stores nothing.
+	bad := []struct{ subject, msgID, body string }{
+		{"ingest.crm", "m-1", `{"source":"crm","type":`},
+		{"ingest.crm", "m-2", `{"source":"crm","type":"contact.created","x":1}`},
+		{"ingest.crm", "m-3", `{"source":"billing","type":"contact.created"}`},
+		{"ingest.crm", "", `{"source":"crm","type":"contact.created"}`},
+		{"ingest.crm", "m-5", `{"id":"other","source":"crm","type":"contact.created"}`},
+		{"ingest.crm", "m-6", `{"source":"crm","type":"contact.deleted"}`},
+		{"ingest.crm", "m-7", `{"source":"crm","type":"contact.created","data":"` + strings.Repeat("x", 600<<10) + `"}`},
+		{"ingest.Crm", "m-8", `{"source":"crm","type":"contact.created"}`},
+	}
+	for _, m := range bad {
+		publish(m.subject, m.msgID, m.body)
+	}
+	b.waitStatus(t, "admitted", "n-1", "n-2")
+	require.Eventually(t, func() bool {
+		return b.counter(t, "retryd_ingress_malformed_total", map[string]string{"consumer": ingress.ConsumerGate}) == 7 &&
+			b.counter(t, "retryd_ingress_gate_total", map[string]string{"source": "crm", "decision": "rejected"}) == 1
+	}, eventually, 20*time.Millisecond)
+	require.Equal(t, 2, b.count(t, `SELECT count(*) FROM workflow_events`))
+	require.Zero(t, b.count(t, `SELECT count(*) FROM inbox WHERE consumer = $1 AND msg_id LIKE 'm-%'`, ingress.ConsumerGate))
+
+	// Terminated messages are not delivered again.
+	b.drained(t, ingress.ConsumerGate)
+}
+
+func TestThrottledEventIsDeferredAndAdmittedWhenDue(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.putSource(t, "billing", map[string]any{"rate_limit": 1, "rate_window": "1h"})
+
+	b.post(t, event("first", "billing", "invoice.paid"))
+	b.waitStatus(t, "admitted", "first")
+	b.post(t, event("second", "billing", "invoice.paid"))
+	b.waitStatus(t, "deferred", "second")
+
+	var v ingress.EventView
+	require.Equal(t, http.StatusOK, b.do(t, http.MethodGet, "/v1/events/second", nil, &v))
+	require.Equal(t, "deferred", v.Status)
+	require.NotNil(t, v.Retry)
+	require.Equal(t, "scheduled", v.Retry.State)
+	require.Equal(t, 1, v.Retry.Attempts)
+	require.Contains(t, v.Retry.LastError, "source_throttled: rate limit of 1 per 1h0m0s reached")
+	require.NotNil(t, v.Retry.NextAttemptAt)
+	require.Zero(t, v.Retry.NextAttemptAt.UnixMilli()%time.Hour.Milliseconds(), "retry at the window's reset")
+
+	var failed []contract.LifecycleEvent
+	require.Eventually(t, func() bool {
+		failed = b.lifecycle(t, "second")[contract.Failed]
+		return len(failed) == 1
+	}, eventually, 20*time.Millisecond)
+	fd := failed[0].Failed
+	require.Equal(t, 1, fd.Attempt)
+	require.Equal(t, "rate_limit", fd.Error.Class)
+	require.Equal(t, "source_throttled", fd.Reason)
+	require.Equal(t, "billing", fd.Source)
+	require.NotNil(t, fd.RetryAfter)
+	require.True(t, fd.RetryAfter.At.Equal(*v.Retry.NextAttemptAt))
+	require.Equal(t, "event-failed:second:1", failed[0].Envelope.ID)
+
+	// The scheduler confirms, then attempt 2 comes due while the window is
+	// still full: failed again, attempt 2.
+	next := time.Now().Add(time.Hour)
+	b.publishScheduled(t, contract.Scheduled, "second", "billing", 2, next)
+	require.Eventually(t, func() bool {
+		return b.do(t, http.MethodGet, "/v1/events/second", nil, &v) == 200 && v.Retry.NextAttemptAt.Equal(next.UTC().Truncate(time.Microsecond))
+	}, eventually, 20*time.Millisecond)
+	require.Equal(t, "throttle", v.Retry.Metadata["decided_by"])
+	b.publishDue(t, "second", "billing", 2)
+	require.Eventually(t, func() bool { return len(b.lifecycle(t, "second")[contract.Failed]) == 2 }, eventually, 20*time.Millisecond)
+	require.Equal(t, 2, b.lifecycle(t, "second")[contract.Failed][1].Failed.Attempt)
+
+	// The limit is lifted: attempt 3 admits and reports success.
+	b.putSource(t, "billing", map[string]any{})
+	b.publishDue(t, "second", "billing", 3)
+	b.waitStatus(t, "admitted", "second")
+	require.Eventually(t, func() bool { return len(b.lifecycle(t, "second")[contract.Succeeded]) == 1 }, eventually, 20*time.Millisecond)
+	sd := b.lifecycle(t, "second")[contract.Succeeded][0].Succeeded
+	require.Equal(t, 3, sd.Attempt)
+	require.Equal(t, 200, b.do(t, http.MethodGet, "/v1/events/second", nil, &v))
+	require.Equal(t, "completed", v.Retry.State)
+	require.Equal(t, 3, v.Retry.Attempts)
+	require.Eventually(t, func() bool { return b.admittedIDs(t)["second"] == 1 }, eventually, 20*time.Millisecond)
+
+	// A due delivered again after the admission only repeats the success.
+	b.publishDue(t, "second", "billing", 4)
+	require.Eventually(t, func() bool { return len(b.lifecycle(t, "second")[contract.Succeeded]) == 2 }, eventually, 20*time.Millisecond)
+	require.Equal(t, 1, b.admittedIDs(t)["second"])
+
+	require.EqualValues(t, 2, b.counter(t, "retryd_ingress_deferrals_total", map[string]string{"source": "billing", "reason": "source_throttled"}))
+	require.EqualValues(t, 3, b.counter(t, "retryd_ingress_retries_total", map[string]string{"source": "billing", "event": "due"}))
+	require.EqualValues(t, 1, b.counter(t, "retryd_ingress_retries_total", map[string]string{"source": "billing", "event": "completed"}))
+	require.EqualValues(t, 1, b.counter(t, "retryd_ingress_retries_total", map[string]string{"source": "billing", "event": "scheduled"}))
+}
+
+func TestPausedSourceDefersWithoutHint(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	var src ingress.SourceView
+	require.Equal(t, 200, b.do(t, http.MethodPost, "/v1/sources/crm/pause", map[string]any{"reason": "migration"}, &src))
+	require.True(t, src.Paused)
+
+	b.post(t, event("p-1", "crm", "contact.created"))
+	b.waitStatus(t, "deferred", "p-1")
+	require.Eventually(t, func() bool { return len(b.lifecycle(t, "p-1")[contract.Failed]) == 1 }, eventually, 20*time.Millisecond)
+	fd := b.lifecycle(t, "p-1")[contract.Failed][0].Failed
+	require.Equal(t, "source_paused", fd.Reason)
+	require.Equal(t, "temporary", fd.Error.Class)
+	require.Nil(t, fd.RetryAfter, "an indefinite pause leaves the delay to the policy")
+
+	// Due while paused: deferred again. After resume: admitted.
+	b.publishDue(t, "p-1", "crm", 2)
+	require.Eventually(t, func() bool { return len(b.lifecycle(t, "p-1")[contract.Failed]) == 2 }, eventually, 20*time.Millisecond)
+	require.Equal(t, 200, b.do(t, http.MethodPost, "/v1/sources/crm/resume", nil, &src))
+	require.False(t, src.Paused)
+	require.EqualValues(t, 1, src.Deferred)
+	b.publishDue(t, "p-1", "crm", 3)
+	b.waitStatus(t, "admitted", "p-1")
+
+	// A pause with an end hints the end.
+	until := time.Now().Add(time.Hour).UTC().Truncate(time.Second)
+	require.Equal(t, 200, b.do(t, http.MethodPost, "/v1/sources/crm/pause", map[string]any{"until": until}, &src))
+	b.post(t, event("p-2", "crm", "contact.created"))
+	require.Eventually(t, func() bool { return len(b.lifecycle(t, "p-2")[contract.Failed]) == 1 }, eventually, 20*time.Millisecond)
+	fd = b.lifecycle(t, "p-2")[contract.Failed][0].Failed
+	require.NotNil(t, fd.RetryAfter)
+	require.True(t, until.Equal(fd.RetryAfter.At))
+}
+
+func TestDueEdgeCases(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.putSource(t, "billing", map[string]any{"rate_limit": 1, "rate_window": "1h"})
+	b.post(t, event("a", "billing", "invoice.paid"))
+	b.waitStatus(t, "admitted", "a")
+	b.post(t, event("d", "billing", "invoice.paid"))
+	b.waitStatus(t, "deferred", "d")
+
+	// The event is not in the database: the retry is cancelled, not looped.
+	b.publishDue(t, "ghost", "billing", 2)
+	require.Eventually(t, func() bool { return len(b.lifecycle(t, "ghost")[contract.Cancelled]) == 1 }, eventually, 20*time.Millisecond)
+	cd := b.lifecycle(t, "ghost")[contract.Cancelled][0].Cancelled
+	require.Equal(t, "ingress", cd.By)
+	require.Contains(t, cd.Reason, "event_missing")
+
+	// Admitted at its first attempt, yet a due arrives: report success.
+	b.publishDue(t, "a", "billing", 2)
+	require.Eventually(t, func() bool { return len(b.lifecycle(t, "a")[contract.Succeeded]) == 1 }, eventually, 20*time.Millisecond)
+
+	// A due for an attempt already evaluated (a replay older than the
+	// inbox) changes nothing.
+	b.publishDue(t, "d", "billing", 1)
+	b.drained(t, ingress.ConsumerRetry)
+	require.Len(t, b.lifecycle(t, "d")[contract.Failed], 1)
+	require.Equal(t, "deferred", b.status(t, "d"))
+
+	// The type is no longer allowed: the deferral is cancelled.
+	b.putSource(t, "billing", map[string]any{"allowed_types": []string{"invoice.voided"}})
+	b.publishDue(t, "d", "billing", 3)
+	b.waitStatus(t, "cancelled", "d")
+	require.Eventually(t, func() bool { return len(b.lifecycle(t, "d")[contract.Cancelled]) == 1 }, eventually, 20*time.Millisecond)
+	require.Contains(t, b.lifecycle(t, "d")[contract.Cancelled][0].Cancelled.Reason, "type_not_allowed")
+	require.NotContains(t, b.admittedIDs(t), "d")
+
+	// Malformed lifecycle messages are terminated and counted.
+	msg := nats.NewMsg("retry.event.due.bad")
+	msg.Data = []byte(`{"specversion":"1.0"}`)
+	_, err := b.js.PublishMsg(b.ctx, msg)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		return b.counter(t, "retryd_ingress_malformed_total", map[string]string{"consumer": ingress.ConsumerRetry}) == 1
+	}, eventually, 20*time.Millisecond)
+}

@@ -1,0 +1,374 @@
+package ingress
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/retryd/retryd/pkg/contract"
+	"github.com/retryd/retryd/pkg/serve"
+	"github.com/retryd/retryd/projections/ingressstore"
+)
+
+// maxOperatorBody caps the body of operator requests.
+const maxOperatorBody = 64 << 10
+
+// updatedByAPI is what operator changes record as updated_by.
+const updatedByAPI = "api"
+
+func (s *Service) routes() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/events", s.postEvent)
+	mux.HandleFunc("POST /v1/events:batch", s.postBatch)
+	mux.HandleFunc("GET /v1/events/{id}", s.getEvent)
+	mux.HandleFunc("POST /v1/events/{id}/cancel", s.cancelEvent)
+	mux.HandleFunc("GET /v1/sources", s.listSources)
+	mux.HandleFunc("GET /v1/sources/{source}", s.getSource)
+	mux.HandleFunc("PUT /v1/sources/{source}", s.putSource)
+	mux.HandleFunc("POST /v1/sources/{source}/pause", s.pauseSource)
+	mux.HandleFunc("POST /v1/sources/{source}/resume", s.resumeSource)
+	return mux
+}
+
+// SourceView is a source's gate as the API shows it.
+type SourceView struct {
+	Source       string     `json:"source"`
+	RateLimit    *int       `json:"rate_limit"`
+	RateWindow   string     `json:"rate_window,omitempty"`
+	RateWindowMS int64      `json:"rate_window_ms,omitempty"`
+	Paused       bool       `json:"paused"`
+	PausedUntil  *time.Time `json:"paused_until,omitempty"`
+	PauseReason  string     `json:"pause_reason,omitempty"`
+	AllowedTypes []string   `json:"allowed_types"`
+	Deferred     int64      `json:"deferred"`
+	UpdatedBy    string     `json:"updated_by"`
+	CreatedAt    time.Time  `json:"created_at"`
+	UpdatedAt    time.Time  `json:"updated_at"`
+}
+
+func sourceView(src ingressstore.Source) SourceView {
+	v := SourceView{
+		Source: src.Source, RateLimit: src.RateLimit, Paused: src.Paused, PausedUntil: src.PausedUntil,
+		PauseReason: src.PauseReason, AllowedTypes: src.AllowedTypes, Deferred: src.Deferred,
+		UpdatedBy: src.UpdatedBy, CreatedAt: src.CreatedAt, UpdatedAt: src.UpdatedAt,
+	}
+	if src.RateLimit != nil {
+		v.RateWindow = src.RateWindow.String()
+		v.RateWindowMS = src.RateWindow.Milliseconds()
+	}
+	return v
+}
+
+func sourceParam(r *http.Request) (string, error) {
+	source := r.PathValue("source")
+	return source, contract.ValidateToken("source", source)
+}
+
+func (s *Service) listSources(w http.ResponseWriter, r *http.Request) {
+	list, err := ingressstore.ListSources(r.Context(), s.cfg.Pool)
+	if err != nil {
+		s.internal(w, err)
+		return
+	}
+	views := make([]SourceView, len(list))
+	for i, src := range list {
+		views[i] = sourceView(src)
+	}
+	serve.WriteJSON(w, http.StatusOK, map[string]any{"sources": views})
+}
+
+func (s *Service) getSource(w http.ResponseWriter, r *http.Request) {
+	source, err := sourceParam(r)
+	if err != nil {
+		serve.WriteError(w, err)
+		return
+	}
+	src, err := ingressstore.GetSource(r.Context(), s.cfg.Pool, source)
+	if errors.Is(err, ingressstore.ErrNotFound) {
+		serve.WriteError(w, fmt.Errorf("source %q has no gate configured (it has no limits): %w", source, serve.ErrNotFound))
+		return
+	}
+	if err != nil {
+		s.internal(w, err)
+		return
+	}
+	serve.WriteJSON(w, http.StatusOK, sourceView(src))
+}
+
+// PutSourceRequest is the body of PUT /v1/sources/{source}. It replaces
+// the rate limit and the allowed types; a pause stays as it is.
+type PutSourceRequest struct {
+	// RateLimit events per RateWindow; leave both out for no limit.
+	RateLimit *int `json:"rate_limit"`
+	// RateWindow is a Go duration: "1s", "1m", "1h".
+	RateWindow   string   `json:"rate_window"`
+	AllowedTypes []string `json:"allowed_types"`
+}
+
+func (s *Service) putSource(w http.ResponseWriter, r *http.Request) {
+	source, err := sourceParam(r)
+	if err != nil {
+		serve.WriteError(w, err)
+		return
+	}
+	var req PutSourceRequest
+	if err := serve.DecodeJSON(r, maxOperatorBody, &req); err != nil {
+		serve.WriteError(w, err)
+		return
+	}
+	cfg := ingressstore.SourceConfig{Source: source, AllowedTypes: req.AllowedTypes, UpdatedBy: updatedByAPI}
+	if req.RateLimit != nil {
+		if *req.RateLimit < 1 || *req.RateLimit > 1_000_000_000 {
+			serve.WriteError(w, invalid("rate_limit", fmt.Sprintf("must be between 1 and 1000000000, got %d", *req.RateLimit)))
+			return
+		}
+		cfg.RateLimit = *req.RateLimit
+	}
+	if req.RateWindow != "" {
+		d, err := time.ParseDuration(req.RateWindow)
+		if err != nil || d < time.Millisecond || d > 366*24*time.Hour {
+			serve.WriteError(w, invalid("rate_window", fmt.Sprintf("%q must be a duration between 1ms and 8784h, such as \"1s\" or \"1m\"", req.RateWindow)))
+			return
+		}
+		cfg.RateWindow = d
+	}
+	if (cfg.RateLimit == 0) != (cfg.RateWindow == 0) {
+		serve.WriteError(w, invalid("rate_window", "rate_limit and rate_window are set together (leave both out for no limit)"))
+		return
+	}
+	if len(req.AllowedTypes) > 1000 {
+		serve.WriteError(w, invalid("allowed_types", "has more than 1000 types"))
+		return
+	}
+	for i, typ := range req.AllowedTypes {
+		if err := contract.ValidateType(fmt.Sprintf("allowed_types[%d]", i), typ); err != nil {
+			serve.WriteError(w, err)
+			return
+		}
+	}
+	src, err := ingressstore.PutSource(r.Context(), s.cfg.Pool, cfg)
+	if err != nil {
+		s.internal(w, err)
+		return
+	}
+	s.types.forget(source)
+	s.log.Info().Str("source", source).Interface("rate_limit", src.RateLimit).Dur("rate_window", src.RateWindow).
+		Int("allowed_types", len(src.AllowedTypes)).Msg("source gate updated")
+	serve.WriteJSON(w, http.StatusOK, sourceView(src))
+}
+
+// PauseRequest is the body of POST /v1/sources/{source}/pause; an empty
+// body pauses until resumed.
+type PauseRequest struct {
+	// Until ends the pause by itself (RFC 3339); leave it out to pause
+	// until POST .../resume.
+	Until  *time.Time `json:"until"`
+	Reason string     `json:"reason"`
+}
+
+func (s *Service) pauseSource(w http.ResponseWriter, r *http.Request) {
+	source, err := sourceParam(r)
+	if err != nil {
+		serve.WriteError(w, err)
+		return
+	}
+	var req PauseRequest
+	if r.ContentLength != 0 {
+		if err := serve.DecodeJSON(r, maxOperatorBody, &req); err != nil {
+			serve.WriteError(w, err)
+			return
+		}
+	}
+	if req.Until != nil && !req.Until.After(s.cfg.Now()) {
+		serve.WriteError(w, invalid("until", fmt.Sprintf("%s is not in the future", req.Until.Format(time.RFC3339))))
+		return
+	}
+	if len(req.Reason) > 1024 {
+		serve.WriteError(w, invalid("reason", "is longer than 1024 bytes"))
+		return
+	}
+	src, err := ingressstore.PauseSource(r.Context(), s.cfg.Pool, source, req.Until, req.Reason, updatedByAPI)
+	if err != nil {
+		s.internal(w, err)
+		return
+	}
+	e := s.log.Info().Str("source", source)
+	if req.Until != nil {
+		e = e.Time("until", *req.Until)
+	}
+	e.Msg("source paused")
+	serve.WriteJSON(w, http.StatusOK, sourceView(src))
+}
+
+func (s *Service) resumeSource(w http.ResponseWriter, r *http.Request) {
+	source, err := sourceParam(r)
+	if err != nil {
+		serve.WriteError(w, err)
+		return
+	}
+	src, err := ingressstore.ResumeSource(r.Context(), s.cfg.Pool, source, updatedByAPI)
+	if errors.Is(err, ingressstore.ErrNotFound) {
+		serve.WriteError(w, fmt.Errorf("source %q has no gate configured: %w", source, serve.ErrNotFound))
+		return
+	}
+	if err != nil {
+		s.internal(w, err)
+		return
+	}
+	s.log.Info().Str("source", source).Int64("deferred", src.Deferred).Msg("source resumed")
+	serve.WriteJSON(w, http.StatusOK, sourceView(src))
+}
+
+// EventView is an event's status and, when it was deferred, its retry.
+type EventView struct {
+	ID         string     `json:"id"`
+	Source     string     `json:"source"`
+	Type       string     `json:"type"`
+	Status     string     `json:"status"`
+	ReceivedAt time.Time  `json:"received_at"`
+	AdmittedAt *time.Time `json:"admitted_at,omitempty"`
+	UpdatedAt  time.Time  `json:"updated_at"`
+	Retry      *RetryView `json:"retry"`
+}
+
+// RetryView is an event's row of event_ingress_retries.
+type RetryView struct {
+	State         string         `json:"retry_state"`
+	Attempts      int            `json:"attempts"`
+	NextAttemptAt *time.Time     `json:"next_attempt_at,omitempty"`
+	LastError     string         `json:"last_error"`
+	Metadata      map[string]any `json:"metadata"`
+	CreatedAt     time.Time      `json:"created_at"`
+	UpdatedAt     time.Time      `json:"updated_at"`
+}
+
+func (s *Service) eventView(ctx context.Context, db ingressstore.DB, ev ingressstore.Event) (EventView, error) {
+	v := EventView{ID: ev.ID, Source: ev.Source, Type: ev.Type, Status: string(ev.Status),
+		ReceivedAt: ev.ReceivedAt, AdmittedAt: ev.AdmittedAt, UpdatedAt: ev.UpdatedAt}
+	r, err := ingressstore.GetRetry(ctx, db, ev.ID)
+	switch {
+	case errors.Is(err, ingressstore.ErrNotFound):
+	case err != nil:
+		return EventView{}, err
+	default:
+		v.Retry = &RetryView{State: string(r.State), Attempts: r.Attempts, NextAttemptAt: r.NextAttemptAt,
+			LastError: r.LastError, Metadata: r.Metadata, CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt}
+	}
+	return v, nil
+}
+
+func (s *Service) getEvent(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	if err := contract.ValidateID("id", id); err != nil {
+		serve.WriteError(w, err)
+		return
+	}
+	ev, err := ingressstore.GetEvent(r.Context(), s.cfg.Pool, id)
+	if errors.Is(err, ingressstore.ErrNotFound) {
+		serve.WriteError(w, fmt.Errorf("event %q is not stored (not accepted, or still in INGEST): %w", id, serve.ErrNotFound))
+		return
+	}
+	if err != nil {
+		s.internal(w, err)
+		return
+	}
+	v, err := s.eventView(r.Context(), s.cfg.Pool, ev)
+	if err != nil {
+		s.internal(w, err)
+		return
+	}
+	serve.WriteJSON(w, http.StatusOK, v)
+}
+
+// CancelRequest is the optional body of POST /v1/events/{id}/cancel.
+type CancelRequest struct {
+	Reason string `json:"reason"`
+	// By names who cancels (default "operator").
+	By string `json:"by"`
+}
+
+// cancelEvent cancels a deferral: the event is never admitted, and the
+// scheduler closes the retry on retry.event.cancelled.<id>. Cancelling a
+// cancelled event again is a no-op (200); an event already admitted or
+// exhausted is a conflict (409).
+func (s *Service) cancelEvent(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	if err := contract.ValidateID("id", id); err != nil {
+		serve.WriteError(w, err)
+		return
+	}
+	var req CancelRequest
+	if r.ContentLength != 0 {
+		if err := serve.DecodeJSON(r, maxOperatorBody, &req); err != nil {
+			serve.WriteError(w, err)
+			return
+		}
+	}
+	if req.By == "" {
+		req.By = defaultCancelledByUser
+	}
+	if len(req.By) > contract.MaxTokenLen {
+		serve.WriteError(w, invalid("by", fmt.Sprintf("is longer than %d characters", contract.MaxTokenLen)))
+		return
+	}
+	if len(req.Reason) > 1024 {
+		serve.WriteError(w, invalid("reason", "is longer than 1024 bytes"))
+		return
+	}
+	var view EventView
+	var cancelled bool
+	err := s.inTx(r.Context(), func(tx pgx.Tx) error {
+		cancelled = false
+		ev, err := ingressstore.LockEvent(r.Context(), tx, id)
+		if errors.Is(err, ingressstore.ErrNotFound) {
+			return fmt.Errorf("event %q is not stored: %w", id, serve.ErrNotFound)
+		}
+		if err != nil {
+			return err
+		}
+		switch ev.Status {
+		case ingressstore.StatusCancelled:
+		case ingressstore.StatusDeferred:
+			last := 0
+			if rr, err := ingressstore.GetRetry(r.Context(), tx, id); err == nil {
+				last = rr.Attempts
+			} else if !errors.Is(err, ingressstore.ErrNotFound) {
+				return err
+			}
+			if err := s.cancelDeferral(r.Context(), tx, ev, last, req.By, req.Reason); err != nil {
+				return err
+			}
+			cancelled = true
+			if ev, err = ingressstore.GetEvent(r.Context(), tx, id); err != nil {
+				return err
+			}
+		default:
+			return fmt.Errorf("event %q is %s, only a deferred event can be cancelled: %w", id, ev.Status, serve.ErrConflict)
+		}
+		view, err = s.eventView(r.Context(), tx, ev)
+		return err
+	})
+	if err != nil {
+		if errors.Is(err, serve.ErrNotFound) || errors.Is(err, serve.ErrConflict) {
+			serve.WriteError(w, err)
+			return
+		}
+		s.internal(w, err)
+		return
+	}
+	if cancelled {
+		s.relay.Kick()
+		s.metrics.retry(view.Source, retryCancelled)
+		s.log.Info().Str("source", view.Source).Str("event_id", id).Str("by", req.By).Msg("deferred event cancelled")
+	}
+	serve.WriteJSON(w, http.StatusOK, view)
+}
+
+func (s *Service) internal(w http.ResponseWriter, err error) {
+	s.log.Error().Err(err).Msg("operator api")
+	serve.WriteError(w, err)
+}

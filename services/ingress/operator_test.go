@@ -1,0 +1,161 @@
+package ingress_test
+
+import (
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/retryd/retryd/pkg/contract"
+	"github.com/retryd/retryd/services/ingress"
+)
+
+func TestSourcesAPI(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+
+	v := b.putSource(t, "billing", map[string]any{"rate_limit": 100, "rate_window": "1m", "allowed_types": []string{"invoice.paid", "invoice.voided"}})
+	require.Equal(t, 100, *v.RateLimit)
+	require.Equal(t, "1m0s", v.RateWindow)
+	require.EqualValues(t, 60000, v.RateWindowMS)
+	require.Equal(t, []string{"invoice.paid", "invoice.voided"}, v.AllowedTypes)
+	require.Equal(t, "api", v.UpdatedBy)
+
+	var got ingress.SourceView
+	require.Equal(t, 200, b.do(t, http.MethodGet, "/v1/sources/billing", nil, &got))
+	require.Equal(t, v.RateLimit, got.RateLimit)
+	var list struct{ Sources []ingress.SourceView }
+	require.Equal(t, 200, b.do(t, http.MethodGet, "/v1/sources", nil, &list))
+	require.Len(t, list.Sources, 1)
+
+	var e apiError
+	bad := []struct {
+		path  string
+		body  any
+		field string
+	}{
+		{"/v1/sources/billing", map[string]any{"rate_limit": 5}, "rate_window"},
+		{"/v1/sources/billing", map[string]any{"rate_window": "1s"}, "rate_window"},
+		{"/v1/sources/billing", map[string]any{"rate_limit": 0, "rate_window": "1s"}, "rate_limit"},
+		{"/v1/sources/billing", map[string]any{"rate_limit": 5, "rate_window": "soon"}, "rate_window"},
+		{"/v1/sources/billing", map[string]any{"allowed_types": []string{"Invoice Paid"}}, "allowed_types[0]"},
+		{"/v1/sources/billing", map[string]any{"limit": 5}, "limit"},
+		{"/v1/sources/Bad.Source", map[string]any{}, "source"},
+	}
+	for _, c := range bad {
+		require.Equal(t, http.StatusBadRequest, b.do(t, http.MethodPut, c.path, c.body, &e), c.field)
+		require.Equal(t, c.field, e.Error.Field)
+	}
+	require.Equal(t, http.StatusNotFound, b.do(t, http.MethodGet, "/v1/sources/none", nil, &e))
+	require.Equal(t, "not_found", e.Error.Code)
+	require.Equal(t, http.StatusNotFound, b.do(t, http.MethodPost, "/v1/sources/none/resume", nil, &e))
+	require.Equal(t, http.StatusBadRequest, b.do(t, http.MethodPost, "/v1/sources/billing/pause",
+		map[string]any{"until": time.Now().Add(-time.Minute)}, &e))
+	require.Equal(t, "until", e.Error.Field)
+	require.Equal(t, http.StatusBadRequest, b.do(t, http.MethodPost, "/v1/sources/billing/pause", `{"until":"tomorrow"}`, &e))
+
+	until := time.Now().Add(time.Hour).UTC().Truncate(time.Second)
+	require.Equal(t, 200, b.do(t, http.MethodPost, "/v1/sources/billing/pause", map[string]any{"until": until, "reason": "invoicing run"}, &got))
+	require.True(t, got.Paused)
+	require.True(t, until.Equal(*got.PausedUntil))
+	require.Equal(t, "invoicing run", got.PauseReason)
+	got = b.putSource(t, "billing", map[string]any{})
+	require.True(t, got.Paused, "PUT keeps the pause")
+	require.Nil(t, got.RateLimit)
+	require.Empty(t, got.AllowedTypes)
+	var resumed ingress.SourceView
+	require.Equal(t, 200, b.do(t, http.MethodPost, "/v1/sources/billing/resume", nil, &resumed))
+	require.False(t, resumed.Paused)
+	require.Nil(t, resumed.PausedUntil)
+}
+
+func TestCancelDeferral(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.putSource(t, "billing", map[string]any{"rate_limit": 1, "rate_window": "1h"})
+	b.post(t, event("ok", "billing", "invoice.paid"))
+	b.waitStatus(t, "admitted", "ok")
+	b.post(t, event("held", "billing", "invoice.paid"))
+	b.waitStatus(t, "deferred", "held")
+
+	var v ingress.EventView
+	require.Equal(t, 200, b.do(t, http.MethodPost, "/v1/events/held/cancel", map[string]any{"reason": "duplicate order"}, &v))
+	require.Equal(t, "cancelled", v.Status)
+	require.Equal(t, "cancelled", v.Retry.State)
+	require.Equal(t, "operator", v.Retry.Metadata["cancelled_by"])
+	require.Eventually(t, func() bool { return len(b.lifecycle(t, "held")[contract.Cancelled]) == 1 }, eventually, 20*time.Millisecond)
+	cd := b.lifecycle(t, "held")[contract.Cancelled][0].Cancelled
+	require.Equal(t, 1, cd.Attempt)
+	require.Equal(t, "operator", cd.By)
+	require.Equal(t, "duplicate order", cd.Reason)
+
+	require.Equal(t, 200, b.do(t, http.MethodPost, "/v1/events/held/cancel", nil, &v), "cancelling again is a no-op")
+	var e apiError
+	require.Equal(t, http.StatusConflict, b.do(t, http.MethodPost, "/v1/events/ok/cancel", nil, &e))
+	require.Contains(t, e.Error.Message, "admitted")
+	require.Equal(t, http.StatusNotFound, b.do(t, http.MethodPost, "/v1/events/none/cancel", nil, &e))
+	require.Equal(t, http.StatusBadRequest, b.do(t, http.MethodPost, "/v1/events/held/cancel", `{"why":1}`, &e))
+	require.Equal(t, http.StatusNotFound, b.do(t, http.MethodGet, "/v1/events/none", nil, &e))
+
+	// A due that was already on its way, even with the limit lifted, never
+	// admits a cancelled event; it republishes the cancellation (same
+	// Nats-Msg-Id, so RETRIES keeps one).
+	b.putSource(t, "billing", map[string]any{})
+	b.publishDue(t, "held", "billing", 2)
+	b.drained(t, ingress.ConsumerRetry)
+	require.Equal(t, "cancelled", b.status(t, "held"))
+	require.NotContains(t, b.admittedIDs(t), "held")
+	require.Len(t, b.lifecycle(t, "held")[contract.Cancelled], 1)
+	require.EqualValues(t, 1, b.counter(t, "retryd_ingress_retries_total", map[string]string{"source": "billing", "event": "cancelled"}))
+}
+
+func TestRetryStateFollowsTheScheduler(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.putSource(t, "billing", map[string]any{"rate_limit": 1, "rate_window": "1h"})
+	for _, id := range []string{"ok", "x", "c"} {
+		b.post(t, event(id, "billing", "invoice.paid"))
+		if id == "ok" {
+			b.waitStatus(t, "admitted", id)
+		}
+	}
+	b.waitStatus(t, "deferred", "x", "c")
+
+	publish := func(msg *nats.Msg, err error) {
+		t.Helper()
+		require.NoError(t, err)
+		_, err = b.js.PublishMsg(b.ctx, msg)
+		require.NoError(t, err)
+	}
+	now := time.Now()
+	publish(contract.NewLifecycleMsg("test/scheduler", contract.Exhausted, contract.ExhaustedData{Kind: "event", ID: "x", Attempt: 1,
+		Reason: contract.ExhaustedMaxRetries, Error: contract.ErrorInfo{Class: "rate_limit"}, RetryCount: 20, MaxRetries: 20,
+		Policy: "event-ingress", PolicyVersion: 1, Source: "billing"}, now))
+	publish(contract.NewLifecycleMsg("test/scheduler", contract.Cancelled, contract.CancelledData{Kind: "event", ID: "c", Attempt: 1,
+		By: "alice", Reason: "not needed"}, now))
+	// Late facts about an admitted event change nothing.
+	publish(contract.NewLifecycleMsg("test/scheduler", contract.Exhausted, contract.ExhaustedData{Kind: "event", ID: "ok", Attempt: 1,
+		Reason: contract.ExhaustedMaxRetries, Policy: "event-ingress", PolicyVersion: 1}, now))
+	b.waitStatus(t, "exhausted", "x")
+	b.waitStatus(t, "cancelled", "c")
+	b.drained(t, ingress.ConsumerRetryState)
+	require.Equal(t, "admitted", b.status(t, "ok"))
+
+	var v ingress.EventView
+	require.Equal(t, 200, b.do(t, http.MethodGet, "/v1/events/x", nil, &v))
+	require.Equal(t, "exhausted", v.Retry.State)
+	require.Contains(t, v.Retry.LastError, "max_retries")
+	require.Equal(t, 200, b.do(t, http.MethodGet, "/v1/events/c", nil, &v))
+	require.Equal(t, "cancelled", v.Retry.State)
+	require.Equal(t, "alice", v.Retry.Metadata["cancelled_by"])
+	require.EqualValues(t, 1, b.counter(t, "retryd_ingress_retries_total", map[string]string{"source": "billing", "event": "exhausted"}))
+	require.EqualValues(t, 1, b.counter(t, "retryd_ingress_retries_total", map[string]string{"source": "billing", "event": "cancelled"}))
+
+	// A due after the scheduler's cancellation: nothing is published.
+	b.publishDue(t, "c", "billing", 2)
+	b.drained(t, ingress.ConsumerRetry)
+	require.Len(t, b.lifecycle(t, "c")[contract.Cancelled], 1)
+	require.NotContains(t, b.admittedIDs(t), "c")
+}

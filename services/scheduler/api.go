@@ -1,0 +1,201 @@
+package scheduler
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"strconv"
+
+	"github.com/retryd/retryd/pkg/contract"
+	"github.com/retryd/retryd/pkg/serve"
+	"github.com/retryd/retryd/projections/retrystore"
+)
+
+// maxBodyBytes caps request bodies of the API.
+const maxBodyBytes = 64 << 10
+
+// Handler returns the operator API; mount it next to pkg/serve's health
+// and metrics endpoints:
+//
+//	GET  /v1/retries?kind=&state=&source=&job_type=&limit=&cursor=
+//	GET  /v1/retries/{kind}/{id}
+//	POST /v1/retries/{kind}/{id}/cancel   {"reason": "...", "by": "..."}
+//	POST /v1/retries/{kind}/{id}/retry    {"reason": "...", "by": "...", "reset_attempts": false}
+//	GET  /v1/policies
+//	GET  /v1/policies/{kind}/{job_type}           ("_" or "default": the kind's default)
+//	PUT  /v1/policies/{kind}/{job_type}
+//	GET  /v1/policies/{kind}/{job_type}/versions
+func (s *Scheduler) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /v1/retries", s.handleList)
+	mux.HandleFunc("GET /v1/retries/{kind}/{id}", s.handleGet)
+	mux.HandleFunc("POST /v1/retries/{kind}/{id}/cancel", s.handleCancel)
+	mux.HandleFunc("POST /v1/retries/{kind}/{id}/retry", s.handleRetry)
+	mux.HandleFunc("GET /v1/policies", s.handleListPolicies)
+	mux.HandleFunc("GET /v1/policies/{kind}/{job_type}", s.handleGetPolicy)
+	mux.HandleFunc("PUT /v1/policies/{kind}/{job_type}", s.handlePutPolicy)
+	mux.HandleFunc("GET /v1/policies/{kind}/{job_type}/versions", s.handlePolicyVersions)
+	return mux
+}
+
+func invalidField(field, reason string) error {
+	return &contract.FieldError{Field: field, Reason: reason, Err: contract.ErrInvalid}
+}
+
+// listQuery parses the list filter strictly: unknown parameters are
+// rejected rather than silently ignored.
+func listQuery(q url.Values) (retrystore.ListFilter, error) {
+	var f retrystore.ListFilter
+	for key, vals := range q {
+		if len(vals) != 1 {
+			return f, invalidField(key, "must be given once")
+		}
+		v := vals[0]
+		if v == "" {
+			continue
+		}
+		var err error
+		switch key {
+		case "kind":
+			f.Kind, err = v, contract.ValidateKind("kind", v)
+		case "state":
+			f.State = retrystore.State(v)
+			if !f.State.Valid() {
+				err = invalidField("state", fmt.Sprintf("%q is not one of %v", v, retrystore.States))
+			}
+		case "source":
+			f.Source, err = v, contract.ValidateToken("source", v)
+		case "job_type":
+			f.JobType, err = v, contract.ValidateToken("job_type", v)
+		case "limit":
+			f.Limit, err = strconv.Atoi(v)
+			if err != nil || f.Limit < 1 || f.Limit > retrystore.MaxListLimit {
+				err = invalidField("limit", fmt.Sprintf("must be an integer between 1 and %d", retrystore.MaxListLimit))
+			}
+		case "cursor":
+			f.Cursor = v
+		default:
+			err = invalidField(key, "is not a known parameter (kind, state, source, job_type, limit, cursor)")
+		}
+		if err != nil {
+			return f, err
+		}
+	}
+	return f, nil
+}
+
+func (s *Scheduler) handleList(w http.ResponseWriter, r *http.Request) {
+	f, err := listQuery(r.URL.Query())
+	if err != nil {
+		serve.WriteError(w, err)
+		return
+	}
+	page, err := retrystore.List(r.Context(), s.cfg.Pool, f)
+	if errors.Is(err, retrystore.ErrBadCursor) {
+		err = invalidField("cursor", "is not a cursor returned by this API")
+	}
+	if err != nil {
+		serve.WriteError(w, err)
+		return
+	}
+	serve.WriteJSON(w, http.StatusOK, page)
+}
+
+// retryView is one retry with its history: everything that answers "why
+// did it retry?".
+type retryView struct {
+	Retry   retrystore.Retry          `json:"retry"`
+	History []retrystore.HistoryEntry `json:"history,omitempty"`
+}
+
+func pathItem(r *http.Request) (kind, id string, err error) {
+	kind, id = r.PathValue("kind"), r.PathValue("id")
+	if err := contract.ValidateKind("kind", kind); err != nil {
+		return "", "", err
+	}
+	if err := contract.ValidateID("id", id); err != nil {
+		return "", "", err
+	}
+	return kind, id, nil
+}
+
+func (s *Scheduler) handleGet(w http.ResponseWriter, r *http.Request) {
+	kind, id, err := pathItem(r)
+	if err != nil {
+		serve.WriteError(w, err)
+		return
+	}
+	row, err := retrystore.Get(r.Context(), s.cfg.Pool, kind, id)
+	if isNotFound(err) {
+		err = fmt.Errorf("%s/%s: %w", kind, id, ErrNotFound)
+	}
+	if err != nil {
+		serve.WriteError(w, err)
+		return
+	}
+	hist, err := retrystore.History(r.Context(), s.cfg.Pool, kind, id)
+	if err != nil {
+		serve.WriteError(w, err)
+		return
+	}
+	serve.WriteJSON(w, http.StatusOK, retryView{Retry: row, History: hist})
+}
+
+// decodeOptional decodes a JSON body when there is one; an action without
+// a body uses the defaults.
+func decodeOptional(r *http.Request, v any) error {
+	if r.ContentLength == 0 {
+		return nil
+	}
+	return serve.DecodeJSON(r, maxBodyBytes, v)
+}
+
+type cancelRequest struct {
+	Reason string `json:"reason"`
+	By     string `json:"by"`
+}
+
+func (s *Scheduler) handleCancel(w http.ResponseWriter, r *http.Request) {
+	kind, id, err := pathItem(r)
+	if err != nil {
+		serve.WriteError(w, err)
+		return
+	}
+	var req cancelRequest
+	if err := decodeOptional(r, &req); err != nil {
+		serve.WriteError(w, err)
+		return
+	}
+	row, err := s.Cancel(r.Context(), kind, id, req.By, req.Reason)
+	if err != nil {
+		serve.WriteError(w, err)
+		return
+	}
+	serve.WriteJSON(w, http.StatusOK, retryView{Retry: row})
+}
+
+type retryRequest struct {
+	Reason        string `json:"reason"`
+	By            string `json:"by"`
+	ResetAttempts bool   `json:"reset_attempts"`
+}
+
+func (s *Scheduler) handleRetry(w http.ResponseWriter, r *http.Request) {
+	kind, id, err := pathItem(r)
+	if err != nil {
+		serve.WriteError(w, err)
+		return
+	}
+	var req retryRequest
+	if err := decodeOptional(r, &req); err != nil {
+		serve.WriteError(w, err)
+		return
+	}
+	row, err := s.RetryNow(r.Context(), kind, id, RetryNowOptions{Reason: req.Reason, By: req.By, ResetAttempts: req.ResetAttempts})
+	if err != nil {
+		serve.WriteError(w, err)
+		return
+	}
+	serve.WriteJSON(w, http.StatusOK, retryView{Retry: row})
+}

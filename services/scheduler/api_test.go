@@ -1,0 +1,194 @@
+package scheduler_test
+
+import (
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/retryd/retryd/pkg/contract"
+	"github.com/retryd/retryd/projections/retrystore"
+)
+
+type apiClient struct {
+	t   *testing.T
+	url string
+}
+
+func (c apiClient) do(method, path, body string) (int, map[string]any) {
+	c.t.Helper()
+	var r io.Reader
+	if body != "" {
+		r = strings.NewReader(body)
+	}
+	req, err := http.NewRequest(method, c.url+path, r)
+	require.NoError(c.t, err)
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(c.t, err)
+	defer resp.Body.Close()
+	var out map[string]any
+	raw, err := io.ReadAll(resp.Body)
+	require.NoError(c.t, err)
+	require.NoError(c.t, json.Unmarshal(raw, &out), "body %s", raw)
+	return resp.StatusCode, out
+}
+
+func errField(body map[string]any) string {
+	e, _ := body["error"].(map[string]any)
+	f, _ := e["field"].(string)
+	return f
+}
+
+func TestRetriesAPI(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	s := b.start(t)
+	srv := httptest.NewServer(s.Handler())
+	t.Cleanup(srv.Close)
+	api := apiClient{t: t, url: srv.URL}
+	hour := int64(time.Hour / time.Millisecond)
+	b.policy(t, "api", "", 3, hour, hour)
+
+	for _, id := range []string{"a", "b", "c"} {
+		fd := failed("api", id, 1, "timeout")
+		fd.Source = "crm"
+		b.publish(t, contract.Failed, fd)
+	}
+	b.publish(t, contract.Failed, failed("api", "d", 1, "validation"))
+	b.waitRow(t, "api", "d", inState(retrystore.StateExhausted, 1))
+	for _, id := range []string{"a", "b", "c"} {
+		b.waitRow(t, "api", id, inState(retrystore.StateScheduled, 2))
+	}
+
+	status, body := api.do("GET", "/v1/retries?kind=api&state=scheduled&source=crm&limit=2", "")
+	require.Equal(t, http.StatusOK, status)
+	require.Len(t, body["retries"], 2)
+	cursor := body["next_cursor"].(string)
+	status, body = api.do("GET", "/v1/retries?kind=api&state=scheduled&source=crm&limit=2&cursor="+cursor, "")
+	require.Equal(t, http.StatusOK, status)
+	require.Len(t, body["retries"], 1)
+	require.Nil(t, body["next_cursor"])
+
+	for _, bad := range []struct{ query, field string }{
+		{"state=waiting", "state"}, {"limit=0", "limit"}, {"kind=Bad", "kind"},
+		{"cursor=zz", "cursor"}, {"color=red", "color"}, {"limit=5000", "limit"},
+	} {
+		status, body = api.do("GET", "/v1/retries?"+bad.query, "")
+		require.Equal(t, http.StatusBadRequest, status, bad.query)
+		require.Equal(t, bad.field, errField(body), bad.query)
+	}
+
+	// "Why did it retry?": the row with its history.
+	status, body = api.do("GET", "/v1/retries/api/a", "")
+	require.Equal(t, http.StatusOK, status)
+	require.Equal(t, "scheduled", body["retry"].(map[string]any)["state"])
+	hist := body["history"].([]any)
+	require.Len(t, hist, 2)
+	decision := hist[1].(map[string]any)
+	require.Equal(t, "backoff", decision["decided_by"])
+	require.Equal(t, "api-policy", decision["policy_name"])
+
+	status, _ = api.do("GET", "/v1/retries/api/zzz", "")
+	require.Equal(t, http.StatusNotFound, status)
+	status, body = api.do("GET", "/v1/retries/api/bad%20id", "")
+	require.Equal(t, http.StatusBadRequest, status)
+	require.Equal(t, "id", errField(body))
+
+	status, body = api.do("POST", "/v1/retries/api/a/cancel", `{"reason":"duplicate order","by":"ops"}`)
+	require.Equal(t, http.StatusOK, status)
+	require.Equal(t, "cancelled", body["retry"].(map[string]any)["state"])
+	status, _ = api.do("POST", "/v1/retries/api/a/cancel", "")
+	require.Equal(t, http.StatusConflict, status)
+	status, body = api.do("POST", "/v1/retries/api/b/cancel", `{"reason":"x","oops":1}`)
+	require.Equal(t, http.StatusBadRequest, status)
+	require.Equal(t, "oops", errField(body))
+	status, _ = api.do("POST", "/v1/retries/api/b/cancel", `{"reason":"`+strings.Repeat("x", 70<<10)+`"}`)
+	require.Equal(t, http.StatusRequestEntityTooLarge, status)
+
+	status, body = api.do("POST", "/v1/retries/api/d/retry", `{"reason":"fixed validation","reset_attempts":true}`)
+	require.Equal(t, http.StatusOK, status)
+	retry := body["retry"].(map[string]any)
+	require.Equal(t, "scheduled", retry["state"])
+	require.EqualValues(t, 2, retry["attempt"])
+	b.waitRow(t, "api", "d", inState(retrystore.StateDue, 2))
+	status, _ = api.do("POST", "/v1/retries/api/nope/retry", "")
+	require.Equal(t, http.StatusNotFound, status)
+}
+
+func TestPoliciesAPI(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	s := b.start(t)
+	srv := httptest.NewServer(s.Handler())
+	t.Cleanup(srv.Close)
+	api := apiClient{t: t, url: srv.URL}
+
+	status, body := api.do("GET", "/v1/policies", "")
+	require.Equal(t, http.StatusOK, status)
+	require.Len(t, body["policies"], 8)
+	status, body = api.do("GET", "/v1/policies/job/email_campaign", "")
+	require.Equal(t, http.StatusOK, status)
+	require.Equal(t, "email-campaign", body["name"])
+	for _, def := range []string{"_", "default"} {
+		status, body = api.do("GET", "/v1/policies/event/"+def, "")
+		require.Equal(t, http.StatusOK, status)
+		require.Equal(t, "event-ingress", body["name"])
+	}
+	status, body = api.do("GET", "/v1/policies/*/_", "")
+	require.Equal(t, http.StatusOK, status)
+	require.Equal(t, "default", body["name"])
+	status, _ = api.do("GET", "/v1/policies/job/nothing", "")
+	require.Equal(t, http.StatusNotFound, status)
+
+	// A policy update is used by the decisions after it, and versioned.
+	b.policy(t, "pu", "", 3, 60_000, 60_000)
+	b.publish(t, contract.Failed, failed("pu", "before", 1, "timeout"))
+	b.waitRow(t, "pu", "before", inState(retrystore.StateScheduled, 2))
+
+	status, body = api.do("PUT", "/v1/policies/pu/_", `{"name":"pu-fast","max_retries":5,"base_delay_ms":5000,"max_delay_ms":10000,"jitter":"none","version":1,"updated_by":"carol"}`)
+	require.Equal(t, http.StatusOK, status, body)
+	require.EqualValues(t, 2, body["version"])
+	b.publish(t, contract.Failed, failed("pu", "after", 1, "timeout"))
+	b.waitRow(t, "pu", "after", inState(retrystore.StateScheduled, 2))
+	h := b.history(t, "pu", "after")
+	require.Equal(t, "pu-fast", h[1].PolicyName)
+	require.Equal(t, 2, h[1].PolicyVersion)
+	require.Equal(t, int64(5000), *h[1].DelayMS)
+	h = b.history(t, "pu", "before")
+	require.Equal(t, 1, h[1].PolicyVersion)
+
+	status, body = api.do("GET", "/v1/policies/pu/default/versions", "")
+	require.Equal(t, http.StatusOK, status)
+	versions := body["versions"].([]any)
+	require.Len(t, versions, 2)
+	require.Equal(t, "carol", versions[0].(map[string]any)["changed_by"])
+
+	// A stale version conflicts; a new job type policy is created.
+	status, _ = api.do("PUT", "/v1/policies/pu/_", `{"name":"x","max_retries":1,"base_delay_ms":1,"max_delay_ms":1,"version":1}`)
+	require.Equal(t, http.StatusConflict, status)
+	status, body = api.do("PUT", "/v1/policies/pu/reports", `{"name":"pu-reports","max_retries":1,"base_delay_ms":1000,"max_delay_ms":2000,"non_retryable_classes":["validation_error"]}`)
+	require.Equal(t, http.StatusCreated, status, body)
+	require.Equal(t, []any{"validation"}, body["non_retryable_classes"])
+	require.Equal(t, "additive", body["jitter"])
+
+	for _, bad := range []struct{ path, body, field string }{
+		{"/v1/policies/pu/_", `{"name":"x","base_delay_ms":1,"max_delay_ms":1}`, "max_retries"},
+		{"/v1/policies/pu/_", `{"name":"x","max_retries":1,"base_delay_ms":10,"max_delay_ms":1}`, "max_delay_ms"},
+		{"/v1/policies/pu/_", `{"name":"x","max_retries":1,"base_delay_ms":1,"max_delay_ms":1,"jitter":"lots"}`, "jitter"},
+		{"/v1/policies/pu/_", `{"name":"x","max_retries":1,"base_delay_ms":1,"max_delay_ms":1,"retryable_classes":["weird"]}`, "retryable_classes"},
+		{"/v1/policies/pu/_", `{"name":"","max_retries":1,"base_delay_ms":1,"max_delay_ms":1}`, "name"},
+		{"/v1/policies/pu/_", `{"name":"x","max_retries":1,"base_delay_ms":1,"max_delay_ms":1,"multiplier":0.5}`, "multiplier"},
+		{"/v1/policies/PU/_", `{"name":"x","max_retries":1,"base_delay_ms":1,"max_delay_ms":1}`, "kind"},
+		{"/v1/policies/*/x", `{"name":"x","max_retries":1,"base_delay_ms":1,"max_delay_ms":1}`, "job_type"},
+		{"/v1/policies/pu/_", `[]`, "body"},
+	} {
+		status, body = api.do("PUT", bad.path, bad.body)
+		require.Equal(t, http.StatusBadRequest, status, bad.body)
+		require.Equal(t, bad.field, errField(body), bad.body)
+	}
+}

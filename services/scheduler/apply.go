@@ -1,0 +1,250 @@
+package scheduler
+
+import (
+	"encoding/json"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/retryd/retryd/pkg/contract"
+	"github.com/retryd/retryd/projections/retrystore"
+)
+
+// The state machine of a retry row. Each function takes the current row
+// (nil when the item has none) and a lifecycle fact and returns the change
+// to write. The policy stage and the rebuild share them, which is what
+// makes a rebuilt projection equal the original.
+//
+//	failed(n)      row absent, or pending with attempt n -> decided: scheduled(n+1) or exhausted
+//	scheduled(m)   written with the decision
+//	due(m)         scheduled -> due (again: due -> due, one more emission)
+//	succeeded      pending -> succeeded
+//	cancelled      pending or absent -> cancelled
+//	manual retry   any row -> scheduled(attempt+1), now
+//
+// A fact that does not fit (an old attempt, a terminal row) is stale and
+// changes nothing.
+
+// source is the CloudEvents source of every event the scheduler publishes.
+const source = "retryd/scheduler"
+
+// fact is one lifecycle message as the state machine sees it.
+type fact struct {
+	ev    contract.LifecycleEvent
+	msgID string
+	// at is the envelope time, at the database's precision.
+	at time.Time
+}
+
+func newFact(ev contract.LifecycleEvent, msgID string) fact {
+	return fact{ev: ev, msgID: msgID, at: ev.Envelope.Time.Truncate(time.Microsecond)}
+}
+
+// change is what applying a fact writes.
+type change struct {
+	// row is saved when not nil.
+	row     *retrystore.Retry
+	history []retrystore.HistoryEntry
+	// msgs go to the outbox.
+	msgs []*nats.Msg
+	// outcome names the lifecycle event the change produced, for metrics:
+	// scheduled, rescheduled, exhausted, succeeded, cancelled or "".
+	outcome contract.Lifecycle
+	stale   bool
+	// untracked: a fact about an item the scheduler has no row for and
+	// does not need one (a first-attempt success).
+	untracked bool
+}
+
+func staleChange() change { return change{stale: true} }
+
+// pending reports whether r waits for a due emission or an outcome.
+func pending(r *retrystore.Retry) bool { return r != nil && !r.State.Terminal() }
+
+// awaitingDecision marks a row whose failure was recorded by a rebuild but
+// whose decision was not read yet: scheduled without a time. The live
+// policy stage never stores such a row.
+func awaitingDecision(r *retrystore.Retry) bool {
+	return r != nil && r.State == retrystore.StateScheduled && r.NextAttemptAt == nil
+}
+
+// acceptsFailure is the guard of a failed fact: the item is new, or pending
+// and the failure is of the attempt the row expects. Anything else is a
+// replay or a report of an attempt the scheduler moved past (cancelled,
+// retried by hand).
+func acceptsFailure(row *retrystore.Retry, attempt int) bool {
+	return row == nil || (pending(row) && row.Attempt == attempt)
+}
+
+// recordFailure copies a failure into the row and returns the failed
+// history entry. The row is left awaiting its decision.
+func recordFailure(row *retrystore.Retry, f fact, class string) (retrystore.Retry, retrystore.HistoryEntry) {
+	fd := f.ev.Failed
+	r := retrystore.Retry{Kind: f.ev.Kind, ItemID: f.ev.ID, RetryEnabled: true}
+	if row != nil {
+		r = *row
+	}
+	if fd.JobType != "" {
+		r.JobType = fd.JobType
+	}
+	if fd.Source != "" {
+		r.Source = fd.Source
+	}
+	if fd.MaxRetries != nil {
+		v := *fd.MaxRetries
+		r.MaxRetriesOverride = &v
+	}
+	if fd.RetryEnabled != nil {
+		r.RetryEnabled = *fd.RetryEnabled
+	}
+	if len(fd.Payload) > 0 {
+		r.Payload = fd.Payload
+	}
+	if len(fd.Checkpoint) > 0 {
+		r.Checkpoint = fd.Checkpoint
+	}
+	if fd.Metadata != nil {
+		r.Metadata = fd.Metadata
+	}
+	at := f.at
+	r.State = retrystore.StateScheduled
+	r.Attempt = fd.Attempt
+	r.RetryCount = max(fd.Attempt-1-r.BudgetBase, 0)
+	r.NextAttemptAt, r.DueAt, r.DueEmissions = nil, nil, 0
+	r.LastErrorClass = class
+	r.LastErrorMessage = fd.Error.Message
+	r.LastErrorAt = &at
+	r.LastReason = fd.Reason
+	r.ExhaustedReason, r.ResolvedAt = "", nil
+
+	h := entry(&r, fd.Attempt, contract.Failed, f.msgID, f.at)
+	h.ErrorClass = class
+	h.ErrorMessage = fd.Error.Message
+	h.Detail = failedDetail(fd)
+	return r, h
+}
+
+// failedDetail keeps what the decision used besides the class, so a
+// rebuild can decide for a failure whose decision never reached the stream.
+type failedDetailJSON struct {
+	Reason     string               `json:"reason,omitempty"`
+	RetryAfter *contract.RetryAfter `json:"retry_after,omitempty"`
+}
+
+func failedDetail(fd *contract.FailedData) json.RawMessage {
+	if fd.Reason == "" && fd.RetryAfter == nil {
+		return nil
+	}
+	b, _ := json.Marshal(failedDetailJSON{Reason: fd.Reason, RetryAfter: fd.RetryAfter})
+	return b
+}
+
+// entry starts a history entry for r.
+func entry(r *retrystore.Retry, attempt int, ev contract.Lifecycle, msgID string, at time.Time) retrystore.HistoryEntry {
+	return retrystore.HistoryEntry{
+		Kind: r.Kind, ItemID: r.ItemID, Attempt: attempt, Event: string(ev),
+		JobType: r.JobType, Source: r.Source, MsgID: msgID, At: at,
+	}
+}
+
+// scheduledEntry is the history entry of a scheduled or rescheduled fact:
+// the decision in full ("why did it retry?").
+func scheduledEntry(r *retrystore.Retry, ev contract.Lifecycle, sd *contract.ScheduledData, msgID string, at time.Time) retrystore.HistoryEntry {
+	h := entry(r, sd.Attempt, ev, msgID, at)
+	next := sd.NextAttemptAt
+	delay := sd.Decision.DelayMS
+	h.NextAttemptAt = &next
+	h.DelayMS = &delay
+	h.DecidedBy = sd.Decision.DecidedBy
+	h.PolicyName = sd.Decision.Policy
+	h.PolicyVersion = sd.Decision.PolicyVersion
+	h.ErrorClass = sd.Decision.ErrorClass
+	h.Detail, _ = json.Marshal(sd.Decision)
+	return h
+}
+
+func exhaustedEntry(r *retrystore.Retry, ed *contract.ExhaustedData, msgID string, at time.Time) retrystore.HistoryEntry {
+	h := entry(r, ed.Attempt, contract.Exhausted, msgID, at)
+	h.ErrorClass = ed.Error.Class
+	h.PolicyName = ed.Policy
+	h.PolicyVersion = ed.PolicyVersion
+	h.Detail, _ = json.Marshal(map[string]any{"reason": ed.Reason, "retry_count": ed.RetryCount, "max_retries": ed.MaxRetries})
+	return h
+}
+
+func dueEntry(r *retrystore.Retry, msgID string, at time.Time) retrystore.HistoryEntry {
+	h := entry(r, r.Attempt, contract.Due, msgID, at)
+	h.NextAttemptAt = r.NextAttemptAt
+	h.Detail, _ = json.Marshal(map[string]int{"emission": r.DueEmissions})
+	return h
+}
+
+// applyScheduleDecision moves a row awaiting its decision to scheduled.
+func applyScheduleDecision(r *retrystore.Retry, sd *contract.ScheduledData) {
+	next := sd.NextAttemptAt
+	r.State = retrystore.StateScheduled
+	r.Attempt = sd.Attempt
+	r.RetryCount = sd.Decision.RetryCount
+	r.MaxRetries = sd.Decision.MaxRetries
+	r.PolicyName, r.PolicyVersion = sd.Decision.Policy, sd.Decision.PolicyVersion
+	r.NextAttemptAt = &next
+	r.DueAt, r.DueEmissions = nil, 0
+	r.ExhaustedReason, r.ResolvedAt = "", nil
+	if sd.Decision.DecidedBy == contract.DecidedByManual {
+		r.BudgetBase = sd.Attempt - 1 - sd.Decision.RetryCount
+	} else if sd.Decision.ErrorClass != "" {
+		r.LastErrorClass = sd.Decision.ErrorClass
+	}
+}
+
+// applyExhaustDecision moves a row awaiting its decision to exhausted.
+func applyExhaustDecision(r *retrystore.Retry, ed *contract.ExhaustedData, at time.Time) {
+	r.State = retrystore.StateExhausted
+	r.ExhaustedReason = ed.Reason
+	r.RetryCount = ed.RetryCount
+	r.MaxRetries = ed.MaxRetries
+	r.PolicyName, r.PolicyVersion = ed.Policy, ed.PolicyVersion
+	r.NextAttemptAt = nil
+	if ed.Error.Class != "" {
+		r.LastErrorClass = ed.Error.Class
+	}
+	r.ResolvedAt = &at
+}
+
+// applySucceeded closes a pending row. A success of an item without a row
+// (it never failed) needs no row.
+func applySucceeded(row *retrystore.Retry, f fact) change {
+	sd := f.ev.Succeeded
+	if row == nil {
+		return change{untracked: true}
+	}
+	if !pending(row) {
+		return staleChange()
+	}
+	r := *row
+	at := f.at
+	r.State = retrystore.StateSucceeded
+	r.Attempt = max(r.Attempt, sd.Attempt)
+	r.ResolvedAt = &at
+	return change{row: &r, history: []retrystore.HistoryEntry{entry(&r, sd.Attempt, contract.Succeeded, f.msgID, f.at)}, outcome: contract.Succeeded}
+}
+
+// applyCancelled closes a pending row, or creates a cancelled one for an
+// item cancelled before it ever failed, so a later failure is not retried.
+func applyCancelled(row *retrystore.Retry, f fact) change {
+	cd := f.ev.Cancelled
+	if row != nil && !pending(row) {
+		return staleChange()
+	}
+	r := retrystore.Retry{Kind: f.ev.Kind, ItemID: f.ev.ID, RetryEnabled: true}
+	if row != nil {
+		r = *row
+	}
+	at := f.at
+	r.State = retrystore.StateCancelled
+	r.Attempt = max(r.Attempt, cd.Attempt)
+	r.ResolvedAt = &at
+	h := entry(&r, cd.Attempt, contract.Cancelled, f.msgID, f.at)
+	h.Detail, _ = json.Marshal(map[string]string{"by": cd.By, "reason": cd.Reason})
+	return change{row: &r, history: []retrystore.HistoryEntry{h}, outcome: contract.Cancelled}
+}

@@ -1,0 +1,288 @@
+// Command retryd-scheduler runs retryd's scheduler: retry decisions, the
+// Postgres retry projection, due events, reconciliation and the operator
+// API.
+//
+// Usage:
+//
+//	retryd-scheduler            run the scheduler (serve)
+//	retryd-scheduler rebuild    replay RETRIES into an empty projection, print the counts as JSON
+//
+// Configuration is read from the environment:
+//
+//	DATABASE_URL                           Postgres URL (required)
+//	NATS_URL, NATS_CREDS, NATS_NKEY,       NATS connection (see pkg/natsconn)
+//	NATS_USER, NATS_PASSWORD, NATS_TOKEN,
+//	NATS_TLS_CERT, NATS_TLS_KEY, NATS_TLS_CA
+//	RETRYD_HTTP_ADDR                       listen address (default :8080)
+//	RETRYD_MIGRATE                         apply migrations at start (default false)
+//	RETRYD_LOG_LEVEL                       debug, info (default), warn, error
+//	RETRYD_SCHEDULER_INSTANCE              instance name in logs (default host-pid)
+//	RETRYD_SCHEDULER_BATCH_SIZE            due events per transaction (default 500)
+//	RETRYD_SCHEDULER_CONSUME_BATCH         lifecycle messages per transaction (default 100)
+//	RETRYD_SCHEDULER_MAX_ACK_PENDING       unacked messages of the consumer (default 1000)
+//	RETRYD_SCHEDULER_ACK_WAIT              consumer ack wait (default 30s)
+//	RETRYD_SCHEDULER_MAX_IDLE              longest sleep of the due loop (default 1s)
+//	RETRYD_SCHEDULER_REDUE_AFTER           re-emit an unresolved due after (default 5m, > 2m)
+//	RETRYD_SCHEDULER_RECONCILE_INTERVAL    streams/consumer/outbox check (default 30s)
+//	RETRYD_SCHEDULER_METRICS_INTERVAL      pending gauges refresh (default 15s)
+//	RETRYD_SCHEDULER_OUTBOX_INTERVAL       outbox relay poll (default 1s)
+//	RETRYD_SCHEDULER_STREAM_REPLICAS       replicas when recreating streams (default 1)
+//	RETRYD_SCHEDULER_ERROR_PATTERNS        extra classifier patterns, JSON {"rate_limit": ["(?i)slow down"]}
+//	RETRYD_SCHEDULER_SHUTDOWN_TIMEOUT      bound on the graceful stop (default 30s)
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/rs/zerolog"
+
+	"github.com/retryd/retryd/migrations"
+	"github.com/retryd/retryd/pkg/errclass"
+	"github.com/retryd/retryd/pkg/natsconn"
+	"github.com/retryd/retryd/pkg/serve"
+	"github.com/retryd/retryd/services/scheduler"
+)
+
+const usage = `usage: retryd-scheduler [serve|rebuild]
+
+  serve     run the scheduler (default)
+  rebuild   replay the RETRIES stream into an empty retry projection
+
+Configuration comes from the environment; see the package documentation
+or docs/scheduler.md.
+`
+
+func main() {
+	log := zerolog.New(os.Stderr).With().Timestamp().Str("service", "retryd-scheduler").Logger()
+	if lvl, err := zerolog.ParseLevel(env("RETRYD_LOG_LEVEL", "info")); err == nil && lvl != zerolog.NoLevel {
+		log = log.Level(lvl)
+	}
+	cmd := "serve"
+	if len(os.Args) > 1 {
+		cmd = os.Args[1]
+	}
+	var err error
+	switch cmd {
+	case "serve":
+		err = serveCmd(log)
+	case "rebuild":
+		err = rebuildCmd(log)
+	case "help", "-h", "--help":
+		fmt.Print(usage)
+		return
+	default:
+		fmt.Fprint(os.Stderr, usage)
+		os.Exit(2)
+	}
+	if err != nil {
+		log.Error().Err(err).Str("command", cmd).Msg("retryd-scheduler failed")
+		os.Exit(1)
+	}
+}
+
+// settings is the environment, parsed.
+type settings struct {
+	dbURL           string
+	addr            string
+	migrate         bool
+	shutdownTimeout time.Duration
+	cfg             scheduler.Config
+}
+
+func readSettings(log zerolog.Logger) (settings, error) {
+	e := &envReader{}
+	s := settings{
+		dbURL:           os.Getenv("DATABASE_URL"),
+		addr:            env("RETRYD_HTTP_ADDR", ":8080"),
+		migrate:         e.bool("RETRYD_MIGRATE", false),
+		shutdownTimeout: e.duration("RETRYD_SCHEDULER_SHUTDOWN_TIMEOUT", 30*time.Second),
+		cfg: scheduler.Config{
+			Logger:            log,
+			Instance:          os.Getenv("RETRYD_SCHEDULER_INSTANCE"),
+			BatchSize:         e.int("RETRYD_SCHEDULER_BATCH_SIZE"),
+			ConsumeBatch:      e.int("RETRYD_SCHEDULER_CONSUME_BATCH"),
+			MaxAckPending:     e.int("RETRYD_SCHEDULER_MAX_ACK_PENDING"),
+			AckWait:           e.duration("RETRYD_SCHEDULER_ACK_WAIT", 0),
+			MaxIdle:           e.duration("RETRYD_SCHEDULER_MAX_IDLE", 0),
+			RedueAfter:        e.duration("RETRYD_SCHEDULER_REDUE_AFTER", 0),
+			ReconcileInterval: e.duration("RETRYD_SCHEDULER_RECONCILE_INTERVAL", 0),
+			MetricsInterval:   e.duration("RETRYD_SCHEDULER_METRICS_INTERVAL", 0),
+			OutboxInterval:    e.duration("RETRYD_SCHEDULER_OUTBOX_INTERVAL", 0),
+		},
+	}
+	s.cfg.Streams.Replicas = e.int("RETRYD_SCHEDULER_STREAM_REPLICAS")
+	if v := os.Getenv("RETRYD_SCHEDULER_ERROR_PATTERNS"); v != "" {
+		var patterns map[errclass.Class][]string
+		if err := json.Unmarshal([]byte(v), &patterns); err != nil {
+			e.errs = append(e.errs, fmt.Errorf(`RETRYD_SCHEDULER_ERROR_PATTERNS must be JSON like {"rate_limit": ["regexp"]}: %w`, err))
+		} else if c, err := errclass.NewClassifier(patterns); err != nil {
+			e.errs = append(e.errs, fmt.Errorf("RETRYD_SCHEDULER_ERROR_PATTERNS: %w", err))
+		} else {
+			s.cfg.Classifier = c
+		}
+	}
+	if s.dbURL == "" {
+		e.errs = append(e.errs, errors.New("DATABASE_URL is required"))
+	}
+	return s, errors.Join(e.errs...)
+}
+
+// connect migrates (when asked) and opens the pool and the NATS
+// connection; closeAll releases both.
+func connect(ctx context.Context, s settings, log zerolog.Logger) (*pgxpool.Pool, jetstream.JetStream, func(), error) {
+	if s.migrate {
+		if err := migrations.Up(ctx, s.dbURL, log); err != nil {
+			return nil, nil, nil, fmt.Errorf("migrate: %w", err)
+		}
+	}
+	pool, err := pgxpool.New(ctx, s.dbURL)
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("open database: %w", err)
+	}
+	nc, js, err := natsconn.Connect(ctx, natsconn.OptionsFromEnv("retryd-scheduler"), log)
+	if err != nil {
+		pool.Close()
+		return nil, nil, nil, fmt.Errorf("connect to nats: %w", err)
+	}
+	return pool, js, func() {
+		_ = nc.Drain()
+		pool.Close()
+	}, nil
+}
+
+func serveCmd(log zerolog.Logger) error {
+	ctx, stop := serve.SignalContext()
+	defer stop()
+	s, err := readSettings(log)
+	if err != nil {
+		return err
+	}
+	pool, js, closeAll, err := connect(ctx, s, log)
+	if err != nil {
+		return err
+	}
+	defer closeAll()
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	s.cfg.Pool, s.cfg.JS, s.cfg.Registerer = pool, js, reg
+	sched, err := scheduler.New(s.cfg)
+	if err != nil {
+		return err
+	}
+	if err := sched.Start(ctx); err != nil {
+		return err
+	}
+	health := &serve.Health{}
+	health.SetReady(true)
+	mux := serve.NewMux(reg, health)
+	mux.Handle("/v1/", sched.Handler())
+	srv := &http.Server{Addr: s.addr, Handler: mux, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
+	httpCtx, stopHTTP := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopHTTP()
+	httpDone := make(chan error, 1)
+	go func() { httpDone <- serve.Run(httpCtx, srv, log) }()
+	log.Info().Str("addr", s.addr).Msg("serving")
+
+	select {
+	case <-ctx.Done():
+		log.Info().Msg("shutting down")
+	case err := <-httpDone:
+		health.SetReady(false)
+		stopCtx, cancel := context.WithTimeout(context.Background(), s.shutdownTimeout)
+		defer cancel()
+		return errors.Join(err, sched.Stop(stopCtx))
+	}
+	// Readiness off first so traffic drains away, then the consumer is
+	// drained and the loops stopped, then HTTP; the pool and the NATS
+	// connection close last (deferred).
+	health.SetReady(false)
+	stopCtx, cancel := context.WithTimeout(context.Background(), s.shutdownTimeout)
+	defer cancel()
+	stopErr := sched.Stop(stopCtx)
+	stopHTTP()
+	return errors.Join(stopErr, <-httpDone)
+}
+
+func rebuildCmd(log zerolog.Logger) error {
+	ctx, stop := serve.SignalContext()
+	defer stop()
+	s, err := readSettings(log)
+	if err != nil {
+		return err
+	}
+	pool, js, closeAll, err := connect(ctx, s, log)
+	if err != nil {
+		return err
+	}
+	defer closeAll()
+	var opts []scheduler.RebuildOption
+	if s.cfg.Classifier != nil {
+		opts = append(opts, scheduler.WithClassifier(s.cfg.Classifier))
+	}
+	stats, err := scheduler.Rebuild(ctx, js, pool, log, opts...)
+	if err != nil {
+		return err
+	}
+	out, _ := json.MarshalIndent(stats, "", "  ")
+	fmt.Println(string(out))
+	return nil
+}
+
+func env(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
+
+// envReader parses optional variables and collects every error, each
+// naming its variable.
+type envReader struct{ errs []error }
+
+func (e *envReader) int(name string) int {
+	v := os.Getenv(name)
+	if v == "" {
+		return 0
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 0 {
+		e.errs = append(e.errs, fmt.Errorf("%s must be a non-negative integer, got %q", name, v))
+	}
+	return n
+}
+
+func (e *envReader) duration(name string, def time.Duration) time.Duration {
+	v := os.Getenv(name)
+	if v == "" {
+		return def
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil {
+		e.errs = append(e.errs, fmt.Errorf("%s must be a duration such as 30s, got %q", name, v))
+	}
+	return d
+}
+
+func (e *envReader) bool(name string, def bool) bool {
+	v := os.Getenv(name)
+	if v == "" {
+		return def
+	}
+	b, err := strconv.ParseBool(v)
+	if err != nil {
+		e.errs = append(e.errs, fmt.Errorf("%s must be true or false, got %q", name, v))
+	}
+	return b
+}

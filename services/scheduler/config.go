@@ -1,0 +1,176 @@
+package scheduler
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
+
+	"github.com/retryd/retryd/pkg/backoff"
+	"github.com/retryd/retryd/pkg/errclass"
+	"github.com/retryd/retryd/pkg/streams"
+	"github.com/retryd/retryd/projections/retrystore"
+)
+
+// Defaults of Config.
+const (
+	DefaultBatchSize         = 500
+	DefaultConsumeBatch      = 100
+	DefaultMaxAckPending     = 1000
+	DefaultAckWait           = 30 * time.Second
+	DefaultMaxIdle           = time.Second
+	DefaultRedueAfter        = 5 * time.Minute
+	DefaultReconcileInterval = 30 * time.Second
+	DefaultMetricsInterval   = 15 * time.Second
+	DefaultOutboxInterval    = time.Second
+)
+
+// Config configures a Scheduler. Pool and JS are required; every other
+// field has a default.
+type Config struct {
+	// Pool is the Postgres pool holding the retries projection, the
+	// policies, the inbox and the outbox.
+	Pool *pgxpool.Pool
+	// JS publishes to and consumes from the RETRIES stream.
+	JS jetstream.JetStream
+	// Logger receives structured logs (ids, kinds, attempts, classes; never
+	// payloads or error messages). The zero value discards them.
+	Logger zerolog.Logger
+	// Registerer receives the retryd_scheduler_* metrics and the outbox
+	// relay's; nil means a private registry (metrics are not exported).
+	Registerer prometheus.Registerer
+	// Instance names this process in logs; default host name and pid.
+	Instance string
+
+	// BatchSize bounds the rows one due emission transaction publishes.
+	BatchSize int
+	// ConsumeBatch bounds the lifecycle messages applied in one policy
+	// stage transaction.
+	ConsumeBatch int
+	// MaxAckPending bounds the messages the durable consumer hands out
+	// without an ack (across all instances).
+	MaxAckPending int
+	// AckWait is how long JetStream waits for an ack before redelivering
+	// (a crashed instance's messages go to another one after it).
+	AckWait time.Duration
+	// MaxIdle caps the due loop's sleep, which otherwise lasts until the
+	// earliest next_attempt_at. It bounds how late a retry scheduled by
+	// another instance can be noticed.
+	MaxIdle time.Duration
+	// RedueAfter is how long a due retry may go without an outcome from its
+	// owner before its due event is published again, with the same
+	// Nats-Msg-Id. It must exceed the RETRIES duplicate window, or
+	// JetStream would drop the re-emission as a duplicate.
+	RedueAfter time.Duration
+	// ReconcileInterval is how often streams and the consumer are
+	// re-created if deleted and the outbox flushed.
+	ReconcileInterval time.Duration
+	// MetricsInterval is how often the pending and outbox gauges are
+	// refreshed from the database.
+	MetricsInterval time.Duration
+	// OutboxInterval is how often the outbox relay polls for rows nobody
+	// kicked it for (another instance's, or left by a crash).
+	OutboxInterval time.Duration
+	// Streams are the options streams.Ensure recreates the streams with.
+	Streams streams.Options
+	// Classifier classifies failures that carry no error class by their
+	// message; default errclass.DefaultClassifier().
+	Classifier *errclass.Classifier
+	// Rand draws backoff jitter; nil means a goroutine-safe default source.
+	Rand backoff.Rand
+
+	// Hooks are failpoints for tests.
+	Hooks Hooks
+}
+
+// Hooks are failpoints that let tests stop the scheduler at the worst
+// moments. A hook that returns an error makes the scheduler behave as if
+// the process died right there.
+type Hooks struct {
+	// AfterCommit runs after a policy stage transaction committed and
+	// before its outbox is published and its input messages are acked. An
+	// error leaves both undone: the relay of a later process publishes the
+	// outbox and the messages are redelivered to it after AckWait.
+	AfterCommit func(ctx context.Context) error
+	// BeforeDueCommit runs after the due events of keys were published
+	// and acknowledged by JetStream, before the rows are marked due. An
+	// error rolls the transaction back, so the rows are published again
+	// (with the same Nats-Msg-Id) by the next emission.
+	BeforeDueCommit func(ctx context.Context, keys []retrystore.Key) error
+}
+
+// validate fills in defaults and checks every field, naming the field in
+// its errors.
+func (c *Config) validate() error {
+	if c.Pool == nil {
+		return errors.New("Config.Pool is required")
+	}
+	if c.JS == nil {
+		return errors.New("Config.JS is required")
+	}
+	if c.Registerer == nil {
+		c.Registerer = prometheus.NewRegistry()
+	}
+	if c.Instance == "" {
+		host, _ := os.Hostname()
+		c.Instance = host + "-" + strconv.Itoa(os.Getpid())
+	}
+	if c.Classifier == nil {
+		c.Classifier = errclass.DefaultClassifier()
+	}
+	ints := []struct {
+		name     string
+		v        *int
+		def, max int
+	}{
+		{"BatchSize", &c.BatchSize, DefaultBatchSize, 10_000},
+		{"ConsumeBatch", &c.ConsumeBatch, DefaultConsumeBatch, 10_000},
+		{"MaxAckPending", &c.MaxAckPending, DefaultMaxAckPending, 1_000_000},
+	}
+	for _, f := range ints {
+		if *f.v == 0 {
+			*f.v = f.def
+		}
+		if *f.v < 1 || *f.v > f.max {
+			return fmt.Errorf("Config.%s must be between 1 and %d, got %d", f.name, f.max, *f.v)
+		}
+	}
+	durations := []struct {
+		name string
+		v    *time.Duration
+		def  time.Duration
+	}{
+		{"AckWait", &c.AckWait, DefaultAckWait},
+		{"MaxIdle", &c.MaxIdle, DefaultMaxIdle},
+		{"RedueAfter", &c.RedueAfter, DefaultRedueAfter},
+		{"ReconcileInterval", &c.ReconcileInterval, DefaultReconcileInterval},
+		{"MetricsInterval", &c.MetricsInterval, DefaultMetricsInterval},
+		{"OutboxInterval", &c.OutboxInterval, DefaultOutboxInterval},
+	}
+	for _, f := range durations {
+		if *f.v == 0 {
+			*f.v = f.def
+		}
+		if *f.v < time.Millisecond {
+			return fmt.Errorf("Config.%s must be at least 1ms, got %s", f.name, *f.v)
+		}
+	}
+	if c.AckWait < time.Second {
+		return fmt.Errorf("Config.AckWait must be at least 1s, got %s", c.AckWait)
+	}
+	if c.RedueAfter <= streams.DuplicateWindow {
+		return fmt.Errorf("Config.RedueAfter must be greater than the RETRIES duplicate window %s (a re-emission inside it would be dropped as a duplicate), got %s",
+			streams.DuplicateWindow, c.RedueAfter)
+	}
+	if err := c.Streams.Validate(); err != nil {
+		return fmt.Errorf("Config.Streams: %w", err)
+	}
+	return nil
+}

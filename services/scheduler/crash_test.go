@@ -1,0 +1,186 @@
+package scheduler_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/retryd/retryd/pkg/contract"
+	"github.com/retryd/retryd/projections/retrystore"
+	"github.com/retryd/retryd/services/scheduler"
+)
+
+var errCrash = errors.New("simulated crash")
+
+// A failed delivered twice, or republished with the same id after the
+// duplicate window (a new stream sequence, no Nats-Msg-Id dedup), changes
+// nothing the second time: the inbox catches it.
+func TestDuplicateFailedChangesNothing(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	s := b.start(t)
+	hour := int64(time.Hour / time.Millisecond)
+	b.policy(t, "dup", "", 3, hour, hour)
+
+	msg := lifecycleMsg(t, contract.Failed, failed("dup", "d1", 1, "timeout"))
+	first, err := b.js.PublishMsg(b.ctx, msg)
+	require.NoError(t, err)
+	again, err := b.js.PublishMsg(b.ctx, msg)
+	require.NoError(t, err)
+	require.True(t, again.Duplicate, "inside the window JetStream drops it")
+
+	// Past the window the same fact is stored again: publish it without
+	// the header, as a new stream message with the same envelope id.
+	copyMsg := nats.NewMsg(msg.Subject)
+	copyMsg.Data = msg.Data
+	third, err := b.js.PublishMsg(b.ctx, copyMsg)
+	require.NoError(t, err)
+	require.Greater(t, third.Sequence, first.Sequence)
+
+	require.Eventually(t, func() bool {
+		return metric(t, s.reg, "retryd_scheduler_duplicate_total", "consumer", "scheduler") == 1
+	}, waitFor, 10*time.Millisecond)
+	row := b.waitRow(t, "dup", "d1", inState(retrystore.StateScheduled, 2))
+	require.Equal(t, []string{"failed:1", "scheduled:2"}, events(b.history(t, "dup", "d1")))
+	require.Equal(t, 1, row.RetryCount)
+	require.Eventually(t, func() bool { return len(b.streamMsgs(t, "retry.dup.scheduled.d1")) == 1 }, waitFor, 10*time.Millisecond)
+	require.Equal(t, 1.0, metric(t, s.reg, "retryd_scheduler_scheduled_total", "kind", "dup"))
+}
+
+// The process dies after committing decisions and before publishing them
+// or acking its input. A new scheduler on the same database publishes the
+// outbox, gets the messages redelivered and recognises them: nothing lost,
+// nothing doubled.
+func TestCrashBetweenCommitAndPublish(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.policy(t, "crash", "", 3, 1000, 1000)
+	crashed := make(chan struct{})
+	var once atomic.Bool
+	a := b.start(t, func(c *scheduler.Config) {
+		c.OutboxInterval = time.Hour // only Kick or reconciliation would publish
+		c.ReconcileInterval = time.Hour
+		c.Hooks.AfterCommit = func(context.Context) error {
+			if once.CompareAndSwap(false, true) {
+				close(crashed)
+			}
+			return errCrash
+		}
+	})
+	const n = 20
+	for i := range n {
+		b.publish(t, contract.Failed, failed("crash", fmt.Sprintf("c%d", i), 1, "timeout"))
+	}
+	<-crashed
+	require.Eventually(t, func() bool {
+		page, err := retrystore.List(b.ctx, b.pool, retrystore.ListFilter{Kind: "crash"})
+		require.NoError(t, err)
+		return len(page.Retries) == n
+	}, waitFor, 10*time.Millisecond)
+	stopCtx, cancel := context.WithTimeout(b.ctx, 20*time.Second)
+	defer cancel()
+	require.NoError(t, a.Stop(stopCtx))
+	require.Empty(t, b.streamMsgs(t, "retry.crash.scheduled.*"), "the crash happened before any publish")
+
+	c := b.start(t)
+	for i := range n {
+		b.waitRow(t, "crash", fmt.Sprintf("c%d", i), inState(retrystore.StateDue, 2))
+	}
+	require.Eventually(t, func() bool {
+		return metric(t, c.reg, "retryd_scheduler_duplicate_total", "consumer", "scheduler") == n
+	}, waitFor, 10*time.Millisecond, "every unacked input comes back and is recognised")
+	for id, count := range msgIDs(b.streamMsgs(t, "retry.crash.scheduled.*")) {
+		require.Equal(t, 1, count, id)
+	}
+	require.Len(t, b.streamMsgs(t, "retry.crash.scheduled.*"), n)
+	require.Len(t, b.streamMsgs(t, "retry.crash.due.*"), n)
+	for i := range n {
+		require.Equal(t, []string{"failed:1", "scheduled:2", "due:2"}, events(b.history(t, "crash", fmt.Sprintf("c%d", i))))
+	}
+}
+
+// The process dies after its due events were acknowledged and before the
+// rows were marked due. The next scheduler publishes them again with the
+// same ids; JetStream absorbs the copies (counted as duplicates, not
+// emitted).
+func TestCrashBetweenDuePublishAndCommit(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.policy(t, "dcrash", "", 3, 10, 10)
+	var calls atomic.Int32
+	a := b.start(t, func(c *scheduler.Config) {
+		c.Hooks.BeforeDueCommit = func(context.Context, []retrystore.Key) error {
+			calls.Add(1)
+			return errCrash
+		}
+	})
+	const n = 10
+	for i := range n {
+		b.publish(t, contract.Failed, failed("dcrash", fmt.Sprintf("d%d", i), 1, "timeout"))
+	}
+	require.Eventually(t, func() bool { return len(b.streamMsgs(t, "retry.dcrash.due.*")) == n }, waitFor, 10*time.Millisecond)
+	stopCtx, cancel := context.WithTimeout(b.ctx, 20*time.Second)
+	defer cancel()
+	require.NoError(t, a.Stop(stopCtx))
+	require.Positive(t, calls.Load())
+	page, err := retrystore.List(b.ctx, b.pool, retrystore.ListFilter{Kind: "dcrash", State: retrystore.StateScheduled})
+	require.NoError(t, err)
+	require.Len(t, page.Retries, n, "no row was marked due")
+
+	c := b.start(t)
+	for i := range n {
+		row := b.waitRow(t, "dcrash", fmt.Sprintf("d%d", i), inState(retrystore.StateDue, 2))
+		require.Equal(t, 1, row.DueEmissions)
+	}
+	require.Equal(t, float64(n), metric(t, c.reg, "retryd_scheduler_due_duplicates_total", "kind", "dcrash"))
+	require.Zero(t, metric(t, c.reg, "retryd_scheduler_due_total", "kind", "dcrash"))
+	dues := msgIDs(b.streamMsgs(t, "retry.dcrash.due.*"))
+	require.Len(t, dues, n)
+	for id, count := range dues {
+		require.Equal(t, 1, count, id)
+	}
+}
+
+// Two schedulers over one database: every due event is emitted once.
+// Copies JetStream absorbs by Nats-Msg-Id are counted apart.
+func TestTwoSchedulersEmitEachDueOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.policy(t, "two", "", 3, 200, 200)
+	small := func(c *scheduler.Config) { c.BatchSize = 7; c.MaxIdle = 20 * time.Millisecond }
+	x := b.start(t, small)
+	y := b.start(t, small)
+	const n = 300
+	for i := range n {
+		b.publish(t, contract.Failed, failed("two", fmt.Sprintf("t%d", i), 1, "timeout"))
+	}
+	require.Eventually(t, func() bool {
+		page, err := retrystore.List(b.ctx, b.pool, retrystore.ListFilter{Kind: "two", State: retrystore.StateDue, Limit: n})
+		require.NoError(t, err)
+		return len(page.Retries) == n
+	}, waitFor, 20*time.Millisecond)
+
+	stored := b.streamMsgs(t, "retry.two.due.*")
+	ids := msgIDs(stored)
+	require.Len(t, ids, n)
+	for id, count := range ids {
+		require.Equal(t, 1, count, id)
+	}
+	emitted := metric(t, x.reg, "retryd_scheduler_due_total", "kind", "two") + metric(t, y.reg, "retryd_scheduler_due_total", "kind", "two")
+	require.Equal(t, float64(n), emitted)
+	absorbed := metric(t, x.reg, "retryd_scheduler_due_duplicates_total") + metric(t, y.reg, "retryd_scheduler_due_duplicates_total")
+	require.Equal(t, float64(len(stored)-n), absorbed)
+	both := metric(t, x.reg, "retryd_scheduler_scheduled_total", "kind", "two") + metric(t, y.reg, "retryd_scheduler_scheduled_total", "kind", "two")
+	require.Equal(t, float64(n), both, "the failures were shared between the instances")
+	page, err := retrystore.List(b.ctx, b.pool, retrystore.ListFilter{Kind: "two", Limit: n})
+	require.NoError(t, err)
+	for _, r := range page.Retries {
+		require.Equal(t, 1, r.DueEmissions)
+	}
+}

@@ -1,0 +1,153 @@
+package scheduler
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/retryd/retryd/pkg/backoff"
+	"github.com/retryd/retryd/pkg/contract"
+	"github.com/retryd/retryd/pkg/errclass"
+	"github.com/retryd/retryd/pkg/policy"
+	"github.com/retryd/retryd/projections/retrystore"
+)
+
+// builtinPolicy governs kinds when even the "*" policy row was deleted: the
+// seed 003 defaults the migration installs as "*".
+var builtinPolicy = policy.Policy{
+	Kind: policy.AnyKind, Name: "builtin-default", Version: 1, MaxRetries: 3,
+	Backoff:             backoff.Default(),
+	NonRetryableClasses: []errclass.Class{errclass.Authentication, errclass.Permission, errclass.Validation},
+	Enabled:             true,
+}
+
+// toPolicy converts a stored policy to the decision's type.
+func toPolicy(p retrystore.Policy) policy.Policy {
+	classes := func(in []string) []errclass.Class {
+		out := make([]errclass.Class, len(in))
+		for i, c := range in {
+			out[i] = errclass.Class(c)
+		}
+		return out
+	}
+	return policy.Policy{
+		Kind: p.Kind, JobType: p.JobType, Name: p.Name, Version: p.Version, MaxRetries: p.MaxRetries,
+		Backoff: backoff.Config{
+			Base:       time.Duration(p.BaseDelayMS) * time.Millisecond,
+			Max:        time.Duration(p.MaxDelayMS) * time.Millisecond,
+			Multiplier: p.Multiplier,
+			Jitter:     backoff.Jitter(p.Jitter),
+			JitterMax:  time.Duration(p.JitterMS) * time.Millisecond,
+		},
+		RetryableClasses:    classes(p.RetryableClasses),
+		NonRetryableClasses: classes(p.NonRetryableClasses),
+		Enabled:             p.Enabled,
+	}
+}
+
+// policyCache memoises policy lookups inside one transaction, so a batch
+// of failures of one kind reads the policy once and a policy update is
+// seen by the next transaction.
+type policyCache map[[2]string]policy.Policy
+
+func (c policyCache) lookup(ctx context.Context, q retrystore.Querier, kind, jobType string) (policy.Policy, error) {
+	key := [2]string{kind, jobType}
+	if p, ok := c[key]; ok {
+		return p, nil
+	}
+	stored, err := retrystore.LookupPolicy(ctx, q, kind, jobType)
+	var p policy.Policy
+	switch {
+	case errors.Is(err, retrystore.ErrNotFound):
+		p = builtinPolicy
+	case err != nil:
+		return policy.Policy{}, err
+	default:
+		p = toPolicy(stored)
+	}
+	c[key] = p
+	return p, nil
+}
+
+// classify returns the class of a failure: the owner's class when it names
+// one, otherwise what the classifier makes of the message.
+func classify(c *errclass.Classifier, e contract.ErrorInfo) errclass.Class {
+	if e.Class != "" {
+		if cl, err := errclass.Parse(e.Class); err == nil {
+			return cl
+		}
+	}
+	return c.ClassifyMessage(e.Message)
+}
+
+// failure is what a decision needs to know about a failure beyond the row.
+type failure struct {
+	class      errclass.Class
+	message    string
+	reason     string
+	retryAfter *contract.RetryAfter
+}
+
+// decider makes retry decisions; shared by the policy stage and the
+// rebuild.
+type decider struct {
+	rand     backoff.Rand
+	policies policyCache
+}
+
+// decide applies the policy to a row that recorded a failure (see
+// recordFailure) and returns the change: the row scheduled for the next
+// attempt with a scheduled/rescheduled event, or exhausted with an
+// exhausted event. now is the database clock the delay counts from.
+func (d *decider) decide(ctx context.Context, q retrystore.Querier, r retrystore.Retry, f failure, hist []retrystore.HistoryEntry, now time.Time) (change, error) {
+	pol, err := d.policies.lookup(ctx, q, r.Kind, r.JobType)
+	if err != nil {
+		return change{}, err
+	}
+	in := policy.Input{
+		Attempt: r.Attempt, RetryCount: r.RetryCount, FailedAt: now, Class: f.class,
+		RetryAfter: f.retryAfter, Throttled: f.reason != "", MaxRetriesOverride: r.MaxRetriesOverride,
+	}
+	if !r.RetryEnabled {
+		disabled := false
+		in.RetryEnabledOverride = &disabled
+	}
+	out := policy.Decide(pol, in, d.rand)
+	if out.Retry {
+		ev := contract.Rescheduled
+		if r.Attempt == 1 {
+			ev = contract.Scheduled
+		}
+		sd := &contract.ScheduledData{
+			Kind: r.Kind, ID: r.ItemID, Attempt: out.NextAttempt,
+			NextAttemptAt: out.NextAttemptAt.Truncate(time.Microsecond),
+			JobType:       r.JobType, Source: r.Source, Decision: out.Decision,
+		}
+		msg, err := contract.NewLifecycleMsg(source, ev, sd, now)
+		if err != nil {
+			return change{}, fmt.Errorf("build %s event: %w", ev, err)
+		}
+		applyScheduleDecision(&r, sd)
+		msgID := contract.LifecycleMsgID(r.Kind, ev, r.ItemID, sd.Attempt)
+		hist = append(hist, scheduledEntry(&r, ev, sd, msgID, now))
+		return change{row: &r, history: hist, msgs: []*nats.Msg{msg}, outcome: ev}, nil
+	}
+	ed := &contract.ExhaustedData{
+		Kind: r.Kind, ID: r.ItemID, Attempt: r.Attempt, Reason: out.ExhaustedReason,
+		Error:      contract.ErrorInfo{Class: out.Decision.ErrorClass, Message: f.message},
+		RetryCount: out.Decision.RetryCount, MaxRetries: out.Decision.MaxRetries,
+		Policy: out.Decision.Policy, PolicyVersion: out.Decision.PolicyVersion,
+		JobType: r.JobType, Source: r.Source,
+	}
+	msg, err := contract.NewLifecycleMsg(source, contract.Exhausted, ed, now)
+	if err != nil {
+		return change{}, fmt.Errorf("build exhausted event: %w", err)
+	}
+	applyExhaustDecision(&r, ed, now)
+	msgID := contract.LifecycleMsgID(r.Kind, contract.Exhausted, r.ItemID, ed.Attempt)
+	hist = append(hist, exhaustedEntry(&r, ed, msgID, now))
+	return change{row: &r, history: hist, msgs: []*nats.Msg{msg}, outcome: contract.Exhausted}, nil
+}

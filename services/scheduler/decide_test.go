@@ -1,0 +1,254 @@
+package scheduler_test
+
+import (
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/retryd/retryd/pkg/contract"
+	"github.com/retryd/retryd/pkg/errclass"
+	"github.com/retryd/retryd/projections/retrystore"
+	"github.com/retryd/retryd/services/scheduler"
+)
+
+// A failing item goes through the whole backoff schedule: 100, 200, then
+// 300 ms (capped), each due bringing back the latest checkpoint, and is
+// exhausted when max_retries (3) are used.
+func TestBackoffScheduleUntilExhausted(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	s := b.start(t)
+	b.policy(t, "bt", "", 3, 100, 300)
+
+	fd := failed("bt", "item1", 1, "timeout")
+	fd.Payload = json.RawMessage(`{"order":42}`)
+	fd.Checkpoint = json.RawMessage(`{"step":"a"}`)
+	fd.Source = "crm"
+	b.publish(t, contract.Failed, fd)
+
+	wantDelays := []int64{100, 200, 300}
+	for attempt := 2; attempt <= 4; attempt++ {
+		row := b.waitRow(t, "bt", "item1", inState(retrystore.StateDue, attempt))
+		require.Equal(t, attempt-1, row.RetryCount)
+		require.Equal(t, "crm", row.Source)
+		h := b.history(t, "bt", "item1")
+		sched := h[len(h)-2]
+		require.Equal(t, attempt, sched.Attempt)
+		require.Equal(t, wantDelays[attempt-2], *sched.DelayMS)
+		require.Equal(t, contract.DecidedByBackoff, sched.DecidedBy)
+		require.Equal(t, "bt-policy", sched.PolicyName)
+		require.Equal(t, time.Duration(wantDelays[attempt-2])*time.Millisecond, sched.NextAttemptAt.Sub(sched.At),
+			"next attempt = decision time (database clock) + delay")
+		require.Equal(t, "due", h[len(h)-1].Event)
+
+		dues := b.streamMsgs(t, contract.RetrySubject("bt", contract.Due, "item1"))
+		require.Len(t, dues, attempt-1)
+		last := dues[len(dues)-1]
+		require.Equal(t, contract.DueMsgID("bt", "item1", attempt), last.Headers().Get(contract.HeaderMsgID))
+		dd := decodeDue(t, last)
+		require.JSONEq(t, `{"order":42}`, string(dd.Payload))
+		require.JSONEq(t, `{"step":"`+string(rune('a'+attempt-2))+`"}`, string(dd.Checkpoint))
+
+		next := failed("bt", "item1", attempt, "timeout")
+		next.Checkpoint = json.RawMessage(`{"step":"` + string(rune('a'+attempt-1)) + `"}`)
+		b.publish(t, contract.Failed, next)
+	}
+	row := b.waitRow(t, "bt", "item1", inState(retrystore.StateExhausted, 4))
+	require.Equal(t, contract.ExhaustedMaxRetries, row.ExhaustedReason)
+	require.Equal(t, 3, row.RetryCount)
+	require.NotNil(t, row.ResolvedAt)
+	require.Equal(t, []string{
+		"failed:1", "scheduled:2", "due:2", "failed:2", "rescheduled:3", "due:3",
+		"failed:3", "rescheduled:4", "due:4", "failed:4", "exhausted:4",
+	}, events(b.history(t, "bt", "item1")))
+
+	require.Eventually(t, func() bool {
+		return len(b.streamMsgs(t, contract.RetrySubject("bt", contract.Exhausted, "item1"))) == 1
+	}, waitFor, 10*time.Millisecond)
+	ex := b.streamMsgs(t, contract.RetrySubject("bt", contract.Exhausted, "item1"))[0]
+	require.Equal(t, "bt-exhausted:item1:4", ex.Headers().Get(contract.HeaderMsgID))
+	require.Len(t, b.streamMsgs(t, contract.RetrySubject("bt", contract.Scheduled, "item1")), 1)
+	require.Len(t, b.streamMsgs(t, contract.RetrySubject("bt", contract.Rescheduled, "item1")), 2)
+
+	require.Equal(t, 1.0, metric(t, s.reg, "retryd_scheduler_scheduled_total", "kind", "bt"))
+	require.Equal(t, 2.0, metric(t, s.reg, "retryd_scheduler_rescheduled_total", "kind", "bt"))
+	require.Equal(t, 3.0, metric(t, s.reg, "retryd_scheduler_due_total", "kind", "bt"))
+	require.Equal(t, 1.0, metric(t, s.reg, "retryd_scheduler_exhausted_total", "kind", "bt"))
+	require.Equal(t, 3.0, metric(t, s.reg, "retryd_scheduler_due_lateness_seconds"))
+}
+
+// Each decision records what decided it: classes, hints, throttling,
+// disabled retries and job-level overrides.
+func TestDecisionReasons(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	classifier, err := errclass.NewClassifier(map[errclass.Class][]string{errclass.Validation: {"schema mismatch"}})
+	require.NoError(t, err)
+	s := b.start(t, func(c *scheduler.Config) { c.Classifier = classifier })
+	hour := int64(time.Hour / time.Millisecond)
+	b.policy(t, "dr", "", 2, hour, 2*hour)
+	b.policy(t, "dr", "strict", 0, hour, 2*hour)
+	b.policy(t, "dr-off", "", 5, hour, 2*hour, func(p *retrystore.Policy) { p.Enabled = false })
+	zero, five, off := 0, 5, false
+
+	type want struct {
+		state     retrystore.State
+		reason    string // exhausted reason
+		decidedBy string
+		delayMS   int64
+		class     string
+		attempt   int
+	}
+	cases := []struct {
+		name string
+		fd   contract.FailedData
+		want want
+	}{
+		{"retryable class uses backoff", failed("dr", "timeout", 1, "timeout"),
+			want{retrystore.StateScheduled, "", contract.DecidedByBackoff, hour, "timeout", 2}},
+		{"non-retryable class", failed("dr", "validation", 1, "validation"),
+			want{retrystore.StateExhausted, contract.ExhaustedNonRetryable, "", 0, "validation", 1}},
+		{"seed alias of a class", failed("dr", "alias", 1, "validation_error"),
+			want{retrystore.StateExhausted, contract.ExhaustedNonRetryable, "", 0, "validation", 1}},
+		{"message classified by the configured patterns", contract.FailedData{Kind: "dr", ID: "pattern", Attempt: 1,
+			Error: contract.ErrorInfo{Message: "upstream said: schema mismatch in field x"}},
+			want{retrystore.StateExhausted, contract.ExhaustedNonRetryable, "", 0, "validation", 1}},
+		{"unknown errors are retried", contract.FailedData{Kind: "dr", ID: "unknown", Attempt: 1,
+			Error: contract.ErrorInfo{Message: "something odd"}},
+			want{retrystore.StateScheduled, "", contract.DecidedByBackoff, hour, "unknown", 2}},
+		{"retry-after hint capped at the max delay", contract.FailedData{Kind: "dr", ID: "hint", Attempt: 1,
+			Error: contract.ErrorInfo{Class: "rate_limit"}, RetryAfter: contract.RetryAfterDuration(3 * time.Hour)},
+			want{retrystore.StateScheduled, "", contract.DecidedByRetryAfter, 2 * hour, "rate_limit", 2}},
+		{"throttled by the owner", contract.FailedData{Kind: "dr", ID: "throttle", Attempt: 1, Reason: "source_throttled",
+			Error: contract.ErrorInfo{Class: "rate_limit"}, RetryAfter: contract.RetryAfterDuration(30 * time.Second)},
+			want{retrystore.StateScheduled, "", contract.DecidedByThrottle, 30_000, "rate_limit", 2}},
+		{"retries disabled by the job", contract.FailedData{Kind: "dr", ID: "job-off", Attempt: 1, RetryEnabled: &off,
+			Error: contract.ErrorInfo{Class: "timeout"}},
+			want{retrystore.StateExhausted, contract.ExhaustedRetriesDisabled, "", 0, "timeout", 1}},
+		{"retries disabled by the policy", failed("dr-off", "policy-off", 1, "timeout"),
+			want{retrystore.StateExhausted, contract.ExhaustedRetriesDisabled, "", 0, "timeout", 1}},
+		{"job max_retries override 0", contract.FailedData{Kind: "dr", ID: "max0", Attempt: 1, MaxRetries: &zero,
+			Error: contract.ErrorInfo{Class: "timeout"}},
+			want{retrystore.StateExhausted, contract.ExhaustedMaxRetries, "", 0, "timeout", 1}},
+		{"job max_retries override above the policy", contract.FailedData{Kind: "dr", ID: "max5", Attempt: 4, MaxRetries: &five,
+			Error: contract.ErrorInfo{Class: "timeout"}},
+			want{retrystore.StateScheduled, "", contract.DecidedByBackoff, 2 * hour, "timeout", 5}},
+		{"policy budget without override", failed("dr", "budget", 4, "timeout"),
+			want{retrystore.StateExhausted, contract.ExhaustedMaxRetries, "", 0, "timeout", 4}},
+		{"job type policy", contract.FailedData{Kind: "dr", ID: "strict", Attempt: 1, JobType: "strict",
+			Error: contract.ErrorInfo{Class: "timeout"}},
+			want{retrystore.StateExhausted, contract.ExhaustedMaxRetries, "", 0, "timeout", 1}},
+	}
+	for _, c := range cases {
+		b.publish(t, contract.Failed, c.fd)
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			row := b.waitRow(t, c.fd.Kind, c.fd.ID, func(r retrystore.Retry) bool { return r.PolicyName != "" })
+			require.Equal(t, c.want.state, row.State)
+			require.Equal(t, c.want.attempt, row.Attempt)
+			require.Equal(t, c.want.reason, row.ExhaustedReason)
+			require.Equal(t, c.want.class, row.LastErrorClass)
+			h := b.history(t, c.fd.Kind, c.fd.ID)
+			require.Len(t, h, 2)
+			require.Equal(t, c.want.class, h[0].ErrorClass)
+			decision := h[1]
+			if c.want.state == retrystore.StateScheduled {
+				require.Equal(t, c.want.decidedBy, decision.DecidedBy)
+				require.Equal(t, c.want.delayMS, *decision.DelayMS)
+				require.Equal(t, c.want.class, decision.ErrorClass)
+				var d contract.Decision
+				require.NoError(t, json.Unmarshal(decision.Detail, &d))
+				require.Equal(t, decision.PolicyName, d.Policy)
+			} else {
+				require.Equal(t, "exhausted", decision.Event)
+				require.Contains(t, string(decision.Detail), c.want.reason)
+			}
+		})
+	}
+	row, err := retrystore.Get(b.ctx, b.pool, "dr", "max5")
+	require.NoError(t, err)
+	require.Equal(t, 5, row.MaxRetries)
+	require.Equal(t, 5, *row.MaxRetriesOverride)
+	h := b.history(t, "dr", "hint")
+	require.Contains(t, string(h[1].Detail), "capped")
+	require.Equal(t, 7.0, metric(t, s.reg, "retryd_scheduler_exhausted_total", "kind", "dr"))
+	require.Equal(t, 1.0, metric(t, s.reg, "retryd_scheduler_exhausted_total", "kind", "dr-off"))
+	require.Equal(t, 4.0, metric(t, s.reg, "retryd_scheduler_scheduled_total", "kind", "dr"))
+	require.Equal(t, 1.0, metric(t, s.reg, "retryd_scheduler_rescheduled_total", "kind", "dr"))
+}
+
+// An owner's success closes the item; facts about an attempt the row moved
+// past are stale; a success of an item that never failed needs no row.
+func TestSucceededClosesAndStaleFactsAreIgnored(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	s := b.start(t)
+	b.policy(t, "ok", "", 3, 20, 100)
+
+	b.publish(t, contract.Failed, failed("ok", "a", 1, "network"))
+	b.waitRow(t, "ok", "a", inState(retrystore.StateDue, 2))
+	b.publish(t, contract.Succeeded, contract.SucceededData{Kind: "ok", ID: "a", Attempt: 2})
+	row := b.waitRow(t, "ok", "a", inState(retrystore.StateSucceeded, 2))
+	require.NotNil(t, row.ResolvedAt)
+
+	// A late failure of the attempt that succeeded, and a replay of the
+	// first failure under another message id (so neither JetStream nor
+	// the inbox knows it): the state guards make both stale.
+	b.publish(t, contract.Failed, failed("ok", "a", 2, "network"))
+	replay := lifecycleMsg(t, contract.Failed, failed("ok", "a", 1, "timeout"))
+	replay.Header.Set(contract.HeaderMsgID, "owner-own-id-1")
+	_, err := b.js.PublishMsg(b.ctx, replay)
+	require.NoError(t, err)
+	b.publish(t, contract.Succeeded, contract.SucceededData{Kind: "ok", ID: "never-failed", Attempt: 1})
+	require.Eventually(t, func() bool {
+		return metric(t, s.reg, "retryd_scheduler_stale_total", "kind", "ok", "event", "failed") == 2
+	}, waitFor, 10*time.Millisecond)
+	require.Equal(t, []string{"failed:1", "scheduled:2", "due:2", "succeeded:2"}, events(b.history(t, "ok", "a")))
+	_, err = retrystore.Get(b.ctx, b.pool, "ok", "never-failed")
+	require.ErrorIs(t, err, retrystore.ErrNotFound)
+	require.Equal(t, 1.0, metric(t, s.reg, "retryd_scheduler_succeeded_total", "kind", "ok"))
+}
+
+// Malformed messages are terminated with a reason and counted; the
+// consumer goes on with the next message.
+func TestMalformedMessagesAreTerminated(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	s := b.start(t)
+
+	good := lifecycleMsg(t, contract.Failed, failed("mal", "ok", 1, "timeout"))
+	bad := [][2]string{
+		{"retry.mal.failed.x1", `not json`},
+		{"retry.mal.failed.x2", `{"specversion":"1.0","id":"a","source":"s","type":"retry.failed","time":"2024-01-01T00:00:00Z","data":{"kind":"mal","id":"x2","attempt":1,"error":{"message":"m"},"extra":true}}`},
+		{"retry.mal.failed.x3", `{"specversion":"1.0","id":"a","source":"s","type":"retry.failed","time":"2024-01-01T00:00:00Z","data":{"kind":"mal","id":"other","attempt":1,"error":{"message":"m"}}}`},
+		{"retry.mal.succeeded.x4", `{"specversion":"1.0","id":"a","source":"s","type":"retry.failed","time":"2024-01-01T00:00:00Z","data":{}}`},
+		{"retry.mal.failed.x5", `{"specversion":"1.0","id":"a","source":"s","type":"retry.failed","time":"2024-01-01T00:00:00Z","data":{"kind":"mal","id":"x5","attempt":0,"error":{"message":"m"}}}`},
+	}
+	for _, m := range bad {
+		_, err := b.js.Publish(b.ctx, m[0], []byte(m[1]))
+		require.NoError(t, err)
+	}
+	_, err := b.js.PublishMsg(b.ctx, good)
+	require.NoError(t, err)
+
+	b.waitRow(t, "mal", "ok", func(r retrystore.Retry) bool { return r.State == retrystore.StateScheduled })
+	require.Eventually(t, func() bool {
+		return metric(t, s.reg, "retryd_scheduler_malformed_total", "consumer", "scheduler") == float64(len(bad))
+	}, waitFor, 10*time.Millisecond)
+	page, err := retrystore.List(b.ctx, b.pool, retrystore.ListFilter{Kind: "mal"})
+	require.NoError(t, err)
+	require.Len(t, page.Retries, 1)
+
+	// Terminated messages are not redelivered: nothing is pending on the
+	// consumer.
+	require.Eventually(t, func() bool {
+		cons, err := b.js.Consumer(b.ctx, contract.StreamRetries, scheduler.ConsumerName)
+		require.NoError(t, err)
+		info, err := cons.Info(b.ctx)
+		require.NoError(t, err)
+		return info.NumAckPending == 0 && info.NumPending == 0
+	}, waitFor, 20*time.Millisecond)
+}

@@ -1,0 +1,247 @@
+package scheduler
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/retryd/retryd/pkg/contract"
+	"github.com/retryd/retryd/projections/retrystore"
+)
+
+// publishTimeout bounds the wait for the PubAcks of one batch.
+const publishTimeout = 10 * time.Second
+
+// lockedRetry is the pause when due rows exist but are locked elsewhere.
+const lockedRetry = 20 * time.Millisecond
+
+// runDueLoop emits due events until ctx is done. It holds one timer: after
+// a batch that was not full it sleeps until the earliest next_attempt_at
+// (or the next re-emission), at most MaxIdle, and wakes early when this
+// process schedules something sooner.
+func (s *Scheduler) runDueLoop(ctx context.Context) {
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	failures := 0
+	for {
+		s.plannedWake.Store(math.MaxInt64)
+		n, err := s.emitDue(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		var sleep time.Duration
+		switch {
+		case err != nil:
+			failures++
+			s.metrics.errors.WithLabelValues("due").Inc()
+			sleep = min(time.Duration(1<<min(failures, 6))*50*time.Millisecond, max(s.cfg.MaxIdle, time.Second))
+			s.log.Warn().Err(err).Dur("retry_in", sleep).Msg("due emission failed")
+		case n >= s.cfg.BatchSize:
+			failures = 0
+			continue // more are due right now
+		default:
+			failures = 0
+			sleep, err = s.idleFor(ctx)
+			if err != nil {
+				sleep = s.cfg.MaxIdle
+				s.log.Warn().Err(err).Msg("read next due time")
+			}
+		}
+		if sleep <= 0 {
+			if n > 0 {
+				continue
+			}
+			// Due rows exist but another transaction holds them (another
+			// instance emitting them): look again shortly instead of spinning.
+			sleep = min(s.cfg.MaxIdle, lockedRetry)
+		}
+		timer.Reset(sleep)
+		select {
+		case <-ctx.Done():
+			return
+		case <-s.wake:
+			timer.Stop() // Go 1.23 timers: no stale tick after Stop
+		case <-timer.C:
+		}
+	}
+}
+
+// idleFor returns how long the due loop may sleep: until the earliest
+// next_attempt_at or re-emission by the database clock, at most MaxIdle.
+// It publishes the planned wake-up time for wakeDueLoop.
+func (s *Scheduler) idleFor(ctx context.Context) (time.Duration, error) {
+	next, ok, dbNow, err := retrystore.NextDue(ctx, s.cfg.Pool)
+	if err != nil {
+		return 0, err
+	}
+	sleep := s.cfg.MaxIdle
+	if ok {
+		sleep = min(sleep, next.Sub(dbNow))
+	}
+	if redue, ok, err := retrystore.NextRedue(ctx, s.cfg.Pool, s.cfg.RedueAfter); err != nil {
+		return 0, err
+	} else if ok {
+		sleep = min(sleep, redue)
+	}
+	if sleep > 0 {
+		s.plannedWake.Store(dbNow.Add(sleep).UnixNano())
+	}
+	return sleep, nil
+}
+
+// dueItem is one row being emitted.
+type dueItem struct {
+	row   retrystore.DueRow
+	redue bool
+	msg   *nats.Msg
+	ack   jetstream.PubAckFuture
+	ok    bool
+	dup   bool
+	// late is how late the publish was by the database clock.
+	late time.Duration
+}
+
+// emitDue publishes one batch of due events (first emissions, then
+// re-emissions of due rows nobody resolved) inside a transaction that
+// holds the rows' locks, waits for the PubAcks and marks the acknowledged
+// rows due. A crash before the commit leaves the rows scheduled: they are
+// published again with the same Nats-Msg-Id and JetStream drops the copy.
+func (s *Scheduler) emitDue(ctx context.Context) (int, error) {
+	tx, err := s.cfg.Pool.Begin(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("begin: %w", err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
+	now, err := retrystore.DBNow(ctx, tx)
+	if err != nil {
+		return 0, err
+	}
+	rows, err := retrystore.SelectDue(ctx, tx, s.cfg.BatchSize)
+	if err != nil {
+		return 0, err
+	}
+	items := make([]*dueItem, 0, len(rows))
+	for _, r := range rows {
+		items = append(items, &dueItem{row: r})
+	}
+	if len(rows) < s.cfg.BatchSize {
+		redue, err := retrystore.SelectRedue(ctx, tx, s.cfg.RedueAfter, s.cfg.BatchSize-len(rows))
+		if err != nil {
+			return 0, err
+		}
+		for _, r := range redue {
+			items = append(items, &dueItem{row: r, redue: true})
+		}
+	}
+	if len(items) == 0 {
+		return 0, nil
+	}
+	// The decisions of these rows were committed before they could be
+	// selected; publishing what the outbox still holds first keeps each
+	// scheduled event ahead of its due in the stream (the relay may hold
+	// some rows itself, so this is best effort; the rebuild copes either
+	// way).
+	if _, err := s.relay.Flush(ctx); err != nil {
+		s.log.Debug().Err(err).Msg("flush outbox before due")
+	}
+	s.publishDue(ctx, items, now, time.Now())
+
+	keys := make([]retrystore.Key, 0, len(items))
+	history := make([]retrystore.HistoryEntry, 0, len(items))
+	for _, it := range items {
+		if !it.ok {
+			continue
+		}
+		keys = append(keys, it.row.Key())
+		r := it.row.Retry
+		r.DueEmissions++
+		history = append(history, dueEntry(&r, it.msg.Header.Get(contract.HeaderMsgID), now))
+	}
+	if hook := s.cfg.Hooks.BeforeDueCommit; hook != nil {
+		if err := hook(ctx, keys); err != nil {
+			return 0, fmt.Errorf("failpoint before due commit: %w", err)
+		}
+	}
+	if err := retrystore.MarkDue(ctx, tx, keys); err != nil {
+		return 0, err
+	}
+	if err := retrystore.InsertHistory(ctx, tx, history...); err != nil {
+		return 0, err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return 0, fmt.Errorf("commit: %w", err)
+	}
+	s.observeDue(items)
+	if len(keys) < len(items) {
+		return len(items), fmt.Errorf("%d of %d due events were not acknowledged", len(items)-len(keys), len(items))
+	}
+	return len(items), nil
+}
+
+// publishDue publishes the batch asynchronously and waits for every
+// PubAck; it sets ok (and dup) on the items that were stored.
+// selected is when the rows were read: their lateness was measured then.
+func (s *Scheduler) publishDue(ctx context.Context, items []*dueItem, now, selected time.Time) {
+	for _, it := range items {
+		r := it.row.Retry
+		var next time.Time
+		if r.NextAttemptAt != nil {
+			next = *r.NextAttemptAt
+		}
+		msg, err := contract.NewLifecycleMsg(source, contract.Due, &contract.DueData{
+			Kind: r.Kind, ID: r.ItemID, Attempt: r.Attempt, NextAttemptAt: next,
+			JobType: r.JobType, Source: r.Source, Payload: r.Payload, Checkpoint: r.Checkpoint, Metadata: r.Metadata,
+		}, now)
+		if err != nil {
+			s.metrics.errors.WithLabelValues("due").Inc()
+			s.log.Error().Err(err).Str("kind", r.Kind).Str("id", r.ItemID).Int("attempt", r.Attempt).Msg("build due event")
+			continue
+		}
+		it.msg = msg
+		it.late = it.row.Lateness + time.Since(selected)
+		it.ack, err = s.cfg.JS.PublishMsgAsync(msg)
+		if err != nil {
+			s.log.Warn().Err(err).Str("kind", r.Kind).Str("id", r.ItemID).Msg("publish due event")
+			it.ack = nil
+		}
+	}
+	wait, cancel := context.WithTimeout(ctx, publishTimeout)
+	defer cancel()
+	for _, it := range items {
+		if it.ack == nil {
+			continue
+		}
+		select {
+		case pa := <-it.ack.Ok():
+			it.ok, it.dup = true, pa.Duplicate
+		case err := <-it.ack.Err():
+			s.log.Warn().Err(err).Str("kind", it.row.Kind).Str("id", it.row.ItemID).Msg("due event not acknowledged")
+		case <-wait.Done():
+			return
+		}
+	}
+}
+
+func (s *Scheduler) observeDue(items []*dueItem) {
+	for _, it := range items {
+		if !it.ok {
+			continue
+		}
+		r := it.row.Retry
+		switch {
+		case it.dup:
+			s.metrics.dueDuplicates.WithLabelValues(r.Kind).Inc()
+		case it.redue:
+			s.metrics.redue.WithLabelValues(r.Kind).Inc()
+		default:
+			s.metrics.due.WithLabelValues(r.Kind).Inc()
+			s.metrics.lateness.Observe(it.late.Seconds())
+		}
+		s.log.Debug().Str("kind", r.Kind).Str("id", r.ItemID).Int("attempt", r.Attempt).
+			Bool("redue", it.redue).Bool("duplicate", it.dup).Dur("lateness", it.late).Msg("due")
+	}
+}

@@ -1,0 +1,240 @@
+package scheduler_test
+
+import (
+	"context"
+	"io"
+	"os"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
+	"github.com/stretchr/testify/require"
+
+	"github.com/retryd/retryd/migrations/pgtest"
+	"github.com/retryd/retryd/pkg/contract"
+	"github.com/retryd/retryd/pkg/natstest"
+	"github.com/retryd/retryd/pkg/streams"
+	"github.com/retryd/retryd/projections/retrystore"
+	"github.com/retryd/retryd/services/scheduler"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+// waitFor bounds every wait of these tests; they poll, never sleep.
+const waitFor = 30 * time.Second
+
+type bundle struct {
+	ctx  context.Context
+	pool *pgxpool.Pool
+	srv  *server.Server
+	nc   *nats.Conn
+	js   jetstream.JetStream
+}
+
+func setup(t *testing.T) *bundle {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	t.Cleanup(cancel)
+	srv := natstest.RunServer(t)
+	nc, js := natstest.Connect(t, srv)
+	return &bundle{ctx: ctx, pool: pgtest.NewPool(t), srv: srv, nc: nc, js: js}
+}
+
+func testLogger() zerolog.Logger {
+	if os.Getenv("SCHEDULER_TEST_LOG") != "" {
+		return zerolog.New(zerolog.ConsoleWriter{Out: os.Stderr}).With().Timestamp().Logger()
+	}
+	return zerolog.New(io.Discard)
+}
+
+// instance is a started scheduler and its metrics registry.
+type instance struct {
+	*scheduler.Scheduler
+	reg *prometheus.Registry
+}
+
+// start starts a scheduler on the bundle's database and server; it is
+// stopped in t.Cleanup.
+func (b *bundle) start(t *testing.T, mods ...func(*scheduler.Config)) instance {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	cfg := scheduler.Config{
+		Pool: b.pool, JS: b.js, Logger: testLogger(), Registerer: reg,
+		MaxIdle: 200 * time.Millisecond, AckWait: 2 * time.Second, MetricsInterval: 100 * time.Millisecond,
+		Streams: streams.Options{Storage: jetstream.MemoryStorage},
+	}
+	for _, m := range mods {
+		m(&cfg)
+	}
+	s, err := scheduler.New(cfg)
+	require.NoError(t, err)
+	require.NoError(t, s.Start(b.ctx))
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		require.NoError(t, s.Stop(ctx))
+	})
+	return instance{Scheduler: s, reg: reg}
+}
+
+// policy stores a policy with millisecond figures and no jitter unless mod
+// changes them.
+func (b *bundle) policy(t *testing.T, kind, jobType string, maxRetries int, baseMS, maxMS int64, mod ...func(*retrystore.Policy)) retrystore.Policy {
+	t.Helper()
+	p := retrystore.Policy{
+		Kind: kind, JobType: jobType, Name: kind + "-policy", MaxRetries: maxRetries, BaseDelayMS: baseMS,
+		Multiplier: 2, MaxDelayMS: maxMS, Jitter: "none", Enabled: true,
+		NonRetryableClasses: []string{"authentication", "permission", "validation"},
+	}
+	for _, m := range mod {
+		m(&p)
+	}
+	saved, err := retrystore.PutPolicy(b.ctx, b.pool, p, "test")
+	require.NoError(t, err)
+	return saved
+}
+
+// publish publishes a lifecycle event as an owner would.
+func (b *bundle) publish(t *testing.T, ev contract.Lifecycle, data any) *jetstream.PubAck {
+	t.Helper()
+	msg := lifecycleMsg(t, ev, data)
+	ack, err := b.js.PublishMsg(b.ctx, msg)
+	require.NoError(t, err)
+	return ack
+}
+
+func lifecycleMsg(t *testing.T, ev contract.Lifecycle, data any) *nats.Msg {
+	t.Helper()
+	var msg *nats.Msg
+	var err error
+	switch d := data.(type) {
+	case contract.FailedData:
+		msg, err = contract.NewLifecycleMsg("test/owner", ev, d, time.Now())
+	case contract.SucceededData:
+		msg, err = contract.NewLifecycleMsg("test/owner", ev, d, time.Now())
+	case contract.CancelledData:
+		msg, err = contract.NewLifecycleMsg("test/owner", ev, d, time.Now())
+	default:
+		t.Fatalf("unsupported data %T", data)
+	}
+	require.NoError(t, err)
+	return msg
+}
+
+func failed(kind, id string, attempt int, class string) contract.FailedData {
+	return contract.FailedData{Kind: kind, ID: id, Attempt: attempt, Error: contract.ErrorInfo{Class: class, Message: "boom"}}
+}
+
+// waitRow polls the retry row until cond holds.
+func (b *bundle) waitRow(t *testing.T, kind, id string, cond func(r retrystore.Retry) bool) retrystore.Retry {
+	t.Helper()
+	var got retrystore.Retry
+	require.Eventually(t, func() bool {
+		r, err := retrystore.Get(b.ctx, b.pool, kind, id)
+		if err != nil {
+			return false
+		}
+		got = r
+		return cond(r)
+	}, waitFor, 10*time.Millisecond, "row %s/%s", kind, id)
+	return got
+}
+
+func inState(state retrystore.State, attempt int) func(retrystore.Retry) bool {
+	return func(r retrystore.Retry) bool { return r.State == state && r.Attempt == attempt }
+}
+
+func (b *bundle) history(t *testing.T, kind, id string) []retrystore.HistoryEntry {
+	t.Helper()
+	h, err := retrystore.History(b.ctx, b.pool, kind, id)
+	require.NoError(t, err)
+	return h
+}
+
+func events(h []retrystore.HistoryEntry) []string {
+	out := make([]string, len(h))
+	for i, e := range h {
+		out[i] = e.Event + ":" + strconv.Itoa(e.Attempt)
+	}
+	return out
+}
+
+// streamMsgs reads every message of RETRIES matching filter.
+func (b *bundle) streamMsgs(t *testing.T, filter string) []jetstream.Msg {
+	t.Helper()
+	cons, err := b.js.OrderedConsumer(b.ctx, contract.StreamRetries, jetstream.OrderedConsumerConfig{FilterSubjects: []string{filter}})
+	require.NoError(t, err)
+	var out []jetstream.Msg
+	for {
+		batch, err := cons.FetchNoWait(1000)
+		require.NoError(t, err)
+		n := 0
+		for m := range batch.Messages() {
+			out = append(out, m)
+			n++
+		}
+		if n == 0 {
+			return out
+		}
+	}
+}
+
+// msgIDs counts stored messages per Nats-Msg-Id.
+func msgIDs(msgs []jetstream.Msg) map[string]int {
+	out := map[string]int{}
+	for _, m := range msgs {
+		out[m.Headers().Get(contract.HeaderMsgID)]++
+	}
+	return out
+}
+
+// metric sums the series of a metric whose labels include the given
+// name/value pairs.
+func metric(t *testing.T, reg *prometheus.Registry, name string, labels ...string) float64 {
+	t.Helper()
+	families, err := reg.Gather()
+	require.NoError(t, err)
+	var sum float64
+	for _, f := range families {
+		if f.GetName() != name {
+			continue
+		}
+	series:
+		for _, m := range f.GetMetric() {
+			for i := 0; i+1 < len(labels); i += 2 {
+				found := false
+				for _, lp := range m.GetLabel() {
+					if lp.GetName() == labels[i] && lp.GetValue() == labels[i+1] {
+						found = true
+					}
+				}
+				if !found {
+					continue series
+				}
+			}
+			switch {
+			case m.Counter != nil:
+				sum += m.GetCounter().GetValue()
+			case m.Gauge != nil:
+				sum += m.GetGauge().GetValue()
+			case m.Histogram != nil:
+				sum += float64(m.GetHistogram().GetSampleCount())
+			}
+		}
+	}
+	return sum
+}
+
+func decodeDue(t *testing.T, m jetstream.Msg) contract.DueData {
+	t.Helper()
+	ev, err := contract.DecodeLifecycle(m.Subject(), m.Data())
+	require.NoError(t, err)
+	require.NotNil(t, ev.Due)
+	return *ev.Due
+}

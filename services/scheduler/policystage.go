@@ -1,0 +1,313 @@
+package scheduler
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/retryd/retryd/pkg/contract"
+	"github.com/retryd/retryd/projections/inbox"
+	"github.com/retryd/retryd/projections/outbox"
+	"github.com/retryd/retryd/projections/retrystore"
+)
+
+// nakDelay is how long a message whose transaction failed waits before it
+// is redelivered.
+const nakDelay = 5 * time.Second
+
+// inbound is a decoded message waiting to be applied.
+type inbound struct {
+	msg jetstream.Msg
+	f   fact
+}
+
+// applied is the result of applying one message.
+type applied struct {
+	in        inbound
+	ch        change
+	duplicate bool
+}
+
+// runPolicyStage applies queued messages in batches: it takes what is
+// queued (up to ConsumeBatch) without waiting for more, so a lone message
+// is applied at once and a burst shares transactions.
+func (s *Scheduler) runPolicyStage(ctx context.Context) {
+	defer close(s.workerDone)
+	for {
+		var first jetstream.Msg
+		select {
+		case first = <-s.inbound:
+		case <-s.abort:
+			// Apply what the drained consumer already handed over.
+			for {
+				select {
+				case m := <-s.inbound:
+					s.handleBatch(ctx, []jetstream.Msg{m})
+				default:
+					return
+				}
+			}
+		}
+		batch := []jetstream.Msg{first}
+	fill:
+		for len(batch) < s.cfg.ConsumeBatch {
+			select {
+			case m := <-s.inbound:
+				batch = append(batch, m)
+			default:
+				break fill
+			}
+		}
+		s.handleBatch(ctx, batch)
+	}
+}
+
+// onMessage is the consume callback: it hands the message to the worker,
+// which bounds how many wait (back pressure on the pull).
+func (s *Scheduler) onMessage(m jetstream.Msg) {
+	select {
+	case s.inbound <- m:
+	case <-s.abort:
+	}
+}
+
+// decode checks a message; malformed ones are terminated and counted.
+func (s *Scheduler) decode(m jetstream.Msg) (inbound, bool) {
+	ev, err := contract.DecodeLifecycle(m.Subject(), m.Data())
+	if err == nil {
+		switch ev.Event {
+		case contract.Failed, contract.Succeeded, contract.Cancelled:
+		default:
+			err = fmt.Errorf("event %q is not consumed by the scheduler (failed, succeeded, cancelled)", ev.Event)
+		}
+	}
+	if err != nil {
+		reason := err.Error()
+		if len(reason) > 256 {
+			reason = reason[:256]
+		}
+		if termErr := m.TermWithReason(reason); termErr != nil {
+			s.log.Warn().Err(termErr).Str("subject", m.Subject()).Msg("terminate malformed message")
+		}
+		s.metrics.malformed.WithLabelValues(Owner).Inc()
+		s.log.Warn().Str("subject", m.Subject()).Str("reason", reason).Msg("malformed message terminated")
+		return inbound{}, false
+	}
+	msgID := ""
+	if h := m.Headers(); h != nil {
+		msgID = h.Get(contract.HeaderMsgID)
+	}
+	if msgID == "" {
+		msgID = ev.Envelope.ID
+	}
+	return inbound{msg: m, f: newFact(ev, msgID)}, true
+}
+
+// handleBatch decodes, applies in one transaction (falling back to one
+// transaction per message if the batch fails), then publishes the outbox,
+// wakes the due loop and acks.
+func (s *Scheduler) handleBatch(ctx context.Context, msgs []jetstream.Msg) {
+	items := make([]inbound, 0, len(msgs))
+	for _, m := range msgs {
+		if in, ok := s.decode(m); ok {
+			items = append(items, in)
+		}
+	}
+	if len(items) == 0 {
+		return
+	}
+	// Same order for every transaction touching the same items makes
+	// deadlocks between instances unlikely; stable keeps each item's facts
+	// in stream order.
+	slices.SortStableFunc(items, func(a, b inbound) int {
+		return cmp.Or(cmp.Compare(a.f.ev.Kind, b.f.ev.Kind), cmp.Compare(a.f.ev.ID, b.f.ev.ID))
+	})
+	results, err := s.applyBatch(ctx, items)
+	if err != nil && len(items) > 1 {
+		s.log.Warn().Err(err).Int("messages", len(items)).Msg("batch failed, applying messages one by one")
+		for _, in := range items {
+			s.handleBatch(ctx, []jetstream.Msg{in.msg})
+		}
+		return
+	}
+	if err != nil {
+		s.metrics.errors.WithLabelValues("policy").Inc()
+		if ctx.Err() != nil {
+			return // stopping: the message is redelivered to whoever runs next
+		}
+		s.log.Error().Err(err).Str("kind", items[0].f.ev.Kind).Str("id", items[0].f.ev.ID).
+			Str("event", string(items[0].f.ev.Event)).Msg("apply message failed, redelivering later")
+		_ = items[0].msg.NakWithDelay(nakDelay)
+		return
+	}
+	if hook := s.cfg.Hooks.AfterCommit; hook != nil {
+		if err := hook(ctx); err != nil {
+			s.log.Warn().Err(err).Msg("failpoint after commit: not publishing, not acking")
+			return
+		}
+	}
+	s.afterCommit(results)
+}
+
+func (s *Scheduler) afterCommit(results []applied) {
+	kick := false
+	for _, r := range results {
+		if len(r.ch.msgs) > 0 {
+			kick = true
+		}
+		s.observe(r)
+		if row := r.ch.row; row != nil && row.State == retrystore.StateScheduled && row.NextAttemptAt != nil {
+			s.wakeDueLoop(row.NextAttemptAt.UnixNano())
+		}
+	}
+	if kick {
+		s.relay.Kick()
+	}
+	for _, r := range results {
+		if err := r.in.msg.Ack(); err != nil {
+			s.log.Debug().Err(err).Str("kind", r.in.f.ev.Kind).Str("id", r.in.f.ev.ID).Msg("ack failed; the redelivery will be a duplicate")
+		}
+	}
+}
+
+// observe counts and logs one applied message.
+func (s *Scheduler) observe(r applied) {
+	ev := r.in.f.ev
+	switch {
+	case r.duplicate:
+		s.metrics.duplicate.WithLabelValues(Owner).Inc()
+		return
+	case r.ch.stale:
+		s.metrics.stale.WithLabelValues(ev.Kind, string(ev.Event)).Inc()
+		s.log.Info().Str("kind", ev.Kind).Str("id", ev.ID).Int("attempt", ev.Attempt()).
+			Str("event", string(ev.Event)).Msg("stale fact ignored")
+		return
+	case r.ch.untracked:
+		return
+	}
+	s.metrics.outcome(r.ch.outcome, ev.Kind)
+	row := r.ch.row
+	l := s.log.Debug()
+	if r.ch.outcome == contract.Exhausted || r.ch.outcome == contract.Cancelled {
+		l = s.log.Info()
+	}
+	l = l.Str("kind", row.Kind).Str("id", row.ItemID).Int("attempt", row.Attempt).Str("state", string(row.State))
+	if row.NextAttemptAt != nil && row.State == retrystore.StateScheduled {
+		l = l.Time("next_attempt_at", *row.NextAttemptAt)
+	}
+	if row.LastErrorClass != "" {
+		l = l.Str("class", row.LastErrorClass)
+	}
+	if row.ExhaustedReason != "" {
+		l = l.Str("reason", row.ExhaustedReason)
+	} else if row.LastReason != "" {
+		l = l.Str("reason", row.LastReason)
+	}
+	l.Str("event", string(ev.Event)).Str("outcome", string(r.ch.outcome)).Msg("applied")
+}
+
+// applyBatch applies items in one transaction.
+func (s *Scheduler) applyBatch(ctx context.Context, items []inbound) ([]applied, error) {
+	tx, err := s.cfg.Pool.Begin(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("begin: %w", err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
+	now, err := retrystore.DBNow(ctx, tx)
+	if err != nil {
+		return nil, err
+	}
+	d := &decider{rand: s.cfg.Rand, policies: policyCache{}}
+	results := make([]applied, 0, len(items))
+	for _, in := range items {
+		res, err := s.applyOne(ctx, tx, d, in, now)
+		if err != nil {
+			return nil, fmt.Errorf("apply %s %s/%s: %w", in.f.ev.Event, in.f.ev.Kind, in.f.ev.ID, err)
+		}
+		results = append(results, res)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return nil, fmt.Errorf("commit: %w", err)
+	}
+	return results, nil
+}
+
+func (s *Scheduler) applyOne(ctx context.Context, tx pgx.Tx, d *decider, in inbound, now time.Time) (applied, error) {
+	claimed, err := inbox.Claim(ctx, tx, Owner, in.f.msgID)
+	if err != nil {
+		return applied{}, err
+	}
+	if !claimed {
+		return applied{in: in, duplicate: true}, nil
+	}
+	row, err := lockRow(ctx, tx, in.f.ev.Kind, in.f.ev.ID)
+	if err != nil {
+		return applied{}, err
+	}
+	var ch change
+	switch in.f.ev.Event {
+	case contract.Failed:
+		ch, err = s.applyFailed(ctx, tx, d, row, in.f, now)
+	case contract.Succeeded:
+		ch = applySucceeded(row, in.f)
+	case contract.Cancelled:
+		ch = applyCancelled(row, in.f)
+	}
+	if err != nil {
+		return applied{}, err
+	}
+	if err := write(ctx, tx, ch); err != nil {
+		return applied{}, err
+	}
+	return applied{in: in, ch: ch}, nil
+}
+
+// applyFailed records a failure and decides what follows.
+func (s *Scheduler) applyFailed(ctx context.Context, tx pgx.Tx, d *decider, row *retrystore.Retry, f fact, now time.Time) (change, error) {
+	fd := f.ev.Failed
+	if !acceptsFailure(row, fd.Attempt) {
+		return staleChange(), nil
+	}
+	class := classify(s.cfg.Classifier, fd.Error)
+	r, h := recordFailure(row, f, string(class))
+	return d.decide(ctx, tx, r, failure{class: class, message: fd.Error.Message, reason: fd.Reason, retryAfter: fd.RetryAfter},
+		[]retrystore.HistoryEntry{h}, now)
+}
+
+// lockRow reads and locks the row of an item; nil when it has none.
+func lockRow(ctx context.Context, tx pgx.Tx, kind, id string) (*retrystore.Retry, error) {
+	r, err := retrystore.GetForUpdate(ctx, tx, kind, id)
+	if errors.Is(err, retrystore.ErrNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	return &r, nil
+}
+
+// write stores a change: row, history and outbox messages.
+func write(ctx context.Context, tx pgx.Tx, ch change) error {
+	if ch.row != nil {
+		saved, err := retrystore.Save(ctx, tx, *ch.row)
+		if err != nil {
+			return err
+		}
+		*ch.row = saved
+	}
+	if err := retrystore.InsertHistory(ctx, tx, ch.history...); err != nil {
+		return err
+	}
+	if len(ch.msgs) > 0 {
+		if err := outbox.Insert(ctx, tx, Owner, ch.msgs...); err != nil {
+			return fmt.Errorf("insert outbox: %w", err)
+		}
+	}
+	return nil
+}

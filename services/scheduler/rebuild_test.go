@@ -1,0 +1,257 @@
+package scheduler_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/retryd/retryd/migrations/pgtest"
+	"github.com/retryd/retryd/pkg/contract"
+	"github.com/retryd/retryd/projections/retrystore"
+	"github.com/retryd/retryd/services/scheduler"
+)
+
+// snapshot renders the projection as JSON text: every column of every row
+// but the bookkeeping timestamps, and each item's history in fact order.
+func snapshot(t *testing.T, ctx context.Context, pool *pgxpool.Pool) (rows, history []string) {
+	t.Helper()
+	r, err := pool.Query(ctx, `SELECT (to_jsonb(r) - 'created_at' - 'updated_at')::text FROM retries r ORDER BY kind, item_id`)
+	require.NoError(t, err)
+	for r.Next() {
+		var s string
+		require.NoError(t, r.Scan(&s))
+		rows = append(rows, s)
+	}
+	require.NoError(t, r.Err())
+	h, err := pool.Query(ctx, `SELECT (to_jsonb(h) - 'id')::text FROM retry_history h ORDER BY kind, item_id, at, attempt, event`)
+	require.NoError(t, err)
+	for h.Next() {
+		var s string
+		require.NoError(t, h.Scan(&s))
+		history = append(history, s)
+	}
+	require.NoError(t, h.Err())
+	return rows, history
+}
+
+// waitQuiet waits until the consumer has nothing pending and the outbox is
+// empty.
+func (b *bundle) waitQuiet(t *testing.T) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		cons, err := b.js.Consumer(b.ctx, contract.StreamRetries, scheduler.ConsumerName)
+		require.NoError(t, err)
+		info, err := cons.Info(b.ctx)
+		require.NoError(t, err)
+		var outbox int
+		require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM outbox`).Scan(&outbox))
+		return info.NumAckPending == 0 && info.NumPending == 0 && outbox == 0
+	}, waitFor, 20*time.Millisecond)
+}
+
+// The projection rebuilt from RETRIES into an empty database equals the
+// original after a mixed workload: successes, exhaustion, non-retryable
+// classes, cancellations before and after due, manual retries with and
+// without reset, owner cancellations, overrides, duplicates, pending and
+// due items.
+func TestRebuildEqualsOriginal(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	s := b.start(t)
+	hour := int64(time.Hour / time.Millisecond)
+	b.policy(t, "rb", "", 3, 10, 10)
+	b.policy(t, "rb-slow", "", 3, hour, hour)
+	zero := 0
+
+	// Successes after one, two and three failures.
+	for i := range 30 {
+		id := fmt.Sprintf("s%02d", i)
+		fails := 1 + i%3
+		for a := 1; a <= fails; a++ {
+			fd := failed("rb", id, a, "network")
+			fd.Checkpoint = []byte(fmt.Sprintf(`{"step":%d}`, a))
+			b.publish(t, contract.Failed, fd)
+			b.waitRow(t, "rb", id, inState(retrystore.StateDue, a+1))
+		}
+		b.publish(t, contract.Succeeded, contract.SucceededData{Kind: "rb", ID: id, Attempt: fails + 1})
+	}
+	// Exhausted by budget, by class, by a job-level override.
+	for a := 1; a <= 4; a++ {
+		b.publish(t, contract.Failed, failed("rb", "e1", a, "timeout"))
+		if a < 4 {
+			b.waitRow(t, "rb", "e1", inState(retrystore.StateDue, a+1))
+		}
+	}
+	b.publish(t, contract.Failed, failed("rb", "v1", 1, "permission"))
+	j1 := failed("rb", "j1", 1, "timeout")
+	j1.MaxRetries = &zero
+	j1.JobType = "export"
+	b.publish(t, contract.Failed, j1)
+	// Cancelled while waiting, and after due (the owner's late failure is
+	// stale).
+	b.publish(t, contract.Failed, failed("rb-slow", "c1", 1, "timeout"))
+	b.waitRow(t, "rb-slow", "c1", inState(retrystore.StateScheduled, 2))
+	_, err := s.Cancel(b.ctx, "rb-slow", "c1", "ops", "not needed")
+	require.NoError(t, err)
+	b.publish(t, contract.Failed, failed("rb", "c2", 1, "timeout"))
+	b.waitRow(t, "rb", "c2", inState(retrystore.StateDue, 2))
+	_, err = s.Cancel(b.ctx, "rb", "c2", "ops", "")
+	require.NoError(t, err)
+	b.publish(t, contract.Failed, failed("rb", "c2", 2, "timeout"))
+	// The owner cancels an item that never failed.
+	b.publish(t, contract.Cancelled, contract.CancelledData{Kind: "rb", ID: "o1", By: "owner", Reason: "gone"})
+	// Manual retries: of an exhausted item with reset, of a waiting one.
+	b.publish(t, contract.Failed, failed("rb", "m1", 1, "validation"))
+	b.waitRow(t, "rb", "m1", inState(retrystore.StateExhausted, 1))
+	_, err = s.RetryNow(b.ctx, "rb", "m1", scheduler.RetryNowOptions{ResetAttempts: true, Reason: "data fixed"})
+	require.NoError(t, err)
+	b.waitRow(t, "rb", "m1", inState(retrystore.StateDue, 2))
+	b.publish(t, contract.Failed, failed("rb-slow", "m2", 1, "timeout"))
+	b.waitRow(t, "rb-slow", "m2", inState(retrystore.StateScheduled, 2))
+	_, err = s.RetryNow(b.ctx, "rb-slow", "m2", scheduler.RetryNowOptions{By: "ops"})
+	require.NoError(t, err)
+	// A duplicate stored past the duplicate window, a throttled failure
+	// still waiting, an item waiting for its owner after due.
+	dup := lifecycleMsg(t, contract.Failed, failed("rb-slow", "dup", 1, "timeout"))
+	_, err = b.js.PublishMsg(b.ctx, dup)
+	require.NoError(t, err)
+	copyMsg := nats.NewMsg(dup.Subject)
+	copyMsg.Data = dup.Data
+	_, err = b.js.PublishMsg(b.ctx, copyMsg)
+	require.NoError(t, err)
+	b.publish(t, contract.Failed, contract.FailedData{Kind: "rb-slow", ID: "th", Attempt: 1, Reason: "source_throttled",
+		Error: contract.ErrorInfo{Class: "rate_limit", Message: "slow down"}, RetryAfter: contract.RetryAfterDuration(20 * time.Minute),
+		Payload: []byte(`{"event":"e1"}`), Metadata: map[string]string{"source": "crm"}})
+	b.publish(t, contract.Failed, failed("rb", "d1", 1, "timeout"))
+
+	b.waitRow(t, "rb", "e1", inState(retrystore.StateExhausted, 4))
+	b.waitRow(t, "rb", "d1", inState(retrystore.StateDue, 2))
+	b.waitRow(t, "rb-slow", "m2", inState(retrystore.StateDue, 3))
+	b.waitRow(t, "rb-slow", "th", inState(retrystore.StateScheduled, 2))
+	b.waitRow(t, "rb", "s29", inState(retrystore.StateSucceeded, 4))
+	b.waitQuiet(t)
+	stopCtx, cancel := context.WithTimeout(b.ctx, 20*time.Second)
+	defer cancel()
+	require.NoError(t, s.Stop(stopCtx))
+	wantRows, wantHistory := snapshot(t, b.ctx, b.pool)
+	require.Len(t, wantRows, 30+11)
+
+	_, err = scheduler.Rebuild(b.ctx, b.js, b.pool, testLogger())
+	require.ErrorIs(t, err, scheduler.ErrNotEmpty)
+
+	fresh := pgtest.NewPool(t)
+	stats, err := scheduler.Rebuild(b.ctx, b.js, fresh, testLogger())
+	require.NoError(t, err)
+	require.Zero(t, stats.Decided)
+	require.Zero(t, stats.Malformed)
+	require.Equal(t, int64(len(wantRows)), stats.Retries)
+	require.Positive(t, stats.Stale, "the late failure of c2 and the cancelled event of the API are stale or duplicates")
+	gotRows, gotHistory := snapshot(t, b.ctx, fresh)
+	require.Equal(t, wantRows, gotRows)
+	require.Equal(t, wantHistory, gotHistory)
+
+	// The rebuilt projection is live: the waiting retries come due from it.
+	_, err = fresh.Exec(b.ctx, `UPDATE retries SET next_attempt_at = now() WHERE kind = 'rb-slow' AND item_id = 'th'`)
+	require.NoError(t, err)
+	b2 := *b
+	b2.pool = fresh
+	b2.start(t)
+	b2.waitRow(t, "rb-slow", "th", inState(retrystore.StateDue, 2))
+}
+
+// A failure the scheduler never decided (its database was lost with the
+// decision) is decided by the rebuild and its event published.
+func TestRebuildDecidesMissingDecisions(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	// A scheduler creates the streams, then goes away.
+	s := b.start(t)
+	stopCtx, cancel := context.WithTimeout(b.ctx, 20*time.Second)
+	defer cancel()
+	require.NoError(t, s.Stop(stopCtx))
+	b.publish(t, contract.Failed, failed("event", "lost", 1, "timeout"))
+	b.publish(t, contract.Failed, failed("event", "lost-nr", 1, "authentication"))
+
+	stats, err := scheduler.Rebuild(b.ctx, b.js, b.pool, testLogger())
+	require.NoError(t, err)
+	require.Equal(t, 2, stats.Decided)
+	row, err := retrystore.Get(b.ctx, b.pool, "event", "lost")
+	require.NoError(t, err)
+	require.Equal(t, retrystore.StateScheduled, row.State)
+	require.Equal(t, 2, row.Attempt)
+	require.Equal(t, "event-ingress", row.PolicyName)
+	row, err = retrystore.Get(b.ctx, b.pool, "event", "lost-nr")
+	require.NoError(t, err)
+	require.Equal(t, retrystore.StateExhausted, row.State)
+	require.Len(t, b.streamMsgs(t, "retry.event.scheduled.lost"), 1)
+	require.Len(t, b.streamMsgs(t, "retry.event.exhausted.lost-nr"), 1)
+
+	// The live consumer sees the failures as already applied.
+	c := b.start(t)
+	require.Eventually(t, func() bool {
+		return metric(t, c.reg, "retryd_scheduler_duplicate_total", "consumer", "scheduler") == 2
+	}, waitFor, 10*time.Millisecond)
+	require.Equal(t, []string{"failed:1", "scheduled:2"}, events(b.history(t, "event", "lost")))
+}
+
+// An owner's failure that reached the stream before an operator's cancel
+// or manual retry, but was applied after it (and found stale), is not
+// applied by the rebuild either.
+func TestRebuildOperatorActionOvertakingAFailure(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	s := b.start(t)
+	require.NoError(t, s.Stop(b.ctx))
+
+	at := time.Now().UTC().Truncate(time.Millisecond)
+	next := at.Add(time.Second)
+	schedMsg := func(ev contract.Lifecycle, id string, attempt int, decidedBy string, retryCount int) {
+		msg, err := contract.NewLifecycleMsg("retryd/scheduler", ev, contract.ScheduledData{
+			Kind: "job", ID: id, Attempt: attempt, NextAttemptAt: next,
+			Decision: contract.Decision{Policy: "job-default", PolicyVersion: 1, DecidedBy: decidedBy, ErrorClass: "timeout", RetryCount: retryCount, MaxRetries: 5},
+		}, at)
+		require.NoError(t, err)
+		_, err = b.js.PublishMsg(b.ctx, msg)
+		require.NoError(t, err)
+	}
+	due := func(id string, attempt int) {
+		msg, err := contract.NewLifecycleMsg("retryd/scheduler", contract.Due, contract.DueData{Kind: "job", ID: id, Attempt: attempt, NextAttemptAt: next}, next)
+		require.NoError(t, err)
+		_, err = b.js.PublishMsg(b.ctx, msg)
+		require.NoError(t, err)
+	}
+	for _, id := range []string{"cancelled", "manual"} {
+		b.publish(t, contract.Failed, failed("job", id, 1, "timeout"))
+		schedMsg(contract.Scheduled, id, 2, contract.DecidedByBackoff, 1)
+		due(id, 2)
+		// The owner reports attempt 2 failed while the operator's event
+		// sits in the outbox.
+		b.publish(t, contract.Failed, failed("job", id, 2, "timeout"))
+	}
+	cancel, err := contract.NewLifecycleMsg("retryd/scheduler", contract.Cancelled, contract.CancelledData{Kind: "job", ID: "cancelled", Attempt: 2, By: "ops"}, next)
+	require.NoError(t, err)
+	_, err = b.js.PublishMsg(b.ctx, cancel)
+	require.NoError(t, err)
+	schedMsg(contract.Rescheduled, "manual", 3, contract.DecidedByManual, 2)
+
+	stats, err := scheduler.Rebuild(b.ctx, b.js, b.pool, testLogger())
+	require.NoError(t, err)
+	require.Zero(t, stats.Decided)
+	require.Equal(t, 2, stats.Stale)
+	row, err := retrystore.Get(b.ctx, b.pool, "job", "cancelled")
+	require.NoError(t, err)
+	require.Equal(t, retrystore.StateCancelled, row.State)
+	require.Equal(t, 2, row.Attempt)
+	require.Equal(t, []string{"failed:1", "scheduled:2", "due:2", "cancelled:2"}, events(b.history(t, "job", "cancelled")))
+	row, err = retrystore.Get(b.ctx, b.pool, "job", "manual")
+	require.NoError(t, err)
+	require.Equal(t, retrystore.StateScheduled, row.State)
+	require.Equal(t, 3, row.Attempt)
+	require.Zero(t, row.DueEmissions)
+	require.Equal(t, []string{"failed:1", "scheduled:2", "due:2", "rescheduled:3"}, events(b.history(t, "job", "manual")))
+}

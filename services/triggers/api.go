@@ -1,0 +1,366 @@
+package triggers
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/retryd/retryd/pkg/contract"
+	"github.com/retryd/retryd/pkg/serve"
+	"github.com/retryd/retryd/projections/triggerstore"
+)
+
+// Handler serves the trigger API under /v1/:
+//
+//	POST   /v1/triggers                      create
+//	GET    /v1/triggers                      list (?source=&event_type=&enabled=&after=&limit=)
+//	GET    /v1/triggers/{id}                 read
+//	PUT    /v1/triggers/{id}                 replace the definition
+//	DELETE /v1/triggers/{id}                 delete
+//	POST   /v1/triggers/{id}/enable|disable  switch on or off
+//	GET    /v1/triggers/{id}/versions        every version of the definition
+//	GET    /v1/triggers/{id}/deliveries      deliveries, newest first (?status=&before=&limit=)
+//	GET    /v1/deliveries/{id}               one delivery
+//
+// Every change bumps the trigger's version; a definition is compiled and
+// type-checked before it is saved.
+func (s *Service) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/triggers", s.createTrigger)
+	mux.HandleFunc("GET /v1/triggers", s.listTriggers)
+	mux.HandleFunc("GET /v1/triggers/{id}", s.getTrigger)
+	mux.HandleFunc("PUT /v1/triggers/{id}", s.putTrigger)
+	mux.HandleFunc("DELETE /v1/triggers/{id}", s.deleteTrigger)
+	mux.HandleFunc("POST /v1/triggers/{id}/enable", s.setEnabled(true))
+	mux.HandleFunc("POST /v1/triggers/{id}/disable", s.setEnabled(false))
+	mux.HandleFunc("GET /v1/triggers/{id}/versions", s.listVersions)
+	mux.HandleFunc("GET /v1/triggers/{id}/deliveries", s.listDeliveries)
+	mux.HandleFunc("GET /v1/deliveries/{id}", s.getDelivery)
+	mux.HandleFunc("/v1/", func(w http.ResponseWriter, r *http.Request) {
+		serve.WriteError(w, fmt.Errorf("%s %s: %w", r.Method, r.URL.Path, serve.ErrNotFound))
+	})
+	return mux
+}
+
+// storeErr maps store errors to the API's; what names the resource.
+func storeErr(err error, what string) error {
+	switch {
+	case errors.Is(err, triggerstore.ErrNotFound):
+		return fmt.Errorf("%s %w", what, serve.ErrNotFound)
+	case errors.Is(err, triggerstore.ErrConflict):
+		return fmt.Errorf("%s already exists (ids are never reused): %w", what, serve.ErrConflict)
+	}
+	return err
+}
+
+func (s *Service) writeErr(w http.ResponseWriter, r *http.Request, err error) {
+	if status, _ := serve.Describe(err); status >= 500 {
+		s.log.Error().Err(err).Str("method", r.Method).Str("path", r.URL.Path).Msg("api request failed")
+	}
+	serve.WriteError(w, err)
+}
+
+func pathID(r *http.Request) (string, error) {
+	id := r.PathValue("id")
+	return id, contract.ValidateID("id", id)
+}
+
+func (s *Service) createTrigger(w http.ResponseWriter, r *http.Request) {
+	var in TriggerInput
+	if err := serve.DecodeJSON(r, s.cfg.MaxBodyBytes, &in); err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	def, progs, err := in.definition(s.exprs, true)
+	if err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	id := in.ID
+	if id == "" {
+		id = contract.NewID()
+	}
+	var t triggerstore.Trigger
+	err = pgx.BeginFunc(r.Context(), s.cfg.Pool, func(tx pgx.Tx) error {
+		t, err = triggerstore.CreateTrigger(r.Context(), tx, id, def)
+		return err
+	})
+	if err != nil {
+		s.writeErr(w, r, storeErr(err, "trigger "+id))
+		return
+	}
+	s.programs.put(programKey{t.ID, t.Version}, progs)
+	s.logChange(t, "created")
+	w.Header().Set("Location", "/v1/triggers/"+t.ID)
+	serve.WriteJSON(w, http.StatusCreated, viewTrigger(t))
+}
+
+func (s *Service) getTrigger(w http.ResponseWriter, r *http.Request) {
+	id, err := pathID(r)
+	if err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	t, err := triggerstore.GetTrigger(r.Context(), s.cfg.Pool, id)
+	if err != nil {
+		s.writeErr(w, r, storeErr(err, "trigger "+id))
+		return
+	}
+	serve.WriteJSON(w, http.StatusOK, viewTrigger(t))
+}
+
+func (s *Service) putTrigger(w http.ResponseWriter, r *http.Request) {
+	id, err := pathID(r)
+	if err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	var in TriggerInput
+	if err := serve.DecodeJSON(r, s.cfg.MaxBodyBytes, &in); err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	if in.ID != "" && in.ID != id {
+		s.writeErr(w, r, invalidField("id", fmt.Sprintf("%q does not match the id in the path %q", in.ID, id)))
+		return
+	}
+	var t triggerstore.Trigger
+	var changed bool
+	var progs compiled
+	err = pgx.BeginFunc(r.Context(), s.cfg.Pool, func(tx pgx.Tx) error {
+		cur, err := triggerstore.LockTrigger(r.Context(), tx, id)
+		if err != nil {
+			return storeErr(err, "trigger "+id)
+		}
+		if cur.Deleted() {
+			return storeErr(triggerstore.ErrNotFound, "trigger "+id)
+		}
+		def, p, err := in.definition(s.exprs, cur.Enabled)
+		if err != nil {
+			return err
+		}
+		progs = p
+		if t, changed, err = triggerstore.UpdateTrigger(r.Context(), tx, id, def); err != nil {
+			return storeErr(err, "trigger "+id)
+		}
+		return nil
+	})
+	if err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	// Only committed versions are cached: a version number that rolled
+	// back is reused by the next change.
+	s.programs.put(programKey{t.ID, t.Version}, progs)
+	if changed {
+		s.logChange(t, "updated")
+	}
+	serve.WriteJSON(w, http.StatusOK, viewTrigger(t))
+}
+
+func (s *Service) deleteTrigger(w http.ResponseWriter, r *http.Request) {
+	id, err := pathID(r)
+	if err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	var t triggerstore.Trigger
+	err = pgx.BeginFunc(r.Context(), s.cfg.Pool, func(tx pgx.Tx) error {
+		t, err = triggerstore.DeleteTrigger(r.Context(), tx, id)
+		return err
+	})
+	if err != nil {
+		s.writeErr(w, r, storeErr(err, "trigger "+id))
+		return
+	}
+	s.logChange(t, "deleted")
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (s *Service) setEnabled(enabled bool) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		id, err := pathID(r)
+		if err != nil {
+			s.writeErr(w, r, err)
+			return
+		}
+		var t triggerstore.Trigger
+		var changed bool
+		err = pgx.BeginFunc(r.Context(), s.cfg.Pool, func(tx pgx.Tx) error {
+			t, changed, err = triggerstore.SetEnabled(r.Context(), tx, id, enabled)
+			return err
+		})
+		if err != nil {
+			s.writeErr(w, r, storeErr(err, "trigger "+id))
+			return
+		}
+		if changed {
+			s.logChange(t, map[bool]string{true: "enabled", false: "disabled"}[enabled])
+		}
+		serve.WriteJSON(w, http.StatusOK, viewTrigger(t))
+	}
+}
+
+func (s *Service) logChange(t triggerstore.Trigger, what string) {
+	s.log.Info().Str("trigger_id", t.ID).Int("version", t.Version).Str("source", t.Source).
+		Str("type", t.EventType).Str("workflow", t.Workflow).Bool("enabled", t.Enabled).Msg("trigger " + what)
+}
+
+// queryLimit reads ?limit= (1 to 500, default 100).
+func queryLimit(r *http.Request) (int, error) {
+	v := r.URL.Query().Get("limit")
+	if v == "" {
+		return 100, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 || n > 500 {
+		return 0, invalidField("limit", fmt.Sprintf("must be a number between 1 and 500, got %q", v))
+	}
+	return n, nil
+}
+
+func (s *Service) listTriggers(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	o := triggerstore.ListTriggersOptions{Source: q.Get("source"), EventType: q.Get("event_type"), After: q.Get("after")}
+	var err error
+	if o.Limit, err = queryLimit(r); err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	if v := q.Get("enabled"); v != "" {
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			s.writeErr(w, r, invalidField("enabled", fmt.Sprintf("must be true or false, got %q", v)))
+			return
+		}
+		o.Enabled = &b
+	}
+	ts, err := triggerstore.ListTriggers(r.Context(), s.cfg.Pool, o)
+	if err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	out := struct {
+		Triggers []TriggerView `json:"triggers"`
+		Next     string        `json:"next,omitempty"`
+	}{Triggers: make([]TriggerView, len(ts))}
+	for i, t := range ts {
+		out.Triggers[i] = viewTrigger(t)
+	}
+	if len(ts) == o.Limit {
+		out.Next = ts[len(ts)-1].ID
+	}
+	serve.WriteJSON(w, http.StatusOK, out)
+}
+
+func (s *Service) listVersions(w http.ResponseWriter, r *http.Request) {
+	id, err := pathID(r)
+	if err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	vs, err := triggerstore.ListVersions(r.Context(), s.cfg.Pool, id)
+	if err != nil {
+		s.writeErr(w, r, storeErr(err, "trigger "+id))
+		return
+	}
+	out := struct {
+		Versions []VersionView `json:"versions"`
+	}{Versions: make([]VersionView, len(vs))}
+	for i, v := range vs {
+		out.Versions[i] = viewVersion(v)
+	}
+	serve.WriteJSON(w, http.StatusOK, out)
+}
+
+// DeliveryView is how the API shows a delivery.
+type DeliveryView struct {
+	ID             string         `json:"id"`
+	TriggerID      string         `json:"trigger_id"`
+	TriggerVersion int            `json:"trigger_version"`
+	EventID        string         `json:"event_id"`
+	Source         string         `json:"source"`
+	EventType      string         `json:"event_type"`
+	Status         string         `json:"status"`
+	StatusReason   string         `json:"status_reason,omitempty"`
+	RunID          string         `json:"run_id,omitempty"`
+	RetryState     string         `json:"retry_state"`
+	RetryAttempts  int            `json:"retry_attempts"`
+	NextAttemptAt  *time.Time     `json:"next_attempt_at,omitempty"`
+	RetryMetadata  map[string]any `json:"retry_metadata,omitempty"`
+	CreatedAt      time.Time      `json:"created_at"`
+	UpdatedAt      time.Time      `json:"updated_at"`
+	LaunchedAt     *time.Time     `json:"launched_at,omitempty"`
+}
+
+func viewDelivery(d triggerstore.Delivery) DeliveryView {
+	return DeliveryView{
+		ID: d.ID, TriggerID: d.TriggerID, TriggerVersion: d.TriggerVersion, EventID: d.EventID,
+		Source: d.Source, EventType: d.EventType, Status: string(d.Status), StatusReason: d.StatusReason,
+		RunID: d.RunID, RetryState: string(d.RetryState), RetryAttempts: d.RetryAttempts,
+		NextAttemptAt: d.NextAttemptAt, RetryMetadata: d.RetryMetadata, CreatedAt: d.CreatedAt,
+		UpdatedAt: d.UpdatedAt, LaunchedAt: d.LaunchedAt,
+	}
+}
+
+var deliveryStatuses = map[string]bool{
+	string(triggerstore.StatusLaunched): true, string(triggerstore.StatusFiltered): true,
+	string(triggerstore.StatusThrottled): true, string(triggerstore.StatusConcurrencyLimited): true,
+	string(triggerstore.StatusCancelled): true, string(triggerstore.StatusExhausted): true,
+}
+
+func (s *Service) listDeliveries(w http.ResponseWriter, r *http.Request) {
+	id, err := pathID(r)
+	if err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	q := r.URL.Query()
+	o := triggerstore.ListDeliveriesOptions{TriggerID: id, Status: triggerstore.Status(q.Get("status")), Before: q.Get("before")}
+	if o.Status != "" && !deliveryStatuses[string(o.Status)] {
+		s.writeErr(w, r, invalidField("status", fmt.Sprintf("%q is not a delivery status", o.Status)))
+		return
+	}
+	if o.Limit, err = queryLimit(r); err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	if _, err := triggerstore.ListVersions(r.Context(), s.cfg.Pool, id); err != nil {
+		s.writeErr(w, r, storeErr(err, "trigger "+id))
+		return
+	}
+	ds, err := triggerstore.ListDeliveries(r.Context(), s.cfg.Pool, o)
+	if err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	out := struct {
+		Deliveries []DeliveryView `json:"deliveries"`
+		Next       string         `json:"next,omitempty"`
+	}{Deliveries: make([]DeliveryView, len(ds))}
+	for i, d := range ds {
+		out.Deliveries[i] = viewDelivery(d)
+	}
+	if len(ds) == o.Limit {
+		out.Next = ds[len(ds)-1].ID
+	}
+	serve.WriteJSON(w, http.StatusOK, out)
+}
+
+func (s *Service) getDelivery(w http.ResponseWriter, r *http.Request) {
+	id, err := pathID(r)
+	if err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	d, err := triggerstore.GetDelivery(r.Context(), s.cfg.Pool, id)
+	if err != nil {
+		s.writeErr(w, r, storeErr(err, "delivery "+id))
+		return
+	}
+	serve.WriteJSON(w, http.StatusOK, viewDelivery(d))
+}

@@ -1,5 +1,0 @@
-package triggers
-
-import "cel.dev/cel-go/cel"
-
-var _ = cel.NewEnv

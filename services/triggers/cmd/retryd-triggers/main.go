@@ -1,0 +1,193 @@
+// Command retryd-triggers runs retryd's triggers service: trigger
+// definitions (HTTP API), deliveries of admitted events to triggers, run
+// launches, and throttle and max-concurrency retries.
+//
+// Configuration is read from the environment:
+//
+//	DATABASE_URL                          Postgres URL (required)
+//	NATS_URL, NATS_CREDS, NATS_NKEY,      NATS connection (see pkg/natsconn)
+//	NATS_USER, NATS_PASSWORD, NATS_TOKEN,
+//	NATS_TLS_CERT, NATS_TLS_KEY, NATS_TLS_CA
+//	RETRYD_HTTP_ADDR                      listen address (default :8082)
+//	RETRYD_LOG_LEVEL                      debug, info (default), warn, error
+//	RETRYD_TRIGGERS_MIGRATE               apply migrations at start (default true)
+//	RETRYD_TRIGGERS_ENSURE_STREAMS        create/update the streams at start (default true)
+//	RETRYD_TRIGGERS_WORKERS               messages handled at once per consumer (default 4)
+//	RETRYD_TRIGGERS_ACK_WAIT              consumer ack wait (default 30s)
+//	RETRYD_TRIGGERS_NAK_DELAY             redelivery delay after a transient error (default 1s)
+//	RETRYD_TRIGGERS_COST_LIMIT            CEL cost limit per evaluation (default 100000)
+//	RETRYD_TRIGGERS_PROGRAM_CACHE         compiled trigger versions kept (default 1024)
+//	RETRYD_TRIGGERS_MAX_BODY_BYTES        API body cap (default 65536)
+//	RETRYD_TRIGGERS_RELAY_INTERVAL        outbox relay poll period (default 500ms)
+//	RETRYD_TRIGGERS_RECONCILE_INTERVAL    reconciler period (default 1m; negative disables)
+//	RETRYD_TRIGGERS_RECONCILE_AFTER       republish unconfirmed held deliveries after (default 2m)
+//	RETRYD_TRIGGERS_INBOX_RETENTION       prune inbox rows older than (default 168h; negative disables)
+//	RETRYD_TRIGGERS_SHUTDOWN_TIMEOUT      bound on the graceful stop (default 30s)
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/rs/zerolog"
+
+	"github.com/retryd/retryd/migrations"
+	"github.com/retryd/retryd/pkg/natsconn"
+	"github.com/retryd/retryd/pkg/serve"
+	"github.com/retryd/retryd/pkg/streams"
+	"github.com/retryd/retryd/services/triggers"
+)
+
+func main() {
+	log := zerolog.New(os.Stderr).With().Timestamp().Str("service", "retryd-triggers").Logger()
+	if lvl, err := zerolog.ParseLevel(env("RETRYD_LOG_LEVEL", "info")); err == nil && lvl != zerolog.NoLevel {
+		log = log.Level(lvl)
+	}
+	if err := run(log); err != nil {
+		log.Error().Err(err).Msg("retryd-triggers failed")
+		os.Exit(1)
+	}
+}
+
+func run(log zerolog.Logger) error {
+	ctx, stop := serve.SignalContext()
+	defer stop()
+
+	e := &envReader{}
+	dbURL := os.Getenv("DATABASE_URL")
+	addr := env("RETRYD_HTTP_ADDR", ":8082")
+	migrate := e.bool("RETRYD_TRIGGERS_MIGRATE", true)
+	ensure := e.bool("RETRYD_TRIGGERS_ENSURE_STREAMS", true)
+	shutdownTimeout := e.duration("RETRYD_TRIGGERS_SHUTDOWN_TIMEOUT", 30*time.Second)
+	cfg := triggers.Config{
+		Logger:            log,
+		Workers:           int(e.int64("RETRYD_TRIGGERS_WORKERS")),
+		AckWait:           e.duration("RETRYD_TRIGGERS_ACK_WAIT", 0),
+		NakDelay:          e.duration("RETRYD_TRIGGERS_NAK_DELAY", 0),
+		CostLimit:         uint64(e.int64("RETRYD_TRIGGERS_COST_LIMIT")),
+		ProgramCacheSize:  int(e.int64("RETRYD_TRIGGERS_PROGRAM_CACHE")),
+		MaxBodyBytes:      e.int64("RETRYD_TRIGGERS_MAX_BODY_BYTES"),
+		RelayInterval:     e.duration("RETRYD_TRIGGERS_RELAY_INTERVAL", 0),
+		ReconcileInterval: e.duration("RETRYD_TRIGGERS_RECONCILE_INTERVAL", 0),
+		ReconcileAfter:    e.duration("RETRYD_TRIGGERS_RECONCILE_AFTER", 0),
+		InboxRetention:    e.duration("RETRYD_TRIGGERS_INBOX_RETENTION", 0),
+	}
+	if dbURL == "" {
+		e.errs = append(e.errs, errors.New("DATABASE_URL is required"))
+	}
+	if err := errors.Join(e.errs...); err != nil {
+		return err
+	}
+
+	if migrate {
+		if err := migrations.Up(ctx, dbURL, log); err != nil {
+			return fmt.Errorf("migrate: %w", err)
+		}
+	}
+	pool, err := pgxpool.New(ctx, dbURL)
+	if err != nil {
+		return fmt.Errorf("open database: %w", err)
+	}
+	defer pool.Close()
+	nc, js, err := natsconn.Connect(ctx, natsconn.OptionsFromEnv("retryd-triggers"), log)
+	if err != nil {
+		return fmt.Errorf("connect to nats: %w", err)
+	}
+	defer nc.Close()
+	if ensure {
+		if err := streams.Ensure(ctx, js, streams.Options{}); err != nil {
+			return fmt.Errorf("ensure streams: %w", err)
+		}
+	}
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	health := &serve.Health{}
+	cfg.Pool, cfg.JS, cfg.Registerer, cfg.Health = pool, js, reg, health
+	svc, err := triggers.New(cfg)
+	if err != nil {
+		return err
+	}
+	if err := svc.Start(ctx); err != nil {
+		return err
+	}
+
+	mux := serve.NewMux(reg, health)
+	mux.Handle("/v1/", svc.Handler())
+	srv := &http.Server{Addr: addr, Handler: mux, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
+	httpCtx, stopHTTP := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopHTTP()
+	httpDone := make(chan error, 1)
+	go func() { httpDone <- serve.Run(httpCtx, srv, log) }()
+
+	select {
+	case <-ctx.Done():
+		log.Info().Msg("shutting down")
+	case err := <-httpDone:
+		_ = svc.Stop(context.Background())
+		return err
+	}
+	// Readiness off and consumers drained first; the API keeps answering
+	// until then.
+	stopCtx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
+	defer cancel()
+	stopErr := svc.Stop(stopCtx)
+	stopHTTP()
+	httpErr := <-httpDone
+	return errors.Join(stopErr, httpErr)
+}
+
+func env(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
+
+// envReader parses optional variables and collects every error, each
+// naming its variable.
+type envReader struct{ errs []error }
+
+func (e *envReader) int64(name string) int64 {
+	v := os.Getenv(name)
+	if v == "" {
+		return 0
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || n < 0 {
+		e.errs = append(e.errs, fmt.Errorf("%s must be a non-negative integer, got %q", name, v))
+	}
+	return n
+}
+
+func (e *envReader) duration(name string, def time.Duration) time.Duration {
+	v := os.Getenv(name)
+	if v == "" {
+		return def
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil {
+		e.errs = append(e.errs, fmt.Errorf("%s must be a duration such as 30s, got %q", name, v))
+	}
+	return d
+}
+
+func (e *envReader) bool(name string, def bool) bool {
+	v := os.Getenv(name)
+	if v == "" {
+		return def
+	}
+	b, err := strconv.ParseBool(v)
+	if err != nil {
+		e.errs = append(e.errs, fmt.Errorf("%s must be true or false, got %q", name, v))
+	}
+	return b
+}

@@ -1,0 +1,132 @@
+package triggers
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/require"
+
+	"github.com/retryd/retryd/pkg/contract"
+	"github.com/retryd/retryd/projections/triggerstore"
+)
+
+// stopNow stops an instance that "died": its unacked messages go to the
+// next instance after AckWait.
+func stopNow(t *testing.T, svc *Service) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = svc.Stop(ctx)
+}
+
+// A first instance commits every delivery and dies before anything is
+// published or acked. A second instance finds the work in its outbox and
+// the messages redelivered: every run is requested exactly once and every
+// held delivery's failed event is published.
+func TestCrashAfterCommitBeforePublish(t *testing.T) {
+	t.Parallel()
+	b := setup(t, false)
+	tr := b.createTrigger(t, TriggerInput{ID: "crashy", Name: "crashy", Source: "shop", EventType: "order.placed",
+		Throttle: &ThrottleInput{Limit: intp(3), Window: "1h"}, Workflow: "fulfil"})
+
+	crashed := b.testConfig(t)
+	crashed.noRelay = true
+	crashed.failpoint = func(name string) error {
+		if name == "deliver.after-commit" {
+			return fmt.Errorf("killed")
+		}
+		return nil
+	}
+	first := b.start(t, crashed)
+	const events = 5
+	for i := range events {
+		b.publishEvent(t, "shop", "order.placed", fmt.Sprintf("o%d", i), map[string]any{"i": i})
+	}
+	require.Eventually(t, func() bool {
+		c := b.countDeliveries(t, tr.ID)
+		return c[triggerstore.StatusLaunched] == 3 && c[triggerstore.StatusThrottled] == 2
+	}, eventually, tick)
+	require.Empty(t, b.requestedRuns(t), "nothing was published before the crash")
+	require.False(t, b.outboxEmpty(t))
+	stopNow(t, first)
+
+	second := b.start(t, b.testConfig(t))
+	require.Eventually(t, func() bool { return b.outboxEmpty(t) }, eventually, tick)
+	require.Eventually(t, func() bool {
+		return counter(t, first.metrics.duplicates, ConsumerEvents)+counter(t, second.metrics.duplicates, ConsumerEvents) == events
+	}, eventually, tick, "every event is redelivered and found applied")
+	runs := b.requestedRuns(t)
+	require.Len(t, runs, 3)
+	for id, n := range runs {
+		require.Equal(t, 1, n, id)
+	}
+	require.Len(t, b.lifecycle(t, contract.Failed), 2)
+	require.Equal(t, map[triggerstore.Status]int{triggerstore.StatusLaunched: 3, triggerstore.StatusThrottled: 2}, b.countDeliveries(t, tr.ID))
+}
+
+// A crash before the commit rolls everything back; the redelivered
+// message does the work once.
+func TestCrashBeforeCommit(t *testing.T) {
+	t.Parallel()
+	b := setup(t, false)
+	tr := b.createTrigger(t, TriggerInput{ID: "rollback", Name: "rollback", Source: "shop", EventType: "order.placed",
+		MaxConcurrency: intp(1), Workflow: "fulfil"})
+	var hits atomic.Int32
+	cfg := b.testConfig(t)
+	cfg.failpoint = func(name string) error {
+		if (name == "deliver.before-commit" || name == "retry.before-commit") && hits.Add(1)%2 == 1 {
+			return fmt.Errorf("killed")
+		}
+		return nil
+	}
+	svc := b.start(t, cfg)
+	id1, id2 := DeliveryID("o1", tr.ID), DeliveryID("o2", tr.ID)
+	b.publishEvent(t, "shop", "order.placed", "o1", map[string]any{})
+	d1 := b.waitDelivery(t, id1, func(d triggerstore.Delivery) bool { return true })
+	require.Equal(t, triggerstore.StatusLaunched, d1.Status)
+	b.publishEvent(t, "shop", "order.placed", "o2", map[string]any{})
+	b.waitDelivery(t, id2, func(d triggerstore.Delivery) bool { return d.Status == triggerstore.StatusConcurrencyLimited })
+	f := findFailed(t, b, id2, 1)
+
+	b.publishRunFinished(t, "fulfil", d1.RunID, contract.RunCompleted)
+	require.Eventually(t, func() bool {
+		n, err := triggerstore.CountInFlight(b.ctx, b.pool, tr.ID)
+		return err == nil && n == 0
+	}, eventually, tick)
+	b.publishDue(t, id2, 2, f.Payload)
+	b.waitDelivery(t, id2, func(d triggerstore.Delivery) bool { return d.Status == triggerstore.StatusLaunched })
+	require.Eventually(t, func() bool { return b.outboxEmpty(t) }, eventually, tick)
+	require.Equal(t, map[string]int{RunID(id1): 1, RunID(id2): 1}, b.requestedRuns(t))
+	require.GreaterOrEqual(t, hits.Load(), int32(4), "every transaction crashed once before it committed")
+	require.Equal(t, 1.0, counter(t, svc.metrics.retrySucceeded, tr.ID))
+}
+
+// The service's config is checked, naming the field.
+func TestConfigValidation(t *testing.T) {
+	t.Parallel()
+	_, err := New(Config{})
+	require.ErrorContains(t, err, "Config.Pool is required")
+	require.ErrorContains(t, err, "Config.JS is required")
+	b := setup(t, false)
+	cfg := b.testConfig(t)
+	cfg.Workers, cfg.AckWait = 1000, time.Millisecond
+	_, err = New(cfg)
+	require.ErrorContains(t, err, "Config.Workers")
+	require.ErrorContains(t, err, "Config.AckWait")
+
+	cfg = b.testConfig(t)
+	svc, err := New(cfg)
+	require.NoError(t, err)
+	require.NoError(t, svc.Stop(context.Background()), "stopping a service never started is a no-op")
+	require.NoError(t, svc.Start(b.ctx))
+	require.Error(t, svc.Start(b.ctx))
+	require.NoError(t, svc.Stop(context.Background()))
+	require.NoError(t, svc.Stop(context.Background()), "Stop is idempotent")
+	cfg.Registerer = prometheus.NewRegistry()
+	_, err = New(cfg)
+	require.NoError(t, err)
+}

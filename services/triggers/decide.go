@@ -1,0 +1,249 @@
+package triggers
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go"
+
+	"github.com/retryd/retryd/pkg/contract"
+	"github.com/retryd/retryd/pkg/errclass"
+	"github.com/retryd/retryd/projections/triggerstore"
+)
+
+// Reasons recorded in status_reason, in the failed events' reason and in
+// the metrics' reason labels.
+const (
+	ReasonThrottled         = "trigger_throttled"
+	ReasonMaxConcurrency    = "max_concurrency"
+	ReasonPredicateFalse    = "predicate_false"
+	ReasonPredicateError    = "predicate_error"
+	ReasonThrottleKeyError  = "throttle_key_error"
+	ReasonDefinitionError   = "definition_error"
+	ReasonTriggerDeleted    = "trigger_deleted"
+	ReasonTriggerDisabled   = "trigger_disabled"
+	ReasonEventMissing      = "event_missing"
+	ReasonDeliveryMissing   = "delivery_missing"
+	cancelledBy             = "triggers"
+	maxEmbeddedEnvelopeSize = contract.MaxDataBytes - 64
+)
+
+// offer is one event as the delivery paths see it.
+type offer struct {
+	env contract.Envelope
+	act activation
+	// raw is the envelope's JSON, embedded in run requests and retry
+	// payloads when it fits (nil when it does not).
+	raw json.RawMessage
+}
+
+func newOffer(env contract.Envelope) (offer, error) {
+	act, err := newActivation(env)
+	if err != nil {
+		return offer{}, invalidField("data", err.Error())
+	}
+	raw, err := env.Marshal()
+	if err != nil {
+		return offer{}, invalidField("data", err.Error())
+	}
+	if len(raw) > maxEmbeddedEnvelopeSize {
+		raw = nil
+	}
+	return offer{env: env, act: act, raw: raw}, nil
+}
+
+// retryPayload is FailedData.Payload of a held delivery: the scheduler
+// keeps it and brings it back on the due event, so a retry has the event
+// without reading the EVENTS stream.
+type retryPayload struct {
+	Event json.RawMessage `json:"event,omitempty"`
+}
+
+// decision is what offering an event to a trigger once comes to.
+type decision struct {
+	status triggerstore.Status
+	reason string
+	key    string
+	// retryAfter is when a throttle slot frees (zero for other outcomes).
+	retryAfter time.Time
+	meta       map[string]any
+}
+
+// programsFor returns the compiled programs of a trigger version, from the
+// cache or compiled now.
+func (s *Service) programsFor(t triggerstore.Trigger) (compiled, error) {
+	k := programKey{triggerID: t.ID, version: t.Version}
+	if p, ok := s.programs.get(k); ok {
+		return p, nil
+	}
+	var p compiled
+	var err error
+	if t.Predicate != "" {
+		if p.predicate, err = s.exprs.compilePredicate(t.Predicate); err != nil {
+			return compiled{}, err
+		}
+	}
+	if t.ThrottleLimit > 0 && t.ThrottleKey != "" {
+		if p.key, err = s.exprs.compileKey(t.ThrottleKey); err != nil {
+			return compiled{}, err
+		}
+	}
+	s.programs.put(k, p)
+	return p, nil
+}
+
+// decide evaluates the predicate and the limits of a locked trigger for
+// one delivery at the database time now. The throttle counts launches of
+// other deliveries only: the delivery's own earlier held record never
+// counts against it.
+func (s *Service) decide(ctx context.Context, tx pgx.Tx, t triggerstore.Trigger, o offer, deliveryID string, now time.Time) (decision, error) {
+	progs, err := s.programsFor(t)
+	if err != nil {
+		s.log.Error().Err(err).Str("trigger_id", t.ID).Int("version", t.Version).Msg("stored trigger definition does not compile")
+		return decision{status: triggerstore.StatusFiltered, reason: ReasonDefinitionError}, nil
+	}
+	if progs.predicate != nil {
+		ok, err := evalBool(ctx, progs.predicate, o.act)
+		if err != nil {
+			s.log.Debug().Str("trigger_id", t.ID).Str("event_id", o.env.ID).Str("error", err.Error()).Msg("predicate failed")
+			return decision{status: triggerstore.StatusFiltered, reason: ReasonPredicateError}, nil
+		}
+		if !ok {
+			return decision{status: triggerstore.StatusFiltered, reason: ReasonPredicateFalse}, nil
+		}
+	}
+	var key string
+	if t.ThrottleLimit > 0 {
+		if progs.key != nil {
+			if key, err = evalKey(ctx, progs.key, o.act); err != nil {
+				s.log.Debug().Str("trigger_id", t.ID).Str("event_id", o.env.ID).Str("error", err.Error()).Msg("throttle key failed")
+				return decision{status: triggerstore.StatusFiltered, reason: ReasonThrottleKeyError}, nil
+			}
+		}
+		at, full, err := triggerstore.NthRecentLaunch(ctx, tx, t.ID, key, now.Add(-t.ThrottleWindow), t.ThrottleLimit, deliveryID)
+		if err != nil {
+			return decision{}, err
+		}
+		if full {
+			reset := at.Add(t.ThrottleWindow)
+			return decision{status: triggerstore.StatusThrottled, reason: ReasonThrottled, key: key, retryAfter: reset, meta: map[string]any{
+				"reason": ReasonThrottled, "limit": t.ThrottleLimit, "window_ms": t.ThrottleWindow.Milliseconds(),
+				"window_reset": reset.UTC().Format(time.RFC3339Nano), "trigger_version": t.Version,
+			}}, nil
+		}
+	}
+	if t.MaxConcurrency > 0 {
+		n, err := triggerstore.CountInFlight(ctx, tx, t.ID)
+		if err != nil {
+			return decision{}, err
+		}
+		if n >= t.MaxConcurrency {
+			return decision{status: triggerstore.StatusConcurrencyLimited, reason: ReasonMaxConcurrency, key: key, meta: map[string]any{
+				"reason": ReasonMaxConcurrency, "max_concurrency": t.MaxConcurrency, "in_flight": n, "trigger_version": t.Version,
+			}}, nil
+		}
+	}
+	return decision{status: triggerstore.StatusLaunched, key: key}, nil
+}
+
+// settle applies a decision for attempt (1 = the event's first offer) to
+// d and returns what must be written with it: the run to insert (launch
+// only) and the messages for the outbox.
+func settle(d *triggerstore.Delivery, t triggerstore.Trigger, o offer, dec decision, attempt int, now time.Time) (*triggerstore.Run, []*nats.Msg, error) {
+	d.TriggerVersion, d.ThrottleKey = t.Version, dec.key
+	d.Status, d.StatusReason = dec.status, dec.reason
+	d.NextAttemptAt = nil
+	retry := attempt > 1
+	switch dec.status {
+	case triggerstore.StatusLaunched:
+		d.RunID, d.LaunchedAt = RunID(d.ID), &now
+		run := &triggerstore.Run{ID: d.RunID, Workflow: t.Workflow, DeliveryID: d.ID, TriggerID: t.ID, EventID: d.EventID, RequestedAt: now}
+		req, err := contract.NewRunMsg(EventSource, contract.RunRequested, contract.RunRequestedData{
+			RunID: run.ID, Workflow: t.Workflow, TriggerID: t.ID, TriggerVersion: t.Version,
+			DeliveryID: d.ID, EventID: d.EventID, Event: o.raw,
+		}, now)
+		if err != nil {
+			return nil, nil, err
+		}
+		msgs := []*nats.Msg{req}
+		d.RetryState = triggerstore.RetryNone
+		if retry {
+			d.RetryState, d.RetryAttempts = triggerstore.RetryCompleted, attempt-1
+			d.RetryMetadata = resolvedMeta(d.RetryMetadata, attempt, string(dec.status))
+			ok, err := contract.NewLifecycleMsg(EventSource, contract.Succeeded, contract.SucceededData{
+				Kind: contract.KindEventTrigger, ID: d.ID, Attempt: attempt,
+				Metadata: map[string]string{"trigger_id": t.ID, "run_id": run.ID},
+			}, now)
+			if err != nil {
+				return nil, nil, err
+			}
+			msgs = append(msgs, ok)
+		}
+		return run, msgs, nil
+	case triggerstore.StatusThrottled, triggerstore.StatusConcurrencyLimited:
+		d.RetryState, d.RetryAttempts = triggerstore.RetryScheduled, attempt
+		d.RetryMetadata = dec.meta
+		d.RetryMetadata["attempt"] = attempt
+		fd := contract.FailedData{
+			Kind: contract.KindEventTrigger, ID: d.ID, Attempt: attempt,
+			Error:  contract.ErrorInfo{Class: string(errclass.RateLimit)},
+			Reason: dec.reason, Source: d.Source,
+			Metadata: map[string]string{"trigger_id": t.ID, "event_id": d.EventID, "workflow": t.Workflow},
+		}
+		if dec.status == triggerstore.StatusThrottled {
+			d.NextAttemptAt = &dec.retryAfter
+			fd.RetryAfter = contract.RetryAfterAt(dec.retryAfter)
+			fd.Error.Message = fmt.Sprintf("trigger throttled: %d launches per %s", t.ThrottleLimit, t.ThrottleWindow)
+		} else {
+			fd.Error.Message = fmt.Sprintf("max concurrency reached: %d runs in flight", t.MaxConcurrency)
+		}
+		if o.raw != nil {
+			p, err := json.Marshal(retryPayload{Event: o.raw})
+			if err != nil {
+				return nil, nil, fmt.Errorf("marshal retry payload: %w", err)
+			}
+			fd.Payload = p
+		}
+		msg, err := contract.NewLifecycleMsg(EventSource, contract.Failed, fd, now)
+		if err != nil {
+			return nil, nil, err
+		}
+		return nil, []*nats.Msg{msg}, nil
+	default:
+		if !retry {
+			d.RetryState = triggerstore.RetryNone
+			return nil, nil, nil
+		}
+		msgs, err := cancelRetry(d, dec.status, dec.reason, attempt, now)
+		return nil, msgs, err
+	}
+}
+
+// cancelRetry ends a held delivery's retries without a launch (filtered on
+// a retry, trigger deleted or disabled, event gone) and returns the
+// cancelled event that tells the scheduler.
+func cancelRetry(d *triggerstore.Delivery, status triggerstore.Status, reason string, attempt int, now time.Time) ([]*nats.Msg, error) {
+	d.Status, d.StatusReason = status, reason
+	d.RetryState, d.RetryAttempts, d.NextAttemptAt = triggerstore.RetryCancelled, attempt, nil
+	d.RetryMetadata = resolvedMeta(d.RetryMetadata, attempt, reason)
+	msg, err := contract.NewLifecycleMsg(EventSource, contract.Cancelled, contract.CancelledData{
+		Kind: contract.KindEventTrigger, ID: d.ID, Attempt: attempt, By: cancelledBy, Reason: reason,
+	}, now)
+	if err != nil {
+		return nil, err
+	}
+	return []*nats.Msg{msg}, nil
+}
+
+func resolvedMeta(prev map[string]any, attempt int, resolution string) map[string]any {
+	out := make(map[string]any, len(prev)+2)
+	for k, v := range prev {
+		out[k] = v
+	}
+	out["resolved_attempt"] = attempt
+	out["resolution"] = resolution
+	return out
+}

@@ -1,0 +1,216 @@
+package triggers
+
+import (
+	"fmt"
+	"strings"
+	"time"
+	"unicode"
+
+	"cel.dev/cel-go/cel"
+
+	"github.com/retryd/retryd/pkg/contract"
+	"github.com/retryd/retryd/projections/triggerstore"
+)
+
+// Limits on trigger definitions.
+const (
+	MaxNameLen        = 200
+	MaxThrottleLimit  = 1_000_000
+	MinThrottleWindow = 10 * time.Millisecond
+	MaxThrottleWindow = 24 * time.Hour
+	MaxConcurrency    = 100_000
+)
+
+// TriggerInput is the JSON body of POST /v1/triggers and PUT
+// /v1/triggers/{id}. PUT replaces the whole definition; Enabled left out
+// keeps the trigger's current state (true for a new trigger).
+type TriggerInput struct {
+	// ID is optional on POST (a ULID is generated) and ignored on PUT
+	// unless it differs from the path.
+	ID        string `json:"id,omitempty"`
+	Name      string `json:"name"`
+	Source    string `json:"source"`
+	EventType string `json:"event_type"`
+	// Predicate is a CEL expression over `event` and `data` that returns
+	// bool; empty matches every event.
+	Predicate      string         `json:"predicate,omitempty"`
+	Throttle       *ThrottleInput `json:"throttle,omitempty"`
+	MaxConcurrency *int           `json:"max_concurrency,omitempty"`
+	Workflow       string         `json:"workflow"`
+	Enabled        *bool          `json:"enabled,omitempty"`
+}
+
+// ThrottleInput is at most Limit launches per sliding Window, per value of
+// the optional Key expression.
+type ThrottleInput struct {
+	Limit *int `json:"limit"`
+	// Window is a Go duration: "500ms", "30s", "1m", "1h30m".
+	Window string `json:"window"`
+	Key    string `json:"key,omitempty"`
+}
+
+// TriggerView is how the API shows a trigger.
+type TriggerView struct {
+	ID             string        `json:"id"`
+	Name           string        `json:"name"`
+	Source         string        `json:"source"`
+	EventType      string        `json:"event_type"`
+	Predicate      string        `json:"predicate"`
+	Throttle       *ThrottleView `json:"throttle,omitempty"`
+	MaxConcurrency int           `json:"max_concurrency,omitempty"`
+	Workflow       string        `json:"workflow"`
+	Enabled        bool          `json:"enabled"`
+	Version        int           `json:"version"`
+	CreatedAt      time.Time     `json:"created_at"`
+	UpdatedAt      time.Time     `json:"updated_at"`
+}
+
+// ThrottleView is a trigger's throttle as the API shows it.
+type ThrottleView struct {
+	Limit    int    `json:"limit"`
+	Window   string `json:"window"`
+	WindowMS int64  `json:"window_ms"`
+	Key      string `json:"key,omitempty"`
+}
+
+// VersionView is one entry of GET /v1/triggers/{id}/versions.
+type VersionView struct {
+	Version        int           `json:"version"`
+	Name           string        `json:"name"`
+	Source         string        `json:"source"`
+	EventType      string        `json:"event_type"`
+	Predicate      string        `json:"predicate"`
+	Throttle       *ThrottleView `json:"throttle,omitempty"`
+	MaxConcurrency int           `json:"max_concurrency,omitempty"`
+	Workflow       string        `json:"workflow"`
+	Enabled        bool          `json:"enabled"`
+	Deleted        bool          `json:"deleted,omitempty"`
+	CreatedAt      time.Time     `json:"created_at"`
+}
+
+func throttleView(d triggerstore.Definition) *ThrottleView {
+	if d.ThrottleLimit == 0 {
+		return nil
+	}
+	return &ThrottleView{Limit: d.ThrottleLimit, Window: d.ThrottleWindow.String(), WindowMS: d.ThrottleWindow.Milliseconds(), Key: d.ThrottleKey}
+}
+
+func viewTrigger(t triggerstore.Trigger) TriggerView {
+	return TriggerView{
+		ID: t.ID, Name: t.Name, Source: t.Source, EventType: t.EventType, Predicate: t.Predicate,
+		Throttle: throttleView(t.Definition), MaxConcurrency: t.MaxConcurrency, Workflow: t.Workflow,
+		Enabled: t.Enabled, Version: t.Version, CreatedAt: t.CreatedAt, UpdatedAt: t.UpdatedAt,
+	}
+}
+
+func viewVersion(v triggerstore.Version) VersionView {
+	d := v.Definition
+	return VersionView{
+		Version: v.Version, Name: d.Name, Source: d.Source, EventType: d.EventType, Predicate: d.Predicate,
+		Throttle: throttleView(d), MaxConcurrency: d.MaxConcurrency, Workflow: d.Workflow,
+		Enabled: d.Enabled, Deleted: v.Deleted, CreatedAt: v.CreatedAt,
+	}
+}
+
+func invalidField(field, reason string) error {
+	return &contract.FieldError{Field: field, Reason: reason, Err: contract.ErrInvalid}
+}
+
+// definition validates the input and returns the definition to store
+// with its compiled programs. enabled is used when the input leaves
+// Enabled out. Errors wrap contract.ErrInvalid and name the field.
+func (in TriggerInput) definition(x *exprEnv, enabled bool) (triggerstore.Definition, compiled, error) {
+	var progs compiled
+	if in.ID != "" {
+		if err := contract.ValidateID("id", in.ID); err != nil {
+			return triggerstore.Definition{}, progs, err
+		}
+	}
+	if err := validateName(in.Name); err != nil {
+		return triggerstore.Definition{}, progs, err
+	}
+	if err := contract.ValidateToken("source", in.Source); err != nil {
+		return triggerstore.Definition{}, progs, err
+	}
+	if err := contract.ValidateType("event_type", in.EventType); err != nil {
+		return triggerstore.Definition{}, progs, err
+	}
+	if err := contract.ValidateToken("workflow", in.Workflow); err != nil {
+		return triggerstore.Definition{}, progs, err
+	}
+	d := triggerstore.Definition{
+		Name: in.Name, Source: in.Source, EventType: in.EventType,
+		Predicate: strings.TrimSpace(in.Predicate), Workflow: in.Workflow, Enabled: enabled,
+	}
+	if in.Enabled != nil {
+		d.Enabled = *in.Enabled
+	}
+	if d.Predicate != "" {
+		prg, err := x.compilePredicate(d.Predicate)
+		if err != nil {
+			return triggerstore.Definition{}, progs, err
+		}
+		progs.predicate = prg
+	}
+	if in.Throttle != nil {
+		key, err := in.Throttle.apply(x, &d)
+		if err != nil {
+			return triggerstore.Definition{}, progs, err
+		}
+		progs.key = key
+	}
+	if in.MaxConcurrency != nil {
+		n := *in.MaxConcurrency
+		if n < 1 || n > MaxConcurrency {
+			return triggerstore.Definition{}, progs, invalidField("max_concurrency",
+				fmt.Sprintf("must be between 1 and %d, got %d (leave it out for no limit)", MaxConcurrency, n))
+		}
+		d.MaxConcurrency = n
+	}
+	return d, progs, nil
+}
+
+// apply validates the throttle and sets it on d; it returns the compiled
+// key expression, nil when there is none.
+func (t ThrottleInput) apply(x *exprEnv, d *triggerstore.Definition) (cel.Program, error) {
+	if t.Limit == nil {
+		if t.Window != "" {
+			return nil, invalidField("throttle.limit", "is required when throttle.window is set")
+		}
+		return nil, invalidField("throttle.limit", "is required (leave throttle out for no throttle)")
+	}
+	if n := *t.Limit; n < 1 || n > MaxThrottleLimit {
+		return nil, invalidField("throttle.limit", fmt.Sprintf("must be between 1 and %d, got %d", MaxThrottleLimit, n))
+	}
+	if t.Window == "" {
+		return nil, invalidField("throttle.window", `is required, a duration such as "30s" or "1m"`)
+	}
+	w, err := time.ParseDuration(t.Window)
+	if err != nil {
+		return nil, invalidField("throttle.window", fmt.Sprintf(`%q is not a duration such as "500ms", "30s" or "1m"`, t.Window))
+	}
+	if w < MinThrottleWindow || w > MaxThrottleWindow {
+		return nil, invalidField("throttle.window", fmt.Sprintf("must be between %s and %s, got %s", MinThrottleWindow, MaxThrottleWindow, w))
+	}
+	if w%time.Millisecond != 0 {
+		return nil, invalidField("throttle.window", fmt.Sprintf("must be a whole number of milliseconds, got %s", w))
+	}
+	d.ThrottleLimit, d.ThrottleWindow = *t.Limit, w
+	d.ThrottleKey = strings.TrimSpace(t.Key)
+	if d.ThrottleKey == "" {
+		return nil, nil
+	}
+	return x.compileKey(d.ThrottleKey)
+}
+
+func validateName(name string) error {
+	switch {
+	case strings.TrimSpace(name) == "":
+		return invalidField("name", "is required")
+	case len(name) > MaxNameLen:
+		return invalidField("name", fmt.Sprintf("is %d bytes, more than the limit of %d", len(name), MaxNameLen))
+	case strings.IndexFunc(name, unicode.IsControl) >= 0:
+		return invalidField("name", "must not contain control characters")
+	}
+	return nil
+}

@@ -1,0 +1,267 @@
+package triggers
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/require"
+
+	"github.com/retryd/retryd/pkg/contract"
+	"github.com/retryd/retryd/projections/outbox"
+	"github.com/retryd/retryd/projections/triggerstore"
+	"github.com/retryd/retryd/services/scheduler"
+)
+
+// startScheduler runs the real scheduler in-process with a fast
+// event-trigger policy: 20ms base delay, x1.5, 2s cap, no jitter and
+// enough retries for any test here.
+func (b *bundle) startScheduler(t *testing.T) *scheduler.Scheduler {
+	t.Helper()
+	_, err := b.pool.Exec(b.ctx, `
+		UPDATE retry_policies
+		SET base_delay_ms = 20, multiplier = 1.5, max_delay_ms = 2000, jitter = 'none', jitter_ms = 0,
+		    max_retries = 500, version = version + 1
+		WHERE kind = 'event-trigger' AND job_type = ''`)
+	require.NoError(t, err)
+	s, err := scheduler.New(scheduler.Config{
+		Pool: b.pool, JS: b.js, Logger: testLogger(t).With().Str("component", "scheduler").Logger(),
+		Registerer: prometheus.NewRegistry(), AckWait: time.Second, MaxIdle: 20 * time.Millisecond,
+		OutboxInterval: 20 * time.Millisecond,
+	})
+	require.NoError(t, err)
+	require.NoError(t, s.Start(b.ctx))
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = s.Stop(ctx)
+	})
+	return s
+}
+
+// duplicate republishes every message on subject once more under a fresh
+// Nats-Msg-Id: each due and each run completion arrives twice.
+func (b *bundle) duplicate(t *testing.T, subject string) *atomic.Int64 {
+	t.Helper()
+	var n atomic.Int64
+	sub, err := b.nc.Subscribe(subject, func(m *nats.Msg) {
+		if strings.Contains(m.Header.Get(contract.HeaderMsgID), "-again-") {
+			return
+		}
+		again := nats.NewMsg(m.Subject)
+		again.Data = m.Data
+		for k, v := range m.Header {
+			again.Header[k] = v
+		}
+		again.Header.Set(contract.HeaderMsgID, m.Header.Get(contract.HeaderMsgID)+"-again-"+contract.NewID())
+		if _, err := b.js.PublishMsg(context.Background(), again); err == nil {
+			n.Add(1)
+		}
+	})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	return &n
+}
+
+// requireAllLaunchedOnce checks the end state: every delivery of the
+// trigger launched, one run request per run id in RUNS, the executor saw
+// each run once, no outbox row left, and the scheduler resolved every
+// retry as succeeded.
+func (b *bundle) requireAllLaunchedOnce(t *testing.T, triggerID string, events int, ex *executor) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		return b.countDeliveries(t, triggerID)[triggerstore.StatusLaunched] == events
+	}, eventually, 20*time.Millisecond, "deliveries: %v", b.countDeliveries(t, triggerID))
+	require.Equal(t, map[triggerstore.Status]int{triggerstore.StatusLaunched: events}, b.countDeliveries(t, triggerID), "no delivery stuck")
+	require.Eventually(t, func() bool { return b.outboxEmpty(t) }, eventually, tick)
+	runs := b.requestedRuns(t)
+	require.Len(t, runs, events)
+	for id, n := range runs {
+		require.Equal(t, 1, n, "run %s requested %d times", id, n)
+	}
+	require.Eventually(t, func() bool { seen, _, _ := ex.stats(); return seen == events }, eventually, tick)
+	require.Eventually(t, func() bool {
+		var open int
+		require.NoError(t, b.pool.QueryRow(b.ctx, `
+			SELECT count(*) FROM retries WHERE kind = 'event-trigger' AND state <> 'succeeded'`).Scan(&open))
+		return open == 0
+	}, eventually, tick, "the scheduler resolves every delivery retry as succeeded")
+}
+
+func launches(t *testing.T, b *bundle, triggerID string) []triggerstore.Delivery {
+	t.Helper()
+	ds, err := triggerstore.ListDeliveries(b.ctx, b.pool, triggerstore.ListDeliveriesOptions{TriggerID: triggerID, Limit: 500})
+	require.NoError(t, err)
+	sort.Slice(ds, func(i, j int) bool { return ds[i].LaunchedAt.Before(*ds[j].LaunchedAt) })
+	return ds
+}
+
+// With a throttle of N per window, a burst of M > N events launches N at
+// once and the rest in later windows, all of them, none twice.
+func TestThrottleBurstWithScheduler(t *testing.T) {
+	t.Parallel()
+	b := setup(t, true)
+	b.startScheduler(t)
+	ex := b.startExecutor(t, 10*time.Millisecond)
+	const n, m, window = 3, 8, 1500 * time.Millisecond
+	tr := b.createTrigger(t, TriggerInput{ID: "burst", Name: "burst", Source: "shop", EventType: "order.placed",
+		Throttle: &ThrottleInput{Limit: intp(n), Window: window.String()}, Workflow: "fulfil"})
+	for i := range m {
+		b.publishEvent(t, "shop", "order.placed", fmt.Sprintf("burst-%d", i), map[string]any{"i": i})
+	}
+	b.requireAllLaunchedOnce(t, tr.ID, m, ex)
+
+	ds := launches(t, b, tr.ID)
+	first, firstSeen, lastSeen := 0, ds[0].CreatedAt, ds[0].CreatedAt
+	for _, d := range ds {
+		if d.RetryAttempts == 0 {
+			first++
+		} else {
+			require.Equal(t, triggerstore.RetryCompleted, d.RetryState)
+		}
+		if d.CreatedAt.Before(firstSeen) {
+			firstSeen = d.CreatedAt
+		}
+		if d.CreatedAt.After(lastSeen) {
+			lastSeen = d.CreatedAt
+		}
+	}
+	// Sliding window: at every launch, at most N launches in the window
+	// that ends there.
+	for i, d := range ds {
+		inWindow := 0
+		for _, e := range ds[:i+1] {
+			if e.LaunchedAt.After(d.LaunchedAt.Add(-window)) {
+				inWindow++
+			}
+		}
+		require.LessOrEqual(t, inWindow, n, "launch %d at %s has %d launches in its window", i, d.LaunchedAt, inWindow)
+	}
+	require.Less(t, lastSeen.Sub(firstSeen), window, "the burst was offered within one window")
+	require.Equal(t, n, first, "the burst launches N at once")
+	require.Equal(t, float64(m-n), counter(t, b.svc.metrics.retrySucceeded, tr.ID), "the rest launch on retries")
+	require.GreaterOrEqual(t, counter(t, b.svc.metrics.throttled, tr.ID), float64(m-n))
+}
+
+// With max concurrency C, at most C runs are in flight at any moment, and
+// completions let the waiting deliveries launch.
+func TestMaxConcurrencyWithScheduler(t *testing.T) {
+	t.Parallel()
+	b := setup(t, true)
+	b.startScheduler(t)
+	ex := b.startExecutor(t, 150*time.Millisecond)
+	const c, m = 2, 8
+	tr := b.createTrigger(t, TriggerInput{ID: "pool", Name: "pool", Source: "crm", EventType: "lead.created",
+		MaxConcurrency: intp(c), Workflow: "enrich"})
+	for i := range m {
+		b.publishEvent(t, "crm", "lead.created", fmt.Sprintf("lead-%d", i), map[string]any{"i": i})
+	}
+	b.requireAllLaunchedOnce(t, tr.ID, m, ex)
+	require.Eventually(t, func() bool { _, _, done := ex.stats(); return done == m }, eventually, tick)
+	_, maxFlight, _ := ex.stats()
+	require.LessOrEqual(t, maxFlight, c, "the executor never had more than C runs")
+	require.Positive(t, maxFlight)
+
+	// The same from the runs table: at each launch, the runs requested
+	// before it and not finished yet never exceed C.
+	require.Eventually(t, func() bool {
+		n, err := triggerstore.CountInFlight(b.ctx, b.pool, tr.ID)
+		return err == nil && n == 0
+	}, eventually, tick)
+	rows, err := b.pool.Query(b.ctx, `SELECT requested_at, finished_at FROM workflow_runs WHERE trigger_id = $1`, tr.ID)
+	require.NoError(t, err)
+	type span struct{ from, to time.Time }
+	var spans []span
+	for rows.Next() {
+		var s span
+		require.NoError(t, rows.Scan(&s.from, &s.to))
+		spans = append(spans, s)
+	}
+	require.NoError(t, rows.Err())
+	require.Len(t, spans, m)
+	for _, s := range spans {
+		inFlight := 0
+		for _, o := range spans {
+			if !o.from.After(s.from) && o.to.After(s.from) {
+				inFlight++
+			}
+		}
+		require.LessOrEqual(t, inFlight, c, "runs in flight at %s", s.from)
+	}
+	require.Positive(t, counter(t, b.svc.metrics.concurrencyLimited, tr.ID))
+	require.Equal(t, float64(m), counter(t, b.svc.metrics.launched, tr.ID))
+}
+
+// Events, dues and run completions delivered twice, and an instance killed
+// after committing a retry but before publishing it: zero duplicate runs,
+// zero stuck deliveries.
+func TestRedeliveriesAndKillWithScheduler(t *testing.T) {
+	t.Parallel()
+	b := setup(t, false)
+	b.startScheduler(t)
+	ex := b.startExecutor(t, 30*time.Millisecond)
+	dues := b.duplicate(t, "retry.event-trigger.due.*")
+	completions := b.duplicate(t, "runs.*.completed.*")
+	const m = 8
+	tr := b.createTrigger(t, TriggerInput{ID: "rough", Name: "rough", Source: "shop", EventType: "order.placed",
+		Throttle: &ThrottleInput{Limit: intp(2), Window: "500ms"}, MaxConcurrency: intp(3), Workflow: "fulfil"})
+
+	// Instance A publishes through a relay the test controls, so the kill
+	// can take the relay down with it.
+	relayA, err := outbox.NewRelay(outbox.RelayConfig{Pool: b.pool, JS: b.js, Owner: OutboxOwner, Logger: testLogger(t),
+		Interval: 20 * time.Millisecond, Registerer: prometheus.NewRegistry()})
+	require.NoError(t, err)
+	require.NoError(t, relayA.Start(b.ctx))
+	var killed atomic.Bool
+	var a *Service
+	stopped := make(chan struct{})
+	cfgA := b.testConfig(t)
+	cfgA.noRelay = true
+	cfgA.failpoint = func(name string) error {
+		if name == "retry.after-commit" && killed.CompareAndSwap(false, true) {
+			// Killed right after the first retry committed: its run
+			// request or failed event is still in the outbox.
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			if err := relayA.Stop(ctx); err != nil {
+				t.Errorf("stop relay of instance A: %v", err)
+			}
+			go func() { stopNow(t, a); close(stopped) }()
+		}
+		if killed.Load() {
+			return fmt.Errorf("dead")
+		}
+		return nil
+	}
+	a = b.start(t, cfgA)
+
+	var published []*nats.Msg
+	for i := range m {
+		env := b.publishEvent(t, "shop", "order.placed", fmt.Sprintf("rough-%d", i), map[string]any{"i": i})
+		msg, err := contract.NewEventMsg(contract.EventSubject("shop", "order.placed"), env)
+		require.NoError(t, err)
+		published = append(published, msg)
+	}
+	require.Eventually(t, killed.Load, eventually, tick, "a retry reaches instance A")
+	<-stopped
+
+	bSvc := b.start(t, b.testConfig(t))
+	for _, msg := range published {
+		b.republish(t, msg)
+	}
+	b.requireAllLaunchedOnce(t, tr.ID, m, ex)
+	require.Positive(t, dues.Load(), "dues were delivered twice")
+	require.Positive(t, completions.Load(), "run completions were delivered twice")
+	require.Eventually(t, func() bool {
+		return counter(t, bSvc.metrics.duplicates, ConsumerEvents) >= m
+	}, eventually, tick, "every event delivered again is found applied")
+	require.Eventually(t, func() bool { _, _, done := ex.stats(); return done == m }, eventually, tick)
+	_, maxFlight, _ := ex.stats()
+	require.LessOrEqual(t, maxFlight, 3)
+}

@@ -1,0 +1,134 @@
+package triggers
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/retryd/retryd/pkg/contract"
+	"github.com/retryd/retryd/pkg/errclass"
+	"github.com/retryd/retryd/projections/inbox"
+	"github.com/retryd/retryd/projections/ingressstore"
+	"github.com/retryd/retryd/projections/outbox"
+	"github.com/retryd/retryd/projections/triggerstore"
+)
+
+// reconcileBatch bounds the deliveries one reconcile pass republishes.
+const reconcileBatch = 500
+
+func (s *Service) reconcileLoop() {
+	defer s.loops.Done()
+	ctx, cancel := context.WithCancel(s.runCtx)
+	defer cancel()
+	go func() {
+		select {
+		case <-s.quit:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	tick := s.cfg.ReconcileInterval
+	if tick <= 0 {
+		tick = time.Minute
+	}
+	var lastPrune time.Time
+	for sleepCtx(ctx, tick) {
+		if s.cfg.ReconcileInterval > 0 {
+			if _, err := s.Reconcile(ctx); err != nil && ctx.Err() == nil {
+				s.log.Error().Err(err).Msg("reconcile held deliveries")
+			}
+		}
+		if s.cfg.InboxRetention > 0 && time.Since(lastPrune) >= time.Hour {
+			lastPrune = time.Now()
+			n, err := inbox.Prune(ctx, s.cfg.Pool, s.cfg.InboxRetention)
+			if err != nil && ctx.Err() == nil {
+				s.log.Error().Err(err).Msg("prune inbox")
+			} else if n > 0 {
+				s.log.Info().Int64("rows", n).Msg("inbox pruned")
+			}
+		}
+	}
+}
+
+// Reconcile publishes the failed event again for held deliveries whose
+// last failed attempt the scheduler has not confirmed for
+// Config.ReconcileAfter: their failed event may have been lost with a
+// purged RETRIES stream or a restored scheduler database. The failed
+// event keeps its Nats-Msg-Id, so a scheduler that has it treats the
+// repeat as a duplicate. It returns how many it republished.
+func (s *Service) Reconcile(ctx context.Context) (int, error) {
+	now, err := triggerstore.Now(ctx, s.cfg.Pool)
+	if err != nil {
+		return 0, err
+	}
+	list, err := triggerstore.Unconfirmed(ctx, s.cfg.Pool, now.Add(-s.cfg.ReconcileAfter), reconcileBatch)
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, d := range list {
+		done, err := s.reconcileOne(ctx, d.ID)
+		if err != nil {
+			return n, fmt.Errorf("reconcile delivery %s: %w", d.ID, err)
+		}
+		if done {
+			n++
+			s.metrics.reconciled.Inc()
+			s.log.Warn().Str("delivery_id", d.ID).Str("trigger_id", d.TriggerID).Int("attempt", d.RetryAttempts).
+				Msg("scheduler never confirmed the retry; failed event published again")
+		}
+	}
+	if n > 0 {
+		s.kick()
+	}
+	return n, nil
+}
+
+func (s *Service) reconcileOne(ctx context.Context, id string) (bool, error) {
+	done := false
+	err := pgx.BeginFunc(ctx, s.cfg.Pool, func(tx pgx.Tx) error {
+		d, err := triggerstore.LockDelivery(ctx, tx, id)
+		if err != nil {
+			return err
+		}
+		if !d.Status.Held() || d.RetryState != triggerstore.RetryScheduled || d.ScheduledAttempt > d.RetryAttempts || d.RetryAttempts < 1 {
+			return nil // confirmed or resolved since the listing
+		}
+		now, err := triggerstore.Now(ctx, tx)
+		if err != nil {
+			return err
+		}
+		fd := contract.FailedData{
+			Kind: contract.KindEventTrigger, ID: d.ID, Attempt: d.RetryAttempts,
+			Error:  contract.ErrorInfo{Class: string(errclass.RateLimit), Message: "held back by " + d.StatusReason},
+			Reason: d.StatusReason, Source: d.Source,
+			Metadata: map[string]string{"trigger_id": d.TriggerID, "event_id": d.EventID, "reconciled": "true"},
+		}
+		if d.Status == triggerstore.StatusThrottled && d.NextAttemptAt != nil {
+			fd.RetryAfter = contract.RetryAfterAt(*d.NextAttemptAt)
+		}
+		// The original payload went with the lost message; the event is
+		// still in workflow_events when ingress admitted it.
+		if stored, err := ingressstore.GetEvent(ctx, tx, d.EventID); err == nil && len(stored.Envelope) <= maxEmbeddedEnvelopeSize {
+			if p, err := json.Marshal(retryPayload{Event: stored.Envelope}); err == nil {
+				fd.Payload = p
+			}
+		} else if err != nil && !errors.Is(err, ingressstore.ErrNotFound) {
+			return err
+		}
+		msg, err := contract.NewLifecycleMsg(EventSource, contract.Failed, fd, now)
+		if err != nil {
+			return err
+		}
+		if err := outbox.Insert(ctx, tx, OutboxOwner, msg); err != nil {
+			return err
+		}
+		done = true
+		return triggerstore.TouchDelivery(ctx, tx, d.ID)
+	})
+	return done, err
+}

@@ -1,0 +1,289 @@
+package triggers
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/retryd/retryd/pkg/contract"
+	"github.com/retryd/retryd/projections/inbox"
+	"github.com/retryd/retryd/projections/ingressstore"
+	"github.com/retryd/retryd/projections/outbox"
+	"github.com/retryd/retryd/projections/triggerstore"
+)
+
+// msgID is the message's Nats-Msg-Id, or the envelope id that the
+// contract builders set to the same value.
+func msgID(msg jetstream.Msg, env contract.Envelope) string {
+	if id := msg.Headers().Get(contract.HeaderMsgID); id != "" {
+		return id
+	}
+	return env.ID
+}
+
+// handleDue retries a held delivery (retry.event-trigger.due.<id>):
+// rehydrate the delivery, its trigger and its event, cancel when the
+// trigger is gone or disabled, otherwise decide again as on the first
+// offer and launch (succeeded), hold again (failed attempt n) or filter
+// (cancelled).
+func (s *Service) handleDue(ctx context.Context, msg jetstream.Msg) error {
+	ev, err := contract.DecodeLifecycle(msg.Subject(), msg.Data())
+	if err != nil {
+		return err
+	}
+	if ev.Due == nil || ev.Kind != contract.KindEventTrigger {
+		return invalidField("subject", fmt.Sprintf("%q is not an event-trigger due event", msg.Subject()))
+	}
+	due := *ev.Due
+	inboxID := msgID(msg, ev.Envelope)
+
+	first, err := triggerstore.GetDelivery(ctx, s.cfg.Pool, due.ID)
+	if errors.Is(err, triggerstore.ErrNotFound) {
+		return s.cancelUnknown(ctx, inboxID, due)
+	}
+	if err != nil {
+		return err
+	}
+	var res result
+	err = pgx.BeginFunc(ctx, s.cfg.Pool, func(tx pgx.Tx) error {
+		res = result{attempt: due.Attempt}
+		claimed, err := inbox.Claim(ctx, tx, ConsumerRetry, inboxID)
+		if err != nil {
+			return err
+		}
+		if !claimed {
+			res.duplicate = true
+			return nil
+		}
+		// Lock order everywhere: trigger, then delivery.
+		t, err := triggerstore.LockTrigger(ctx, tx, first.TriggerID)
+		missing := errors.Is(err, triggerstore.ErrNotFound)
+		if err != nil && !missing {
+			return err
+		}
+		d, err := triggerstore.LockDelivery(ctx, tx, due.ID)
+		if err != nil {
+			return err
+		}
+		now, err := triggerstore.Now(ctx, tx)
+		if err != nil {
+			return err
+		}
+		if due.Attempt <= d.RetryAttempts {
+			// An attempt already handled (a replay older than the inbox).
+			res.duplicate = true
+			return nil
+		}
+		if d.Status == triggerstore.StatusLaunched {
+			// Launched already: tell the scheduler again so the item
+			// resolves even if it was retried by hand after the launch.
+			res.duplicate = true
+			ok, err := contract.NewLifecycleMsg(EventSource, contract.Succeeded, contract.SucceededData{
+				Kind: contract.KindEventTrigger, ID: d.ID, Attempt: due.Attempt,
+				Metadata: map[string]string{"trigger_id": d.TriggerID, "run_id": d.RunID},
+			}, now)
+			if err != nil {
+				return err
+			}
+			return s.write(ctx, tx, nil, []*nats.Msg{ok})
+		}
+
+		var msgs []*nats.Msg
+		var run *triggerstore.Run
+		reason := ""
+		switch {
+		case missing || t.Deleted():
+			reason = ReasonTriggerDeleted
+		case !t.Enabled:
+			reason = ReasonTriggerDisabled
+		}
+		var o offer
+		if reason == "" {
+			env, found, err := s.rehydrate(ctx, tx, d, due.Payload)
+			if err != nil {
+				return err
+			}
+			if !found {
+				reason = ReasonEventMissing
+			} else if o, err = newOffer(env); err != nil {
+				return err
+			}
+		}
+		if reason != "" {
+			if !missing {
+				d.TriggerVersion = t.Version
+			}
+			msgs, err = cancelRetry(&d, triggerstore.StatusCancelled, reason, due.Attempt, now)
+		} else {
+			var dec decision
+			if dec, err = s.decide(ctx, tx, t, o, d.ID, now); err != nil {
+				return err
+			}
+			run, msgs, err = settle(&d, t, o, dec, due.Attempt, now)
+		}
+		if err != nil {
+			return err
+		}
+		if err := triggerstore.SaveOutcome(ctx, tx, d); err != nil {
+			return err
+		}
+		if err := s.write(ctx, tx, run, msgs); err != nil {
+			return err
+		}
+		res.delivery = d
+		return s.fail("retry.before-commit")
+	})
+	if err != nil {
+		return err
+	}
+	if err := s.fail("retry.after-commit"); err != nil {
+		return err
+	}
+	if res.duplicate {
+		s.kick()
+	}
+	s.report(ConsumerRetry, res)
+	return nil
+}
+
+// rehydrate finds the delivery's event: in the due's payload (put there
+// by the failed event), else in workflow_events where ingress stored it.
+func (s *Service) rehydrate(ctx context.Context, tx pgx.Tx, d triggerstore.Delivery, payload json.RawMessage) (contract.Envelope, bool, error) {
+	if len(payload) > 0 {
+		var p retryPayload
+		if err := json.Unmarshal(payload, &p); err == nil && len(p.Event) > 0 {
+			env, err := contract.DecodeEventMsg(p.Event)
+			if err == nil && env.ID == d.EventID {
+				return env, true, nil
+			}
+		}
+		s.log.Warn().Str("delivery_id", d.ID).Msg("due payload holds no usable event; reading workflow_events")
+	}
+	stored, err := ingressstore.GetEvent(ctx, tx, d.EventID)
+	if errors.Is(err, ingressstore.ErrNotFound) {
+		return contract.Envelope{}, false, nil
+	}
+	if err != nil {
+		return contract.Envelope{}, false, err
+	}
+	env, err := contract.DecodeEventMsg(stored.Envelope)
+	if err != nil {
+		s.log.Error().Err(err).Str("event_id", d.EventID).Msg("stored event envelope is invalid")
+		return contract.Envelope{}, false, nil
+	}
+	return env, true, nil
+}
+
+// cancelUnknown answers a due for a delivery this database does not know
+// (restored from an older backup, or published by hand) with a cancelled
+// event, so the scheduler does not keep it pending forever.
+func (s *Service) cancelUnknown(ctx context.Context, inboxID string, due contract.DueData) error {
+	applied := false
+	err := pgx.BeginFunc(ctx, s.cfg.Pool, func(tx pgx.Tx) error {
+		claimed, err := inbox.Claim(ctx, tx, ConsumerRetry, inboxID)
+		if err != nil || !claimed {
+			return err
+		}
+		now, err := triggerstore.Now(ctx, tx)
+		if err != nil {
+			return err
+		}
+		msg, err := contract.NewLifecycleMsg(EventSource, contract.Cancelled, contract.CancelledData{
+			Kind: contract.KindEventTrigger, ID: due.ID, Attempt: due.Attempt, By: cancelledBy, Reason: ReasonDeliveryMissing,
+		}, now)
+		if err != nil {
+			return err
+		}
+		applied = true
+		return outbox.Insert(ctx, tx, OutboxOwner, msg)
+	})
+	if err != nil {
+		return err
+	}
+	if applied {
+		s.kick()
+		s.log.Error().Str("delivery_id", due.ID).Int("attempt", due.Attempt).Msg("due for an unknown delivery; cancelled")
+		s.metrics.cancelled.WithLabelValues("", ReasonDeliveryMissing).Inc()
+	}
+	return nil
+}
+
+// handleRetryState keeps a delivery's retry columns in step with the
+// scheduler: scheduled/rescheduled set next_attempt_at, exhausted and
+// cancelled end the delivery.
+func (s *Service) handleRetryState(ctx context.Context, msg jetstream.Msg) error {
+	ev, err := contract.DecodeLifecycle(msg.Subject(), msg.Data())
+	if err != nil {
+		return err
+	}
+	if ev.Kind != contract.KindEventTrigger {
+		return invalidField("subject", fmt.Sprintf("%q is not an event-trigger lifecycle event", msg.Subject()))
+	}
+	var (
+		applied   bool
+		duplicate bool
+		d         triggerstore.Delivery
+	)
+	err = pgx.BeginFunc(ctx, s.cfg.Pool, func(tx pgx.Tx) error {
+		applied, duplicate = false, false
+		claimed, err := inbox.Claim(ctx, tx, ConsumerRetryState, msgID(msg, ev.Envelope))
+		if err != nil {
+			return err
+		}
+		if !claimed {
+			duplicate = true
+			return nil
+		}
+		switch {
+		case ev.Scheduled != nil:
+			sd := ev.Scheduled
+			applied, err = triggerstore.ApplyScheduled(ctx, tx, ev.ID, sd.Attempt, sd.NextAttemptAt, map[string]any{
+				"policy": sd.Decision.Policy, "policy_version": sd.Decision.PolicyVersion,
+				"decided_by": sd.Decision.DecidedBy, "delay_ms": sd.Decision.DelayMS,
+				"retry_count": sd.Decision.RetryCount, "max_retries": sd.Decision.MaxRetries,
+			})
+		case ev.Exhausted != nil:
+			x := ev.Exhausted
+			d, applied, err = triggerstore.ApplyExhausted(ctx, tx, ev.ID, x.Attempt, x.Reason, map[string]any{
+				"exhausted_reason": x.Reason, "policy": x.Policy, "policy_version": x.PolicyVersion,
+				"retry_count": x.RetryCount, "max_retries": x.MaxRetries,
+			})
+		case ev.Cancelled != nil:
+			c := ev.Cancelled
+			d, applied, err = triggerstore.ApplyCancelled(ctx, tx, ev.ID, c.Attempt, "cancelled_by_"+truncate(c.By, 32), map[string]any{
+				"cancelled_by": c.By, "cancel_reason": truncate(c.Reason, 256),
+			})
+		default:
+			return invalidField("subject", fmt.Sprintf("%q is not scheduled, rescheduled, exhausted or cancelled", msg.Subject()))
+		}
+		if errors.Is(err, triggerstore.ErrNotFound) {
+			return nil
+		}
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	if duplicate || !applied {
+		// Already applied, or superseded by what the delivery knows (a
+		// replay, a stale attempt, a delivery launched meanwhile).
+		s.metrics.duplicates.WithLabelValues(ConsumerRetryState).Inc()
+		return nil
+	}
+	log := s.log.Debug().Str("delivery_id", ev.ID).Str("event", string(ev.Event)).Int("attempt", ev.Attempt()).Bool("applied", applied)
+	switch {
+	case ev.Exhausted != nil && applied:
+		s.metrics.exhausted.WithLabelValues(d.TriggerID).Inc()
+		log = s.log.Warn().Str("delivery_id", ev.ID).Str("trigger_id", d.TriggerID).Int("attempt", ev.Attempt()).Str("reason", ev.Exhausted.Reason)
+	case ev.Cancelled != nil && applied:
+		s.metrics.cancelled.WithLabelValues(d.TriggerID, "cancelled_by_scheduler").Inc()
+		log = s.log.Info().Str("delivery_id", ev.ID).Str("trigger_id", d.TriggerID).Int("attempt", ev.Attempt()).Str("by", truncate(ev.Cancelled.By, 64))
+	}
+	log.Msg("retry state")
+	return nil
+}

@@ -1,0 +1,262 @@
+package triggers
+
+import (
+	"context"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/retryd/retryd/pkg/contract"
+	"github.com/retryd/retryd/pkg/natstest"
+	"github.com/retryd/retryd/projections/ingressstore"
+	"github.com/retryd/retryd/projections/triggerstore"
+)
+
+func TestConcurrencyLimitAndRelease(t *testing.T) {
+	t.Parallel()
+	b := setup(t, true)
+	tr := b.createTrigger(t, TriggerInput{ID: "one-at-a-time", Name: "serial", Source: "crm", EventType: "lead.created",
+		MaxConcurrency: intp(1), Workflow: "enrich"})
+	b.publishEvent(t, "crm", "lead.created", "l1", map[string]any{"n": 1})
+	d1 := b.waitDelivery(t, DeliveryID("l1", tr.ID), func(d triggerstore.Delivery) bool { return true })
+	require.Equal(t, triggerstore.StatusLaunched, d1.Status)
+	b.publishEvent(t, "crm", "lead.created", "l2", map[string]any{"n": 2})
+	id2 := DeliveryID("l2", tr.ID)
+	d2 := b.waitDelivery(t, id2, func(d triggerstore.Delivery) bool { return true })
+	require.Equal(t, triggerstore.StatusConcurrencyLimited, d2.Status)
+	require.Equal(t, ReasonMaxConcurrency, d2.StatusReason)
+	require.Nil(t, d2.NextAttemptAt, "no retry-after hint: the scheduler's backoff decides")
+	f := findFailed(t, b, id2, 1)
+	require.Equal(t, "rate_limit", f.Error.Class)
+	require.Equal(t, ReasonMaxConcurrency, f.Reason)
+	require.Nil(t, f.RetryAfter)
+
+	// Still in flight: held again.
+	b.publishDue(t, id2, 2, f.Payload)
+	findFailed(t, b, id2, 2)
+
+	// The run completes (twice: a redelivered completion), freeing the slot.
+	done := b.publishRunFinished(t, "enrich", d1.RunID, contract.RunCompleted)
+	b.republish(t, done)
+	require.Eventually(t, func() bool {
+		r, err := triggerstore.GetRun(b.ctx, b.pool, d1.RunID)
+		return err == nil && r.Status == triggerstore.RunCompleted
+	}, eventually, tick)
+	require.Eventually(t, func() bool { return counter(t, b.svc.metrics.duplicates, ConsumerRuns) >= 1 }, eventually, tick)
+	require.Equal(t, 1.0, counter(t, b.svc.metrics.runsFinished, tr.ID, "completed"))
+
+	b.publishDue(t, id2, 3, f.Payload)
+	d2 = b.waitDelivery(t, id2, func(d triggerstore.Delivery) bool { return d.Status == triggerstore.StatusLaunched })
+	require.Equal(t, 2, d2.RetryAttempts)
+	findLifecycle(t, b, contract.Succeeded, id2, 3)
+
+	b.publishRunFinished(t, "enrich", d2.RunID, contract.RunFailed)
+	require.Eventually(t, func() bool {
+		r, err := triggerstore.GetRun(b.ctx, b.pool, d2.RunID)
+		return err == nil && r.Status == triggerstore.RunFailed
+	}, eventually, tick)
+	n, err := triggerstore.CountInFlight(b.ctx, b.pool, tr.ID)
+	require.NoError(t, err)
+	require.Zero(t, n)
+
+	// A run retryd did not launch is acknowledged and ignored.
+	b.publishRunFinished(t, "enrich", "run-elsewhere", contract.RunCompleted)
+	require.Equal(t, map[string]int{d1.RunID: 1, d2.RunID: 1}, b.requestedRuns(t))
+	require.Equal(t, 2.0, counter(t, b.svc.metrics.concurrencyLimited, tr.ID))
+}
+
+// holdTwo creates a trigger with max concurrency 1 and returns the ids of
+// one launched and two held deliveries.
+func holdTwo(t *testing.T, b *bundle, triggerID, prefix string) (launched triggerstore.Delivery, held1, held2 string) {
+	t.Helper()
+	b.createTrigger(t, TriggerInput{ID: triggerID, Name: triggerID, Source: "crm", EventType: "lead." + triggerID,
+		MaxConcurrency: intp(1), Workflow: "enrich"})
+	for i := 1; i <= 3; i++ {
+		id := prefix + string(rune('0'+i))
+		b.publishEvent(t, "crm", "lead."+triggerID, id, map[string]any{"i": i})
+		b.waitDelivery(t, DeliveryID(id, triggerID), func(d triggerstore.Delivery) bool { return true })
+	}
+	return b.delivery(t, DeliveryID(prefix+"1", triggerID)), DeliveryID(prefix+"2", triggerID), DeliveryID(prefix+"3", triggerID)
+}
+
+func TestDueCancelsWhenTriggerOrEventIsGone(t *testing.T) {
+	t.Parallel()
+	b := setup(t, true)
+	_, h1, h2 := holdTwo(t, b, "gone", "g")
+	f1, f2 := findFailed(t, b, h1, 1), findFailed(t, b, h2, 1)
+
+	require.Equal(t, http.StatusOK, b.do(t, http.MethodPost, "/v1/triggers/gone/disable", nil, nil))
+	b.publishDue(t, h1, 2, f1.Payload)
+	d := b.waitDelivery(t, h1, func(d triggerstore.Delivery) bool { return d.Status == triggerstore.StatusCancelled })
+	require.Equal(t, ReasonTriggerDisabled, d.StatusReason)
+	require.Equal(t, triggerstore.RetryCancelled, d.RetryState)
+	require.Equal(t, 2, d.TriggerVersion, "the disabled version decided")
+	c := findLifecycle(t, b, contract.Cancelled, h1, 2)
+	require.Equal(t, ReasonTriggerDisabled, c.Cancelled.Reason)
+
+	require.Equal(t, http.StatusOK, b.do(t, http.MethodPost, "/v1/triggers/gone/enable", nil, nil))
+	require.Equal(t, http.StatusNoContent, b.do(t, http.MethodDelete, "/v1/triggers/gone", nil, nil))
+	b.publishDue(t, h2, 2, f2.Payload)
+	d = b.waitDelivery(t, h2, func(d triggerstore.Delivery) bool { return d.Status == triggerstore.StatusCancelled })
+	require.Equal(t, ReasonTriggerDeleted, d.StatusReason)
+	findLifecycle(t, b, contract.Cancelled, h2, 2)
+
+	// A due for a delivery this database never had is cancelled too.
+	b.publishDue(t, "NOSUCHDELIVERY", 4, nil)
+	c = findLifecycle(t, b, contract.Cancelled, "NOSUCHDELIVERY", 4)
+	require.Equal(t, ReasonDeliveryMissing, c.Cancelled.Reason)
+
+	// Without a payload the event comes from workflow_events (stored by
+	// ingress); when it is not there either, the delivery is cancelled.
+	first, m1, m2 := holdTwo(t, b, "payloadless", "p")
+	b.publishRunFinished(t, "enrich", first.RunID, contract.RunCompleted)
+	require.Eventually(t, func() bool {
+		n, err := triggerstore.CountInFlight(b.ctx, b.pool, "payloadless")
+		return err == nil && n == 0
+	}, eventually, tick)
+	env := contract.Envelope{SpecVersion: contract.SpecVersion, ID: "p3", Source: "crm", Type: "lead.payloadless", Time: time.Now().UTC(), Data: []byte(`{"i":3}`)}
+	raw, err := env.Marshal()
+	require.NoError(t, err)
+	_, err = ingressstore.InsertEvent(b.ctx, b.pool, "p3", "crm", "lead.payloadless", raw)
+	require.NoError(t, err)
+	b.publishDue(t, m1, 2, nil)
+	d = b.waitDelivery(t, m1, func(d triggerstore.Delivery) bool { return d.Status == triggerstore.StatusCancelled })
+	require.Equal(t, ReasonEventMissing, d.StatusReason)
+	b.publishDue(t, m2, 2, nil)
+	d = b.waitDelivery(t, m2, func(d triggerstore.Delivery) bool { return d.Status == triggerstore.StatusLaunched })
+	require.Equal(t, RunID(m2), d.RunID)
+	require.Equal(t, 1.0, counter(t, b.svc.metrics.cancelled, "gone", ReasonTriggerDisabled))
+	require.Equal(t, 1.0, counter(t, b.svc.metrics.cancelled, "payloadless", ReasonEventMissing))
+}
+
+func publishLifecycle(t *testing.T, b *bundle, ev contract.Lifecycle, data interface {
+	Validate() error
+}) *nats.Msg {
+	t.Helper()
+	var msg *nats.Msg
+	var err error
+	switch d := data.(type) {
+	case contract.ScheduledData:
+		msg, err = contract.NewLifecycleMsg("test/scheduler", ev, d, time.Now())
+	case contract.ExhaustedData:
+		msg, err = contract.NewLifecycleMsg("test/scheduler", ev, d, time.Now())
+	case contract.CancelledData:
+		msg, err = contract.NewLifecycleMsg("test/scheduler", ev, d, time.Now())
+	}
+	require.NoError(t, err)
+	_, err = b.js.PublishMsg(b.ctx, msg)
+	require.NoError(t, err)
+	return msg
+}
+
+func TestRetryColumnsFollowTheScheduler(t *testing.T) {
+	t.Parallel()
+	b := setup(t, true)
+	_, h1, h2 := holdTwo(t, b, "cols", "c")
+	next := time.Now().Add(time.Minute).UTC().Truncate(time.Millisecond)
+	sched := publishLifecycle(t, b, contract.Scheduled, contract.ScheduledData{Kind: contract.KindEventTrigger, ID: h1, Attempt: 2, NextAttemptAt: next,
+		Decision: contract.Decision{Policy: "event-trigger", PolicyVersion: 1, DecidedBy: contract.DecidedByBackoff, DelayMS: 1000, MaxRetries: 20}})
+	d := b.waitDelivery(t, h1, func(d triggerstore.Delivery) bool { return d.ScheduledAttempt == 2 })
+	require.True(t, d.NextAttemptAt.Equal(next))
+	require.Equal(t, triggerstore.RetryScheduled, d.RetryState)
+	require.Equal(t, "event-trigger", d.RetryMetadata["policy"])
+	require.Equal(t, contract.DecidedByBackoff, d.RetryMetadata["decided_by"])
+
+	exh := publishLifecycle(t, b, contract.Exhausted, contract.ExhaustedData{Kind: contract.KindEventTrigger, ID: h1, Attempt: 1,
+		Reason: contract.ExhaustedMaxRetries, Error: contract.ErrorInfo{Class: "rate_limit"}, Policy: "event-trigger", PolicyVersion: 1})
+	d = b.waitDelivery(t, h1, func(d triggerstore.Delivery) bool { return d.Status == triggerstore.StatusExhausted })
+	require.Equal(t, triggerstore.RetryExhausted, d.RetryState)
+	require.Equal(t, contract.ExhaustedMaxRetries, d.StatusReason)
+	require.Nil(t, d.NextAttemptAt)
+
+	publishLifecycle(t, b, contract.Cancelled, contract.CancelledData{Kind: contract.KindEventTrigger, ID: h2, Attempt: 1, By: "operator", Reason: "not needed"})
+	d = b.waitDelivery(t, h2, func(d triggerstore.Delivery) bool { return d.Status == triggerstore.StatusCancelled })
+	require.Equal(t, "cancelled_by_operator", d.StatusReason)
+	require.Equal(t, "not needed", d.RetryMetadata["cancel_reason"])
+
+	b.republish(t, sched)
+	b.republish(t, exh)
+	require.Eventually(t, func() bool { return counter(t, b.svc.metrics.duplicates, ConsumerRetryState) >= 2 }, eventually, tick)
+	require.Equal(t, 1.0, counter(t, b.svc.metrics.exhausted, "cols"))
+	require.Equal(t, 1.0, counter(t, b.svc.metrics.cancelled, "cols", "cancelled_by_scheduler"))
+	require.Equal(t, triggerstore.StatusExhausted, b.delivery(t, h1).Status)
+}
+
+func TestMalformedMessagesAreTerminatedAndCounted(t *testing.T) {
+	t.Parallel()
+	b := setup(t, true)
+	tr := b.createTrigger(t, TriggerInput{ID: "t", Name: "t", Source: "billing", EventType: "invoice.paid", Workflow: "w"})
+	raw := func(subject, body string) {
+		msg := nats.NewMsg(subject)
+		msg.Data = []byte(body)
+		msg.Header.Set(contract.HeaderMsgID, contract.NewID())
+		_, err := b.js.PublishMsg(b.ctx, msg)
+		require.NoError(t, err)
+	}
+	raw("events.billing.invoice.paid", `{"not": "an envelope"`)
+	raw("events.billing.invoice.paid", `[1,2,3]`)
+	env := contract.Envelope{SpecVersion: contract.SpecVersion, ID: "x1", Source: "other", Type: "invoice.paid", Time: time.Now().UTC()}
+	body, err := env.Marshal()
+	require.NoError(t, err)
+	raw("events.billing.invoice.paid", string(body)) // subject and envelope disagree
+	raw("retry.event-trigger.due.D1", `{"specversion":"1.0"}`)
+	raw("retry.event-trigger.scheduled.D1", `garbage`)
+	raw("runs.w.completed.r1", `{}`)
+
+	require.Eventually(t, func() bool {
+		return counter(t, b.svc.metrics.malformed, ConsumerEvents) == 3 &&
+			counter(t, b.svc.metrics.malformed, ConsumerRetry) == 1 &&
+			counter(t, b.svc.metrics.malformed, ConsumerRetryState) == 1 &&
+			counter(t, b.svc.metrics.malformed, ConsumerRuns) == 1
+	}, eventually, tick)
+	for _, c := range []struct{ stream, name string }{
+		{contract.StreamEvents, ConsumerEvents}, {contract.StreamRetries, ConsumerRetry},
+		{contract.StreamRetries, ConsumerRetryState}, {contract.StreamRuns, ConsumerRuns},
+	} {
+		require.Eventually(t, func() bool {
+			cons, err := b.js.Consumer(b.ctx, c.stream, c.name)
+			require.NoError(t, err)
+			info, err := cons.Info(b.ctx)
+			require.NoError(t, err)
+			return info.NumAckPending == 0 && info.NumPending == 0
+		}, eventually, tick, "consumer %s has messages left", c.name)
+	}
+	// The consumers keep going: a good event after the bad ones launches.
+	b.publishEvent(t, "billing", "invoice.paid", "good", map[string]any{})
+	d := b.waitDelivery(t, DeliveryID("good", tr.ID), func(d triggerstore.Delivery) bool { return true })
+	require.Equal(t, triggerstore.StatusLaunched, d.Status)
+	require.Empty(t, b.countDeliveries(t, "nope"))
+}
+
+func TestReconcileRepublishesUnconfirmedFailures(t *testing.T) {
+	t.Parallel()
+	b := setup(t, true, func(c *Config) { c.ReconcileAfter = 2 * time.Second })
+	_, h1, h2 := holdTwo(t, b, "recon", "r")
+	findFailed(t, b, h1, 1)
+	findFailed(t, b, h2, 1)
+	publishLifecycle(t, b, contract.Scheduled, contract.ScheduledData{Kind: contract.KindEventTrigger, ID: h2, Attempt: 2,
+		NextAttemptAt: time.Now().Add(time.Hour), Decision: contract.Decision{Policy: "event-trigger"}})
+	b.waitDelivery(t, h2, func(d triggerstore.Delivery) bool { return d.ScheduledAttempt == 2 })
+	require.Eventually(t, func() bool { return b.outboxEmpty(t) }, eventually, tick)
+
+	// The RETRIES stream is lost before the scheduler saw h1's failure.
+	require.NoError(t, b.js.DeleteStream(b.ctx, contract.StreamRetries))
+	natstest.EnsureStreams(t, b.js)
+	require.Eventually(t, func() bool {
+		n, err := b.svc.Reconcile(b.ctx)
+		require.NoError(t, err)
+		require.LessOrEqual(t, n, 1, "only the unconfirmed delivery is republished")
+		return n == 1
+	}, eventually, 100*time.Millisecond)
+	f := findFailed(t, b, h1, 1)
+	require.Equal(t, ReasonMaxConcurrency, f.Reason)
+	require.Equal(t, "true", f.Metadata["reconciled"])
+	require.Empty(t, b.lifecycle(t, contract.Scheduled))
+
+	n, err := b.svc.Reconcile(context.Background())
+	require.NoError(t, err)
+	require.Zero(t, n, "a republished delivery waits ReconcileAfter again")
+}
