@@ -12,42 +12,79 @@ type cycleResult struct {
 	dur        time.Duration
 	rate       float64 // completed cycles per second
 	latency    summary // item start to completion
+	warmup     time.Duration
 	durability string
-	note       string
 }
 
-// cycleMeter counts completions inside a measurement window that starts
-// after a warm-up (connection pools, JIT-free but cache-cold Postgres,
-// consumers being created) and lasts dur.
+// maxWarmup bounds the wait for the first window to cycle through.
+const maxWarmup = 2 * time.Minute
+
+// cycleMeter counts completions inside a measurement window. The window
+// opens once the warm-up has passed and every item of the initial window
+// has completed once (so a slow system is measured in its steady state,
+// not while its first wave is still queued), and lasts dur.
 type cycleMeter struct {
+	window      int
 	warmup, dur time.Duration
-	t0          time.Time
-	from, to    time.Time
-	completed   atomic.Int64
-	lat         latencies
-	end         chan struct{}
-	endOnce     sync.Once
-	over        atomic.Bool
+
+	mu        sync.Mutex
+	t0        time.Time
+	from, to  time.Time // zero until the window opens
+	total     int       // completions since start
+	completed atomic.Int64
+	lat       latencies
+	end       chan struct{}
+	over      atomic.Bool
 }
 
-func newCycleMeter(warmup, dur time.Duration) *cycleMeter {
-	return &cycleMeter{warmup: warmup, dur: dur, end: make(chan struct{})}
+func newCycleMeter(window int, warmup, dur time.Duration) *cycleMeter {
+	return &cycleMeter{window: window, warmup: warmup, dur: dur, end: make(chan struct{})}
 }
 
 func (m *cycleMeter) start() {
+	m.mu.Lock()
 	m.t0 = time.Now()
-	m.from = m.t0.Add(m.warmup)
-	m.to = m.from.Add(m.dur)
-	time.AfterFunc(m.warmup+m.dur, func() {
+	m.mu.Unlock()
+	// The warm-up may end after the first wave did: open the window then.
+	time.AfterFunc(m.warmup, func() { m.maybeOpen(time.Now()) })
+	time.AfterFunc(maxWarmup, func() { m.open(time.Now()) })
+}
+
+func (m *cycleMeter) maybeOpen(now time.Time) {
+	m.mu.Lock()
+	ready := m.from.IsZero() && m.total >= m.window && now.Sub(m.t0) >= m.warmup
+	m.mu.Unlock()
+	if ready {
+		m.open(now)
+	}
+}
+
+func (m *cycleMeter) open(now time.Time) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if !m.from.IsZero() {
+		return
+	}
+	m.from, m.to = now, now.Add(m.dur)
+	time.AfterFunc(m.dur, func() {
 		m.over.Store(true)
-		m.endOnce.Do(func() { close(m.end) })
+		close(m.end)
 	})
 }
 
 // done records a completed cycle of an item started at startedAt.
 func (m *cycleMeter) done(startedAt time.Time) {
 	now := time.Now()
-	if now.Before(m.from) || now.After(m.to) {
+	m.mu.Lock()
+	m.total++
+	from, to := m.from, m.to
+	waiting := from.IsZero() && m.total >= m.window && now.Sub(m.t0) >= m.warmup
+	m.mu.Unlock()
+	if waiting {
+		m.open(now)
+		return
+	}
+	if from.IsZero() || now.Before(from) || now.After(to) {
 		return
 	}
 	m.completed.Add(1)
@@ -62,5 +99,8 @@ func (m *cycleMeter) wait() <-chan struct{} { return m.end }
 
 func (m *cycleMeter) result() cycleResult {
 	n := int(m.completed.Load())
-	return cycleResult{completed: n, dur: m.dur, rate: float64(n) / m.dur.Seconds(), latency: m.lat.summary()}
+	m.mu.Lock()
+	warm := m.from.Sub(m.t0)
+	m.mu.Unlock()
+	return cycleResult{completed: n, dur: m.dur, rate: float64(n) / m.dur.Seconds(), latency: m.lat.summary(), warmup: warm}
 }

@@ -194,7 +194,10 @@ func run() int {
 	failed := 0
 	for _, n := range names {
 		fmt.Printf("\n== %s\n", n)
-		if err := scenarios[n].run(ctx, env); err != nil {
+		t0 := time.Now()
+		err := scenarios[n].run(ctx, env)
+		fmt.Printf("(%s took %s; load average now %s)\n", n, time.Since(t0).Round(time.Second), loadAvg())
+		if err != nil {
 			if errors.Is(err, context.Canceled) {
 				return 1
 			}

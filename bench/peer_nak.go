@@ -65,7 +65,7 @@ func nakCycles(ctx context.Context, env Env, window int, warmup, dur time.Durati
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 
-	meter := newCycleMeter(warmup, dur)
+	meter := newCycleMeter(window, warmup, dur)
 	newItem := func() error {
 		msg := nats.NewMsg("nak.work")
 		msg.Data = unixNanoBytes(time.Now())

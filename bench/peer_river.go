@@ -173,7 +173,7 @@ func riverCycles(ctx context.Context, env Env, window int, warmup, dur time.Dura
 	}
 
 	var need atomic.Int64
-	meter := newCycleMeter(warmup, dur)
+	meter := newCycleMeter(window, warmup, dur)
 	runCtx, stop := context.WithCancel(ctx)
 	defer stop()
 	go func() {

@@ -239,7 +239,7 @@ func retrydCycles(ctx context.Context, env Env, window int, warmup, dur time.Dur
 func (r *retrydSys) cycles(ctx context.Context, window int, warmup, dur time.Duration) (cycleResult, error) {
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	meter := newCycleMeter(warmup, dur)
+	meter := newCycleMeter(window, warmup, dur)
 	var seq int64
 	errc := make(chan error, 1)
 	fail := func(err error) {

@@ -27,7 +27,8 @@ const cycleTarget = 2.0
 func runCycles(ctx context.Context, env Env) error {
 	s := env.Sizes
 	per := s.CycleDuration / 2
-	fmt.Fprintf(env.Out, "%d items in flight; each run measures %s after a %s warm-up; order A B C C B A\n", s.CycleWindow, per, s.CycleWarmup)
+	fmt.Fprintf(env.Out, "%d items in flight; each run measures %s once %s passed and the first %d items completed; order A B C C B A\n",
+		s.CycleWindow, per, s.CycleWarmup, s.CycleWindow)
 	type agg struct {
 		runs       []cycleResult
 		durability string
@@ -40,7 +41,8 @@ func runCycles(ctx context.Context, env Env) error {
 		if err != nil {
 			return fmt.Errorf("%s (run %d): %w", sys.name, i+1, err)
 		}
-		fmt.Fprintf(env.Out, "  run %d %-13s %8.0f cycles/s  p50 %s  p99 %s\n", i+1, sys.name, res.rate, ms(res.latency.P50), ms(res.latency.P99))
+		fmt.Fprintf(env.Out, "  run %d %-13s %8.0f cycles/s  p50 %s  p99 %s  (warm-up %s)\n", i+1, sys.name, res.rate,
+			ms(res.latency.P50), ms(res.latency.P99), res.warmup.Round(100*time.Millisecond))
 		a := results[sys.name]
 		if a == nil {
 			a = &agg{}
@@ -74,9 +76,10 @@ func runCycles(ctx context.Context, env Env) error {
 	}
 	fmt.Fprintln(env.Out)
 	t.print(env.Out)
-	rd := rate("retryd")
-	fmt.Fprintf(env.Out, "\nretryd %.0f cycles/s (target >= %.0fx River) — River %.0f/s, ratio %s: %s\n",
-		rd, cycleTarget, river, ratioHigher(rd, river), verdict(rd >= cycleTarget*river))
+	if rd := rate("retryd"); rd > 0 && river > 0 {
+		fmt.Fprintf(env.Out, "\nretryd %.0f cycles/s (target >= %.0fx River) — River %.0f/s, ratio %s: %s\n",
+			rd, cycleTarget, river, ratioHigher(rd, river), verdict(rd >= cycleTarget*river))
+	}
 	fmt.Fprintln(env.Out, "durability:")
 	for _, sys := range systems {
 		fmt.Fprintf(env.Out, "  %-13s %s\n", sys.name, results[sys.name].durability)

@@ -44,7 +44,7 @@ func quickSizes() sizes {
 
 func fullSizes() sizes {
 	return sizes{
-		CycleWindow: 2000, CycleWarmup: 5 * time.Second, CycleDuration: 60 * time.Second,
+		CycleWindow: 5000, CycleWarmup: 5 * time.Second, CycleDuration: 60 * time.Second,
 		LatencyPending: []int{10_000, 100_000, 1_000_000},
 		Probe:          probeSpec{rate: 1000, dur: 30 * time.Second, delay: probeDelay, warmup: 3 * time.Second},
 		Burst:          100_000,
@@ -66,7 +66,7 @@ type sizeFlags struct {
 func registerSizeFlags(fs *flag.FlagSet) *sizeFlags {
 	return &sizeFlags{
 		fs:             fs,
-		window:         fs.Int("cycle-window", 0, "cycles: items in flight (quick 1000, full 2000)"),
+		window:         fs.Int("cycle-window", 0, "cycles: items in flight (quick 1000, full 5000)"),
 		cycleDur:       fs.Duration("cycle-duration", 0, "cycles: measured time per system, over its two runs (quick 10s, full 60s)"),
 		pending:        fs.String("pending", "", "lateness: background pending counts, comma separated (quick 10000, full 10000,100000,1000000)"),
 		probeDur:       fs.Duration("probe-duration", 0, "lateness and memory: probe time per run (quick 8s, full 30s)"),

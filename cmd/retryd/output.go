@@ -105,21 +105,37 @@ func stamp(t *time.Time, now time.Time) string {
 	return t.Local().Format(time.RFC3339) + " (" + relTime(t, now) + ")"
 }
 
-// shortDuration rounds d to what a human reads: 850ms, 4.2s, 3m10s, 2h5m, 3d4h.
+// shortDuration rounds d to what a human reads: 850ms, 4.2s, 3m10s, 2h5m,
+// 3d4h20m.
 func shortDuration(d time.Duration) string {
 	switch {
 	case d < time.Second:
 		return d.Round(time.Millisecond).String()
 	case d < 10*time.Second:
 		return d.Round(100 * time.Millisecond).String()
-	case d < time.Hour:
-		return d.Round(time.Second).String()
-	case d < 48*time.Hour:
-		return strings.TrimSuffix(d.Round(time.Minute).String(), "0s")
+	case d < time.Minute:
+		return fmt.Sprintf("%ds", int(d.Round(time.Second)/time.Second))
 	}
-	days := int(d / (24 * time.Hour))
-	hours := int((d % (24 * time.Hour)) / time.Hour)
-	return fmt.Sprintf("%dd%dh", days, hours)
+	d = d.Round(time.Second)
+	days, hours := int(d/(24*time.Hour)), int(d%(24*time.Hour)/time.Hour)
+	if days < 2 { // "30h" reads better than "1d6h"
+		days, hours = 0, int(d/time.Hour)
+	}
+	mins, secs := int(d%time.Hour/time.Minute), int(d%time.Minute/time.Second)
+	var b strings.Builder
+	if days > 0 {
+		fmt.Fprintf(&b, "%dd", days)
+	}
+	if hours > 0 {
+		fmt.Fprintf(&b, "%dh", hours)
+	}
+	if mins > 0 {
+		fmt.Fprintf(&b, "%dm", mins)
+	}
+	if secs > 0 && days == 0 && hours == 0 {
+		fmt.Fprintf(&b, "%ds", secs)
+	}
+	return b.String()
 }
 
 // msDuration formats milliseconds as a duration.

@@ -89,11 +89,6 @@ func TestValidationFailureIsNotRetried(t *testing.T) {
 			seen.add(job)
 			return errclass.New(errclass.Validation, "company domain is malformed")
 		},
-		"linkedin_outreach": func(_ context.Context, job *worker.Job) error {
-			seen.add(job)
-			// Retryable by class, but the handler knows better.
-			return errclass.NonRetryable(errors.New("profile was deleted (HTTP 503)"))
-		},
 	})
 	id := e.enqueue(t, contract.JobData{JobType: "data_enrichment"})
 	j := e.waitJob(t, id, jobstore.StatusFailed)
@@ -101,11 +96,26 @@ func TestValidationFailureIsNotRetried(t *testing.T) {
 	require.Equal(t, 0, j.RetryCount)
 	require.Equal(t, "validation", j.LastErrorClass)
 	require.Equal(t, []string{"failed", "exhausted"}, events(e.waitHistory(t, id, 2)))
+	require.Equal(t, []int{1}, seen.numbers(), "the job ran once")
+}
 
-	id2 := e.enqueue(t, contract.JobData{JobType: "linkedin_outreach"})
-	j2 := e.waitJob(t, id2, jobstore.StatusFailed)
-	require.Equal(t, "non_retryable", j2.StatusReason)
-	require.Equal(t, []int{1, 1}, seen.numbers(), "each job ran once")
+// A handler can stop retries of an error whose class is retryable
+// (errclass.NonRetryable): the failed event carries error.non_retryable.
+func TestNonRetryableErrorIsNotRetried(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	var seen attempts
+	e.startWorker(t, worker.Config{}, map[string]worker.Handler{
+		"linkedin_outreach": func(_ context.Context, job *worker.Job) error {
+			seen.add(job)
+			return errclass.NonRetryable(errors.New("profile was deleted (HTTP 503)"))
+		},
+	})
+	id := e.enqueue(t, contract.JobData{JobType: "linkedin_outreach"})
+	j := e.waitJob(t, id, jobstore.StatusFailed)
+	require.Equal(t, "non_retryable", j.StatusReason)
+	require.Equal(t, "temporary", j.LastErrorClass)
+	require.Equal(t, []int{1}, seen.numbers(), "the job ran once")
 }
 
 func TestMaxRetriesGivesFailedMaxRetries(t *testing.T) {

@@ -19,6 +19,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -53,10 +54,15 @@ func run(ctx context.Context, log zerolog.Logger, enqueue, concurrency int) erro
 		return err
 	}
 	defer nc.Close()
-	// The services create the streams too; doing it here lets the example
-	// start first.
-	if err := streams.Ensure(ctx, js, streams.Options{}); err != nil {
-		return err
+	// The services create the streams; creating them when they are missing
+	// lets the example start first. Existing streams are left alone: their
+	// configuration (replicas, ages) is the deployment's.
+	if _, err := js.Stream(ctx, contract.StreamJobs); errors.Is(err, jetstream.ErrStreamNotFound) {
+		if err := streams.Ensure(ctx, js, streams.Options{}); err != nil {
+			return err
+		}
+	} else if err != nil {
+		return fmt.Errorf("look up stream %s: %w", contract.StreamJobs, err)
 	}
 	w, err := newWorker(js, log, concurrency)
 	if err != nil {

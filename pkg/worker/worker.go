@@ -14,7 +14,8 @@ import (
 	"github.com/retryd/retryd/pkg/contract"
 )
 
-// ErrStarted is returned by Handle after Start and by a second Start.
+// ErrStarted is returned by Handle after Start, and by Start after Start or
+// Stop.
 var ErrStarted = errors.New("worker already started")
 
 // Worker runs handlers for job types. Build it with New, register handlers
@@ -114,7 +115,7 @@ func ConsumerName(jobType string) string { return "worker-" + jobType }
 // and starts consuming. ctx bounds the setup only; Stop ends the worker.
 func (w *Worker) Start(ctx context.Context) error {
 	w.mu.Lock()
-	if w.started {
+	if w.started || w.loopCtx.Err() != nil {
 		w.mu.Unlock()
 		return ErrStarted
 	}

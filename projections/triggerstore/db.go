@@ -33,11 +33,6 @@ func notFound(err error) error {
 	return err
 }
 
-func isUniqueViolation(err error) bool {
-	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && pgErr.Code == "23505"
-}
-
 // Now reads the database clock. Launch times and throttle windows use it,
 // not the clocks of the service instances, so instances with skewed clocks
 // still count the same window.

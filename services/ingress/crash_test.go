@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
@@ -57,6 +58,14 @@ func (b *bundle) crashAt(t *testing.T, point string) (svc *ingress.Service, http
 
 func (b *bundle) outboxRows(t *testing.T) int {
 	return b.count(t, `SELECT count(*) FROM outbox WHERE owner = $1`, ingress.OutboxOwner)
+}
+
+func (b *bundle) outboxSubjects(t *testing.T) []string {
+	rows, err := b.pool.Query(b.ctx, `SELECT subject || ' ' || msg_id FROM outbox ORDER BY id`)
+	require.NoError(t, err)
+	out, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	return out
 }
 
 func TestCrashAfterGateCommitAdmitsOnce(t *testing.T) {
@@ -113,7 +122,7 @@ func TestCrashAfterRetryCommitAdmitsOnce(t *testing.T) {
 	b.putSource(t, "billing", map[string]any{})
 	b.publishDue(t, "later", "billing", 2)
 	b.waitStatus(t, "admitted", "later")
-	require.Equal(t, 2, b.outboxRows(t), "the admission and its succeeded event wait in the outbox")
+	require.Equal(t, 2, b.outboxRows(t), "the admission and its succeeded event wait in the outbox: %v", b.outboxSubjects(t))
 	kill()
 
 	b.start(t, testConfig(t, b.pool, b.js, prometheus.NewRegistry()))
@@ -214,7 +223,7 @@ func TestPurgedIngestAndRepeatedMessagesAdmitOnce(t *testing.T) {
 
 func TestReconcileRepublishesLostFailedEvents(t *testing.T) {
 	t.Parallel()
-	b := setup(t, func(c *ingress.Config) { c.ReconcileAfter = time.Millisecond })
+	b := setup(t, func(c *ingress.Config) { c.ReconcileAfter = time.Hour })
 	require.Equal(t, http.StatusOK, b.do(t, http.MethodPost, "/v1/sources/crm/pause", nil, nil))
 	for _, id := range []string{"l-1", "l-2", "l-3"} {
 		b.post(t, event(id, "crm", "contact.created"))
@@ -236,6 +245,9 @@ func TestReconcileRepublishesLostFailedEvents(t *testing.T) {
 	b.shrinkDuplicateWindow(t, contract.StreamRetries)
 	b.publishStored(t, probe(t))
 
+	// An hour passes without a confirmation.
+	_, err = b.pool.Exec(b.ctx, `UPDATE event_ingress_retries SET updated_at = updated_at - interval '61 minutes'`)
+	require.NoError(t, err)
 	n, err := b.svc.Reconcile(b.ctx)
 	require.NoError(t, err)
 	require.Equal(t, 2, n)

@@ -75,16 +75,22 @@ func ids(prefix string, n int) []string {
 func TestE2EThrottledEventsAdmittedAfterWindowReset(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	b.withScheduler(t, 100*time.Millisecond, 5*time.Second, 50)
-	b.putSource(t, "billing", map[string]any{"rate_limit": 3, "rate_window": "1s"})
+	// Max delay 2s: a retry-after hint beyond it is capped, so the
+	// deferrals come back every 2s at most.
+	b.withScheduler(t, 100*time.Millisecond, 2*time.Second, 50)
+	// A day-long window first, so exactly three are admitted whatever the
+	// machine's speed; then one-second windows.
+	b.putSource(t, "billing", map[string]any{"rate_limit": 3, "rate_window": "24h"})
 
 	all := ids("t", 9)
 	for _, id := range all {
 		b.post(t, event(id, "billing", "invoice.paid"))
 	}
 	require.Eventually(t, func() bool {
-		return b.count(t, `SELECT count(*) FROM event_ingress_retries`) >= 6
-	}, eventually, 20*time.Millisecond, "at least six of nine are deferred by a limit of three per second")
+		return b.count(t, `SELECT count(*) FROM event_ingress_retries WHERE scheduled_attempt = 2`) == 6
+	}, eventually, 20*time.Millisecond, "six of nine are deferred and scheduled")
+	require.Len(t, b.admittedIDs(t), 3)
+	b.putSource(t, "billing", map[string]any{"rate_limit": 3, "rate_window": "1s"})
 
 	b.requireAdmittedOnce(t, all...)
 	require.Eventually(t, func() bool {
@@ -98,8 +104,8 @@ func TestE2EThrottledEventsAdmittedAfterWindowReset(t *testing.T) {
 	}
 	// No window admitted more than the limit.
 	require.Zero(t, b.count(t, `SELECT count(*) FROM event_source_windows WHERE admitted > 3`))
-	require.GreaterOrEqual(t, b.counter(t, "retryd_ingress_retries_total", map[string]string{"source": "billing", "event": "scheduled"}), 6.0)
-	require.GreaterOrEqual(t, b.counter(t, "retryd_ingress_retries_total", map[string]string{"source": "billing", "event": "completed"}), 6.0)
+	require.EqualValues(t, 6, b.counter(t, "retryd_ingress_retries_total", map[string]string{"source": "billing", "event": "scheduled"}))
+	require.EqualValues(t, 6, b.counter(t, "retryd_ingress_retries_total", map[string]string{"source": "billing", "event": "completed"}))
 
 	require.Equal(t, b.count(t, `SELECT count(*) FROM event_ingress_retries`),
 		b.count(t, `SELECT count(*) FROM event_ingress_retries WHERE metadata->>'decided_by' = 'throttle'`),

@@ -135,7 +135,9 @@ func (s *Service) Start(ctx context.Context) (err error) {
 			s.stopLocked(context.WithoutCancel(ctx))
 		}
 	}()
-	if err := s.relay.Start(s.runCtx); err != nil {
+	// The relay is stopped by Stop, after the consumers, not by cancelling
+	// runCtx: that would abandon a batch in flight.
+	if err := s.relay.Start(context.WithoutCancel(ctx)); err != nil {
 		return fmt.Errorf("ingress: start outbox relay: %w", err)
 	}
 	for _, c := range s.consumers() {
@@ -157,8 +159,8 @@ func (s *Service) Start(ctx context.Context) (err error) {
 }
 
 // Stop marks the instance not ready, drains the consumers (messages in
-// hand are finished and acked), stops the reconciler, publishes what the
-// outbox still holds and stops the relay. It is idempotent; ctx bounds the
+// hand are finished and acked), stops the reconciler and the relay and
+// publishes what the outbox still holds. It is idempotent; ctx bounds the
 // wait, after which consumers are stopped without draining.
 func (s *Service) Stop(ctx context.Context) error {
 	s.mu.Lock()
@@ -197,13 +199,15 @@ func (s *Service) stopLocked(ctx context.Context) error {
 	}
 	s.wg.Wait()
 	var errs []error
+	if err := s.relay.Stop(ctx); err != nil {
+		errs = append(errs, fmt.Errorf("stop outbox relay: %w", err))
+	}
 	if s.started {
+		// What the drained handlers committed last, and anything the relay
+		// left, is published now rather than by the next instance.
 		if _, err := s.relay.Flush(ctx); err != nil {
 			errs = append(errs, fmt.Errorf("flush outbox: %w", err))
 		}
-	}
-	if err := s.relay.Stop(ctx); err != nil {
-		errs = append(errs, fmt.Errorf("stop outbox relay: %w", err))
 	}
 	s.log.Info().Msg("ingress stopped")
 	if err := errors.Join(errs...); err != nil {

@@ -192,7 +192,7 @@ func (s *Scheduler) handleRetry(w http.ResponseWriter, r *http.Request) {
 		serve.WriteError(w, err)
 		return
 	}
-	row, err := s.RetryNow(r.Context(), kind, id, RetryNowOptions{Reason: req.Reason, By: req.By, ResetAttempts: req.ResetAttempts})
+	row, err := s.RetryNow(r.Context(), kind, id, RetryNowOptions(req))
 	if err != nil {
 		serve.WriteError(w, err)
 		return

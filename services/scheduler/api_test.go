@@ -118,6 +118,13 @@ func TestRetriesAPI(t *testing.T) {
 	b.waitRow(t, "api", "d", inState(retrystore.StateDue, 2))
 	status, _ = api.do("POST", "/v1/retries/api/nope/retry", "")
 	require.Equal(t, http.StatusNotFound, status)
+
+	// b and c wait, d is due, a is cancelled; the outbox is empty.
+	require.Eventually(t, func() bool {
+		return metric(t, s.reg, "retryd_scheduler_pending", "kind", "api", "state", "scheduled") == 2 &&
+			metric(t, s.reg, "retryd_scheduler_pending", "kind", "api", "state", "due") == 1
+	}, waitFor, 20*time.Millisecond)
+	require.Zero(t, metric(t, s.reg, "retryd_scheduler_outbox_pending"))
 }
 
 func TestPoliciesAPI(t *testing.T) {

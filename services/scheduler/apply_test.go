@@ -136,6 +136,7 @@ func TestConfigValidateNamesFields(t *testing.T) {
 		{func(c *Config) { c.AckWait = 10 * time.Millisecond }, "Config.AckWait"},
 		{func(c *Config) { c.MaxIdle = time.Microsecond }, "Config.MaxIdle"},
 		{func(c *Config) { c.Streams.Replicas = 9 }, "Config.Streams"},
+		{func(c *Config) { c.InboxRetention = time.Minute }, "Config.InboxRetention"},
 	}
 	for _, c := range cases {
 		cfg := Config{Pool: pool, JS: js}

@@ -30,6 +30,7 @@ const (
 	DefaultReconcileInterval = 30 * time.Second
 	DefaultMetricsInterval   = 15 * time.Second
 	DefaultOutboxInterval    = time.Second
+	DefaultInboxRetention    = 7 * 24 * time.Hour
 )
 
 // Config configures a Scheduler. Pool and JS are required; every other
@@ -78,6 +79,11 @@ type Config struct {
 	// OutboxInterval is how often the outbox relay polls for rows nobody
 	// kicked it for (another instance's, or left by a crash).
 	OutboxInterval time.Duration
+	// InboxRetention is how long applied message ids are kept in the inbox
+	// (of every consumer: pruning is shared); older duplicates are caught
+	// by the state guards. Negative disables pruning here (another service
+	// prunes).
+	InboxRetention time.Duration
 	// Streams are the options streams.Ensure recreates the streams with.
 	Streams streams.Options
 	// Classifier classifies failures that carry no error class by their
@@ -139,7 +145,7 @@ func (c *Config) validate() error {
 			*f.v = f.def
 		}
 		if *f.v < 1 || *f.v > f.max {
-			return fmt.Errorf("Config.%s must be between 1 and %d, got %d", f.name, f.max, *f.v)
+			return fmt.Errorf("%s must be between 1 and %d, got %d", "Config."+f.name, f.max, *f.v)
 		}
 	}
 	durations := []struct {
@@ -159,8 +165,14 @@ func (c *Config) validate() error {
 			*f.v = f.def
 		}
 		if *f.v < time.Millisecond {
-			return fmt.Errorf("Config.%s must be at least 1ms, got %s", f.name, *f.v)
+			return fmt.Errorf("%s must be at least 1ms, got %s", "Config."+f.name, *f.v)
 		}
+	}
+	if c.InboxRetention == 0 {
+		c.InboxRetention = DefaultInboxRetention
+	}
+	if c.InboxRetention > 0 && c.InboxRetention < time.Hour {
+		return fmt.Errorf("Config.InboxRetention must be at least 1h (it must outlast redeliveries), got %s", c.InboxRetention)
 	}
 	if c.AckWait < time.Second {
 		return fmt.Errorf("Config.AckWait must be at least 1s, got %s", c.AckWait)

@@ -238,3 +238,18 @@ func decodeDue(t *testing.T, m jetstream.Msg) contract.DueData {
 	require.NotNil(t, ev.Due)
 	return *ev.Due
 }
+
+// waitQuiet waits until the consumer has nothing pending and the outbox is
+// empty.
+func (b *bundle) waitQuiet(t *testing.T) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		cons, err := b.js.Consumer(b.ctx, contract.StreamRetries, scheduler.ConsumerName)
+		require.NoError(t, err)
+		info, err := cons.Info(b.ctx)
+		require.NoError(t, err)
+		var outbox int
+		require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM outbox`).Scan(&outbox))
+		return info.NumAckPending == 0 && info.NumPending == 0 && outbox == 0
+	}, waitFor, 20*time.Millisecond)
+}

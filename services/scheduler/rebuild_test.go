@@ -39,21 +39,6 @@ func snapshot(t *testing.T, ctx context.Context, pool *pgxpool.Pool) (rows, hist
 	return rows, history
 }
 
-// waitQuiet waits until the consumer has nothing pending and the outbox is
-// empty.
-func (b *bundle) waitQuiet(t *testing.T) {
-	t.Helper()
-	require.Eventually(t, func() bool {
-		cons, err := b.js.Consumer(b.ctx, contract.StreamRetries, scheduler.ConsumerName)
-		require.NoError(t, err)
-		info, err := cons.Info(b.ctx)
-		require.NoError(t, err)
-		var outbox int
-		require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM outbox`).Scan(&outbox))
-		return info.NumAckPending == 0 && info.NumPending == 0 && outbox == 0
-	}, waitFor, 20*time.Millisecond)
-}
-
 // The projection rebuilt from RETRIES into an empty database equals the
 // original after a mixed workload: successes, exhaustion, non-retryable
 // classes, cancellations before and after due, manual retries with and

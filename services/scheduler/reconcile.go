@@ -10,6 +10,7 @@ import (
 
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/pkg/streams"
+	"github.com/retryd/retryd/projections/inbox"
 )
 
 // ConsumerName is the durable consumer of the policy stage on RETRIES.
@@ -48,6 +49,13 @@ func (s *Scheduler) runReconcileLoop(ctx context.Context) {
 		if err := s.reconcile(ctx); err != nil && ctx.Err() == nil {
 			s.metrics.errors.WithLabelValues("reconcile").Inc()
 			s.log.Warn().Err(err).Msg("reconcile")
+		}
+		if s.cfg.InboxRetention > 0 {
+			if n, err := inbox.Prune(ctx, s.cfg.Pool, s.cfg.InboxRetention); err != nil && ctx.Err() == nil {
+				s.log.Warn().Err(err).Msg("prune inbox")
+			} else if n > 0 {
+				s.log.Debug().Int64("pruned", n).Msg("inbox pruned")
+			}
 		}
 	}
 }

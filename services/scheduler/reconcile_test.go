@@ -58,6 +58,7 @@ func TestPurgedStreamPendingStillComeDue(t *testing.T) {
 		return c
 	}
 	require.Eventually(t, func() bool { return countState(retrystore.StateScheduled) == n }, 2*time.Minute, 50*time.Millisecond)
+	b.waitQuiet(t) // every scheduled event published: nothing arrives after the purge
 
 	stream, err := b.js.Stream(b.ctx, contract.StreamRetries)
 	require.NoError(t, err)
@@ -127,20 +128,23 @@ func TestRedueAfterTimeout(t *testing.T) {
 	s := b.start(t, func(c *scheduler.Config) { c.ReconcileInterval = time.Hour })
 	b.policy(t, "rd", "", 3, 10, 10)
 
-	b.publish(t, contract.Failed, failed("rd", "r1", 1, "timeout"))
-	b.waitRow(t, "rd", "r1", inState(retrystore.StateDue, 2))
-
 	// RedueAfter (5m by default, always above the 2m duplicate window)
-	// cannot pass in a test: shrink the stream's window so a re-emission
-	// is stored, and move due_at back as if the time had passed.
+	// cannot pass in a test: shrink the stream's window (before anything
+	// is stored, the server arms its expiry timer with the window of the
+	// first message) so a re-emission is stored, and move due_at back as
+	// if the time had passed.
 	stream, err := b.js.Stream(b.ctx, contract.StreamRetries)
 	require.NoError(t, err)
 	info, err := stream.Info(b.ctx)
 	require.NoError(t, err)
+	require.Zero(t, info.State.Msgs)
 	cfg := info.Config
 	cfg.Duplicates = 100 * time.Millisecond
 	_, err = b.js.UpdateStream(b.ctx, cfg)
 	require.NoError(t, err)
+
+	b.publish(t, contract.Failed, failed("rd", "r1", 1, "timeout"))
+	b.waitRow(t, "rd", "r1", inState(retrystore.StateDue, 2))
 
 	require.Eventually(t, func() bool {
 		_, err := b.pool.Exec(b.ctx, `UPDATE retries SET due_at = now() - interval '6 minutes' WHERE kind = 'rd' AND item_id = 'r1'`)

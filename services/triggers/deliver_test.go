@@ -1,7 +1,6 @@
 package triggers
 
 import (
-	"encoding/json"
 	"net/http"
 	"testing"
 	"time"
@@ -77,19 +76,6 @@ func TestDeliveriesLaunchFilterAndSurviveRedelivery(t *testing.T) {
 	require.Equal(t, 2, d4.TriggerVersion)
 	require.Equal(t, triggerstore.StatusFiltered, d4.Status)
 	require.Eventually(t, func() bool { return b.outboxEmpty(t) }, eventually, tick)
-}
-
-// retryPayloadOf returns the payload of the failed event for attempt of a
-// delivery, as the scheduler would bring it back on the due event.
-func retryPayloadOf(t *testing.T, failed []contract.LifecycleEvent, deliveryID string, attempt int) json.RawMessage {
-	t.Helper()
-	for _, f := range failed {
-		if f.ID == deliveryID && f.Failed.Attempt == attempt {
-			return f.Failed.Payload
-		}
-	}
-	t.Fatalf("no failed event for %s attempt %d", deliveryID, attempt)
-	return nil
 }
 
 func findFailed(t *testing.T, b *bundle, deliveryID string, attempt int) *contract.FailedData {

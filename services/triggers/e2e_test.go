@@ -147,6 +147,12 @@ func TestThrottleBurstWithScheduler(t *testing.T) {
 	require.Equal(t, n, first, "the burst launches N at once")
 	require.Equal(t, float64(m-n), counter(t, b.svc.metrics.retrySucceeded, tr.ID), "the rest launch on retries")
 	require.GreaterOrEqual(t, counter(t, b.svc.metrics.throttled, tr.ID), float64(m-n))
+	// The scheduler timed every retry by the window reset.
+	scheduled := append(b.lifecycle(t, contract.Scheduled), b.lifecycle(t, contract.Rescheduled)...)
+	require.NotEmpty(t, scheduled)
+	for _, e := range scheduled {
+		require.Equal(t, contract.DecidedByThrottle, e.Scheduled.Decision.DecidedBy, "delivery %s attempt %d", e.ID, e.Scheduled.Attempt)
+	}
 }
 
 // With max concurrency C, at most C runs are in flight at any moment, and

@@ -36,7 +36,9 @@ func (s *Service) reconcileLoop() {
 		tick = time.Minute
 	}
 	var lastPrune time.Time
-	for sleepCtx(ctx, tick) {
+	// The first pass runs at start: a restart is when lost failed events
+	// are most likely to be found.
+	for first := true; first || sleepCtx(ctx, tick); first = false {
 		if s.cfg.ReconcileInterval > 0 {
 			if _, err := s.Reconcile(ctx); err != nil && ctx.Err() == nil {
 				s.log.Error().Err(err).Msg("reconcile held deliveries")

@@ -17,6 +17,10 @@ import (
 	"github.com/retryd/retryd/projections/triggerstore"
 )
 
+// errSkipDue rolls back a due's transaction that must change nothing and
+// must not be remembered as applied.
+var errSkipDue = errors.New("due for a resolved delivery")
+
 // msgID is the message's Nats-Msg-Id, or the envelope id that the
 // contract builders set to the same value.
 func msgID(msg jetstream.Msg, env contract.Envelope) string {
@@ -92,6 +96,14 @@ func (s *Service) handleDue(ctx context.Context, msg jetstream.Msg) error {
 			}
 			return s.write(ctx, tx, nil, []*nats.Msg{ok})
 		}
+		if !d.Status.Held() && d.ScheduledAttempt < due.Attempt {
+			// Cancelled, exhausted or filtered, and no retry of it was
+			// confirmed: a due emitted before an operator's cancel. Roll
+			// back the claim so that, if this is a manual retry whose
+			// rescheduled event is still on its way, the scheduler's
+			// re-emission of the due is applied.
+			return errSkipDue
+		}
 
 		var msgs []*nats.Msg
 		var run *triggerstore.Run
@@ -138,6 +150,11 @@ func (s *Service) handleDue(ctx context.Context, msg jetstream.Msg) error {
 		res.delivery = d
 		return s.fail("retry.before-commit")
 	})
+	if errors.Is(err, errSkipDue) {
+		s.log.Info().Str("delivery_id", due.ID).Int("attempt", due.Attempt).Msg("due for a resolved delivery ignored")
+		s.metrics.duplicates.WithLabelValues(ConsumerRetry).Inc()
+		return nil
+	}
 	if err != nil {
 		return err
 	}

@@ -183,6 +183,23 @@ func TestRetryColumnsFollowTheScheduler(t *testing.T) {
 	require.Equal(t, 1.0, counter(t, b.svc.metrics.exhausted, "cols"))
 	require.Equal(t, 1.0, counter(t, b.svc.metrics.cancelled, "cols", "cancelled_by_scheduler"))
 	require.Equal(t, triggerstore.StatusExhausted, b.delivery(t, h1).Status)
+
+	// A due the scheduler emitted before the operator's cancel does
+	// nothing...
+	payload := findFailed(t, b, h2, 1).Payload
+	due := b.publishDue(t, h2, 2, payload)
+	require.Eventually(t, func() bool { return counter(t, b.svc.metrics.duplicates, ConsumerRetry) == 1 }, eventually, tick)
+	require.Equal(t, triggerstore.StatusCancelled, b.delivery(t, h2).Status)
+	// ...until a manual retry reschedules the delivery: the due the
+	// scheduler emits again then runs it (held again here: the first run
+	// is still in flight).
+	publishLifecycle(t, b, contract.Rescheduled, contract.ScheduledData{Kind: contract.KindEventTrigger, ID: h2, Attempt: 2, NextAttemptAt: time.Now(),
+		Decision: contract.Decision{Policy: "event-trigger", DecidedBy: contract.DecidedByManual}})
+	b.waitDelivery(t, h2, func(d triggerstore.Delivery) bool { return d.ScheduledAttempt == 2 })
+	b.republish(t, due)
+	findFailed(t, b, h2, 2)
+	d = b.waitDelivery(t, h2, func(d triggerstore.Delivery) bool { return d.Status == triggerstore.StatusConcurrencyLimited })
+	require.Equal(t, 2, d.RetryAttempts)
 }
 
 func TestMalformedMessagesAreTerminatedAndCounted(t *testing.T) {

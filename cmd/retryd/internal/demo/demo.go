@@ -41,7 +41,7 @@ type Config struct {
 	// JS publishes jobs and run outcomes.
 	JS     jetstream.JetStream
 	Logger zerolog.Logger
-	// Traffic scales every producer's rate. Default 1 (about 4 events and
+	// Traffic scales every producer's rate. Default 1 (about 3.3 events and
 	// 2.5 jobs per second).
 	Traffic float64
 }
@@ -85,8 +85,8 @@ func (d *Demo) Start(ctx context.Context) error {
 	}
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	d.cancel = cancel
-	d.every(runCtx, 250*time.Millisecond, d.shopEvent)
-	d.every(runCtx, 8*time.Second, d.shopBurst)
+	d.every(runCtx, 700*time.Millisecond, d.shopEvent)
+	d.every(runCtx, 10*time.Second, d.shopBurst)
 	d.every(runCtx, time.Second, d.partnerEvent)
 	d.every(runCtx, 400*time.Millisecond, d.job)
 	d.wg.Go(func() { d.pauseCycle(runCtx) })

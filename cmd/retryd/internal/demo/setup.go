@@ -100,10 +100,10 @@ func (d *Demo) setup(ctx context.Context) error {
 		return fmt.Errorf("set source %s: %w", SourcePartner, err)
 	}
 	trigger := map[string]any{
-		"name":            "Fulfil orders over 20",
+		"name":            "Fulfil orders over 150",
 		"source":          SourceShop,
 		"event_type":      "order.created",
-		"predicate":       "data.total > 20.0",
+		"predicate":       "data.total > 150.0",
 		"throttle":        map[string]any{"limit": 2, "window": "1s"},
 		"max_concurrency": 3,
 		"workflow":        Workflow,

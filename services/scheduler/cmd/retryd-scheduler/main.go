@@ -26,6 +26,7 @@
 //	RETRYD_SCHEDULER_RECONCILE_INTERVAL    streams/consumer/outbox check (default 30s)
 //	RETRYD_SCHEDULER_METRICS_INTERVAL      pending gauges refresh (default 15s)
 //	RETRYD_SCHEDULER_OUTBOX_INTERVAL       outbox relay poll (default 1s)
+//	RETRYD_SCHEDULER_INBOX_RETENTION       prune applied message ids older than (default 168h; negative disables)
 //	RETRYD_SCHEDULER_STREAM_REPLICAS       replicas when recreating streams (default 1)
 //	RETRYD_SCHEDULER_ERROR_PATTERNS        extra classifier patterns, JSON {"rate_limit": ["(?i)slow down"]}
 //	RETRYD_SCHEDULER_SHUTDOWN_TIMEOUT      bound on the graceful stop (default 30s)
@@ -36,6 +37,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"strconv"
@@ -72,12 +74,14 @@ func main() {
 	if len(os.Args) > 1 {
 		cmd = os.Args[1]
 	}
+	ctx, stop := serve.SignalContext()
+	defer stop()
 	var err error
 	switch cmd {
 	case "serve":
-		err = serveCmd(log)
+		err = serveCmd(ctx, log)
 	case "rebuild":
-		err = rebuildCmd(log)
+		err = rebuildCmd(ctx, log, os.Stdout)
 	case "help", "-h", "--help":
 		fmt.Print(usage)
 		return
@@ -87,6 +91,7 @@ func main() {
 	}
 	if err != nil {
 		log.Error().Err(err).Str("command", cmd).Msg("retryd-scheduler failed")
+		stop()
 		os.Exit(1)
 	}
 }
@@ -119,6 +124,7 @@ func readSettings(log zerolog.Logger) (settings, error) {
 			ReconcileInterval: e.duration("RETRYD_SCHEDULER_RECONCILE_INTERVAL", 0),
 			MetricsInterval:   e.duration("RETRYD_SCHEDULER_METRICS_INTERVAL", 0),
 			OutboxInterval:    e.duration("RETRYD_SCHEDULER_OUTBOX_INTERVAL", 0),
+			InboxRetention:    e.duration("RETRYD_SCHEDULER_INBOX_RETENTION", 0),
 		},
 	}
 	s.cfg.Streams.Replicas = e.int("RETRYD_SCHEDULER_STREAM_REPLICAS")
@@ -161,9 +167,8 @@ func connect(ctx context.Context, s settings, log zerolog.Logger) (*pgxpool.Pool
 	}, nil
 }
 
-func serveCmd(log zerolog.Logger) error {
-	ctx, stop := serve.SignalContext()
-	defer stop()
+// serveCmd runs the scheduler until ctx is cancelled (SIGTERM, SIGINT).
+func serveCmd(ctx context.Context, log zerolog.Logger) error {
 	s, err := readSettings(log)
 	if err != nil {
 		return err
@@ -215,9 +220,9 @@ func serveCmd(log zerolog.Logger) error {
 	return errors.Join(stopErr, <-httpDone)
 }
 
-func rebuildCmd(log zerolog.Logger) error {
-	ctx, stop := serve.SignalContext()
-	defer stop()
+// rebuildCmd replays RETRIES into the (empty) projection and writes the
+// counts as JSON to out.
+func rebuildCmd(ctx context.Context, log zerolog.Logger, out io.Writer) error {
 	s, err := readSettings(log)
 	if err != nil {
 		return err
@@ -235,9 +240,9 @@ func rebuildCmd(log zerolog.Logger) error {
 	if err != nil {
 		return err
 	}
-	out, _ := json.MarshalIndent(stats, "", "  ")
-	fmt.Println(string(out))
-	return nil
+	b, _ := json.MarshalIndent(stats, "", "  ")
+	_, err = fmt.Fprintln(out, string(b))
+	return err
 }
 
 func env(name, def string) string {

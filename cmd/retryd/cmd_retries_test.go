@@ -1,0 +1,162 @@
+package main
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/retryd/retryd/pkg/contract"
+)
+
+func TestRetriesCommands(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	// A slow policy keeps the retries scheduled while the test looks.
+	out := b.ok(t, "policies", "set", "job", "cli_slow", "--max-retries", "3", "--base-delay", "1h", "--max-delay", "2h", "--jitter", "none")
+	require.Contains(t, out, "Policy job/cli_slow is now version 1.")
+
+	a, c := contract.NewID(), contract.NewID()
+	b.fail(t, a, "cli_slow", 1, "timeout", "upstream timed out after 30s")
+	b.fail(t, c, "cli_slow", 1, "rate_limit", "429 too many requests")
+	b.waitRetry(t, "job", a, "scheduled")
+	b.waitRetry(t, "job", c, "scheduled")
+
+	t.Run("list", func(t *testing.T) {
+		out := b.ok(t, "retries", "list", "--kind", "job", "--job-type", "cli_slow", "--state", "scheduled")
+		lines := strings.Split(strings.TrimSpace(out), "\n")
+		require.Len(t, lines, 3, out)
+		require.Regexp(t, `^KIND\s+ID\s+STATE\s+ATTEMPT\s+RETRIES\s+NEXT ATTEMPT`, lines[0])
+		require.Contains(t, out, a)
+		require.Contains(t, out, c)
+		require.Regexp(t, `job\s+`+a+`\s+scheduled\s+2\s+1/3\s+in (1h|59m)`, out)
+		require.Contains(t, out, "timeout: upstream timed out after 30s")
+
+		var page retryPage
+		b.okJSON(t, &page, "retries", "list", "--job-type", "cli_slow")
+		require.Len(t, page.Retries, 2)
+
+		// Paging: one per page, the cursor is offered on stderr; --all follows it.
+		r := b.cli(t, "retries", "list", "--job-type", "cli_slow", "--limit", "1")
+		require.Equal(t, exitOK, r.code)
+		require.Contains(t, r.stderr, "--cursor")
+		b.okJSON(t, &page, "retries", "list", "--job-type", "cli_slow", "--limit", "1", "--all")
+		require.Len(t, page.Retries, 2)
+
+		require.Equal(t, "No retries match.\n", b.ok(t, "retries", "list", "--job-type", "cli_none"))
+	})
+
+	t.Run("show", func(t *testing.T) {
+		out := b.ok(t, "retries", "show", "job", a)
+		require.Regexp(t, `State:\s+scheduled`, out)
+		require.Regexp(t, `Policy:\s+job-cli_slow v1`, out) // policies set names it kind-job_type
+		require.Regexp(t, `Next attempt:\s+\S+ \(in (1h|59m)`, out)
+		require.Regexp(t, `failed\s+1\s+timeout`, out)
+		require.Regexp(t, `scheduled\s+2\s+timeout\s+backoff\s+1h\s+job-cli_slow v1`, out)
+		require.Contains(t, out, "retry.job.*."+a)
+
+		var v retryView
+		b.okJSON(t, &v, "retries", "show", "job/"+a)
+		require.Equal(t, a, v.Retry.ID)
+		require.Equal(t, []string{"failed", "scheduled"}, events(v.History))
+	})
+
+	t.Run("cancel", func(t *testing.T) {
+		out := b.ok(t, "retries", "cancel", "job", a, "--reason", "customer deleted")
+		require.Equal(t, "Cancelled job/"+a+" at attempt 2: state cancelled.\n", out)
+		v := b.waitRetry(t, "job", a, "cancelled")
+		last := v.History[len(v.History)-1]
+		require.Equal(t, "cancelled", last.Event)
+		require.Contains(t, string(last.Detail), "customer deleted")
+		require.Contains(t, b.ok(t, "retries", "show", "job", a), "customer deleted")
+
+		// A finished retry cannot be cancelled again: the API says 409.
+		r := b.cli(t, "retries", "cancel", "job", a)
+		require.Equal(t, exitFailed, r.code)
+		require.Contains(t, r.stderr, "HTTP 409")
+	})
+
+	t.Run("retry", func(t *testing.T) {
+		out := b.ok(t, "retries", "retry", "job", c, "--reason", "limit lifted")
+		require.Contains(t, out, "Retrying job/"+c+" now: attempt 3")
+		var v retryView
+		b.okJSON(t, &v, "retries", "show", "job", c)
+		require.Contains(t, events(v.History), "rescheduled")
+		last := v.History[len(v.History)-1]
+		for _, h := range v.History {
+			if h.Event == "rescheduled" {
+				last = h
+			}
+		}
+		require.Equal(t, "manual", last.DecidedBy)
+		require.Contains(t, string(last.Detail), "limit lifted")
+
+		// A cancelled retry can be retried by hand.
+		var res retryView
+		b.okJSON(t, &res, "retries", "retry", "job", a, "--reset-attempts")
+		require.Equal(t, 3, res.Retry.Attempt)
+		require.Equal(t, 0, res.Retry.RetryCount)
+	})
+
+	t.Run("errors", func(t *testing.T) {
+		r := b.cli(t, "retries", "show", "job", "nosuchitem")
+		require.Equal(t, exitFailed, r.code)
+		require.Contains(t, r.stderr, "HTTP 404")
+
+		r = b.cli(t, "retries", "show", "job")
+		require.Equal(t, exitUsage, r.code)
+		require.Contains(t, r.stderr, "KIND ID")
+
+		r = b.cli(t, "retries", "list", "--state", "bogus")
+		require.Equal(t, exitUsage, r.code)
+		require.Contains(t, r.stderr, `--state "bogus" is not one of`)
+
+		r = b.cli(t, "retries", "list", "--kind", "Bad.Kind")
+		require.Equal(t, exitFailed, r.code, "the API refuses it")
+		require.Contains(t, r.stderr, "HTTP 400")
+
+		r = b.cli(t, "retries", "cancel", "job", a, "--bogus-flag")
+		require.Equal(t, exitUsage, r.code)
+
+		r = cli(t, "--api", "http://127.0.0.1:1", "retries", "list")
+		require.Equal(t, exitFailed, r.code)
+		require.Contains(t, r.stderr, "retryd API unreachable")
+
+		r = cli(t, "--api", "not a url", "retries", "list")
+		require.Equal(t, exitUsage, r.code)
+	})
+}
+
+func events(h []historyEntry) []string {
+	out := make([]string, len(h))
+	for i, e := range h {
+		out[i] = e.Event
+	}
+	return out
+}
+
+func TestUsage(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		args []string
+		code int
+		want string
+	}{
+		{[]string{}, exitOK, "Available Commands"},
+		{[]string{"bogus"}, exitUsage, `unknown command "bogus" for "retryd"`},
+		{[]string{"retries"}, exitOK, "Available Commands"},
+		{[]string{"retries", "lst"}, exitUsage, "did you mean list?"},
+		{[]string{"retries", "list", "extra"}, exitUsage, "takes no arguments"},
+		{[]string{"sources", "pause"}, exitUsage, "takes SOURCE"},
+		{[]string{"policies", "get"}, exitUsage, "takes KIND [JOB_TYPE]"},
+		{[]string{"--json", "--bogus"}, exitUsage, "unknown flag"},
+		{[]string{"retries", "list", "--limit", "0"}, exitUsage, "--limit must be between 1 and 1000"},
+		{[]string{"retries", "bulk-retry", "--status", "nope"}, exitUsage, `--status "nope"`},
+		{[]string{"sources", "set", "shop"}, exitUsage, "--rate-limit N and --window"},
+		{[]string{"sources", "pause", "shop", "--until", "yesterday"}, exitUsage, "--until"},
+	} {
+		r := cli(t, tc.args...)
+		require.Equal(t, tc.code, r.code, "retryd %v: %s %s", tc.args, r.stdout, r.stderr)
+		require.Contains(t, r.stdout+r.stderr, tc.want, "retryd %v", tc.args)
+	}
+}

@@ -1,0 +1,5 @@
+package faults_test
+
+import "github.com/nats-io/nats.go"
+
+type natsMsg = nats.Msg

@@ -1,0 +1,66 @@
+package faults_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/retryd/retryd/faults/harness"
+	"github.com/retryd/retryd/pkg/contract"
+)
+
+// Scenario 3: two schedulers share the work; one is frozen with SIGSTOP
+// for longer than the consumer's ack wait (its messages go to the other)
+// while it may hold row locks or unpublished batches, then resumed: no
+// due is doubled and none is lost.
+func TestScenario03FreezeOneOfTwoSchedulers(t *testing.T) {
+	t.Parallel()
+	const kind = "ft"
+	n := harness.Size(1500, 20_000)
+	freeze := time.Duration(harness.Size(8, 40)) * time.Second // ack wait is 3s
+	s := setup(t, harness.Options{})
+	r := &harness.Report{Scenario: "03 SIGSTOP one of two schedulers"}
+	s.Start(harness.Scheduler)
+	frozen := s.Start(harness.Scheduler + "-2")
+	s.Policy(kind, "", fastPolicy("faults-03", time.Second, 3))
+	owner := s.NewOwner(kind, nil)
+	owner.Start()
+
+	// Due times spread over a few seconds (retry-after hints), so both
+	// instances emit dues while the load is still coming in.
+	ids, msgs := failedItems(t, kind, "s03", n, func(i int) *contract.RetryAfter {
+		return contract.RetryAfterDuration(time.Duration(1+i%4) * time.Second)
+	})
+	go func() {
+		if _, err := harness.PublishAll(s.Ctx, s.JS, msgs[:n/2]); err != nil {
+			t.Errorf("publish: %v", err)
+		}
+	}()
+	if _, ok := harness.Eventually(s.Ctx, time.Minute, 2*time.Millisecond, func() bool {
+		return owner.Count() >= n/8
+	}); !ok {
+		t.Fatalf("no dues: rows %v", states(s.Ctx, s.Pool, kind))
+	}
+	if err := frozen.Freeze(); err != nil {
+		t.Fatal(err)
+	}
+	r.Fault("SIGSTOP %s for %s (%d dues received, rows %v)", frozen.Name, freeze, owner.Count(), states(s.Ctx, s.Pool, kind))
+	if _, err := harness.PublishAll(s.Ctx, s.JS, msgs[n/2:]); err != nil {
+		t.Fatalf("publish: %v", err)
+	}
+	time.Sleep(freeze) // the fault itself: the process stays stopped this long
+	if err := frozen.Thaw(); err != nil {
+		t.Fatal(err)
+	}
+	thawed := time.Now()
+	r.Fault("SIGCONT %s (%d dues received, rows %v)", frozen.Name, owner.Count(), states(s.Ctx, s.Pool, kind))
+
+	_, ok := harness.Eventually(s.Ctx, scenarioTimeout(), 50*time.Millisecond, func() bool {
+		return owner.Count() >= n && states(s.Ctx, s.Pool, kind)["succeeded"] == n
+	})
+	r.Recover = time.Since(thawed)
+	dueCheck(t, s, owner, kind, ids, r)
+	r.Print(t)
+	if !ok || r.Lost != 0 || r.DuplicateEffects != 0 {
+		t.Fatalf("lost %d, duplicate effects %d (all resolved: %v, rows %v)", r.Lost, r.DuplicateEffects, ok, states(s.Ctx, s.Pool, kind))
+	}
+}

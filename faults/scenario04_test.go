@@ -1,0 +1,114 @@
+package faults_test
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/retryd/retryd/faults/harness"
+	"github.com/retryd/retryd/pkg/contract"
+)
+
+// Scenario 4: nats-server is restarted, gracefully and with kill -9, while
+// producers post events over HTTP and owners publish failures: every
+// event ingress acknowledged (202) is admitted exactly once and every
+// acknowledged failure comes due exactly once.
+func TestScenario04RestartNATSDuringLoad(t *testing.T) {
+	t.Parallel()
+	const kind = "ft"
+	nEvents := harness.Size(600, 20_000)
+	nItems := harness.Size(1000, 20_000)
+	s := setup(t, harness.Options{})
+	r := &harness.Report{Scenario: "04 restart nats-server during load"}
+	s.Start(harness.Scheduler)
+	s.Start(harness.Ingress)
+	s.Policy(kind, "", fastPolicy("faults-04", time.Second, 3))
+	owner := s.NewOwner(kind, nil)
+	owner.Start()
+
+	events := make([]map[string]any, nEvents)
+	for i := range events {
+		events[i] = map[string]any{"id": fmt.Sprintf("s04-ev-%06d", i), "source": "shop", "type": "order.created",
+			"data": map[string]any{"n": i}}
+	}
+	// Paced so that the load spans the restarts.
+	restarts := harness.Size(2, 4)
+	span := time.Duration(restarts+1) * 1500 * time.Millisecond
+	sender := &harness.EventSender{Sys: s, URL: s.URL(harness.Ingress), Every: span / time.Duration(nEvents)}
+	sendDone := make(chan error, 1)
+	go func() { sendDone <- sender.SendAll(s.Ctx, events, 8) }()
+	ids, msgs := failedItems(t, kind, "s04", nItems, nil)
+	pubDone := make(chan error, 1)
+	go func() {
+		// In slices, so the restarts land in the middle of the load.
+		for i := 0; i < len(msgs); i += 100 {
+			time.Sleep(span / time.Duration(len(msgs)/100))
+			if _, err := harness.PublishAll(s.Ctx, s.JS, msgs[i:min(i+100, len(msgs))]); err != nil {
+				pubDone <- err
+				return
+			}
+		}
+		pubDone <- nil
+	}()
+
+	var last time.Time
+	for k, graceful := range []bool{true, false, true, false}[:restarts] {
+		if _, ok := harness.Eventually(s.Ctx, time.Minute, 10*time.Millisecond, func() bool {
+			return len(sender.Accepted()) >= nEvents*(k+1)/(restarts+1) && owner.Count() > 0
+		}); !ok {
+			t.Fatalf("no load went through before the restart")
+		}
+		how := "kill -9"
+		if graceful {
+			how = "SIGTERM"
+		}
+		r.Fault("restart nats-server (%s) after %d events accepted, %d dues", how, len(sender.Accepted()), owner.Count())
+		if err := s.NATS.Restart(s.Ctx, graceful); err != nil {
+			t.Fatal(err)
+		}
+		last = time.Now()
+	}
+	if err := <-sendDone; err != nil {
+		t.Fatalf("send events: %v", err)
+	}
+	if err := <-pubDone; err != nil {
+		t.Fatalf("publish failures: %v", err)
+	}
+
+	// Every accepted event admitted (stored on EVENTS) and every failure
+	// due.
+	admitted := func() map[string]int {
+		stored, err := harness.Stored(s.Ctx, s.JS, contract.StreamEvents, "events.>")
+		if err != nil {
+			return nil
+		}
+		return harness.CountByMsgID(stored)
+	}
+	var counts map[string]int
+	_, ok := harness.Eventually(s.Ctx, scenarioTimeout(), 200*time.Millisecond, func() bool {
+		if owner.Count() < nItems {
+			return false
+		}
+		counts = admitted()
+		return len(counts) >= nEvents
+	})
+	r.Recover = time.Since(last)
+	dueCheck(t, s, owner, kind, ids, r)
+	accepted := sender.Accepted()
+	lostEvents := 0
+	for id := range accepted {
+		if counts[id] == 0 {
+			lostEvents++
+		}
+	}
+	r.Sent += len(accepted)
+	r.Lost += lostEvents
+	r.DuplicateEffects += harness.Duplicates(counts)
+	r.Absorbed += s.Wire.Extra(counts, func(id string) bool { return len(id) > 7 && id[:7] == "s04-ev-" })
+	r.Note("events: %d accepted (202), %d admitted, %d lost; producer re-sends %d (%d answered duplicate)",
+		len(accepted), len(counts), lostEvents, sender.Retries.Load(), sender.Duplicate.Load())
+	r.Print(t)
+	if !ok || r.Lost != 0 || r.DuplicateEffects != 0 || len(accepted) != nEvents {
+		t.Fatalf("lost %d, duplicate effects %d, accepted %d of %d (all resolved: %v)", r.Lost, r.DuplicateEffects, len(accepted), nEvents, ok)
+	}
+}

@@ -1,0 +1,115 @@
+package faults_test
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/retryd/retryd/faults/harness"
+	"github.com/retryd/retryd/pkg/contract"
+)
+
+// Scenario 6: Postgres restarts (fast and immediate) and service
+// connections terminated before, during and after COMMIT, under load of
+// HTTP events and failures: every event admitted once, every failure due
+// once.
+func TestScenario06PostgresRestartsAndKilledConnections(t *testing.T) {
+	t.Parallel()
+	const kind = "ft"
+	nEvents := harness.Size(600, 20_000)
+	nItems := harness.Size(1200, 20_000)
+	rounds := harness.Size(1, 3)
+	pg, err := harness.NewPostgres(t.Context(), "")
+	if err != nil {
+		t.Skipf("no postgres binaries: %v", err)
+	}
+	t.Cleanup(func() { pg.Remove(t.Context()) })
+	if err := pg.Start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if err := pg.CreateDatabase(t.Context(), "retryd"); err != nil {
+		t.Fatal(err)
+	}
+	s := setup(t, harness.Options{DatabaseURL: pg.URL("retryd")})
+	r := &harness.Report{Scenario: "06 restart postgres, kill connections"}
+	s.Start(harness.Scheduler)
+	s.Start(harness.Ingress)
+	s.Policy(kind, "", fastPolicy("faults-06", time.Second, 3))
+	owner := s.NewOwner(kind, nil)
+	owner.Start()
+
+	// The faults take about 6 s per round; the load is paced to span them.
+	span := time.Duration(rounds) * 8 * time.Second
+	events := make([]map[string]any, nEvents)
+	for i := range events {
+		events[i] = map[string]any{"id": fmt.Sprintf("s06-ev-%06d", i), "source": "shop", "type": "order.created"}
+	}
+	sender := &harness.EventSender{Sys: s, URL: s.URL(harness.Ingress), Every: span / time.Duration(nEvents)}
+	sendDone := make(chan error, 1)
+	go func() { sendDone <- sender.SendAll(s.Ctx, events, 8) }()
+	ids, msgs := failedItems(t, kind, "s06", nItems, nil)
+	pubDone := make(chan error, 1)
+	go func() {
+		for i := 0; i < len(msgs); i += 50 {
+			time.Sleep(span / time.Duration(len(msgs)/50))
+			if _, err := harness.PublishAll(s.Ctx, s.JS, msgs[i:min(i+50, len(msgs))]); err != nil {
+				pubDone <- err
+				return
+			}
+		}
+		pubDone <- nil
+	}()
+
+	var last time.Time
+	for range rounds {
+		for _, point := range []string{harness.KillBeforeCommit, harness.KillDuringCommit, harness.KillAfterCommit} {
+			n, _ := harness.KillConnections(s.Ctx, s.Pool, point, time.Second, 2*time.Millisecond)
+			r.Fault("terminated %d service connections %s COMMIT (1s of polling)", n, point)
+		}
+		for _, mode := range []string{"fast", "immediate"} {
+			if err := pg.Restart(s.Ctx, mode, 500*time.Millisecond); err != nil {
+				t.Fatalf("restart postgres (%s): %v", mode, err)
+			}
+			r.Fault("postgres stopped (%s) for 0.5s and started (%d events accepted, %d dues)", mode, len(sender.Accepted()), owner.Count())
+			last = time.Now()
+		}
+	}
+	if err := <-sendDone; err != nil {
+		t.Fatalf("send events: %v", err)
+	}
+	if err := <-pubDone; err != nil {
+		t.Fatalf("publish: %v", err)
+	}
+
+	var counts map[string]int
+	_, ok := harness.Eventually(s.Ctx, scenarioTimeout(), 200*time.Millisecond, func() bool {
+		if owner.Count() < nItems || states(s.Ctx, s.Pool, kind)["succeeded"] < nItems {
+			return false
+		}
+		stored, err := harness.Stored(s.Ctx, s.JS, contract.StreamEvents, "events.>")
+		if err != nil {
+			return false
+		}
+		counts = harness.CountByMsgID(stored)
+		return len(counts) >= nEvents
+	})
+	r.Recover = time.Since(last)
+	dueCheck(t, s, owner, kind, ids, r)
+	accepted := sender.Accepted()
+	lostEvents := 0
+	for id := range accepted {
+		if counts[id] == 0 {
+			lostEvents++
+		}
+	}
+	var admittedRows int
+	_ = s.Pool.QueryRow(s.Ctx, `SELECT count(*) FROM workflow_events WHERE status = 'admitted'`).Scan(&admittedRows)
+	r.Sent += len(accepted)
+	r.Lost += lostEvents
+	r.DuplicateEffects += harness.Duplicates(counts)
+	r.Note("events: %d accepted, %d admitted on EVENTS, %d admitted rows; retry rows %v", len(accepted), len(counts), admittedRows, states(s.Ctx, s.Pool, kind))
+	r.Print(t)
+	if !ok || r.Lost != 0 || r.DuplicateEffects != 0 || len(accepted) != nEvents {
+		t.Fatalf("lost %d, duplicate effects %d, accepted %d of %d (resolved: %v)", r.Lost, r.DuplicateEffects, len(accepted), nEvents, ok)
+	}
+}

@@ -1,0 +1,116 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+	"github.com/stretchr/testify/require"
+
+	"github.com/retryd/retryd/migrations/pgtest"
+	"github.com/retryd/retryd/pkg/contract"
+	"github.com/retryd/retryd/pkg/natstest"
+	"github.com/retryd/retryd/services/scheduler"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := ln.Addr().String()
+	require.NoError(t, ln.Close())
+	return addr
+}
+
+func get(t *testing.T, url string) (int, string) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		return 0, ""
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// The binary serves the API, health and metrics from the environment,
+// stops cleanly when its context ends (SIGTERM), and rebuilds on demand.
+func TestServeAndRebuild(t *testing.T) {
+	srv := natstest.RunServer(t)
+	addr := freeAddr(t)
+	t.Setenv("DATABASE_URL", pgtest.NewDatabaseURL(t))
+	t.Setenv("NATS_URL", srv.ClientURL())
+	t.Setenv("RETRYD_HTTP_ADDR", addr)
+	t.Setenv("RETRYD_SCHEDULER_MAX_IDLE", "50ms")
+	t.Setenv("RETRYD_SCHEDULER_ERROR_PATTERNS", `{"rate_limit": ["(?i)slow down"]}`)
+	log := zerolog.New(io.Discard)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- serveCmd(ctx, log) }()
+	base := "http://" + addr
+	require.Eventually(t, func() bool { code, _ := get(t, base+"/readyz"); return code == http.StatusOK }, 30*time.Second, 20*time.Millisecond)
+
+	_, js := natstest.Connect(t, srv)
+	msg, err := contract.NewLifecycleMsg("test", contract.Failed, contract.FailedData{Kind: "event", ID: "e1", Attempt: 1,
+		Error: contract.ErrorInfo{Message: "please slow down"}, RetryAfter: contract.RetryAfterDuration(10 * time.Millisecond)}, time.Now())
+	require.NoError(t, err)
+	_, err = js.PublishMsg(ctx, msg)
+	require.NoError(t, err)
+	var body map[string]any
+	require.Eventually(t, func() bool {
+		code, raw := get(t, base+"/v1/retries/event/e1")
+		if code != http.StatusOK {
+			return false
+		}
+		require.NoError(t, json.Unmarshal([]byte(raw), &body))
+		return body["retry"].(map[string]any)["state"] == "due"
+	}, 30*time.Second, 20*time.Millisecond)
+	require.Equal(t, "rate_limit", body["retry"].(map[string]any)["last_error_class"], "patterns from the environment")
+	code, metrics := get(t, base+"/metrics")
+	require.Equal(t, http.StatusOK, code)
+	require.Contains(t, metrics, `retryd_scheduler_due_total{kind="event"} 1`)
+	require.Contains(t, metrics, "go_goroutines")
+
+	cancel()
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("serve did not stop")
+	}
+
+	// The projection is not empty: rebuild refuses. On an empty database
+	// it rebuilds.
+	err = rebuildCmd(context.Background(), log, io.Discard)
+	require.ErrorIs(t, err, scheduler.ErrNotEmpty)
+	t.Setenv("DATABASE_URL", pgtest.NewDatabaseURL(t))
+	var out bytes.Buffer
+	require.NoError(t, rebuildCmd(context.Background(), log, &out))
+	var stats scheduler.RebuildStats
+	require.NoError(t, json.Unmarshal(out.Bytes(), &stats))
+	require.Equal(t, int64(1), stats.Retries)
+	require.Zero(t, stats.Malformed)
+}
+
+func TestSettingsErrorsNameVariables(t *testing.T) {
+	t.Setenv("DATABASE_URL", "")
+	t.Setenv("RETRYD_SCHEDULER_BATCH_SIZE", "many")
+	t.Setenv("RETRYD_SCHEDULER_MAX_IDLE", "soon")
+	t.Setenv("RETRYD_MIGRATE", "perhaps")
+	t.Setenv("RETRYD_SCHEDULER_ERROR_PATTERNS", `{"rate_limit": ["("]}`)
+	_, err := readSettings(zerolog.Nop())
+	require.Error(t, err)
+	for _, name := range []string{"DATABASE_URL", "RETRYD_SCHEDULER_BATCH_SIZE", "RETRYD_SCHEDULER_MAX_IDLE", "RETRYD_MIGRATE", "RETRYD_SCHEDULER_ERROR_PATTERNS"} {
+		require.Contains(t, err.Error(), name)
+	}
+}
