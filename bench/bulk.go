@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"sort"
 	"strconv"
 	"time"
 
@@ -38,11 +39,9 @@ func (p pendingRows) id(i int) string { return p.kind + "-" + strconv.Itoa(i) }
 
 // dueBy is how many slots come due at or before t.
 func (p pendingRows) dueBy(t time.Time) int {
-	if t.Before(p.from) {
-		return 0
-	}
-	k := int(float64(t.Sub(p.from))/float64(p.span)*float64(p.n) + 0.5)
-	return min(k, p.n)
+	// Searching with dueAt itself keeps the two consistent to the
+	// nanosecond, whatever the float rounding.
+	return sort.Search(p.n, func(i int) bool { return p.dueAt(i).After(t) })
 }
 
 var pendingColumns = []string{

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -113,6 +114,9 @@ func (r *retrydSys) startScheduler(ctx context.Context) error {
 	r.schNC = nc
 	s, err := scheduler.New(scheduler.Config{
 		Pool: r.db.pool, JS: js, Logger: zerolog.Nop(), Registerer: prometheus.NewRegistry(),
+		BatchSize:     envInt("RETRYD_SCHEDULER_BATCH_SIZE"),
+		ConsumeBatch:  envInt("RETRYD_SCHEDULER_CONSUME_BATCH"),
+		MaxAckPending: envInt("RETRYD_SCHEDULER_MAX_ACK_PENDING"),
 	})
 	if err != nil {
 		return fmt.Errorf("new scheduler: %w", err)
@@ -122,6 +126,14 @@ func (r *retrydSys) startScheduler(ctx context.Context) error {
 	}
 	r.sched = s
 	return nil
+}
+
+// envInt reads one of the retryd-scheduler binary's tuning variables, so
+// the in-process scheduler and the child process are tuned alike (the
+// child inherits the environment); 0 (unset) means the default.
+func envInt(name string) int {
+	n, _ := strconv.Atoi(os.Getenv(name))
+	return max(n, 0)
 }
 
 func (r *retrydSys) close(ctx context.Context) {

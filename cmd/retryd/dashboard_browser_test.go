@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -112,7 +113,7 @@ func shot(t *testing.T, ctx context.Context, name string) {
 	if dir == "" {
 		return
 	}
-	png, err := chromedp.Run(ctx, chromedp.FullScreenshot(90))
+	png, err := chromedp.Run(ctx, chromedp.FullScreenshot(100)) // quality 100: PNG
 	require.NoError(t, err)
 	require.NoError(t, os.WriteFile(filepath.Join(dir, name+".png"), png, 0o644))
 }
@@ -197,7 +198,9 @@ func TestDashboardBrowser(t *testing.T) {
 	))
 	require.Contains(t, eval[string](t, ctx, `document.querySelector('[data-test="timeline"] li[data-event="cancelled"]').innerText`), "duplicate contact")
 	v := b.waitRetry(t, "job", crm, "cancelled")
-	require.Contains(t, string(v.History[len(v.History)-1].Detail), `"by":"dashboard"`)
+	var detail map[string]string
+	require.NoError(t, json.Unmarshal(v.History[len(v.History)-1].Detail, &detail))
+	require.Equal(t, map[string]string{"by": "dashboard", "reason": "duplicate contact"}, detail)
 
 	t.Log("analytics charts")
 	require.NoError(t, chromedp.Do(ctx,

@@ -46,6 +46,7 @@ analytics). Human tables by default, --json for scripts.
 Exit codes: 0 ok, 1 the operation failed, 2 usage error.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
+		Version:       version,
 	}
 	group(root)
 	root.SetOut(stdout)

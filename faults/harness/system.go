@@ -45,8 +45,9 @@ type System struct {
 	// effects, duplicates included.
 	Wire *WireCounter
 
-	procs map[string]*Process
-	addrs map[string]string
+	procs   map[string]*Process
+	addrs   map[string]string
+	natsURL string
 }
 
 // Options configures NewSystem.
@@ -55,6 +56,10 @@ type Options struct {
 	DatabaseURL string
 	// NATS adds to the generated nats-server config.
 	NATS NATSConfig
+	// NATSURL, when set, is a running NATS (e.g. an embedded cluster, a
+	// comma-separated URL list) used instead of starting a nats-server
+	// process; System.NATS is then nil.
+	NATSURL string
 }
 
 // NewSystem builds the binaries (once per process), starts a nats-server
@@ -93,14 +98,18 @@ func NewSystem(t testing.TB, ctx context.Context, opts Options) *System {
 		}
 		_ = os.RemoveAll(dir)
 	})
-	s.NATS, err = NewNATSServer(bins, filepath.Join(dir, "nats"), opts.NATS)
-	if err != nil {
-		t.Fatalf("nats: %v", err)
+	s.natsURL = opts.NATSURL
+	if s.natsURL == "" {
+		s.NATS, err = NewNATSServer(bins, filepath.Join(dir, "nats"), opts.NATS)
+		if err != nil {
+			t.Fatalf("nats: %v", err)
+		}
+		if err := s.NATS.StartReady(ctx); err != nil {
+			t.Fatalf("nats: %v", err)
+		}
+		s.natsURL = s.NATS.URL()
 	}
-	if err := s.NATS.StartReady(ctx); err != nil {
-		t.Fatalf("nats: %v", err)
-	}
-	s.NC, err = nats.Connect(s.NATS.URL(), nats.Name("faults"), nats.MaxReconnects(-1),
+	s.NC, err = nats.Connect(s.natsURL, nats.Name("faults"), nats.MaxReconnects(-1),
 		nats.ReconnectWait(50*time.Millisecond), nats.ReconnectBufSize(64<<20))
 	if err != nil {
 		t.Fatalf("connect nats: %v", err)
@@ -185,7 +194,7 @@ func (s *System) Service(name string, env ...string) *Process {
 	}
 	addr := "127.0.0.1:" + strconv.Itoa(port)
 	full := []string{
-		"NATS_URL=" + s.NATS.URL(),
+		"NATS_URL=" + s.natsURL,
 		"DATABASE_URL=" + s.DatabaseURL,
 		"RETRYD_HTTP_ADDR=" + addr,
 		"RETRYD_LOG_LEVEL=" + envOr("RETRYD_FAULTS_LOG_LEVEL", "info"),

@@ -49,20 +49,29 @@ func Claim(ctx context.Context, tx pgx.Tx, consumer, msgID string) (bool, error)
 // backlog never holds long locks or one huge transaction.
 const pruneBatch = 5000
 
-// Prune deletes the claims older than olderThan and returns how many. The
-// retention must exceed the longest time a message can be redelivered or
-// republished (JetStream redeliveries, outbox republishes, stream
-// replays); older duplicates are caught by the consumers' state guards.
-func Prune(ctx context.Context, pool *pgxpool.Pool, olderThan time.Duration) (int64, error) {
+// Prune deletes the claims of the named consumers older than olderThan and
+// returns how many; with no consumer named it prunes every consumer's. Each
+// service names its own consumers so that the shortest retention among
+// services sharing a database never cuts another's short. The retention
+// must exceed the longest time a message can be redelivered or republished
+// (JetStream redeliveries, outbox republishes, stream replays); older
+// duplicates are caught by the consumers' state guards.
+func Prune(ctx context.Context, pool *pgxpool.Pool, olderThan time.Duration, consumers ...string) (int64, error) {
 	if olderThan <= 0 {
 		return 0, fmt.Errorf("prune inbox: olderThan is %s, must be positive", olderThan)
+	}
+	if consumers == nil {
+		consumers = []string{} // nil would be NULL and match nothing
 	}
 	var total int64
 	for {
 		tag, err := pool.Exec(ctx, `
 			DELETE FROM inbox WHERE ctid IN (
-				SELECT ctid FROM inbox WHERE applied_at < now() - $1::interval LIMIT $2
-			)`, olderThan, pruneBatch)
+				SELECT ctid FROM inbox
+				WHERE applied_at < now() - $1::interval
+				  AND (cardinality($3::text[]) = 0 OR consumer = ANY($3::text[]))
+				LIMIT $2
+			)`, olderThan, pruneBatch, consumers)
 		if err != nil {
 			return total, fmt.Errorf("prune inbox: %w", err)
 		}

@@ -145,3 +145,21 @@ func TestPrune(t *testing.T) {
 	_, err = inbox.Prune(ctx, pool, 0)
 	require.Error(t, err)
 }
+
+func TestPruneOnlyNamedConsumers(t *testing.T) {
+	t.Parallel()
+	pool := setup(t)
+	ctx := context.Background()
+	_, err := pool.Exec(ctx, `
+		INSERT INTO inbox (consumer, msg_id, applied_at)
+		SELECT c, 'old-' || i, now() - interval '2 hours'
+		FROM generate_series(1, 3) i, unnest(ARRAY['mine', 'also-mine', 'theirs']) c`)
+	require.NoError(t, err)
+
+	n, err := inbox.Prune(ctx, pool, time.Hour, "mine", "also-mine")
+	require.NoError(t, err)
+	require.EqualValues(t, 6, n)
+	var left int
+	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM inbox WHERE consumer = 'theirs'").Scan(&left))
+	require.Equal(t, 3, left, "another service's claims are kept")
+}

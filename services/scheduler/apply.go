@@ -127,15 +127,16 @@ func recordFailure(row *retrystore.Retry, f fact, class string) (retrystore.Retr
 // failedDetail keeps what the decision used besides the class, so a
 // rebuild can decide for a failure whose decision never reached the stream.
 type failedDetailJSON struct {
-	Reason     string               `json:"reason,omitempty"`
-	RetryAfter *contract.RetryAfter `json:"retry_after,omitempty"`
+	Reason       string               `json:"reason,omitempty"`
+	RetryAfter   *contract.RetryAfter `json:"retry_after,omitempty"`
+	NonRetryable bool                 `json:"non_retryable,omitempty"`
 }
 
 func failedDetail(fd *contract.FailedData) json.RawMessage {
-	if fd.Reason == "" && fd.RetryAfter == nil {
+	if fd.Reason == "" && fd.RetryAfter == nil && !fd.Error.NonRetryable {
 		return nil
 	}
-	b, _ := json.Marshal(failedDetailJSON{Reason: fd.Reason, RetryAfter: fd.RetryAfter})
+	b, _ := json.Marshal(failedDetailJSON{Reason: fd.Reason, RetryAfter: fd.RetryAfter, NonRetryable: fd.Error.NonRetryable})
 	return b
 }
 

@@ -89,6 +89,9 @@ type failure struct {
 	message    string
 	reason     string
 	retryAfter *contract.RetryAfter
+	// nonRetryable is the owner's word that this failure is final whatever
+	// its class (contract.ErrorInfo.NonRetryable).
+	nonRetryable bool
 }
 
 // decider makes retry decisions; shared by the policy stage and the
@@ -110,6 +113,7 @@ func (d *decider) decide(ctx context.Context, q retrystore.Querier, r retrystore
 	in := policy.Input{
 		Attempt: r.Attempt, RetryCount: r.RetryCount, FailedAt: now, Class: f.class,
 		RetryAfter: f.retryAfter, Throttled: f.reason != "", MaxRetriesOverride: r.MaxRetriesOverride,
+		NonRetryable: f.nonRetryable,
 	}
 	if !r.RetryEnabled {
 		disabled := false

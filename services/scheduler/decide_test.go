@@ -115,6 +115,9 @@ func TestDecisionReasons(t *testing.T) {
 		{"message classified by the configured patterns", contract.FailedData{Kind: "dr", ID: "pattern", Attempt: 1,
 			Error: contract.ErrorInfo{Message: "upstream said: schema mismatch in field x"}},
 			want{retrystore.StateExhausted, contract.ExhaustedNonRetryable, "", 0, "validation", 1}},
+		{"owner marks a retryable class non-retryable", contract.FailedData{Kind: "dr", ID: "final", Attempt: 1,
+			Error: contract.ErrorInfo{Class: "timeout", NonRetryable: true}},
+			want{retrystore.StateExhausted, contract.ExhaustedNonRetryable, "", 0, "timeout", 1}},
 		{"unknown errors are retried", contract.FailedData{Kind: "dr", ID: "unknown", Attempt: 1,
 			Error: contract.ErrorInfo{Message: "something odd"}},
 			want{retrystore.StateScheduled, "", contract.DecidedByBackoff, hour, "unknown", 2}},
@@ -174,7 +177,7 @@ func TestDecisionReasons(t *testing.T) {
 	require.Equal(t, 5, *row.MaxRetriesOverride)
 	h := b.history(t, "dr", "hint")
 	require.Contains(t, string(h[1].Detail), "capped")
-	require.Equal(t, 7.0, metric(t, s.reg, "retryd_scheduler_exhausted_total", "kind", "dr"))
+	require.Equal(t, 8.0, metric(t, s.reg, "retryd_scheduler_exhausted_total", "kind", "dr"))
 	require.Equal(t, 1.0, metric(t, s.reg, "retryd_scheduler_exhausted_total", "kind", "dr-off"))
 	require.Equal(t, 4.0, metric(t, s.reg, "retryd_scheduler_scheduled_total", "kind", "dr"))
 	require.Equal(t, 1.0, metric(t, s.reg, "retryd_scheduler_rescheduled_total", "kind", "dr"))

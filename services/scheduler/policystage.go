@@ -276,7 +276,7 @@ func (s *Scheduler) applyFailed(ctx context.Context, tx pgx.Tx, d *decider, row 
 	}
 	class := classify(s.cfg.Classifier, fd.Error)
 	r, h := recordFailure(row, f, string(class))
-	return d.decide(ctx, tx, r, failure{class: class, message: fd.Error.Message, reason: fd.Reason, retryAfter: fd.RetryAfter},
+	return d.decide(ctx, tx, r, failure{class: class, message: fd.Error.Message, reason: fd.Reason, retryAfter: fd.RetryAfter, nonRetryable: fd.Error.NonRetryable},
 		[]retrystore.HistoryEntry{h}, now)
 }
 

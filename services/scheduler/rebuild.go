@@ -361,6 +361,7 @@ func (rb *rebuilder) decideOne(ctx context.Context, k retrystore.Key) error {
 			var d failedDetailJSON
 			if len(hist[i].Detail) > 0 && json.Unmarshal(hist[i].Detail, &d) == nil {
 				f.retryAfter = d.RetryAfter
+				f.nonRetryable = d.NonRetryable
 			}
 			break
 		}

@@ -51,7 +51,7 @@ func (s *Scheduler) runReconcileLoop(ctx context.Context) {
 			s.log.Warn().Err(err).Msg("reconcile")
 		}
 		if s.cfg.InboxRetention > 0 {
-			if n, err := inbox.Prune(ctx, s.cfg.Pool, s.cfg.InboxRetention); err != nil && ctx.Err() == nil {
+			if n, err := inbox.Prune(ctx, s.cfg.Pool, s.cfg.InboxRetention, Owner); err != nil && ctx.Err() == nil {
 				s.log.Warn().Err(err).Msg("prune inbox")
 			} else if n > 0 {
 				s.log.Debug().Int64("pruned", n).Msg("inbox pruned")

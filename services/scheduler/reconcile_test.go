@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
@@ -155,11 +156,20 @@ func TestRedueAfterTimeout(t *testing.T) {
 	ids := msgIDs(b.streamMsgs(t, "retry.rd.due.r1"))
 	require.Len(t, ids, 1, "every emission of an attempt carries the same id")
 	require.GreaterOrEqual(t, ids[contract.DueMsgID("rd", "r1", 2)], 2)
-	row := b.waitRow(t, "rd", "r1", func(r retrystore.Retry) bool { return r.DueEmissions >= 2 })
+	b.waitRow(t, "rd", "r1", func(r retrystore.Retry) bool { return r.DueEmissions >= 2 })
+	// The last push may still cause one more re-emission: read the row and
+	// its history in one snapshot.
+	tx, err := b.pool.BeginTx(b.ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	require.NoError(t, err)
+	defer tx.Rollback(b.ctx) //nolint:errcheck // read only
+	row, err := retrystore.Get(b.ctx, tx, "rd", "r1")
+	require.NoError(t, err)
+	hist, err := retrystore.History(b.ctx, tx, "rd", "r1")
+	require.NoError(t, err)
 	require.Equal(t, retrystore.StateDue, row.State)
 	require.Equal(t, 2, row.Attempt)
 	dueRows := 0
-	for _, h := range b.history(t, "rd", "r1") {
+	for _, h := range hist {
 		if h.Event == "due" {
 			dueRows++
 		}

@@ -4,9 +4,10 @@
 //
 // Each job's payload says how its attempts behave:
 //
-//	{"fail_attempts": 2, "class": "temporary", "sleep_ms": 0}
+//	{"fail_attempts": 2, "class": "temporary", "sleep_ms": 0, "message": "..."}
 //
-// attempts up to fail_attempts fail with class (default temporary); the
+// attempts up to fail_attempts fail with class (default temporary) and
+// message as the error text; the
 // others succeed after sleeping sleep_ms. A successful attempt records the
 // job's effect under the SDK's idempotency key: the effect row is
 // inserted with ON CONFLICT DO NOTHING, so an attempt delivered twice has
@@ -61,6 +62,8 @@ type behaviour struct {
 	FailAttempts int    `json:"fail_attempts"`
 	Class        string `json:"class"`
 	SleepMS      int    `json:"sleep_ms"`
+	// Message is the failure's error text (default a fixed one).
+	Message string `json:"message"`
 }
 
 func main() {
@@ -151,7 +154,11 @@ func handler(pool *pgxpool.Pool, pid int) worker.Handler {
 			if class == "" {
 				class = errclass.Temporary
 			}
-			return errclass.New(class, "fault suite: attempt "+strconv.Itoa(job.Attempt)+" fails on purpose")
+			msg := b.Message
+			if msg == "" {
+				msg = "fault suite: attempt " + strconv.Itoa(job.Attempt) + " fails on purpose"
+			}
+			return errclass.New(class, msg)
 		}
 		if _, err := pool.Exec(ctx, `INSERT INTO fault_job_effects (idempotency_key, job_id, attempt) VALUES ($1, $2, $3)
 ON CONFLICT (idempotency_key) DO NOTHING`, job.IdempotencyKey(), job.ID, job.Attempt); err != nil {

@@ -41,11 +41,12 @@ export function columns(bars, color, { width = 320, height = 130, unit = "" } = 
   svg.appendChild(s("text", { x: pad.l - 4, y: pad.t + 4, "text-anchor": "end", text: String(max) }));
   bars.forEach((b, i) => {
     const bh = (b.value / max) * plotH;
-    const x = pad.l + i * bw + bw * 0.15;
-    const rect = s("rect", { x, y: pad.t + plotH - bh, width: bw * 0.7, height: Math.max(bh, b.value ? 1 : 0), fill: color, rx: 2 });
+    const w = Math.min(bw * 0.7, 44);
+    const x = pad.l + i * bw + (bw - w) / 2;
+    const rect = s("rect", { x, y: pad.t + plotH - bh, width: w, height: Math.max(bh, b.value ? 1 : 0), fill: color, rx: 2 });
     rect.appendChild(s("title", { text: `${b.label}${unit}: ${b.value}` }));
     svg.appendChild(rect);
-    svg.appendChild(s("text", { x: x + bw * 0.35, y: height - 6, "text-anchor": "middle", text: b.label }));
+    svg.appendChild(s("text", { x: x + w / 2, y: height - 6, "text-anchor": "middle", text: b.label }));
   });
   return h("div", { class: "chart" }, svg);
 }

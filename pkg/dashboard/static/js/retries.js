@@ -38,7 +38,8 @@ export async function render(root, params, { navigate }) {
       filterInput("job_type", "Job type", "e.g. send_email"),
       count),
     h("table", {},
-      h("thead", {}, h("tr", {}, ["Kind", "ID", "State", "Attempt", "Retries", "Next attempt", "Type / source", "Last error", ""].map((t) => h("th", { text: t })))),
+      h("thead", {}, h("tr", {}, ["Kind", "ID", "State", "Attempt", "Retries", "Next attempt", "Type / source", "Last error", ""].map((t, i) =>
+        h("th", { class: i === 6 || i === 8 ? "wide-only" : "", text: t })))),
       list),
     h("div", { class: "panel-body", style: { "text-align": "center" } }, more));
   const layout = h("div", { class: "split" }, listPanel, detail);
@@ -74,10 +75,11 @@ export async function render(root, params, { navigate }) {
         h("td", {}, badge(r.state)),
         h("td", { class: "num", text: r.attempt }),
         h("td", { class: "num", text: `${r.retry_count}/${r.max_retries}` }),
-        h("td", { text: pending ? relTime(r.next_attempt_at, now) : "" }),
-        h("td", { text: [r.job_type, r.source].filter(Boolean).join(" · ") }),
-        h("td", {}, classTag(r.last_error_class), " ", h("span", { class: "err", text: trunc(r.last_error_message || r.last_reason || "", 60) })),
-        h("td", {}, h("div", { class: "actions" },
+        h("td", { class: "nowrap", text: pending ? relTime(r.next_attempt_at, now) : "" }),
+        h("td", { class: "wide-only", text: [r.job_type, r.source].filter(Boolean).join(" · ") }),
+        h("td", { class: "lasterr", title: r.last_error_message || r.last_reason || "" },
+          classTag(r.last_error_class), " ", h("span", { class: "err", text: trunc(r.last_error_message || r.last_reason || "", 60) })),
+        h("td", { class: "wide-only" }, h("div", { class: "actions nowrap" },
           pending ? h("button", { class: "small danger", "data-test": "row-cancel", onclick: (e) => { e.stopPropagation(); cancel(r); }, text: "Cancel" }) : null,
           h("button", { class: "small", "data-test": "row-retry", onclick: (e) => { e.stopPropagation(); retryNow(r); }, text: "Retry now" })))));
     }
@@ -224,7 +226,7 @@ function why(r, history, now) {
       if (!sched) return failure + `Attempt ${r.attempt} runs ${relTime(r.next_attempt_at, now)}.`;
       const d = detailOf(sched);
       const parts = d.base_delay_ms !== undefined ? ` (base ${fmtMS(d.base_delay_ms)}${d.jitter_ms ? `, jitter ${d.jitter_ms > 0 ? "+" : ""}${fmtMS(d.jitter_ms)}` : ""})` : "";
-      return failure + `Policy ${sched.policy_name || r.policy_name} v${sched.policy_version || r.policy_version} allows ${r.max_retries} retries and ${r.retry_count} are used; ` +
+      return failure + `Policy ${sched.policy_name || r.policy_name} v${sched.policy_version || r.policy_version} allows ${r.max_retries} retries (${r.retry_count} used so far); ` +
         `${decidedBy[sched.decided_by] || sched.decided_by} chose a delay of ${fmtMS(sched.delay_ms)}${parts}, so attempt ${r.attempt} runs ${relTime(r.next_attempt_at, now)}.`;
     }
     case "due":
