@@ -30,6 +30,14 @@ type pendingRows struct {
 	span time.Duration
 }
 
+// backgroundStart is when background rows loaded now should start coming
+// due: after the COPY (about 20 µs a row here, with margin) and a
+// scheduler start, so no row is already late when the scheduler first
+// sees it (that would measure the load, not the scheduler).
+func backgroundStart(n int) time.Time {
+	return time.Now().Add(5*time.Second + time.Duration(n)*20*time.Microsecond)
+}
+
 // dueAt is when slot i comes due.
 func (p pendingRows) dueAt(i int) time.Time {
 	return p.from.Add(time.Duration(float64(p.span) * (float64(i) + 0.5) / float64(p.n)))

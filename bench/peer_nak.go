@@ -149,6 +149,7 @@ func nakLateness(ctx context.Context, env Env, pending int, probe probeSpec) (la
 	pub := newAsyncPublisher(pubJS)
 	defer pub.close()
 
+	bgFrom := backgroundStart(pending)
 	var bgNaked atomic.Int64
 	var nakAt sync.Map // stream sequence -> time.Time of the probe's nak
 	rec := newProbeRecorder(probe)
@@ -163,7 +164,7 @@ func nakLateness(ctx context.Context, env Env, pending int, probe probeSpec) (la
 		}
 		if m.Subject() == "nak.bg" {
 			if md.NumDelivered == 1 {
-				_ = m.NakWithDelay(time.Duration(1 + rand.Int64N(int64(time.Hour))))
+				_ = m.NakWithDelay(time.Until(bgFrom.Add(time.Duration(rand.Int64N(int64(time.Hour))))))
 				bgNaked.Add(1)
 				return
 			}
@@ -212,7 +213,7 @@ func nakLateness(ctx context.Context, env Env, pending int, probe probeSpec) (la
 	res := rec.result()
 	res.loadTime = loaded
 	res.durability = nakDurability(env.NATSSync)
-	res.loadHow = "publish + nak with a random delay (0, 1h]"
+	res.loadHow = "publish + nak each with a delay to a random time in the hour"
 	return res, nil
 }
 

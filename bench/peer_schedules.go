@@ -90,8 +90,9 @@ func schedulesLateness(ctx context.Context, env Env, pending int, probe probeSpe
 	defer stop()
 
 	loadStart := time.Now()
+	bg := pendingRows{n: pending, from: backgroundStart(pending), span: time.Hour}
 	for i := range pending {
-		at := loadStart.Add(time.Duration(float64(time.Hour) * (float64(i) + 0.5) / float64(pending)))
+		at := bg.dueAt(i)
 		if err := pub.publish(ctx, scheduleMsg("sched.bg."+strconv.Itoa(i), "fired.bg", at, loadStart), nil); err != nil {
 			return latenessResult{}, err
 		}

@@ -70,8 +70,23 @@ func (r *probeRecorder) run(ctx context.Context, drainFor time.Duration, publish
 	return nil
 }
 
+// drain waits until every probe item came back, for at least timeout and
+// then for as long as items keep arriving (a system that fell behind is
+// measured when it catches up, not cut off), at most maxDrain.
 func (r *probeRecorder) drain(ctx context.Context, timeout time.Duration) {
-	waitFor(ctx, timeout, func() bool { return r.received.Load() >= r.expected.Load() })
+	const stall, maxDrain = 15 * time.Second, 5 * time.Minute
+	start := time.Now()
+	last, lastAt := r.received.Load(), time.Now()
+	waitFor(ctx, maxDrain, func() bool {
+		n := r.received.Load()
+		if n >= r.expected.Load() {
+			return true
+		}
+		if n > last {
+			last, lastAt = n, time.Now()
+		}
+		return time.Since(start) > timeout && time.Since(lastAt) > stall
+	})
 }
 
 func (r *probeRecorder) result() latenessResult {

@@ -368,7 +368,7 @@ func retrydLateness(ctx context.Context, env Env, pending int, spec probeSpec) (
 	}
 	defer r.close(ctx)
 	loadStart := time.Now()
-	if err := copyPending(ctx, r.db.pool, pendingRows{kind: kindBG, n: pending, from: time.Now(), span: time.Hour}); err != nil {
+	if err := copyPending(ctx, r.db.pool, pendingRows{kind: kindBG, n: pending, from: backgroundStart(pending), span: time.Hour}); err != nil {
 		return latenessResult{}, err
 	}
 	loaded := time.Since(loadStart)

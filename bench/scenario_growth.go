@@ -25,7 +25,7 @@ func runGrowth(ctx context.Context, env Env) error {
 		return err
 	}
 	defer r.close(ctx)
-	if err := copyPending(ctx, r.db.pool, pendingRows{kind: kindBG, n: s.GrowthPending, from: time.Now(), span: time.Hour}); err != nil {
+	if err := copyPending(ctx, r.db.pool, pendingRows{kind: kindBG, n: s.GrowthPending, from: backgroundStart(s.GrowthPending), span: time.Hour}); err != nil {
 		return err
 	}
 	stopBG, err := r.ownBackground(ctx, kindBG)

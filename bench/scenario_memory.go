@@ -69,7 +69,7 @@ func memoryAt(ctx context.Context, env Env, bin string, n int) (memoryResult, er
 		return m, err
 	}
 	defer r.close(ctx)
-	if err := copyPending(ctx, r.db.pool, pendingRows{kind: kindBG, n: n, from: time.Now(), span: time.Hour}); err != nil {
+	if err := copyPending(ctx, r.db.pool, pendingRows{kind: kindBG, n: n, from: backgroundStart(n), span: time.Hour}); err != nil {
 		return m, err
 	}
 	err = r.db.pool.QueryRow(ctx, `SELECT pg_total_relation_size('retries'), pg_relation_size('retries'), pg_indexes_size('retries')`).

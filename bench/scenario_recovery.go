@@ -73,7 +73,7 @@ func runRecovery(ctx context.Context, env Env) error {
 		return err
 	}
 	defer r.close(ctx)
-	bg := pendingRows{kind: kindBG, n: s.RecoverPending, from: time.Now(), span: time.Hour}
+	bg := pendingRows{kind: kindBG, n: s.RecoverPending, from: backgroundStart(s.RecoverPending), span: time.Hour}
 	loadStart := time.Now()
 	if err := copyPending(ctx, r.db.pool, bg); err != nil {
 		return err
@@ -94,6 +94,7 @@ func runRecovery(ctx context.Context, env Env) error {
 	if err := proc.waitReady(ctx, 60*time.Second); err != nil {
 		return err
 	}
+	readyAt := time.Now()
 
 	led := newLedger()
 	own := func(kind string) (func(), error) {
@@ -204,7 +205,7 @@ func runRecovery(ctx context.Context, env Env) error {
 	var first time.Duration = -1
 	var before []time.Duration
 	for _, rc := range rs {
-		if rc.at.Before(killAt) && rc.dueAt.Before(killAt) {
+		if rc.at.Before(killAt) && rc.dueAt.After(readyAt) {
 			before = append(before, rc.at.Sub(rc.dueAt))
 		}
 		if rc.dueAt.After(killAt) && rc.at.After(restartAt) {

@@ -86,10 +86,10 @@ func (f *flow) load(span time.Duration) <-chan error {
 
 // flowResult is what check found.
 type flowResult struct {
-	done                               bool
+	done                                 bool
 	events, admitted, runs, jobs, jobsOK int
-	lost, dups, absorbed               int
-	detail                             []string
+	lost, dups, absorbed                 int
+	detail                               []string
 }
 
 // check compares the effects with the load: each accepted event stored

@@ -40,7 +40,7 @@ func TestScenario13ClusterLeaderStop(t *testing.T) {
 		pubDone <- nil
 	}()
 	if _, ok := harness.Eventually(s.Ctx, time.Minute, 10*time.Millisecond, func() bool {
-		return states(s.Ctx, s.Pool, kind)["scheduled"]+states(s.Ctx, s.Pool, kind)["due"] >= n/3
+		return sum(states(s.Ctx, s.Pool, kind)) >= n/3
 	}); !ok {
 		si, err := s.JS.Stream(s.Ctx, contract.StreamRetries)
 		var state any = err

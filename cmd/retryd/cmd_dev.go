@@ -17,6 +17,7 @@ import (
 
 	"github.com/retryd/retryd/cmd/retryd/internal/demo"
 	"github.com/retryd/retryd/cmd/retryd/internal/devstack"
+	"github.com/retryd/retryd/migrations/pgcluster"
 	"github.com/retryd/retryd/pkg/dashboard"
 )
 
@@ -30,6 +31,7 @@ type devFlags struct {
 	natsPort    int
 	natsSync    string
 	databaseURL string
+	pgBinDir    string
 	demo        bool
 	traffic     float64
 	logLevel    string
@@ -67,6 +69,7 @@ Ctrl-C (SIGINT) or SIGTERM stops it gracefully.`,
 	fl.IntVar(&f.natsPort, "nats-port", devstack.DefaultNATSPort, "NATS listen port (-1: any free port)")
 	fl.StringVar(&f.natsSync, "nats-sync", "always", `JetStream fsync: "always" (every write) or an interval such as 1s or 2m`)
 	fl.StringVar(&f.databaseURL, "database-url", os.Getenv("DATABASE_URL"), "Postgres URL (default $DATABASE_URL; empty: a local cluster in --data-dir)")
+	fl.StringVar(&f.pgBinDir, "postgres-bin-dir", "", "directory of initdb and pg_ctl for the local Postgres (default: PATH, then /usr/lib/postgresql/*/bin)")
 	fl.BoolVar(&f.demo, "demo", false, "feed demo traffic and set demo policies (delays of seconds)")
 	fl.Float64Var(&f.traffic, "demo-traffic", 1, "scale the demo's traffic (2 = twice as much)")
 	fl.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
@@ -76,7 +79,8 @@ Ctrl-C (SIGINT) or SIGTERM stops it gracefully.`,
 }
 
 func runDev(cmd *cobra.Command, g *globals, f devFlags) error {
-	cfg := devstack.Config{DataDir: f.dataDir, HTTPAddr: f.httpAddr, NATSHost: f.natsHost, NATSPort: f.natsPort, DatabaseURL: f.databaseURL}
+	cfg := devstack.Config{DataDir: f.dataDir, HTTPAddr: f.httpAddr, NATSHost: f.natsHost, NATSPort: f.natsPort,
+		DatabaseURL: f.databaseURL, PostgresBinDir: f.pgBinDir}
 	switch f.natsSync {
 	case "always":
 		cfg.NATSSyncAlways = true
@@ -124,7 +128,10 @@ func runDev(cmd *cobra.Command, g *globals, f devFlags) error {
 		return usageErr(err)
 	}
 	if err := stack.Start(ctx); err != nil {
-		return fmt.Errorf("start retryd dev: %w (logs: %s)", err, logName)
+		if errors.Is(err, pgcluster.ErrNoPostgres) {
+			return fmt.Errorf("start retryd dev: %w", err)
+		}
+		return fmt.Errorf("start retryd dev: %w\n(details in %s)", err, logName)
 	}
 	var dm *demo.Demo
 	if f.demo {
@@ -140,6 +147,8 @@ func runDev(cmd *cobra.Command, g *globals, f devFlags) error {
 	printBanner(out, stack, f, abs, logName)
 
 	statusLoop(ctx, out, stack, f.statusEvery)
+	// A second Ctrl-C during the graceful stop kills the process at once.
+	stop()
 
 	fmt.Fprintln(out, "Stopping (draining consumers)…")
 	stopCtx, cancel := context.WithTimeout(context.Background(), devStopTimeout)
@@ -187,9 +196,9 @@ func (w logWriter) Write(p []byte) (int, error) {
 
 func printBanner(out io.Writer, s *devstack.Stack, f devFlags, dataDir, logName string) {
 	url := s.URL()
-	pg := "DATABASE_URL"
-	if s.LocalPostgres() {
-		pg = "local cluster, " + s.DatabaseURL()
+	pg := "the server of --database-url (DATABASE_URL)"
+	if local, dir := s.LocalPostgres(); local {
+		pg = s.DatabaseURL() + "  (local cluster in " + dir + ")"
 	}
 	fmt.Fprintf(out, `
 retryd is running.

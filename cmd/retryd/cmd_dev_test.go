@@ -120,6 +120,18 @@ func TestDevCommand(t *testing.T) {
 	require.Contains(t, d.out.String(), "Stopping (draining consumers)…\nStopped.\n")
 }
 
+func TestDevWithoutPostgres(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	r := cli(t, "dev", "--data-dir", dir, "--http", "127.0.0.1:0", "--nats-port", "-1", "--database-url", "",
+		"--postgres-bin-dir", filepath.Join(dir, "no-postgres-here"), "--log-file", filepath.Join(dir, "dev.log"))
+	require.Equal(t, exitFailed, r.code)
+	require.Contains(t, r.stderr, "no DATABASE_URL, and no local Postgres to start")
+	require.Contains(t, r.stderr, "apt-get install postgresql-15")
+	require.Contains(t, r.stderr, "DATABASE_URL=postgres://user@host/db go run ./cmd/retryd dev")
+	require.Contains(t, r.stdout, "Starting retryd")
+}
+
 func TestDevUsage(t *testing.T) {
 	t.Parallel()
 	for _, args := range [][]string{

@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/url"
 	"strconv"
@@ -156,7 +157,7 @@ func newRetriesShowCmd(g *globals) *cobra.Command {
 			var v retryView
 			raw, err := c.get(cmd.Context(), "/v1/retries/"+seg(kind)+"/"+seg(id), nil, &v)
 			if err != nil {
-				return fmt.Errorf("show retry %s/%s: %w", kind, id, err)
+				return itemErr("show retry", kind, id, err)
 			}
 			if g.json {
 				return printJSON(g.stdout, raw)
@@ -316,7 +317,7 @@ func retryAction(cmd *cobra.Command, g *globals, kind, id, action string, body m
 	var v retryView
 	raw, err := c.post(cmd.Context(), "/v1/retries/"+seg(kind)+"/"+seg(id)+"/"+action, body, &v)
 	if err != nil {
-		return fmt.Errorf("%s %s/%s: %w", action, kind, id, err)
+		return itemErr(action, kind, id, err)
 	}
 	if g.json {
 		return printJSON(g.stdout, raw)
@@ -330,6 +331,15 @@ func retryAction(cmd *cobra.Command, g *globals, kind, id, action string, body m
 			r.Kind, r.ID, r.Attempt, r.State, r.RetryCount, r.MaxRetries)
 	}
 	return nil
+}
+
+// itemErr names the item in err unless the API's message does already.
+func itemErr(what, kind, id string, err error) error {
+	var ae *apiError
+	if errors.As(err, &ae) && strings.Contains(ae.Message, kind+"/"+id) {
+		return err
+	}
+	return fmt.Errorf("%s %s/%s: %w", what, kind, id, err)
 }
 
 func contains(list []string, s string) bool {

@@ -65,6 +65,8 @@ func paused(s sourceView, now time.Time) string {
 	switch {
 	case !s.Paused:
 		return "no"
+	case s.PausedUntil != nil && !s.PausedUntil.After(now):
+		return "no (pause ended " + relTime(s.PausedUntil, now) + ")"
 	case s.PausedUntil != nil:
 		return "until " + stamp(s.PausedUntil, now)
 	}

@@ -70,6 +70,9 @@ Exit codes: 0 ok, 1 the operation failed, 2 usage error.`,
 		newSimulateCmd(g),
 		newMigrateCmd(g),
 		newStreamsCmd(g),
+		newGatewayCmd(g),
+		newDevCertsCmd(g),
+		newProbeCmd(g),
 	)
 	return root
 }

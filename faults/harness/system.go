@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -359,11 +358,3 @@ func sanitize(name string) string {
 		return '-'
 	}, name)
 }
-
-// Fatalf is a shorthand used by helpers that get a System.
-func (s *System) Fatalf(format string, args ...any) {
-	s.T.Helper()
-	s.T.Fatalf(format, args...)
-}
-
-var _ = fmt.Sprintf

@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"time"
+
+	"github.com/retryd/retryd/projections/pgtext"
 )
 
 // RetryState is event_ingress_retries.retry_state.
@@ -108,7 +110,7 @@ func RecordDeferral(ctx context.Context, db DB, d Deferral) error {
 		next = &t
 		md["retry_after"] = t.Format(time.RFC3339Nano)
 	}
-	mdJSON, err := json.Marshal(md)
+	mdJSON, err := json.Marshal(pgtext.CleanMap(md))
 	if err != nil {
 		return fmt.Errorf("encode retry metadata: %w", err)
 	}
@@ -116,6 +118,7 @@ func RecordDeferral(ctx context.Context, db DB, d Deferral) error {
 	if d.Detail != "" {
 		lastError += ": " + d.Detail
 	}
+	lastError = pgtext.Clean(lastError)
 	_, err = db.Exec(ctx, `
 		INSERT INTO event_ingress_retries (event_id, source, retry_state, attempts, next_attempt_at, last_error, metadata)
 		VALUES ($1, $2, 'scheduled', $3, $4, $5, $6)
@@ -138,7 +141,7 @@ func RecordDeferral(ctx context.Context, db DB, d Deferral) error {
 // confirmations (an attempt already evaluated, an older confirmation, a
 // resolved deferral) change nothing; applied says whether this one did.
 func ConfirmScheduled(ctx context.Context, db DB, eventID string, attempt int, next time.Time, decision map[string]any) (applied bool, err error) {
-	md, err := json.Marshal(decision)
+	md, err := json.Marshal(pgtext.CleanMap(decision))
 	if err != nil {
 		return false, fmt.Errorf("encode decision: %w", err)
 	}
@@ -156,6 +159,35 @@ func ConfirmScheduled(ctx context.Context, db DB, eventID string, attempt int, n
 		eventID, attempt, next.UTC(), string(md))
 	if err != nil {
 		return false, fmt.Errorf("confirm scheduled retry: %w", err)
+	}
+	return tag.RowsAffected() == 1, nil
+}
+
+// ReopenRetry applies the scheduler's confirmation of a new attempt to a
+// deferral that had ended (exhausted or cancelled): an operator's manual
+// retry. The row is scheduled again for attempt and forgets the
+// cancellation; a confirmation no newer than what the row knows (a
+// replay) changes nothing. reopened says whether this one did. The caller
+// moves the event back to deferred.
+func ReopenRetry(ctx context.Context, db DB, eventID string, attempt int, next time.Time, decision map[string]any) (reopened bool, err error) {
+	md, err := json.Marshal(pgtext.CleanMap(decision))
+	if err != nil {
+		return false, fmt.Errorf("encode decision: %w", err)
+	}
+	tag, err := db.Exec(ctx, `
+		UPDATE event_ingress_retries
+		SET retry_state = 'scheduled',
+		    scheduled_attempt = $2,
+		    next_attempt_at = $3,
+		    metadata = (metadata - 'cancelled_by' - 'cancel_reason' - 'cancel_published') || $4::jsonb,
+		    updated_at = now()
+		WHERE event_id = $1
+		  AND retry_state IN ('exhausted', 'cancelled')
+		  AND $2 > attempts
+		  AND $2 > scheduled_attempt`,
+		eventID, attempt, next.UTC(), string(md))
+	if err != nil {
+		return false, fmt.Errorf("reopen retry: %w", err)
 	}
 	return tag.RowsAffected() == 1, nil
 }
@@ -186,7 +218,7 @@ func ResolveRetry(ctx context.Context, db DB, eventID string, state RetryState, 
 		    last_error = CASE WHEN $3 = '' THEN last_error ELSE $3 END,
 		    updated_at = now()
 		WHERE event_id = $1 AND retry_state NOT IN ('completed', 'cancelled', 'exhausted')`,
-		eventID, string(state), lastError)
+		eventID, string(state), pgtext.Clean(lastError))
 	if err != nil {
 		return false, fmt.Errorf("resolve retry: %w", err)
 	}
@@ -234,7 +266,7 @@ func Touch(ctx context.Context, db DB, eventID string) error {
 
 // MergeRetryMetadata adds keys to a retry row's metadata.
 func MergeRetryMetadata(ctx context.Context, db DB, eventID string, md map[string]any) error {
-	b, err := json.Marshal(md)
+	b, err := json.Marshal(pgtext.CleanMap(md))
 	if err != nil {
 		return fmt.Errorf("encode retry metadata: %w", err)
 	}

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/retryd/retryd/projections/pgtext"
 )
 
 // Source is a row of event_sources: the gate of one source. A source
@@ -184,7 +186,7 @@ func PauseSource(ctx context.Context, db DB, source string, until *time.Time, re
 			pause_reason = EXCLUDED.pause_reason,
 			updated_by = EXCLUDED.updated_by,
 			updated_at = now()`,
-		source, until, reason, by)
+		source, until, pgtext.Clean(reason), pgtext.Clean(by))
 	if err != nil {
 		return Source{}, fmt.Errorf("pause event source: %w", err)
 	}

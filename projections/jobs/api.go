@@ -19,6 +19,7 @@ import (
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/pkg/serve"
 	"github.com/retryd/retryd/projections/jobstore"
+	"github.com/retryd/retryd/projections/pgtext"
 	"github.com/retryd/retryd/projections/retrystore"
 )
 
@@ -380,12 +381,12 @@ func (a *API) action(w http.ResponseWriter, r *http.Request, name string) {
 	if req.By == "" {
 		req.By = "operator"
 	}
-	if len(req.By) > contract.MaxTokenLen {
-		serve.WriteError(w, invalid("by", fmt.Sprintf("is longer than %d characters", contract.MaxTokenLen)))
+	if err := pgtext.Check("by", req.By, contract.MaxTokenLen); err != nil {
+		serve.WriteError(w, err)
 		return
 	}
-	if len(req.Reason) > contract.MaxMessageLen {
-		serve.WriteError(w, invalid("reason", fmt.Sprintf("is longer than %d bytes", contract.MaxMessageLen)))
+	if err := pgtext.Check("reason", req.Reason, contract.MaxMessageLen); err != nil {
+		serve.WriteError(w, err)
 		return
 	}
 	if name == "retry" {

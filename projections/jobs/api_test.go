@@ -218,6 +218,8 @@ func TestAPIRetryAndCancel(t *testing.T) {
 		{"/v1/jobs/j1/retry", `{"by":"` + strings.Repeat("b", 65) + `"}`, 400, "by"},
 		{"/v1/jobs/j1/cancel", `{"reset_attempts":true}`, 400, "reset_attempts"},
 		{"/v1/jobs/j.1/retry", "", 400, "id"},
+		{"/v1/jobs/j1/cancel", `{"reason":"nul\u0000"}`, 400, "reason"},
+		{"/v1/jobs/j1/retry", `{"by":"nul\u0000"}`, 400, "by"},
 	} {
 		code, e := b.errorOf(t, "POST", tc.path, tc.body)
 		require.Equal(t, tc.code, code, tc.path+" "+tc.body)
@@ -282,6 +284,8 @@ func TestAPIBulkRetry(t *testing.T) {
 		{`{"filter":{"since":"2024-02-01T00:00:00Z","until":"2024-01-01T00:00:00Z"},"dry_run":true}`, 400, "filter.until"},
 		{`{"filter":{},"dry_run":true,"surprise":1}`, 400, "surprise"},
 		{`not json`, 400, "body"},
+		{`{"filter":{},"dry_run":false,"reason":"nul\u0000"}`, 400, "reason"},
+		{`{"filter":{},"dry_run":false,"by":"nul\u0000"}`, 400, "by"},
 	} {
 		code, e := b.errorOf(t, "POST", "/v1/jobs/bulk-retry", tc.body)
 		require.Equal(t, tc.code, code, tc.body)
@@ -339,4 +343,47 @@ func TestBulkRetryCancel(t *testing.T) {
 	require.NoError(t, err)
 	require.Empty(t, ids)
 	require.Empty(t, b.rec.Calls())
+}
+
+// blockingController holds the first RetryNow until released, as a slow
+// scheduler would.
+type blockingController struct {
+	recorder
+	entered chan struct{}
+	release chan struct{}
+	once    sync.Once
+}
+
+func (c *blockingController) RetryNow(ctx context.Context, kind, id, reason, by string, reset bool) error {
+	c.once.Do(func() {
+		close(c.entered)
+		<-c.release
+	})
+	return c.recorder.RetryNow(ctx, kind, id, reason, by, reset)
+}
+
+// A stop that comes while a job is being released lets that release
+// finish and records it: otherwise the next runner would release the job a
+// second time.
+func TestBulkRetryStopRecordsTheReleaseInHand(t *testing.T) {
+	t.Parallel()
+	ctrl := &blockingController{entered: make(chan struct{}), release: make(chan struct{})}
+	b := setupAPI(t, jobs.APIConfig{Retry: ctrl, Runner: "first"})
+	b.insertJob(t, "j0", "email_campaign", "failed", "validation", 0, time.Now())
+	var created jobs.OperationResponse
+	require.Equal(t, 202, b.do(t, "POST", "/v1/jobs/bulk-retry", `{"filter":{},"dry_run":false}`, &created))
+	require.NoError(t, b.api.Start(b.ctx))
+	<-ctrl.entered
+
+	// Stop gives up waiting at once; the release in hand goes on.
+	ctx, cancel := context.WithCancel(b.ctx)
+	cancel()
+	require.Error(t, b.api.Stop(ctx))
+	close(ctrl.release)
+	require.Eventually(t, func() bool {
+		op, err := jobstore.GetOperation(b.ctx, b.pool, created.Operation.ID)
+		require.NoError(t, err)
+		return op.Released == 1
+	}, wait, 10*time.Millisecond, "the release that was in hand is recorded")
+	require.Len(t, ctrl.Calls(), 1)
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/pkg/serve"
 	"github.com/retryd/retryd/projections/jobstore"
+	"github.com/retryd/retryd/projections/pgtext"
 )
 
 // BulkFilter selects the jobs of a bulk retry. Status defaults to the
@@ -77,6 +78,9 @@ type OperationResponse struct {
 // maxProblems bounds the problem items GET /v1/operations/{id} shows.
 const maxProblems = 100
 
+// releaseTimeout bounds the release of one job of a bulk retry.
+const releaseTimeout = 30 * time.Second
+
 func (f BulkFilter) toFilter() (jobstore.Filter, error) {
 	out := jobstore.Filter{
 		Statuses: []jobstore.Status(f.Status), JobType: f.JobType, ErrorClass: f.ErrorClass,
@@ -134,12 +138,12 @@ func (a *API) handleBulkRetry(w http.ResponseWriter, r *http.Request) {
 	if req.By == "" {
 		req.By = "operator"
 	}
-	if len(req.By) > contract.MaxTokenLen {
-		serve.WriteError(w, invalid("by", fmt.Sprintf("is longer than %d characters", contract.MaxTokenLen)))
+	if err := pgtext.Check("by", req.By, contract.MaxTokenLen); err != nil {
+		serve.WriteError(w, err)
 		return
 	}
-	if len(req.Reason) > 1024 {
-		serve.WriteError(w, invalid("reason", "is longer than 1024 bytes"))
+	if err := pgtext.Check("reason", req.Reason, 1024); err != nil {
+		serve.WriteError(w, err)
 		return
 	}
 	if *req.DryRun {
@@ -366,13 +370,20 @@ func (a *API) run(ctx context.Context, id string) {
 // scheduler refuses (not found, not in a state to retry, invalid) is
 // recorded as skipped or failed; any other error leaves it pending.
 func (a *API) releaseOne(ctx context.Context, id, reason string, op jobstore.Operation) (more bool, err error) {
+	// Stop does not cut a release short: between the scheduler's retry and
+	// the item's commit it would leave the item pending, and the next
+	// runner would retry the job a second time.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+	defer cancel()
+	state := ""
 	err = pgx.BeginFunc(ctx, a.cfg.Pool, func(tx pgx.Tx) error {
 		jobID, ok, err := jobstore.NextItem(ctx, tx, id, a.cfg.Runner)
 		if err != nil || !ok {
 			return err
 		}
 		more = true
-		state, msg := jobstore.ItemReleased, ""
+		msg := ""
+		state = jobstore.ItemReleased
 		switch rerr := a.cfg.Retry.RetryNow(ctx, contract.KindJob, jobID, truncate(reason, contract.MaxMessageLen), op.RequestedBy, op.ResetAttempts); {
 		case rerr == nil:
 		case errors.Is(rerr, serve.ErrNotFound), errors.Is(rerr, serve.ErrConflict):
@@ -382,8 +393,10 @@ func (a *API) releaseOne(ctx context.Context, id, reason string, op jobstore.Ope
 		default:
 			return fmt.Errorf("retry job %s: %w", jobID, rerr)
 		}
-		a.m.bulkItems.WithLabelValues(state).Inc()
 		return jobstore.FinishItem(ctx, tx, id, jobID, state, msg)
 	})
+	if err == nil && more {
+		a.m.bulkItems.WithLabelValues(state).Inc()
+	}
 	return more, err
 }

@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
@@ -137,29 +139,11 @@ func (p *Projector) Start(ctx context.Context) error {
 	if p.started {
 		return errors.New("start jobs projector: already started")
 	}
-	jobsCons, err := p.cfg.JS.CreateOrUpdateConsumer(ctx, contract.StreamJobs, jetstream.ConsumerConfig{
-		Durable:       ProjectionDurable,
-		Description:   "retryd jobs projection: attempts queued",
-		FilterSubject: "jobs.*",
-		DeliverPolicy: jetstream.DeliverAllPolicy,
-		AckPolicy:     jetstream.AckExplicitPolicy,
-		AckWait:       p.cfg.AckWait,
-		MaxAckPending: 4 * p.cfg.Batch,
-		MaxDeliver:    -1,
-	})
+	jobsCons, err := p.cfg.JS.CreateOrUpdateConsumer(ctx, contract.StreamJobs, p.consumerConfig(contract.StreamJobs))
 	if err != nil {
 		return fmt.Errorf("start jobs projector: create consumer on %s: %w", contract.StreamJobs, err)
 	}
-	retryCons, err := p.cfg.JS.CreateOrUpdateConsumer(ctx, contract.StreamRetries, jetstream.ConsumerConfig{
-		Durable:        ProjectionDurable,
-		Description:    "retryd jobs projection: job lifecycle",
-		FilterSubjects: retryFilters,
-		DeliverPolicy:  jetstream.DeliverAllPolicy,
-		AckPolicy:      jetstream.AckExplicitPolicy,
-		AckWait:        p.cfg.AckWait,
-		MaxAckPending:  4 * p.cfg.Batch,
-		MaxDeliver:     -1,
-	})
+	retryCons, err := p.cfg.JS.CreateOrUpdateConsumer(ctx, contract.StreamRetries, p.consumerConfig(contract.StreamRetries))
 	if err != nil {
 		return fmt.Errorf("start jobs projector: create consumer on %s: %w", contract.StreamRetries, err)
 	}
@@ -171,6 +155,26 @@ func (p *Projector) Start(ctx context.Context) error {
 	go p.consume(loopCtx, contract.StreamRetries, retryCons)
 	p.log.Info().Msg("jobs projection started")
 	return nil
+}
+
+// consumerConfig is the durable consumer of the projection on stream.
+func (p *Projector) consumerConfig(stream string) jetstream.ConsumerConfig {
+	cfg := jetstream.ConsumerConfig{
+		Durable:       ProjectionDurable,
+		DeliverPolicy: jetstream.DeliverAllPolicy,
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		AckWait:       p.cfg.AckWait,
+		MaxAckPending: 4 * p.cfg.Batch,
+		MaxDeliver:    -1,
+	}
+	if stream == contract.StreamJobs {
+		cfg.Description = "retryd jobs projection: attempts queued"
+		cfg.FilterSubject = "jobs.*"
+	} else {
+		cfg.Description = "retryd jobs projection: job lifecycle"
+		cfg.FilterSubjects = retryFilters
+	}
+	return cfg
 }
 
 // Stop ends the pulls and waits for the batch being applied (its
@@ -226,9 +230,6 @@ func (p *Projector) consume(ctx context.Context, stream string, cons jetstream.C
 			// and finishing it is quicker than its redelivery.
 			if applyErr := p.applyBatch(context.WithoutCancel(ctx), stream, msgs, log); applyErr != nil {
 				log.Warn().Err(applyErr).Int("messages", len(msgs)).Msg("apply batch failed; handed back for redelivery")
-				for _, m := range msgs {
-					_ = m.NakWithDelay(time.Second)
-				}
 				pause = min(max(2*pause, 100*time.Millisecond), 5*time.Second)
 				continue
 			}
@@ -237,8 +238,28 @@ func (p *Projector) consume(ctx context.Context, stream string, cons jetstream.C
 		if err != nil && !fetchEnded(err) && ctx.Err() == nil {
 			log.Warn().Err(err).Msg("pull failed; trying again")
 			pause = time.Second
+			cons = p.recreate(ctx, stream, cons, log)
 		}
 	}
+}
+
+// recreate returns the consumer on stream created again when it was
+// deleted (on its own, or with its stream), else cons. It starts from the
+// beginning of the stream; the inbox absorbs what was applied already.
+func (p *Projector) recreate(ctx context.Context, stream string, cons jetstream.Consumer, log zerolog.Logger) jetstream.Consumer {
+	_, err := p.cfg.JS.Consumer(ctx, stream, ProjectionDurable)
+	if !errors.Is(err, jetstream.ErrConsumerNotFound) && !errors.Is(err, jetstream.ErrStreamNotFound) {
+		return cons
+	}
+	fresh, err := p.cfg.JS.CreateOrUpdateConsumer(ctx, stream, p.consumerConfig(stream))
+	if err != nil {
+		if ctx.Err() == nil {
+			log.Error().Err(err).Msg("consumer missing and cannot be recreated; trying again")
+		}
+		return cons
+	}
+	log.Warn().Msg("consumer missing, recreated it")
+	return fresh
 }
 
 func fetchEnded(err error) bool {
@@ -256,19 +277,19 @@ type decoded struct {
 }
 
 // applyBatch decodes msgs, terminates the malformed ones and applies the
-// others in one transaction; after the commit it acks them. On error
-// nothing is acked.
+// others in one transaction; after the commit it acks them. On an error
+// it hands back (naks) what it could not apply and returns the error.
+//
+// A message the database refuses (a data or constraint error) would fail
+// every batch it is in, and the projection would apply nothing more: when
+// a batch is refused, its messages are applied one by one and the refused
+// ones are terminated and counted as malformed.
 func (p *Projector) applyBatch(ctx context.Context, stream string, msgs []jetstream.Msg, log zerolog.Logger) error {
 	var good []decoded
 	for _, m := range msgs {
 		d, err := decode(stream, m)
 		if err != nil {
-			p.m.malformed.WithLabelValues(stream).Inc()
-			reason := "malformed: " + truncate(err.Error(), 200)
-			log.Warn().Str("subject", m.Subject()).Str("reason", reason).Msg("terminating malformed message")
-			if termErr := m.TermWithReason(reason); termErr != nil {
-				log.Warn().Err(termErr).Msg("term failed")
-			}
+			p.terminate(stream, m, err, log)
 			continue
 		}
 		good = append(good, d)
@@ -276,10 +297,32 @@ func (p *Projector) applyBatch(ctx context.Context, stream string, msgs []jetstr
 	if len(good) == 0 {
 		return nil
 	}
+	err := p.apply(ctx, stream, good, log)
+	if err == nil || !refused(err) {
+		return err
+	}
+	var firstErr error
+	for _, d := range good {
+		err := p.apply(ctx, stream, []decoded{d}, log)
+		switch {
+		case err == nil:
+		case refused(err):
+			p.terminate(stream, d.msg, err, log)
+		case firstErr == nil:
+			firstErr = err
+		}
+	}
+	return firstErr
+}
+
+// apply applies ds in one transaction that claims each in the inbox, then
+// acks them. On an error it naks them, unless the database refused them:
+// the caller settles those.
+func (p *Projector) apply(ctx context.Context, stream string, ds []decoded, log zerolog.Logger) error {
 	applied, dups := 0, 0
 	err := pgx.BeginFunc(ctx, p.cfg.Pool, func(tx pgx.Tx) error {
 		applied, dups = 0, 0
-		for _, d := range good {
+		for _, d := range ds {
 			first, err := inbox.Claim(ctx, tx, ProjectionDurable, d.msgID)
 			if err != nil {
 				return err
@@ -302,6 +345,11 @@ func (p *Projector) applyBatch(ctx context.Context, stream string, msgs []jetstr
 	})
 	if err != nil {
 		p.m.errors.WithLabelValues(stream).Inc()
+		if !refused(err) {
+			for _, d := range ds {
+				_ = d.msg.NakWithDelay(time.Second)
+			}
+		}
 		return err
 	}
 	p.m.applied.WithLabelValues(stream).Add(float64(applied))
@@ -312,13 +360,31 @@ func (p *Projector) applyBatch(ctx context.Context, stream string, msgs []jetstr
 			return nil
 		}
 	}
-	for _, d := range good {
+	for _, d := range ds {
 		if err := d.msg.Ack(); err != nil {
 			// Redelivered later and dropped by the inbox.
 			log.Debug().Err(err).Msg("ack after commit failed")
 		}
 	}
 	return nil
+}
+
+// refused reports whether Postgres refused the data itself (SQLSTATE
+// classes 22, data exception, and 23, integrity constraint violation):
+// applying the same message again cannot work.
+func refused(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && (strings.HasPrefix(pgErr.Code, "22") || strings.HasPrefix(pgErr.Code, "23"))
+}
+
+// terminate ends a message that can never be applied and counts it.
+func (p *Projector) terminate(stream string, m jetstream.Msg, err error, log zerolog.Logger) {
+	p.m.malformed.WithLabelValues(stream).Inc()
+	reason := "malformed: " + truncate(err.Error(), 200)
+	log.Warn().Str("subject", m.Subject()).Str("reason", reason).Msg("terminating malformed message")
+	if termErr := m.TermWithReason(reason); termErr != nil {
+		log.Warn().Err(termErr).Msg("term failed")
+	}
 }
 
 func decode(stream string, m jetstream.Msg) (decoded, error) {

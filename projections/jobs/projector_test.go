@@ -273,3 +273,86 @@ func TestProjectorConfigValidation(t *testing.T) {
 	_, err = jobs.NewAPI(jobs.APIConfig{})
 	require.ErrorContains(t, err, "APIConfig.Pool is required")
 }
+
+// Valid facts carrying what Postgres cannot store as is (a NUL byte in an
+// error message, a checkpoint step or a cancel reason; a retry count
+// beyond int4) are applied, and the facts after them too: one such
+// message must not stop the projection.
+func TestProjectorAppliesUnstorableValues(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.startProjector(t, jobs.ProjectorConfig{})
+	t0 := time.Date(2024, 5, 1, 10, 0, 0, 0, time.UTC)
+	b.publishEvent(t, contract.Failed, contract.FailedData{Kind: "job", ID: "nul", Attempt: 1, JobType: "email",
+		Error: contract.ErrorInfo{Class: "temporary", Message: "smtp\x00down"}, Checkpoint: json.RawMessage(`{"step":"se\u0000nd"}`)}, t0)
+	b.publishEvent(t, contract.Scheduled, contract.ScheduledData{Kind: "job", ID: "big", Attempt: 2, JobType: "email",
+		NextAttemptAt: t0.Add(time.Minute), Decision: contract.Decision{RetryCount: 1 << 40, MaxRetries: 1 << 40}}, t0)
+	msg, err := contract.NewLifecycleMsg("test", contract.Cancelled, contract.CancelledData{Kind: "job", ID: "why", Attempt: 1,
+		By: "op\x00", Reason: "no\x00pe"}, t0)
+	require.NoError(t, err)
+	b.publish(t, msg)
+	b.publishEvent(t, contract.Succeeded, contract.SucceededData{Kind: "job", ID: "good", Attempt: 1}, t0)
+
+	b.eventually(t, "good", func(j jobstore.Job) bool { return j.Status == jobstore.StatusCompleted }, "the facts after the odd ones are applied")
+	j := b.eventually(t, "nul", func(j jobstore.Job) bool { return j.LastErrorMessage != "" }, "failure applied")
+	require.Equal(t, "smtp\uFFFDdown", j.LastErrorMessage)
+	require.Equal(t, "se\uFFFDnd", j.CurrentStep)
+	b.eventually(t, "big", func(j jobstore.Job) bool { return j.Status == jobstore.StatusRetrying }, "decision applied")
+	b.eventually(t, "why", func(j jobstore.Job) bool { return j.Status == jobstore.StatusCancelled }, "cancel applied")
+}
+
+// A message the database refuses for a reason nobody foresaw is
+// terminated and counted; the rest of its batch is applied.
+func TestProjectorTerminatesWhatTheDatabaseRefuses(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	_, err := b.pool.Exec(b.ctx, `
+CREATE FUNCTION refuse_poison() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+	IF NEW.job_id = 'poison' THEN
+		RAISE EXCEPTION 'refused' USING ERRCODE = '22023';
+	END IF;
+	RETURN NEW;
+END $$;
+CREATE TRIGGER refuse_poison BEFORE INSERT OR UPDATE ON jobs FOR EACH ROW EXECUTE FUNCTION refuse_poison();`)
+	require.NoError(t, err)
+	t0 := time.Date(2024, 5, 1, 10, 0, 0, 0, time.UTC)
+	for _, id := range []string{"before", "poison", "after"} {
+		b.publishEvent(t, contract.Succeeded, contract.SucceededData{Kind: "job", ID: id, Attempt: 1}, t0)
+	}
+	// Started after publishing, so the three arrive in one batch.
+	b.startProjector(t, jobs.ProjectorConfig{})
+	b.eventually(t, "after", func(j jobstore.Job) bool { return j.Status == jobstore.StatusCompleted }, "after applied")
+	b.eventually(t, "before", func(j jobstore.Job) bool { return j.Status == jobstore.StatusCompleted }, "before applied")
+	require.Eventually(t, func() bool { return metric(t, b.reg, "retryd_jobs_malformed_total", "RETRIES") == 1 }, wait, 10*time.Millisecond)
+	require.Eventually(t, func() bool {
+		c, err := b.js.Consumer(b.ctx, contract.StreamRetries, jobs.ProjectionDurable)
+		require.NoError(t, err)
+		info, err := c.Info(b.ctx)
+		require.NoError(t, err)
+		return info.NumAckPending == 0 && info.NumPending == 0
+	}, wait, 20*time.Millisecond, "the refused message is terminated, not redelivered")
+	_, err = jobstore.Get(b.ctx, b.pool, "poison")
+	require.ErrorIs(t, err, jobstore.ErrNotFound)
+}
+
+// A consumer deleted while the projector runs is created again (from the
+// start of its stream: the inbox absorbs the replay) and folding goes on.
+func TestProjectorRecreatesDeletedConsumers(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.startProjector(t, jobs.ProjectorConfig{})
+	t0 := time.Date(2024, 5, 1, 10, 0, 0, 0, time.UTC)
+	b.publishEvent(t, contract.Succeeded, contract.SucceededData{Kind: "job", ID: "before", Attempt: 1}, t0)
+	b.eventually(t, "before", func(j jobstore.Job) bool { return j.Status == jobstore.StatusCompleted }, "before applied")
+	for _, stream := range []string{contract.StreamJobs, contract.StreamRetries} {
+		require.NoError(t, b.js.DeleteConsumer(b.ctx, stream, jobs.ProjectionDurable))
+	}
+	b.publishJob(t, contract.JobData{ID: "after", JobType: "email", Attempt: 1}, t0)
+	b.publishEvent(t, contract.Failed, contract.FailedData{Kind: "job", ID: "after", Attempt: 1, JobType: "email",
+		Error: contract.ErrorInfo{Class: "timeout", Message: "slow"}}, t0.Add(time.Second))
+	b.eventually(t, "after", func(j jobstore.Job) bool { return j.LastErrorClass == "timeout" && j.LastAttemptAt != nil },
+		"both streams are folded again")
+	require.Eventually(t, func() bool { return metric(t, b.reg, "retryd_jobs_duplicates_total", "RETRIES") >= 1 }, wait, 10*time.Millisecond,
+		"the replayed fact was recognised")
+}

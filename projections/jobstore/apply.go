@@ -5,10 +5,12 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"time"
 	"unicode/utf8"
 
 	"github.com/retryd/retryd/pkg/contract"
+	"github.com/retryd/retryd/projections/pgtext"
 )
 
 // Ranks of facts within one attempt; see the package documentation.
@@ -120,14 +122,31 @@ func (f fact) apply(ctx context.Context, q Querier) error {
 	if len(f.checkpoint) > 0 {
 		cp = string(f.checkpoint)
 	}
+	var step *string
+	if f.step != nil {
+		s := pgtext.Clean(*f.step)
+		step = &s
+	}
+	// Messages, reasons and steps come from producers' errors and
+	// checkpoints, the counts from the scheduler's decision: keep them
+	// storable, or the fact would fail (and stall the projection) forever.
 	_, err := q.Exec(ctx, upsertSQL,
-		f.jobID, f.jobType, string(f.status), f.attempt, f.seq, f.retryCount, f.maxRetries,
-		f.retryEnabled, f.step, cp, f.hasError, f.errMessage, f.errClass,
-		f.at, f.lastAttemptAt, f.nextRetryAt, f.statusReason, f.completedAt, f.decision)
+		f.jobID, f.jobType, string(f.status), f.attempt, f.seq, int4(f.retryCount), int4(f.maxRetries),
+		f.retryEnabled, step, cp, f.hasError, pgtext.Clean(f.errMessage), pgtext.Clean(f.errClass),
+		f.at, f.lastAttemptAt, f.nextRetryAt, pgtext.Clean(f.statusReason), f.completedAt, f.decision)
 	if err != nil {
 		return fmt.Errorf("apply %s fact to job %s: %w", f.status, f.jobID, err)
 	}
 	return nil
+}
+
+// int4 clamps a count to the range of the integer columns.
+func int4(n *int) *int {
+	if n == nil {
+		return nil
+	}
+	v := min(max(*n, 0), math.MaxInt32)
+	return &v
 }
 
 // ApplyJob folds a job message (jobs.<job_type>): attempt d.Attempt is

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/retryd/retryd/projections/pgtext"
 )
 
 // Status is where a delivery stands.
@@ -99,11 +101,14 @@ func scanDelivery(row pgx.Row) (Delivery, error) {
 	return d, nil
 }
 
+// metadataJSON encodes retry_metadata. Its values come from lifecycle
+// events (who cancelled, why, which policy) and may hold text jsonb
+// refuses.
 func metadataJSON(m map[string]any) ([]byte, error) {
 	if m == nil {
 		return []byte("{}"), nil
 	}
-	b, err := json.Marshal(m)
+	b, err := json.Marshal(pgtext.CleanMap(m))
 	if err != nil {
 		return nil, fmt.Errorf("marshal retry_metadata: %w", err)
 	}
@@ -131,8 +136,8 @@ func InsertDelivery(ctx context.Context, db DB, d Delivery) (inserted bool, err 
 			next_attempt_at, retry_attempts, retry_metadata, launched_at)
 		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)
 		ON CONFLICT DO NOTHING`,
-		d.ID, d.TriggerID, d.TriggerVersion, d.EventID, d.Source, d.EventType, d.ThrottleKey,
-		string(d.Status), d.StatusReason, nullString(d.RunID), string(d.RetryState), d.NextAttemptAt,
+		d.ID, d.TriggerID, d.TriggerVersion, d.EventID, d.Source, d.EventType, pgtext.Clean(d.ThrottleKey),
+		string(d.Status), pgtext.Clean(d.StatusReason), nullString(d.RunID), string(d.RetryState), d.NextAttemptAt,
 		d.RetryAttempts, meta, d.LaunchedAt)
 	if err != nil {
 		return false, fmt.Errorf("insert delivery: %w", err)
@@ -176,7 +181,7 @@ func SaveOutcome(ctx context.Context, db DB, d Delivery) error {
 		    run_id = $6, launched_at = $7, retry_state = $8, next_attempt_at = $9,
 		    retry_attempts = $10, retry_metadata = $11, updated_at = now()
 		WHERE delivery_id = $1`,
-		d.ID, string(d.Status), d.StatusReason, d.TriggerVersion, d.ThrottleKey,
+		d.ID, string(d.Status), pgtext.Clean(d.StatusReason), d.TriggerVersion, pgtext.Clean(d.ThrottleKey),
 		nullString(d.RunID), d.LaunchedAt, string(d.RetryState), d.NextAttemptAt,
 		d.RetryAttempts, meta)
 	if err != nil {
@@ -268,7 +273,7 @@ func applyTerminal(ctx context.Context, db DB, id string, attempt int, status St
 		SET status = $3, retry_state = $4, status_reason = $6, next_attempt_at = NULL,
 		    retry_metadata = retry_metadata || $5::jsonb, updated_at = now()
 		WHERE delivery_id = $1`+guard+`
-		RETURNING `+deliveryColumns, id, attempt, string(status), string(state), m, reason))
+		RETURNING `+deliveryColumns, id, attempt, string(status), string(state), m, pgtext.Clean(reason)))
 	if err == nil {
 		return d, true, nil
 	}

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/retryd/retryd/projections/pgtext"
 )
 
 // RunStatus is where a workflow run stands.
@@ -96,9 +98,7 @@ func FinishRun(ctx context.Context, db DB, id string, status RunStatus, errMsg s
 	if status != RunCompleted && status != RunFailed {
 		return Run{}, false, fmt.Errorf("finish run: status %q is not completed or failed", status)
 	}
-	if len(errMsg) > maxRunError {
-		errMsg = errMsg[:maxRunError]
-	}
+	errMsg = pgtext.Clean(pgtext.Truncate(errMsg, maxRunError))
 	r, err = scanRun(db.QueryRow(ctx, `
 		UPDATE workflow_runs
 		SET status = $2, error = $3, finished_at = now(), updated_at = now()

@@ -227,3 +227,33 @@ func TestE2EPurgedRetriesStillAdmitOnce(t *testing.T) {
 	b.putSource(t, "billing", map[string]any{})
 	b.requireAdmittedOnce(t, all...)
 }
+
+// An operator's manual retry (the scheduler's "retry now, from any state")
+// of an exhausted or cancelled deferral evaluates the event again: it is
+// admitted once its source allows, and the scheduler's item is resolved
+// instead of coming due again forever.
+func TestE2EManualRetryOfEndedDeferral(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	s := b.withScheduler(t, 50*time.Millisecond, 100*time.Millisecond, 1)
+	require.Equal(t, http.StatusOK, b.do(t, http.MethodPost, "/v1/sources/crm/pause", nil, nil))
+	b.post(t, event("tired", "crm", "contact.created"))
+	b.waitStatus(t, "exhausted", "tired")
+	b.post(t, event("dropped", "crm", "contact.created"))
+	b.waitStatus(t, "deferred", "dropped")
+	require.Equal(t, http.StatusOK, b.do(t, http.MethodPost, "/v1/events/dropped/cancel", nil, nil))
+	require.Eventually(t, func() bool { return b.schedulerState(t, "dropped") == "cancelled" }, eventually, 20*time.Millisecond)
+	require.Equal(t, http.StatusOK, b.do(t, http.MethodPost, "/v1/sources/crm/resume", nil, nil))
+
+	for _, id := range []string{"tired", "dropped"} {
+		_, err := s.RetryNow(b.ctx, contract.KindEvent, id, scheduler.RetryNowOptions{By: "alice", Reason: "source fixed"})
+		require.NoError(t, err)
+	}
+	b.requireAdmittedOnce(t, "tired", "dropped")
+	for _, id := range []string{"tired", "dropped"} {
+		require.Eventually(t, func() bool { return b.schedulerState(t, id) == "succeeded" }, eventually, 20*time.Millisecond, id)
+		var v ingress.EventView
+		require.Equal(t, http.StatusOK, b.do(t, http.MethodGet, "/v1/events/"+id, nil, &v))
+		require.Equal(t, "completed", v.Retry.State, id)
+	}
+}

@@ -12,6 +12,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/retryd/retryd/pkg/contract"
+	"github.com/retryd/retryd/pkg/durable"
 	"github.com/retryd/retryd/projections/inbox"
 	"github.com/retryd/retryd/projections/ingressstore"
 	"github.com/retryd/retryd/projections/outbox"
@@ -26,7 +27,7 @@ func (s *Service) handleIngest(ctx context.Context, msg jetstream.Msg) error {
 	}
 	body, err := env.Marshal()
 	if err != nil {
-		return terminate(err)
+		return fmt.Errorf("%w: %w", contract.ErrInvalid, err)
 	}
 	ev := ingressstore.Event{ID: env.ID, Source: env.Source, Type: env.Type, Envelope: body}
 	var duplicate bool
@@ -54,7 +55,8 @@ func (s *Service) handleIngest(ctx context.Context, msg jetstream.Msg) error {
 	switch {
 	case errors.Is(err, ingressstore.ErrTypeNotAllowed):
 		s.metrics.gate.WithLabelValues(source, decisionRejected).Inc()
-		return &termError{reason: "type: " + err.Error(), counted: true}
+		// Counted as a gate rejection, not as malformed input.
+		return durable.Reject(fmt.Errorf("type: %w", err))
 	case err != nil:
 		return fmt.Errorf("gate event %s: %w", ev.ID, err)
 	case duplicate:

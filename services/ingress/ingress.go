@@ -6,13 +6,13 @@ import (
 	"fmt"
 	"net/http"
 	"sync"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
-	"github.com/retryd/retryd/pkg/streams"
+	"github.com/retryd/retryd/pkg/contract"
+	"github.com/retryd/retryd/pkg/durable"
 	"github.com/retryd/retryd/projections/outbox"
 )
 
@@ -23,12 +23,13 @@ var ErrStopped = errors.New("ingress: stopped")
 // database and NATS; they share the durable consumers and agree on every
 // gate decision through row locks.
 type Service struct {
-	cfg     Config
-	log     zerolog.Logger
-	metrics *metrics
-	types   *typeCache
-	relay   *outbox.Relay
-	handler http.Handler
+	cfg       Config
+	log       zerolog.Logger
+	metrics   *metrics
+	types     *typeCache
+	relay     *outbox.Relay
+	consumers *durable.Group
+	handler   http.Handler
 
 	mu      sync.Mutex
 	started bool
@@ -36,18 +37,6 @@ type Service struct {
 	runCtx  context.Context
 	cancel  context.CancelFunc
 	wg      sync.WaitGroup
-
-	// consMu guards the running consumers, which the reconciler replaces
-	// when their consumer or stream was deleted.
-	consMu   sync.Mutex
-	draining bool
-	running  []*runningConsumer
-}
-
-// runningConsumer is a durable consumer and its consume contexts.
-type runningConsumer struct {
-	spec     consumer
-	contexts []jetstream.ConsumeContext
 }
 
 // New validates cfg, fills its defaults and builds a Service. The HTTP
@@ -79,6 +68,12 @@ func New(cfg Config) (*Service, error) {
 		types:   newTypeCache(cfg.Pool, cfg.SourceCacheTTL, cfg.Now),
 		relay:   relay,
 	}
+	s.consumers, err = durable.NewGroup(durable.Config{
+		JS: cfg.JS, Logger: s.log, Streams: cfg.Streams, CheckInterval: cfg.ReconcileInterval, Malformed: m.malformed,
+	}, s.consumerSpecs()...)
+	if err != nil {
+		return nil, fmt.Errorf("ingress: %w", err)
+	}
 	s.handler = s.routes()
 	return s, nil
 }
@@ -87,18 +82,9 @@ func New(cfg Config) (*Service, error) {
 // pkg/serve's /healthz, /readyz and /metrics.
 func (s *Service) Handler() http.Handler { return s.handler }
 
-// consumer is one durable consumer and the function that handles its
-// messages.
-type consumer struct {
-	stream  string
-	config  jetstream.ConsumerConfig
-	handle  func(ctx context.Context, msg jetstream.Msg) error
-	workers int
-}
-
-func (s *Service) consumers() []consumer {
-	base := func(name string, filters ...string) jetstream.ConsumerConfig {
-		return jetstream.ConsumerConfig{
+func (s *Service) consumerSpecs() []durable.Spec {
+	spec := func(stream string, h durable.Handler, workers int, name string, filters ...string) durable.Spec {
+		return durable.Spec{Stream: stream, Handle: h, Workers: workers, Config: jetstream.ConsumerConfig{
 			Durable:        name,
 			FilterSubjects: filters,
 			AckPolicy:      jetstream.AckExplicitPolicy,
@@ -106,20 +92,20 @@ func (s *Service) consumers() []consumer {
 			MaxDeliver:     -1,
 			MaxAckPending:  1000,
 			DeliverPolicy:  jetstream.DeliverAllPolicy,
-		}
+		}}
 	}
-	return []consumer{
-		{stream: "INGEST", config: base(ConsumerGate, "ingest.*"), handle: s.handleIngest, workers: s.cfg.Concurrency},
-		{stream: "RETRIES", config: base(ConsumerRetry, "retry.event.due.*"), handle: s.handleDue, workers: s.cfg.Concurrency},
-		{stream: "RETRIES", config: base(ConsumerRetryState,
+	return []durable.Spec{
+		spec(contract.StreamIngest, s.handleIngest, s.cfg.Concurrency, ConsumerGate, "ingest.*"),
+		spec(contract.StreamRetries, s.handleDue, s.cfg.Concurrency, ConsumerRetry, "retry.event.due.*"),
+		spec(contract.StreamRetries, s.handleRetryState, 1, ConsumerRetryState,
 			"retry.event.scheduled.*", "retry.event.rescheduled.*", "retry.event.exhausted.*", "retry.event.cancelled.*"),
-			handle: s.handleRetryState, workers: 1},
 	}
 }
 
 // Start creates or updates the durable consumers and starts consuming,
 // the outbox relay and the reconciler. ctx bounds the setup only; the
-// service runs until Stop.
+// service runs until Stop. Deleted consumers (and, with Config.Streams,
+// streams) are recreated every ReconcileInterval.
 func (s *Service) Start(ctx context.Context) (err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -140,14 +126,8 @@ func (s *Service) Start(ctx context.Context) (err error) {
 	if err := s.relay.Start(context.WithoutCancel(ctx)); err != nil {
 		return fmt.Errorf("ingress: start outbox relay: %w", err)
 	}
-	for _, c := range s.consumers() {
-		r := &runningConsumer{spec: c}
-		s.consMu.Lock()
-		s.running = append(s.running, r)
-		s.consMu.Unlock()
-		if err := s.consume(ctx, r); err != nil {
-			return fmt.Errorf("ingress: %w", err)
-		}
+	if err := s.consumers.Start(ctx); err != nil {
+		return fmt.Errorf("ingress: %w", err)
 	}
 	s.wg.Go(func() { s.reconcileLoop(s.runCtx) })
 	s.started = true
@@ -176,29 +156,14 @@ func (s *Service) stopLocked(ctx context.Context) error {
 	if s.cfg.Health != nil {
 		s.cfg.Health.SetReady(false)
 	}
-	s.consMu.Lock()
-	s.draining = true
-	var contexts []jetstream.ConsumeContext
-	for _, r := range s.running {
-		contexts = append(contexts, r.contexts...)
-		r.contexts = nil
-	}
-	s.consMu.Unlock()
-	for _, cc := range contexts {
-		cc.Drain()
-	}
-	for _, cc := range contexts {
-		select {
-		case <-cc.Closed():
-		case <-ctx.Done():
-			cc.Stop()
-		}
+	var errs []error
+	if err := s.consumers.Drain(ctx); err != nil {
+		errs = append(errs, err)
 	}
 	if s.cancel != nil {
 		s.cancel()
 	}
 	s.wg.Wait()
-	var errs []error
 	if err := s.relay.Stop(ctx); err != nil {
 		errs = append(errs, fmt.Errorf("stop outbox relay: %w", err))
 	}
@@ -214,79 +179,6 @@ func (s *Service) stopLocked(ctx context.Context) error {
 		return fmt.Errorf("ingress: stop: %w", err)
 	}
 	return nil
-}
-
-// consume creates or updates r's durable consumer and starts its consume
-// contexts, replacing (stopping) any it had.
-func (s *Service) consume(ctx context.Context, r *runningConsumer) error {
-	c := r.spec
-	cons, err := s.cfg.JS.CreateOrUpdateConsumer(ctx, c.stream, c.config)
-	if err != nil {
-		return fmt.Errorf("create consumer %s: %w", c.config.Durable, err)
-	}
-	h := s.dispatch(c.config.Durable, c.handle)
-	contexts := make([]jetstream.ConsumeContext, 0, c.workers)
-	for range c.workers {
-		cc, err := cons.Consume(h, jetstream.PullMaxMessages(8), jetstream.ConsumeErrHandler(s.consumeError(c.config.Durable)))
-		if err != nil {
-			for _, cc := range contexts {
-				cc.Stop()
-			}
-			return fmt.Errorf("consume %s: %w", c.config.Durable, err)
-		}
-		contexts = append(contexts, cc)
-	}
-	s.consMu.Lock()
-	defer s.consMu.Unlock()
-	if s.draining {
-		for _, cc := range contexts {
-			cc.Stop()
-		}
-		return nil
-	}
-	for _, cc := range r.contexts {
-		cc.Stop()
-	}
-	r.contexts = contexts
-	return nil
-}
-
-// ensureConsumers recreates consumers that were deleted, with their
-// stream when Config.Streams allows it (a deleted RETRIES stream would
-// otherwise leave due events unread until a restart).
-func (s *Service) ensureConsumers(ctx context.Context) error {
-	s.consMu.Lock()
-	running := append([]*runningConsumer(nil), s.running...)
-	s.consMu.Unlock()
-	var errs []error
-	ensured := false
-	for _, r := range running {
-		_, err := s.cfg.JS.Consumer(ctx, r.spec.stream, r.spec.config.Durable)
-		switch {
-		case err == nil:
-			continue
-		case errors.Is(err, jetstream.ErrStreamNotFound):
-			if s.cfg.Streams == nil {
-				errs = append(errs, fmt.Errorf("stream %s is missing (Config.Streams is nil: not recreating it)", r.spec.stream))
-				continue
-			}
-			if !ensured {
-				if err := streams.Ensure(ctx, s.cfg.JS, *s.cfg.Streams); err != nil {
-					errs = append(errs, fmt.Errorf("recreate streams: %w", err))
-					continue
-				}
-				ensured = true
-			}
-		case !errors.Is(err, jetstream.ErrConsumerNotFound):
-			errs = append(errs, fmt.Errorf("check consumer %s: %w", r.spec.config.Durable, err))
-			continue
-		}
-		s.log.Warn().Str("consumer", r.spec.config.Durable).Str("stream", r.spec.stream).Msg("consumer missing, recreating it")
-		if err := s.consume(ctx, r); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	return errors.Join(errs...)
 }
 
 // failpoint consults Config.Failpoint.
@@ -305,16 +197,10 @@ type failpointError struct {
 	err   error
 }
 
-func (e *failpointError) Error() string { return "failpoint " + e.point + ": " + e.err.Error() }
-func (e *failpointError) Unwrap() error { return e.err }
+func (e *failpointError) Error() string   { return "failpoint " + e.point + ": " + e.err.Error() }
+func (e *failpointError) Unwrap() []error { return []error{e.err, durable.ErrAbandon} }
 
 // inTx runs fn in a transaction.
 func (s *Service) inTx(ctx context.Context, fn func(tx pgx.Tx) error) error {
 	return pgx.BeginFunc(ctx, s.cfg.Pool, fn)
-}
-
-// naksDelay is how long a message that failed for a transient reason (the
-// database is away) waits before it is delivered again.
-func nakDelay(delivered uint64) time.Duration {
-	return min(time.Duration(delivered)*time.Second, 30*time.Second)
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/pkg/serve"
 	"github.com/retryd/retryd/projections/ingressstore"
+	"github.com/retryd/retryd/projections/pgtext"
 )
 
 // maxOperatorBody caps the body of operator requests.
@@ -187,8 +188,8 @@ func (s *Service) pauseSource(w http.ResponseWriter, r *http.Request) {
 		serve.WriteError(w, invalid("until", fmt.Sprintf("%s is not in the future", req.Until.Format(time.RFC3339))))
 		return
 	}
-	if len(req.Reason) > 1024 {
-		serve.WriteError(w, invalid("reason", "is longer than 1024 bytes"))
+	if err := pgtext.Check("reason", req.Reason, 1024); err != nil {
+		serve.WriteError(w, err)
 		return
 	}
 	src, err := ingressstore.PauseSource(r.Context(), s.cfg.Pool, source, req.Until, req.Reason, updatedByAPI)
@@ -311,12 +312,12 @@ func (s *Service) cancelEvent(w http.ResponseWriter, r *http.Request) {
 	if req.By == "" {
 		req.By = defaultCancelledByUser
 	}
-	if len(req.By) > contract.MaxTokenLen {
-		serve.WriteError(w, invalid("by", fmt.Sprintf("is longer than %d characters", contract.MaxTokenLen)))
+	if err := pgtext.Check("by", req.By, contract.MaxTokenLen); err != nil {
+		serve.WriteError(w, err)
 		return
 	}
-	if len(req.Reason) > 1024 {
-		serve.WriteError(w, invalid("reason", "is longer than 1024 bytes"))
+	if err := pgtext.Check("reason", req.Reason, 1024); err != nil {
+		serve.WriteError(w, err)
 		return
 	}
 	var view EventView

@@ -159,3 +159,89 @@ func TestRetryStateFollowsTheScheduler(t *testing.T) {
 	require.Len(t, b.lifecycle(t, "c")[contract.Cancelled], 1)
 	require.NotContains(t, b.admittedIDs(t), "c")
 }
+
+// Text Postgres cannot store (a NUL byte) in a valid lifecycle event is
+// still applied, not redelivered forever; in an operator's request it is
+// a 400 naming the field, not a 500.
+func TestUnstorableText(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.putSource(t, "billing", map[string]any{"rate_limit": 1, "rate_window": "1h"})
+	for _, id := range []string{"ok", "s", "c"} {
+		b.post(t, event(id, "billing", "invoice.paid"))
+		if id == "ok" {
+			b.waitStatus(t, "admitted", id)
+		}
+	}
+	b.waitStatus(t, "deferred", "s", "c")
+
+	msg, err := contract.NewLifecycleMsg("test/scheduler", contract.Scheduled, contract.ScheduledData{Kind: "event", ID: "s", Attempt: 2,
+		NextAttemptAt: time.Now().Add(time.Hour), Source: "billing",
+		Decision: contract.Decision{Policy: "event\x00ingress", DecidedBy: "back\x00off"}}, time.Now())
+	require.NoError(t, err)
+	_, err = b.js.PublishMsg(b.ctx, msg)
+	require.NoError(t, err)
+	msg, err = contract.NewLifecycleMsg("test/scheduler", contract.Cancelled, contract.CancelledData{Kind: "event", ID: "c", Attempt: 1,
+		By: "al\x00ice", Reason: "not\x00needed"}, time.Now())
+	require.NoError(t, err)
+	_, err = b.js.PublishMsg(b.ctx, msg)
+	require.NoError(t, err)
+	b.waitStatus(t, "cancelled", "c")
+	require.Eventually(t, func() bool {
+		return b.count(t, `SELECT count(*) FROM event_ingress_retries WHERE event_id = 's' AND scheduled_attempt = 2`) == 1
+	}, eventually, 20*time.Millisecond)
+	b.drained(t, ingress.ConsumerRetryState)
+
+	var e apiError
+	for _, c := range []struct{ path, body, field string }{
+		{"/v1/sources/billing/pause", `{"reason":"nul\u0000"}`, "reason"},
+		{"/v1/events/s/cancel", `{"reason":"nul\u0000"}`, "reason"},
+		{"/v1/events/s/cancel", `{"by":"nul\u0000"}`, "by"},
+	} {
+		require.Equal(t, http.StatusBadRequest, b.do(t, http.MethodPost, c.path, c.body, &e), c.path+" "+c.body)
+		require.Equal(t, c.field, e.Error.Field)
+	}
+	require.Equal(t, "deferred", b.status(t, "s"), "a refused request changes nothing")
+}
+
+// A manual retry's due that arrives before the rescheduled event which
+// reopens the deferral is not remembered as handled: the scheduler's
+// re-emission of the same due admits the event. A replayed confirmation
+// of an attempt already evaluated reopens nothing.
+func TestManualRetryDueBeforeItsConfirmation(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	require.Equal(t, http.StatusOK, b.do(t, http.MethodPost, "/v1/sources/crm/pause", nil, nil))
+	for _, id := range []string{"early", "old"} {
+		b.post(t, event(id, "crm", "contact.created"))
+	}
+	b.waitStatus(t, "deferred", "early", "old")
+	for _, id := range []string{"early", "old"} {
+		msg, err := contract.NewLifecycleMsg("test/scheduler", contract.Exhausted, contract.ExhaustedData{Kind: "event", ID: id, Attempt: 1,
+			Reason: contract.ExhaustedMaxRetries, Policy: "event-ingress", PolicyVersion: 1, Source: "crm"}, time.Now())
+		require.NoError(t, err)
+		_, err = b.js.PublishMsg(b.ctx, msg)
+		require.NoError(t, err)
+	}
+	b.waitStatus(t, "exhausted", "early", "old")
+	require.Equal(t, http.StatusOK, b.do(t, http.MethodPost, "/v1/sources/crm/resume", nil, nil))
+
+	due := dueMsg(t, "early", "crm", 2)
+	_, err := b.js.PublishMsg(b.ctx, due)
+	require.NoError(t, err)
+	b.drained(t, ingress.ConsumerRetry)
+	require.Equal(t, "exhausted", b.status(t, "early"), "no confirmation yet: the due changes nothing")
+
+	b.publishScheduled(t, contract.Rescheduled, "early", "crm", 2, time.Now())
+	b.publishScheduled(t, contract.Rescheduled, "old", "crm", 1, time.Now())
+	b.waitStatus(t, "deferred", "early")
+	b.drained(t, ingress.ConsumerRetryState)
+	require.Equal(t, "exhausted", b.status(t, "old"), "a replayed confirmation reopens nothing")
+
+	// The scheduler emits the due again, with the same Nats-Msg-Id.
+	b.shrinkDuplicateWindow(t, contract.StreamRetries)
+	b.publishStored(t, due)
+	b.waitStatus(t, "admitted", "early")
+	require.Len(t, b.lifecycle(t, "early")[contract.Succeeded], 1)
+	require.Equal(t, 1, b.admittedIDs(t)["early"])
+}

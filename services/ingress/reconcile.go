@@ -17,18 +17,15 @@ import (
 // handles.
 const reconcileBatch = 500
 
-// reconcileLoop runs at start and every ReconcileInterval: it recreates
-// deleted consumers (and streams), publishes again the failed event of
-// deferrals the scheduler never confirmed and prunes ended rate windows and
-// old inbox rows. It holds no state of its
-// own; everything it needs is in Postgres.
+// reconcileLoop runs at start and every ReconcileInterval: it publishes
+// again the failed event of deferrals the scheduler never confirmed and
+// prunes ended rate windows and old inbox rows. It holds no state of its
+// own; everything it needs is in Postgres. (The consumers recreate
+// themselves, at the same interval.)
 func (s *Service) reconcileLoop(ctx context.Context) {
 	t := time.NewTicker(s.cfg.ReconcileInterval)
 	defer t.Stop()
 	for {
-		if err := s.ensureConsumers(ctx); err != nil && ctx.Err() == nil {
-			s.log.Error().Err(err).Msg("ensure consumers")
-		}
 		n, err := s.Reconcile(ctx)
 		if err != nil && ctx.Err() == nil {
 			s.log.Error().Err(err).Msg("reconcile deferrals")

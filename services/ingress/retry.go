@@ -36,7 +36,7 @@ const (
 type dueOutcome struct {
 	ev      ingressstore.Event
 	source  string
-	what    string // "evaluated", "admitted_before", "cancelled_before", "stale", "missing", "type_cancelled", "resolved"
+	what    string // "duplicate", "evaluated", "admitted_before", "cancelled_before", "exhausted_before", "stale", "missing", "type_cancelled", "resolved"
 	verdict ingressstore.Verdict
 }
 
@@ -55,12 +55,7 @@ func (s *Service) handleDue(ctx context.Context, msg jetstream.Msg) error {
 	var out dueOutcome
 	err = s.inTx(ctx, func(tx pgx.Tx) error {
 		out = dueOutcome{source: due.Source}
-		first, err := inbox.Claim(ctx, tx, ConsumerRetry, msgID)
-		if err != nil || !first {
-			out.what = "duplicate"
-			return err
-		}
-		return s.decideDue(ctx, tx, due, &out)
+		return s.decideDue(ctx, tx, msgID, due, &out)
 	})
 	if err != nil {
 		return fmt.Errorf("handle due %s: %w", msgID, err)
@@ -93,10 +88,25 @@ func (s *Service) handleDue(ctx context.Context, msg jetstream.Msg) error {
 	return nil
 }
 
-func (s *Service) decideDue(ctx context.Context, tx pgx.Tx, due *contract.DueData, out *dueOutcome) error {
+// decideDue decides a due event inside tx. The event's row is locked
+// first; the due is claimed in the inbox only when it is decided on, not
+// for a deferral that ended: a manual retry's due may arrive before the
+// rescheduled event that reopens the deferral, and the scheduler's
+// re-emission of the due (same Nats-Msg-Id) must then be evaluated.
+func (s *Service) decideDue(ctx context.Context, tx pgx.Tx, msgID string, due *contract.DueData, out *dueOutcome) error {
 	now := s.cfg.Now()
+	claim := func() (bool, error) {
+		first, err := inbox.Claim(ctx, tx, ConsumerRetry, msgID)
+		if err == nil && !first {
+			out.what = "duplicate"
+		}
+		return first, err
+	}
 	ev, err := ingressstore.LockEvent(ctx, tx, due.ID)
 	if errors.Is(err, ingressstore.ErrNotFound) {
+		if first, err := claim(); err != nil || !first {
+			return err
+		}
 		// Nothing to evaluate (e.g. the database was restored from an older
 		// backup): close the retry instead of letting it come back.
 		out.what = "missing"
@@ -112,6 +122,11 @@ func (s *Service) decideDue(ctx context.Context, tx pgx.Tx, due *contract.DueDat
 	}
 	out.ev = ev
 	out.source = ev.Source
+	if ev.Status != ingressstore.StatusCancelled && ev.Status != ingressstore.StatusExhausted {
+		if first, err := claim(); err != nil || !first {
+			return err
+		}
+	}
 	switch ev.Status {
 	case ingressstore.StatusAdmitted:
 		// Admitted already (a duplicate due, or the succeeded was lost):
@@ -122,8 +137,12 @@ func (s *Service) decideDue(ctx context.Context, tx pgx.Tx, due *contract.DueDat
 			return err
 		}
 		return outbox.Insert(ctx, tx, OutboxOwner, m)
+	case ingressstore.StatusExhausted:
+		// Ended by the scheduler, which knows it.
+		out.what = "exhausted_before"
+		return nil
 	case ingressstore.StatusCancelled:
-		// Never admitted. When ingress published the cancellation, publish
+		// Not admitted. When ingress published the cancellation, publish
 		// it again (same Nats-Msg-Id as the first) in case the scheduler
 		// never received it; a cancellation from the scheduler it knows.
 		out.what = "cancelled_before"

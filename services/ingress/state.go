@@ -25,10 +25,10 @@ func (s *Service) handleRetryState(ctx context.Context, msg jetstream.Msg) error
 		return invalid("subject", fmt.Sprintf("%s is not an event retry", msg.Subject()))
 	}
 	msgID := lifecycleMsgID(msg, lc)
-	var applied bool
+	var applied, reopened bool
 	var source string
 	err = s.inTx(ctx, func(tx pgx.Tx) error {
-		applied, source = false, ""
+		applied, reopened, source = false, false, ""
 		first, err := inbox.Claim(ctx, tx, ConsumerRetryState, msgID)
 		if err != nil || !first {
 			return err
@@ -37,14 +37,19 @@ func (s *Service) handleRetryState(ctx context.Context, msg jetstream.Msg) error
 		case contract.Scheduled, contract.Rescheduled:
 			d := lc.Scheduled
 			source = d.Source
-			applied, err = ingressstore.ConfirmScheduled(ctx, tx, d.ID, d.Attempt, d.NextAttemptAt, map[string]any{
+			decision := map[string]any{
 				"decided_by":     d.Decision.DecidedBy,
 				"policy":         d.Decision.Policy,
 				"policy_version": d.Decision.PolicyVersion,
 				"delay_ms":       d.Decision.DelayMS,
 				"retry_count":    d.Decision.RetryCount,
 				"max_retries":    d.Decision.MaxRetries,
-			})
+			}
+			applied, err = ingressstore.ConfirmScheduled(ctx, tx, d.ID, d.Attempt, d.NextAttemptAt, decision)
+			if err != nil || applied {
+				return err
+			}
+			applied, reopened, err = s.reopenDeferral(ctx, tx, d, decision)
 			return err
 		case contract.Exhausted:
 			d := lc.Exhausted
@@ -69,14 +74,43 @@ func (s *Service) handleRetryState(ctx context.Context, msg jetstream.Msg) error
 	log := s.log.Info().Str("source", source).Str("event_id", lc.ID).Int("attempt", lc.Attempt())
 	switch lc.Event {
 	case contract.Scheduled, contract.Rescheduled:
+		msg := "event retry scheduled"
+		if reopened {
+			msg = "ended deferral retried again: deferred until its next attempt"
+		}
 		log.Time("next_attempt_at", lc.Scheduled.NextAttemptAt).Str("decided_by", lc.Scheduled.Decision.DecidedBy).
-			Str("event", string(lc.Event)).Msg("event retry scheduled")
+			Str("event", string(lc.Event)).Msg(msg)
 	case contract.Exhausted:
 		log.Str("reason", lc.Exhausted.Reason).Msg("event retry exhausted: the event will not be admitted")
 	case contract.Cancelled:
 		log.Str("by", lc.Cancelled.By).Msg("event retry cancelled")
 	}
 	return nil
+}
+
+// reopenDeferral applies the scheduler's confirmation of a new attempt of
+// an exhausted or cancelled deferral (an operator's manual retry): the
+// event is deferred again, and its due evaluates it like any other.
+// Events in any other status, and confirmations no newer than the
+// deferral's last attempt, change nothing.
+func (s *Service) reopenDeferral(ctx context.Context, tx pgx.Tx, d *contract.ScheduledData, decision map[string]any) (applied, reopened bool, err error) {
+	ev, err := ingressstore.LockEvent(ctx, tx, d.ID)
+	if errors.Is(err, ingressstore.ErrNotFound) {
+		return false, false, nil
+	}
+	if err != nil {
+		return false, false, err
+	}
+	if ev.Status != ingressstore.StatusExhausted && ev.Status != ingressstore.StatusCancelled {
+		return false, false, nil
+	}
+	if reopened, err = ingressstore.ReopenRetry(ctx, tx, d.ID, d.Attempt, d.NextAttemptAt, decision); err != nil || !reopened {
+		return false, false, err
+	}
+	if _, err := ingressstore.SetEventStatus(ctx, tx, d.ID, ingressstore.StatusDeferred, ev.Status); err != nil {
+		return false, false, err
+	}
+	return true, true, nil
 }
 
 // endDeferral moves a deferred event to status (exhausted or cancelled)

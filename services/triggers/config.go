@@ -11,6 +11,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/retryd/retryd/pkg/serve"
+	"github.com/retryd/retryd/pkg/streams"
 )
 
 // Durable consumer names (docs/design.md).
@@ -43,6 +44,10 @@ type Config struct {
 	// Health, when set, is marked ready once the consumers run and not
 	// ready when the service stops.
 	Health *serve.Health
+	// Streams, when set, lets the service recreate a deleted stream
+	// (streams.Ensure with these options) before recreating the consumers
+	// on it. Nil leaves streams to the operator.
+	Streams *streams.Options
 
 	// Workers is how many messages each consumer handles at once
 	// (default 4).
@@ -71,6 +76,9 @@ type Config struct {
 	// ReconcileAfter is how long a held delivery waits for the scheduler's
 	// confirmation before it is reconciled (default 2m).
 	ReconcileAfter time.Duration
+	// CheckInterval is how often the durable consumers are looked for and
+	// recreated when they were deleted (default 30s).
+	CheckInterval time.Duration
 	// InboxRetention is how long inbox rows (applied message ids) are kept
 	// before they are pruned (default 168h; negative disables pruning).
 	// State guards on attempts and statuses catch replays older than it.
@@ -142,6 +150,14 @@ func (c *Config) validate() error {
 	}
 	if c.InboxRetention == 0 {
 		c.InboxRetention = 168 * time.Hour
+	}
+	if c.CheckInterval < 0 {
+		errs = append(errs, fmt.Errorf("Config.CheckInterval must not be negative, got %s", c.CheckInterval))
+	}
+	if c.Streams != nil {
+		if err := c.Streams.Validate(); err != nil {
+			errs = append(errs, fmt.Errorf("Config.Streams: %w", err))
+		}
 	}
 	if c.ReconcileAfter < 0 {
 		errs = append(errs, fmt.Errorf("Config.ReconcileAfter must not be negative, got %s", c.ReconcileAfter))

@@ -108,7 +108,8 @@ func (s *Service) decide(ctx context.Context, tx pgx.Tx, t triggerstore.Trigger,
 	if progs.predicate != nil {
 		ok, err := evalBool(ctx, progs.predicate, o.act)
 		if err != nil {
-			s.log.Debug().Str("trigger_id", t.ID).Str("event_id", o.env.ID).Str("error", err.Error()).Msg("predicate failed")
+			// Not the error's text: CEL quotes the event's values in it.
+			s.log.Debug().Str("trigger_id", t.ID).Int("version", t.Version).Str("event_id", o.env.ID).Msg("predicate failed")
 			return decision{status: triggerstore.StatusFiltered, reason: ReasonPredicateError}, nil
 		}
 		if !ok {
@@ -119,7 +120,7 @@ func (s *Service) decide(ctx context.Context, tx pgx.Tx, t triggerstore.Trigger,
 	if t.ThrottleLimit > 0 {
 		if progs.key != nil {
 			if key, err = evalKey(ctx, progs.key, o.act); err != nil {
-				s.log.Debug().Str("trigger_id", t.ID).Str("event_id", o.env.ID).Str("error", err.Error()).Msg("throttle key failed")
+				s.log.Debug().Str("trigger_id", t.ID).Int("version", t.Version).Str("event_id", o.env.ID).Msg("throttle key failed")
 				return decision{status: triggerstore.StatusFiltered, reason: ReasonThrottleKeyError}, nil
 			}
 		}

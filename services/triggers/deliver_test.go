@@ -1,10 +1,13 @@
 package triggers
 
 import (
+	"bytes"
 	"net/http"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
 
 	"github.com/retryd/retryd/pkg/contract"
@@ -184,4 +187,41 @@ func TestThrottleHoldsAndRetryLaunches(t *testing.T) {
 	require.Equal(t, 2.0, counter(t, b.svc.metrics.retried, tr.ID))
 	require.Equal(t, 1.0, counter(t, b.svc.metrics.retrySucceeded, tr.ID))
 	require.Equal(t, 4.0, counter(t, b.svc.metrics.launched, tr.ID))
+}
+
+// syncBuffer is a log sink tests read while the service writes.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// Logs never carry event data, not even at debug level in the reason a
+// predicate or a throttle key failed (CEL quotes the values it rejects).
+func TestLogsCarryNoEventData(t *testing.T) {
+	t.Parallel()
+	var logs syncBuffer
+	b := setup(t, true, func(c *Config) { c.Logger = zerolog.New(&logs).Level(zerolog.DebugLevel) })
+	tr := b.createTrigger(t, TriggerInput{ID: "dated", Name: "dated", Source: "pay", EventType: "card.used",
+		Predicate: `timestamp(data.card) > timestamp("2020-01-01T00:00:00Z")`, Workflow: "w"})
+	keyed := b.createTrigger(t, TriggerInput{ID: "keyed", Name: "keyed", Source: "pay", EventType: "card.used",
+		Throttle: &ThrottleInput{Limit: intp(5), Window: "1m", Key: `string(timestamp(data.card))`}, Workflow: "w"})
+	b.publishEvent(t, "pay", "card.used", "c1", map[string]any{"card": "4111-1111-secret"})
+	d := b.waitDelivery(t, DeliveryID("c1", tr.ID), func(triggerstore.Delivery) bool { return true })
+	require.Equal(t, ReasonPredicateError, d.StatusReason)
+	d = b.waitDelivery(t, DeliveryID("c1", keyed.ID), func(triggerstore.Delivery) bool { return true })
+	require.Equal(t, ReasonThrottleKeyError, d.StatusReason)
+	require.Contains(t, logs.String(), `"event_id":"c1"`)
+	require.NotContains(t, logs.String(), "secret")
 }

@@ -14,6 +14,7 @@ import (
 	"cel.dev/cel-go/ext"
 
 	"github.com/retryd/retryd/pkg/contract"
+	"github.com/retryd/retryd/projections/pgtext"
 )
 
 // Limits on trigger expressions.
@@ -146,7 +147,9 @@ func evalBool(ctx context.Context, prg cel.Program, act activation) (bool, error
 // evalKey runs a throttle key expression and turns its value into the
 // stored key: strings as they are, numbers and bools formatted, anything
 // else an error. Keys longer than 128 characters are replaced by their
-// SHA-256 so the column and index stay small.
+// SHA-256 so the column and index stay small, and so are keys Postgres
+// could not store as text (a NUL byte from the event's data): hashing keeps
+// distinct keys distinct, where cleaning them could merge two.
 func evalKey(ctx context.Context, prg cel.Program, act activation) (string, error) {
 	out, _, err := prg.ContextEval(ctx, act.vars)
 	if err != nil {
@@ -167,7 +170,7 @@ func evalKey(ctx context.Context, prg cel.Program, act activation) (string, erro
 	default:
 		return "", fmt.Errorf("evaluate throttle key: returned %s, not a string or number", out.Type())
 	}
-	if len(key) > maxThrottleKeyLen {
+	if len(key) > maxThrottleKeyLen || pgtext.Clean(key) != key {
 		sum := sha256.Sum256([]byte(key))
 		key = "sha256:" + hex.EncodeToString(sum[:])
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/retryd/retryd/projections/inbox"
 	"github.com/retryd/retryd/projections/ingressstore"
 	"github.com/retryd/retryd/projections/outbox"
+	"github.com/retryd/retryd/projections/pgtext"
 	"github.com/retryd/retryd/projections/triggerstore"
 )
 
@@ -272,8 +273,8 @@ func (s *Service) handleRetryState(ctx context.Context, msg jetstream.Msg) error
 			})
 		case ev.Cancelled != nil:
 			c := ev.Cancelled
-			d, applied, err = triggerstore.ApplyCancelled(ctx, tx, ev.ID, c.Attempt, "cancelled_by_"+truncate(c.By, 32), map[string]any{
-				"cancelled_by": c.By, "cancel_reason": truncate(c.Reason, 256),
+			d, applied, err = triggerstore.ApplyCancelled(ctx, tx, ev.ID, c.Attempt, "cancelled_by_"+pgtext.Truncate(c.By, 32), map[string]any{
+				"cancelled_by": c.By, "cancel_reason": pgtext.Truncate(c.Reason, 256),
 			})
 		default:
 			return invalidField("subject", fmt.Sprintf("%q is not scheduled, rescheduled, exhausted or cancelled", msg.Subject()))
@@ -299,7 +300,7 @@ func (s *Service) handleRetryState(ctx context.Context, msg jetstream.Msg) error
 		log = s.log.Warn().Str("delivery_id", ev.ID).Str("trigger_id", d.TriggerID).Int("attempt", ev.Attempt()).Str("reason", ev.Exhausted.Reason)
 	case ev.Cancelled != nil && applied:
 		s.metrics.cancelled.WithLabelValues(d.TriggerID, "cancelled_by_scheduler").Inc()
-		log = s.log.Info().Str("delivery_id", ev.ID).Str("trigger_id", d.TriggerID).Int("attempt", ev.Attempt()).Str("by", truncate(ev.Cancelled.By, 64))
+		log = s.log.Info().Str("delivery_id", ev.ID).Str("trigger_id", d.TriggerID).Int("attempt", ev.Attempt()).Str("by", pgtext.Truncate(ev.Cancelled.By, 64))
 	}
 	log.Msg("retry state")
 	return nil

@@ -3,14 +3,17 @@ package triggers
 import (
 	"context"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/require"
 
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/pkg/natstest"
+	"github.com/retryd/retryd/pkg/streams"
 	"github.com/retryd/retryd/projections/ingressstore"
 	"github.com/retryd/retryd/projections/triggerstore"
 )
@@ -276,4 +279,78 @@ func TestReconcileRepublishesUnconfirmedFailures(t *testing.T) {
 	n, err := b.svc.Reconcile(context.Background())
 	require.NoError(t, err)
 	require.Zero(t, n, "a republished delivery waits ReconcileAfter again")
+}
+
+// A deleted consumer, or one lost with the RETRIES stream, is created
+// again: due events published afterwards still reach held deliveries.
+func TestDeletedConsumersAndStreamAreRecreated(t *testing.T) {
+	t.Parallel()
+	b := setup(t, true, func(c *Config) {
+		c.Streams = &streams.Options{}
+		c.CheckInterval = 50 * time.Millisecond
+	})
+	launched, h1, h2 := holdTwo(t, b, "lost", "x")
+	f1, f2 := findFailed(t, b, h1, 1), findFailed(t, b, h2, 1)
+	b.publishRunFinished(t, "enrich", launched.RunID, contract.RunCompleted)
+	require.Eventually(t, func() bool {
+		n, err := triggerstore.CountInFlight(b.ctx, b.pool, "lost")
+		return err == nil && n == 0
+	}, eventually, tick)
+
+	require.NoError(t, b.js.DeleteConsumer(b.ctx, contract.StreamRetries, ConsumerRetry))
+	b.publishDue(t, h1, 2, f1.Payload)
+	b.waitDelivery(t, h1, func(d triggerstore.Delivery) bool { return d.Status == triggerstore.StatusLaunched })
+
+	require.NoError(t, b.js.DeleteStream(b.ctx, contract.StreamRetries))
+	require.Eventually(t, func() bool {
+		_, err := b.js.Consumer(b.ctx, contract.StreamRetries, ConsumerRetry)
+		return err == nil
+	}, eventually, tick, "the stream and its consumers are back")
+	b.publishDue(t, h2, 2, f2.Payload)
+	d := b.waitDelivery(t, h2, func(d triggerstore.Delivery) bool {
+		return d.Status != triggerstore.StatusConcurrencyLimited || d.RetryAttempts == 2
+	})
+	require.Equal(t, 2, d.RetryAttempts, "the due was handled (held again: the first retry's run is in flight)")
+}
+
+// Text Postgres cannot store (a NUL byte, a UTF-8 sequence cut in two)
+// in a valid lifecycle event or in an event's data must not wedge a
+// message in an endless redelivery loop: the event is applied.
+func TestUnstorableTextIsStillApplied(t *testing.T) {
+	t.Parallel()
+	b := setup(t, true)
+	_, h1, h2 := holdTwo(t, b, "odd", "u")
+	findFailed(t, b, h1, 1)
+	findFailed(t, b, h2, 1)
+
+	// 31 ASCII bytes then "é": cutting By at 32 bytes splits the "é".
+	by := strings.Repeat("o", 31) + "é"
+	publishLifecycle(t, b, contract.Cancelled, contract.CancelledData{Kind: contract.KindEventTrigger, ID: h1, Attempt: 1,
+		By: by, Reason: "clean up"})
+	d := b.waitDelivery(t, h1, func(d triggerstore.Delivery) bool { return d.Status == triggerstore.StatusCancelled })
+	require.True(t, utf8.ValidString(d.StatusReason), d.StatusReason)
+	require.Equal(t, by, d.RetryMetadata["cancelled_by"])
+
+	publishLifecycle(t, b, contract.Scheduled, contract.ScheduledData{Kind: contract.KindEventTrigger, ID: h2, Attempt: 2,
+		NextAttemptAt: time.Now().Add(time.Hour), Decision: contract.Decision{Policy: "nul\x00policy"}})
+	b.waitDelivery(t, h2, func(d triggerstore.Delivery) bool { return d.ScheduledAttempt == 2 })
+	publishLifecycle(t, b, contract.Cancelled, contract.CancelledData{Kind: contract.KindEventTrigger, ID: h2, Attempt: 2,
+		By: "op\x00erator", Reason: "nul\x00reason"})
+	d = b.waitDelivery(t, h2, func(d triggerstore.Delivery) bool { return d.Status == triggerstore.StatusCancelled })
+	require.NotContains(t, d.StatusReason, "\x00")
+
+	// A throttle key with a NUL byte, from the event's data.
+	tr := b.createTrigger(t, TriggerInput{ID: "keyed", Name: "keyed", Source: "crm", EventType: "lead.keyed",
+		Throttle: &ThrottleInput{Limit: intp(1), Window: "1h", Key: "data.customer"}, Workflow: "enrich"})
+	b.publishEvent(t, "crm", "lead.keyed", "k1", map[string]any{"customer": "acme\x00"})
+	b.publishEvent(t, "crm", "lead.keyed", "k2", map[string]any{"customer": "acme\x00"})
+	b.publishEvent(t, "crm", "lead.keyed", "k3", map[string]any{"customer": "acme"})
+	k1 := b.waitDelivery(t, DeliveryID("k1", tr.ID), func(triggerstore.Delivery) bool { return true })
+	k2 := b.waitDelivery(t, DeliveryID("k2", tr.ID), func(triggerstore.Delivery) bool { return true })
+	k3 := b.waitDelivery(t, DeliveryID("k3", tr.ID), func(triggerstore.Delivery) bool { return true })
+	require.ElementsMatch(t, []triggerstore.Status{triggerstore.StatusLaunched, triggerstore.StatusThrottled},
+		[]triggerstore.Status{k1.Status, k2.Status}, "the same key shares one budget")
+	require.Equal(t, triggerstore.StatusLaunched, k3.Status, "another key has its own budget")
+	require.Equal(t, k1.ThrottleKey, k2.ThrottleKey)
+	require.NotContains(t, k1.ThrottleKey, "\x00")
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/retryd/retryd/pkg/contract"
+	"github.com/retryd/retryd/pkg/durable"
 	"github.com/retryd/retryd/projections/outbox"
 )
 
@@ -24,41 +25,26 @@ import (
 // consumers are shared durables, and every delivery decision takes the
 // trigger's row lock.
 type Service struct {
-	cfg      Config
-	log      zerolog.Logger
-	metrics  *metrics
-	exprs    *exprEnv
-	programs *programCache
-	relay    *outbox.Relay
+	cfg       Config
+	log       zerolog.Logger
+	metrics   *metrics
+	exprs     *exprEnv
+	programs  *programCache
+	relay     *outbox.Relay
+	consumers *durable.Group
 
 	mu        sync.Mutex
 	started   bool
 	stopped   bool
-	consumers []*consumer
 	runCtx    context.Context
 	cancelRun context.CancelFunc
 	quit      chan struct{}
-	workers   sync.WaitGroup
 	loops     sync.WaitGroup
 }
 
-// handler handles one message. A nil error acks it; an error wrapping
-// contract.ErrInvalid or contract.ErrTooLarge terminates it; errCrashed
-// leaves it alone (a test failpoint acting as a crash); any other error
-// naks it for a redelivery after Config.NakDelay.
-type handler func(ctx context.Context, msg jetstream.Msg) error
-
-type consumer struct {
-	name    string
-	stream  string
-	filters []string
-	handle  handler
-	cc      jetstream.ConsumeContext
-	work    chan jetstream.Msg
-}
-
-// errCrashed is returned by failpoints: the process "died" at that point.
-var errCrashed = errors.New("failpoint: crashed")
+// errCrashed is returned by failpoints: the process "died" at that point,
+// and the message is left unacked.
+var errCrashed = fmt.Errorf("failpoint: crashed: %w", durable.ErrAbandon)
 
 // New checks the configuration and builds the service; Start runs it.
 func New(cfg Config) (*Service, error) {
@@ -92,16 +78,36 @@ func New(cfg Config) (*Service, error) {
 			return nil, fmt.Errorf("create outbox relay: %w", err)
 		}
 	}
-	s.consumers = []*consumer{
-		{name: ConsumerEvents, stream: contract.StreamEvents, filters: []string{"events.>"}, handle: s.handleEvent},
-		{name: ConsumerRetry, stream: contract.StreamRetries, filters: []string{contract.RetryFilter(contract.KindEventTrigger, contract.Due)}, handle: s.handleDue},
-		{name: ConsumerRetryState, stream: contract.StreamRetries, filters: []string{
+	spec := func(name, stream string, h durable.Handler, filters ...string) durable.Spec {
+		return durable.Spec{Stream: stream, Handle: h, Workers: cfg.Workers, Config: jetstream.ConsumerConfig{
+			Durable:        name,
+			FilterSubjects: filters,
+			AckPolicy:      jetstream.AckExplicitPolicy,
+			AckWait:        cfg.AckWait,
+			// Never give up on a message: a pending delivery or retry must
+			// not be lost to a long database outage.
+			MaxDeliver:    -1,
+			MaxAckPending: 64 * cfg.Workers,
+			DeliverPolicy: jetstream.DeliverAllPolicy,
+		}}
+	}
+	s.consumers, err = durable.NewGroup(durable.Config{
+		JS: cfg.JS, Logger: s.log, Streams: cfg.Streams, CheckInterval: cfg.CheckInterval,
+		Malformed: m.malformed, Failed: m.errors,
+		NakDelay: func(uint64) time.Duration { return cfg.NakDelay },
+	},
+		spec(ConsumerEvents, contract.StreamEvents, s.handleEvent, "events.>"),
+		spec(ConsumerRetry, contract.StreamRetries, s.handleDue, contract.RetryFilter(contract.KindEventTrigger, contract.Due)),
+		spec(ConsumerRetryState, contract.StreamRetries, s.handleRetryState,
 			contract.RetryFilter(contract.KindEventTrigger, contract.Scheduled),
 			contract.RetryFilter(contract.KindEventTrigger, contract.Rescheduled),
 			contract.RetryFilter(contract.KindEventTrigger, contract.Exhausted),
-			contract.RetryFilter(contract.KindEventTrigger, contract.Cancelled),
-		}, handle: s.handleRetryState},
-		{name: ConsumerRuns, stream: contract.StreamRuns, filters: []string{"runs.*." + contract.RunCompleted + ".*", "runs.*." + contract.RunFailed + ".*"}, handle: s.handleRunFinished},
+			contract.RetryFilter(contract.KindEventTrigger, contract.Cancelled)),
+		spec(ConsumerRuns, contract.StreamRuns, s.handleRunFinished,
+			"runs.*."+contract.RunCompleted+".*", "runs.*."+contract.RunFailed+".*"),
+	)
+	if err != nil {
+		return nil, err
 	}
 	return s, nil
 }
@@ -122,11 +128,9 @@ func (s *Service) Start(ctx context.Context) error {
 			return fmt.Errorf("start outbox relay: %w", err)
 		}
 	}
-	for _, c := range s.consumers {
-		if err := s.startConsumer(ctx, c); err != nil {
-			s.stopLocked(ctx)
-			return err
-		}
+	if err := s.consumers.Start(ctx); err != nil {
+		s.stopLocked(ctx)
+		return fmt.Errorf("start triggers: %w", err)
 	}
 	if s.cfg.ReconcileInterval > 0 || s.cfg.InboxRetention > 0 {
 		s.loops.Add(1)
@@ -137,77 +141,6 @@ func (s *Service) Start(ctx context.Context) error {
 	}
 	s.log.Info().Int("workers", s.cfg.Workers).Msg("triggers started")
 	return nil
-}
-
-func (s *Service) startConsumer(ctx context.Context, c *consumer) error {
-	cons, err := s.cfg.JS.CreateOrUpdateConsumer(ctx, c.stream, jetstream.ConsumerConfig{
-		Durable:        c.name,
-		FilterSubjects: c.filters,
-		AckPolicy:      jetstream.AckExplicitPolicy,
-		AckWait:        s.cfg.AckWait,
-		// Never give up on a message: a pending delivery or retry must not
-		// be lost to a long database outage.
-		MaxDeliver:    -1,
-		MaxAckPending: 64 * s.cfg.Workers,
-		DeliverPolicy: jetstream.DeliverAllPolicy,
-	})
-	if err != nil {
-		return fmt.Errorf("create consumer %s: %w", c.name, err)
-	}
-	c.work = make(chan jetstream.Msg)
-	for range s.cfg.Workers {
-		s.workers.Add(1)
-		go s.worker(c)
-	}
-	cc, err := cons.Consume(func(msg jetstream.Msg) {
-		select {
-		case c.work <- msg:
-		case <-s.quit:
-			// Stopping without a drain: the message is redelivered after
-			// AckWait, to this or another instance.
-		}
-	}, jetstream.PullMaxMessages(2*s.cfg.Workers))
-	if err != nil {
-		return fmt.Errorf("consume %s: %w", c.name, err)
-	}
-	c.cc = cc
-	return nil
-}
-
-func (s *Service) worker(c *consumer) {
-	defer s.workers.Done()
-	for {
-		select {
-		case msg := <-c.work:
-			s.dispatch(c, msg)
-		case <-s.quit:
-			return
-		}
-	}
-}
-
-func (s *Service) dispatch(c *consumer, msg jetstream.Msg) {
-	err := c.handle(s.runCtx, msg)
-	switch {
-	case err == nil:
-		if err := msg.Ack(); err != nil {
-			s.log.Warn().Err(err).Str("consumer", c.name).Str("subject", msg.Subject()).Msg("ack failed; the message will be redelivered and found applied")
-		}
-	case errors.Is(err, contract.ErrInvalid), errors.Is(err, contract.ErrTooLarge):
-		s.metrics.malformed.WithLabelValues(c.name).Inc()
-		s.log.Warn().Str("consumer", c.name).Str("subject", msg.Subject()).Str("reason", err.Error()).Msg("malformed message terminated")
-		if err := msg.TermWithReason("malformed: " + truncate(err.Error(), 200)); err != nil {
-			s.log.Warn().Err(err).Str("consumer", c.name).Msg("term failed")
-		}
-	case errors.Is(err, errCrashed):
-		s.log.Warn().Str("consumer", c.name).Str("subject", msg.Subject()).Msg("failpoint: message left unacked")
-	default:
-		s.metrics.errors.WithLabelValues(c.name).Inc()
-		s.log.Error().Err(err).Str("consumer", c.name).Str("subject", msg.Subject()).Msg("handling failed; redelivering")
-		if err := msg.NakWithDelay(s.cfg.NakDelay); err != nil {
-			s.log.Warn().Err(err).Str("consumer", c.name).Msg("nak failed")
-		}
-	}
 }
 
 // Stop drains the consumers (messages already fetched are handled and
@@ -229,31 +162,11 @@ func (s *Service) stopLocked(ctx context.Context) error {
 		s.cfg.Health.SetReady(false)
 	}
 	var errs []error
-	for _, c := range s.consumers {
-		if c.cc != nil {
-			c.cc.Drain()
-		}
-	}
-	for _, c := range s.consumers {
-		if c.cc == nil {
-			continue
-		}
-		select {
-		case <-c.cc.Closed():
-		case <-ctx.Done():
-			c.cc.Stop()
-			errs = append(errs, fmt.Errorf("drain consumer %s: %w", c.name, ctx.Err()))
-		}
+	if err := s.consumers.Drain(ctx); err != nil {
+		errs = append(errs, err)
 	}
 	close(s.quit)
-	done := make(chan struct{})
-	go func() { s.workers.Wait(); s.loops.Wait(); close(done) }()
-	select {
-	case <-done:
-	case <-ctx.Done():
-		s.cancelRun()
-		<-done
-	}
+	s.loops.Wait()
 	if s.relay != nil {
 		if err := s.relay.Stop(ctx); err != nil {
 			errs = append(errs, fmt.Errorf("stop outbox relay: %w", err))
@@ -280,13 +193,6 @@ func (s *Service) fail(name string) error {
 		return fmt.Errorf("%s: %w", name, errCrashed)
 	}
 	return nil
-}
-
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return s[:n]
 }
 
 // sleepCtx waits d or until ctx ends.

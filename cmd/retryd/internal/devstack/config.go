@@ -42,6 +42,9 @@ type Config struct {
 	// DatabaseURL is the Postgres to use; empty starts a local cluster in
 	// DataDir/postgres from the installed binaries (pgcluster).
 	DatabaseURL string
+	// PostgresBinDir holds initdb, pg_ctl and postgres for the local
+	// cluster; empty searches PATH and /usr/lib/postgresql/*/bin.
+	PostgresBinDir string
 	// PoolConns is the size of the shared Postgres pool. Default 32.
 	PoolConns int
 	// Logger receives every component's logs.

@@ -58,6 +58,7 @@ type Stack struct {
 
 	databaseURL string
 	localPG     bool
+	pgDir       string
 	httpAddr    net.Addr
 
 	mu       sync.Mutex
@@ -181,16 +182,15 @@ func (s *Stack) startPostgres(ctx context.Context) error {
 	if note != "" {
 		s.log.Warn().Str("dir", dir).Msg(note)
 	}
-	cluster, err := pgcluster.Start(ctx, pgcluster.Options{DataDir: dir, Log: s.cfg.PostgresLog})
+	cluster, err := pgcluster.Start(ctx, pgcluster.Options{DataDir: dir, Log: s.cfg.PostgresLog, BinDir: s.cfg.PostgresBinDir})
 	if errors.Is(err, pgcluster.ErrNoPostgres) {
-		return fmt.Errorf("no DATABASE_URL and no local Postgres to start: %w\n"+
-			"  Debian/Ubuntu: sudo apt-get install postgresql-15\n"+
-			"  or run against a server: DATABASE_URL=postgres://user@host/db go run ./cmd/retryd dev", err)
+		return fmt.Errorf("no DATABASE_URL, and no local Postgres to start: %w\n"+
+			"  with a server of your own: DATABASE_URL=postgres://user@host/db go run ./cmd/retryd dev", err)
 	}
 	if err != nil {
 		return fmt.Errorf("start local Postgres in %s: %w", dir, err)
 	}
-	s.localPG = true
+	s.localPG, s.pgDir = true, cluster.DataDir()
 	s.databaseURL = cluster.URL("postgres")
 	s.onStop("postgres", cluster.Stop)
 	return nil
@@ -277,7 +277,7 @@ func (s *Stack) startServices(ctx context.Context) error {
 	s.Projector = proj
 	s.onStop("jobs projection", proj.Stop)
 
-	api, err := jobs.NewAPI(jobs.APIConfig{Pool: s.Pool, Retry: RetryController{S: sched}, Logger: lg("jobs-api"), Registerer: reg})
+	api, err := jobs.NewAPI(jobs.APIConfig{Pool: s.Pool, Retry: scheduler.RetryController{S: sched}, Logger: lg("jobs-api"), Registerer: reg})
 	if err != nil {
 		return fmt.Errorf("new jobs API: %w", err)
 	}
@@ -372,8 +372,9 @@ func (s *Stack) NATSURL() string {
 // DatabaseURL is the Postgres URL in use.
 func (s *Stack) DatabaseURL() string { return s.databaseURL }
 
-// LocalPostgres reports whether the stack started its own Postgres.
-func (s *Stack) LocalPostgres() bool { return s.localPG }
+// LocalPostgres reports whether the stack started its own Postgres, and
+// where its data directory is.
+func (s *Stack) LocalPostgres() (bool, string) { return s.localPG, s.pgDir }
 
 // displayAddr turns a wildcard listen address into one a browser can open.
 func displayAddr(a net.Addr) string {

@@ -52,7 +52,7 @@ export function fmtMS(ms) {
   ms = Math.abs(ms);
   let out;
   if (ms < 1000) out = `${Math.round(ms)}ms`;
-  else if (ms < 10000) out = `${(ms / 1000).toFixed(1)}s`;
+  else if (ms < 10000) out = `${(ms / 1000).toFixed(1).replace(/\.0$/, "")}s`;
   else if (ms < 60000) out = `${Math.round(ms / 1000)}s`;
   else if (ms < 3600000) {
     const m = Math.floor(ms / 60000), sec = Math.round((ms % 60000) / 1000);

@@ -23,19 +23,21 @@ export async function render(root, params, { navigate }) {
     }
     const now = Date.now();
     for (const s of sources) {
+      // A pause with an end ends by itself.
+      const paused = s.paused && !(s.paused_until && Date.parse(s.paused_until) <= now);
       tbody.appendChild(h("tr", { "data-source": s.source },
         h("td", { class: "mono", text: s.source }),
         h("td", { text: s.rate_limit ? `${s.rate_limit} per ${s.rate_window}` : "none" }),
-        h("td", {}, s.paused
-          ? [h("span", { class: "badge paused", text: "paused" }), " ", h("span", { class: "muted", text: [s.paused_until && `until ${dateTime(s.paused_until)}`, s.pause_reason].filter(Boolean).join(" · ") })]
-          : h("span", { class: "badge succeeded", text: "open" })),
+        h("td", {}, paused
+          ? [h("span", { class: "badge paused", text: "paused" }), " ", h("span", { class: "muted", text: [s.paused_until && `until ${dateTime(s.paused_until)} (${relTime(s.paused_until, now)})`, s.pause_reason].filter(Boolean).join(" · ") })]
+          : [h("span", { class: "badge succeeded", text: "open" }), s.paused_until && s.paused ? h("span", { class: "muted", text: ` pause ended ${relTime(s.paused_until, now)}` }) : null]),
         h("td", { class: "num" }, s.deferred
           ? h("a", { href: "#", onclick: (e) => { e.preventDefault(); navigate("retries", { kind: "event", source: s.source, state: "scheduled" }); }, text: String(s.deferred) })
           : "0"),
         h("td", { text: (s.allowed_types || []).join(", ") || "any" }),
         h("td", { class: "muted", text: relTime(s.updated_at, now) }),
         h("td", {}, h("div", { class: "actions" },
-          s.paused
+          paused
             ? h("button", { class: "small primary", "data-test": "resume", onclick: () => resume(s.source), text: "Resume" })
             : h("button", { class: "small", "data-test": "pause", onclick: () => pause(s.source), text: "Pause" })))));
     }

@@ -30,6 +30,8 @@
 //	RETRYD_SCHEDULER_STREAM_REPLICAS       replicas when recreating streams (default 1)
 //	RETRYD_SCHEDULER_ERROR_PATTERNS        extra classifier patterns, JSON {"rate_limit": ["(?i)slow down"]}
 //	RETRYD_SCHEDULER_SHUTDOWN_TIMEOUT      bound on the graceful stop (default 30s)
+//	RETRYD_JOBS                            host the jobs projection and the jobs/analytics API (default true)
+//	RETRYD_DASHBOARD                       serve the web dashboard at /ui/ (default true)
 package main
 
 import (
@@ -50,9 +52,11 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/retryd/retryd/migrations"
+	"github.com/retryd/retryd/pkg/dashboard"
 	"github.com/retryd/retryd/pkg/errclass"
 	"github.com/retryd/retryd/pkg/natsconn"
 	"github.com/retryd/retryd/pkg/serve"
+	"github.com/retryd/retryd/projections/jobs"
 	"github.com/retryd/retryd/services/scheduler"
 )
 
@@ -101,6 +105,8 @@ type settings struct {
 	dbURL           string
 	addr            string
 	migrate         bool
+	jobs            bool
+	dashboard       bool
 	shutdownTimeout time.Duration
 	cfg             scheduler.Config
 }
@@ -111,6 +117,8 @@ func readSettings(log zerolog.Logger) (settings, error) {
 		dbURL:           os.Getenv("DATABASE_URL"),
 		addr:            env("RETRYD_HTTP_ADDR", ":8080"),
 		migrate:         e.bool("RETRYD_MIGRATE", false),
+		jobs:            e.bool("RETRYD_JOBS", true),
+		dashboard:       e.bool("RETRYD_DASHBOARD", true),
 		shutdownTimeout: e.duration("RETRYD_SCHEDULER_SHUTDOWN_TIMEOUT", 30*time.Second),
 		cfg: scheduler.Config{
 			Logger:            log,
@@ -190,9 +198,31 @@ func serveCmd(ctx context.Context, log zerolog.Logger) error {
 		return err
 	}
 	health := &serve.Health{}
-	health.SetReady(true)
 	mux := serve.NewMux(reg, health)
 	mux.Handle("/v1/", sched.Handler())
+	var stops []func(context.Context) error
+	if s.jobs {
+		jobStops, err := startJobs(ctx, sched, pool, js, reg, log, mux)
+		if err != nil {
+			return errors.Join(err, sched.Stop(context.WithoutCancel(ctx)))
+		}
+		stops = jobStops
+	}
+	if s.dashboard {
+		mux.Handle("/ui/", http.StripPrefix("/ui", dashboard.Handler(dashboard.Config{
+			Summary: func(ctx context.Context) (dashboard.Summary, error) { return scheduler.Summary(ctx, pool) },
+		})))
+	}
+	// stopAll stops the jobs parts (API first: it releases bulk retries
+	// through the scheduler) and then the scheduler.
+	stopAll := func(ctx context.Context) error {
+		var errs []error
+		for i := len(stops) - 1; i >= 0; i-- {
+			errs = append(errs, stops[i](ctx))
+		}
+		return errors.Join(append(errs, sched.Stop(ctx))...)
+	}
+	health.SetReady(true)
 	srv := &http.Server{Addr: s.addr, Handler: mux, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
 	httpCtx, stopHTTP := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopHTTP()
@@ -207,7 +237,7 @@ func serveCmd(ctx context.Context, log zerolog.Logger) error {
 		health.SetReady(false)
 		stopCtx, cancel := context.WithTimeout(context.Background(), s.shutdownTimeout)
 		defer cancel()
-		return errors.Join(err, sched.Stop(stopCtx))
+		return errors.Join(err, stopAll(stopCtx))
 	}
 	// Readiness off first so traffic drains away, then the consumer is
 	// drained and the loops stopped, then HTTP; the pool and the NATS
@@ -215,9 +245,33 @@ func serveCmd(ctx context.Context, log zerolog.Logger) error {
 	health.SetReady(false)
 	stopCtx, cancel := context.WithTimeout(context.Background(), s.shutdownTimeout)
 	defer cancel()
-	stopErr := sched.Stop(stopCtx)
+	stopErr := stopAll(stopCtx)
 	stopHTTP()
 	return errors.Join(stopErr, <-httpDone)
+}
+
+// startJobs runs the jobs projection and mounts the jobs and analytics API
+// (/v1/jobs, /v1/analytics, /v1/operations); it returns their stops in
+// start order.
+func startJobs(ctx context.Context, sched *scheduler.Scheduler, pool *pgxpool.Pool, js jetstream.JetStream,
+	reg prometheus.Registerer, log zerolog.Logger, mux *http.ServeMux) ([]func(context.Context) error, error) {
+	proj, err := jobs.NewProjector(jobs.ProjectorConfig{Pool: pool, JS: js, Logger: log.With().Str("component", "jobs-projection").Logger(), Registerer: reg})
+	if err != nil {
+		return nil, fmt.Errorf("new jobs projection: %w", err)
+	}
+	if err := proj.Start(ctx); err != nil {
+		return nil, fmt.Errorf("start jobs projection: %w", err)
+	}
+	api, err := jobs.NewAPI(jobs.APIConfig{Pool: pool, Retry: scheduler.RetryController{S: sched},
+		Logger: log.With().Str("component", "jobs-api").Logger(), Registerer: reg})
+	if err != nil {
+		return nil, errors.Join(fmt.Errorf("new jobs API: %w", err), proj.Stop(context.WithoutCancel(ctx)))
+	}
+	if err := api.Start(ctx); err != nil {
+		return nil, errors.Join(fmt.Errorf("start jobs API: %w", err), proj.Stop(context.WithoutCancel(ctx)))
+	}
+	api.Register(mux)
+	return []func(context.Context) error{proj.Stop, api.Stop}, nil
 }
 
 // rebuildCmd replays RETRIES into the (empty) projection and writes the

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -80,6 +81,25 @@ func TestServeAndRebuild(t *testing.T) {
 	require.Equal(t, http.StatusOK, code)
 	require.Contains(t, metrics, `retryd_scheduler_due_total{kind="event"} 1`)
 	require.Contains(t, metrics, "go_goroutines")
+
+	// The binary hosts the jobs projection, the jobs/analytics API and the
+	// dashboard next to the scheduler's API.
+	job, err := contract.NewJobMsg("test", contract.JobData{ID: "j1", JobType: "report", Attempt: 1}, time.Now())
+	require.NoError(t, err)
+	_, err = js.PublishMsg(ctx, job)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		code, raw := get(t, base+"/v1/jobs/j1")
+		return code == http.StatusOK && strings.Contains(raw, `"in_progress"`)
+	}, 30*time.Second, 20*time.Millisecond)
+	code, raw := get(t, base+"/v1/analytics/retries")
+	require.Equal(t, http.StatusOK, code, raw)
+	code, raw = get(t, base+"/ui/")
+	require.Equal(t, http.StatusOK, code)
+	require.Contains(t, raw, "retryd")
+	code, raw = get(t, base+"/ui/api/summary")
+	require.Equal(t, http.StatusOK, code)
+	require.Contains(t, raw, `"event"`)
 
 	cancel()
 	select {

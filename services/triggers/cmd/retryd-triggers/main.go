@@ -21,6 +21,7 @@
 //	RETRYD_TRIGGERS_RELAY_INTERVAL        outbox relay poll period (default 500ms)
 //	RETRYD_TRIGGERS_RECONCILE_INTERVAL    reconciler period (default 1m; negative disables)
 //	RETRYD_TRIGGERS_RECONCILE_AFTER       republish unconfirmed held deliveries after (default 2m)
+//	RETRYD_TRIGGERS_CHECK_INTERVAL        how often deleted consumers (and streams) are recreated (default 30s)
 //	RETRYD_TRIGGERS_INBOX_RETENTION       prune inbox rows older than (default 168h; negative disables)
 //	RETRYD_TRIGGERS_SHUTDOWN_TIMEOUT      bound on the graceful stop (default 30s)
 package main
@@ -79,6 +80,7 @@ func run(log zerolog.Logger) error {
 		ReconcileInterval: e.duration("RETRYD_TRIGGERS_RECONCILE_INTERVAL", 0),
 		ReconcileAfter:    e.duration("RETRYD_TRIGGERS_RECONCILE_AFTER", 0),
 		InboxRetention:    e.duration("RETRYD_TRIGGERS_INBOX_RETENTION", 0),
+		CheckInterval:     e.duration("RETRYD_TRIGGERS_CHECK_INTERVAL", 0),
 	}
 	if dbURL == "" {
 		e.errs = append(e.errs, errors.New("DATABASE_URL is required"))
@@ -112,6 +114,9 @@ func run(log zerolog.Logger) error {
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	health := &serve.Health{}
 	cfg.Pool, cfg.JS, cfg.Registerer, cfg.Health = pool, js, reg, health
+	if ensure {
+		cfg.Streams = &streams.Options{}
+	}
 	svc, err := triggers.New(cfg)
 	if err != nil {
 		return err

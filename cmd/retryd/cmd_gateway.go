@@ -1,0 +1,156 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/rs/zerolog"
+	"github.com/spf13/cobra"
+
+	"github.com/retryd/retryd/pkg/dashboard"
+	"github.com/retryd/retryd/pkg/serve"
+	schedulersvc "github.com/retryd/retryd/services/scheduler"
+)
+
+// upstreams are the services behind the gateway.
+type upstreams struct {
+	scheduler, ingress, triggers, jobs *url.URL
+}
+
+// route is the API paths one service owns.
+type route struct {
+	target   *url.URL
+	prefixes []string
+}
+
+func (u upstreams) routes() []route {
+	return []route{
+		{u.scheduler, []string{"/v1/retries", "/v1/retries/", "/v1/policies", "/v1/policies/"}},
+		{u.ingress, []string{"/v1/events", "/v1/events/", "/v1/events:batch", "/v1/sources", "/v1/sources/"}},
+		{u.triggers, []string{"/v1/triggers", "/v1/triggers/", "/v1/deliveries/"}},
+		{u.jobs, []string{"/v1/jobs", "/v1/jobs/", "/v1/analytics/", "/v1/operations/"}},
+	}
+}
+
+// gatewayHandler serves the dashboard and every service's API on one
+// origin, as `retryd dev` does in one process.
+func gatewayHandler(u upstreams, summary func(context.Context) (dashboard.Summary, error), reg prometheus.Gatherer, health *serve.Health, log zerolog.Logger) http.Handler {
+	mux := serve.NewMux(reg, health)
+	for _, rt := range u.routes() {
+		target := rt.target
+		proxy := &httputil.ReverseProxy{
+			Rewrite: func(r *httputil.ProxyRequest) {
+				r.SetURL(target)
+				r.SetXForwarded()
+			},
+			ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+				log.Warn().Err(err).Str("upstream", target.Host).Str("path", r.URL.Path).Msg("upstream unreachable")
+				serve.WriteJSON(w, http.StatusBadGateway, serve.ErrorBody{Error: serve.ErrorDetail{
+					Code: "bad_gateway", Message: "the service behind " + r.URL.Path + " is unreachable",
+				}})
+			},
+		}
+		for _, p := range rt.prefixes {
+			mux.Handle(p, proxy)
+		}
+	}
+	mux.HandleFunc("/v1/", func(w http.ResponseWriter, r *http.Request) {
+		serve.WriteJSON(w, http.StatusNotFound, serve.ErrorBody{Error: serve.ErrorDetail{
+			Code: serve.CodeNotFound, Message: "no API route " + r.Method + " " + r.URL.Path,
+		}})
+	})
+	mux.Handle("/ui/", http.StripPrefix("/ui", dashboard.Handler(dashboard.Config{Summary: summary})))
+	mux.Handle("GET /{$}", http.RedirectHandler("/ui/", http.StatusFound))
+	return mux
+}
+
+func newGatewayCmd(g *globals) *cobra.Command {
+	var listen, scheduler, ingress, triggers, jobsURL, dbURL string
+	cmd := &cobra.Command{
+		Use:   "gateway",
+		Short: "Serve the dashboard and every service's API on one address",
+		Long: `gateway puts the dashboard (/ui/) and the APIs of the separately deployed
+services behind one address, routing each path to the service that owns it:
+/v1/retries and /v1/policies to the scheduler, /v1/events and /v1/sources to
+ingress, /v1/triggers and /v1/deliveries to triggers, /v1/jobs,
+/v1/analytics and /v1/operations to the jobs API (--jobs, by default the
+scheduler). The CLI's --api points at it. With --database-url (or
+DATABASE_URL; SELECT on retries is enough) the dashboard shows the counts
+of retries by state.`,
+		Example: `  retryd gateway --scheduler http://scheduler:8080 --ingress http://ingress:8081 --triggers http://triggers:8082`,
+		Args:    args(0),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			u := upstreams{}
+			for _, f := range []struct {
+				name string
+				raw  string
+				dst  **url.URL
+			}{{"scheduler", scheduler, &u.scheduler}, {"ingress", ingress, &u.ingress}, {"triggers", triggers, &u.triggers}, {"jobs", jobsURL, &u.jobs}} {
+				if f.raw == "" && f.name == "jobs" {
+					f.raw = scheduler
+				}
+				p, err := url.Parse(f.raw)
+				if err != nil || (p.Scheme != "http" && p.Scheme != "https") || p.Host == "" {
+					return usageErrorf(cmd, "--%s %q is not an http(s) URL", f.name, f.raw)
+				}
+				*f.dst = p
+			}
+			log := zerolog.New(g.stderr).With().Timestamp().Str("service", "retryd-gateway").Logger()
+			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, os.Interrupt)
+			defer stop()
+			var summary func(context.Context) (dashboard.Summary, error)
+			if dbURL != "" {
+				pcfg, err := pgxpool.ParseConfig(dbURL)
+				if err != nil {
+					return usageErrorf(cmd, "--database-url: %v", err)
+				}
+				pcfg.MaxConns = 2
+				pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+				if err != nil {
+					return fmt.Errorf("open database: %w", err)
+				}
+				defer pool.Close()
+				summary = func(ctx context.Context) (dashboard.Summary, error) { return schedulersvc.Summary(ctx, pool) }
+			}
+			reg := prometheus.NewRegistry()
+			reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+			health := &serve.Health{}
+			ln, err := net.Listen("tcp", listen)
+			if err != nil {
+				return fmt.Errorf("listen on %s: %w", listen, err)
+			}
+			srv := &http.Server{Handler: gatewayHandler(u, summary, reg, health, log), ReadHeaderTimeout: 10 * time.Second}
+			health.SetReady(true)
+			fmt.Fprintf(g.stdout, "retryd gateway on http://%s (dashboard /ui/)\n", ln.Addr())
+			// Not ready first, so load balancers stop sending, then drain.
+			go func() {
+				<-ctx.Done()
+				health.SetReady(false)
+			}()
+			if err := serve.Serve(ctx, srv, ln, log); err != nil && !errors.Is(err, context.Canceled) {
+				return err
+			}
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&listen, "listen", ":8080", "listen address")
+	f.StringVar(&scheduler, "scheduler", "http://127.0.0.1:8080", "scheduler base URL")
+	f.StringVar(&ingress, "ingress", "http://127.0.0.1:8081", "ingress base URL")
+	f.StringVar(&triggers, "triggers", "http://127.0.0.1:8082", "triggers base URL")
+	f.StringVar(&jobsURL, "jobs", "", "jobs API base URL (default --scheduler)")
+	f.StringVar(&dbURL, "database-url", os.Getenv("DATABASE_URL"), "Postgres URL for the dashboard's counts (optional)")
+	return cmd
+}

@@ -1,0 +1,78 @@
+package main
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
+	"github.com/stretchr/testify/require"
+
+	"github.com/retryd/retryd/pkg/contract"
+	"github.com/retryd/retryd/pkg/dashboard"
+	"github.com/retryd/retryd/pkg/serve"
+)
+
+func TestGateway(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	up, err := url.Parse(b.api)
+	require.NoError(t, err)
+	down, err := url.Parse("http://127.0.0.1:1")
+	require.NoError(t, err)
+	health := &serve.Health{}
+	health.SetReady(true)
+	gw := httptest.NewServer(gatewayHandler(upstreams{scheduler: up, ingress: up, triggers: up, jobs: down},
+		func(ctx context.Context) (dashboard.Summary, error) { return b.stack.Summary(ctx) },
+		prometheus.NewRegistry(), health, zerolog.Nop()))
+	t.Cleanup(gw.Close)
+
+	// The CLI works through the gateway as through retryd dev.
+	id := contract.NewID()
+	b.fail(t, id, "gw_type", 1, "network", "connection reset")
+	b.waitRetry(t, "job", id, "scheduled")
+	r := cli(t, "--api", gw.URL, "retries", "list", "--job-type", "gw_type")
+	require.Equal(t, exitOK, r.code, r.stderr)
+	require.Contains(t, r.stdout, id)
+	r = cli(t, "--api", gw.URL, "sources", "set", "gw_source", "--rate-limit", "1", "--window", "1s")
+	require.Equal(t, exitOK, r.code, r.stderr)
+	r = cli(t, "--api", gw.URL, "policies", "get", "job")
+	require.Equal(t, exitOK, r.code, r.stderr)
+
+	// An unreachable service answers 502 with an error body.
+	r = cli(t, "--api", gw.URL, "analytics")
+	require.Equal(t, exitFailed, r.code)
+	require.Contains(t, r.stderr, "HTTP 502 bad_gateway")
+
+	for path, want := range map[string]string{"/ui/": "retryd", "/ui/api/summary": `"scheduled"`, "/healthz": "ok", "/readyz": "ready"} {
+		code, body := get(t, gw.URL+path)
+		require.Equal(t, http.StatusOK, code, path)
+		require.Contains(t, body, want, path)
+	}
+	code, _ := get(t, gw.URL+"/v1/unknown")
+	require.Equal(t, http.StatusNotFound, code)
+}
+
+func TestProbeAndDevCerts(t *testing.T) {
+	t.Parallel()
+	ok := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {}))
+	t.Cleanup(ok.Close)
+	notReady := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(503) }))
+	t.Cleanup(notReady.Close)
+	require.Equal(t, exitOK, cli(t, "probe", ok.URL).code)
+	require.Equal(t, exitFailed, cli(t, "probe", notReady.URL).code)
+	require.Equal(t, exitFailed, cli(t, "probe", "http://127.0.0.1:1/readyz").code)
+	require.Equal(t, exitUsage, cli(t, "probe").code)
+
+	dir := t.TempDir()
+	r := cli(t, "dev-certs", "--dir", dir, "--hosts", "nats,127.0.0.1")
+	require.Equal(t, exitOK, r.code, r.stderr)
+	require.Contains(t, r.stdout, "for nats, 127.0.0.1")
+	r = cli(t, "dev-certs", "--dir", dir, "--keep")
+	require.Equal(t, exitOK, r.code)
+	require.Contains(t, r.stdout, "Kept the certificates")
+	require.Equal(t, exitUsage, cli(t, "dev-certs").code)
+}

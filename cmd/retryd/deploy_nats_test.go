@@ -1,0 +1,279 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/require"
+
+	"github.com/retryd/retryd/cmd/retryd/internal/devcerts"
+	"github.com/retryd/retryd/migrations/pgtest"
+	"github.com/retryd/retryd/pkg/contract"
+	"github.com/retryd/retryd/pkg/errclass"
+	"github.com/retryd/retryd/pkg/natsconn"
+	"github.com/retryd/retryd/pkg/streams"
+	"github.com/retryd/retryd/pkg/worker"
+	"github.com/retryd/retryd/projections/jobs"
+	"github.com/retryd/retryd/projections/retrystore"
+	"github.com/retryd/retryd/services/ingress"
+	"github.com/retryd/retryd/services/scheduler"
+	"github.com/retryd/retryd/services/triggers"
+)
+
+const natsConfPath = "../../deploy/nats/nats-server.conf"
+
+// natsUsers are the users of deploy/nats/nats-server.conf and the
+// environment variable holding each one's password.
+var natsUsers = map[string]string{
+	"sys": "SYS_NATS_PASSWORD", "admin": "ADMIN_NATS_PASSWORD", "scheduler": "SCHEDULER_NATS_PASSWORD",
+	"ingress": "INGRESS_NATS_PASSWORD", "triggers": "TRIGGERS_NATS_PASSWORD", "worker": "WORKER_NATS_PASSWORD",
+	"producer": "PRODUCER_NATS_PASSWORD", "runner": "RUNNER_NATS_PASSWORD",
+}
+
+func password(user string) string { return user + "-test-secret" }
+
+// loadNATSConfig loads deploy/nats/nats-server.conf the way nats-server
+// does, with its TLS files and store directory moved into a temporary
+// directory. It sets the password variables: the caller is not parallel.
+func loadNATSConfig(t *testing.T) (*server.Options, devcerts.Files) {
+	t.Helper()
+	for user, env := range natsUsers {
+		t.Setenv(env, password(user))
+	}
+	dir := t.TempDir()
+	certs, _, err := devcerts.Generate(filepath.Join(dir, "tls"), []string{"localhost", "127.0.0.1"}, 24*time.Hour, false)
+	require.NoError(t, err)
+	raw, err := os.ReadFile(natsConfPath)
+	require.NoError(t, err)
+	conf := strings.ReplaceAll(string(raw), `"/etc/nats/tls/`, `"`+filepath.Join(dir, "tls")+"/")
+	conf = strings.Replace(conf, `store_dir: "/data"`, `store_dir: "`+filepath.Join(dir, "data")+`"`, 1)
+	require.NotEqual(t, string(raw), conf, "the config names /etc/nats/tls and /data")
+	path := filepath.Join(dir, "nats-server.conf")
+	require.NoError(t, os.WriteFile(path, []byte(conf), 0o600))
+	opts, err := server.ProcessConfigFile(path)
+	require.NoError(t, err)
+	return opts, certs
+}
+
+// TestNATSConfig loads the deployment's NATS configuration, checks its
+// settings, then runs every retryd component under its own user against
+// it: whatever a component needs and its permissions deny fails here.
+// Not parallel: it sets environment variables.
+func TestNATSConfig(t *testing.T) {
+	opts, certs := loadNATSConfig(t)
+	require.True(t, opts.JetStream)
+	require.True(t, opts.SyncAlways, "jetstream sync_interval: always")
+	require.NotNil(t, opts.TLSConfig, "clients connect over TLS")
+	require.EqualValues(t, 1<<20, opts.MaxPayload)
+	require.Equal(t, "SYS", opts.SystemAccount)
+	users := map[string]*server.User{}
+	for _, u := range opts.Users {
+		users[u.Username] = u
+		require.Equal(t, password(u.Username), u.Password, "password of %s comes from the environment", u.Username)
+	}
+	for user := range natsUsers {
+		require.Contains(t, users, user)
+	}
+	for _, u := range []string{"scheduler", "ingress", "triggers", "worker", "producer", "runner"} {
+		require.Equal(t, "RETRYD", users[u].Account.Name)
+		require.Equal(t, []string{"_INBOX.>"}, users[u].Permissions.Subscribe.Allow, "%s subscribes to its replies only", u)
+		require.NotContains(t, users[u].Permissions.Publish.Allow, ">", u)
+	}
+
+	opts.Host, opts.Port, opts.HTTPPort = "127.0.0.1", -1, 0
+	opts.NoSigs, opts.NoLog = true, true
+	srv, err := server.NewServer(opts)
+	require.NoError(t, err)
+	go srv.Start()
+	require.True(t, srv.ReadyForConnections(10*time.Second))
+	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
+	url := strings.Replace(srv.ClientURL(), "nats://", "tls://", 1)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	t.Cleanup(cancel)
+	log := testLogger(t)
+	connect := func(user string) jetstream.JetStream {
+		nc, js, err := natsconn.Connect(ctx, natsconn.Options{URL: url, Name: "test-" + user, User: user, Password: password(user), TLSCA: certs.CA}, log)
+		require.NoError(t, err, user)
+		t.Cleanup(nc.Close)
+		return js
+	}
+	require.NoError(t, streams.Ensure(ctx, connect("admin"), streams.Options{}))
+
+	dbURL := pgtest.NewDatabaseURL(t)
+	pool, err := pgxpool.New(ctx, dbURL)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	stop := func(name string, f func(context.Context) error) {
+		t.Cleanup(func() {
+			sctx, scancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer scancel()
+			require.NoError(t, f(sctx), "stop %s", name)
+		})
+	}
+
+	schedJS := connect("scheduler")
+	sched, err := scheduler.New(scheduler.Config{Pool: pool, JS: schedJS, Logger: log, Registerer: prometheus.NewRegistry(), MaxIdle: 100 * time.Millisecond})
+	require.NoError(t, err)
+	require.NoError(t, sched.Start(ctx))
+	stop("scheduler", sched.Stop)
+	proj, err := jobs.NewProjector(jobs.ProjectorConfig{Pool: pool, JS: schedJS, Logger: log, FetchWait: 200 * time.Millisecond})
+	require.NoError(t, err)
+	require.NoError(t, proj.Start(ctx))
+	stop("jobs projection", proj.Stop)
+	api, err := jobs.NewAPI(jobs.APIConfig{Pool: pool, Retry: scheduler.RetryController{S: sched}, Logger: log})
+	require.NoError(t, err)
+
+	ing, err := ingress.New(ingress.Config{Pool: pool, JS: connect("ingress"), Logger: log})
+	require.NoError(t, err)
+	require.NoError(t, ing.Start(ctx))
+	stop("ingress", ing.Stop)
+
+	trig, err := triggers.New(triggers.Config{Pool: pool, JS: connect("triggers"), Logger: log})
+	require.NoError(t, err)
+	require.NoError(t, trig.Start(ctx))
+	stop("triggers", trig.Stop)
+
+	workerJS := connect("worker")
+	w, err := worker.New(worker.Config{JS: workerJS, Logger: log, FetchWait: 200 * time.Millisecond})
+	require.NoError(t, err)
+	require.NoError(t, w.Handle("perm_job", func(_ context.Context, j *worker.Job) error {
+		if j.Attempt == 1 {
+			return errclass.New(errclass.Temporary, "first attempt fails")
+		}
+		return nil
+	}))
+	require.NoError(t, w.Start(ctx))
+	stop("worker", w.Stop)
+
+	mux := http.NewServeMux()
+	mux.Handle("/v1/events", ing.Handler())
+	mux.Handle("/v1/events/", ing.Handler())
+	mux.Handle("/v1/sources", ing.Handler())
+	mux.Handle("/v1/triggers", trig.Handler())
+	mux.Handle("/v1/triggers/", trig.Handler())
+	mux.Handle("/v1/policies/", sched.Handler())
+	api.Register(mux)
+	httpSrv := httptest.NewServer(mux)
+	t.Cleanup(httpSrv.Close)
+	b := &bundle{api: httpSrv.URL, ctx: ctx}
+
+	t.Run("job retried through scheduler, due router, worker and projection", func(t *testing.T) {
+		b.ok(t, "policies", "set", "job", "perm_job", "--max-retries", "2", "--base-delay", "10ms", "--max-delay", "20ms")
+		id, err := worker.Enqueue(ctx, workerJS, contract.JobData{JobType: "perm_job"})
+		require.NoError(t, err)
+		require.Eventually(t, func() bool {
+			r, err := retrystore.Get(ctx, pool, contract.KindJob, id)
+			return err == nil && r.State == retrystore.StateSucceeded
+		}, wait, 20*time.Millisecond)
+		require.Eventually(t, func() bool {
+			var a analyticsView
+			b.okJSON(t, &a, "analytics")
+			return len(a.JobTypes) == 1 && a.JobTypes[0].Succeeded == 1
+		}, wait, 50*time.Millisecond, "the projection (scheduler user) folds JOBS and RETRIES")
+	})
+
+	t.Run("event admitted and delivered, run launched and finished", func(t *testing.T) {
+		out := b.ok(t, "sources", "list") // ingress answers
+		require.Contains(t, out, "No source")
+		postJSON(t, httpSrv.URL+"/v1/triggers", `{"id":"perm-trigger","name":"perm","source":"perm","event_type":"thing.happened","workflow":"perm_flow"}`)
+		// The workflow engine under the runner user completes every run.
+		runnerJS := connect("runner")
+		cons, err := runnerJS.CreateOrUpdateConsumer(ctx, "RUNS", jetstream.ConsumerConfig{
+			Durable: "runner", FilterSubject: "runs.*.requested.*", AckPolicy: jetstream.AckExplicitPolicy,
+		})
+		require.NoError(t, err)
+		cc, err := cons.Consume(func(m jetstream.Msg) {
+			_, run, err := contract.DecodeRunRequested(m.Subject(), m.Data())
+			if err != nil {
+				return
+			}
+			done, err := contract.NewRunMsg("test-runner", contract.RunCompleted, contract.RunFinishedData{RunID: run.RunID, Workflow: run.Workflow}, time.Now())
+			if err == nil {
+				_, err = runnerJS.PublishMsg(ctx, done)
+			}
+			if err == nil {
+				_ = m.Ack()
+			}
+		})
+		require.NoError(t, err)
+		t.Cleanup(cc.Stop)
+
+		// One event over HTTP (ingress publishes it), one over NATS as a producer.
+		postJSON(t, httpSrv.URL+"/v1/events", `{"id":"perm-evt-1","source":"perm","type":"thing.happened","data":{}}`)
+		msg, err := contract.NewEventMsg(contract.IngestSubject("perm"), contract.Envelope{SpecVersion: "1.0", ID: "perm-evt-2",
+			Source: "perm", Type: "thing.happened", Time: time.Now().UTC(), DataContentType: "application/json", Data: []byte(`{}`)})
+		require.NoError(t, err)
+		_, err = connect("producer").PublishMsg(ctx, msg)
+		require.NoError(t, err)
+
+		for _, id := range []string{"perm-evt-1", "perm-evt-2"} {
+			require.Eventually(t, func() bool {
+				var status string
+				err := pool.QueryRow(ctx, `SELECT r.status FROM workflow_trigger_deliveries d JOIN workflow_runs r ON r.run_id = d.run_id
+					WHERE d.event_id = $1`, id).Scan(&status)
+				return err == nil && status == "completed"
+			}, wait, 20*time.Millisecond, "event %s admitted, delivered, run launched and completed", id)
+		}
+	})
+
+	t.Run("what a user may not do", func(t *testing.T) {
+		for _, tc := range []struct {
+			user, action, subject string
+		}{
+			{"producer", "pub", "events.perm.thing"},
+			{"producer", "pub", "retry.job.failed.x"},
+			{"worker", "pub", "retry.job.scheduled.x"},
+			{"worker", "pub", "$JS.API.STREAM.DELETE.RETRIES"},
+			{"ingress", "pub", "retry.job.failed.x"},
+			{"triggers", "pub", "jobs.x"},
+			{"scheduler", "pub", "ingest.x"},
+			{"scheduler", "sub", "retry.>"},
+			{"runner", "pub", "runs.x.requested.y"},
+		} {
+			require.True(t, denied(t, url, certs.CA, tc.user, tc.action, tc.subject), "%s may %s %s", tc.user, tc.action, tc.subject)
+		}
+		// And the opposite check: an allowed subject is not reported.
+		require.False(t, denied(t, url, certs.CA, "producer", "pub", "ingest.perm"))
+	})
+}
+
+// denied reports whether the server refuses user's publish to or
+// subscription on subject with a permissions violation. The server sends
+// the violation before the answer to the flush's ping, and the client
+// records it as it reads it, so LastError has it when Flush returns.
+func denied(t *testing.T, url, ca, user, action, subject string) bool {
+	t.Helper()
+	nc, err := nats.Connect(url, nats.UserInfo(user, password(user)), nats.RootCAs(ca),
+		nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {}))
+	require.NoError(t, err)
+	defer nc.Close()
+	if action == "pub" {
+		require.NoError(t, nc.Publish(subject, []byte("x")))
+	} else {
+		_, err := nc.SubscribeSync(subject)
+		require.NoError(t, err)
+	}
+	require.NoError(t, nc.FlushTimeout(5*time.Second))
+	return errors.Is(nc.LastError(), nats.ErrPermissionViolation)
+}
+
+func postJSON(t *testing.T, url, body string) {
+	t.Helper()
+	resp, err := http.Post(url, "application/json", strings.NewReader(body))
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	require.Less(t, resp.StatusCode, 300, "POST %s", url)
+}

@@ -1,0 +1,50 @@
+package scheduler
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/retryd/retryd/pkg/dashboard"
+)
+
+// RetryController adapts the scheduler to the jobs API's RetryController
+// (projections/jobs), so manual retries and cancels of jobs are the
+// scheduler's lifecycle events like any other operator action.
+type RetryController struct{ S *Scheduler }
+
+// RetryNow schedules a new attempt of kind/id now.
+func (c RetryController) RetryNow(ctx context.Context, kind, id, reason, by string, reset bool) error {
+	_, err := c.S.RetryNow(ctx, kind, id, RetryNowOptions{Reason: reason, By: by, ResetAttempts: reset})
+	return err
+}
+
+// Cancel cancels the pending retry of kind/id.
+func (c RetryController) Cancel(ctx context.Context, kind, id, by, reason string) error {
+	_, err := c.S.Cancel(ctx, kind, id, by, reason)
+	return err
+}
+
+// Summary counts the retries by kind and state for the dashboard's header
+// and the dev runner's status line. It needs only SELECT on retries, so the
+// runtime role or a read replica will do.
+func Summary(ctx context.Context, pool *pgxpool.Pool) (dashboard.Summary, error) {
+	rows, err := pool.Query(ctx, `SELECT kind, state, count(*) FROM retries GROUP BY kind, state ORDER BY kind, state`)
+	if err != nil {
+		return dashboard.Summary{}, fmt.Errorf("count retries: %w", err)
+	}
+	defer rows.Close()
+	sum := dashboard.Summary{Counts: []dashboard.Count{}}
+	for rows.Next() {
+		var c dashboard.Count
+		if err := rows.Scan(&c.Kind, &c.State, &c.Count); err != nil {
+			return dashboard.Summary{}, fmt.Errorf("count retries: %w", err)
+		}
+		sum.Counts = append(sum.Counts, c)
+	}
+	if err := rows.Err(); err != nil {
+		return dashboard.Summary{}, fmt.Errorf("count retries: %w", err)
+	}
+	return sum, nil
+}
