@@ -17,6 +17,9 @@
 //   - wrapping ErrAbandon: left alone, unacked, as if the process died
 //     there; JetStream delivers it again after the ack wait. Tests use it
 //     for failpoints.
+//   - made by NakAfter: handed back for a delivery after the delay it
+//     names, without being counted as a failure: the handler waits for
+//     something that has not happened yet.
 //   - anything else is transient (the database is away): the message is
 //     handed back (nak) for a delivery after Config.NakDelay and counted in
 //     Config.Failed.
@@ -59,6 +62,15 @@ type rejectError struct{ err error }
 
 func (e *rejectError) Error() string { return e.err.Error() }
 func (e *rejectError) Unwrap() error { return e.err }
+
+// NakAfter returns an error that hands the message back to be delivered
+// again after delay. It is not a failure: the handler is waiting for
+// another message to be applied first.
+func NakAfter(delay time.Duration) error { return &nakAfterError{delay: delay} }
+
+type nakAfterError struct{ delay time.Duration }
+
+func (e *nakAfterError) Error() string { return "deliver again after " + e.delay.String() }
 
 // Handler handles one message; see the package documentation for what its
 // error does. ctx ends only when Drain gives up waiting.
@@ -400,6 +412,7 @@ func (g *Group) handler(s Spec) jetstream.MessageHandler {
 
 func (g *Group) settle(consumer string, log zerolog.Logger, msg jetstream.Msg, err error) {
 	var reject *rejectError
+	var later *nakAfterError
 	switch {
 	case err == nil:
 		if err := msg.Ack(); err != nil {
@@ -408,6 +421,11 @@ func (g *Group) settle(consumer string, log zerolog.Logger, msg jetstream.Msg, e
 		}
 	case errors.Is(err, ErrAbandon):
 		log.Warn().Str("subject", msg.Subject()).Msg("message abandoned unacked")
+	case errors.As(err, &later):
+		log.Debug().Str("subject", msg.Subject()).Dur("retry_in", later.delay).Msg("message handed back until it can be applied")
+		if err := msg.NakWithDelay(later.delay); err != nil {
+			log.Warn().Err(err).Str("subject", msg.Subject()).Msg("nak failed")
+		}
 	case errors.As(err, &reject) || errors.Is(err, contract.ErrInvalid) || errors.Is(err, contract.ErrTooLarge):
 		reason := truncate(err.Error(), maxTermReason)
 		if reject == nil && g.cfg.Malformed != nil {

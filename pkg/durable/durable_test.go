@@ -129,10 +129,12 @@ func TestHandlerErrorSettlesTheMessage(t *testing.T) {
 			return errors.New("database away")
 		case id == "abandoned" && n == 1:
 			return fmt.Errorf("failpoint: %w", durable.ErrAbandon)
+		case id == "early" && n < 3:
+			return durable.NakAfter(10 * time.Millisecond)
 		}
 		return nil
 	}))
-	for _, id := range []string{"ok", "bad", "huge", "rejected", "flaky", "abandoned"} {
+	for _, id := range []string{"ok", "bad", "huge", "rejected", "flaky", "abandoned", "early"} {
 		b.publish(t, "jobs.settle", id)
 	}
 	b.settled(t, "settle")
@@ -142,8 +144,9 @@ func TestHandlerErrorSettlesTheMessage(t *testing.T) {
 	require.Equal(t, 1, seen.get("rejected"))
 	require.Equal(t, 3, seen.get("flaky"), "handed back until it worked")
 	require.Equal(t, 2, seen.get("abandoned"), "redelivered after the ack wait")
+	require.Equal(t, 3, seen.get("early"), "handed back until it could be applied")
 	require.Equal(t, 2.0, testutil.ToFloat64(b.malformed.WithLabelValues("settle")), "rejections are not malformed")
-	require.Equal(t, 2.0, testutil.ToFloat64(b.failed.WithLabelValues("settle")))
+	require.Equal(t, 2.0, testutil.ToFloat64(b.failed.WithLabelValues("settle")), "NakAfter is not a failure")
 }
 
 // A deleted consumer is created again and goes on consuming; so is one
