@@ -204,44 +204,70 @@ func TestUnstorableText(t *testing.T) {
 	require.Equal(t, "deferred", b.status(t, "s"), "a refused request changes nothing")
 }
 
-// A manual retry's due that arrives before the rescheduled event which
-// reopens the deferral is not remembered as handled: the scheduler's
-// re-emission of the same due admits the event. A replayed confirmation
-// of an attempt already evaluated reopens nothing.
+// publishManualRetry publishes what the scheduler publishes for an
+// operator's manual retry of attempt: rescheduled, decided by "manual".
+func (b *bundle) publishManualRetry(t *testing.T, id string, attempt int) {
+	t.Helper()
+	msg, err := contract.NewLifecycleMsg("test/scheduler", contract.Rescheduled, contract.ScheduledData{
+		Kind: contract.KindEvent, ID: id, Attempt: attempt, NextAttemptAt: time.Now(), Source: "crm",
+		Decision: contract.Decision{Policy: "event-ingress", PolicyVersion: 1, DecidedBy: contract.DecidedByManual},
+	}, time.Now())
+	require.NoError(t, err)
+	_, err = b.js.PublishMsg(b.ctx, msg)
+	require.NoError(t, err)
+}
+
+// A manual retry's due may arrive before the rescheduled event that
+// reopens the ended deferral: it is handed back until the deferral is
+// reopened, or, once ingress gave up waiting, it is not remembered as
+// handled and the scheduler's re-emission of the same due admits the event.
+// Confirmations that are not manual retries, or not newer than what the
+// deferral knows, reopen nothing.
 func TestManualRetryDueBeforeItsConfirmation(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	require.Equal(t, http.StatusOK, b.do(t, http.MethodPost, "/v1/sources/crm/pause", nil, nil))
-	for _, id := range []string{"early", "old"} {
+	ended := []string{"quick", "slow", "old"}
+	for _, id := range append(ended, "late") {
 		b.post(t, event(id, "crm", "contact.created"))
 	}
-	b.waitStatus(t, "deferred", "early", "old")
-	for _, id := range []string{"early", "old"} {
+	b.waitStatus(t, "deferred", "quick", "slow", "old", "late")
+	for _, id := range ended {
 		msg, err := contract.NewLifecycleMsg("test/scheduler", contract.Exhausted, contract.ExhaustedData{Kind: "event", ID: id, Attempt: 1,
 			Reason: contract.ExhaustedMaxRetries, Policy: "event-ingress", PolicyVersion: 1, Source: "crm"}, time.Now())
 		require.NoError(t, err)
 		_, err = b.js.PublishMsg(b.ctx, msg)
 		require.NoError(t, err)
 	}
-	b.waitStatus(t, "exhausted", "early", "old")
+	b.waitStatus(t, "exhausted", ended...)
+	require.Equal(t, http.StatusOK, b.do(t, http.MethodPost, "/v1/events/late/cancel", nil, nil))
 	require.Equal(t, http.StatusOK, b.do(t, http.MethodPost, "/v1/sources/crm/resume", nil, nil))
 
-	due := dueMsg(t, "early", "crm", 2)
-	_, err := b.js.PublishMsg(b.ctx, due)
+	// The due first, its confirmation a moment later.
+	_, err := b.js.PublishMsg(b.ctx, dueMsg(t, "quick", "crm", 2))
+	require.NoError(t, err)
+	b.publishManualRetry(t, "quick", 2)
+	b.waitStatus(t, "admitted", "quick")
+
+	// The due alone: handed back a few times, then acked unclaimed.
+	due := dueMsg(t, "slow", "crm", 2)
+	_, err = b.js.PublishMsg(b.ctx, due)
 	require.NoError(t, err)
 	b.drained(t, ingress.ConsumerRetry)
-	require.Equal(t, "exhausted", b.status(t, "early"), "no confirmation yet: the due changes nothing")
-
-	b.publishScheduled(t, contract.Rescheduled, "early", "crm", 2, time.Now())
-	b.publishScheduled(t, contract.Rescheduled, "old", "crm", 1, time.Now())
-	b.waitStatus(t, "deferred", "early")
+	require.Equal(t, "exhausted", b.status(t, "slow"), "no confirmation: the due changes nothing")
+	b.publishManualRetry(t, "slow", 2)
+	b.publishManualRetry(t, "old", 1)
+	b.publishScheduled(t, contract.Scheduled, "late", "crm", 2, time.Now())
+	b.waitStatus(t, "deferred", "slow")
 	b.drained(t, ingress.ConsumerRetryState)
 	require.Equal(t, "exhausted", b.status(t, "old"), "a replayed confirmation reopens nothing")
-
+	require.Equal(t, "cancelled", b.status(t, "late"), "a late confirmation of the pending attempt does not undo a cancel")
 	// The scheduler emits the due again, with the same Nats-Msg-Id.
 	b.shrinkDuplicateWindow(t, contract.StreamRetries)
 	b.publishStored(t, due)
-	b.waitStatus(t, "admitted", "early")
-	require.Len(t, b.lifecycle(t, "early")[contract.Succeeded], 1)
-	require.Equal(t, 1, b.admittedIDs(t)["early"])
+	b.waitStatus(t, "admitted", "slow")
+	for _, id := range []string{"quick", "slow"} {
+		require.Len(t, b.lifecycle(t, id)[contract.Succeeded], 1, id)
+		require.Equal(t, 1, b.admittedIDs(t)[id], id)
+	}
 }

@@ -4,15 +4,26 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/retryd/retryd/pkg/contract"
+	"github.com/retryd/retryd/pkg/durable"
 	"github.com/retryd/retryd/projections/inbox"
 	"github.com/retryd/retryd/projections/ingressstore"
 	"github.com/retryd/retryd/projections/outbox"
+)
+
+// A due for an ended deferral that does not know its attempt is handed back
+// unconfirmedDeliveries-1 times, unconfirmedDelay apart, for the manual
+// retry's rescheduled event to reopen the deferral; then it is acked
+// unclaimed and the scheduler's re-emission (after its RedueAfter) runs it.
+const (
+	unconfirmedDeliveries = 6
+	unconfirmedDelay      = time.Second
 )
 
 // Values of CancelledData.By and reasons ingress cancels with.
@@ -36,7 +47,7 @@ const (
 type dueOutcome struct {
 	ev      ingressstore.Event
 	source  string
-	what    string // "duplicate", "evaluated", "admitted_before", "cancelled_before", "exhausted_before", "stale", "missing", "type_cancelled", "resolved"
+	what    string // "duplicate", "evaluated", "admitted_before", "cancelled_before", "exhausted_before", "unconfirmed", "stale", "missing", "type_cancelled", "resolved"
 	verdict ingressstore.Verdict
 }
 
@@ -52,16 +63,23 @@ func (s *Service) handleDue(ctx context.Context, msg jetstream.Msg) error {
 	}
 	due := lc.Due
 	msgID := lifecycleMsgID(msg, lc)
+	var delivered uint64 = 1
+	if md, err := msg.Metadata(); err == nil {
+		delivered = md.NumDelivered
+	}
 	var out dueOutcome
 	err = s.inTx(ctx, func(tx pgx.Tx) error {
 		out = dueOutcome{source: due.Source}
-		return s.decideDue(ctx, tx, msgID, due, &out)
+		return s.decideDue(ctx, tx, msgID, due, delivered < unconfirmedDeliveries, &out)
 	})
 	if err != nil {
 		return fmt.Errorf("handle due %s: %w", msgID, err)
 	}
-	if out.what == "duplicate" {
+	switch out.what {
+	case "duplicate":
 		return nil
+	case "unconfirmed":
+		return durable.NakAfter(unconfirmedDelay)
 	}
 	if err := s.failpoint(FailpointRetryCommitted); err != nil {
 		return err
@@ -93,7 +111,12 @@ func (s *Service) handleDue(ctx context.Context, msg jetstream.Msg) error {
 // for a deferral that ended: a manual retry's due may arrive before the
 // rescheduled event that reopens the deferral, and the scheduler's
 // re-emission of the due (same Nats-Msg-Id) must then be evaluated.
-func (s *Service) decideDue(ctx context.Context, tx pgx.Tx, msgID string, due *contract.DueData, out *dueOutcome) error {
+//
+// A due for an attempt an ended deferral never heard of is, most likely, an
+// operator's manual retry whose rescheduled event (which reopens the
+// deferral) is applied by the other consumer a moment later: while wait
+// is true it comes back as "unconfirmed", to be delivered again shortly.
+func (s *Service) decideDue(ctx context.Context, tx pgx.Tx, msgID string, due *contract.DueData, wait bool, out *dueOutcome) error {
 	now := s.cfg.Now()
 	claim := func() (bool, error) {
 		first, err := inbox.Claim(ctx, tx, ConsumerRetry, msgID)
@@ -137,22 +160,28 @@ func (s *Service) decideDue(ctx context.Context, tx pgx.Tx, msgID string, due *c
 			return err
 		}
 		return outbox.Insert(ctx, tx, OutboxOwner, m)
-	case ingressstore.StatusExhausted:
-		// Ended by the scheduler, which knows it.
-		out.what = "exhausted_before"
-		return nil
-	case ingressstore.StatusCancelled:
-		// Not admitted. When ingress published the cancellation, publish
-		// it again (same Nats-Msg-Id as the first) in case the scheduler
-		// never received it; a cancellation from the scheduler it knows.
-		out.what = "cancelled_before"
+	case ingressstore.StatusExhausted, ingressstore.StatusCancelled:
 		r, err := ingressstore.GetRetry(ctx, tx, ev.ID)
 		if errors.Is(err, ingressstore.ErrNotFound) {
+			out.what = "resolved"
 			return nil
 		}
 		if err != nil {
 			return err
 		}
+		if wait && due.Attempt > max(r.Attempts, r.ScheduledAttempt) {
+			out.what = "unconfirmed"
+			return nil
+		}
+		if ev.Status == ingressstore.StatusExhausted {
+			// Ended by the scheduler, which knows it.
+			out.what = "exhausted_before"
+			return nil
+		}
+		// Not admitted. When ingress published the cancellation, publish
+		// it again (same Nats-Msg-Id as the first) in case the scheduler
+		// never received it; a cancellation from the scheduler it knows.
+		out.what = "cancelled_before"
 		if published, _ := r.Metadata[mdCancelPublished].(bool); !published {
 			return nil
 		}

@@ -46,7 +46,7 @@ func (s *Service) handleRetryState(ctx context.Context, msg jetstream.Msg) error
 				"max_retries":    d.Decision.MaxRetries,
 			}
 			applied, err = ingressstore.ConfirmScheduled(ctx, tx, d.ID, d.Attempt, d.NextAttemptAt, decision)
-			if err != nil || applied {
+			if err != nil || applied || d.Decision.DecidedBy != contract.DecidedByManual {
 				return err
 			}
 			applied, reopened, err = s.reopenDeferral(ctx, tx, d, decision)
@@ -88,11 +88,13 @@ func (s *Service) handleRetryState(ctx context.Context, msg jetstream.Msg) error
 	return nil
 }
 
-// reopenDeferral applies the scheduler's confirmation of a new attempt of
-// an exhausted or cancelled deferral (an operator's manual retry): the
-// event is deferred again, and its due evaluates it like any other.
-// Events in any other status, and confirmations no newer than the
-// deferral's last attempt, change nothing.
+// reopenDeferral applies an operator's manual retry (a rescheduled event
+// decided by "manual") of an exhausted or cancelled deferral: the event is
+// deferred again, and its due evaluates it like any other. Only a manual
+// retry reopens: a late confirmation of the attempt that was pending when
+// the deferral was cancelled must not undo the cancellation. Events in any
+// other status, and confirmations no newer than what the deferral knows,
+// change nothing.
 func (s *Service) reopenDeferral(ctx context.Context, tx pgx.Tx, d *contract.ScheduledData, decision map[string]any) (applied, reopened bool, err error) {
 	ev, err := ingressstore.LockEvent(ctx, tx, d.ID)
 	if errors.Is(err, ingressstore.ErrNotFound) {
