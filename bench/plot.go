@@ -41,8 +41,10 @@ func writeLatenessPlot(path string, recs []record) error {
 	p.X.Label.Text = "pending retries"
 	p.Y.Label.Text = "lateness (ms)"
 	p.X.Scale, p.Y.Scale = plot.LogScale{}, plot.LogScale{}
-	p.X.Tick.Marker, p.Y.Tick.Marker = plot.LogTicks{Prec: -1}, plot.LogTicks{Prec: -1}
+	p.Y.Tick.Marker = plot.LogTicks{Prec: -1}
+	p.Title.Padding = vg.Points(8)
 	p.Legend.Top, p.Legend.Left = true, true
+	p.Legend.XOffs, p.Legend.YOffs = vg.Points(8), -vg.Points(4)
 	p.Add(plotter.NewGrid())
 
 	lines := []struct {
@@ -59,6 +61,7 @@ func writeLatenessPlot(path string, recs []record) error {
 		{key{"schedules", "p99"}, "message schedules p99", color.RGBA{R: 44, G: 160, B: 44, A: 255}, nil, draw.SquareGlyph{}},
 	}
 	minX, maxX := math.Inf(1), math.Inf(-1)
+	minY, maxY := math.Inf(1), math.Inf(-1)
 	for _, l := range lines {
 		xys, ok := series[l.k]
 		if !ok {
@@ -67,6 +70,7 @@ func writeLatenessPlot(path string, recs []record) error {
 		xys = mergeByX(xys)
 		for _, xy := range xys {
 			minX, maxX = min(minX, xy.X), max(maxX, xy.X)
+			minY, maxY = min(minY, xy.Y), max(maxY, xy.Y)
 		}
 		line, points, err := plotter.NewLinePoints(xys)
 		if err != nil {
@@ -88,6 +92,9 @@ func writeLatenessPlot(path string, recs []record) error {
 		if minX == maxX {
 			p.X.Min, p.X.Max = minX/2, maxX*2
 		}
+		// Head room above the lines for the legend.
+		p.Y.Min, p.Y.Max = min(minY, 100)/2, max(maxY, 100)*40
+		p.X.Tick.Marker = pendingTicks(p.X.Min, p.X.Max)
 	}
 	if err := p.Save(8*vg.Inch, 5*vg.Inch, path); err != nil {
 		return fmt.Errorf("save plot: %w", err)
@@ -128,4 +135,16 @@ func toFloat(v any) (float64, bool) {
 		return float64(n), true
 	}
 	return 0, false
+}
+
+// pendingTicks labels the powers of ten of the pending axis as 10k, 1M.
+func pendingTicks(lo, hi float64) plot.ConstantTicks {
+	var ticks []plot.Tick
+	for v := 1.0; v <= hi*10; v *= 10 {
+		if v < lo/10 {
+			continue
+		}
+		ticks = append(ticks, plot.Tick{Value: v, Label: count(int(v))})
+	}
+	return ticks
 }

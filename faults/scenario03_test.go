@@ -47,7 +47,18 @@ func TestScenario03FreezeOneOfTwoSchedulers(t *testing.T) {
 	if _, err := harness.PublishAll(s.Ctx, s.JS, msgs[n/2:]); err != nil {
 		t.Fatalf("publish: %v", err)
 	}
-	time.Sleep(freeze) // the fault itself: the process stays stopped this long
+	succeededAtFreeze := states(s.Ctx, s.Pool, kind)["succeeded"]
+	time.Sleep(freeze / 2) // the fault itself: the process stays stopped this long
+	// What the frozen process holds in Postgres, and whether the other
+	// instance waits on it.
+	var idleInTx, lockWaits int
+	_ = s.Pool.QueryRow(s.Ctx, `SELECT count(*) FILTER (WHERE state = 'idle in transaction'),
+ count(*) FILTER (WHERE wait_event_type = 'Lock')
+FROM pg_stat_activity WHERE datname = current_database() AND application_name <> 'faults' AND backend_type = 'client backend'`).Scan(&idleInTx, &lockWaits)
+	time.Sleep(freeze - freeze/2)
+	succeededInFreeze := states(s.Ctx, s.Pool, kind)["succeeded"] - succeededAtFreeze
+	r.Note("during the freeze: %d sessions idle in a transaction, %d sessions waiting on a lock; %d retries resolved by the other instance in %s",
+		idleInTx, lockWaits, succeededInFreeze, freeze)
 	if err := frozen.Thaw(); err != nil {
 		t.Fatal(err)
 	}

@@ -90,6 +90,9 @@ func decodeStrict(field string, b []byte, limit int, v any) error {
 		}
 		return fieldErr(field, "is not valid: "+reason)
 	}
+	if err := CheckStorable(field, v); err != nil {
+		return err
+	}
 	return nil
 }
 
@@ -202,4 +205,76 @@ func checkRaw(field string, raw json.RawMessage) error {
 		return nil
 	}
 	return checkShape(field, raw, MaxDataBytes)
+}
+
+// CheckStorable rejects a decoded value whose strings (outside raw JSON)
+// hold a NUL character, which Postgres text cannot store. Decoders of this
+// package call it; HTTP handlers decoding into their own types should too.
+func CheckStorable(field string, v any) error {
+	if path := nulField(reflect.ValueOf(v), ""); path != "" {
+		return fieldErr(field, fmt.Sprintf("field %q contains a NUL character (\\u0000), which cannot be stored", path))
+	}
+	return nil
+}
+
+// nulField returns the JSON path of the first decoded string that holds a
+// NUL character: Postgres text cannot store one, so such a message would be
+// redelivered forever. Raw JSON (data, payload, checkpoint) is kept as JSON
+// text, where \u0000 stays an escape, and is not inspected.
+func nulField(v reflect.Value, path string) string {
+	switch v.Kind() {
+	case reflect.Pointer, reflect.Interface:
+		if v.IsNil() {
+			return ""
+		}
+		return nulField(v.Elem(), path)
+	case reflect.String:
+		if strings.IndexByte(v.String(), 0) >= 0 {
+			return path
+		}
+	case reflect.Struct:
+		t := v.Type()
+		for i := range t.NumField() {
+			f := t.Field(i)
+			if !f.IsExported() || f.Type == rawMessageType {
+				continue
+			}
+			name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+			if name == "" {
+				name = f.Name
+			}
+			if p := nulField(v.Field(i), joinPath(path, name)); p != "" {
+				return p
+			}
+		}
+	case reflect.Map:
+		iter := v.MapRange()
+		for iter.Next() {
+			if strings.IndexByte(iter.Key().String(), 0) >= 0 {
+				return path
+			}
+			if p := nulField(iter.Value(), joinPath(path, iter.Key().String())); p != "" {
+				return p
+			}
+		}
+	case reflect.Slice:
+		if v.Type() == rawMessageType {
+			return ""
+		}
+		for i := range v.Len() {
+			if p := nulField(v.Index(i), fmt.Sprintf("%s[%d]", path, i)); p != "" {
+				return p
+			}
+		}
+	}
+	return ""
+}
+
+var rawMessageType = reflect.TypeFor[json.RawMessage]()
+
+func joinPath(path, name string) string {
+	if path == "" {
+		return name
+	}
+	return path + "." + name
 }

@@ -279,3 +279,14 @@ func TestRunServesUntilCancelled(t *testing.T) {
 	cancel()
 	require.NoError(t, <-done)
 }
+
+func TestDecodeJSONRejectsNUL(t *testing.T) {
+	t.Parallel()
+	var v struct {
+		Reason string `json:"reason"`
+	}
+	r := httptest.NewRequest(http.MethodPost, "/", strings.NewReader(`{"reason":"a\u0000b"}`))
+	err := serve.DecodeJSON(r, 1024, &v)
+	require.ErrorIs(t, err, contract.ErrInvalid)
+	require.Contains(t, err.Error(), `"reason"`)
+}

@@ -1,11 +1,13 @@
 package worker
 
 import (
+	"context"
 	"fmt"
 
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/retryd/retryd/pkg/contract"
+	"github.com/retryd/retryd/pkg/tracing"
 )
 
 // routerBatch is how many due events the router pulls at once.
@@ -27,6 +29,8 @@ func (w *Worker) consumeDues(cons jetstream.Consumer) {
 }
 
 func (w *Worker) route(msg jetstream.Msg) {
+	tctx, span := tracing.StartConsume(context.Background(), msg.Subject(), DueRouterDurable, msg.Headers())
+	defer span.End()
 	data, err := dueToJob(msg)
 	if err != nil {
 		w.terminate(DueRouterDurable, msg, err)
@@ -38,6 +42,7 @@ func (w *Worker) route(msg jetstream.Msg) {
 		w.terminate(DueRouterDurable, msg, err)
 		return
 	}
+	tracing.Inject(tctx, jobMsg.Header) // the job continues the due's trace
 	if err := w.publish(jobMsg, "job"); err != nil {
 		log.Warn().Err(err).Msg("route due: publish job failed; due redelivered")
 		_ = msg.NakWithDelay(fetchBackoff)

@@ -9,8 +9,11 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/retryd/retryd/pkg/contract"
+	"github.com/retryd/retryd/pkg/tracing"
 )
 
 // fetchBackoff is the pause after a failed pull (broker unreachable,
@@ -114,6 +117,9 @@ func (w *Worker) process(jobType string, h Handler, msg jetstream.Msg) {
 		return
 	}
 	log := w.log.With().Str("job_id", data.ID).Str("job_type", data.JobType).Int("attempt", data.Attempt).Logger()
+	tctx, span := tracing.StartConsume(context.Background(), msg.Subject(), ConsumerName(jobType), msg.Headers(),
+		attribute.String("retryd.job_type", data.JobType), attribute.String("retryd.id", data.ID), attribute.Int("retryd.attempt", data.Attempt))
+	defer span.End()
 	stopBeat := w.heartbeat(msg, log)
 	defer stopBeat()
 
@@ -124,7 +130,7 @@ func (w *Worker) process(jobType string, h Handler, msg jetstream.Msg) {
 	}
 	w.m.inflight.WithLabelValues(jobType).Inc()
 	start := time.Now()
-	res := w.runHandler(h, job, timeout, log)
+	res := w.runHandler(tctx, h, job, timeout, log)
 	w.m.inflight.WithLabelValues(jobType).Dec()
 	w.m.attempts.WithLabelValues(jobType, res.outcome).Inc()
 	w.m.duration.WithLabelValues(jobType, res.outcome).Observe(time.Since(start).Seconds())
@@ -150,6 +156,8 @@ func (w *Worker) process(jobType string, h Handler, msg jetstream.Msg) {
 		_ = msg.TermWithReason("worker could not build outcome: " + truncate(err.Error(), 200))
 		return
 	}
+	tracing.Fail(span, res.err)
+	tracing.Inject(tctx, out.msg.Header) // the scheduler continues this attempt's trace
 	if err := w.publish(out.msg, out.event); err != nil {
 		log.Warn().Err(err).Str("event", out.event).Msg("publish outcome failed; job redelivered for another attempt")
 		_ = msg.NakWithDelay(fetchBackoff)
@@ -178,8 +186,10 @@ func (w *Worker) process(jobType string, h Handler, msg jetstream.Msg) {
 // runHandler calls h with a timeout, converting panics to errors. A handler
 // that ignores its context past the timeout plus Config.Grace is reported
 // as timed out while it keeps running.
-func (w *Worker) runHandler(h Handler, job *Job, timeout time.Duration, log zerolog.Logger) attemptResult {
-	ctx, cancel := context.WithTimeout(w.hardCtx, timeout)
+// tctx carries the attempt's span into the handler's ctx (cancellation
+// comes from the worker alone).
+func (w *Worker) runHandler(tctx context.Context, h Handler, job *Job, timeout time.Duration, log zerolog.Logger) attemptResult {
+	ctx, cancel := context.WithTimeout(trace.ContextWithSpan(w.hardCtx, trace.SpanFromContext(tctx)), timeout)
 	defer cancel()
 	done := make(chan error, 1)
 	returned := make(chan struct{})

@@ -28,11 +28,6 @@ const (
 	RetryExhausted RetryState = "exhausted"
 )
 
-// Terminal reports whether no attempt follows the state.
-func (s RetryState) Terminal() bool {
-	return s == RetryCompleted || s == RetryCancelled || s == RetryExhausted
-}
-
 // Retry is a row of event_ingress_retries: one per deferred event.
 type Retry struct {
 	EventID string

@@ -16,6 +16,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/retryd/retryd/pkg/contract"
+	"github.com/retryd/retryd/pkg/tracing"
 	"github.com/retryd/retryd/projections/inbox"
 	"github.com/retryd/retryd/projections/jobstore"
 )
@@ -296,6 +297,11 @@ func (p *Projector) applyBatch(ctx context.Context, stream string, msgs []jetstr
 	}
 	if len(good) == 0 {
 		return nil
+	}
+	// One consumer span per message, continuing its trace, for the batch.
+	for _, d := range good {
+		_, span := tracing.StartConsume(ctx, d.msg.Subject(), ProjectionDurable, d.msg.Headers())
+		defer span.End()
 	}
 	err := p.apply(ctx, stream, good, log)
 	if err == nil || !refused(err) {

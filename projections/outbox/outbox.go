@@ -22,6 +22,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/retryd/retryd/pkg/contract"
+	"github.com/retryd/retryd/pkg/tracing"
 )
 
 // ErrMissingMsgID is returned by Insert for a message without a
@@ -42,7 +43,10 @@ ORDER BY m.ord`
 // Insert adds msgs to owner's outbox inside tx, in order: subject, every
 // header (Nats-Msg-Id is required) and body. They are published after tx
 // commits, by the Relay of the same owner. Nothing is inserted when any
-// message is invalid.
+// message is invalid. When tracing is on, the trace context of ctx is
+// stored with the headers (traceparent, tracestate) so the published
+// message continues the trace of the work that wrote it; msgs are not
+// modified.
 func Insert(ctx context.Context, tx pgx.Tx, owner string, msgs ...*nats.Msg) error {
 	if owner == "" {
 		return errors.New("insert outbox messages: owner is required")
@@ -58,7 +62,7 @@ func Insert(ctx context.Context, tx pgx.Tx, owner string, msgs ...*nats.Msg) err
 		if err := validate(m); err != nil {
 			return fmt.Errorf("insert outbox message %d: %w", i, err)
 		}
-		h, err := json.Marshal(m.Header)
+		h, err := json.Marshal(withTrace(ctx, m.Header))
 		if err != nil {
 			return fmt.Errorf("encode headers of %s: %w", m.Header.Get(contract.HeaderMsgID), err)
 		}
@@ -74,6 +78,22 @@ func Insert(ctx context.Context, tx pgx.Tx, owner string, msgs ...*nats.Msg) err
 		return fmt.Errorf("insert outbox messages: %w", err)
 	}
 	return nil
+}
+
+// withTrace returns h plus the trace context of ctx, leaving h untouched;
+// without tracing (or a span in ctx) it returns h itself.
+func withTrace(ctx context.Context, h nats.Header) nats.Header {
+	traced := nats.Header{}
+	tracing.Inject(ctx, traced)
+	if len(traced) == 0 {
+		return h
+	}
+	for k, v := range h {
+		if _, ok := traced[k]; !ok {
+			traced[k] = v
+		}
+	}
+	return traced
 }
 
 func validate(m *nats.Msg) error {

@@ -220,11 +220,12 @@ func NthRecentLaunch(ctx context.Context, db DB, triggerID, key string, since ti
 
 // ApplyScheduled records the scheduler's scheduled or rescheduled event
 // for attempt (the attempt that runs when due). Held deliveries change when
-// the event is not older than what they know; exhausted, cancelled or
-// filtered ones only for an attempt beyond the last one scheduled (a
-// manual retry), so a replayed event never reopens them. Launched
-// deliveries never change.
-func ApplyScheduled(ctx context.Context, db DB, id string, attempt int, next time.Time, meta map[string]any) (applied bool, err error) {
+// the event is not older than what they know. Exhausted, cancelled or
+// filtered ones change only for an operator's manual retry (manual) of an
+// attempt beyond the last one scheduled: a replayed event, or the late
+// confirmation of the attempt that was pending when the delivery was
+// cancelled, never reopens them. Launched deliveries never change.
+func ApplyScheduled(ctx context.Context, db DB, id string, attempt int, next time.Time, manual bool, meta map[string]any) (applied bool, err error) {
 	m, err := metadataJSON(meta)
 	if err != nil {
 		return false, err
@@ -237,7 +238,7 @@ func ApplyScheduled(ctx context.Context, db DB, id string, attempt int, next tim
 		    retry_metadata = retry_metadata || $4::jsonb, updated_at = now()
 		WHERE delivery_id = $1 AND retry_attempts <= $2 - 1
 		  AND ((status IN ('throttled', 'concurrency_limited') AND scheduled_attempt <= $2)
-		       OR (status IN ('exhausted', 'cancelled', 'filtered') AND scheduled_attempt < $2))`, id, attempt, next, m)
+		       OR ($5 AND status IN ('exhausted', 'cancelled', 'filtered') AND scheduled_attempt < $2))`, id, attempt, next, m, manual)
 	if err != nil {
 		return false, fmt.Errorf("apply scheduled: %w", err)
 	}

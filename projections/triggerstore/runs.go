@@ -21,10 +21,6 @@ const (
 	RunFailed    RunStatus = "failed"
 )
 
-// InFlight reports whether a run holds one of its trigger's concurrency
-// slots.
-func (s RunStatus) InFlight() bool { return s == RunRequested || s == RunRunning }
-
 // Run is a row of workflow_runs: the run a delivery launched.
 type Run struct {
 	ID          string

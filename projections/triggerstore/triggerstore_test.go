@@ -270,7 +270,7 @@ func TestRetryStateGuards(t *testing.T) {
 	require.NoError(t, err)
 
 	next := time.Now().Add(time.Minute).UTC().Truncate(time.Millisecond)
-	applied, err := triggerstore.ApplyScheduled(b.ctx, b.pool, "H1", 2, next, map[string]any{"policy": "event-trigger"})
+	applied, err := triggerstore.ApplyScheduled(b.ctx, b.pool, "H1", 2, next, false, map[string]any{"policy": "event-trigger"})
 	require.NoError(t, err)
 	require.True(t, applied)
 	got, err := triggerstore.GetDelivery(b.ctx, b.pool, "H1")
@@ -282,7 +282,7 @@ func TestRetryStateGuards(t *testing.T) {
 	// Attempt 2 was held again: the delivery now knows attempt 2 failed.
 	got.RetryAttempts = 2
 	require.NoError(t, triggerstore.SaveOutcome(b.ctx, b.pool, got))
-	applied, err = triggerstore.ApplyScheduled(b.ctx, b.pool, "H1", 2, next, nil)
+	applied, err = triggerstore.ApplyScheduled(b.ctx, b.pool, "H1", 2, next, false, nil)
 	require.NoError(t, err)
 	require.False(t, applied, "a scheduled event older than the delivery's state is ignored")
 
@@ -297,6 +297,18 @@ func TestRetryStateGuards(t *testing.T) {
 	require.Equal(t, "max_retries", d.StatusReason)
 	require.Nil(t, d.NextAttemptAt)
 	require.Equal(t, "event-trigger", d.RetryMetadata["policy"], "metadata is merged")
+
+	// Only a manual retry reopens an exhausted delivery.
+	applied, err = triggerstore.ApplyScheduled(b.ctx, b.pool, "H1", 3, next, false, nil)
+	require.NoError(t, err)
+	require.False(t, applied, "a scheduled event that is not a manual retry")
+	applied, err = triggerstore.ApplyScheduled(b.ctx, b.pool, "H1", 3, next, true, nil)
+	require.NoError(t, err)
+	require.True(t, applied)
+	got, err = triggerstore.GetDelivery(b.ctx, b.pool, "H1")
+	require.NoError(t, err)
+	require.Equal(t, 3, got.ScheduledAttempt)
+	require.Equal(t, triggerstore.RetryScheduled, got.RetryState)
 
 	launched := delivery("L1", "e2", triggerstore.StatusLaunched)
 	launched.RunID = "run-L1"
@@ -322,7 +334,7 @@ func TestUnconfirmedAndListing(t *testing.T) {
 	confirmed.RetryState, confirmed.RetryAttempts = triggerstore.RetryScheduled, 1
 	_, err = triggerstore.InsertDelivery(b.ctx, b.pool, confirmed)
 	require.NoError(t, err)
-	_, err = triggerstore.ApplyScheduled(b.ctx, b.pool, "H2", 2, time.Now(), nil)
+	_, err = triggerstore.ApplyScheduled(b.ctx, b.pool, "H2", 2, time.Now(), false, nil)
 	require.NoError(t, err)
 
 	list, err := triggerstore.Unconfirmed(b.ctx, b.pool, time.Now().Add(time.Second), 10)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/pkg/durable"
+	"github.com/retryd/retryd/pkg/tracing"
 	"github.com/retryd/retryd/projections/outbox"
 )
 
@@ -84,7 +85,7 @@ func (s *Service) Handler() http.Handler { return s.handler }
 
 func (s *Service) consumerSpecs() []durable.Spec {
 	spec := func(stream string, h durable.Handler, workers int, name string, filters ...string) durable.Spec {
-		return durable.Spec{Stream: stream, Handle: h, Workers: workers, Config: jetstream.ConsumerConfig{
+		return durable.Spec{Stream: stream, Handle: tracing.ConsumeHandler(name, h), Workers: workers, Config: jetstream.ConsumerConfig{
 			Durable:        name,
 			FilterSubjects: filters,
 			AckPolicy:      jetstream.AckExplicitPolicy,

@@ -15,6 +15,7 @@ import (
 
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/pkg/serve"
+	"github.com/retryd/retryd/pkg/tracing"
 )
 
 // HeaderIdempotencyKey names the request header whose value becomes the
@@ -82,6 +83,7 @@ func (s *Service) postEvent(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.PublishTimeout)
 	defer cancel()
+	tracing.Inject(ctx, msg.Header) // the gate continues the request's trace
 	ack, err := s.cfg.JS.PublishMsg(ctx, msg, jetstream.WithExpectStream(contract.StreamIngest))
 	if err != nil {
 		s.unavailable(w, ev.Source, id, err)
@@ -246,6 +248,7 @@ func (s *Service) postBatch(w http.ResponseWriter, r *http.Request) {
 	failed := false
 	for i, msg := range msgs {
 		results[i].ID = msg.Header.Get(contract.HeaderMsgID)
+		tracing.Inject(ctx, msg.Header)
 		f, err := s.cfg.JS.PublishMsgAsync(msg, jetstream.WithExpectStream(contract.StreamIngest))
 		if err != nil {
 			failed = true

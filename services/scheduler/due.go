@@ -2,14 +2,18 @@ package scheduler
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/retryd/retryd/pkg/contract"
+	"github.com/retryd/retryd/pkg/tracing"
 	"github.com/retryd/retryd/projections/retrystore"
 )
 
@@ -101,6 +105,9 @@ type dueItem struct {
 	ack   jetstream.PubAckFuture
 	ok    bool
 	dup   bool
+	// span is the producer span of the publish; a due starts a new
+	// trace (the failure's context is not stored with the row).
+	span trace.Span
 	// late is how late the publish was by the database clock.
 	late time.Duration
 }
@@ -202,6 +209,8 @@ func (s *Scheduler) publishDue(ctx context.Context, items []*dueItem, now, selec
 			continue
 		}
 		it.msg = msg
+		_, it.span = tracing.StartPublish(ctx, msg, attribute.String("retryd.kind", r.Kind),
+			attribute.String("retryd.id", r.ItemID), attribute.Int("retryd.attempt", r.Attempt), attribute.Bool("retryd.redue", it.redue))
 		it.late = it.row.Lateness + time.Since(selected)
 		it.ack, err = s.cfg.JS.PublishMsgAsync(msg)
 		if err != nil {
@@ -211,6 +220,7 @@ func (s *Scheduler) publishDue(ctx context.Context, items []*dueItem, now, selec
 	}
 	wait, cancel := context.WithTimeout(ctx, publishTimeout)
 	defer cancel()
+	defer endDueSpans(items)
 	for _, it := range items {
 		if it.ack == nil {
 			continue
@@ -223,6 +233,18 @@ func (s *Scheduler) publishDue(ctx context.Context, items []*dueItem, now, selec
 		case <-wait.Done():
 			return
 		}
+	}
+}
+
+func endDueSpans(items []*dueItem) {
+	for _, it := range items {
+		if it.span == nil {
+			continue
+		}
+		if !it.ok {
+			tracing.Fail(it.span, errors.New("due event not acknowledged"))
+		}
+		it.span.End()
 	}
 }
 

@@ -10,8 +10,11 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/retryd/retryd/pkg/contract"
+	"github.com/retryd/retryd/pkg/tracing"
 	"github.com/retryd/retryd/projections/inbox"
 	"github.com/retryd/retryd/projections/outbox"
 	"github.com/retryd/retryd/projections/retrystore"
@@ -25,6 +28,10 @@ const nakDelay = 5 * time.Second
 type inbound struct {
 	msg jetstream.Msg
 	f   fact
+	// ctx carries the message's consumer span (see traceBatch); the
+	// outbox rows written for it continue that trace.
+	ctx  context.Context
+	span trace.Span
 }
 
 // applied is the result of applying one message.
@@ -109,6 +116,23 @@ func (s *Scheduler) decode(m jetstream.Msg) (inbound, bool) {
 	return inbound{msg: m, f: newFact(ev, msgID)}, true
 }
 
+// traceBatch starts the consumer span of each item, continuing the trace
+// in its headers, and returns the func ending them with *err.
+func traceBatch(ctx context.Context, items []inbound, err *error) func() {
+	for i := range items {
+		in := &items[i]
+		in.ctx, in.span = tracing.StartConsume(ctx, in.msg.Subject(), ConsumerName, in.msg.Headers(),
+			attribute.String("retryd.kind", in.f.ev.Kind), attribute.String("retryd.id", in.f.ev.ID),
+			attribute.Int("retryd.attempt", in.f.ev.Attempt()), attribute.String("retryd.event", string(in.f.ev.Event)))
+	}
+	return func() {
+		for _, in := range items {
+			tracing.Fail(in.span, *err)
+			in.span.End()
+		}
+	}
+}
+
 // handleBatch decodes, applies in one transaction (falling back to one
 // transaction per message if the batch fails), then publishes the outbox,
 // wakes the due loop and acks.
@@ -122,13 +146,16 @@ func (s *Scheduler) handleBatch(ctx context.Context, msgs []jetstream.Msg) {
 	if len(items) == 0 {
 		return
 	}
+	var err error
+	defer traceBatch(ctx, items, &err)()
 	// Same order for every transaction touching the same items makes
 	// deadlocks between instances unlikely; stable keeps each item's facts
 	// in stream order.
 	slices.SortStableFunc(items, func(a, b inbound) int {
 		return cmp.Or(cmp.Compare(a.f.ev.Kind, b.f.ev.Kind), cmp.Compare(a.f.ev.ID, b.f.ev.ID))
 	})
-	results, err := s.applyBatch(ctx, items)
+	var results []applied
+	results, err = s.applyBatch(ctx, items)
 	if err != nil && len(items) > 1 {
 		s.log.Warn().Err(err).Int("messages", len(items)).Msg("batch failed, applying messages one by one")
 		for _, in := range items {
@@ -226,7 +253,11 @@ func (s *Scheduler) applyBatch(ctx context.Context, items []inbound) ([]applied,
 	d := &decider{rand: s.cfg.Rand, policies: policyCache{}}
 	results := make([]applied, 0, len(items))
 	for _, in := range items {
-		res, err := s.applyOne(ctx, tx, d, in, now)
+		ictx := ctx
+		if in.ctx != nil {
+			ictx = in.ctx
+		}
+		res, err := s.applyOne(ictx, tx, d, in, now)
 		if err != nil {
 			return nil, fmt.Errorf("apply %s %s/%s: %w", in.f.ev.Event, in.f.ev.Kind, in.f.ev.ID, err)
 		}

@@ -260,7 +260,8 @@ func (s *Service) handleRetryState(ctx context.Context, msg jetstream.Msg) error
 		switch {
 		case ev.Scheduled != nil:
 			sd := ev.Scheduled
-			applied, err = triggerstore.ApplyScheduled(ctx, tx, ev.ID, sd.Attempt, sd.NextAttemptAt, map[string]any{
+			manual := sd.Decision.DecidedBy == contract.DecidedByManual
+			applied, err = triggerstore.ApplyScheduled(ctx, tx, ev.ID, sd.Attempt, sd.NextAttemptAt, manual, map[string]any{
 				"policy": sd.Decision.Policy, "policy_version": sd.Decision.PolicyVersion,
 				"decided_by": sd.Decision.DecidedBy, "delay_ms": sd.Decision.DelayMS,
 				"retry_count": sd.Decision.RetryCount, "max_retries": sd.Decision.MaxRetries,

@@ -354,3 +354,49 @@ func TestUnstorableTextIsStillApplied(t *testing.T) {
 	require.Equal(t, k1.ThrottleKey, k2.ThrottleKey)
 	require.NotContains(t, k1.ThrottleKey, "\x00")
 }
+
+// settled waits until a consumer of the service has nothing left to do.
+func (b *bundle) settled(t *testing.T, stream, name string) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		cons, err := b.js.Consumer(b.ctx, stream, name)
+		require.NoError(t, err)
+		info, err := cons.Info(b.ctx)
+		require.NoError(t, err)
+		return info.NumAckPending == 0 && info.NumPending == 0
+	}, eventually, tick, "consumer %s has messages left", name)
+}
+
+// Only a manual retry reopens a cancelled delivery: the confirmation of
+// the attempt that was pending when an operator cancelled it, applied
+// after the cancellation (the consumer's workers run in parallel), must
+// not, or the due that was already on its way would launch it.
+func TestLateConfirmationDoesNotReopenACancel(t *testing.T) {
+	t.Parallel()
+	b := setup(t, true)
+	launched, h1, _ := holdTwo(t, b, "late", "l")
+	f1 := findFailed(t, b, h1, 1)
+	b.publishRunFinished(t, "enrich", launched.RunID, contract.RunCompleted)
+	require.Eventually(t, func() bool {
+		n, err := triggerstore.CountInFlight(b.ctx, b.pool, "late")
+		return err == nil && n == 0
+	}, eventually, tick)
+
+	publishLifecycle(t, b, contract.Cancelled, contract.CancelledData{Kind: contract.KindEventTrigger, ID: h1, Attempt: 2, By: "alice"})
+	b.waitDelivery(t, h1, func(d triggerstore.Delivery) bool { return d.Status == triggerstore.StatusCancelled })
+	publishLifecycle(t, b, contract.Scheduled, contract.ScheduledData{Kind: contract.KindEventTrigger, ID: h1, Attempt: 2,
+		NextAttemptAt: time.Now(), Decision: contract.Decision{Policy: "event-trigger", DecidedBy: contract.DecidedByBackoff}})
+	b.settled(t, contract.StreamRetries, ConsumerRetryState)
+	b.publishDue(t, h1, 2, f1.Payload)
+	b.settled(t, contract.StreamRetries, ConsumerRetry)
+	d := b.delivery(t, h1)
+	require.Equal(t, triggerstore.StatusCancelled, d.Status)
+	require.Empty(t, d.RunID)
+
+	// A manual retry does reopen it.
+	publishLifecycle(t, b, contract.Rescheduled, contract.ScheduledData{Kind: contract.KindEventTrigger, ID: h1, Attempt: 3,
+		NextAttemptAt: time.Now(), Decision: contract.Decision{Policy: "event-trigger", DecidedBy: contract.DecidedByManual}})
+	b.waitDelivery(t, h1, func(d triggerstore.Delivery) bool { return d.ScheduledAttempt == 3 })
+	b.publishDue(t, h1, 3, f1.Payload)
+	b.waitDelivery(t, h1, func(d triggerstore.Delivery) bool { return d.Status == triggerstore.StatusLaunched })
+}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/pkg/durable"
+	"github.com/retryd/retryd/pkg/tracing"
 	"github.com/retryd/retryd/projections/outbox"
 )
 
@@ -79,7 +80,7 @@ func New(cfg Config) (*Service, error) {
 		}
 	}
 	spec := func(name, stream string, h durable.Handler, filters ...string) durable.Spec {
-		return durable.Spec{Stream: stream, Handle: h, Workers: cfg.Workers, Config: jetstream.ConsumerConfig{
+		return durable.Spec{Stream: stream, Handle: tracing.ConsumeHandler(name, h), Workers: cfg.Workers, Config: jetstream.ConsumerConfig{
 			Durable:        name,
 			FilterSubjects: filters,
 			AckPolicy:      jetstream.AckExplicitPolicy,

@@ -15,6 +15,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -29,6 +30,7 @@ import (
 	"github.com/retryd/retryd/migrations/pgcluster"
 	"github.com/retryd/retryd/pkg/serve"
 	"github.com/retryd/retryd/pkg/streams"
+	"github.com/retryd/retryd/pkg/tracing"
 	"github.com/retryd/retryd/pkg/worker"
 	"github.com/retryd/retryd/projections/jobs"
 	"github.com/retryd/retryd/services/ingress"
@@ -103,6 +105,9 @@ func (s *Stack) Start(ctx context.Context) (err error) {
 	if err := os.MkdirAll(s.cfg.DataDir, 0o755); err != nil {
 		return fmt.Errorf("create data directory: %w", err)
 	}
+	if err := s.startTracing(ctx); err != nil {
+		return err
+	}
 	if err := s.startNATS(); err != nil {
 		return err
 	}
@@ -132,6 +137,28 @@ func (s *Stack) Start(ctx context.Context) (err error) {
 	s.onStop("readiness", func(context.Context) error { s.Health.SetReady(false); return nil })
 	s.Health.SetReady(true)
 	s.log.Info().Str("http", s.URL()).Str("nats", s.NATSURL()).Msg("retryd dev stack started")
+	return nil
+}
+
+// tracingInstalled is set while a stack of this process owns the global
+// tracer provider: the first stack installs it (when OTEL_EXPORTER_OTLP_*
+// asks for it) and flushes it when it stops; stacks started meanwhile
+// (tests) share it.
+var tracingInstalled atomic.Bool
+
+func (s *Stack) startTracing(ctx context.Context) error {
+	if !tracing.Enabled() || !tracingInstalled.CompareAndSwap(false, true) {
+		return nil
+	}
+	shutdown, err := tracing.Setup(ctx, "retryd", s.log)
+	if err != nil {
+		tracingInstalled.Store(false)
+		return fmt.Errorf("set up tracing: %w", err)
+	}
+	s.onStop("tracing", func(ctx context.Context) error {
+		defer tracingInstalled.Store(false)
+		return shutdown(ctx)
+	})
 	return nil
 }
 
@@ -311,7 +338,7 @@ func (s *Stack) startHTTP() error {
 		return fmt.Errorf("listen on %s (is it taken? use --http): %w", s.cfg.HTTPAddr, err)
 	}
 	s.httpAddr = ln.Addr()
-	srv := &http.Server{Handler: s.routes(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
+	srv := &http.Server{Handler: tracing.Handler(s.routes(), "retryd"), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- serve.Serve(ctx, srv, ln, s.log.With().Str("component", "http").Logger()) }()
