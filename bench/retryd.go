@@ -319,6 +319,28 @@ func (r *retrydSys) cycles(ctx context.Context, window int, warmup, dur time.Dur
 	return res, nil
 }
 
+// settle waits until the scheduler has applied every lifecycle message
+// and emitted every row already due, so what one measurement left in
+// flight (a cycle run stops with its window of items mid-way) does not
+// load the next one. It gives up after limit.
+func (r *retrydSys) settle(ctx context.Context, limit time.Duration) (time.Duration, error) {
+	start := time.Now()
+	cons, err := r.ns.js.Consumer(ctx, contract.StreamRetries, scheduler.ConsumerName)
+	if err != nil {
+		return 0, fmt.Errorf("look up scheduler consumer: %w", err)
+	}
+	waitFor(ctx, limit, func() bool {
+		info, err := cons.Info(ctx)
+		if err != nil || info.NumPending > 0 || info.NumAckPending > 0 {
+			return false
+		}
+		var late int64
+		err = r.db.pool.QueryRow(ctx, "SELECT count(*) FROM retries WHERE state = 'scheduled' AND next_attempt_at < now()").Scan(&late)
+		return err == nil && late == 0
+	})
+	return time.Since(start), nil
+}
+
 // probe runs the lateness probe through the real failed path: the owner
 // reports probe items failed at spec.rate, the scheduler schedules them
 // 1 s ahead, and lateness is from next_attempt_at (in the due event) to

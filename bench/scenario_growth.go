@@ -61,6 +61,9 @@ func runGrowth(ctx context.Context, env Env) error {
 		if st.cycles, err = r.cycles(ctx, s.CycleWindow, 2*time.Second, s.GrowthFor); err != nil {
 			return fmt.Errorf("cycles at %d history rows: %w", st.history, err)
 		}
+		if _, err := r.settle(ctx, 2*time.Minute); err != nil {
+			return err
+		}
 		if st.lat, err = r.probe(ctx, spec); err != nil {
 			return fmt.Errorf("probe at %d history rows: %w", st.history, err)
 		}

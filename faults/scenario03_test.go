@@ -55,10 +55,17 @@ func TestScenario03FreezeOneOfTwoSchedulers(t *testing.T) {
 	_ = s.Pool.QueryRow(s.Ctx, `SELECT count(*) FILTER (WHERE state = 'idle in transaction'),
  count(*) FILTER (WHERE wait_event_type = 'Lock')
 FROM pg_stat_activity WHERE datname = current_database() AND application_name <> 'faults' AND backend_type = 'client backend'`).Scan(&idleInTx, &lockWaits)
+	var blocked, blocker string
+	_ = s.Pool.QueryRow(s.Ctx, `SELECT left(a.query, 120), left(b.query, 120) FROM pg_stat_activity a
+JOIN pg_stat_activity b ON b.pid = ANY (pg_blocking_pids(a.pid))
+WHERE a.datname = current_database() AND a.wait_event_type = 'Lock' LIMIT 1`).Scan(&blocked, &blocker)
 	time.Sleep(freeze - freeze/2)
 	succeededInFreeze := states(s.Ctx, s.Pool, kind)["succeeded"] - succeededAtFreeze
 	r.Note("during the freeze: %d sessions idle in a transaction, %d sessions waiting on a lock; %d retries resolved by the other instance in %s",
 		idleInTx, lockWaits, succeededInFreeze, freeze)
+	if lockWaits > 0 {
+		r.Note("waiting: %q, blocked by the frozen instance's open transaction (last statement %q)", blocked, blocker)
+	}
 	if err := frozen.Thaw(); err != nil {
 		t.Fatal(err)
 	}
@@ -74,4 +81,15 @@ FROM pg_stat_activity WHERE datname = current_database() AND application_name <>
 	if !ok || r.Lost != 0 || r.DuplicateEffects != 0 {
 		t.Fatalf("lost %d, duplicate effects %d (all resolved: %v, rows %v)", r.Lost, r.DuplicateEffects, ok, states(s.Ctx, s.Pool, kind))
 	}
+	t.Run("OtherInstanceProgressesDuringFreeze", func(t *testing.T) {
+		// Liveness, not the scenario's invariant: whether the frozen
+		// instance happened to hold row locks the other one needed depends
+		// on where SIGSTOP caught it, so this reports rather than fails.
+		if succeededInFreeze == 0 && lockWaits > 0 {
+			t.Skipf("LEAD DECISION: while %s was frozen for %s the other scheduler resolved 0 retries: its policy stage waited on %q, "+
+				"a row lock held by the frozen instance's open transaction (last statement %q). A hung instance stalls every other one "+
+				"until it resumes; nothing (lock_timeout, idle_in_transaction_session_timeout, SKIP LOCKED in the policy stage) bounds it.",
+				frozen.Name, freeze, blocked, blocker)
+		}
+	})
 }

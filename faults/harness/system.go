@@ -223,8 +223,8 @@ func (s *System) Start(name string, env ...string) *Process {
 	return p
 }
 
-// Restart kills nothing: it starts an exited service again and waits
-// until it is ready.
+// Restart starts a service that exited (or was killed) again and waits
+// until it is ready; it does not stop a running one.
 func (s *System) Restart(name string) {
 	s.T.Helper()
 	p := s.procs[name]
