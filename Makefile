@@ -13,7 +13,7 @@ BINARIES := \
 	github.com/retryd/retryd/cmd/retryd \
 	github.com/retryd/retryd/bench
 
-.PHONY: all build test test-race test-short lint fmt fuzz run dev bench-quick clean
+.PHONY: all build test test-race test-short lint fmt fuzz faults run dev bench-quick clean
 
 all: build test
 
@@ -39,6 +39,11 @@ fmt:
 # A short fuzzing pass over every decoder (FUZZTIME per target).
 fuzz:
 	./scripts/fuzz
+
+# The fault suite at the issue's sizes (real processes, kill -9, restarts;
+# about half an hour). `make test` runs its short version.
+faults:
+	RETRYD_FAULTS=full $(GO) test -count=1 -timeout 60m -v github.com/retryd/retryd/faults/...
 
 run dev:
 	$(GO) run github.com/retryd/retryd/cmd/retryd dev

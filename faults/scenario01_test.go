@@ -30,7 +30,7 @@ func TestScenario01KillSchedulerMidBatch(t *testing.T) {
 	}()
 
 	// First kill: while the policy stage is applying failures.
-	if _, ok := harness.Eventually(s.Ctx, time.Minute, 5*time.Millisecond, func() bool {
+	if _, ok := harness.Eventually(s.Ctx, 5*time.Minute, 5*time.Millisecond, func() bool {
 		return sum(states(s.Ctx, s.Pool, kind)) >= n/3
 	}); !ok {
 		t.Fatalf("scheduler applied no failures: %v", states(s.Ctx, s.Pool, kind))

@@ -210,11 +210,15 @@ func checkRaw(field string, raw json.RawMessage) error {
 // CheckStorable rejects a decoded value whose strings (outside raw JSON)
 // hold a NUL character, which Postgres text cannot store. Decoders of this
 // package call it; HTTP handlers decoding into their own types should too.
+//
+// The error names the field by its JSON path, below field when field is
+// not empty (e.g. "data.error.message").
 func CheckStorable(field string, v any) error {
-	if path := nulField(reflect.ValueOf(v), ""); path != "" {
-		return fieldErr(field, fmt.Sprintf("field %q contains a NUL character (\\u0000), which cannot be stored", path))
+	path := nulField(reflect.ValueOf(v), "")
+	if path == "" {
+		return nil
 	}
-	return nil
+	return fieldErr(joinPath(field, path), `contains a NUL character (\u0000), which cannot be stored`)
 }
 
 // nulField returns the JSON path of the first decoded string that holds a

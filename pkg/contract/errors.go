@@ -3,6 +3,8 @@ package contract
 import (
 	"errors"
 	"fmt"
+	"regexp"
+	"unicode/utf8"
 )
 
 var (
@@ -40,4 +42,29 @@ func tooLarge(field string, size, limit int) error {
 		Reason: fmt.Sprintf("is %d bytes, more than the limit of %d", size, limit),
 		Err:    ErrTooLarge,
 	}
+}
+
+// quoted matches a Go-quoted value inside an error text.
+var quoted = regexp.MustCompile(`"(?:[^"\\]|\\.)*"`)
+
+// maxLogReason bounds the reason logged or sent with a termination.
+const maxLogReason = 256
+
+// LogReason is err's text made safe for logs and for the reason of a
+// terminated NATS message: every quoted value is replaced by "…", since a
+// decoding error quotes the bad input, and input that is bad may be a
+// secret in the wrong place. The field and the rule broken stay readable.
+func LogReason(err error) string {
+	if err == nil {
+		return ""
+	}
+	s := quoted.ReplaceAllLiteralString(err.Error(), `"…"`)
+	if len(s) <= maxLogReason {
+		return s
+	}
+	cut := maxLogReason
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut]
 }

@@ -93,8 +93,6 @@ const (
 	DefaultCheckInterval = 30 * time.Second
 	// pullBatch is how many messages each worker asks for ahead.
 	pullBatch = 8
-	// maxTermReason keeps the reason sent with a termination short.
-	maxTermReason = 256
 )
 
 // Config configures a Group. JS is required.
@@ -427,7 +425,7 @@ func (g *Group) settle(consumer string, log zerolog.Logger, msg jetstream.Msg, e
 			log.Warn().Err(err).Str("subject", msg.Subject()).Msg("nak failed")
 		}
 	case errors.As(err, &reject) || errors.Is(err, contract.ErrInvalid) || errors.Is(err, contract.ErrTooLarge):
-		reason := truncate(err.Error(), maxTermReason)
+		reason := contract.LogReason(err)
 		if reject == nil && g.cfg.Malformed != nil {
 			g.cfg.Malformed.WithLabelValues(consumer).Inc()
 		}
@@ -461,15 +459,4 @@ func (g *Group) consumeError(consumer string) jetstream.ConsumeErrHandler {
 		}
 		log.Debug().Err(err).Msg("consume error")
 	}
-}
-
-// truncate cuts s to at most n bytes without splitting a UTF-8 sequence.
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	for n > 0 && s[n]&0xC0 == 0x80 {
-		n--
-	}
-	return s[:n]
 }

@@ -53,7 +53,7 @@ func DecodeJSON(r *http.Request, limit int64, v any) error {
 	if _, err := dec.Token(); err != io.EOF {
 		return invalid("body", "has data after the JSON value")
 	}
-	return contract.CheckStorable("body", v)
+	return contract.CheckStorable("", v)
 }
 
 // depth returns the deepest nesting of objects and arrays in b, counting

@@ -288,5 +288,7 @@ func TestDecodeJSONRejectsNUL(t *testing.T) {
 	r := httptest.NewRequest(http.MethodPost, "/", strings.NewReader(`{"reason":"a\u0000b"}`))
 	err := serve.DecodeJSON(r, 1024, &v)
 	require.ErrorIs(t, err, contract.ErrInvalid)
-	require.Contains(t, err.Error(), `"reason"`)
+	var fe *contract.FieldError
+	require.ErrorAs(t, err, &fe)
+	require.Equal(t, "reason", fe.Field)
 }

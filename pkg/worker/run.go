@@ -152,8 +152,8 @@ func (w *Worker) process(jobType string, h Handler, msg jetstream.Msg) {
 	}
 	if err != nil {
 		// Only an internal bug gets here: the job decoded and validated.
-		log.Error().Err(err).Msg("build outcome failed; terminating job")
-		_ = msg.TermWithReason("worker could not build outcome: " + truncate(err.Error(), 200))
+		log.Error().Str("reason", contract.LogReason(err)).Msg("build outcome failed; terminating job")
+		_ = msg.TermWithReason("worker could not build outcome: " + contract.LogReason(err))
 		return
 	}
 	tracing.Fail(span, res.err)
@@ -267,7 +267,7 @@ func (w *Worker) heartbeat(msg jetstream.Msg, log zerolog.Logger) func() {
 // terminate ends a message that can never be processed and counts it.
 func (w *Worker) terminate(consumer string, msg jetstream.Msg, err error) {
 	w.m.malformed.WithLabelValues(consumer).Inc()
-	reason := "malformed: " + truncate(err.Error(), 200)
+	reason := "malformed: " + contract.LogReason(err)
 	seq := uint64(0)
 	if md, mdErr := msg.Metadata(); mdErr == nil {
 		seq = md.Sequence.Stream

@@ -386,7 +386,7 @@ func refused(err error) bool {
 // terminate ends a message that can never be applied and counts it.
 func (p *Projector) terminate(stream string, m jetstream.Msg, err error, log zerolog.Logger) {
 	p.m.malformed.WithLabelValues(stream).Inc()
-	reason := "malformed: " + truncate(err.Error(), 200)
+	reason := "malformed: " + contract.LogReason(err)
 	log.Warn().Str("subject", m.Subject()).Str("reason", reason).Msg("terminating malformed message")
 	if termErr := m.TermWithReason(reason); termErr != nil {
 		log.Warn().Err(termErr).Msg("term failed")

@@ -283,10 +283,17 @@ func TestProjectorAppliesUnstorableValues(t *testing.T) {
 	b := setup(t)
 	b.startProjector(t, jobs.ProjectorConfig{})
 	t0 := time.Date(2024, 5, 1, 10, 0, 0, 0, time.UTC)
+	// A NUL inside raw JSON (the checkpoint) is valid input: it is cleaned
+	// where it becomes text.
 	b.publishEvent(t, contract.Failed, contract.FailedData{Kind: "job", ID: "nul", Attempt: 1, JobType: "email",
-		Error: contract.ErrorInfo{Class: "temporary", Message: "smtp\x00down"}, Checkpoint: json.RawMessage(`{"step":"se\u0000nd"}`)}, t0)
+		Error: contract.ErrorInfo{Class: "temporary", Message: "smtp down"}, Checkpoint: json.RawMessage(`{"step":"se\u0000nd"}`)}, t0)
 	b.publishEvent(t, contract.Scheduled, contract.ScheduledData{Kind: "job", ID: "big", Attempt: 2, JobType: "email",
 		NextAttemptAt: t0.Add(time.Minute), Decision: contract.Decision{RetryCount: 1 << 40, MaxRetries: 1 << 40}}, t0)
+	// A NUL in a decoded field is malformed input (contract decoding
+	// refuses it): terminated and counted, and the facts after it are
+	// applied.
+	b.publishEvent(t, contract.Failed, contract.FailedData{Kind: "job", ID: "nulmsg", Attempt: 1, JobType: "email",
+		Error: contract.ErrorInfo{Class: "temporary", Message: "smtp\x00down"}}, t0)
 	msg, err := contract.NewLifecycleMsg("test", contract.Cancelled, contract.CancelledData{Kind: "job", ID: "why", Attempt: 1,
 		By: "op\x00", Reason: "no\x00pe"}, t0)
 	require.NoError(t, err)
@@ -295,10 +302,13 @@ func TestProjectorAppliesUnstorableValues(t *testing.T) {
 
 	b.eventually(t, "good", func(j jobstore.Job) bool { return j.Status == jobstore.StatusCompleted }, "the facts after the odd ones are applied")
 	j := b.eventually(t, "nul", func(j jobstore.Job) bool { return j.LastErrorMessage != "" }, "failure applied")
-	require.Equal(t, "smtp\uFFFDdown", j.LastErrorMessage)
+	require.Equal(t, "smtp down", j.LastErrorMessage)
 	require.Equal(t, "se\uFFFDnd", j.CurrentStep)
 	b.eventually(t, "big", func(j jobstore.Job) bool { return j.Status == jobstore.StatusRetrying }, "decision applied")
-	b.eventually(t, "why", func(j jobstore.Job) bool { return j.Status == jobstore.StatusCancelled }, "cancel applied")
+	require.Eventually(t, func() bool { return metric(t, b.reg, "retryd_jobs_malformed_total", "RETRIES") == 2 }, wait, 10*time.Millisecond)
+	var n int
+	require.NoError(t, b.pool.QueryRow(b.ctx, "SELECT count(*) FROM jobs WHERE job_id IN ('nulmsg', 'why')").Scan(&n))
+	require.Zero(t, n, "malformed facts change nothing")
 }
 
 // A message the database refuses for a reason nobody foresaw is

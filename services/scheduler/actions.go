@@ -142,9 +142,9 @@ func manualRetry(r retrystore.Retry, opts RetryNowOptions, now time.Time) (chang
 // action runs an operator action in a transaction on the locked row, then
 // publishes its events and wakes the due loop.
 func (s *Scheduler) action(ctx context.Context, kind, id string, do func(tx pgx.Tx, row *retrystore.Retry, now time.Time) (change, error)) (retrystore.Retry, error) {
-	tx, err := s.cfg.Pool.Begin(ctx)
+	tx, err := s.begin(ctx)
 	if err != nil {
-		return retrystore.Retry{}, fmt.Errorf("begin: %w", err)
+		return retrystore.Retry{}, err
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
 	now, err := retrystore.DBNow(ctx, tx)

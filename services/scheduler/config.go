@@ -31,6 +31,7 @@ const (
 	DefaultMetricsInterval   = 15 * time.Second
 	DefaultOutboxInterval    = time.Second
 	DefaultInboxRetention    = 7 * 24 * time.Hour
+	DefaultLockTimeout       = 5 * time.Second
 )
 
 // Config configures a Scheduler. Pool and JS are required; every other
@@ -65,6 +66,12 @@ type Config struct {
 	// earliest next_attempt_at. It bounds how late a retry scheduled by
 	// another instance can be noticed.
 	MaxIdle time.Duration
+	// LockTimeout bounds how long the policy stage and operator actions
+	// wait for a row lock. An instance that hangs inside a transaction
+	// (frozen, partitioned) holds its locks; without a bound every other
+	// instance would stall behind it. A message that times out is handed
+	// back and applied later.
+	LockTimeout time.Duration
 	// RedueAfter is how long a due retry may go without an outcome from its
 	// owner before its due event is published again, with the same
 	// Nats-Msg-Id. It must exceed the RETRIES duplicate window, or
@@ -159,6 +166,7 @@ func (c *Config) validate() error {
 		{"ReconcileInterval", &c.ReconcileInterval, DefaultReconcileInterval},
 		{"MetricsInterval", &c.MetricsInterval, DefaultMetricsInterval},
 		{"OutboxInterval", &c.OutboxInterval, DefaultOutboxInterval},
+		{"LockTimeout", &c.LockTimeout, DefaultLockTimeout},
 	}
 	for _, f := range durations {
 		if *f.v == 0 {

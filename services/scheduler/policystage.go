@@ -95,10 +95,7 @@ func (s *Scheduler) decode(m jetstream.Msg) (inbound, bool) {
 		}
 	}
 	if err != nil {
-		reason := err.Error()
-		if len(reason) > 256 {
-			reason = reason[:256]
-		}
+		reason := contract.LogReason(err)
 		if termErr := m.TermWithReason(reason); termErr != nil {
 			s.log.Warn().Err(termErr).Str("subject", m.Subject()).Msg("terminate malformed message")
 		}
@@ -241,9 +238,9 @@ func (s *Scheduler) observe(r applied) {
 
 // applyBatch applies items in one transaction.
 func (s *Scheduler) applyBatch(ctx context.Context, items []inbound) ([]applied, error) {
-	tx, err := s.cfg.Pool.Begin(ctx)
+	tx, err := s.begin(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("begin: %w", err)
+		return nil, err
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
 	now, err := retrystore.DBNow(ctx, tx)
@@ -341,4 +338,20 @@ func write(ctx context.Context, tx pgx.Tx, ch change) error {
 		}
 	}
 	return nil
+}
+
+// begin starts a transaction whose lock waits are bounded by
+// Config.LockTimeout, so a hung instance holding a row cannot stall this
+// one.
+func (s *Scheduler) begin(ctx context.Context) (pgx.Tx, error) {
+	tx, err := s.cfg.Pool.Begin(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("begin: %w", err)
+	}
+	// SET takes no parameters; the value is an integer we formatted.
+	if _, err := tx.Exec(ctx, fmt.Sprintf("SET LOCAL lock_timeout = %d", s.cfg.LockTimeout.Milliseconds())); err != nil {
+		_ = tx.Rollback(context.WithoutCancel(ctx))
+		return nil, fmt.Errorf("set lock timeout: %w", err)
+	}
+	return tx, nil
 }

@@ -27,6 +27,7 @@
 //	RETRYD_SCHEDULER_METRICS_INTERVAL      pending gauges refresh (default 15s)
 //	RETRYD_SCHEDULER_OUTBOX_INTERVAL       outbox relay poll (default 1s)
 //	RETRYD_SCHEDULER_INBOX_RETENTION       prune applied message ids older than (default 168h; negative disables)
+//	RETRYD_SCHEDULER_LOCK_TIMEOUT          longest wait for a row lock held by another instance (default 5s)
 //	RETRYD_SCHEDULER_STREAM_REPLICAS       replicas when recreating streams (default 1)
 //	RETRYD_SCHEDULER_ERROR_PATTERNS        extra classifier patterns, JSON {"rate_limit": ["(?i)slow down"]}
 //	RETRYD_SCHEDULER_SHUTDOWN_TIMEOUT      bound on the graceful stop (default 30s)
@@ -134,6 +135,7 @@ func readSettings(log zerolog.Logger) (settings, error) {
 			MetricsInterval:   e.duration("RETRYD_SCHEDULER_METRICS_INTERVAL", 0),
 			OutboxInterval:    e.duration("RETRYD_SCHEDULER_OUTBOX_INTERVAL", 0),
 			InboxRetention:    e.duration("RETRYD_SCHEDULER_INBOX_RETENTION", 0),
+			LockTimeout:       e.duration("RETRYD_SCHEDULER_LOCK_TIMEOUT", 0),
 		},
 	}
 	s.cfg.Streams.Replicas = e.int("RETRYD_SCHEDULER_STREAM_REPLICAS")
