@@ -24,7 +24,13 @@ type asyncPublisher struct {
 	lastErr atomic.Value // error
 	// outstanding counts publishes whose ack has not been handled yet.
 	outstanding atomic.Int64
+	// mu lets close wait for publishes in progress; closed refuses new
+	// ones (consumer callbacks may still publish while a run shuts down).
+	mu     sync.RWMutex
+	closed bool
 }
+
+var errPublisherClosed = errors.New("publisher closed")
 
 type pendingPub struct {
 	fut jetstream.PubAckFuture
@@ -60,6 +66,11 @@ func (p *asyncPublisher) wait() {
 // arrives. A full async window makes it wait, which is the back pressure
 // a real producer gets.
 func (p *asyncPublisher) publish(ctx context.Context, msg *nats.Msg, cb func(error)) error {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	if p.closed {
+		return errPublisherClosed
+	}
 	for {
 		fut, err := p.js.PublishMsgAsync(msg)
 		if errors.Is(err, jetstream.ErrTooManyStalledMsgs) {
@@ -84,7 +95,12 @@ func (p *asyncPublisher) flush(ctx context.Context, timeout time.Duration) bool 
 
 // close waits for the outstanding acks.
 func (p *asyncPublisher) close() {
-	close(p.pending)
+	p.mu.Lock()
+	if !p.closed {
+		p.closed = true
+		close(p.pending)
+	}
+	p.mu.Unlock()
 	<-p.done
 }
 

@@ -166,7 +166,12 @@ func run() int {
 	defer stop()
 	env := Env{
 		Quick: *quick, DatabaseURL: *dbURL, Out: os.Stdout, NATSSync: natsSync(*natsSyncFlag),
-		SchedulerBin: *schedBin, Sizes: sz, rec: &recorder{}, only: splitList(*only),
+		SchedulerBin: *schedBin, Sizes: sz, only: splitList(*only),
+		rec: &recorder{run: map[string]any{
+			"quick": *quick, "nats_sync": *natsSyncFlag, "synchronous_commit": *syncCommit,
+			"scheduler_batch_size":    os.Getenv("RETRYD_SCHEDULER_BATCH_SIZE"),
+			"scheduler_consume_batch": os.Getenv("RETRYD_SCHEDULER_CONSUME_BATCH"),
+		}},
 	}
 	if *cpuProfile != "" {
 		f, err := os.Create(*cpuProfile)

@@ -267,8 +267,9 @@ func nakBurst(ctx context.Context, env Env, n int) (burstResult, error) {
 		}
 	}
 	pub.close()
-	if !waitFor(ctx, 5*time.Minute, func() bool { mu.Lock(); defer mu.Unlock(); return len(held) >= n }) {
-		return burstResult{}, fmt.Errorf("burst: %d of %d messages delivered once", len(held), n)
+	heldCount := func() int { mu.Lock(); defer mu.Unlock(); return len(held) }
+	if !waitFor(ctx, 5*time.Minute, func() bool { return heldCount() >= n }) {
+		return burstResult{}, fmt.Errorf("burst: %d of %d messages delivered once", heldCount(), n)
 	}
 	t0 := time.Now().Add(2*time.Second + time.Duration(n)*20*time.Microsecond).Truncate(time.Second).Add(time.Second)
 	br.setWindow(t0)

@@ -135,7 +135,7 @@ func (p *pgServer) dropDB(ctx context.Context, name string) {
 	_, _ = conn.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)")
 }
 
-// durability describes how durable a commit is on database url.
+// durability describes how durable a commit is on the pool's database.
 func durability(ctx context.Context, pool *pgxpool.Pool) string {
 	var sc, fs string
 	if err := pool.QueryRow(ctx, "SELECT current_setting('synchronous_commit'), current_setting('fsync')").Scan(&sc, &fs); err != nil {

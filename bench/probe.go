@@ -33,12 +33,11 @@ type latenessResult struct {
 	loadTime   time.Duration
 	loadHow    string
 	durability string
-	note       string
 }
 
 type probeRecorder struct {
 	spec     probeSpec
-	start    time.Time
+	start    atomic.Int64 // unix nanoseconds; read by consumer goroutines
 	lat, e2e latencies
 	received atomic.Int64
 	expected atomic.Int64
@@ -50,7 +49,7 @@ func newProbeRecorder(spec probeSpec) *probeRecorder { return &probeRecorder{spe
 // meant to come due at dueAt, received at receivedAt.
 func (r *probeRecorder) due(publishedAt, dueAt, receivedAt time.Time) {
 	r.received.Add(1)
-	if publishedAt.Before(r.start.Add(r.spec.warmup)) {
+	if publishedAt.Before(time.Unix(0, r.start.Load()).Add(r.spec.warmup)) {
 		return
 	}
 	r.lat.add(receivedAt.Sub(dueAt))
@@ -60,7 +59,7 @@ func (r *probeRecorder) due(publishedAt, dueAt, receivedAt time.Time) {
 // run publishes the probe stream with publish(n) at spec.rate for
 // spec.dur, then waits up to drainFor for every item to come back.
 func (r *probeRecorder) run(ctx context.Context, drainFor time.Duration, publish func(n int) error) error {
-	r.start = time.Now()
+	r.start.Store(time.Now().UnixNano())
 	sent, err := pace(ctx, r.spec.rate, r.spec.dur, publish)
 	r.expected.Store(int64(sent))
 	if err != nil {
@@ -106,7 +105,6 @@ type burstResult struct {
 	lat          summary // each item from its due time to its receipt
 	loadTime     time.Duration
 	durability   string
-	note         string
 }
 
 type burstRecorder struct {

@@ -26,6 +26,9 @@ type record struct {
 type recorder struct {
 	mu   sync.Mutex
 	recs []record
+	// run holds the settings of the run (mode, durability flags), added
+	// to every record's params so a results file describes itself.
+	run map[string]any
 }
 
 func (r *recorder) add(scenario, system, metric string, value float64, unit string, params map[string]any) {
@@ -34,6 +37,16 @@ func (r *recorder) add(scenario, system, metric string, value float64, unit stri
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if len(r.run) > 0 {
+		merged := make(map[string]any, len(params)+len(r.run))
+		for k, v := range r.run {
+			merged[k] = v
+		}
+		for k, v := range params {
+			merged[k] = v
+		}
+		params = merged
+	}
 	r.recs = append(r.recs, record{Scenario: scenario, System: system, Metric: metric, Value: value, Unit: unit, Params: params, At: time.Now().UTC()})
 }
 

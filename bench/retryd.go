@@ -6,6 +6,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -252,7 +253,8 @@ func (r *retrydSys) cycles(ctx context.Context, window int, warmup, dur time.Dur
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	meter := newCycleMeter(window, warmup, dur)
-	var seq int64
+	// Items are started from this goroutine and from the replenisher.
+	var seq atomic.Int64
 	errc := make(chan error, 1)
 	fail := func(err error) {
 		if runCtx.Err() == nil {
@@ -282,8 +284,7 @@ func (r *retrydSys) cycles(ctx context.Context, window int, warmup, dur time.Dur
 	}
 	defer stop()
 	newItem := func() error {
-		seq++
-		return r.publishFailed(runCtx, kindCycle, itemID("c", time.Now(), seq), nil)
+		return r.publishFailed(runCtx, kindCycle, itemID("c", time.Now(), seq.Add(1)), nil)
 	}
 	go func() {
 		for {

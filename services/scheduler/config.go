@@ -21,7 +21,8 @@ import (
 
 // Defaults of Config.
 const (
-	DefaultBatchSize         = 500
+	DefaultBatchSize         = 1000
+	DefaultEmitters          = 3
 	DefaultConsumeBatch      = 100
 	DefaultMaxAckPending     = 1000
 	DefaultAckWait           = 30 * time.Second
@@ -53,6 +54,10 @@ type Config struct {
 
 	// BatchSize bounds the rows one due emission transaction publishes.
 	BatchSize int
+	// Emitters is how many due emission transactions run at once while a
+	// backlog of due rows lasts (a burst); when fewer than a batch are due,
+	// one loop emits them.
+	Emitters int
 	// ConsumeBatch bounds the lifecycle messages applied in one policy
 	// stage transaction.
 	ConsumeBatch int
@@ -144,6 +149,7 @@ func (c *Config) validate() error {
 		def, max int
 	}{
 		{"BatchSize", &c.BatchSize, DefaultBatchSize, 10_000},
+		{"Emitters", &c.Emitters, DefaultEmitters, 64},
 		{"ConsumeBatch", &c.ConsumeBatch, DefaultConsumeBatch, 10_000},
 		{"MaxAckPending", &c.MaxAckPending, DefaultMaxAckPending, 1_000_000},
 	}

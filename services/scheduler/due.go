@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -46,7 +47,8 @@ func (s *Scheduler) runDueLoop(ctx context.Context) {
 			s.log.Warn().Err(err).Dur("retry_in", sleep).Msg("due emission failed")
 		case n >= s.cfg.BatchSize:
 			failures = 0
-			continue // more are due right now
+			s.drainBurst(ctx) // more are due right now
+			continue
 		default:
 			failures = 0
 			sleep, err = s.idleFor(ctx)
@@ -72,6 +74,33 @@ func (s *Scheduler) runDueLoop(ctx context.Context) {
 		case <-timer.C:
 		}
 	}
+}
+
+// drainBurst emits a backlog of due rows with Config.Emitters concurrent
+// emitters until each finds less than a full batch. Each batch waits for
+// its PubAcks inside its transaction; overlapping batches keep Postgres and
+// JetStream busy while one waits. SKIP LOCKED gives every emitter its own
+// rows. The goroutines exist only while the backlog lasts.
+func (s *Scheduler) drainBurst(ctx context.Context) {
+	var wg sync.WaitGroup
+	for range s.cfg.Emitters {
+		wg.Go(func() {
+			for ctx.Err() == nil {
+				n, err := s.emitDue(ctx)
+				if err != nil {
+					if ctx.Err() == nil {
+						s.metrics.errors.WithLabelValues("due").Inc()
+						s.log.Warn().Err(err).Msg("due emission failed")
+					}
+					return
+				}
+				if n < s.cfg.BatchSize {
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
 }
 
 // idleFor returns how long the due loop may sleep: until the earliest
@@ -118,6 +147,15 @@ type dueItem struct {
 // rows due. A crash before the commit leaves the rows scheduled: they are
 // published again with the same Nats-Msg-Id and JetStream drops the copy.
 func (s *Scheduler) emitDue(ctx context.Context) (int, error) {
+	// Decisions are committed before their rows can be selected; publishing
+	// what the outbox holds first keeps each scheduled event ahead of its
+	// due in the stream (best effort: the relay may hold some rows itself,
+	// and the rebuild copes either way). It runs before the transaction so
+	// an emitter never holds two connections at once: concurrent emitters
+	// waiting for a second one could exhaust the pool.
+	if _, err := s.relay.Flush(ctx); err != nil {
+		s.log.Debug().Err(err).Msg("flush outbox before due")
+	}
 	tx, err := s.cfg.Pool.Begin(ctx)
 	if err != nil {
 		return 0, fmt.Errorf("begin: %w", err)
@@ -146,14 +184,6 @@ func (s *Scheduler) emitDue(ctx context.Context) (int, error) {
 	}
 	if len(items) == 0 {
 		return 0, nil
-	}
-	// The decisions of these rows were committed before they could be
-	// selected; publishing what the outbox still holds first keeps each
-	// scheduled event ahead of its due in the stream (the relay may hold
-	// some rows itself, so this is best effort; the rebuild copes either
-	// way).
-	if _, err := s.relay.Flush(ctx); err != nil {
-		s.log.Debug().Err(err).Msg("flush outbox before due")
 	}
 	s.publishDue(ctx, items, now, time.Now())
 

@@ -17,7 +17,8 @@
 //	RETRYD_MIGRATE                         apply migrations at start (default false)
 //	RETRYD_LOG_LEVEL                       debug, info (default), warn, error
 //	RETRYD_SCHEDULER_INSTANCE              instance name in logs (default host-pid)
-//	RETRYD_SCHEDULER_BATCH_SIZE            due events per transaction (default 500)
+//	RETRYD_SCHEDULER_BATCH_SIZE            due events per transaction (default 1000)
+//	RETRYD_SCHEDULER_EMITTERS              due transactions at once during a backlog (default 3)
 //	RETRYD_SCHEDULER_CONSUME_BATCH         lifecycle messages per transaction (default 100)
 //	RETRYD_SCHEDULER_MAX_ACK_PENDING       unacked messages of the consumer (default 1000)
 //	RETRYD_SCHEDULER_ACK_WAIT              consumer ack wait (default 30s)
@@ -44,6 +45,7 @@ import (
 	"net/http"
 	"os"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -126,6 +128,7 @@ func readSettings(log zerolog.Logger) (settings, error) {
 			Logger:            log,
 			Instance:          os.Getenv("RETRYD_SCHEDULER_INSTANCE"),
 			BatchSize:         e.int("RETRYD_SCHEDULER_BATCH_SIZE"),
+			Emitters:          e.int("RETRYD_SCHEDULER_EMITTERS"),
 			ConsumeBatch:      e.int("RETRYD_SCHEDULER_CONSUME_BATCH"),
 			MaxAckPending:     e.int("RETRYD_SCHEDULER_MAX_ACK_PENDING"),
 			AckWait:           e.duration("RETRYD_SCHEDULER_ACK_WAIT", 0),
@@ -163,7 +166,16 @@ func connect(ctx context.Context, s settings, log zerolog.Logger) (*pgxpool.Pool
 			return nil, nil, nil, fmt.Errorf("migrate: %w", err)
 		}
 	}
-	pool, err := pgxpool.New(ctx, s.dbURL)
+	pcfg, err := pgxpool.ParseConfig(s.dbURL)
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("parse DATABASE_URL: %w", err)
+	}
+	if !strings.Contains(s.dbURL, "pool_max_conns") {
+		// Each due emitter holds a connection during a burst, beside the
+		// policy stage, the relay, the API and the jobs projection.
+		pcfg.MaxConns = max(pcfg.MaxConns, int32(max(s.cfg.Emitters, scheduler.DefaultEmitters)+6))
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("open database: %w", err)
 	}
