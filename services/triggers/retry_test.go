@@ -9,6 +9,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
 	"github.com/retryd/retryd/pkg/contract"
@@ -331,13 +332,18 @@ func TestUnstorableTextIsStillApplied(t *testing.T) {
 	require.True(t, utf8.ValidString(d.StatusReason), d.StatusReason)
 	require.Equal(t, by, d.RetryMetadata["cancelled_by"])
 
+	// A NUL in a decoded field cannot be stored: contract decoding refuses
+	// the message, which is terminated and counted, and changes nothing.
 	publishLifecycle(t, b, contract.Scheduled, contract.ScheduledData{Kind: contract.KindEventTrigger, ID: h2, Attempt: 2,
 		NextAttemptAt: time.Now().Add(time.Hour), Decision: contract.Decision{Policy: "nul\x00policy"}})
-	b.waitDelivery(t, h2, func(d triggerstore.Delivery) bool { return d.ScheduledAttempt == 2 })
 	publishLifecycle(t, b, contract.Cancelled, contract.CancelledData{Kind: contract.KindEventTrigger, ID: h2, Attempt: 2,
 		By: "op\x00erator", Reason: "nul\x00reason"})
-	d = b.waitDelivery(t, h2, func(d triggerstore.Delivery) bool { return d.Status == triggerstore.StatusCancelled })
-	require.NotContains(t, d.StatusReason, "\x00")
+	require.Eventually(t, func() bool {
+		return counterValue(t, b.reg, "retryd_triggers_malformed_total", ConsumerRetryState) == 2
+	}, eventually, tick)
+	d = b.waitDelivery(t, h2, func(triggerstore.Delivery) bool { return true })
+	require.NotEqual(t, triggerstore.StatusCancelled, d.Status, "a refused message changes nothing")
+	require.NotEqual(t, 2, d.ScheduledAttempt)
 
 	// A throttle key with a NUL byte, from the event's data.
 	tr := b.createTrigger(t, TriggerInput{ID: "keyed", Name: "keyed", Source: "crm", EventType: "lead.keyed",
@@ -399,4 +405,24 @@ func TestLateConfirmationDoesNotReopenACancel(t *testing.T) {
 	b.waitDelivery(t, h1, func(d triggerstore.Delivery) bool { return d.ScheduledAttempt == 3 })
 	b.publishDue(t, h1, 3, f1.Payload)
 	b.waitDelivery(t, h1, func(d triggerstore.Delivery) bool { return d.Status == triggerstore.StatusLaunched })
+}
+
+// counterValue reads one labelled value of a counter vector.
+func counterValue(t *testing.T, reg *prometheus.Registry, name, consumer string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	require.NoError(t, err)
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "consumer" && l.GetValue() == consumer {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return 0
 }
