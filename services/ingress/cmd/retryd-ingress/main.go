@@ -31,7 +31,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -40,6 +39,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/retryd/retryd/migrations"
+	"github.com/retryd/retryd/pkg/envvar"
 	"github.com/retryd/retryd/pkg/errclass"
 	"github.com/retryd/retryd/pkg/natsconn"
 	"github.com/retryd/retryd/pkg/serve"
@@ -50,7 +50,7 @@ import (
 
 func main() {
 	log := zerolog.New(os.Stderr).With().Timestamp().Str("service", "retryd-ingress").Logger()
-	if lvl, err := zerolog.ParseLevel(env("RETRYD_LOG_LEVEL", "info")); err == nil && lvl != zerolog.NoLevel {
+	if lvl, err := zerolog.ParseLevel(envvar.String("RETRYD_LOG_LEVEL", "info")); err == nil && lvl != zerolog.NoLevel {
 		log = log.Level(lvl)
 	}
 	ctx, stop := serve.SignalContext()
@@ -65,29 +65,29 @@ func main() {
 // then shuts down gracefully. ready, when set, is told the HTTP address
 // once the service is ready.
 func run(ctx context.Context, log zerolog.Logger, ready func(addr string)) error {
-	e := &envReader{}
+	e := &envvar.Reader{}
 	dbURL := os.Getenv("DATABASE_URL")
-	addr := env("RETRYD_HTTP_ADDR", ":8081")
-	migrate := e.bool("RETRYD_INGRESS_MIGRATE", true)
-	ensure := e.bool("RETRYD_INGRESS_ENSURE_STREAMS", true)
-	shutdownTimeout := e.duration("RETRYD_INGRESS_SHUTDOWN_TIMEOUT", 30*time.Second)
+	addr := envvar.String("RETRYD_HTTP_ADDR", ":8081")
+	migrate := e.Bool("RETRYD_INGRESS_MIGRATE", true)
+	ensure := e.Bool("RETRYD_INGRESS_ENSURE_STREAMS", true)
+	shutdownTimeout := e.Duration("RETRYD_INGRESS_SHUTDOWN_TIMEOUT", 30*time.Second)
 	cfg := ingress.Config{
 		Logger:            log,
-		MaxBodyBytes:      e.int64("RETRYD_INGRESS_MAX_BODY_BYTES"),
-		MaxBatchBodyBytes: e.int64("RETRYD_INGRESS_MAX_BATCH_BODY_BYTES"),
-		MaxBatchEvents:    int(e.int64("RETRYD_INGRESS_MAX_BATCH_EVENTS")),
-		Concurrency:       int(e.int64("RETRYD_INGRESS_CONCURRENCY")),
-		AckWait:           e.duration("RETRYD_INGRESS_ACK_WAIT", 0),
+		MaxBodyBytes:      e.Int64("RETRYD_INGRESS_MAX_BODY_BYTES"),
+		MaxBatchBodyBytes: e.Int64("RETRYD_INGRESS_MAX_BATCH_BODY_BYTES"),
+		MaxBatchEvents:    int(e.Int64("RETRYD_INGRESS_MAX_BATCH_EVENTS")),
+		Concurrency:       int(e.Int64("RETRYD_INGRESS_CONCURRENCY")),
+		AckWait:           e.Duration("RETRYD_INGRESS_ACK_WAIT", 0),
 		PausedClass:       errclass.Class(os.Getenv("RETRYD_INGRESS_PAUSED_CLASS")),
-		SourceCacheTTL:    e.duration("RETRYD_INGRESS_SOURCE_CACHE_TTL", 0),
-		ReconcileInterval: e.duration("RETRYD_INGRESS_RECONCILE_INTERVAL", 0),
-		ReconcileAfter:    e.duration("RETRYD_INGRESS_RECONCILE_AFTER", 0),
-		InboxRetention:    e.duration("RETRYD_INGRESS_INBOX_RETENTION", 0),
+		SourceCacheTTL:    e.Duration("RETRYD_INGRESS_SOURCE_CACHE_TTL", 0),
+		ReconcileInterval: e.Duration("RETRYD_INGRESS_RECONCILE_INTERVAL", 0),
+		ReconcileAfter:    e.Duration("RETRYD_INGRESS_RECONCILE_AFTER", 0),
+		InboxRetention:    e.Duration("RETRYD_INGRESS_INBOX_RETENTION", 0),
 	}
 	if dbURL == "" {
-		e.errs = append(e.errs, errors.New("DATABASE_URL is required"))
+		e.Add(errors.New("DATABASE_URL is required"))
 	}
-	if err := errors.Join(e.errs...); err != nil {
+	if err := e.Err(); err != nil {
 		return err
 	}
 	shutdownTracing, err := tracing.Setup(ctx, "retryd-ingress", log)
@@ -163,51 +163,4 @@ func run(ctx context.Context, log zerolog.Logger, ready func(addr string)) error
 	stopHTTP()
 	httpErr := <-httpDone
 	return errors.Join(stopErr, httpErr)
-}
-
-func env(name, def string) string {
-	if v := os.Getenv(name); v != "" {
-		return v
-	}
-	return def
-}
-
-// envReader parses optional variables and collects every error, each
-// naming its variable.
-type envReader struct{ errs []error }
-
-func (e *envReader) int64(name string) int64 {
-	v := os.Getenv(name)
-	if v == "" {
-		return 0
-	}
-	n, err := strconv.ParseInt(v, 10, 64)
-	if err != nil || n < 0 {
-		e.errs = append(e.errs, fmt.Errorf("%s must be a non-negative integer, got %q", name, v))
-	}
-	return n
-}
-
-func (e *envReader) duration(name string, def time.Duration) time.Duration {
-	v := os.Getenv(name)
-	if v == "" {
-		return def
-	}
-	d, err := time.ParseDuration(v)
-	if err != nil {
-		e.errs = append(e.errs, fmt.Errorf("%s must be a duration such as 30s, got %q", name, v))
-	}
-	return d
-}
-
-func (e *envReader) bool(name string, def bool) bool {
-	v := os.Getenv(name)
-	if v == "" {
-		return def
-	}
-	b, err := strconv.ParseBool(v)
-	if err != nil {
-		e.errs = append(e.errs, fmt.Errorf("%s must be true or false, got %q", name, v))
-	}
-	return b
 }

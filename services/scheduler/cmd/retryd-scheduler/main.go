@@ -44,7 +44,6 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"strconv"
 	"strings"
 	"time"
 
@@ -56,6 +55,7 @@ import (
 
 	"github.com/retryd/retryd/migrations"
 	"github.com/retryd/retryd/pkg/dashboard"
+	"github.com/retryd/retryd/pkg/envvar"
 	"github.com/retryd/retryd/pkg/errclass"
 	"github.com/retryd/retryd/pkg/natsconn"
 	"github.com/retryd/retryd/pkg/serve"
@@ -75,7 +75,7 @@ or docs/scheduler.md.
 
 func main() {
 	log := zerolog.New(os.Stderr).With().Timestamp().Str("service", "retryd-scheduler").Logger()
-	if lvl, err := zerolog.ParseLevel(env("RETRYD_LOG_LEVEL", "info")); err == nil && lvl != zerolog.NoLevel {
+	if lvl, err := zerolog.ParseLevel(envvar.String("RETRYD_LOG_LEVEL", "info")); err == nil && lvl != zerolog.NoLevel {
 		log = log.Level(lvl)
 	}
 	cmd := "serve"
@@ -116,46 +116,46 @@ type settings struct {
 }
 
 func readSettings(log zerolog.Logger) (settings, error) {
-	e := &envReader{}
+	e := &envvar.Reader{}
 	s := settings{
 		dbURL:           os.Getenv("DATABASE_URL"),
-		addr:            env("RETRYD_HTTP_ADDR", ":8080"),
-		migrate:         e.bool("RETRYD_MIGRATE", false),
-		jobs:            e.bool("RETRYD_JOBS", true),
-		dashboard:       e.bool("RETRYD_DASHBOARD", true),
-		shutdownTimeout: e.duration("RETRYD_SCHEDULER_SHUTDOWN_TIMEOUT", 30*time.Second),
+		addr:            envvar.String("RETRYD_HTTP_ADDR", ":8080"),
+		migrate:         e.Bool("RETRYD_MIGRATE", false),
+		jobs:            e.Bool("RETRYD_JOBS", true),
+		dashboard:       e.Bool("RETRYD_DASHBOARD", true),
+		shutdownTimeout: e.Duration("RETRYD_SCHEDULER_SHUTDOWN_TIMEOUT", 30*time.Second),
 		cfg: scheduler.Config{
 			Logger:            log,
 			Instance:          os.Getenv("RETRYD_SCHEDULER_INSTANCE"),
-			BatchSize:         e.int("RETRYD_SCHEDULER_BATCH_SIZE"),
-			Emitters:          e.int("RETRYD_SCHEDULER_EMITTERS"),
-			ConsumeBatch:      e.int("RETRYD_SCHEDULER_CONSUME_BATCH"),
-			MaxAckPending:     e.int("RETRYD_SCHEDULER_MAX_ACK_PENDING"),
-			AckWait:           e.duration("RETRYD_SCHEDULER_ACK_WAIT", 0),
-			MaxIdle:           e.duration("RETRYD_SCHEDULER_MAX_IDLE", 0),
-			RedueAfter:        e.duration("RETRYD_SCHEDULER_REDUE_AFTER", 0),
-			ReconcileInterval: e.duration("RETRYD_SCHEDULER_RECONCILE_INTERVAL", 0),
-			MetricsInterval:   e.duration("RETRYD_SCHEDULER_METRICS_INTERVAL", 0),
-			OutboxInterval:    e.duration("RETRYD_SCHEDULER_OUTBOX_INTERVAL", 0),
-			InboxRetention:    e.duration("RETRYD_SCHEDULER_INBOX_RETENTION", 0),
-			LockTimeout:       e.duration("RETRYD_SCHEDULER_LOCK_TIMEOUT", 0),
+			BatchSize:         e.Int("RETRYD_SCHEDULER_BATCH_SIZE"),
+			Emitters:          e.Int("RETRYD_SCHEDULER_EMITTERS"),
+			ConsumeBatch:      e.Int("RETRYD_SCHEDULER_CONSUME_BATCH"),
+			MaxAckPending:     e.Int("RETRYD_SCHEDULER_MAX_ACK_PENDING"),
+			AckWait:           e.Duration("RETRYD_SCHEDULER_ACK_WAIT", 0),
+			MaxIdle:           e.Duration("RETRYD_SCHEDULER_MAX_IDLE", 0),
+			RedueAfter:        e.Duration("RETRYD_SCHEDULER_REDUE_AFTER", 0),
+			ReconcileInterval: e.Duration("RETRYD_SCHEDULER_RECONCILE_INTERVAL", 0),
+			MetricsInterval:   e.Duration("RETRYD_SCHEDULER_METRICS_INTERVAL", 0),
+			OutboxInterval:    e.Duration("RETRYD_SCHEDULER_OUTBOX_INTERVAL", 0),
+			InboxRetention:    e.Duration("RETRYD_SCHEDULER_INBOX_RETENTION", 0),
+			LockTimeout:       e.Duration("RETRYD_SCHEDULER_LOCK_TIMEOUT", 0),
 		},
 	}
-	s.cfg.Streams.Replicas = e.int("RETRYD_SCHEDULER_STREAM_REPLICAS")
+	s.cfg.Streams.Replicas = e.Int("RETRYD_SCHEDULER_STREAM_REPLICAS")
 	if v := os.Getenv("RETRYD_SCHEDULER_ERROR_PATTERNS"); v != "" {
 		var patterns map[errclass.Class][]string
 		if err := json.Unmarshal([]byte(v), &patterns); err != nil {
-			e.errs = append(e.errs, fmt.Errorf(`RETRYD_SCHEDULER_ERROR_PATTERNS must be JSON like {"rate_limit": ["regexp"]}: %w`, err))
+			e.Add(fmt.Errorf(`RETRYD_SCHEDULER_ERROR_PATTERNS must be JSON like {"rate_limit": ["regexp"]}: %w`, err))
 		} else if c, err := errclass.NewClassifier(patterns); err != nil {
-			e.errs = append(e.errs, fmt.Errorf("RETRYD_SCHEDULER_ERROR_PATTERNS: %w", err))
+			e.Add(fmt.Errorf("RETRYD_SCHEDULER_ERROR_PATTERNS: %w", err))
 		} else {
 			s.cfg.Classifier = c
 		}
 	}
 	if s.dbURL == "" {
-		e.errs = append(e.errs, errors.New("DATABASE_URL is required"))
+		e.Add(errors.New("DATABASE_URL is required"))
 	}
-	return s, errors.Join(e.errs...)
+	return s, e.Err()
 }
 
 // connect migrates (when asked) and opens the pool and the NATS
@@ -317,51 +317,4 @@ func rebuildCmd(ctx context.Context, log zerolog.Logger, out io.Writer) error {
 	b, _ := json.MarshalIndent(stats, "", "  ")
 	_, err = fmt.Fprintln(out, string(b))
 	return err
-}
-
-func env(name, def string) string {
-	if v := os.Getenv(name); v != "" {
-		return v
-	}
-	return def
-}
-
-// envReader parses optional variables and collects every error, each
-// naming its variable.
-type envReader struct{ errs []error }
-
-func (e *envReader) int(name string) int {
-	v := os.Getenv(name)
-	if v == "" {
-		return 0
-	}
-	n, err := strconv.Atoi(v)
-	if err != nil || n < 0 {
-		e.errs = append(e.errs, fmt.Errorf("%s must be a non-negative integer, got %q", name, v))
-	}
-	return n
-}
-
-func (e *envReader) duration(name string, def time.Duration) time.Duration {
-	v := os.Getenv(name)
-	if v == "" {
-		return def
-	}
-	d, err := time.ParseDuration(v)
-	if err != nil {
-		e.errs = append(e.errs, fmt.Errorf("%s must be a duration such as 30s, got %q", name, v))
-	}
-	return d
-}
-
-func (e *envReader) bool(name string, def bool) bool {
-	v := os.Getenv(name)
-	if v == "" {
-		return def
-	}
-	b, err := strconv.ParseBool(v)
-	if err != nil {
-		e.errs = append(e.errs, fmt.Errorf("%s must be true or false, got %q", name, v))
-	}
-	return b
 }

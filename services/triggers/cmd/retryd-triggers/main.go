@@ -32,7 +32,6 @@ import (
 	"fmt"
 	"net/http"
 	"os"
-	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -41,6 +40,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/retryd/retryd/migrations"
+	"github.com/retryd/retryd/pkg/envvar"
 	"github.com/retryd/retryd/pkg/natsconn"
 	"github.com/retryd/retryd/pkg/serve"
 	"github.com/retryd/retryd/pkg/streams"
@@ -50,7 +50,7 @@ import (
 
 func main() {
 	log := zerolog.New(os.Stderr).With().Timestamp().Str("service", "retryd-triggers").Logger()
-	if lvl, err := zerolog.ParseLevel(env("RETRYD_LOG_LEVEL", "info")); err == nil && lvl != zerolog.NoLevel {
+	if lvl, err := zerolog.ParseLevel(envvar.String("RETRYD_LOG_LEVEL", "info")); err == nil && lvl != zerolog.NoLevel {
 		log = log.Level(lvl)
 	}
 	if err := run(log); err != nil {
@@ -63,30 +63,30 @@ func run(log zerolog.Logger) error {
 	ctx, stop := serve.SignalContext()
 	defer stop()
 
-	e := &envReader{}
+	e := &envvar.Reader{}
 	dbURL := os.Getenv("DATABASE_URL")
-	addr := env("RETRYD_HTTP_ADDR", ":8082")
-	migrate := e.bool("RETRYD_TRIGGERS_MIGRATE", true)
-	ensure := e.bool("RETRYD_TRIGGERS_ENSURE_STREAMS", true)
-	shutdownTimeout := e.duration("RETRYD_TRIGGERS_SHUTDOWN_TIMEOUT", 30*time.Second)
+	addr := envvar.String("RETRYD_HTTP_ADDR", ":8082")
+	migrate := e.Bool("RETRYD_TRIGGERS_MIGRATE", true)
+	ensure := e.Bool("RETRYD_TRIGGERS_ENSURE_STREAMS", true)
+	shutdownTimeout := e.Duration("RETRYD_TRIGGERS_SHUTDOWN_TIMEOUT", 30*time.Second)
 	cfg := triggers.Config{
 		Logger:            log,
-		Workers:           int(e.int64("RETRYD_TRIGGERS_WORKERS")),
-		AckWait:           e.duration("RETRYD_TRIGGERS_ACK_WAIT", 0),
-		NakDelay:          e.duration("RETRYD_TRIGGERS_NAK_DELAY", 0),
-		CostLimit:         uint64(e.int64("RETRYD_TRIGGERS_COST_LIMIT")),
-		ProgramCacheSize:  int(e.int64("RETRYD_TRIGGERS_PROGRAM_CACHE")),
-		MaxBodyBytes:      e.int64("RETRYD_TRIGGERS_MAX_BODY_BYTES"),
-		RelayInterval:     e.duration("RETRYD_TRIGGERS_RELAY_INTERVAL", 0),
-		ReconcileInterval: e.duration("RETRYD_TRIGGERS_RECONCILE_INTERVAL", 0),
-		ReconcileAfter:    e.duration("RETRYD_TRIGGERS_RECONCILE_AFTER", 0),
-		InboxRetention:    e.duration("RETRYD_TRIGGERS_INBOX_RETENTION", 0),
-		CheckInterval:     e.duration("RETRYD_TRIGGERS_CHECK_INTERVAL", 0),
+		Workers:           int(e.Int64("RETRYD_TRIGGERS_WORKERS")),
+		AckWait:           e.Duration("RETRYD_TRIGGERS_ACK_WAIT", 0),
+		NakDelay:          e.Duration("RETRYD_TRIGGERS_NAK_DELAY", 0),
+		CostLimit:         uint64(e.Int64("RETRYD_TRIGGERS_COST_LIMIT")),
+		ProgramCacheSize:  int(e.Int64("RETRYD_TRIGGERS_PROGRAM_CACHE")),
+		MaxBodyBytes:      e.Int64("RETRYD_TRIGGERS_MAX_BODY_BYTES"),
+		RelayInterval:     e.Duration("RETRYD_TRIGGERS_RELAY_INTERVAL", 0),
+		ReconcileInterval: e.Duration("RETRYD_TRIGGERS_RECONCILE_INTERVAL", 0),
+		ReconcileAfter:    e.Duration("RETRYD_TRIGGERS_RECONCILE_AFTER", 0),
+		InboxRetention:    e.Duration("RETRYD_TRIGGERS_INBOX_RETENTION", 0),
+		CheckInterval:     e.Duration("RETRYD_TRIGGERS_CHECK_INTERVAL", 0),
 	}
 	if dbURL == "" {
-		e.errs = append(e.errs, errors.New("DATABASE_URL is required"))
+		e.Add(errors.New("DATABASE_URL is required"))
 	}
-	if err := errors.Join(e.errs...); err != nil {
+	if err := e.Err(); err != nil {
 		return err
 	}
 	shutdownTracing, err := tracing.Setup(ctx, "retryd-triggers", log)
@@ -154,51 +154,4 @@ func run(log zerolog.Logger) error {
 	stopHTTP()
 	httpErr := <-httpDone
 	return errors.Join(stopErr, httpErr)
-}
-
-func env(name, def string) string {
-	if v := os.Getenv(name); v != "" {
-		return v
-	}
-	return def
-}
-
-// envReader parses optional variables and collects every error, each
-// naming its variable.
-type envReader struct{ errs []error }
-
-func (e *envReader) int64(name string) int64 {
-	v := os.Getenv(name)
-	if v == "" {
-		return 0
-	}
-	n, err := strconv.ParseInt(v, 10, 64)
-	if err != nil || n < 0 {
-		e.errs = append(e.errs, fmt.Errorf("%s must be a non-negative integer, got %q", name, v))
-	}
-	return n
-}
-
-func (e *envReader) duration(name string, def time.Duration) time.Duration {
-	v := os.Getenv(name)
-	if v == "" {
-		return def
-	}
-	d, err := time.ParseDuration(v)
-	if err != nil {
-		e.errs = append(e.errs, fmt.Errorf("%s must be a duration such as 30s, got %q", name, v))
-	}
-	return d
-}
-
-func (e *envReader) bool(name string, def bool) bool {
-	v := os.Getenv(name)
-	if v == "" {
-		return def
-	}
-	b, err := strconv.ParseBool(v)
-	if err != nil {
-		e.errs = append(e.errs, fmt.Errorf("%s must be true or false, got %q", name, v))
-	}
-	return b
 }

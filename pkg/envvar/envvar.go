@@ -1,0 +1,76 @@
+// Package envvar reads the environment variables the retryd binaries are
+// configured with. A Reader collects every error, each naming its
+// variable, so a misconfigured service reports all its mistakes at once.
+package envvar
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"time"
+)
+
+// String returns the variable, or def when it is unset or empty.
+func String(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
+
+// Reader parses optional variables; the zero value is ready to use.
+type Reader struct{ errs []error }
+
+// Int returns a non-negative integer, 0 when unset.
+func (r *Reader) Int(name string) int {
+	return int(r.Int64(name))
+}
+
+// Int64 returns a non-negative integer, 0 when unset.
+func (r *Reader) Int64(name string) int64 {
+	v := os.Getenv(name)
+	if v == "" {
+		return 0
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || n < 0 {
+		r.Add(fmt.Errorf("%s must be a non-negative integer, got %q", name, v))
+		return 0
+	}
+	return n
+}
+
+// Duration returns a Go duration such as 30s, def when unset.
+func (r *Reader) Duration(name string, def time.Duration) time.Duration {
+	v := os.Getenv(name)
+	if v == "" {
+		return def
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil {
+		r.Add(fmt.Errorf("%s must be a duration such as 30s, got %q", name, v))
+		return def
+	}
+	return d
+}
+
+// Bool returns true or false (strconv.ParseBool), def when unset.
+func (r *Reader) Bool(name string, def bool) bool {
+	v := os.Getenv(name)
+	if v == "" {
+		return def
+	}
+	b, err := strconv.ParseBool(v)
+	if err != nil {
+		r.Add(fmt.Errorf("%s must be true or false, got %q", name, v))
+		return def
+	}
+	return b
+}
+
+// Add records an error found while reading the configuration.
+func (r *Reader) Add(err error) { r.errs = append(r.errs, err) }
+
+// Err joins every error recorded; nil when there was none.
+func (r *Reader) Err() error { return errors.Join(r.errs...) }

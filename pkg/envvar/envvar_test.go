@@ -1,0 +1,36 @@
+package envvar_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/retryd/retryd/pkg/envvar"
+)
+
+func TestReaderCollectsEveryError(t *testing.T) {
+	t.Setenv("EV_INT", "12")
+	t.Setenv("EV_BAD_INT", "-3")
+	t.Setenv("EV_DUR", "1500ms")
+	t.Setenv("EV_BAD_DUR", "soon")
+	t.Setenv("EV_BOOL", "false")
+	t.Setenv("EV_BAD_BOOL", "maybe")
+	var r envvar.Reader
+	require.Equal(t, 12, r.Int("EV_INT"))
+	require.Zero(t, r.Int("EV_UNSET"))
+	require.Equal(t, 1500*time.Millisecond, r.Duration("EV_DUR", time.Second))
+	require.Equal(t, time.Second, r.Duration("EV_UNSET", time.Second))
+	require.False(t, r.Bool("EV_BOOL", true))
+	require.True(t, r.Bool("EV_UNSET", true))
+	require.NoError(t, r.Err())
+
+	require.Zero(t, r.Int64("EV_BAD_INT"))
+	require.Equal(t, time.Second, r.Duration("EV_BAD_DUR", time.Second))
+	require.True(t, r.Bool("EV_BAD_BOOL", true))
+	err := r.Err()
+	require.ErrorContains(t, err, `EV_BAD_INT must be a non-negative integer, got "-3"`)
+	require.ErrorContains(t, err, `EV_BAD_DUR must be a duration such as 30s, got "soon"`)
+	require.ErrorContains(t, err, `EV_BAD_BOOL must be true or false, got "maybe"`)
+	require.Equal(t, "x", envvar.String("EV_UNSET", "x"))
+}
