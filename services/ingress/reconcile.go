@@ -125,7 +125,7 @@ func (s *Service) prune(ctx context.Context) {
 		s.log.Warn().Err(err).Msg("prune rate windows")
 	}
 	if s.cfg.InboxRetention > 0 {
-		if _, err := inbox.Prune(ctx, s.cfg.Pool, s.cfg.InboxRetention); err != nil && ctx.Err() == nil {
+		if _, err := inbox.Prune(ctx, s.cfg.Pool, s.cfg.InboxRetention, ConsumerGate, ConsumerRetry, ConsumerRetryState); err != nil && ctx.Err() == nil {
 			s.log.Warn().Err(err).Msg("prune inbox")
 		}
 	}

@@ -46,7 +46,7 @@ func (s *Service) reconcileLoop() {
 		}
 		if s.cfg.InboxRetention > 0 && time.Since(lastPrune) >= time.Hour {
 			lastPrune = time.Now()
-			n, err := inbox.Prune(ctx, s.cfg.Pool, s.cfg.InboxRetention)
+			n, err := inbox.Prune(ctx, s.cfg.Pool, s.cfg.InboxRetention, ConsumerEvents, ConsumerRetry, ConsumerRetryState, ConsumerRuns)
 			if err != nil && ctx.Err() == nil {
 				s.log.Error().Err(err).Msg("prune inbox")
 			} else if n > 0 {
