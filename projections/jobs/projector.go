@@ -30,6 +30,10 @@ const (
 	DefaultBatch     = 100
 	DefaultAckWait   = 30 * time.Second
 	DefaultFetchWait = 5 * time.Second
+	// DefaultInboxRetention is how long applied message ids are kept.
+	DefaultInboxRetention = 7 * 24 * time.Hour
+	// pruneInterval is how often old inbox claims are deleted.
+	pruneInterval = time.Hour
 )
 
 // retryFilters are the lifecycle events of jobs the projection folds; due
@@ -60,6 +64,10 @@ type ProjectorConfig struct {
 	// FetchWait is how long one pull waits; Stop takes up to this long.
 	// Default 5s.
 	FetchWait time.Duration
+	// InboxRetention is how long the projection's applied message ids are
+	// kept in the inbox (pruned hourly); it must outlast redeliveries.
+	// Default 7 days; negative keeps them forever.
+	InboxRetention time.Duration
 	// Hooks are failpoints for tests.
 	Hooks ProjectorHooks
 }
@@ -95,6 +103,12 @@ func (c *ProjectorConfig) validate() error {
 	}
 	if c.FetchWait == 0 {
 		c.FetchWait = DefaultFetchWait
+	}
+	if c.InboxRetention == 0 {
+		c.InboxRetention = DefaultInboxRetention
+	}
+	if c.InboxRetention > 0 && c.InboxRetention < time.Hour {
+		return fmt.Errorf("ProjectorConfig.InboxRetention must be at least 1h (it must outlast redeliveries), got %s", c.InboxRetention)
 	}
 	if c.Registerer == nil {
 		c.Registerer = prometheus.NewRegistry()
@@ -154,6 +168,10 @@ func (p *Projector) Start(ctx context.Context) error {
 	p.loops.Add(2)
 	go p.consume(loopCtx, contract.StreamJobs, jobsCons)
 	go p.consume(loopCtx, contract.StreamRetries, retryCons)
+	if p.cfg.InboxRetention > 0 {
+		p.loops.Add(1)
+		go p.pruneInbox(loopCtx)
+	}
 	p.log.Info().Msg("jobs projection started")
 	return nil
 }
@@ -426,4 +444,26 @@ func truncate(s string, n int) string {
 		n--
 	}
 	return s[:n]
+}
+
+// pruneInbox deletes the projection's inbox claims older than
+// InboxRetention, at start and hourly; older redeliveries are caught by the
+// fold's ordering guards.
+func (p *Projector) pruneInbox(ctx context.Context) {
+	defer p.loops.Done()
+	ticker := time.NewTicker(pruneInterval)
+	defer ticker.Stop()
+	for {
+		n, err := inbox.Prune(ctx, p.cfg.Pool, p.cfg.InboxRetention, ProjectionDurable)
+		if err != nil && ctx.Err() == nil {
+			p.log.Warn().Err(err).Msg("prune inbox")
+		} else if n > 0 {
+			p.log.Debug().Int64("pruned", n).Msg("pruned inbox")
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-ticker.C:
+		}
+	}
 }

@@ -366,3 +366,35 @@ func TestProjectorRecreatesDeletedConsumers(t *testing.T) {
 	require.Eventually(t, func() bool { return metric(t, b.reg, "retryd_jobs_duplicates_total", "RETRIES") >= 1 }, wait, 10*time.Millisecond,
 		"the replayed fact was recognised")
 }
+
+// The projection prunes its own old inbox claims at start and keeps
+// recent ones and other consumers'.
+func TestProjectorPrunesItsInbox(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	_, err := b.pool.Exec(b.ctx, `
+		INSERT INTO inbox (consumer, msg_id, applied_at) VALUES
+			('jobs-projection', 'old', now() - interval '8 days'),
+			('jobs-projection', 'recent', now() - interval '1 day'),
+			('scheduler', 'theirs', now() - interval '8 days')`)
+	require.NoError(t, err)
+	b.startProjector(t, jobs.ProjectorConfig{})
+	require.Eventually(t, func() bool {
+		var n int
+		require.NoError(t, b.pool.QueryRow(b.ctx, "SELECT count(*) FROM inbox WHERE msg_id = 'old'").Scan(&n))
+		return n == 0
+	}, wait, 10*time.Millisecond)
+	var left []string
+	rows, err := b.pool.Query(b.ctx, "SELECT msg_id FROM inbox WHERE msg_id IN ('recent', 'theirs') ORDER BY msg_id")
+	require.NoError(t, err)
+	for rows.Next() {
+		var id string
+		require.NoError(t, rows.Scan(&id))
+		left = append(left, id)
+	}
+	require.NoError(t, rows.Err())
+	require.Equal(t, []string{"recent", "theirs"}, left)
+
+	_, err = jobs.NewProjector(jobs.ProjectorConfig{Pool: b.pool, JS: b.js, InboxRetention: time.Minute})
+	require.ErrorContains(t, err, "ProjectorConfig.InboxRetention")
+}
