@@ -15,7 +15,6 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/rs/zerolog"
 	"github.com/spf13/cobra"
 
@@ -124,8 +123,7 @@ of retries by state.`,
 				defer pool.Close()
 				summary = func(ctx context.Context) (dashboard.Summary, error) { return schedulersvc.Summary(ctx, pool) }
 			}
-			reg := prometheus.NewRegistry()
-			reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+			reg := serve.NewRegistry()
 			health := &serve.Health{}
 			ln, err := net.Listen("tcp", listen)
 			if err != nil {

@@ -23,7 +23,6 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/rs/zerolog"
 
 	"github.com/retryd/retryd/migrations"
@@ -123,8 +122,7 @@ func (s *Stack) Start(ctx context.Context) (err error) {
 	if err := streams.Ensure(ctx, s.JS, streams.Options{}); err != nil {
 		return fmt.Errorf("ensure streams: %w", err)
 	}
-	s.Registry = prometheus.NewRegistry()
-	s.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	s.Registry = serve.NewRegistry()
 	s.Health = &serve.Health{}
 	if err := s.startServices(ctx); err != nil {
 		return err

@@ -44,16 +44,15 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/rs/zerolog"
 
 	"github.com/retryd/retryd/migrations"
+	"github.com/retryd/retryd/pkg/backends"
 	"github.com/retryd/retryd/pkg/dashboard"
 	"github.com/retryd/retryd/pkg/envvar"
 	"github.com/retryd/retryd/pkg/errclass"
@@ -166,28 +165,14 @@ func connect(ctx context.Context, s settings, log zerolog.Logger) (*pgxpool.Pool
 			return nil, nil, nil, fmt.Errorf("migrate: %w", err)
 		}
 	}
-	pcfg, err := pgxpool.ParseConfig(s.dbURL)
+	// Each due emitter holds a connection during a burst, beside the policy
+	// stage, the relay, the API and the jobs projection.
+	b, err := backends.Open(ctx, backends.Options{DatabaseURL: s.dbURL, NATS: natsconn.OptionsFromEnv("retryd-scheduler"),
+		MinPoolConns: int32(max(s.cfg.Emitters, scheduler.DefaultEmitters) + 6)}, log)
 	if err != nil {
-		return nil, nil, nil, fmt.Errorf("parse DATABASE_URL: %w", err)
+		return nil, nil, nil, err
 	}
-	if !strings.Contains(s.dbURL, "pool_max_conns") {
-		// Each due emitter holds a connection during a burst, beside the
-		// policy stage, the relay, the API and the jobs projection.
-		pcfg.MaxConns = max(pcfg.MaxConns, int32(max(s.cfg.Emitters, scheduler.DefaultEmitters)+6))
-	}
-	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
-	if err != nil {
-		return nil, nil, nil, fmt.Errorf("open database: %w", err)
-	}
-	nc, js, err := natsconn.Connect(ctx, natsconn.OptionsFromEnv("retryd-scheduler"), log)
-	if err != nil {
-		pool.Close()
-		return nil, nil, nil, fmt.Errorf("connect to nats: %w", err)
-	}
-	return pool, js, func() {
-		_ = nc.Drain()
-		pool.Close()
-	}, nil
+	return b.Pool, b.JS, b.Close, nil
 }
 
 // serveCmd runs the scheduler until ctx is cancelled (SIGTERM, SIGINT).
@@ -207,8 +192,7 @@ func serveCmd(ctx context.Context, log zerolog.Logger) error {
 	}
 	defer closeAll()
 
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg := serve.NewRegistry()
 	s.cfg.Pool, s.cfg.JS, s.cfg.Registerer = pool, js, reg
 	sched, err := scheduler.New(s.cfg)
 	if err != nil {

@@ -34,12 +34,10 @@ import (
 	"os"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/rs/zerolog"
 
 	"github.com/retryd/retryd/migrations"
+	"github.com/retryd/retryd/pkg/backends"
 	"github.com/retryd/retryd/pkg/envvar"
 	"github.com/retryd/retryd/pkg/natsconn"
 	"github.com/retryd/retryd/pkg/serve"
@@ -100,29 +98,21 @@ func run(log zerolog.Logger) error {
 			return fmt.Errorf("migrate: %w", err)
 		}
 	}
-	pool, err := pgxpool.New(ctx, dbURL)
-	if err != nil {
-		return fmt.Errorf("open database: %w", err)
-	}
-	defer pool.Close()
-	nc, js, err := natsconn.Connect(ctx, natsconn.OptionsFromEnv("retryd-triggers"), log)
-	if err != nil {
-		return fmt.Errorf("connect to nats: %w", err)
-	}
-	defer nc.Close()
+	var ensureStreams *streams.Options
 	if ensure {
-		if err := streams.Ensure(ctx, js, streams.Options{}); err != nil {
-			return fmt.Errorf("ensure streams: %w", err)
-		}
+		ensureStreams = &streams.Options{}
 	}
+	b, err := backends.Open(ctx, backends.Options{DatabaseURL: dbURL, NATS: natsconn.OptionsFromEnv("retryd-triggers"), EnsureStreams: ensureStreams}, log)
+	if err != nil {
+		return err
+	}
+	defer b.Close()
+	pool, js := b.Pool, b.JS
 
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg := serve.NewRegistry()
 	health := &serve.Health{}
 	cfg.Pool, cfg.JS, cfg.Registerer, cfg.Health = pool, js, reg, health
-	if ensure {
-		cfg.Streams = &streams.Options{}
-	}
+	cfg.Streams = ensureStreams // nil: the service does not recreate streams either
 	svc, err := triggers.New(cfg)
 	if err != nil {
 		return err

@@ -1,0 +1,79 @@
+// Package backends opens what a retryd service runs on: the Postgres pool
+// and the NATS connection (with, optionally, the streams ensured), so the
+// three binaries and any embedding program do it the same way.
+package backends
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+
+	"github.com/retryd/retryd/pkg/natsconn"
+	"github.com/retryd/retryd/pkg/streams"
+)
+
+// Options says what to open.
+type Options struct {
+	// DatabaseURL is the Postgres URL (required).
+	DatabaseURL string
+	// NATS is the connection's options; natsconn.OptionsFromEnv(name) for
+	// the binaries.
+	NATS natsconn.Options
+	// MinPoolConns raises the pool's size to at least this many connections
+	// unless the URL sets pool_max_conns itself.
+	MinPoolConns int32
+	// EnsureStreams, when set, creates or updates the streams with these
+	// options once connected.
+	EnsureStreams *streams.Options
+}
+
+// Backends are the open connections.
+type Backends struct {
+	Pool *pgxpool.Pool
+	NC   *nats.Conn
+	JS   jetstream.JetStream
+}
+
+// Open connects to Postgres and NATS; on error nothing stays open.
+func Open(ctx context.Context, o Options, log zerolog.Logger) (*Backends, error) {
+	if o.DatabaseURL == "" {
+		return nil, errors.New("open backends: DATABASE_URL is required")
+	}
+	pcfg, err := pgxpool.ParseConfig(o.DatabaseURL)
+	if err != nil {
+		return nil, fmt.Errorf("parse DATABASE_URL: %w", err)
+	}
+	if !strings.Contains(o.DatabaseURL, "pool_max_conns") {
+		pcfg.MaxConns = max(pcfg.MaxConns, o.MinPoolConns)
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		return nil, fmt.Errorf("open database: %w", err)
+	}
+	nc, js, err := natsconn.Connect(ctx, o.NATS, log)
+	if err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("connect to nats: %w", err)
+	}
+	b := &Backends{Pool: pool, NC: nc, JS: js}
+	if o.EnsureStreams != nil {
+		if err := streams.Ensure(ctx, js, *o.EnsureStreams); err != nil {
+			b.Close()
+			return nil, fmt.Errorf("ensure streams: %w", err)
+		}
+	}
+	return b, nil
+}
+
+// Close drains the NATS connection (pending publishes go out) and closes
+// the pool. Call it after the service stopped.
+func (b *Backends) Close() {
+	_ = b.NC.Drain()
+	b.Pool.Close()
+}
