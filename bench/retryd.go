@@ -118,6 +118,7 @@ func (r *retrydSys) startScheduler(ctx context.Context) error {
 		BatchSize:     envInt("RETRYD_SCHEDULER_BATCH_SIZE"),
 		ConsumeBatch:  envInt("RETRYD_SCHEDULER_CONSUME_BATCH"),
 		MaxAckPending: envInt("RETRYD_SCHEDULER_MAX_ACK_PENDING"),
+		Emitters:      envInt("RETRYD_SCHEDULER_EMITTERS"),
 	})
 	if err != nil {
 		return fmt.Errorf("new scheduler: %w", err)

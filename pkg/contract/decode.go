@@ -26,6 +26,11 @@ const (
 // checkShape rejects input that is too large, not UTF-8, nested deeper than
 // MaxDepth or followed by trailing data, without building any value: a
 // 10,000-deep array costs a scan, not a stack.
+//
+// Every message on the hot paths passes here several times (envelope, data,
+// payload), so well-formed input takes an allocation-free path: a depth
+// scan and json.Valid. Only input that fails is walked token by token, to
+// say what is wrong with it.
 func checkShape(field string, b []byte, limit int) error {
 	if len(b) > limit {
 		return tooLarge(field, len(b), limit)
@@ -36,6 +41,53 @@ func checkShape(field string, b []byte, limit int) error {
 	if !utf8.Valid(b) {
 		return fieldErr(field, "is not valid UTF-8")
 	}
+	if maxDepth(b) <= MaxDepth && jsonValid(b) {
+		return nil
+	}
+	if err := explainShape(field, b); err != nil {
+		return err
+	}
+	// The fast checks and the walk disagree only if one of them is wrong;
+	// refusing is the safe side.
+	return fieldErr(field, "is not valid JSON")
+}
+
+// maxDepth returns the deepest nesting of objects and arrays in b, skipping
+// brackets inside strings. On malformed input the figure may be wrong; the
+// caller then explains the input with explainShape anyway.
+func maxDepth(b []byte) int {
+	depth, deepest, inString := 0, 0, false
+	for i := 0; i < len(b); i++ {
+		c := b[i]
+		if inString {
+			switch c {
+			case '\\':
+				i++ // the escaped byte cannot end the string
+			case '"':
+				inString = false
+			}
+			continue
+		}
+		switch c {
+		case '"':
+			inString = true
+		case '{', '[':
+			depth++
+			deepest = max(deepest, depth)
+		case '}', ']':
+			depth--
+		}
+	}
+	return deepest
+}
+
+// jsonValid is json.Valid, named so the fuzz test compares the very check
+// checkShape makes.
+var jsonValid = json.Valid
+
+// explainShape walks input token by token and returns the error that names
+// its problem, or nil when it finds none.
+func explainShape(field string, b []byte) error {
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.UseNumber()
 	depth, tokens := 0, 0
@@ -79,6 +131,13 @@ func decodeStrict(field string, b []byte, limit int, v any) error {
 	if err := checkShape(field, b, limit); err != nil {
 		return err
 	}
+	return decodeShaped(field, b, v)
+}
+
+// decodeShaped decodes b into v rejecting unknown fields. b must have
+// passed checkShape already, or be a value inside JSON that did (the data
+// of a decoded envelope): it is then valid JSON no deeper and no larger.
+func decodeShaped(field string, b []byte, v any) error {
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
@@ -90,11 +149,16 @@ func decodeStrict(field string, b []byte, limit int, v any) error {
 		}
 		return fieldErr(field, "is not valid: "+reason)
 	}
-	if err := CheckStorable(field, v); err != nil {
-		return err
+	// JSON can only put a NUL into a decoded string as the escape \u0000
+	// (a raw control character is invalid JSON), so input without that
+	// escape needs no walk over the decoded value.
+	if !bytes.Contains(b, nulEscape) {
+		return nil
 	}
-	return nil
+	return CheckStorable(field, v)
 }
+
+var nulEscape = []byte(`\u0000`)
 
 // namesField reports whether encoding/json already named the field in err.
 // Errors returned by UnmarshalJSON methods (time.Time, RetryAfter) come

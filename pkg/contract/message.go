@@ -165,7 +165,7 @@ func DecodeLifecycle(subject string, body []byte) (LifecycleEvent, error) {
 		out.Cancelled = &CancelledData{}
 		data = out.Cancelled
 	}
-	if err := decodeStrict("data", env.Data, MaxEnvelopeBytes, data); err != nil {
+	if err := decodeShaped("data", env.Data, data); err != nil {
 		return LifecycleEvent{}, err
 	}
 	if err := data.Validate(); err != nil {

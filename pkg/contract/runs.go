@@ -147,7 +147,7 @@ func decodeTyped(_ string, body []byte, v any, check func() error) (Envelope, er
 	if len(env.Data) == 0 {
 		return Envelope{}, fieldErr("data", "is required")
 	}
-	if err := decodeStrict("data", env.Data, MaxEnvelopeBytes, v); err != nil {
+	if err := decodeShaped("data", env.Data, v); err != nil {
 		return Envelope{}, err
 	}
 	return env, check()

@@ -82,21 +82,25 @@ func StartConsume(ctx context.Context, subject, consumer string, h nats.Header, 
 // (not through the outbox) and injects its context into msg's headers.
 // The caller ends the span once the PubAck arrived or the publish failed.
 func StartPublish(ctx context.Context, msg *nats.Msg, attrs ...attribute.KeyValue) (context.Context, trace.Span) {
-	base := []attribute.KeyValue{
-		semconv.MessagingSystemKey.String("nats"),
-		semconv.MessagingOperationTypeSend,
-		semconv.MessagingOperationName("publish"),
-		semconv.MessagingDestinationName(msg.Subject),
-	}
 	if msg.Header == nil {
 		msg.Header = nats.Header{}
 	}
-	if id := msg.Header.Get(headerMsgID); id != "" {
-		base = append(base, semconv.MessagingMessageID(id))
+	ctx, span := otel.Tracer(instrumentation).Start(ctx, "publish "+msg.Subject, trace.WithSpanKind(trace.SpanKindProducer))
+	// The due loop publishes tens of thousands of messages a second: with
+	// tracing off (a span that records nothing) the attributes are not
+	// even built.
+	if span.IsRecording() {
+		span.SetAttributes(
+			semconv.MessagingSystemKey.String("nats"),
+			semconv.MessagingOperationTypeSend,
+			semconv.MessagingOperationName("publish"),
+			semconv.MessagingDestinationName(msg.Subject),
+		)
+		if id := msg.Header.Get(headerMsgID); id != "" {
+			span.SetAttributes(semconv.MessagingMessageID(id))
+		}
+		span.SetAttributes(attrs...)
 	}
-	ctx, span := otel.Tracer(instrumentation).Start(ctx, "publish "+msg.Subject,
-		trace.WithSpanKind(trace.SpanKindProducer),
-		trace.WithAttributes(append(base, attrs...)...))
 	Inject(ctx, msg.Header)
 	return ctx, span
 }

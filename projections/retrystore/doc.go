@@ -28,6 +28,13 @@ type Querier interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
+// Copier is a Querier that can also COPY rows in (a pool, a connection or
+// a transaction).
+type Copier interface {
+	Querier
+	CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, rows pgx.CopyFromSource) (int64, error)
+}
+
 // ErrNotFound is returned when a retry or a policy does not exist.
 var ErrNotFound = errors.New("not found")
 

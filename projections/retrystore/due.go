@@ -3,83 +3,149 @@ package retrystore
 import (
 	"context"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 )
 
-// DueRow is a row selected for a due emission and how late it is by the
-// database clock at selection time.
+// DueRow is a row claimed for a due emission: as it is after the claim
+// (state due, one more emission), how late it was by the database clock,
+// and what the claim replaced so ReleaseDue can put it back.
 type DueRow struct {
 	Retry
 	Lateness time.Duration
+	// PrevState and PrevDueAt are the row's state and due_at before the
+	// claim: scheduled for a first emission, due for a re-emission.
+	PrevState State
+	PrevDueAt *time.Time
 }
 
-// SelectDue locks up to limit scheduled rows whose next_attempt_at has
-// passed by the database clock, earliest first. Rows locked by another
-// transaction (another scheduler instance) are skipped, so instances share
-// the work without waiting on each other. q must be a transaction.
-func SelectDue(ctx context.Context, q Querier, limit int) ([]DueRow, error) {
-	return selectDue(ctx, q, `SELECT `+retryColumns+`, extract(epoch FROM clock_timestamp() - next_attempt_at)
-FROM retries
-WHERE state = 'scheduled' AND next_attempt_at <= now()
-ORDER BY next_attempt_at
-LIMIT $1
-FOR UPDATE SKIP LOCKED`, limit)
+// ClaimDue locks up to limit scheduled rows whose next_attempt_at has
+// passed by the database clock, earliest first, and marks them due in the
+// same statement: state due, due_at now(), one more emission. Rows locked
+// by another transaction (another scheduler instance) are skipped, so
+// instances share the work without waiting on each other. q must be a
+// transaction: the caller publishes the due events, releases the rows it
+// could not publish with ReleaseDue and commits, so a crash before the
+// commit leaves every row scheduled.
+//
+// A non-zero from skips rows due before it: while a backlog drains, the
+// caller passes the latest next_attempt_at it has claimed so far, and the
+// scan starts past the rows its other batches hold instead of stepping
+// over each of them. The caller must claim without from before it
+// considers the backlog drained.
+//
+// Claiming and marking in one statement finds each row once, by its
+// physical address while the statement holds its lock, instead of a select
+// followed by an update that looks every row up again by key.
+func ClaimDue(ctx context.Context, q Querier, limit int, from time.Time) ([]DueRow, error) {
+	cond, args := "", []any{limit}
+	if !from.IsZero() {
+		cond, args = " AND next_attempt_at >= $2", append(args, from)
+	}
+	return claim(ctx, q, byNextAttempt, `
+WITH picked AS (
+	SELECT ctid, state, due_at FROM retries
+	WHERE state = 'scheduled' AND next_attempt_at <= now()`+cond+`
+	ORDER BY next_attempt_at
+	LIMIT $1
+	FOR UPDATE SKIP LOCKED
+)`, args...)
 }
 
-// SelectRedue locks up to limit due rows whose due event went out more
-// than after ago (by the database clock) without an outcome from the
-// owner, oldest first, skipping rows locked elsewhere. q must be a
-// transaction.
-func SelectRedue(ctx context.Context, q Querier, after time.Duration, limit int) ([]DueRow, error) {
-	return selectDue(ctx, q, `SELECT `+retryColumns+`, extract(epoch FROM clock_timestamp() - next_attempt_at)
-FROM retries
-WHERE state = 'due' AND due_at <= now() - make_interval(secs => $2)
-ORDER BY due_at
-LIMIT $1
-FOR UPDATE SKIP LOCKED`, limit, after.Seconds())
+// ClaimRedue is ClaimDue for due rows whose due event went out more than
+// after ago (by the database clock) without an outcome from the owner,
+// oldest first.
+func ClaimRedue(ctx context.Context, q Querier, after time.Duration, limit int) ([]DueRow, error) {
+	return claim(ctx, q, byPrevDueAt, `
+WITH picked AS (
+	SELECT ctid, state, due_at FROM retries
+	WHERE state = 'due' AND due_at <= now() - make_interval(secs => $2)
+	ORDER BY due_at
+	LIMIT $1
+	FOR UPDATE SKIP LOCKED
+)`, limit, after.Seconds())
 }
 
-func selectDue(ctx context.Context, q Querier, sql string, args ...any) ([]DueRow, error) {
-	rows, err := q.Query(ctx, sql, args...)
+// claim runs the claiming statement: picked is a CTE naming the rows (by
+// ctid) with their state and due_at before the claim.
+func claim(ctx context.Context, q Querier, order func(a, b DueRow) int, picked string, args ...any) ([]DueRow, error) {
+	rows, err := q.Query(ctx, picked+`
+UPDATE retries r SET state = 'due', due_at = now(), due_emissions = r.due_emissions + 1, updated_at = now()
+FROM picked
+WHERE r.ctid = picked.ctid
+RETURNING `+claimedColumns+`, extract(epoch FROM clock_timestamp() - r.next_attempt_at), picked.state, picked.due_at`, args...)
 	if err != nil {
-		return nil, fmt.Errorf("select due retries: %w", err)
+		return nil, fmt.Errorf("claim due retries: %w", err)
 	}
 	defer rows.Close()
 	var out []DueRow
 	for rows.Next() {
 		var late float64
-		r, err := scanRetry(rows, &late)
+		var d DueRow
+		var prev string
+		d.Retry, err = scanRetry(rows, &late, &prev, &d.PrevDueAt)
 		if err != nil {
-			return nil, fmt.Errorf("select due retries: %w", err)
+			return nil, fmt.Errorf("claim due retries: %w", err)
 		}
-		out = append(out, DueRow{Retry: r, Lateness: time.Duration(late * float64(time.Second))})
+		d.Lateness = time.Duration(late * float64(time.Second))
+		d.PrevState = State(prev)
+		out = append(out, d)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("select due retries: %w", err)
+		return nil, fmt.Errorf("claim due retries: %w", err)
 	}
+	// RETURNING follows the update's join order, not the claim's.
+	slices.SortFunc(out, order)
 	return out, nil
 }
 
-// MarkDue records that the due events of keys were published: state due,
-// due_at now(), one more emission. The caller adds the history rows.
-func MarkDue(ctx context.Context, q Querier, keys []Key) error {
-	if len(keys) == 0 {
+// claimedColumns are retryColumns qualified by the updated table's alias:
+// the claim's CTE has columns of the same names.
+var claimedColumns = func() string {
+	cols := strings.Split(retryColumns, ",")
+	for i, c := range cols {
+		cols[i] = "r." + strings.TrimSpace(c)
+	}
+	return strings.Join(cols, ", ")
+}()
+
+func byNextAttempt(a, b DueRow) int { return compareTimes(a.NextAttemptAt, b.NextAttemptAt) }
+func byPrevDueAt(a, b DueRow) int   { return compareTimes(a.PrevDueAt, b.PrevDueAt) }
+
+func compareTimes(a, b *time.Time) int {
+	switch {
+	case a == nil && b == nil:
+		return 0
+	case a == nil:
+		return -1
+	case b == nil:
+		return 1
+	}
+	return a.Compare(*b)
+}
+
+// ReleaseDue undoes the claim of rows whose due event was not published:
+// each gets its previous state and due_at back and one emission less, so
+// the next pass picks it up again. q must be the claiming transaction.
+func ReleaseDue(ctx context.Context, q Querier, rows []DueRow) error {
+	if len(rows) == 0 {
 		return nil
 	}
-	kinds := make([]string, len(keys))
-	items := make([]string, len(keys))
-	for i, k := range keys {
-		kinds[i], items[i] = k.Kind, k.ItemID
+	kinds, items := make([]string, len(rows)), make([]string, len(rows))
+	states, dueAts := make([]string, len(rows)), make([]*time.Time, len(rows))
+	for i, r := range rows {
+		kinds[i], items[i], states[i], dueAts[i] = r.Kind, r.ItemID, string(r.PrevState), r.PrevDueAt
 	}
 	tag, err := q.Exec(ctx, `
-UPDATE retries r SET state = 'due', due_at = now(), due_emissions = r.due_emissions + 1, updated_at = now()
-FROM unnest($1::text[], $2::text[]) AS k(kind, item_id)
-WHERE r.kind = k.kind AND r.item_id = k.item_id`, kinds, items)
+UPDATE retries r SET state = k.state, due_at = k.due_at, due_emissions = r.due_emissions - 1
+FROM unnest($1::text[], $2::text[], $3::text[], $4::timestamptz[]) AS k(kind, item_id, state, due_at)
+WHERE r.kind = k.kind AND r.item_id = k.item_id AND r.state = 'due'`, kinds, items, states, dueAts)
 	if err != nil {
-		return fmt.Errorf("mark retries due: %w", err)
+		return fmt.Errorf("release due retries: %w", err)
 	}
-	if int(tag.RowsAffected()) != len(keys) {
-		return fmt.Errorf("mark retries due: updated %d rows, want %d", tag.RowsAffected(), len(keys))
+	if int(tag.RowsAffected()) != len(rows) {
+		return fmt.Errorf("release due retries: updated %d rows, want %d", tag.RowsAffected(), len(rows))
 	}
 	return nil
 }

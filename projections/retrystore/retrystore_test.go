@@ -96,7 +96,7 @@ func TestHistoryKeepsOrder(t *testing.T) {
 	require.WithinDuration(t, time.Now(), h[1].At, time.Minute, "a zero time means now()")
 }
 
-func TestDueSelection(t *testing.T) {
+func TestDueClaim(t *testing.T) {
 	t.Parallel()
 	ctx, pool := setup(t)
 
@@ -104,6 +104,7 @@ func TestDueSelection(t *testing.T) {
 	for _, r := range []retrystore.Retry{
 		scheduledRow("event", "late2", past.Add(time.Second)),
 		scheduledRow("event", "late1", past),
+		scheduledRow("event", "late3", past.Add(2*time.Second)),
 		scheduledRow("event", "future", time.Now().Add(time.Hour)),
 	} {
 		_, err := retrystore.Save(ctx, pool, r)
@@ -113,22 +114,28 @@ func TestDueSelection(t *testing.T) {
 	tx, err := pool.Begin(ctx)
 	require.NoError(t, err)
 	defer tx.Rollback(ctx)
-	rows, err := retrystore.SelectDue(ctx, tx, 10)
+	rows, err := retrystore.ClaimDue(ctx, tx, 10, time.Time{})
 	require.NoError(t, err)
-	require.Len(t, rows, 2)
-	require.Equal(t, "late1", rows[0].ItemID, "earliest first")
+	require.Len(t, rows, 3)
+	require.Equal(t, []string{"late1", "late2", "late3"}, []string{rows[0].ItemID, rows[1].ItemID, rows[2].ItemID}, "earliest first")
 	require.Greater(t, rows[0].Lateness, 50*time.Second)
+	require.Equal(t, retrystore.StateDue, rows[0].State, "claimed rows come back as they are now")
+	require.Equal(t, 1, rows[0].DueEmissions)
+	require.NotNil(t, rows[0].DueAt)
+	require.Equal(t, retrystore.StateScheduled, rows[0].PrevState)
+	require.Nil(t, rows[0].PrevDueAt)
 
 	// A second transaction skips the locked rows instead of waiting.
 	tx2, err := pool.Begin(ctx)
 	require.NoError(t, err)
 	defer tx2.Rollback(ctx)
-	other, err := retrystore.SelectDue(ctx, tx2, 10)
+	other, err := retrystore.ClaimDue(ctx, tx2, 10, time.Time{})
 	require.NoError(t, err)
 	require.Empty(t, other)
 	require.NoError(t, tx2.Rollback(ctx))
 
-	require.NoError(t, retrystore.MarkDue(ctx, tx, []retrystore.Key{rows[0].Key(), rows[1].Key()}))
+	// late3's event was not published: releasing it puts it back.
+	require.NoError(t, retrystore.ReleaseDue(ctx, tx, rows[2:]))
 	require.NoError(t, tx.Commit(ctx))
 
 	got, err := retrystore.Get(ctx, pool, "event", "late1")
@@ -136,15 +143,20 @@ func TestDueSelection(t *testing.T) {
 	require.Equal(t, retrystore.StateDue, got.State)
 	require.Equal(t, 1, got.DueEmissions)
 	require.NotNil(t, got.DueAt)
+	released, err := retrystore.Get(ctx, pool, "event", "late3")
+	require.NoError(t, err)
+	require.Equal(t, retrystore.StateScheduled, released.State)
+	require.Equal(t, 0, released.DueEmissions)
+	require.Nil(t, released.DueAt)
 
 	next, ok, dbNow, err := retrystore.NextDue(ctx, pool)
 	require.NoError(t, err)
 	require.True(t, ok)
-	require.InDelta(t, time.Hour.Seconds(), next.Sub(dbNow).Seconds(), 5)
+	require.Less(t, next.Sub(dbNow), time.Duration(0), "late3 is due again")
 
 	// Nothing is old enough to be re-emitted yet; moving due_at back is
 	// what the passing of RedueAfter looks like.
-	redue, err := retrystore.SelectRedue(ctx, pool, 5*time.Minute, 10)
+	redue, err := retrystore.ClaimRedue(ctx, pool, 5*time.Minute, 10)
 	require.NoError(t, err)
 	require.Empty(t, redue)
 	_, err = pool.Exec(ctx, `UPDATE retries SET due_at = due_at - interval '6 minutes' WHERE item_id = 'late1'`)
@@ -153,13 +165,53 @@ func TestDueSelection(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, ok)
 	require.Less(t, in, time.Duration(0))
-	redue, err = retrystore.SelectRedue(ctx, pool, 5*time.Minute, 10)
+
+	tx3, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer tx3.Rollback(ctx)
+	redue, err = retrystore.ClaimRedue(ctx, tx3, 5*time.Minute, 10)
 	require.NoError(t, err)
 	require.Len(t, redue, 1)
 	require.Equal(t, "late1", redue[0].ItemID)
+	require.Equal(t, 2, redue[0].DueEmissions)
+	require.Equal(t, retrystore.StateDue, redue[0].PrevState)
+	require.NotNil(t, redue[0].PrevDueAt)
+	require.NoError(t, retrystore.ReleaseDue(ctx, tx3, redue))
+	require.NoError(t, tx3.Commit(ctx))
+	got, err = retrystore.Get(ctx, pool, "event", "late1")
+	require.NoError(t, err)
+	require.Equal(t, 1, got.DueEmissions, "a released re-emission does not count")
+	require.True(t, got.DueAt.Equal(*redue[0].PrevDueAt), "and keeps its old due_at, so it stays eligible")
 
-	err = retrystore.MarkDue(ctx, pool, []retrystore.Key{{Kind: "event", ItemID: "missing"}})
+	// Releasing a row that is not due is a bug in the caller.
+	err = retrystore.ReleaseDue(ctx, pool, []retrystore.DueRow{{Retry: retrystore.Retry{Kind: "event", ItemID: "missing"}}})
 	require.Error(t, err)
+}
+
+func TestDueClaimFrom(t *testing.T) {
+	t.Parallel()
+	ctx, pool := setup(t)
+
+	past := time.Now().Add(-time.Minute)
+	for i, id := range []string{"a", "b", "c"} {
+		_, err := retrystore.Save(ctx, pool, scheduledRow("event", id, past.Add(time.Duration(i)*time.Second)))
+		require.NoError(t, err)
+	}
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx)
+	rows, err := retrystore.ClaimDue(ctx, tx, 10, past.Add(time.Second))
+	require.NoError(t, err)
+	require.Len(t, rows, 2, "a is before the floor")
+	require.Equal(t, "b", rows[0].ItemID)
+	require.Equal(t, "c", rows[1].ItemID)
+	require.NoError(t, tx.Commit(ctx))
+
+	// Without a floor the row left behind is found.
+	rows, err = retrystore.ClaimDue(ctx, pool, 10, time.Time{})
+	require.NoError(t, err)
+	require.Len(t, rows, 1)
+	require.Equal(t, "a", rows[0].ItemID)
 }
 
 func TestListPagination(t *testing.T) {

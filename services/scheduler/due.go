@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/attribute"
@@ -34,7 +35,7 @@ func (s *Scheduler) runDueLoop(ctx context.Context) {
 	failures := 0
 	for {
 		s.plannedWake.Store(math.MaxInt64)
-		n, err := s.emitDue(ctx)
+		n, err := s.emitDue(ctx, nil)
 		if ctx.Err() != nil {
 			return
 		}
@@ -79,14 +80,15 @@ func (s *Scheduler) runDueLoop(ctx context.Context) {
 // drainBurst emits a backlog of due rows with Config.Emitters concurrent
 // emitters until each finds less than a full batch. Each batch waits for
 // its PubAcks inside its transaction; overlapping batches keep Postgres and
-// JetStream busy while one waits. SKIP LOCKED gives every emitter its own
-// rows. The goroutines exist only while the backlog lasts.
+// JetStream busy while one waits. The goroutines exist only while the
+// backlog lasts.
 func (s *Scheduler) drainBurst(ctx context.Context) {
+	b := &burst{}
 	var wg sync.WaitGroup
 	for range s.cfg.Emitters {
 		wg.Go(func() {
 			for ctx.Err() == nil {
-				n, err := s.emitDue(ctx)
+				n, err := s.emitDue(ctx, b)
 				if err != nil {
 					if ctx.Err() == nil {
 						s.metrics.errors.WithLabelValues("due").Inc()
@@ -101,6 +103,33 @@ func (s *Scheduler) drainBurst(ctx context.Context) {
 		})
 	}
 	wg.Wait()
+	// The loop's next pass claims without a floor: rows the burst passed
+	// over (released after a failed publish, or scheduled behind the
+	// floor meanwhile) are found there.
+}
+
+// burst is what the emitters of one drainBurst share. Their claims take
+// turns and each starts at the latest next_attempt_at claimed so far, so
+// no claim steps over the rows another emitter holds. Only the claim
+// statement is serialized; publishing and committing overlap.
+type burst struct {
+	mu    sync.Mutex
+	floor time.Time
+}
+
+// claim claims the next batch of due rows after the floor and moves the
+// floor to the last of them.
+func (b *burst) claim(ctx context.Context, tx pgx.Tx, limit int) ([]retrystore.DueRow, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	rows, err := retrystore.ClaimDue(ctx, tx, limit, b.floor)
+	if err != nil || len(rows) == 0 {
+		return rows, err
+	}
+	if last := rows[len(rows)-1].NextAttemptAt; last != nil && last.After(b.floor) {
+		b.floor = *last
+	}
+	return rows, nil
 }
 
 // idleFor returns how long the due loop may sleep: until the earliest
@@ -142,12 +171,17 @@ type dueItem struct {
 }
 
 // emitDue publishes one batch of due events (first emissions, then
-// re-emissions of due rows nobody resolved) inside a transaction that
-// holds the rows' locks, waits for the PubAcks and marks the acknowledged
-// rows due. A crash before the commit leaves the rows scheduled: they are
-// published again with the same Nats-Msg-Id and JetStream drops the copy.
-func (s *Scheduler) emitDue(ctx context.Context) (int, error) {
-	// Decisions are committed before their rows can be selected; publishing
+// re-emissions of due rows nobody resolved). It claims the rows in a
+// transaction that marks them due and holds their locks, publishes, waits
+// for the PubAcks, puts back the rows whose event was not stored and
+// commits. A crash before the commit leaves the rows as they were: they
+// are published again with the same Nats-Msg-Id and JetStream drops the
+// copy.
+//
+// b is nil outside a burst; within one, b spaces the claims of the
+// emitters.
+func (s *Scheduler) emitDue(ctx context.Context, b *burst) (int, error) {
+	// Decisions are committed before their rows can be claimed; publishing
 	// what the outbox holds first keeps each scheduled event ahead of its
 	// due in the stream (best effort: the relay may hold some rows itself,
 	// and the rebuild copes either way). It runs before the transaction so
@@ -161,11 +195,12 @@ func (s *Scheduler) emitDue(ctx context.Context) (int, error) {
 		return 0, fmt.Errorf("begin: %w", err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
-	now, err := retrystore.DBNow(ctx, tx)
-	if err != nil {
-		return 0, err
+	var rows []retrystore.DueRow
+	if b != nil {
+		rows, err = b.claim(ctx, tx, s.cfg.BatchSize)
+	} else {
+		rows, err = retrystore.ClaimDue(ctx, tx, s.cfg.BatchSize, time.Time{})
 	}
-	rows, err := retrystore.SelectDue(ctx, tx, s.cfg.BatchSize)
 	if err != nil {
 		return 0, err
 	}
@@ -174,7 +209,7 @@ func (s *Scheduler) emitDue(ctx context.Context) (int, error) {
 		items = append(items, &dueItem{row: r})
 	}
 	if len(rows) < s.cfg.BatchSize {
-		redue, err := retrystore.SelectRedue(ctx, tx, s.cfg.RedueAfter, s.cfg.BatchSize-len(rows))
+		redue, err := retrystore.ClaimRedue(ctx, tx, s.cfg.RedueAfter, s.cfg.BatchSize-len(rows))
 		if err != nil {
 			return 0, err
 		}
@@ -185,25 +220,28 @@ func (s *Scheduler) emitDue(ctx context.Context) (int, error) {
 	if len(items) == 0 {
 		return 0, nil
 	}
+	// The claim set due_at to the transaction's now(): the time of the
+	// emission in the event and in the history.
+	now := *items[0].row.DueAt
 	s.publishDue(ctx, items, now, time.Now())
 
 	keys := make([]retrystore.Key, 0, len(items))
 	history := make([]retrystore.HistoryEntry, 0, len(items))
+	var unpublished []retrystore.DueRow
 	for _, it := range items {
 		if !it.ok {
+			unpublished = append(unpublished, it.row)
 			continue
 		}
 		keys = append(keys, it.row.Key())
-		r := it.row.Retry
-		r.DueEmissions++
-		history = append(history, dueEntry(&r, it.msg.Header.Get(contract.HeaderMsgID), now))
+		history = append(history, dueEntry(&it.row.Retry, it.msg.Header.Get(contract.HeaderMsgID), now))
 	}
 	if hook := s.cfg.Hooks.BeforeDueCommit; hook != nil {
 		if err := hook(ctx, keys); err != nil {
 			return 0, fmt.Errorf("failpoint before due commit: %w", err)
 		}
 	}
-	if err := retrystore.MarkDue(ctx, tx, keys); err != nil {
+	if err := retrystore.ReleaseDue(ctx, tx, unpublished); err != nil {
 		return 0, err
 	}
 	if err := retrystore.InsertHistory(ctx, tx, history...); err != nil {
@@ -213,8 +251,8 @@ func (s *Scheduler) emitDue(ctx context.Context) (int, error) {
 		return 0, fmt.Errorf("commit: %w", err)
 	}
 	s.observeDue(items)
-	if len(keys) < len(items) {
-		return len(items), fmt.Errorf("%d of %d due events were not acknowledged", len(items)-len(keys), len(items))
+	if len(unpublished) > 0 {
+		return len(items), fmt.Errorf("%d of %d due events were not acknowledged", len(unpublished), len(items))
 	}
 	return len(items), nil
 }
