@@ -150,6 +150,37 @@ WHERE r.kind = k.kind AND r.item_id = k.item_id AND r.state = 'due'`, kinds, ite
 	return nil
 }
 
+// ParkDue undoes the claim of rows whose due event can never be built (it
+// would be larger than any stream accepts) and sets them aside for after:
+// a scheduled row gets next_attempt_at now() + after, a re-emission gets
+// due_at now(). reasons[i] goes to the last_reason of rows[i], where an
+// operator sees why the retry has not come due and can cancel it. Without
+// this one such row would be claimed again by every pass. q must be the
+// claiming transaction.
+func ParkDue(ctx context.Context, q Querier, rows []DueRow, after time.Duration, reasons []string) error {
+	if len(rows) == 0 {
+		return nil
+	}
+	kinds, items := make([]string, len(rows)), make([]string, len(rows))
+	states, dueAts := make([]string, len(rows)), make([]*time.Time, len(rows))
+	for i, r := range rows {
+		kinds[i], items[i], states[i], dueAts[i] = r.Kind, r.ItemID, string(r.PrevState), r.PrevDueAt
+	}
+	tag, err := q.Exec(ctx, `
+UPDATE retries r SET state = k.state, due_emissions = r.due_emissions - 1, last_reason = k.reason,
+	next_attempt_at = CASE WHEN k.state = 'scheduled' THEN now() + make_interval(secs => $5) ELSE r.next_attempt_at END,
+	due_at = CASE WHEN k.state = 'scheduled' THEN k.due_at ELSE now() END
+FROM unnest($1::text[], $2::text[], $3::text[], $4::timestamptz[], $6::text[]) AS k(kind, item_id, state, due_at, reason)
+WHERE r.kind = k.kind AND r.item_id = k.item_id AND r.state = 'due'`, kinds, items, states, dueAts, after.Seconds(), reasons)
+	if err != nil {
+		return fmt.Errorf("park due retries: %w", err)
+	}
+	if int(tag.RowsAffected()) != len(rows) {
+		return fmt.Errorf("park due retries: updated %d rows, want %d", tag.RowsAffected(), len(rows))
+	}
+	return nil
+}
+
 // NextDue returns the earliest next_attempt_at of the scheduled rows
 // (ok is false when nothing is scheduled) and the database clock, so the
 // caller can sleep for next minus dbNow without trusting its own clock. It

@@ -163,6 +163,8 @@ type dueItem struct {
 	ack   jetstream.PubAckFuture
 	ok    bool
 	dup   bool
+	// buildErr is why the event could not be built: the row is parked.
+	buildErr error
 	// span is the producer span of the publish; a due starts a new
 	// trace (the failure's context is not stored with the row).
 	span trace.Span
@@ -227,9 +229,15 @@ func (s *Scheduler) emitDue(ctx context.Context, b *burst) (int, error) {
 
 	keys := make([]retrystore.Key, 0, len(items))
 	history := make([]retrystore.HistoryEntry, 0, len(items))
-	var unpublished []retrystore.DueRow
+	var unpublished, unbuildable []retrystore.DueRow
+	var reasons []string
 	for _, it := range items {
-		if !it.ok {
+		switch {
+		case it.buildErr != nil:
+			unbuildable = append(unbuildable, it.row)
+			reasons = append(reasons, "due event not built: "+contract.LogReason(it.buildErr))
+			continue
+		case !it.ok:
 			unpublished = append(unpublished, it.row)
 			continue
 		}
@@ -242,6 +250,12 @@ func (s *Scheduler) emitDue(ctx context.Context, b *burst) (int, error) {
 		}
 	}
 	if err := retrystore.ReleaseDue(ctx, tx, unpublished); err != nil {
+		return 0, err
+	}
+	// An event that cannot be built now never can: the row is set aside
+	// instead of failing every pass, and the loop goes on without backing
+	// off (publishDue logged and counted it).
+	if err := retrystore.ParkDue(ctx, tx, unbuildable, s.cfg.RedueAfter, reasons); err != nil {
 		return 0, err
 	}
 	if err := retrystore.InsertHistory(ctx, tx, history...); err != nil {
@@ -272,6 +286,7 @@ func (s *Scheduler) publishDue(ctx context.Context, items []*dueItem, now, selec
 			JobType: r.JobType, Source: r.Source, Payload: r.Payload, Checkpoint: r.Checkpoint, Metadata: r.Metadata,
 		}, now)
 		if err != nil {
+			it.buildErr = err
 			s.metrics.errors.WithLabelValues("due").Inc()
 			s.log.Error().Err(err).Str("kind", r.Kind).Str("id", r.ItemID).Int("attempt", r.Attempt).Msg("build due event")
 			continue

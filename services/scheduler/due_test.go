@@ -1,0 +1,64 @@
+package scheduler_test
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/retryd/retryd/pkg/contract"
+	"github.com/retryd/retryd/projections/retrystore"
+	"github.com/retryd/retryd/services/scheduler"
+)
+
+// A row whose due event cannot be built (here: a payload and a checkpoint
+// together larger than any stream accepts) is set aside with its reason,
+// no emission counted and no history, while the rest of its batch and of
+// the burst around it is emitted. It stays visible as scheduled, and the
+// due loop does not claim it again at every pass.
+func TestUnbuildableDueIsParked(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	past := time.Now().Add(-time.Minute)
+	// Each within the 512 KiB cap of its own; together over the 1 MiB
+	// envelope.
+	big := json.RawMessage(`"` + strings.Repeat("x", contract.MaxDataBytes-2) + `"`)
+	const n = 9
+	for i := range n {
+		r := retrystore.Retry{
+			Kind: "rel", ItemID: fmt.Sprintf("r%d", i), State: retrystore.StateScheduled, Attempt: 2,
+			MaxRetries: 3, RetryEnabled: true, PolicyName: "default", PolicyVersion: 1,
+		}
+		at := past.Add(time.Duration(i) * time.Millisecond)
+		r.NextAttemptAt = &at
+		if i == 4 {
+			r.Payload, r.Checkpoint = big, big
+		}
+		_, err := retrystore.Save(b.ctx, b.pool, r)
+		require.NoError(t, err)
+	}
+	// Batches of 2 make the backlog a burst with concurrent emitters.
+	s := b.start(t, func(c *scheduler.Config) { c.BatchSize = 2; c.Emitters = 3 })
+
+	for i := range n {
+		if i == 4 {
+			continue
+		}
+		row := b.waitRow(t, "rel", fmt.Sprintf("r%d", i), inState(retrystore.StateDue, 2))
+		require.Equal(t, 1, row.DueEmissions)
+		require.Equal(t, []string{"due:2"}, events(b.history(t, "rel", row.ItemID)))
+	}
+	parked := b.waitRow(t, "rel", "r4", func(r retrystore.Retry) bool { return r.LastReason != "" })
+	require.Equal(t, retrystore.StateScheduled, parked.State)
+	require.Zero(t, parked.DueEmissions)
+	require.Nil(t, parked.DueAt)
+	require.Contains(t, parked.LastReason, "due event not built")
+	require.Contains(t, parked.LastReason, "more than the limit")
+	require.WithinDuration(t, time.Now().Add(5*time.Minute), *parked.NextAttemptAt, time.Minute, "set aside for RedueAfter")
+	require.Empty(t, b.history(t, "rel", "r4"))
+	require.Len(t, b.streamMsgs(t, "retry.rel.due.*"), n-1)
+	require.Equal(t, float64(1), metric(t, s.reg, "retryd_scheduler_errors_total", "stage", "due"), "counted once, not at every pass")
+}
