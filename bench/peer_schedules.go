@@ -145,6 +145,9 @@ func schedulesBurst(ctx context.Context, env Env, n int) (burstResult, error) {
 		Durable: "sched-burst", FilterSubject: "fired.burst", MaxAckPending: -1,
 	}, func(m jetstream.Msg) {
 		now := time.Now()
+		if md, err := m.Metadata(); err == nil {
+			br.stored1(md.Timestamp)
+		}
 		_ = m.Ack()
 		br.received1(headerTime(m, hdrBenchAt), now)
 	})

@@ -102,6 +102,11 @@ type burstResult struct {
 	// drain is from the start of the burst second to the last item
 	// received; after is from the end of that second.
 	drain, after time.Duration
+	// published is from the start of the burst second to when the stream
+	// stored the last due message (its JetStream timestamp): the time to
+	// publish the burst, before the owner's consumer had to read it. Zero
+	// for systems without such a message (River).
+	published time.Duration
 	lat          summary // each item from its due time to its receipt
 	loadTime     time.Duration
 	durability   string
@@ -112,6 +117,7 @@ type burstRecorder struct {
 	t0       time.Time
 	mu       sync.Mutex
 	last     time.Time
+	stored   time.Time
 	received atomic.Int64
 	lat      latencies
 }
@@ -130,15 +136,27 @@ func (b *burstRecorder) received1(dueAt, at time.Time) {
 	b.mu.Unlock()
 }
 
+// stored1 records when the stream stored a due message.
+func (b *burstRecorder) stored1(at time.Time) {
+	b.mu.Lock()
+	if at.After(b.stored) {
+		b.stored = at
+	}
+	b.mu.Unlock()
+}
+
 func (b *burstRecorder) wait(ctx context.Context, timeout time.Duration) {
 	waitFor(ctx, time.Until(b.t0)+timeout, func() bool { return b.received.Load() >= int64(b.n) })
 }
 
 func (b *burstRecorder) result() burstResult {
 	b.mu.Lock()
-	last := b.last
+	last, stored := b.last, b.stored
 	b.mu.Unlock()
 	r := burstResult{n: b.n, received: int(b.received.Load()), lat: b.lat.summary()}
+	if !stored.IsZero() {
+		r.published = stored.Sub(b.t0)
+	}
 	if !last.IsZero() {
 		r.drain = last.Sub(b.t0)
 		r.after = last.Sub(b.t0.Add(time.Second))

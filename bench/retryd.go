@@ -210,6 +210,7 @@ func (r *retrydSys) publishSucceeded(ctx context.Context, kind, id string, attem
 type dueEvent struct {
 	data       *contract.DueData
 	receivedAt time.Time
+	storedAt   time.Time
 	streamSeq  uint64
 	redelivery bool
 }
@@ -231,7 +232,7 @@ func (r *retrydSys) ownDue(ctx context.Context, kind string, handle func(dueEven
 		_ = m.Ack()
 		de := dueEvent{data: ev.Due, receivedAt: now}
 		if md != nil {
-			de.streamSeq, de.redelivery = md.Sequence.Stream, md.NumDelivered > 1
+			de.streamSeq, de.redelivery, de.storedAt = md.Sequence.Stream, md.NumDelivered > 1, md.Timestamp
 		}
 		handle(de)
 	})
@@ -421,6 +422,7 @@ func retrydBurst(ctx context.Context, env Env, n int) (burstResult, error) {
 	br := newBurstRecorder(n)
 	stop, err := r.ownDue(ctx, kindBurst, func(ev dueEvent) {
 		br.received1(ev.data.NextAttemptAt, ev.receivedAt)
+		br.stored1(ev.storedAt)
 	})
 	if err != nil {
 		return burstResult{}, err

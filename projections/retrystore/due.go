@@ -29,19 +29,26 @@ type DueRow struct {
 // could not publish with ReleaseDue and commits, so a crash before the
 // commit leaves every row scheduled.
 //
-// A non-zero from skips rows due before it: while a backlog drains, the
-// caller passes the latest next_attempt_at it has claimed so far, and the
-// scan starts past the rows its other batches hold instead of stepping
-// over each of them. The caller must claim without from before it
-// considers the backlog drained.
+// Range narrows the claim to rows with From <= next_attempt_at < Until
+// (a zero bound is no bound). While a backlog drains, the caller hands
+// each batch its own range (see DueBound), so concurrent claims neither
+// step over the rows the others hold nor wait on each other. The caller
+// must claim without a range before it considers the backlog drained:
+// rows behind a range it has passed (released, or locked by another
+// instance at the time) are found only then.
 //
 // Claiming and marking in one statement finds each row once, by its
 // physical address while the statement holds its lock, instead of a select
 // followed by an update that looks every row up again by key.
-func ClaimDue(ctx context.Context, q Querier, limit int, from time.Time) ([]DueRow, error) {
+func ClaimDue(ctx context.Context, q Querier, limit int, r Range) ([]DueRow, error) {
 	cond, args := "", []any{limit}
-	if !from.IsZero() {
-		cond, args = " AND next_attempt_at >= $2", append(args, from)
+	if !r.From.IsZero() {
+		args = append(args, r.From)
+		cond += fmt.Sprintf(" AND next_attempt_at >= $%d", len(args))
+	}
+	if !r.Until.IsZero() {
+		args = append(args, r.Until)
+		cond += fmt.Sprintf(" AND next_attempt_at < $%d", len(args))
 	}
 	return claim(ctx, q, byNextAttempt, `
 WITH picked AS (
@@ -51,6 +58,26 @@ WITH picked AS (
 	LIMIT $1
 	FOR UPDATE SKIP LOCKED
 )`, args...)
+}
+
+// Range is a span of next_attempt_at: From inclusive, Until exclusive.
+type Range struct{ From, Until time.Time }
+
+// DueBound returns the next_attempt_at of the due scheduled row that
+// follows the first n at or after from (ok is false when there are not
+// that many): [from, bound) then holds at most n rows, the claim of one
+// batch. It locks nothing and reads only the due index's range.
+func DueBound(ctx context.Context, q Querier, from time.Time, n int) (bound time.Time, ok bool, err error) {
+	err = q.QueryRow(ctx, `SELECT next_attempt_at FROM retries
+WHERE state = 'scheduled' AND next_attempt_at <= now() AND next_attempt_at >= $1
+ORDER BY next_attempt_at OFFSET $2 LIMIT 1`, from, n).Scan(&bound)
+	if err != nil {
+		if isNoRows(err) {
+			return time.Time{}, false, nil
+		}
+		return time.Time{}, false, fmt.Errorf("read due bound: %w", err)
+	}
+	return bound, true, nil
 }
 
 // ClaimRedue is ClaimDue for due rows whose due event went out more than

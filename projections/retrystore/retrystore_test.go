@@ -114,7 +114,7 @@ func TestDueClaim(t *testing.T) {
 	tx, err := pool.Begin(ctx)
 	require.NoError(t, err)
 	defer tx.Rollback(ctx)
-	rows, err := retrystore.ClaimDue(ctx, tx, 10, time.Time{})
+	rows, err := retrystore.ClaimDue(ctx, tx, 10, retrystore.Range{})
 	require.NoError(t, err)
 	require.Len(t, rows, 3)
 	require.Equal(t, []string{"late1", "late2", "late3"}, []string{rows[0].ItemID, rows[1].ItemID, rows[2].ItemID}, "earliest first")
@@ -129,7 +129,7 @@ func TestDueClaim(t *testing.T) {
 	tx2, err := pool.Begin(ctx)
 	require.NoError(t, err)
 	defer tx2.Rollback(ctx)
-	other, err := retrystore.ClaimDue(ctx, tx2, 10, time.Time{})
+	other, err := retrystore.ClaimDue(ctx, tx2, 10, retrystore.Range{})
 	require.NoError(t, err)
 	require.Empty(t, other)
 	require.NoError(t, tx2.Rollback(ctx))
@@ -200,18 +200,50 @@ func TestDueClaimFrom(t *testing.T) {
 	tx, err := pool.Begin(ctx)
 	require.NoError(t, err)
 	defer tx.Rollback(ctx)
-	rows, err := retrystore.ClaimDue(ctx, tx, 10, past.Add(time.Second))
+	rows, err := retrystore.ClaimDue(ctx, tx, 10, retrystore.Range{From: past.Add(time.Second)})
 	require.NoError(t, err)
 	require.Len(t, rows, 2, "a is before the floor")
 	require.Equal(t, "b", rows[0].ItemID)
 	require.Equal(t, "c", rows[1].ItemID)
 	require.NoError(t, tx.Commit(ctx))
 
-	// Without a floor the row left behind is found.
-	rows, err = retrystore.ClaimDue(ctx, pool, 10, time.Time{})
+	// Without a lower bound the row left behind is found.
+	rows, err = retrystore.ClaimDue(ctx, pool, 10, retrystore.Range{})
 	require.NoError(t, err)
 	require.Len(t, rows, 1)
 	require.Equal(t, "a", rows[0].ItemID)
+}
+
+func TestDueBound(t *testing.T) {
+	t.Parallel()
+	ctx, pool := setup(t)
+
+	past := time.Now().Add(-time.Minute).Truncate(time.Millisecond)
+	at := func(i int) time.Time { return past.Add(time.Duration(i) * time.Second) }
+	for i, id := range []string{"a", "b", "c", "d"} {
+		_, err := retrystore.Save(ctx, pool, scheduledRow("event", id, at(i)))
+		require.NoError(t, err)
+	}
+	_, err := retrystore.Save(ctx, pool, scheduledRow("event", "later", time.Now().Add(time.Hour)))
+	require.NoError(t, err)
+
+	bound, ok, err := retrystore.DueBound(ctx, pool, time.Time{}, 2)
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.True(t, bound.Equal(at(2)), "[start, c) holds a and b")
+	bound, ok, err = retrystore.DueBound(ctx, pool, at(1), 2)
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.True(t, bound.Equal(at(3)), "[b, d) holds b and c")
+	_, ok, err = retrystore.DueBound(ctx, pool, at(2), 2)
+	require.NoError(t, err)
+	require.False(t, ok, "only c and d are due from c on; later is not due")
+
+	rows, err := retrystore.ClaimDue(ctx, pool, 10, retrystore.Range{From: at(1), Until: at(3)})
+	require.NoError(t, err)
+	require.Len(t, rows, 2)
+	require.Equal(t, "b", rows[0].ItemID)
+	require.Equal(t, "c", rows[1].ItemID)
 }
 
 func TestListPagination(t *testing.T) {

@@ -22,7 +22,7 @@ import (
 // Defaults of Config.
 const (
 	DefaultBatchSize         = 1000
-	DefaultEmitters          = 3
+	DefaultEmitters          = 4
 	DefaultConsumeBatch      = 100
 	DefaultMaxAckPending     = 1000
 	DefaultAckWait           = 30 * time.Second

@@ -108,21 +108,34 @@ func (s *Scheduler) drainBurst(ctx context.Context) {
 	// floor meanwhile) are found there.
 }
 
-// burst is what the emitters of one drainBurst share. Their claims take
-// turns and each starts at the latest next_attempt_at claimed so far, so
-// no claim steps over the rows another emitter holds. Only the claim
-// statement is serialized; publishing and committing overlap.
+// burst is what the emitters of one drainBurst share: the floor, below
+// which every due row has been handed to a batch. Each emitter takes the
+// next range of at most one batch above the floor in turn (a read of the
+// due index) and claims it concurrently with the others: no claim steps
+// over the rows another holds, and Postgres works on several at once.
 type burst struct {
 	mu    sync.Mutex
 	floor time.Time
 }
 
-// claim claims the next batch of due rows after the floor and moves the
-// floor to the last of them.
+// claim claims the next batch of due rows above the floor.
 func (b *burst) claim(ctx context.Context, tx pgx.Tx, limit int) ([]retrystore.DueRow, error) {
 	b.mu.Lock()
+	from := b.floor
+	bound, ok, err := retrystore.DueBound(ctx, tx, from, limit)
+	if err != nil {
+		b.mu.Unlock()
+		return nil, err
+	}
+	if ok && bound.After(from) {
+		b.floor = bound
+		b.mu.Unlock()
+		return retrystore.ClaimDue(ctx, tx, limit, retrystore.Range{From: from, Until: bound})
+	}
+	// The tail of the backlog, or a batch of rows due at the very same
+	// instant: claimed in turn, the floor moving to the last of them.
 	defer b.mu.Unlock()
-	rows, err := retrystore.ClaimDue(ctx, tx, limit, b.floor)
+	rows, err := retrystore.ClaimDue(ctx, tx, limit, retrystore.Range{From: from})
 	if err != nil || len(rows) == 0 {
 		return rows, err
 	}
@@ -201,7 +214,7 @@ func (s *Scheduler) emitDue(ctx context.Context, b *burst) (int, error) {
 	if b != nil {
 		rows, err = b.claim(ctx, tx, s.cfg.BatchSize)
 	} else {
-		rows, err = retrystore.ClaimDue(ctx, tx, s.cfg.BatchSize, time.Time{})
+		rows, err = retrystore.ClaimDue(ctx, tx, s.cfg.BatchSize, retrystore.Range{})
 	}
 	if err != nil {
 		return 0, err

@@ -62,3 +62,45 @@ func TestUnbuildableDueIsParked(t *testing.T) {
 	require.Len(t, b.streamMsgs(t, "retry.rel.due.*"), n-1)
 	require.Equal(t, float64(1), metric(t, s.reg, "retryd_scheduler_errors_total", "stage", "due"), "counted once, not at every pass")
 }
+
+// A backlog drained by concurrent emitters in ranges, with many rows due
+// at the very same instant (as when a throttle window opens) and two
+// instances at once: every row comes due once, none is left behind.
+func TestBurstWithTiesEmitsEachOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	same := time.Now().Add(-30 * time.Second)
+	const n = 240
+	for i := range n {
+		at := same
+		if i%3 == 0 {
+			at = same.Add(time.Duration(i) * time.Millisecond)
+		}
+		r := retrystore.Retry{
+			Kind: "ties", ItemID: fmt.Sprintf("t%03d", i), State: retrystore.StateScheduled, Attempt: 2,
+			MaxRetries: 3, RetryEnabled: true, PolicyName: "default", PolicyVersion: 1, NextAttemptAt: &at,
+		}
+		_, err := retrystore.Save(b.ctx, b.pool, r)
+		require.NoError(t, err)
+	}
+	small := func(c *scheduler.Config) { c.BatchSize = 7; c.Emitters = 4 }
+	x := b.start(t, small)
+	y := b.start(t, small)
+	require.Eventually(t, func() bool {
+		page, err := retrystore.List(b.ctx, b.pool, retrystore.ListFilter{Kind: "ties", State: retrystore.StateDue, Limit: n})
+		require.NoError(t, err)
+		return len(page.Retries) == n
+	}, waitFor, 10*time.Millisecond)
+	ids := msgIDs(b.streamMsgs(t, "retry.ties.due.*"))
+	require.Len(t, ids, n)
+	for id, count := range ids {
+		require.Equal(t, 1, count, id)
+	}
+	emitted := metric(t, x.reg, "retryd_scheduler_due_total", "kind", "ties") + metric(t, y.reg, "retryd_scheduler_due_total", "kind", "ties")
+	require.Equal(t, float64(n), emitted, "each row was claimed by one batch")
+	for i := range n {
+		row, err := retrystore.Get(b.ctx, b.pool, "ties", fmt.Sprintf("t%03d", i))
+		require.NoError(t, err)
+		require.Equal(t, 1, row.DueEmissions, row.ItemID)
+	}
+}
