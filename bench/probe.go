@@ -106,10 +106,10 @@ type burstResult struct {
 	// stored the last due message (its JetStream timestamp): the time to
 	// publish the burst, before the owner's consumer had to read it. Zero
 	// for systems without such a message (River).
-	published time.Duration
-	lat          summary // each item from its due time to its receipt
-	loadTime     time.Duration
-	durability   string
+	published  time.Duration
+	lat        summary // each item from its due time to its receipt
+	loadTime   time.Duration
+	durability string
 }
 
 type burstRecorder struct {
