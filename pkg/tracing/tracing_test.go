@@ -213,3 +213,20 @@ func TestHandlerContinuesTrace(t *testing.T) {
 	require.Equal(t, "4bf92f3577b34da6a3ce929d0e0e4736", spans[0].SpanContext().TraceID().String())
 	require.Equal(t, spans[0].SpanContext(), inner)
 }
+
+func TestTraceparentRoundTrip(t *testing.T) {
+	t.Parallel()
+	require.Empty(t, tracing.Traceparent(context.Background()), "no span, no traceparent")
+	require.Equal(t, context.Background(), tracing.WithTraceparent(context.Background(), ""))
+
+	const tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+	ctx := tracing.WithTraceparent(context.Background(), tp)
+	sc := trace.SpanContextFromContext(ctx)
+	require.True(t, sc.IsValid())
+	require.True(t, sc.IsRemote())
+	require.Equal(t, "4bf92f3577b34da6a3ce929d0e0e4736", sc.TraceID().String())
+	require.Equal(t, tp, tracing.Traceparent(ctx))
+
+	bad := tracing.WithTraceparent(context.Background(), "00-not-a-trace")
+	require.False(t, trace.SpanContextFromContext(bad).IsValid())
+}

@@ -84,6 +84,10 @@ type Retry struct {
 	CreatedAt          time.Time         `json:"created_at"`
 	UpdatedAt          time.Time         `json:"updated_at"`
 	ResolvedAt         *time.Time        `json:"resolved_at,omitempty"`
+	// TraceContext is the W3C traceparent of the decision that scheduled
+	// the attempt; the due event continues its trace. Empty without
+	// tracing.
+	TraceContext string `json:"trace_context,omitempty"`
 }
 
 // Key identifies a retry.
@@ -98,7 +102,8 @@ func (r Retry) Key() Key { return Key{Kind: r.Kind, ItemID: r.ItemID} }
 const retryColumns = `kind, item_id, state, attempt, retry_count, budget_base, max_retries,
 	retry_enabled, max_retries_override, job_type, source, policy_name, policy_version,
 	next_attempt_at, due_at, due_emissions, last_error_class, last_error_message, last_error_at,
-	last_reason, exhausted_reason, payload, checkpoint, metadata, created_at, updated_at, resolved_at`
+	last_reason, exhausted_reason, payload, checkpoint, metadata, created_at, updated_at, resolved_at,
+	trace_context`
 
 func scanRetry(row pgx.Row, extra ...any) (Retry, error) {
 	var r Retry
@@ -109,7 +114,7 @@ func scanRetry(row pgx.Row, extra ...any) (Retry, error) {
 		&r.RetryEnabled, &r.MaxRetriesOverride, &r.JobType, &r.Source, &r.PolicyName, &r.PolicyVersion,
 		&r.NextAttemptAt, &r.DueAt, &r.DueEmissions, &r.LastErrorClass, &r.LastErrorMessage, &r.LastErrorAt,
 		&r.LastReason, &r.ExhaustedReason, (*[]byte)(&r.Payload), (*[]byte)(&r.Checkpoint), &metadata,
-		&r.CreatedAt, &r.UpdatedAt, &r.ResolvedAt,
+		&r.CreatedAt, &r.UpdatedAt, &r.ResolvedAt, &r.TraceContext,
 	}
 	if err := row.Scan(append(dest, extra...)...); err != nil {
 		return Retry{}, err
@@ -168,9 +173,9 @@ func Save(ctx context.Context, q Querier, r Retry) (Retry, error) {
 INSERT INTO retries (kind, item_id, state, attempt, retry_count, budget_base, max_retries,
 	retry_enabled, max_retries_override, job_type, source, policy_name, policy_version,
 	next_attempt_at, due_at, due_emissions, last_error_class, last_error_message, last_error_at,
-	last_reason, exhausted_reason, payload, checkpoint, metadata, resolved_at)
+	last_reason, exhausted_reason, payload, checkpoint, metadata, resolved_at, trace_context)
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19,
-	$20, $21, $22, $23, $24, $25)
+	$20, $21, $22, $23, $24, $25, $26)
 ON CONFLICT (kind, item_id) DO UPDATE SET
 	state = EXCLUDED.state, attempt = EXCLUDED.attempt, retry_count = EXCLUDED.retry_count,
 	budget_base = EXCLUDED.budget_base, max_retries = EXCLUDED.max_retries,
@@ -182,12 +187,12 @@ ON CONFLICT (kind, item_id) DO UPDATE SET
 	last_error_at = EXCLUDED.last_error_at, last_reason = EXCLUDED.last_reason,
 	exhausted_reason = EXCLUDED.exhausted_reason, payload = EXCLUDED.payload,
 	checkpoint = EXCLUDED.checkpoint, metadata = EXCLUDED.metadata,
-	resolved_at = EXCLUDED.resolved_at, updated_at = now()
+	resolved_at = EXCLUDED.resolved_at, trace_context = EXCLUDED.trace_context, updated_at = now()
 RETURNING `+retryColumns,
 		r.Kind, r.ItemID, string(r.State), r.Attempt, r.RetryCount, r.BudgetBase, r.MaxRetries,
 		r.RetryEnabled, r.MaxRetriesOverride, r.JobType, r.Source, r.PolicyName, r.PolicyVersion,
 		r.NextAttemptAt, r.DueAt, r.DueEmissions, r.LastErrorClass, r.LastErrorMessage, r.LastErrorAt,
-		r.LastReason, r.ExhaustedReason, rawOrNil(r.Payload), rawOrNil(r.Checkpoint), mdJSON, r.ResolvedAt)
+		r.LastReason, r.ExhaustedReason, rawOrNil(r.Payload), rawOrNil(r.Checkpoint), mdJSON, r.ResolvedAt, r.TraceContext)
 	saved, err := scanRetry(row)
 	if err != nil {
 		return Retry{}, fmt.Errorf("save retry %s/%s: %w", r.Kind, r.ItemID, err)

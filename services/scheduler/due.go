@@ -305,7 +305,8 @@ func (s *Scheduler) publishDue(ctx context.Context, items []*dueItem, now, selec
 			continue
 		}
 		it.msg = msg
-		_, it.span = tracing.StartPublish(ctx, msg, attribute.String("retryd.kind", r.Kind),
+		// The due continues the trace of the decision that scheduled it.
+		_, it.span = tracing.StartPublish(tracing.WithTraceparent(ctx, r.TraceContext), msg, attribute.String("retryd.kind", r.Kind),
 			attribute.String("retryd.id", r.ItemID), attribute.Int("retryd.attempt", r.Attempt), attribute.Bool("retryd.redue", it.redue))
 		it.late = it.row.Lateness + time.Since(selected)
 		it.ack, err = s.cfg.JS.PublishMsgAsync(msg)

@@ -323,6 +323,11 @@ func lockRow(ctx context.Context, tx pgx.Tx, kind, id string) (*retrystore.Retry
 // write stores a change: row, history and outbox messages.
 func write(ctx context.Context, tx pgx.Tx, ch change) error {
 	if ch.row != nil {
+		// A scheduled row keeps the trace of what scheduled it, for its
+		// due event (see Retry.TraceContext); "" when ctx has no span.
+		if ch.row.State == retrystore.StateScheduled {
+			ch.row.TraceContext = tracing.Traceparent(ctx)
+		}
 		saved, err := retrystore.Save(ctx, tx, *ch.row)
 		if err != nil {
 			return err

@@ -15,6 +15,7 @@ import (
 
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/pkg/errclass"
+	"github.com/retryd/retryd/pkg/tracing"
 	"github.com/retryd/retryd/projections/inbox"
 	"github.com/retryd/retryd/projections/outbox"
 	"github.com/retryd/retryd/projections/retrystore"
@@ -204,7 +205,10 @@ func (rb *rebuilder) applyBatch(ctx context.Context, items []inbound) error {
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
 	for _, in := range items {
-		if err := rb.apply(ctx, tx, in.f); err != nil {
+		// A replayed decision stores the trace context its message
+		// carries, as the original decision stored its own.
+		mctx := tracing.WithTraceparent(ctx, in.msg.Headers().Get("traceparent"))
+		if err := rb.apply(mctx, tx, in.f); err != nil {
 			return fmt.Errorf("rebuild: apply %s %s/%s: %w", in.f.ev.Event, in.f.ev.Kind, in.f.ev.ID, err)
 		}
 	}

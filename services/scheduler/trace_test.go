@@ -61,8 +61,7 @@ func spanNamed(t *testing.T, exp *tracetest.InMemoryExporter, name string, match
 
 // A failed event published with a traceparent continues its trace
 // through the scheduler's consumer span and the outbox into the
-// scheduled event; the due event starts a trace of its own, published
-// under a producer span.
+// scheduled event, and through the row into the due event.
 func TestTraceFromFailedToScheduled(t *testing.T) {
 	exp := traced(t)
 	b := setup(t)
@@ -97,10 +96,18 @@ func TestTraceFromFailedToScheduled(t *testing.T) {
 	require.Equal(t, ownerSpanID, consume.Parent.SpanID().String())
 	require.Equal(t, consume.SpanContext.SpanID().String(), parentID, "scheduled is written under the consumer span")
 
+	// The row keeps the decision's trace context, and the due event,
+	// published later by the due loop, continues the same trace under a
+	// producer span whose parent is the decision's consumer span.
+	row, err := retrystore.Get(b.ctx, b.pool, "traced", "t1")
+	require.NoError(t, err)
+	require.Equal(t, scheduled.Headers().Get("traceparent"), row.TraceContext)
 	dueTrace, dueParent := traceparent(t, due.Headers().Get("traceparent"))
+	require.Equal(t, ownerTraceID, dueTrace, "due continues the failure's trace")
 	publish := spanNamed(t, exp, "publish "+due.Subject(), func(s tracetest.SpanStub) bool { return true })
 	require.Equal(t, trace.SpanKindProducer, publish.SpanKind)
-	require.Equal(t, publish.SpanContext.TraceID().String(), dueTrace)
+	require.Equal(t, ownerTraceID, publish.SpanContext.TraceID().String())
+	require.Equal(t, consume.SpanContext.SpanID().String(), publish.Parent.SpanID().String())
 	require.Equal(t, publish.SpanContext.SpanID().String(), dueParent)
 }
 
