@@ -45,6 +45,36 @@ func Claim(ctx context.Context, tx pgx.Tx, consumer, msgID string) (bool, error)
 	return tag.RowsAffected() == 1, nil
 }
 
+// ClaimMany claims msgIDs in one statement and returns the ones this
+// transaction claimed first: a message absent from the result was
+// applied before, or appears earlier in msgIDs. Like Claim, it must run in
+// the transaction that applies the messages.
+func ClaimMany(ctx context.Context, tx pgx.Tx, consumer string, msgIDs []string) (map[string]bool, error) {
+	if consumer == "" {
+		return nil, fmt.Errorf("%w (consumer %q)", ErrEmptyKey, consumer)
+	}
+	for _, id := range msgIDs {
+		if id == "" {
+			return nil, fmt.Errorf("%w (consumer %q, msg id %q)", ErrEmptyKey, consumer, id)
+		}
+	}
+	rows, err := tx.Query(ctx, `INSERT INTO inbox (consumer, msg_id)
+SELECT $1, id FROM unnest($2::text[]) WITH ORDINALITY AS m(id, ord) ORDER BY ord
+ON CONFLICT DO NOTHING RETURNING msg_id`, consumer, msgIDs)
+	if err != nil {
+		return nil, fmt.Errorf("claim %d messages for %s: %w", len(msgIDs), consumer, err)
+	}
+	claimed, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("claim %d messages for %s: %w", len(msgIDs), consumer, err)
+	}
+	out := make(map[string]bool, len(claimed))
+	for _, id := range claimed {
+		out[id] = true
+	}
+	return out, nil
+}
+
 // pruneBatch bounds how many rows one DELETE removes, so pruning a large
 // backlog never holds long locks or one huge transaction.
 const pruneBatch = 5000

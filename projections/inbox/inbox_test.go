@@ -163,3 +163,24 @@ func TestPruneOnlyNamedConsumers(t *testing.T) {
 	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM inbox WHERE consumer = 'theirs'").Scan(&left))
 	require.Equal(t, 3, left, "another service's claims are kept")
 }
+
+func TestClaimMany(t *testing.T) {
+	t.Parallel()
+	pool := setup(t)
+	ctx := context.Background()
+	require.True(t, claim(t, pool, "scheduler", "b"))
+	var got map[string]bool
+	require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		var err error
+		got, err = inbox.ClaimMany(ctx, tx, "scheduler", []string{"a", "b", "a", "c"})
+		return err
+	}))
+	require.Equal(t, map[string]bool{"a": true, "c": true}, got, "b was claimed before; a twice in one call counts once")
+	require.False(t, claim(t, pool, "scheduler", "c"))
+
+	require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		_, err := inbox.ClaimMany(ctx, tx, "scheduler", []string{"d", ""})
+		require.ErrorIs(t, err, inbox.ErrEmptyKey)
+		return nil
+	}))
+}

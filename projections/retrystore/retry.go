@@ -158,18 +158,55 @@ func get(ctx context.Context, q Querier, kind, itemID, lock string) (Retry, erro
 // (kept on update) and UpdatedAt (set to now()). It returns the row as
 // stored.
 func Save(ctx context.Context, q Querier, r Retry) (Retry, error) {
-	if !r.State.Valid() {
-		return Retry{}, fmt.Errorf("save retry %s/%s: state %q is not valid", r.Kind, r.ItemID, r.State)
-	}
-	md := r.Metadata
-	if md == nil {
-		md = map[string]string{}
-	}
-	mdJSON, err := json.Marshal(md)
+	args, err := saveArgs(r)
 	if err != nil {
-		return Retry{}, fmt.Errorf("save retry %s/%s: encode metadata: %w", r.Kind, r.ItemID, err)
+		return Retry{}, err
 	}
-	row := q.QueryRow(ctx, `
+	saved, err := scanRetry(q.QueryRow(ctx, saveSQL, args...))
+	if err != nil {
+		return Retry{}, fmt.Errorf("save retry %s/%s: %w", r.Kind, r.ItemID, err)
+	}
+	return saved, nil
+}
+
+// Batcher sends several statements in one round trip (a connection or a
+// transaction).
+type Batcher interface {
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
+}
+
+// SaveMany saves every row as Save does, in order, in one round trip, and
+// replaces each with the row as stored. A row may appear more than once
+// (an item with several facts in one batch): the last save wins, as it
+// would one by one.
+func SaveMany(ctx context.Context, q Batcher, rows []*Retry) error {
+	if len(rows) == 0 {
+		return nil
+	}
+	b := &pgx.Batch{}
+	for _, r := range rows {
+		args, err := saveArgs(*r)
+		if err != nil {
+			return err
+		}
+		b.Queue(saveSQL, args...)
+	}
+	br := q.SendBatch(ctx, b)
+	for _, r := range rows {
+		saved, err := scanRetry(br.QueryRow())
+		if err != nil {
+			_ = br.Close()
+			return fmt.Errorf("save retry %s/%s: %w", r.Kind, r.ItemID, err)
+		}
+		*r = saved
+	}
+	if err := br.Close(); err != nil {
+		return fmt.Errorf("save retries: %w", err)
+	}
+	return nil
+}
+
+const saveSQL = `
 INSERT INTO retries (kind, item_id, state, attempt, retry_count, budget_base, max_retries,
 	retry_enabled, max_retries_override, job_type, source, policy_name, policy_version,
 	next_attempt_at, due_at, due_emissions, last_error_class, last_error_message, last_error_at,
@@ -188,16 +225,54 @@ ON CONFLICT (kind, item_id) DO UPDATE SET
 	exhausted_reason = EXCLUDED.exhausted_reason, payload = EXCLUDED.payload,
 	checkpoint = EXCLUDED.checkpoint, metadata = EXCLUDED.metadata,
 	resolved_at = EXCLUDED.resolved_at, trace_context = EXCLUDED.trace_context, updated_at = now()
-RETURNING `+retryColumns,
-		r.Kind, r.ItemID, string(r.State), r.Attempt, r.RetryCount, r.BudgetBase, r.MaxRetries,
+RETURNING ` + retryColumns
+
+func saveArgs(r Retry) ([]any, error) {
+	if !r.State.Valid() {
+		return nil, fmt.Errorf("save retry %s/%s: state %q is not valid", r.Kind, r.ItemID, r.State)
+	}
+	md := r.Metadata
+	if md == nil {
+		md = map[string]string{}
+	}
+	mdJSON, err := json.Marshal(md)
+	if err != nil {
+		return nil, fmt.Errorf("save retry %s/%s: encode metadata: %w", r.Kind, r.ItemID, err)
+	}
+	return []any{r.Kind, r.ItemID, string(r.State), r.Attempt, r.RetryCount, r.BudgetBase, r.MaxRetries,
 		r.RetryEnabled, r.MaxRetriesOverride, r.JobType, r.Source, r.PolicyName, r.PolicyVersion,
 		r.NextAttemptAt, r.DueAt, r.DueEmissions, r.LastErrorClass, r.LastErrorMessage, r.LastErrorAt,
-		r.LastReason, r.ExhaustedReason, rawOrNil(r.Payload), rawOrNil(r.Checkpoint), mdJSON, r.ResolvedAt, r.TraceContext)
-	saved, err := scanRetry(row)
-	if err != nil {
-		return Retry{}, fmt.Errorf("save retry %s/%s: %w", r.Kind, r.ItemID, err)
+		r.LastReason, r.ExhaustedReason, rawOrNil(r.Payload), rawOrNil(r.Checkpoint), mdJSON, r.ResolvedAt, r.TraceContext}, nil
+}
+
+// GetManyForUpdate reads and locks the rows of keys, in key order (the
+// order every locker uses, against deadlocks), in one statement. Keys
+// without a row are absent from the map.
+func GetManyForUpdate(ctx context.Context, q Querier, keys []Key) (map[Key]Retry, error) {
+	kinds, items := make([]string, len(keys)), make([]string, len(keys))
+	for i, k := range keys {
+		kinds[i], items[i] = k.Kind, k.ItemID
 	}
-	return saved, nil
+	rows, err := q.Query(ctx, `SELECT `+retryColumns+` FROM retries
+WHERE (kind, item_id) IN (SELECT * FROM unnest($1::text[], $2::text[]))
+ORDER BY kind, item_id
+FOR UPDATE`, kinds, items)
+	if err != nil {
+		return nil, fmt.Errorf("lock retries: %w", err)
+	}
+	defer rows.Close()
+	out := make(map[Key]Retry, len(keys))
+	for rows.Next() {
+		r, err := scanRetry(rows)
+		if err != nil {
+			return nil, fmt.Errorf("lock retries: %w", err)
+		}
+		out[r.Key()] = r
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("lock retries: %w", err)
+	}
+	return out, nil
 }
 
 // rawOrNil makes an empty payload a SQL NULL rather than an invalid empty

@@ -5,10 +5,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/pkg/errclass"
+	"github.com/retryd/retryd/pkg/streams"
 	"github.com/retryd/retryd/projections/retrystore"
 	"github.com/retryd/retryd/services/scheduler"
 )
@@ -254,4 +256,28 @@ func TestMalformedMessagesAreTerminated(t *testing.T) {
 		require.NoError(t, err)
 		return info.NumAckPending == 0 && info.NumPending == 0
 	}, waitFor, 20*time.Millisecond)
+}
+
+// Several facts of one item in one policy-stage batch (published while no
+// scheduler ran, fetched together) apply in stream order, each seeing
+// the change before it.
+func TestFactsOfOneItemInOneBatch(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.policy(t, "same", "", 3, 60_000, 60_000)
+	require.NoError(t, streams.Ensure(b.ctx, b.js, streams.Options{Storage: jetstream.MemoryStorage}))
+	b.publish(t, contract.Failed, failed("same", "x", 1, "timeout"))
+	b.publish(t, contract.Cancelled, contract.CancelledData{Kind: "same", ID: "x", Attempt: 2, By: "owner"})
+	b.publish(t, contract.Failed, failed("same", "y", 1, "timeout"))
+	b.publish(t, contract.Succeeded, contract.SucceededData{Kind: "same", ID: "y", Attempt: 2})
+	b.publish(t, contract.Failed, failed("same", "z", 1, "timeout"))
+	s := b.start(t)
+
+	x := b.waitRow(t, "same", "x", func(r retrystore.Retry) bool { return r.State == retrystore.StateCancelled })
+	require.Equal(t, 2, x.Attempt)
+	require.Equal(t, []string{"failed:1", "scheduled:2", "cancelled:2"}, events(b.history(t, "same", "x")))
+	b.waitRow(t, "same", "y", func(r retrystore.Retry) bool { return r.State == retrystore.StateSucceeded })
+	require.Equal(t, []string{"failed:1", "scheduled:2", "succeeded:2"}, events(b.history(t, "same", "y")))
+	b.waitRow(t, "same", "z", inState(retrystore.StateScheduled, 2))
+	require.Equal(t, float64(3), metric(t, s.reg, "retryd_scheduler_scheduled_total", "kind", "same"))
 }

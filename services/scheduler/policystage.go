@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
@@ -236,7 +237,11 @@ func (s *Scheduler) observe(r applied) {
 	l.Str("event", string(ev.Event)).Str("outcome", string(r.ch.outcome)).Msg("applied")
 }
 
-// applyBatch applies items in one transaction.
+// applyBatch applies items in one transaction, set-based: one statement
+// claims every message id in the inbox, one reads and locks every row,
+// the decisions are made in memory in stream order (an item with several
+// facts in the batch sees its own earlier changes), one round trip saves
+// the rows, one COPY writes the history and one statement the outbox.
 func (s *Scheduler) applyBatch(ctx context.Context, items []inbound) ([]applied, error) {
 	tx, err := s.begin(ctx)
 	if err != nil {
@@ -247,18 +252,67 @@ func (s *Scheduler) applyBatch(ctx context.Context, items []inbound) ([]applied,
 	if err != nil {
 		return nil, err
 	}
+	ids := make([]string, len(items))
+	keys := make([]retrystore.Key, 0, len(items))
+	for i, in := range items {
+		ids[i] = in.f.msgID
+		keys = append(keys, retrystore.Key{Kind: in.f.ev.Kind, ItemID: in.f.ev.ID})
+	}
+	claimed, err := inbox.ClaimMany(ctx, tx, Owner, ids)
+	if err != nil {
+		return nil, err
+	}
+	locked, err := retrystore.GetManyForUpdate(ctx, tx, keys)
+	if err != nil {
+		return nil, err
+	}
+	rows := make(map[retrystore.Key]*retrystore.Retry, len(locked))
+	for k, r := range locked {
+		rows[k] = &r
+	}
 	d := &decider{rand: s.cfg.Rand, policies: policyCache{}}
 	results := make([]applied, 0, len(items))
-	for _, in := range items {
+	var (
+		saves   []*retrystore.Retry
+		history []retrystore.HistoryEntry
+		msgs    []*nats.Msg
+	)
+	for i, in := range items {
+		if !claimed[in.f.msgID] {
+			results = append(results, applied{in: in, duplicate: true})
+			continue
+		}
+		delete(claimed, in.f.msgID) // a second copy in this batch is a duplicate
 		ictx := ctx
 		if in.ctx != nil {
 			ictx = in.ctx
 		}
-		res, err := s.applyOne(ictx, tx, d, in, now)
+		ch, err := s.decideOne(ictx, tx, d, rows[keys[i]], in.f, now)
 		if err != nil {
 			return nil, fmt.Errorf("apply %s %s/%s: %w", in.f.ev.Event, in.f.ev.Kind, in.f.ev.ID, err)
 		}
-		results = append(results, res)
+		if ch.row != nil {
+			stampTrace(ictx, ch.row)
+			rows[keys[i]] = ch.row
+			saves = append(saves, ch.row)
+		}
+		history = append(history, ch.history...)
+		for _, m := range ch.msgs {
+			// Each message carries the trace of its own input; the
+			// outbox insert below runs once for the whole batch.
+			tracing.Inject(ictx, m.Header)
+		}
+		msgs = append(msgs, ch.msgs...)
+		results = append(results, applied{in: in, ch: ch})
+	}
+	if err := retrystore.SaveMany(ctx, tx, saves); err != nil {
+		return nil, err
+	}
+	if err := retrystore.InsertHistory(ctx, tx, history...); err != nil {
+		return nil, err
+	}
+	if err := outbox.Insert(ctx, tx, Owner, msgs...); err != nil {
+		return nil, fmt.Errorf("insert outbox: %w", err)
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return nil, fmt.Errorf("commit: %w", err)
@@ -266,34 +320,26 @@ func (s *Scheduler) applyBatch(ctx context.Context, items []inbound) ([]applied,
 	return results, nil
 }
 
-func (s *Scheduler) applyOne(ctx context.Context, tx pgx.Tx, d *decider, in inbound, now time.Time) (applied, error) {
-	claimed, err := inbox.Claim(ctx, tx, Owner, in.f.msgID)
-	if err != nil {
-		return applied{}, err
-	}
-	if !claimed {
-		return applied{in: in, duplicate: true}, nil
-	}
-	row, err := lockRow(ctx, tx, in.f.ev.Kind, in.f.ev.ID)
-	if err != nil {
-		return applied{}, err
-	}
-	var ch change
-	switch in.f.ev.Event {
+// decideOne computes the change one fact makes to its item's row (nil:
+// the item has none yet).
+func (s *Scheduler) decideOne(ctx context.Context, tx pgx.Tx, d *decider, row *retrystore.Retry, f fact, now time.Time) (change, error) {
+	switch f.ev.Event {
 	case contract.Failed:
-		ch, err = s.applyFailed(ctx, tx, d, row, in.f, now)
+		return s.applyFailed(ctx, tx, d, row, f, now)
 	case contract.Succeeded:
-		ch = applySucceeded(row, in.f)
+		return applySucceeded(row, f), nil
 	case contract.Cancelled:
-		ch = applyCancelled(row, in.f)
+		return applyCancelled(row, f), nil
 	}
-	if err != nil {
-		return applied{}, err
+	return change{}, nil
+}
+
+// stampTrace keeps, on a row that now waits for its due, the trace of what
+// scheduled it (see Retry.TraceContext); "" when ctx has no span.
+func stampTrace(ctx context.Context, r *retrystore.Retry) {
+	if r.State == retrystore.StateScheduled {
+		r.TraceContext = tracing.Traceparent(ctx)
 	}
-	if err := write(ctx, tx, ch); err != nil {
-		return applied{}, err
-	}
-	return applied{in: in, ch: ch}, nil
 }
 
 // applyFailed records a failure and decides what follows.
@@ -323,11 +369,7 @@ func lockRow(ctx context.Context, tx pgx.Tx, kind, id string) (*retrystore.Retry
 // write stores a change: row, history and outbox messages.
 func write(ctx context.Context, tx pgx.Tx, ch change) error {
 	if ch.row != nil {
-		// A scheduled row keeps the trace of what scheduled it, for its
-		// due event (see Retry.TraceContext); "" when ctx has no span.
-		if ch.row.State == retrystore.StateScheduled {
-			ch.row.TraceContext = tracing.Traceparent(ctx)
-		}
+		stampTrace(ctx, ch.row)
 		saved, err := retrystore.Save(ctx, tx, *ch.row)
 		if err != nil {
 			return err
