@@ -23,7 +23,7 @@ import (
 const (
 	DefaultBatchSize         = 1000
 	DefaultEmitters          = 4
-	DefaultConsumeBatch      = 100
+	DefaultConsumeBatch      = 500
 	DefaultMaxAckPending     = 1000
 	DefaultAckWait           = 30 * time.Second
 	DefaultMaxIdle           = time.Second
