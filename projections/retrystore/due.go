@@ -159,11 +159,7 @@ func ReleaseDue(ctx context.Context, q Querier, rows []DueRow) error {
 	if len(rows) == 0 {
 		return nil
 	}
-	kinds, items := make([]string, len(rows)), make([]string, len(rows))
-	states, dueAts := make([]string, len(rows)), make([]*time.Time, len(rows))
-	for i, r := range rows {
-		kinds[i], items[i], states[i], dueAts[i] = r.Kind, r.ItemID, string(r.PrevState), r.PrevDueAt
-	}
+	kinds, items, states, dueAts := undoColumns(rows)
 	tag, err := q.Exec(ctx, `
 UPDATE retries r SET state = k.state, due_at = k.due_at, due_emissions = r.due_emissions - 1
 FROM unnest($1::text[], $2::text[], $3::text[], $4::timestamptz[]) AS k(kind, item_id, state, due_at)
@@ -177,6 +173,17 @@ WHERE r.kind = k.kind AND r.item_id = k.item_id AND r.state = 'due'`, kinds, ite
 	return nil
 }
 
+// undoColumns returns the key and the pre-claim state and due_at of rows,
+// as arrays for unnest.
+func undoColumns(rows []DueRow) (kinds, items, states []string, dueAts []*time.Time) {
+	kinds, items = make([]string, len(rows)), make([]string, len(rows))
+	states, dueAts = make([]string, len(rows)), make([]*time.Time, len(rows))
+	for i, r := range rows {
+		kinds[i], items[i], states[i], dueAts[i] = r.Kind, r.ItemID, string(r.PrevState), r.PrevDueAt
+	}
+	return kinds, items, states, dueAts
+}
+
 // ParkDue undoes the claim of rows whose due event can never be built (it
 // would be larger than any stream accepts) and sets them aside for after:
 // a scheduled row gets next_attempt_at now() + after, a re-emission gets
@@ -188,11 +195,7 @@ func ParkDue(ctx context.Context, q Querier, rows []DueRow, after time.Duration,
 	if len(rows) == 0 {
 		return nil
 	}
-	kinds, items := make([]string, len(rows)), make([]string, len(rows))
-	states, dueAts := make([]string, len(rows)), make([]*time.Time, len(rows))
-	for i, r := range rows {
-		kinds[i], items[i], states[i], dueAts[i] = r.Kind, r.ItemID, string(r.PrevState), r.PrevDueAt
-	}
+	kinds, items, states, dueAts := undoColumns(rows)
 	tag, err := q.Exec(ctx, `
 UPDATE retries r SET state = k.state, due_emissions = r.due_emissions - 1, last_reason = k.reason,
 	next_attempt_at = CASE WHEN k.state = 'scheduled' THEN now() + make_interval(secs => $5) ELSE r.next_attempt_at END,
