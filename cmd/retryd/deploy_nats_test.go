@@ -237,6 +237,10 @@ func TestNATSConfig(t *testing.T) {
 			{"producer", "pub", "retry.job.failed.x"},
 			{"worker", "pub", "retry.job.scheduled.x"},
 			{"worker", "pub", "$JS.API.STREAM.DELETE.RETRIES"},
+			// A worker may read the last outcome of a job, not other
+			// kinds' lifecycle messages (their payloads).
+			{"worker", "pub", "$JS.API.DIRECT.GET.RETRIES.retry.event.failed.x"},
+			{"worker", "pub", "$JS.API.STREAM.MSG.GET.RETRIES"},
 			{"ingress", "pub", "retry.job.failed.x"},
 			{"triggers", "pub", "jobs.x"},
 			{"scheduler", "pub", "ingest.x"},
@@ -247,6 +251,7 @@ func TestNATSConfig(t *testing.T) {
 		}
 		// And the opposite check: an allowed subject is not reported.
 		require.False(t, denied(t, url, certs.CA, "producer", "pub", "ingest.perm"))
+		require.False(t, denied(t, url, certs.CA, "worker", "pub", "$JS.API.DIRECT.GET.RETRIES.retry.job.succeeded.x"))
 	})
 }
 

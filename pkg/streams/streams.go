@@ -94,6 +94,10 @@ type definition struct {
 	subjects    []string
 	maxAge      time.Duration
 	description string
+	// allowDirect serves "last message for subject" reads by a subject
+	// (`$JS.API.DIRECT.GET.<stream>.<subject>`) that a NATS permission can
+	// narrow: workers check a job's outcome on retry.job.* only.
+	allowDirect bool
 }
 
 var definitions = []definition{
@@ -114,6 +118,7 @@ var definitions = []definition{
 		subjects:    []string{"retry.*.*.*"},
 		maxAge:      DefaultRetriesMaxAge,
 		description: "retryd: retry lifecycle, one subject per item (retry.<kind>.<event>.<id>); the retry projection is rebuilt from it",
+		allowDirect: true,
 	},
 	{
 		name:        contract.StreamRuns,
@@ -158,6 +163,7 @@ func Configs(opts Options) []jetstream.StreamConfig {
 			Discard:           jetstream.DiscardOld,
 			Storage:           opts.Storage,
 			Replicas:          replicas,
+			AllowDirect:       d.allowDirect,
 			Duplicates:        DuplicateWindow,
 			Compression:       jetstream.NoCompression,
 		})

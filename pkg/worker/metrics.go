@@ -14,6 +14,8 @@ type metrics struct {
 	malformed      *prometheus.CounterVec   // consumer
 	routed         prometheus.Counter
 	publishRetries *prometheus.CounterVec // event
+	recreated      prometheus.Counter
+	replaySkipped  prometheus.Counter
 }
 
 // Values of the outcome label.
@@ -52,6 +54,14 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Namespace: "retryd", Subsystem: "worker", Name: "publish_retries_total",
 			Help: "Publishes of outcomes or routed jobs tried again after an error, by event.",
 		}, []string{"event"}),
+		recreated: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "retryd", Subsystem: "worker", Name: "consumers_recreated_total",
+			Help: "Durable consumers found deleted while the worker ran and created again.",
+		}),
+		replaySkipped: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "retryd", Subsystem: "worker", Name: "replay_skipped_total",
+			Help: "Jobs and dues a newly created consumer delivered again that already had an outcome, acked without running.",
+		}),
 	}
 	var err error
 	m.attempts, err = register(reg, m.attempts)
@@ -75,6 +85,14 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		return nil, err
 	}
 	m.publishRetries, err = register(reg, m.publishRetries)
+	if err != nil {
+		return nil, err
+	}
+	m.recreated, err = register(reg, m.recreated)
+	if err != nil {
+		return nil, err
+	}
+	m.replaySkipped, err = register(reg, m.replaySkipped)
 	if err != nil {
 		return nil, err
 	}

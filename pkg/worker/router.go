@@ -17,18 +17,18 @@ const routerBatch = 64
 // message on jobs.<job_type> carrying the attempt, payload and checkpoint,
 // with the due's Nats-Msg-Id, so a due routed twice is stored once. Any
 // worker process can route any job type.
-func (w *Worker) consumeDues(cons jetstream.Consumer) {
+func (w *Worker) consumeDues(p *pull) {
 	defer w.loops.Done()
 	// Routing is a publish and an ack: done in the loop, one at a time,
 	// with a batch pulled ahead.
 	slots := make(chan struct{}, routerBatch)
-	w.fetchLoop(DueRouterDurable, cons, slots, func(msg jetstream.Msg) {
+	w.fetchLoop(p, slots, func(msg jetstream.Msg) {
 		defer func() { <-slots }()
-		w.route(msg)
+		w.route(p, msg)
 	})
 }
 
-func (w *Worker) route(msg jetstream.Msg) {
+func (w *Worker) route(p *pull, msg jetstream.Msg) {
 	tctx, span := tracing.StartConsume(context.Background(), msg.Subject(), DueRouterDurable, msg.Headers())
 	defer span.End()
 	data, err := dueToJob(msg)
@@ -37,6 +37,10 @@ func (w *Worker) route(msg jetstream.Msg) {
 		return
 	}
 	log := w.log.With().Str("job_id", data.ID).Str("job_type", data.JobType).Int("attempt", data.Attempt).Logger()
+	if w.alreadyDone(p, msg, data.ID, data.Attempt, log) {
+		_ = msg.Ack()
+		return
+	}
 	jobMsg, err := contract.NewJobMsg(w.cfg.Source, data, w.cfg.Now())
 	if err != nil {
 		w.terminate(DueRouterDurable, msg, err)

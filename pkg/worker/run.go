@@ -23,24 +23,23 @@ const fetchBackoff = time.Second
 // consumeJobs pulls jobs of one type, never more than Concurrency at a
 // time: it only asks the broker for as many messages as it has free slots,
 // so nothing waits in a local buffer while its ack wait runs out.
-func (w *Worker) consumeJobs(jobType string, h Handler, cons jetstream.Consumer) {
+func (w *Worker) consumeJobs(jobType string, h Handler, p *pull) {
 	defer w.loops.Done()
 	slots := make(chan struct{}, w.cfg.Concurrency)
-	consumer := ConsumerName(jobType)
-	w.fetchLoop(consumer, cons, slots, func(msg jetstream.Msg) {
+	w.fetchLoop(p, slots, func(msg jetstream.Msg) {
 		w.inflight.Add(1)
 		go func() {
 			defer w.inflight.Done()
 			defer func() { <-slots }()
-			w.process(jobType, h, msg)
+			w.process(p, jobType, h, msg)
 		}()
 	})
 }
 
 // fetchLoop pulls up to the number of free slots in slots and hands every
 // message to dispatch, which must release one slot per message when done.
-func (w *Worker) fetchLoop(consumer string, cons jetstream.Consumer, slots chan struct{}, dispatch func(jetstream.Msg)) {
-	log := w.log.With().Str("consumer", consumer).Logger()
+func (w *Worker) fetchLoop(p *pull, slots chan struct{}, dispatch func(jetstream.Msg)) {
+	log := w.log.With().Str("consumer", p.cfg.Durable).Logger()
 	for {
 		select {
 		case slots <- struct{}{}:
@@ -58,7 +57,7 @@ func (w *Worker) fetchLoop(consumer string, cons jetstream.Consumer, slots chan 
 			}
 		}
 		fctx, cancel := context.WithTimeout(w.loopCtx, w.cfg.FetchWait)
-		batch, err := cons.Fetch(free, jetstream.FetchContext(fctx))
+		batch, err := p.cons.Fetch(free, jetstream.FetchContext(fctx))
 		got := 0
 		if err == nil {
 			for msg := range batch.Messages() {
@@ -79,6 +78,7 @@ func (w *Worker) fetchLoop(consumer string, cons jetstream.Consumer, slots chan 
 		}
 		if err != nil && !isFetchEnd(err) && w.loopCtx.Err() == nil {
 			log.Warn().Err(err).Msg("pull failed; trying again")
+			w.recreateIfDeleted(p, log)
 			select {
 			case <-time.After(fetchBackoff):
 			case <-w.loopCtx.Done():
@@ -110,13 +110,17 @@ type attemptResult struct {
 // publish the outcome, then ack. Publishing before the ack means a crash
 // in between redelivers the job; the scheduler's inbox and the outcome's
 // Nats-Msg-Id absorb the repeated report.
-func (w *Worker) process(jobType string, h Handler, msg jetstream.Msg) {
+func (w *Worker) process(p *pull, jobType string, h Handler, msg jetstream.Msg) {
 	_, data, err := contract.DecodeJob(msg.Subject(), msg.Data())
 	if err != nil {
 		w.terminate(ConsumerName(jobType), msg, err)
 		return
 	}
 	log := w.log.With().Str("job_id", data.ID).Str("job_type", data.JobType).Int("attempt", data.Attempt).Logger()
+	if w.alreadyDone(p, msg, data.ID, data.Attempt, log) {
+		_ = msg.Ack()
+		return
+	}
 	tctx, span := tracing.StartConsume(context.Background(), msg.Subject(), ConsumerName(jobType), msg.Headers(),
 		attribute.String("retryd.job_type", data.JobType), attribute.String("retryd.id", data.ID), attribute.Int("retryd.attempt", data.Attempt))
 	defer span.End()

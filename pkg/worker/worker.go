@@ -130,9 +130,9 @@ func (w *Worker) Start(ctx context.Context) error {
 		return errors.New("start worker: no handlers and the due router is disabled: nothing to run")
 	}
 
-	consumers := make(map[string]jetstream.Consumer, len(types))
+	pulls := make(map[string]*pull, len(types))
 	for _, t := range types {
-		cons, err := w.cfg.JS.CreateOrUpdateConsumer(ctx, contract.StreamJobs, jetstream.ConsumerConfig{
+		p, err := w.newPull(ctx, contract.StreamJobs, jetstream.ConsumerConfig{
 			Durable:       ConsumerName(t),
 			Description:   "retryd worker SDK: runs jobs of type " + t,
 			FilterSubject: contract.JobSubject(t),
@@ -146,14 +146,14 @@ func (w *Worker) Start(ctx context.Context) error {
 			MaxDeliver: -1,
 		})
 		if err != nil {
-			return fmt.Errorf("start worker: create consumer %s: %w", ConsumerName(t), err)
+			return err
 		}
-		consumers[t] = cons
+		pulls[t] = p
 	}
-	var router jetstream.Consumer
+	var router *pull
 	if !w.cfg.DisableDueRouter {
 		var err error
-		router, err = w.cfg.JS.CreateOrUpdateConsumer(ctx, contract.StreamRetries, jetstream.ConsumerConfig{
+		router, err = w.newPull(ctx, contract.StreamRetries, jetstream.ConsumerConfig{
 			Durable:       DueRouterDurable,
 			Description:   "retryd worker SDK: republishes retry.job.due.<id> as jobs.<job_type>",
 			FilterSubject: contract.RetryFilter(contract.KindJob, contract.Due),
@@ -164,13 +164,13 @@ func (w *Worker) Start(ctx context.Context) error {
 			MaxDeliver:    -1,
 		})
 		if err != nil {
-			return fmt.Errorf("start worker: create consumer %s: %w", DueRouterDurable, err)
+			return err
 		}
 	}
 
 	for _, t := range types {
 		w.loops.Add(1)
-		go w.consumeJobs(t, w.handlers[t], consumers[t])
+		go w.consumeJobs(t, w.handlers[t], pulls[t])
 	}
 	if router != nil {
 		w.loops.Add(1)

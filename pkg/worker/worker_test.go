@@ -627,3 +627,53 @@ func TestCheckpointTooLargeToReportKeepsThePreviousOne(t *testing.T) {
 	require.True(t, bytes.Equal(payload, ev.Failed.Payload), "payload changed")
 	require.Equal(t, "temporary", ev.Failed.Error.Class)
 }
+
+// A consumer deleted under a running worker (an operator's `nats consumer
+// rm`, a stream restored from backup) is recreated by the worker, which
+// goes on running jobs and routing dues without a restart. The new
+// consumers deliver their streams from the start; what already has an
+// outcome is acked without running again.
+func TestDeletedConsumersAreRecreated(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	runs := map[string]int{}
+	var mu sync.Mutex
+	// An ack in flight while the consumer is deleted and created again
+	// may not count for the new one (seen here about once in eight runs):
+	// the message then comes back after AckWait and is recognised as
+	// done. A short AckWait keeps that within the test's wait.
+	b.newWorker(t, worker.Config{AckWait: 2 * time.Second}, map[string]worker.Handler{
+		"report": func(_ context.Context, job *worker.Job) error {
+			mu.Lock()
+			defer mu.Unlock()
+			runs[job.IdempotencyKey()]++
+			return nil
+		},
+	})
+	first := b.enqueue(t, contract.JobData{JobType: "report"})
+	require.Equal(t, contract.Succeeded, b.nextOutcome(t).Event)
+	publishDue(t, b.js, contract.DueData{Kind: contract.KindJob, ID: "due-before", Attempt: 2, JobType: "report"})
+	require.Equal(t, "due-before", b.nextOutcome(t).ID)
+
+	ctx := context.Background()
+	require.NoError(t, b.js.DeleteConsumer(ctx, contract.StreamJobs, worker.ConsumerName("report")))
+	require.NoError(t, b.js.DeleteConsumer(ctx, contract.StreamRetries, worker.DueRouterDurable))
+
+	second := b.enqueue(t, contract.JobData{JobType: "report"})
+	ev := b.nextOutcome(t)
+	require.Equal(t, contract.Succeeded, ev.Event, "the job consumer came back")
+	require.Equal(t, second, ev.ID, "the replayed first job did not report again")
+	publishDue(t, b.js, contract.DueData{Kind: contract.KindJob, ID: "due-after", Attempt: 2, JobType: "report"})
+	ev = b.nextOutcome(t)
+	require.Equal(t, "due-after", ev.ID, "the due router came back")
+	b.settled(t, contract.StreamJobs, worker.ConsumerName("report"))
+	b.settled(t, contract.StreamRetries, worker.DueRouterDurable)
+	b.noOutcome(t)
+
+	mu.Lock()
+	defer mu.Unlock()
+	require.Equal(t, map[string]int{first + ":1": 1, "due-before:2": 1, second + ":1": 1, "due-after:2": 1}, runs, "each attempt ran once")
+	require.Equal(t, float64(2), metric(t, b.reg, "retryd_worker_consumers_recreated_total"))
+	require.GreaterOrEqual(t, metric(t, b.reg, "retryd_worker_replay_skipped_total"), float64(3),
+		"replayed: the first job, the due routed before, and the job it became (again if redelivered)")
+}

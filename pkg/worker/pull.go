@@ -1,0 +1,125 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync/atomic"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+
+	"github.com/retryd/retryd/pkg/contract"
+)
+
+// pull is one durable pull consumer of the worker and what it takes to
+// create it again.
+type pull struct {
+	stream string
+	cfg    jetstream.ConsumerConfig
+	// cons is used by its fetch loop only.
+	cons jetstream.Consumer
+	// replayUntil is the stream's last sequence when this worker created
+	// the consumer (0: it existed already). A new consumer delivers the
+	// whole stream (DeliverAll); messages up to here are checked for an
+	// outcome before they run (see alreadyDone).
+	replayUntil atomic.Uint64
+}
+
+func (w *Worker) newPull(ctx context.Context, stream string, cfg jetstream.ConsumerConfig) (*pull, error) {
+	p := &pull{stream: stream, cfg: cfg}
+	_, err := w.cfg.JS.Consumer(ctx, stream, cfg.Durable)
+	switch {
+	case errors.Is(err, jetstream.ErrConsumerNotFound):
+		if err := w.guardReplay(ctx, p); err != nil {
+			return nil, fmt.Errorf("start worker: %w", err)
+		}
+	case err != nil:
+		return nil, fmt.Errorf("start worker: look up consumer %s: %w", cfg.Durable, err)
+	}
+	p.cons, err = w.cfg.JS.CreateOrUpdateConsumer(ctx, stream, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("start worker: create consumer %s: %w", cfg.Durable, err)
+	}
+	return p, nil
+}
+
+// guardReplay records the stream's last sequence before p's consumer is
+// created: what the new consumer delivers up to there is history.
+func (w *Worker) guardReplay(ctx context.Context, p *pull) error {
+	st, err := w.cfg.JS.Stream(ctx, p.stream)
+	if err != nil {
+		return fmt.Errorf("read stream %s: %w", p.stream, err)
+	}
+	p.replayUntil.Store(st.CachedInfo().State.LastSeq)
+	return nil
+}
+
+// alreadyDone reports whether msg is history a new consumer replays and
+// the job's attempt already has an outcome on RETRIES (succeeded, failed,
+// exhausted or cancelled, at that attempt or a later one): it is then
+// acked without running. Any doubt runs it: at least once.
+func (w *Worker) alreadyDone(p *pull, msg jetstream.Msg, id string, attempt int, log zerolog.Logger) bool {
+	until := p.replayUntil.Load()
+	if until == 0 {
+		return false
+	}
+	md, err := msg.Metadata()
+	if err != nil || md.Sequence.Stream > until {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(w.loopCtx, w.cfg.FetchWait)
+	defer cancel()
+	st, err := w.cfg.JS.Stream(ctx, contract.StreamRetries)
+	if err != nil {
+		log.Warn().Err(err).Msg("replayed job: cannot read RETRIES to check for an outcome; running it")
+		return false
+	}
+	for _, ev := range []contract.Lifecycle{contract.Succeeded, contract.Failed, contract.Exhausted, contract.Cancelled} {
+		m, err := st.GetLastMsgForSubject(ctx, contract.RetrySubject(contract.KindJob, ev, id))
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			continue
+		}
+		if err != nil {
+			log.Warn().Err(err).Msg("replayed job: cannot check for an outcome; running it")
+			return false
+		}
+		if n, err := strconv.Atoi(m.Header.Get(contract.HeaderAttempt)); err == nil && n >= attempt {
+			w.m.replaySkipped.Inc()
+			log.Info().Str("outcome", string(ev)).Msg("replayed job already has an outcome; acked without running")
+			return true
+		}
+	}
+	return false
+}
+
+// recreateIfDeleted runs after a failed pull. A consumer deleted under the
+// worker (`nats consumer rm`, a stream restored from a backup) answers
+// every pull with "no responders"; the worker creates it again with its
+// configuration, so jobs keep running without a restart. A missing stream
+// is left to the scheduler's reconciliation or the operator: the worker
+// does not own streams, and tries again at its next failed pull. The new
+// consumer delivers the stream from its start (DeliverAll), so nothing
+// published meanwhile is lost; what was there before is checked for an
+// outcome and not run twice (alreadyDone).
+func (w *Worker) recreateIfDeleted(p *pull, log zerolog.Logger) {
+	ctx, cancel := context.WithTimeout(w.loopCtx, w.cfg.FetchWait)
+	defer cancel()
+	_, err := w.cfg.JS.Consumer(ctx, p.stream, p.cfg.Durable)
+	if !errors.Is(err, jetstream.ErrConsumerNotFound) {
+		return
+	}
+	if err := w.guardReplay(ctx, p); err != nil {
+		log.Warn().Err(err).Msg("consumer missing; cannot read its stream, trying at the next pull")
+		return
+	}
+	cons, err := w.cfg.JS.CreateOrUpdateConsumer(ctx, p.stream, p.cfg)
+	if err != nil {
+		log.Warn().Err(err).Str("stream", p.stream).Msg("consumer missing; creating it again failed, trying at the next pull")
+		return
+	}
+	p.cons = cons
+	w.m.recreated.Inc()
+	log.Warn().Str("stream", p.stream).Msg("consumer was deleted; created it again")
+}
