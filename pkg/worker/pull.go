@@ -6,12 +6,17 @@ import (
 	"fmt"
 	"strconv"
 	"sync/atomic"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
 	"github.com/retryd/retryd/pkg/contract"
 )
+
+// outcomeLookupTimeout bounds the reads of RETRIES that check a replayed
+// job for an outcome.
+const outcomeLookupTimeout = 5 * time.Second
 
 // pull is one durable pull consumer of the worker and what it takes to
 // create it again.
@@ -69,7 +74,9 @@ func (w *Worker) alreadyDone(p *pull, msg jetstream.Msg, id string, attempt int,
 	if err != nil || md.Sequence.Stream > until {
 		return false
 	}
-	ctx, cancel := context.WithTimeout(w.loopCtx, w.cfg.FetchWait)
+	// Not the loop's context: a job already handed to a handler slot is
+	// checked even while the worker stops.
+	ctx, cancel := context.WithTimeout(context.Background(), outcomeLookupTimeout)
 	defer cancel()
 	st, err := w.cfg.JS.Stream(ctx, contract.StreamRetries)
 	if err != nil {
