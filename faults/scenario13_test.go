@@ -22,6 +22,20 @@ func TestScenario13ClusterLeaderStop(t *testing.T) {
 	if err := streams.Ensure(s.Ctx, s.JS, streams.Options{Replicas: 3}); err != nil {
 		t.Fatalf("create R3 streams: %v", err)
 	}
+	// A service started with default options (ingress and triggers ensure
+	// the streams at start) must not scale the R3 streams down.
+	if err := streams.Ensure(s.Ctx, s.JS, streams.Options{}); err != nil {
+		t.Fatalf("ensure streams with default options: %v", err)
+	}
+	for _, name := range streams.Names {
+		st, err := s.JS.Stream(s.Ctx, name)
+		if err != nil {
+			t.Fatalf("stream %s: %v", name, err)
+		}
+		if got := st.CachedInfo().Config.Replicas; got != 3 {
+			t.Fatalf("stream %s has %d replicas after an Ensure with default options, want 3", name, got)
+		}
+	}
 	s.Start(harness.Scheduler, "RETRYD_SCHEDULER_STREAM_REPLICAS=3")
 	s.Policy(kind, "", fastPolicy("faults-13", time.Second, 3))
 	owner := s.NewOwner(kind, nil)

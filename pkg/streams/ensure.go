@@ -20,11 +20,28 @@ func Ensure(ctx context.Context, js jetstream.JetStream, opts Options) error {
 		return fmt.Errorf("ensure streams: %w", err)
 	}
 	for _, cfg := range Configs(opts) {
+		if opts.Replicas == 0 {
+			existing, err := js.Stream(ctx, cfg.Name)
+			switch {
+			case err == nil:
+				cfg = keepReplicas(cfg, existing.CachedInfo().Config)
+			case !errors.Is(err, jetstream.ErrStreamNotFound):
+				return fmt.Errorf("ensure stream %s: %w", cfg.Name, err)
+			}
+		}
 		if err := ensure(ctx, js, cfg); err != nil {
 			return fmt.Errorf("ensure stream %s: %w", cfg.Name, err)
 		}
 	}
 	return nil
+}
+
+// keepReplicas returns cfg with the replicas of the stream as it exists.
+func keepReplicas(cfg, existing jetstream.StreamConfig) jetstream.StreamConfig {
+	if existing.Replicas > 0 {
+		cfg.Replicas = existing.Replicas
+	}
+	return cfg
 }
 
 // ensure is CreateOrUpdateStream made safe against a concurrent creator:

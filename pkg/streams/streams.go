@@ -49,8 +49,10 @@ var Names = []string{
 // Options adjusts the stream configurations to a deployment. The zero value
 // is a single-server deployment: file storage, one replica, default ages.
 type Options struct {
-	// Replicas is the number of copies in a cluster (num_replicas): 0 means
-	// 1; use 3 in a three-node cluster.
+	// Replicas is the number of copies in a cluster (num_replicas); use 3
+	// in a three-node cluster. 0 means 1 for a stream Ensure creates and
+	// leaves an existing stream's replicas as they are, so a service
+	// started with defaults never scales an R3 stream down.
 	Replicas int
 	// Storage is jetstream.FileStorage (the zero value) or MemoryStorage
 	// (tests and benchmarks only: a restart loses everything).
