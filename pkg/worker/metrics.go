@@ -1,10 +1,9 @@
 package worker
 
 import (
-	"errors"
-	"fmt"
-
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/retryd/retryd/pkg/promreg"
 )
 
 type metrics struct {
@@ -64,52 +63,37 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}),
 	}
 	var err error
-	m.attempts, err = register(reg, m.attempts)
+	m.attempts, err = promreg.Register(reg, m.attempts)
 	if err != nil {
 		return nil, err
 	}
-	m.duration, err = register(reg, m.duration)
+	m.duration, err = promreg.Register(reg, m.duration)
 	if err != nil {
 		return nil, err
 	}
-	m.inflight, err = register(reg, m.inflight)
+	m.inflight, err = promreg.Register(reg, m.inflight)
 	if err != nil {
 		return nil, err
 	}
-	m.malformed, err = register(reg, m.malformed)
+	m.malformed, err = promreg.Register(reg, m.malformed)
 	if err != nil {
 		return nil, err
 	}
-	m.routed, err = register(reg, m.routed)
+	m.routed, err = promreg.Register(reg, m.routed)
 	if err != nil {
 		return nil, err
 	}
-	m.publishRetries, err = register(reg, m.publishRetries)
+	m.publishRetries, err = promreg.Register(reg, m.publishRetries)
 	if err != nil {
 		return nil, err
 	}
-	m.recreated, err = register(reg, m.recreated)
+	m.recreated, err = promreg.Register(reg, m.recreated)
 	if err != nil {
 		return nil, err
 	}
-	m.replaySkipped, err = register(reg, m.replaySkipped)
+	m.replaySkipped, err = promreg.Register(reg, m.replaySkipped)
 	if err != nil {
 		return nil, err
 	}
 	return m, nil
-}
-
-// register registers c, or returns the collector already registered under
-// the same name, so that several workers can share one registry.
-func register[C prometheus.Collector](reg prometheus.Registerer, c C) (C, error) {
-	if err := reg.Register(c); err != nil {
-		var are prometheus.AlreadyRegisteredError
-		if errors.As(err, &are) {
-			if existing, ok := are.ExistingCollector.(C); ok {
-				return existing, nil
-			}
-		}
-		return c, fmt.Errorf("register worker metrics: %w", err)
-	}
-	return c, nil
 }

@@ -1,10 +1,9 @@
 package jobs
 
 import (
-	"errors"
-	"fmt"
-
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/retryd/retryd/pkg/promreg"
 )
 
 type projectorMetrics struct {
@@ -35,7 +34,7 @@ func newProjectorMetrics(reg prometheus.Registerer) (*projectorMetrics, error) {
 	}
 	var err error
 	for _, c := range []**prometheus.CounterVec{&m.applied, &m.duplicates, &m.malformed, &m.errors} {
-		if *c, err = register(reg, *c); err != nil {
+		if *c, err = promreg.Register(reg, *c); err != nil {
 			return nil, err
 		}
 	}
@@ -54,23 +53,8 @@ func newAPIMetrics(reg prometheus.Registerer) (*apiMetrics, error) {
 		}, []string{"result"}),
 	}
 	var err error
-	if m.bulkItems, err = register(reg, m.bulkItems); err != nil {
+	if m.bulkItems, err = promreg.Register(reg, m.bulkItems); err != nil {
 		return nil, err
 	}
 	return m, nil
-}
-
-// register registers c or returns the collector already registered under
-// its name, so that several instances can share a registry.
-func register[C prometheus.Collector](reg prometheus.Registerer, c C) (C, error) {
-	if err := reg.Register(c); err != nil {
-		var are prometheus.AlreadyRegisteredError
-		if errors.As(err, &are) {
-			if existing, ok := are.ExistingCollector.(C); ok {
-				return existing, nil
-			}
-		}
-		return c, fmt.Errorf("register jobs metrics: %w", err)
-	}
-	return c, nil
 }

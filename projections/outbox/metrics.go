@@ -1,10 +1,9 @@
 package outbox
 
 import (
-	"errors"
-	"fmt"
-
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/retryd/retryd/pkg/promreg"
 )
 
 type metrics struct {
@@ -21,23 +20,23 @@ type metrics struct {
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{}
 	var err error
-	if m.published, err = register(reg, counter("published_total",
+	if m.published, err = promreg.Register(reg, counter("published_total",
 		"Outbox messages published and acknowledged by JetStream (duplicates included).")); err != nil {
 		return nil, err
 	}
-	if m.duplicates, err = register(reg, counter("duplicates_total",
+	if m.duplicates, err = promreg.Register(reg, counter("duplicates_total",
 		"Outbox messages JetStream acknowledged as duplicates (published before, e.g. by a relay that stopped before deleting them).")); err != nil {
 		return nil, err
 	}
-	if m.errors, err = register(reg, counter("publish_errors_total",
+	if m.errors, err = promreg.Register(reg, counter("publish_errors_total",
 		"Outbox message publishes that failed; the rows stay in the outbox and are retried.")); err != nil {
 		return nil, err
 	}
-	if m.pending, err = register(reg, gauge("pending",
+	if m.pending, err = promreg.Register(reg, gauge("pending",
 		"Outbox rows waiting to be published.")); err != nil {
 		return nil, err
 	}
-	if m.lag, err = register(reg, gauge("lag_seconds",
+	if m.lag, err = promreg.Register(reg, gauge("lag_seconds",
 		"Age of the oldest outbox row waiting to be published.")); err != nil {
 		return nil, err
 	}
@@ -54,21 +53,4 @@ func gauge(name, help string) *prometheus.GaugeVec {
 	return prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Namespace: "retryd", Subsystem: "outbox", Name: name, Help: help,
 	}, []string{"owner"})
-}
-
-func register[C prometheus.Collector](reg prometheus.Registerer, c C) (C, error) {
-	if reg == nil {
-		return c, nil
-	}
-	err := reg.Register(c)
-	if err == nil {
-		return c, nil
-	}
-	var are prometheus.AlreadyRegisteredError
-	if errors.As(err, &are) {
-		if existing, ok := are.ExistingCollector.(C); ok {
-			return existing, nil
-		}
-	}
-	return c, fmt.Errorf("register outbox metrics: %w", err)
 }

@@ -2,13 +2,13 @@ package scheduler
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/retryd/retryd/pkg/contract"
+	"github.com/retryd/retryd/pkg/promreg"
 	"github.com/retryd/retryd/projections/retrystore"
 )
 
@@ -67,7 +67,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		m.lateness, m.pending, m.outboxPending, m.outboxLag, m.malformed, m.duplicate, m.stale, m.errors,
 	}
 	for i, c := range cs {
-		got, err := register(reg, c)
+		got, err := promreg.Register(reg, c)
 		if err != nil {
 			return nil, err
 		}
@@ -80,17 +80,6 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m.lateness, m.pending, m.outboxPending, m.outboxLag = cs[8].(prometheus.Histogram), cs[9].(*prometheus.GaugeVec), cs[10].(prometheus.Gauge), cs[11].(prometheus.Gauge)
 	m.malformed, m.duplicate, m.stale, m.errors = cs[12].(*prometheus.CounterVec), cs[13].(*prometheus.CounterVec), cs[14].(*prometheus.CounterVec), cs[15].(*prometheus.CounterVec)
 	return m, nil
-}
-
-func register(reg prometheus.Registerer, c prometheus.Collector) (prometheus.Collector, error) {
-	if err := reg.Register(c); err != nil {
-		var are prometheus.AlreadyRegisteredError
-		if errors.As(err, &are) {
-			return are.ExistingCollector, nil
-		}
-		return nil, fmt.Errorf("register scheduler metrics: %w", err)
-	}
-	return c, nil
 }
 
 func (m *metrics) outcome(ev contract.Lifecycle, kind string) {
