@@ -25,11 +25,19 @@ type pull struct {
 	cfg    jetstream.ConsumerConfig
 	// cons is used by its fetch loop only.
 	cons jetstream.Consumer
-	// replayUntil is the stream's last sequence when this worker created
-	// the consumer (0: it existed already). A new consumer delivers the
-	// whole stream (DeliverAll); messages up to here are checked for an
-	// outcome before they run (see alreadyDone).
-	replayUntil atomic.Uint64
+	// replay is set when this worker created the consumer (nil: it
+	// existed already). A new consumer delivers the whole stream
+	// (DeliverAll); what it held then is checked for an outcome before it
+	// runs (see alreadyDone).
+	replay atomic.Pointer[replayGuard]
+}
+
+// replayGuard is what a newly created consumer's history is checked with.
+type replayGuard struct {
+	// until is the stream's last sequence when the consumer was created.
+	until uint64
+	// retries is where the outcomes are looked up, read once.
+	retries jetstream.Stream
 }
 
 func (w *Worker) newPull(ctx context.Context, stream string, cfg jetstream.ConsumerConfig) (*pull, error) {
@@ -57,7 +65,13 @@ func (w *Worker) guardReplay(ctx context.Context, p *pull) error {
 	if err != nil {
 		return fmt.Errorf("read stream %s: %w", p.stream, err)
 	}
-	p.replayUntil.Store(st.CachedInfo().State.LastSeq)
+	retries := st
+	if p.stream != contract.StreamRetries {
+		if retries, err = w.cfg.JS.Stream(ctx, contract.StreamRetries); err != nil {
+			return fmt.Errorf("read stream %s: %w", contract.StreamRetries, err)
+		}
+	}
+	p.replay.Store(&replayGuard{until: st.CachedInfo().State.LastSeq, retries: retries})
 	return nil
 }
 
@@ -66,25 +80,20 @@ func (w *Worker) guardReplay(ctx context.Context, p *pull) error {
 // exhausted or cancelled, at that attempt or a later one): it is then
 // acked without running. Any doubt runs it: at least once.
 func (w *Worker) alreadyDone(p *pull, msg jetstream.Msg, id string, attempt int, log zerolog.Logger) bool {
-	until := p.replayUntil.Load()
-	if until == 0 {
+	g := p.replay.Load()
+	if g == nil {
 		return false
 	}
 	md, err := msg.Metadata()
-	if err != nil || md.Sequence.Stream > until {
+	if err != nil || md.Sequence.Stream > g.until {
 		return false
 	}
 	// Not the loop's context: a job already handed to a handler slot is
 	// checked even while the worker stops.
 	ctx, cancel := context.WithTimeout(context.Background(), outcomeLookupTimeout)
 	defer cancel()
-	st, err := w.cfg.JS.Stream(ctx, contract.StreamRetries)
-	if err != nil {
-		log.Warn().Err(err).Msg("replayed job: cannot read RETRIES to check for an outcome; running it")
-		return false
-	}
 	for _, ev := range []contract.Lifecycle{contract.Succeeded, contract.Failed, contract.Exhausted, contract.Cancelled} {
-		m, err := st.GetLastMsgForSubject(ctx, contract.RetrySubject(contract.KindJob, ev, id))
+		m, err := g.retries.GetLastMsgForSubject(ctx, contract.RetrySubject(contract.KindJob, ev, id))
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
 			continue
 		}

@@ -281,3 +281,27 @@ func TestFactsOfOneItemInOneBatch(t *testing.T) {
 	b.waitRow(t, "same", "z", inState(retrystore.StateScheduled, 2))
 	require.Equal(t, float64(3), metric(t, s.reg, "retryd_scheduler_scheduled_total", "kind", "same"))
 }
+
+// The same fact twice in one policy-stage batch (a republish without its
+// Nats-Msg-Id header is identified by its envelope id, which is the same):
+// the second copy changes nothing and counts as a duplicate.
+func TestDuplicateInOneBatch(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.policy(t, "twice", "", 3, 60_000, 60_000)
+	require.NoError(t, streams.Ensure(b.ctx, b.js, streams.Options{Storage: jetstream.MemoryStorage}))
+	msg := lifecycleMsg(t, contract.Failed, failed("twice", "x", 1, "timeout"))
+	_, err := b.js.PublishMsg(b.ctx, msg)
+	require.NoError(t, err)
+	msg.Header.Del(contract.HeaderMsgID) // stored again: no id for JetStream to dedupe
+	_, err = b.js.PublishMsg(b.ctx, msg)
+	require.NoError(t, err)
+	s := b.start(t)
+
+	b.waitRow(t, "twice", "x", inState(retrystore.StateScheduled, 2))
+	require.Eventually(t, func() bool {
+		return metric(t, s.reg, "retryd_scheduler_duplicate_total", "consumer", scheduler.Owner) == 1
+	}, waitFor, 10*time.Millisecond)
+	require.Equal(t, []string{"failed:1", "scheduled:2"}, events(b.history(t, "twice", "x")))
+	require.Equal(t, float64(1), metric(t, s.reg, "retryd_scheduler_scheduled_total", "kind", "twice"))
+}

@@ -178,8 +178,8 @@ type dueItem struct {
 	dup   bool
 	// buildErr is why the event could not be built: the row is parked.
 	buildErr error
-	// span is the producer span of the publish; a due starts a new
-	// trace (the failure's context is not stored with the row).
+	// span is the producer span of the publish, a child of the decision
+	// that scheduled the row (Retry.TraceContext).
 	span trace.Span
 	// late is how late the publish was by the database clock.
 	late time.Duration
