@@ -18,25 +18,44 @@ func TestScenario05PurgeAndDelete(t *testing.T) {
 	t.Parallel()
 	const kind = "ft"
 	n := harness.Size(500, 20_000)
-	delay := time.Duration(harness.Size(6, 30)) * time.Second
 	s := setup(t, harness.Options{})
 	r := &harness.Report{Scenario: "05 purge RETRIES, delete consumer, delete stream"}
 	s.Start(harness.Scheduler)
-	s.Policy(kind, "", fastPolicy("faults-05", delay, 3))
+	pace := s.Pace(r, 300)
 	owner := s.NewOwner(kind, nil)
 	owner.Start()
 	stream, err := s.JS.Stream(s.Ctx, contract.StreamRetries)
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The purge and the delete must hit while every item is pending: the
+	// first item decided must not come due before the last is decided. So
+	// the delay is derived from the decision rate this machine gives right
+	// now, measured on a calibration kind the owner does not consume.
+	rate := decisionRate(t, s, n/10)
+	delay := max(time.Duration(harness.Size(6, 30))*time.Second,
+		(3*time.Duration(float64(n)/rate*float64(time.Second)) + 10*time.Second).Round(time.Second))
+	r.Note("decision rate (calibration, %d failures): %.0f/s; retry delay derived from it: %s", n/10, rate, delay)
+	if delay > scenarioTimeout()/4 {
+		t.Fatalf("machine too slow for scenario 05: the scheduler decided %.0f failures/s, and %d pending items would need a %s delay (over %s); %s",
+			rate, n, delay, scenarioTimeout()/4, pace.Explain())
+	}
+	s.Policy(kind, "", fastPolicy("faults-05", delay, 3))
 	var all []string
-	pending := func(ids []string) {
+	// pending waits until every item of ids is scheduled at once; past the
+	// delay the first ones come due, so a slower decision rate fails here
+	// with the figure instead of testing nothing.
+	pending := func(ids []string, since time.Time) {
 		t.Helper()
-		if _, ok := harness.Eventually(s.Ctx, 2*time.Minute, 10*time.Millisecond, func() bool {
+		if _, ok := harness.Eventually(s.Ctx, delay-time.Since(since), 10*time.Millisecond, func() bool {
 			return states(s.Ctx, s.Pool, kind)["scheduled"] >= len(ids)
 		}); !ok {
-			t.Fatalf("items not pending: rows %v", states(s.Ctx, s.Pool, kind))
+			rows := states(s.Ctx, s.Pool, kind)
+			t.Fatalf("items not all pending within the %s delay: rows %v; the scheduler decided %.0f/s here against %.0f/s in calibration; %s",
+				delay, rows, float64(rows["scheduled"]+rows["due"]+rows["succeeded"])/time.Since(since).Seconds(), rate, pace.Explain())
 		}
+		r.Note("%d items pending %s after their first publish (%.0f decisions/s)", len(ids), time.Since(since).Round(time.Millisecond),
+			float64(len(ids))/time.Since(since).Seconds())
 	}
 	comeDue := func(ids []string) time.Duration {
 		t.Helper()
@@ -62,8 +81,9 @@ func TestScenario05PurgeAndDelete(t *testing.T) {
 
 	// A: purge RETRIES while every item is pending.
 	idsA, msgsA := failedItems(t, kind, "s05a", n, nil)
+	startA := time.Now()
 	publish(idsA, msgsA)
-	pending(idsA)
+	pending(idsA, startA)
 	if err := stream.Purge(s.Ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -83,8 +103,9 @@ func TestScenario05PurgeAndDelete(t *testing.T) {
 	// more failures while it is gone (the publisher retries until it is
 	// back).
 	idsC, msgsC := failedItems(t, kind, "s05c", n, nil)
+	startC := time.Now()
 	publish(idsC, msgsC)
-	pending(idsC)
+	pending(idsC, startC)
 	before, err := harness.Stored(s.Ctx, s.JS, contract.StreamRetries, contract.RetryFilter(kind, contract.Due))
 	if err != nil {
 		t.Fatal(err)
@@ -129,4 +150,25 @@ func TestScenario05PurgeAndDelete(t *testing.T) {
 	if r.Lost != 0 || r.DuplicateEffects != 0 {
 		t.Fatalf("lost %d, duplicate effects %d", r.Lost, r.DuplicateEffects)
 	}
+}
+
+// decisionRate publishes n first failures of a calibration kind nobody
+// owns, with a policy that keeps them pending for an hour, and returns how
+// many the scheduler decided per second, publishing included as in the
+// scenario.
+func decisionRate(t *testing.T, s *harness.System, n int) float64 {
+	t.Helper()
+	const kind = "ftcal"
+	s.Policy(kind, "", fastPolicy("faults-calibrate", time.Hour, 1))
+	_, msgs := failedItems(t, kind, "cal", n, nil)
+	start := time.Now()
+	if _, err := harness.PublishAll(s.Ctx, s.JS, msgs); err != nil {
+		t.Fatalf("publish calibration failures: %v", err)
+	}
+	if _, ok := harness.Eventually(s.Ctx, 5*time.Minute, 10*time.Millisecond, func() bool {
+		return states(s.Ctx, s.Pool, kind)["scheduled"] >= n
+	}); !ok {
+		t.Fatalf("calibration: %d failures not decided in 5 minutes: rows %v", n, states(s.Ctx, s.Pool, kind))
+	}
+	return float64(n) / time.Since(start).Seconds()
 }

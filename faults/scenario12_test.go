@@ -59,7 +59,7 @@ func deployNATS(t *testing.T) {
 	conf := deployFile(t, "nats/nats-server.conf")
 	raw, err := os.ReadFile(conf)
 	if err != nil {
-		t.Skipf("MISSING: %s (the operator part); nothing to test", conf)
+		harness.Missing(t, conf, err, "the deploy NATS config is part of the repository")
 	}
 	r := &harness.Report{Scenario: "12 deploy NATS config refuses"}
 	dir := t.TempDir()
@@ -230,11 +230,11 @@ func streamOf(subject string) string {
 func deployPostgres(t *testing.T) {
 	rolesSQL := deployFile(t, "postgres/roles.sql")
 	if _, err := os.Stat(rolesSQL); err != nil {
-		t.Skipf("MISSING: %s (the operator part); nothing to test", rolesSQL)
+		harness.Missing(t, rolesSQL, err, "the deploy Postgres roles are part of the repository")
 	}
 	pg, err := harness.NewPostgres(t.Context(), "")
 	if err != nil {
-		t.Skipf("no postgres binaries: %v", err)
+		harness.Missing(t, "the Postgres 15 server binaries", err, "apt-get install postgresql-15")
 	}
 	t.Cleanup(func() { pg.Remove(context.Background()) })
 	if err := pg.Start(t.Context()); err != nil {

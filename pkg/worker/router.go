@@ -19,13 +19,13 @@ const routerBatch = 64
 // worker process can route any job type.
 func (w *Worker) consumeDues(p *pull) {
 	defer w.loops.Done()
-	// Routing is a publish and an ack: done in the loop, one at a time,
-	// with a batch pulled ahead.
+	// Routing is a publish and an ack. Each due is routed on its own
+	// goroutine, up to routerBatch at once: the publishes overlap instead of
+	// waiting for each other's PubAck (one fsync each under
+	// sync_interval: always), and a due whose publish is retried or hangs
+	// holds one slot, not the router.
 	slots := make(chan struct{}, routerBatch)
-	w.fetchLoop(p, slots, func(msg jetstream.Msg) {
-		defer func() { <-slots }()
-		w.route(p, msg)
-	})
+	w.fetchLoop(p, slots, w.inSlot(slots, func(msg jetstream.Msg) { w.route(p, msg) }))
 }
 
 func (w *Worker) route(p *pull, msg jetstream.Msg) {

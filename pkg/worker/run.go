@@ -23,17 +23,28 @@ const fetchBackoff = time.Second
 // consumeJobs pulls jobs of one type, never more than Concurrency at a
 // time: it only asks the broker for as many messages as it has free slots,
 // so nothing waits in a local buffer while its ack wait runs out.
+//
+// A slow handler keeps its slot (and its message, with in-progress acks)
+// and nothing else: the loop pulls for the free slots while it runs, and
+// each job type has its own consumer and slots, so slow or poison jobs of
+// one type never hold up another type.
 func (w *Worker) consumeJobs(jobType string, h Handler, p *pull) {
 	defer w.loops.Done()
 	slots := make(chan struct{}, w.cfg.Concurrency)
-	w.fetchLoop(p, slots, func(msg jetstream.Msg) {
+	w.fetchLoop(p, slots, w.inSlot(slots, func(msg jetstream.Msg) { w.process(p, jobType, h, msg) }))
+}
+
+// inSlot returns a dispatch func for fetchLoop that runs handle on its own
+// goroutine and frees the message's slot when it returns.
+func (w *Worker) inSlot(slots chan struct{}, handle func(jetstream.Msg)) func(jetstream.Msg) {
+	return func(msg jetstream.Msg) {
 		w.inflight.Add(1)
 		go func() {
 			defer w.inflight.Done()
 			defer func() { <-slots }()
-			w.process(p, jobType, h, msg)
+			handle(msg)
 		}()
-	})
+	}
 }
 
 // fetchLoop pulls up to the number of free slots in slots and hands every

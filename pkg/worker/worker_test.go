@@ -383,6 +383,58 @@ func TestConcurrencyIsBounded(t *testing.T) {
 	require.Equal(t, int32(2), peak.Load())
 }
 
+// Slow jobs keep their slots (past several ack waits) and nothing else:
+// quick jobs of the same type run on the free slots meanwhile, and a type
+// whose slots are all taken does not hold up another type.
+func TestSlowJobsDoNotHoldUpOthers(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	release := make(chan struct{})
+	var slowRuns, quickDone, otherDone atomic.Int32
+	b.newWorker(t, worker.Config{Concurrency: 3, AckWait: 300 * time.Millisecond}, map[string]worker.Handler{
+		"work": func(ctx context.Context, job *worker.Job) error {
+			if string(job.Payload) == `"slow"` {
+				slowRuns.Add(1)
+				<-release
+				return nil
+			}
+			quickDone.Add(1)
+			return nil
+		},
+		"other": func(ctx context.Context, _ *worker.Job) error {
+			otherDone.Add(1)
+			return nil
+		},
+	})
+	slow := func(n int32) {
+		b.enqueue(t, contract.JobData{JobType: "work", Payload: json.RawMessage(`"slow"`)})
+		require.Eventually(t, func() bool { return slowRuns.Load() == n }, wait, 5*time.Millisecond)
+	}
+	// Two slow jobs hold two of the three "work" slots: the third runs
+	// every quick job.
+	slow(1)
+	slow(2)
+	for range 40 {
+		b.enqueue(t, contract.JobData{JobType: "work", Payload: json.RawMessage(`"quick"`)})
+	}
+	require.Eventually(t, func() bool { return quickDone.Load() == 40 }, wait, 5*time.Millisecond,
+		"quick jobs waited behind the slow ones: %d of 40 ran", quickDone.Load())
+	// A third one takes the last "work" slot: "other" runs all the same.
+	slow(3)
+	for range 40 {
+		b.enqueue(t, contract.JobData{JobType: "other"})
+	}
+	require.Eventually(t, func() bool { return otherDone.Load() == 40 }, wait, 5*time.Millisecond,
+		"jobs of another type waited behind a saturated type: %d of 40 ran", otherDone.Load())
+	// Let the slow jobs outlive a few ack waits before they end: only the
+	// in-progress acks keep the broker from handing them out again.
+	time.Sleep(4 * 300 * time.Millisecond)
+	close(release)
+	b.settled(t, contract.StreamJobs, "worker-work")
+	require.Equal(t, int32(3), slowRuns.Load(), "a slow job was redelivered while it ran")
+	require.Zero(t, b.consumerInfo(t, contract.StreamJobs, "worker-work").NumRedelivered)
+}
+
 func TestLongJobIsKeptAliveWithInProgressAcks(t *testing.T) {
 	t.Parallel()
 	b := setup(t)

@@ -4,11 +4,13 @@
 //
 // Each job's payload says how its attempts behave:
 //
-//	{"fail_attempts": 2, "class": "temporary", "sleep_ms": 0, "message": "..."}
+//	{"fail_attempts": 2, "class": "temporary", "sleep_ms": 0, "gate": "", "message": "..."}
 //
 // attempts up to fail_attempts fail with class (default temporary) and
 // message as the error text; the
-// others succeed after sleeping sleep_ms. A successful attempt records the
+// others succeed after sleeping sleep_ms. A job with a gate also waits,
+// after its sleep, until the suite opens that gate (a row in fault_gates):
+// a slow job that lasts exactly as long as the scenario needs. A successful attempt records the
 // job's effect under the SDK's idempotency key: the effect row is
 // inserted with ON CONFLICT DO NOTHING, so an attempt delivered twice has
 // its effect once, and fault_job_runs keeps every execution.
@@ -51,6 +53,10 @@ CREATE TABLE IF NOT EXISTS fault_job_runs (
     pid       integer     NOT NULL,
     at        timestamptz NOT NULL DEFAULT clock_timestamp()
 );
+CREATE TABLE IF NOT EXISTS fault_gates (
+    name      text        PRIMARY KEY,
+    opened_at timestamptz NOT NULL DEFAULT clock_timestamp()
+);
 CREATE TABLE IF NOT EXISTS fault_job_effects (
     idempotency_key text        PRIMARY KEY,
     job_id          text        NOT NULL,
@@ -62,6 +68,7 @@ type behaviour struct {
 	FailAttempts int    `json:"fail_attempts"`
 	Class        string `json:"class"`
 	SleepMS      int    `json:"sleep_ms"`
+	Gate         string `json:"gate"`
 	// Message is the failure's error text (default a fixed one).
 	Message string `json:"message"`
 }
@@ -149,6 +156,11 @@ func handler(pool *pgxpool.Pool, pid int) worker.Handler {
 			case <-time.After(time.Duration(b.SleepMS) * time.Millisecond):
 			}
 		}
+		if b.Gate != "" {
+			if err := waitGate(ctx, pool, b.Gate); err != nil {
+				return err
+			}
+		}
 		if outcome == "failed" {
 			class := errclass.Class(b.Class)
 			if class == "" {
@@ -165,5 +177,27 @@ ON CONFLICT (idempotency_key) DO NOTHING`, job.IdempotencyKey(), job.ID, job.Att
 			return errclass.Wrap(errclass.Temporary, err)
 		}
 		return nil
+	}
+}
+
+// gatePoll is how often a gated job looks at its gate.
+const gatePoll = 100 * time.Millisecond
+
+// waitGate blocks until the gate's row exists or ctx ends (the job's
+// timeout, or a stop).
+func waitGate(ctx context.Context, pool *pgxpool.Pool, gate string) error {
+	for {
+		var open bool
+		if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM fault_gates WHERE name = $1)`, gate).Scan(&open); err != nil {
+			return errclass.Wrap(errclass.Temporary, err)
+		}
+		if open {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(gatePoll):
+		}
 	}
 }
