@@ -305,3 +305,39 @@ func TestDuplicateInOneBatch(t *testing.T) {
 	require.Equal(t, []string{"failed:1", "scheduled:2"}, events(b.history(t, "twice", "x")))
 	require.Equal(t, float64(1), metric(t, s.reg, "retryd_scheduler_scheduled_total", "kind", "twice"))
 }
+
+// A fact the database refuses for good (here a check constraint the test
+// adds) is terminated and counted, alone: the other facts of its batch are
+// applied, and it does not come back to fail later batches.
+func TestPoisonFactIsTerminatedAlone(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.policy(t, "poison", "", 3, 60_000, 60_000)
+	_, err := b.pool.Exec(b.ctx, `ALTER TABLE retries ADD CONSTRAINT test_poison CHECK (item_id <> 'bad')`)
+	require.NoError(t, err)
+	require.NoError(t, streams.Ensure(b.ctx, b.js, streams.Options{Storage: jetstream.MemoryStorage}))
+	ids := []string{"a", "b", "bad", "c", "d"}
+	for _, id := range ids {
+		_, err := b.js.PublishMsg(b.ctx, lifecycleMsg(t, contract.Failed, failed("poison", id, 1, "timeout")))
+		require.NoError(t, err)
+	}
+	s := b.start(t)
+	for _, id := range ids {
+		if id != "bad" {
+			b.waitRow(t, "poison", id, inState(retrystore.StateScheduled, 2))
+		}
+	}
+	require.Eventually(t, func() bool {
+		return metric(t, s.reg, "retryd_scheduler_malformed_total", "consumer", scheduler.Owner) == 1
+	}, waitFor, 10*time.Millisecond)
+	require.Eventually(t, func() bool {
+		c, err := b.js.Consumer(b.ctx, contract.StreamRetries, scheduler.ConsumerName)
+		require.NoError(t, err)
+		info, err := c.Info(b.ctx)
+		require.NoError(t, err)
+		return info.NumAckPending == 0 && info.NumPending == 0
+	}, waitFor, 10*time.Millisecond, "the poison fact was not terminated")
+	var rows int
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM retries WHERE kind = 'poison'`).Scan(&rows))
+	require.Equal(t, 4, rows)
+}

@@ -6,9 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/attribute"
@@ -96,12 +98,7 @@ func (s *Scheduler) decode(m jetstream.Msg) (inbound, bool) {
 		}
 	}
 	if err != nil {
-		reason := contract.LogReason(err)
-		if termErr := m.TermWithReason(reason); termErr != nil {
-			s.log.Warn().Err(termErr).Str("subject", m.Subject()).Msg("terminate malformed message")
-		}
-		s.metrics.malformed.WithLabelValues(Owner).Inc()
-		s.log.Warn().Str("subject", m.Subject()).Str("reason", reason).Msg("malformed message terminated")
+		s.terminate(m, contract.LogReason(err))
 		return inbound{}, false
 	}
 	msgID := ""
@@ -112,6 +109,41 @@ func (s *Scheduler) decode(m jetstream.Msg) (inbound, bool) {
 		msgID = ev.Envelope.ID
 	}
 	return inbound{msg: m, f: newFact(ev, msgID)}, true
+}
+
+// terminate ends a message that can never be applied, with a reason that
+// names the rule broken and no value, and counts it.
+func (s *Scheduler) terminate(m jetstream.Msg, reason string) {
+	if err := m.TermWithReason(reason); err != nil {
+		s.log.Warn().Err(err).Str("subject", m.Subject()).Msg("terminate message")
+	}
+	s.metrics.malformed.WithLabelValues(Owner).Inc()
+	s.log.Warn().Str("subject", m.Subject()).Str("reason", reason).Msg("message terminated: it can never be applied")
+}
+
+// uniqueViolation is SQLSTATE unique_violation.
+const uniqueViolation = "23505"
+
+// unappliable reports whether err, from applying one message alone, will
+// come back at every redelivery: Postgres refused the data itself (class
+// 22, data exception) or a constraint other than a unique key (class 23;
+// a unique violation can be a race between two instances and is retried).
+// Connection, lock and serialization errors are retried.
+func unappliable(err error) (string, bool) {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return "", false
+	}
+	switch {
+	case strings.HasPrefix(pgErr.Code, "22"),
+		strings.HasPrefix(pgErr.Code, "23") && pgErr.Code != uniqueViolation:
+		reason := "refused by the database: SQLSTATE " + pgErr.Code
+		if pgErr.ConstraintName != "" {
+			reason += " (constraint " + pgErr.ConstraintName + ")"
+		}
+		return reason, true
+	}
+	return "", false
 }
 
 // traceBatch starts the consumer span of each item, continuing the trace
@@ -152,6 +184,24 @@ func (s *Scheduler) handleBatch(ctx context.Context, msgs []jetstream.Msg) {
 	slices.SortStableFunc(items, func(a, b inbound) int {
 		return cmp.Or(cmp.Compare(a.f.ev.Kind, b.f.ev.Kind), cmp.Compare(a.f.ev.ID, b.f.ev.ID))
 	})
+	// A message delivered before and not acked may be the one that failed
+	// its batch: it is applied in a transaction of its own, so a poison
+	// fact fails alone instead of sending every batch it lands in to the
+	// one-by-one path.
+	if len(items) > 1 {
+		fresh := items[:0:0]
+		for _, in := range items {
+			if md, mdErr := in.msg.Metadata(); mdErr == nil && md.NumDelivered > 1 {
+				s.handleBatch(ctx, []jetstream.Msg{in.msg})
+				continue
+			}
+			fresh = append(fresh, in)
+		}
+		if len(fresh) == 0 {
+			return
+		}
+		items = fresh
+	}
 	var results []applied
 	results, err = s.applyBatch(ctx, items)
 	if err != nil && len(items) > 1 {
@@ -165,6 +215,10 @@ func (s *Scheduler) handleBatch(ctx context.Context, msgs []jetstream.Msg) {
 		s.metrics.errors.WithLabelValues("policy").Inc()
 		if ctx.Err() != nil {
 			return // stopping: the message is redelivered to whoever runs next
+		}
+		if reason, ok := unappliable(err); ok {
+			s.terminate(items[0].msg, reason)
+			return
 		}
 		s.log.Error().Err(err).Str("kind", items[0].f.ev.Kind).Str("id", items[0].f.ev.ID).
 			Str("event", string(items[0].f.ev.Event)).Msg("apply message failed, redelivering later")
