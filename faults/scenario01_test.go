@@ -18,6 +18,14 @@ func TestScenario01KillSchedulerMidBatch(t *testing.T) {
 	s := setup(t, harness.Options{})
 	r := &harness.Report{Scenario: "01 kill -9 scheduler mid-batch"}
 	sched := s.Start(harness.Scheduler)
+	kills := harness.Size(1, 3)
+	// Every wait below is bounded by the scenario's context; the first
+	// due phase is the largest step, the whole run the largest total.
+	pace := s.Pace(r, assumeAll(r,
+		requirement{"first kill: a third of the failures applied", n / 3, bounded(5 * time.Minute)},
+		requirement{"first due phase: dues for the first target", msgsPerDue * (n / (kills + 1)), bounded(5 * time.Minute)},
+		requirement{"every retry resolved (failed, scheduled, due, succeeded)", msgsPerRetry * n, scenarioTimeout()},
+	))
 	s.Policy(kind, "", fastPolicy("faults-01", delay, 3))
 	owner := s.NewOwner(kind, nil)
 	owner.Start()
@@ -33,7 +41,7 @@ func TestScenario01KillSchedulerMidBatch(t *testing.T) {
 	if _, ok := harness.Eventually(s.Ctx, 5*time.Minute, 5*time.Millisecond, func() bool {
 		return sum(states(s.Ctx, s.Pool, kind)) >= n/3
 	}); !ok {
-		t.Fatalf("scheduler applied no failures: %v", states(s.Ctx, s.Pool, kind))
+		t.Fatalf("scheduler applied no failures: %v; %s", states(s.Ctx, s.Pool, kind), pace.Explain())
 	}
 	st := states(s.Ctx, s.Pool, kind)
 	if err := sched.Kill9(); err != nil {
@@ -45,13 +53,12 @@ func TestScenario01KillSchedulerMidBatch(t *testing.T) {
 	// Then kills while due batches are being emitted: one in the short
 	// run, three in the full one.
 	var restarted time.Time
-	kills := harness.Size(1, 3)
 	for k := 1; k <= kills; k++ {
 		target := n * k / (kills + 1)
 		if _, ok := harness.Eventually(s.Ctx, 5*time.Minute, 5*time.Millisecond, func() bool {
 			return owner.Count() >= target
 		}); !ok {
-			t.Fatalf("dues stopped: %d of %d, rows %v", owner.Count(), n, states(s.Ctx, s.Pool, kind))
+			t.Fatalf("dues stopped: %d of %d, rows %v; %s", owner.Count(), n, states(s.Ctx, s.Pool, kind), pace.Explain())
 		}
 		st = states(s.Ctx, s.Pool, kind)
 		if err := sched.Kill9(); err != nil {
@@ -70,7 +77,7 @@ func TestScenario01KillSchedulerMidBatch(t *testing.T) {
 	r.Note("rows at the end %v", states(s.Ctx, s.Pool, kind))
 	r.Print(t)
 	if !ok || r.Lost != 0 || r.DuplicateEffects != 0 {
-		t.Fatalf("lost %d, duplicate effects %d (all resolved: %v)", r.Lost, r.DuplicateEffects, ok)
+		t.Fatalf("lost %d, duplicate effects %d (all resolved: %v)%s", r.Lost, r.DuplicateEffects, ok, timedOut(ok, pace))
 	}
 }
 

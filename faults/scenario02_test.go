@@ -20,6 +20,9 @@ func TestScenario02KillOwnersUnderLoad(t *testing.T) {
 	s := setup(t, harness.Options{})
 	r := &harness.Report{Scenario: "02 kill -9 ingress, triggers, worker"}
 	f := startFlow(t, s, "s02", nEvents, nJobs)
+	pace := s.Pace(r, assumeAll(r,
+		requirement{"every event admitted and run, every job done", msgsPerFlowEvent*nEvents + msgsPerJob*nJobs, scenarioTimeout()},
+	))
 	span := time.Duration(rounds) * 3 * time.Second
 	loadDone := f.load(span)
 
@@ -58,6 +61,6 @@ func TestScenario02KillOwnersUnderLoad(t *testing.T) {
 	}
 	r.Print(t)
 	if !ok || r.Lost != 0 || r.DuplicateEffects != 0 {
-		t.Fatalf("lost %d, duplicate effects %d (resolved %v)", r.Lost, r.DuplicateEffects, ok)
+		t.Fatalf("lost %d, duplicate effects %d (resolved %v)%s", r.Lost, r.DuplicateEffects, ok, timedOut(ok, pace))
 	}
 }

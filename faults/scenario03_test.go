@@ -21,6 +21,10 @@ func TestScenario03FreezeOneOfTwoSchedulers(t *testing.T) {
 	r := &harness.Report{Scenario: "03 SIGSTOP one of two schedulers"}
 	s.Start(harness.Scheduler)
 	frozen := s.Start(harness.Scheduler + "-2")
+	pace := s.Pace(r, assumeAll(r,
+		requirement{"an eighth of the dues before the freeze", msgsPerDue * (n / 8), time.Minute},
+		requirement{"every retry resolved (failed, scheduled, due, succeeded)", msgsPerRetry * n, scenarioTimeout()},
+	))
 	s.Policy(kind, "", fastPolicy("faults-03", time.Second, 3))
 	owner := s.NewOwner(kind, nil)
 	owner.Start()
@@ -38,7 +42,7 @@ func TestScenario03FreezeOneOfTwoSchedulers(t *testing.T) {
 	if _, ok := harness.Eventually(s.Ctx, time.Minute, 2*time.Millisecond, func() bool {
 		return owner.Count() >= n/8
 	}); !ok {
-		t.Fatalf("no dues: rows %v", states(s.Ctx, s.Pool, kind))
+		t.Fatalf("no dues: rows %v; %s", states(s.Ctx, s.Pool, kind), pace.Explain())
 	}
 	if err := frozen.Freeze(); err != nil {
 		t.Fatal(err)
@@ -79,7 +83,7 @@ WHERE a.datname = current_database() AND a.wait_event_type = 'Lock' LIMIT 1`).Sc
 	dueCheck(t, s, owner, kind, ids, r)
 	r.Print(t)
 	if !ok || r.Lost != 0 || r.DuplicateEffects != 0 {
-		t.Fatalf("lost %d, duplicate effects %d (all resolved: %v, rows %v)", r.Lost, r.DuplicateEffects, ok, states(s.Ctx, s.Pool, kind))
+		t.Fatalf("lost %d, duplicate effects %d (all resolved: %v, rows %v)%s", r.Lost, r.DuplicateEffects, ok, states(s.Ctx, s.Pool, kind), timedOut(ok, pace))
 	}
 	t.Run("OtherInstanceProgressesDuringFreeze", func(t *testing.T) {
 		// Liveness: the frozen instance keeps its open transaction and its
@@ -87,8 +91,8 @@ WHERE a.datname = current_database() AND a.wait_event_type = 'Lock' LIMIT 1`).Sc
 		// RETRYD_SCHEDULER_LOCK_TIMEOUT (5s), hands that message back and
 		// goes on with the rest.
 		if succeededInFreeze == 0 {
-			t.Fatalf("while %s was frozen for %s the other scheduler resolved 0 retries (%d sessions waiting on a lock; waiting %q, blocked by %q)",
-				frozen.Name, freeze, lockWaits, blocked, blocker)
+			t.Fatalf("while %s was frozen for %s the other scheduler resolved 0 retries (%d sessions waiting on a lock; waiting %q, blocked by %q); %s",
+				frozen.Name, freeze, lockWaits, blocked, blocker, pace.Explain())
 		}
 	})
 }

@@ -22,6 +22,12 @@ func TestScenario04RestartNATSDuringLoad(t *testing.T) {
 	r := &harness.Report{Scenario: "04 restart nats-server during load"}
 	s.Start(harness.Scheduler)
 	s.Start(harness.Ingress)
+	restarts := harness.Size(2, 4)
+	pace := s.Pace(r, assumeAll(r,
+		requirement{"events accepted (INGEST) before each restart", nEvents / (restarts + 1), time.Minute},
+		requirement{"every event admitted (INGEST, EVENTS), every failure resolved (failed, scheduled, due, succeeded)",
+			msgsPerAdmission*nEvents + msgsPerRetry*nItems, scenarioTimeout()},
+	))
 	s.Policy(kind, "", fastPolicy("faults-04", time.Second, 3))
 	owner := s.NewOwner(kind, nil)
 	owner.Start()
@@ -32,7 +38,6 @@ func TestScenario04RestartNATSDuringLoad(t *testing.T) {
 			"data": map[string]any{"n": i}}
 	}
 	// Paced so that the load spans the restarts.
-	restarts := harness.Size(2, 4)
 	span := time.Duration(restarts+1) * 1500 * time.Millisecond
 	sender := &harness.EventSender{Sys: s, URL: s.URL(harness.Ingress), Every: span / time.Duration(nEvents)}
 	sendDone := make(chan error, 1)
@@ -56,7 +61,7 @@ func TestScenario04RestartNATSDuringLoad(t *testing.T) {
 		if _, ok := harness.Eventually(s.Ctx, time.Minute, 10*time.Millisecond, func() bool {
 			return len(sender.Accepted()) >= nEvents*(k+1)/(restarts+1) && owner.Count() > 0
 		}); !ok {
-			t.Fatalf("no load went through before the restart")
+			t.Fatalf("no load went through before the restart: %d events accepted, %d dues; %s", len(sender.Accepted()), owner.Count(), pace.Explain())
 		}
 		how := "kill -9"
 		if graceful {
@@ -109,6 +114,6 @@ func TestScenario04RestartNATSDuringLoad(t *testing.T) {
 		len(accepted), len(counts), lostEvents, sender.Retries.Load(), sender.Duplicate.Load())
 	r.Print(t)
 	if !ok || r.Lost != 0 || r.DuplicateEffects != 0 || len(accepted) != nEvents {
-		t.Fatalf("lost %d, duplicate effects %d, accepted %d of %d (all resolved: %v)", r.Lost, r.DuplicateEffects, len(accepted), nEvents, ok)
+		t.Fatalf("lost %d, duplicate effects %d, accepted %d of %d (all resolved: %v)%s", r.Lost, r.DuplicateEffects, len(accepted), nEvents, ok, timedOut(ok, pace))
 	}
 }

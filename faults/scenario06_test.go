@@ -21,7 +21,7 @@ func TestScenario06PostgresRestartsAndKilledConnections(t *testing.T) {
 	rounds := harness.Size(1, 3)
 	pg, err := harness.NewPostgres(t.Context(), "")
 	if err != nil {
-		t.Skipf("no postgres binaries: %v", err)
+		harness.Missing(t, "the Postgres 15 server binaries", err, "apt-get install postgresql-15")
 	}
 	t.Cleanup(func() { pg.Remove(t.Context()) })
 	if err := pg.Start(t.Context()); err != nil {
@@ -34,6 +34,10 @@ func TestScenario06PostgresRestartsAndKilledConnections(t *testing.T) {
 	r := &harness.Report{Scenario: "06 restart postgres, kill connections"}
 	s.Start(harness.Scheduler)
 	s.Start(harness.Ingress)
+	pace := s.Pace(r, assumeAll(r,
+		requirement{"every event admitted (INGEST, EVENTS), every failure resolved (failed, scheduled, due, succeeded)",
+			msgsPerAdmission*nEvents + msgsPerRetry*nItems, scenarioTimeout()},
+	))
 	s.Policy(kind, "", fastPolicy("faults-06", time.Second, 3))
 	owner := s.NewOwner(kind, nil)
 	owner.Start()
@@ -110,6 +114,6 @@ func TestScenario06PostgresRestartsAndKilledConnections(t *testing.T) {
 	r.Note("events: %d accepted, %d admitted on EVENTS, %d admitted rows; retry rows %v", len(accepted), len(counts), admittedRows, states(s.Ctx, s.Pool, kind))
 	r.Print(t)
 	if !ok || r.Lost != 0 || r.DuplicateEffects != 0 || len(accepted) != nEvents {
-		t.Fatalf("lost %d, duplicate effects %d, accepted %d of %d (resolved: %v)", r.Lost, r.DuplicateEffects, len(accepted), nEvents, ok)
+		t.Fatalf("lost %d, duplicate effects %d, accepted %d of %d (resolved: %v)%s", r.Lost, r.DuplicateEffects, len(accepted), nEvents, ok, timedOut(ok, pace))
 	}
 }

@@ -23,10 +23,27 @@ func TestScenario07Duplicates(t *testing.T) {
 	t.Parallel()
 	const kind = "ft"
 	n := harness.Size(200, 2000)
+	nEvents := harness.Size(40, 200)
+	limit := max(5, nEvents/10) // events the source admits per second
 	s := setup(t, harness.Options{})
 	r := &harness.Report{Scenario: "07 duplicates inside and outside the window"}
 	s.Start(harness.Scheduler)
 	s.Start(harness.Ingress)
+	// An item: failed stored twice (the copy with the same Nats-Msg-Id is
+	// dropped), three times in the full run, then scheduled, due,
+	// succeeded. An event: INGEST three times (the second HTTP post is
+	// dropped), EVENTS, and a deferral with a re-published due copy each
+	// time the source, admitting limit a second, sends it back (policy
+	// below: 0.5s doubling to 2s). The full run sleeps past the duplicate
+	// window, when nothing moves.
+	perItem, still := msgsPerRetry+1, time.Duration(0)
+	if harness.Full() {
+		perItem, still = perItem+1, 2*time.Minute+5*time.Second
+	}
+	perEvent := 3 + 1 + (msgsPerDeferral+1)*deferrals(time.Duration(nEvents/limit)*time.Second, 2*time.Second)
+	pace := s.Pace(r, assumeAll(r,
+		requirement{"every item due once and every event admitted, copies included", perItem*n + perEvent*nEvents, scenarioTimeout() - still},
+	))
 	s.Policy(kind, "", fastPolicy("faults-07", time.Second, 3))
 	// Throttled attempts use retries: enough for every deferral to wait
 	// its turn.
@@ -53,8 +70,7 @@ func TestScenario07Duplicates(t *testing.T) {
 	// Events: a source that admits a few events per second defers the rest,
 	// so dues travel too. Each event is posted twice over HTTP and
 	// published twice on ingest.<source> without a Nats-Msg-Id.
-	nEvents := harness.Size(40, 200)
-	s.MustDo(http.MethodPut, s.URL(harness.Ingress)+"/v1/sources/dup", map[string]any{"rate_limit": max(5, nEvents/10), "rate_window": "1s"}, http.StatusOK)
+	s.MustDo(http.MethodPut, s.URL(harness.Ingress)+"/v1/sources/dup", map[string]any{"rate_limit": limit, "rate_window": "1s"}, http.StatusOK)
 	sender := &harness.EventSender{Sys: s, URL: s.URL(harness.Ingress)}
 	var evIDs []string
 	for i := range nEvents {
@@ -156,7 +172,7 @@ FROM retry_history WHERE kind = $1`, kind).Scan(&failedHistory, &scheduledHistor
 	r.Note("history: %d failed, %d scheduled facts for %d items; events admitted %d of %d", failedHistory, scheduledHistory, n, len(evCounts), nEvents)
 	r.Print(t)
 	if !ok || r.Lost != 0 || r.DuplicateEffects != 0 {
-		t.Fatalf("lost %d, duplicate effects %d (resolved %v)", r.Lost, r.DuplicateEffects, ok)
+		t.Fatalf("lost %d, duplicate effects %d (resolved %v)%s", r.Lost, r.DuplicateEffects, ok, timedOut(ok, pace))
 	}
 }
 

@@ -26,7 +26,7 @@ const libfaketime = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
 func TestScenario09ClockSkew(t *testing.T) {
 	t.Parallel()
 	if _, err := os.Stat(libfaketime); err != nil {
-		t.Skipf("libfaketime not installed (%v): apt-get install faketime", err)
+		harness.Missing(t, "libfaketime", err, "apt-get install faketime")
 	}
 	for _, skew := range []string{"+5m", "-5m"} {
 		t.Run("postgres"+skew, func(t *testing.T) {
@@ -41,9 +41,10 @@ func clockSkew(t *testing.T, skew string) {
 	n := harness.Size(300, 5000)
 	nEvents := harness.Size(16, 200)
 	delay := 2 * time.Second
+	const limit = 2 // events the source admits per second
 	pg, err := harness.NewPostgres(t.Context(), "")
 	if err != nil {
-		t.Skipf("no postgres binaries: %v", err)
+		harness.Missing(t, "the Postgres 15 server binaries", err, "apt-get install postgresql-15")
 	}
 	pg.Env = []string{"LD_PRELOAD=" + libfaketime, "FAKETIME=" + skew, "FAKETIME_DONT_FAKE_MONOTONIC=1"}
 	t.Cleanup(func() { pg.Remove(t.Context()) })
@@ -72,6 +73,13 @@ func clockSkew(t *testing.T, skew string) {
 
 	s.Start(harness.Scheduler)
 	s.Start(harness.Ingress)
+	// Items: one retry cycle each. Events: INGEST, EVENTS, and a deferral
+	// each time the source, admitting limit a second, sends one back
+	// (event policy below: 0.3s doubling to 1.2s).
+	perEvent := msgsPerAdmission + msgsPerDeferral*deferrals(time.Duration(nEvents/limit)*time.Second, 4*300*time.Millisecond)
+	pace := s.Pace(r, assumeAll(r,
+		requirement{"every item due, every event admitted", msgsPerRetry*n + perEvent*nEvents, scenarioTimeout()},
+	))
 	s.Policy(kind, "", fastPolicy("faults-09", delay, 3))
 	s.Policy(contract.KindEvent, "", fastPolicy("faults-09-event", 300*time.Millisecond, 100))
 	owner := s.NewOwner(kind, nil)
@@ -82,7 +90,6 @@ func clockSkew(t *testing.T, skew string) {
 	if _, err := harness.PublishAll(s.Ctx, s.JS, msgs); err != nil {
 		t.Fatal(err)
 	}
-	const limit = 2
 	s.MustDo(http.MethodPut, s.URL(harness.Ingress)+"/v1/sources/skew", map[string]any{"rate_limit": limit, "rate_window": "1s"}, http.StatusOK)
 	sender := &harness.EventSender{Sys: s, URL: s.URL(harness.Ingress)}
 	for i := range nEvents {
@@ -121,7 +128,7 @@ WHERE status = 'admitted' GROUP BY date_trunc('second', admitted_at)) w`).Scan(&
 		early, max(worst, 0), delay, tooSoon, maxPerWindow, limit)
 	r.Print(t)
 	if !ok || r.Lost != 0 || r.DuplicateEffects != 0 {
-		t.Fatalf("lost %d, duplicate effects %d (resolved %v)", r.Lost, r.DuplicateEffects, ok)
+		t.Fatalf("lost %d, duplicate effects %d (resolved %v)%s", r.Lost, r.DuplicateEffects, ok, timedOut(ok, pace))
 	}
 	if early > 0 || tooSoon > 0 || maxPerWindow > limit {
 		t.Fatalf("retries fired early under a %s clock skew: %d before next_attempt_at, %d sooner than the delay, %d admitted in one window (limit %d)",

@@ -37,6 +37,13 @@ func TestScenario13ClusterLeaderStop(t *testing.T) {
 		}
 	}
 	s.Start(harness.Scheduler, "RETRYD_SCHEDULER_STREAM_REPLICAS=3")
+	// Pace measures an R1 stream on the cluster; RETRIES is R3, so every
+	// message below is also replicated to two followers: the factor 2 of
+	// assume is all the more a floor here.
+	pace := s.Pace(r, assumeAll(r,
+		requirement{"a third of the failures applied before the fault", n / 3, time.Minute},
+		requirement{"every retry resolved (failed, scheduled, due, succeeded)", msgsPerRetry * n, scenarioTimeout()},
+	))
 	s.Policy(kind, "", fastPolicy("faults-13", time.Second, 3))
 	owner := s.NewOwner(kind, nil)
 	owner.Start()
@@ -62,7 +69,7 @@ func TestScenario13ClusterLeaderStop(t *testing.T) {
 			state = si.CachedInfo().State
 		}
 		c, cerr := consumerInfo(s.Ctx, s.JS, contract.StreamRetries, "scheduler")
-		t.Fatalf("no load before the fault: RETRIES %+v; consumer %s", state, describe(c, cerr))
+		t.Fatalf("no load before the fault: RETRIES %+v; consumer %s; %s", state, describe(c, cerr), pace.Explain())
 	}
 	stream, err := s.JS.Stream(s.Ctx, contract.StreamRetries)
 	if err != nil {
@@ -89,6 +96,6 @@ func TestScenario13ClusterLeaderStop(t *testing.T) {
 	dueCheck(t, s, owner, kind, ids, r)
 	r.Print(t)
 	if !ok || r.Lost != 0 || r.DuplicateEffects != 0 {
-		t.Fatalf("lost %d, duplicate effects %d (resolved %v, rows %v)", r.Lost, r.DuplicateEffects, ok, states(s.Ctx, s.Pool, kind))
+		t.Fatalf("lost %d, duplicate effects %d (resolved %v, rows %v)%s", r.Lost, r.DuplicateEffects, ok, states(s.Ctx, s.Pool, kind), timedOut(ok, pace))
 	}
 }
