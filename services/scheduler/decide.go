@@ -45,6 +45,8 @@ func toPolicy(p retrystore.Policy) policy.Policy {
 		RetryableClasses:    classes(p.RetryableClasses),
 		NonRetryableClasses: classes(p.NonRetryableClasses),
 		Enabled:             p.Enabled,
+		MaxHold:             time.Duration(p.MaxHoldMS) * time.Millisecond,
+		MaxRetryAfter:       time.Duration(p.MaxRetryAfterMS) * time.Millisecond,
 	}
 }
 
@@ -83,15 +85,17 @@ func classify(c *errclass.Classifier, e contract.ErrorInfo) errclass.Class {
 	return c.ClassifyMessage(e.Message)
 }
 
-// failure is what a decision needs to know about a failure beyond the row.
+// failure is what a decision needs to know about a failure, or a hold,
+// beyond the row.
 type failure struct {
 	class      errclass.Class
 	message    string
-	reason     string
 	retryAfter *contract.RetryAfter
 	// nonRetryable is the owner's word that this failure is final whatever
 	// its class (contract.ErrorInfo.NonRetryable).
 	nonRetryable bool
+	// hold makes this a hold, decided by its own rules (policy.Hold).
+	hold *policy.Hold
 }
 
 // decider makes retry decisions; shared by the policy stage and the
@@ -112,7 +116,7 @@ func (d *decider) decide(ctx context.Context, q retrystore.Querier, r retrystore
 	}
 	in := policy.Input{
 		Attempt: r.Attempt, RetryCount: r.RetryCount, FailedAt: now, Class: f.class,
-		RetryAfter: f.retryAfter, Throttled: f.reason != "", MaxRetriesOverride: r.MaxRetriesOverride,
+		RetryAfter: f.retryAfter, Hold: f.hold, MaxRetriesOverride: r.MaxRetriesOverride,
 		NonRetryable: f.nonRetryable,
 	}
 	if !r.RetryEnabled {
@@ -139,9 +143,13 @@ func (d *decider) decide(ctx context.Context, q retrystore.Querier, r retrystore
 		hist = append(hist, scheduledEntry(&r, ev, sd, msgID, now))
 		return change{row: &r, history: hist, msgs: []*nats.Msg{msg}, outcome: ev}, nil
 	}
+	message := f.message
+	if out.ExhaustedReason == contract.ExhaustedHoldExpired {
+		message = out.Decision.Note
+	}
 	ed := &contract.ExhaustedData{
 		Kind: r.Kind, ID: r.ItemID, Attempt: r.Attempt, Reason: out.ExhaustedReason,
-		Error:      contract.ErrorInfo{Class: out.Decision.ErrorClass, Message: f.message},
+		Error:      contract.ErrorInfo{Class: out.Decision.ErrorClass, Message: message},
 		RetryCount: out.Decision.RetryCount, MaxRetries: out.Decision.MaxRetries,
 		Policy: out.Decision.Policy, PolicyVersion: out.Decision.PolicyVersion,
 		JobType: r.JobType, Source: r.Source,
