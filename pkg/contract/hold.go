@@ -18,7 +18,11 @@ const (
 
 // Values of ReleasedData.Reason.
 const (
+	// ReleaseResume: an operator resumed a paused source.
 	ReleaseResume = "resume"
+	// ReleaseLimitChanged: an operator changed or removed the limit that
+	// throttled the items (a source's rate limit).
+	ReleaseLimitChanged = "limit_changed"
 )
 
 // HeldData is published by an item's owner on retry.<kind>.held.<id> when
@@ -50,12 +54,13 @@ type HeldData struct {
 
 // ReleasedData is published by an owner on retry.<kind>.released.<hold_key>
 // when what held items under HoldKey lifted early (an operator resumed a
-// paused source). The scheduler makes every item it holds under the key
-// with reason pause due at once, in the order they were first held.
+// paused source or changed its rate limit). The scheduler makes every item
+// it holds under the key due at once, in the order they were first held;
+// the owner looks at each again and holds it again if it must.
 type ReleasedData struct {
 	Kind    string `json:"kind"`
 	HoldKey string `json:"hold_key"`
-	// Reason is ReleaseResume.
+	// Reason is ReleaseResume or ReleaseLimitChanged.
 	Reason string `json:"reason"`
 	// By names who lifted the hold (the API, the CLI, an operator).
 	By string `json:"by,omitempty"`
@@ -110,8 +115,8 @@ func (d ReleasedData) Validate() error {
 	if err := ValidateID("data.hold_key", d.HoldKey); err != nil {
 		return err
 	}
-	if d.Reason != ReleaseResume {
-		return fieldErr("data.reason", fmt.Sprintf("%q is not resume", d.Reason))
+	if d.Reason != ReleaseResume && d.Reason != ReleaseLimitChanged {
+		return fieldErr("data.reason", fmt.Sprintf("%q is not resume or limit_changed", d.Reason))
 	}
 	if len(d.By) > MaxTokenLen {
 		return fieldErr("data.by", fmt.Sprintf("is longer than %d characters", MaxTokenLen))

@@ -87,7 +87,8 @@ const (
 	// DecidedByPause: a pause without an end, held until a release fact
 	// or max_hold.
 	DecidedByPause = "pause"
-	// DecidedByResume: released early by a release fact (a resume).
+	// DecidedByResume: released early by a release fact (a resume, a
+	// limit change).
 	DecidedByResume = "resume"
 	// DecidedByThrottle is what decisions recorded for holds before the
 	// held event existed; it is kept so old history reads the same.

@@ -6,7 +6,7 @@ import (
 	"time"
 )
 
-// RecordRelease remembers that every hold of kind under holdKey lifted at
+// RecordRelease remembers that the holds of kind under holdKey lifted at
 // at (the latest release wins). A hold decided before that time but
 // applied after the release is then released as it is applied (see
 // ReleasedAfter): the release fact cannot reach a row that did not exist
@@ -41,20 +41,20 @@ type Released struct {
 	Last time.Time
 }
 
-// ReleaseHolds makes every scheduled row of kind held with reason pause
-// under holdKey come due now, in one statement: rows are ordered by when
+// ReleaseHolds makes every scheduled row of kind held under holdKey come
+// due now, in one statement: rows are ordered by when
 // their hold began (then by id) and get next_attempt_at now() plus their
 // rank in microseconds, so the due loop emits them in arrival order. Each
 // gets a rescheduled history entry decided by "resume" under msgID. Rows
 // already due by now (released before, or their pause ended) are left
 // alone. q must be a transaction.
-func ReleaseHolds(ctx context.Context, q Querier, kind, holdKey, msgID string) (Released, error) {
+func ReleaseHolds(ctx context.Context, q Querier, kind, holdKey, reason, msgID string) (Released, error) {
 	var out Released
 	var last *time.Time
 	err := q.QueryRow(ctx, `
 WITH held AS (
 	SELECT kind, item_id, held_since, created_at FROM retries
-	WHERE kind = $1 AND hold_key = $2 AND hold_reason = 'pause' AND state = 'scheduled'
+	WHERE kind = $1 AND hold_key = $2 AND held_since IS NOT NULL AND state = 'scheduled'
 	  AND next_attempt_at > now()
 	ORDER BY kind, item_id
 	FOR UPDATE
@@ -65,18 +65,18 @@ WITH held AS (
 	FROM ranked
 	WHERE r.kind = ranked.kind AND r.item_id = ranked.item_id
 	RETURNING r.kind, r.item_id, r.attempt, r.job_type, r.source, r.policy_name, r.policy_version,
-		r.next_attempt_at, r.retry_count, r.max_retries, r.held_since
+		r.next_attempt_at, r.retry_count, r.max_retries, r.held_since, r.hold_reason
 ), hist AS (
 	INSERT INTO retry_history (kind, item_id, attempt, event, job_type, source, delay_ms, decided_by,
 		policy_name, policy_version, next_attempt_at, detail, msg_id, at)
 	SELECT kind, item_id, attempt, 'rescheduled', job_type, source, 0, 'resume', policy_name, policy_version,
-		next_attempt_at, jsonb_build_object('decided_by', 'resume', 'hold_key', $2::text, 'hold_reason', 'pause',
+		next_attempt_at, jsonb_build_object('decided_by', 'resume', 'hold_key', $2::text, 'hold_reason', hold_reason,
 			'held_since', held_since, 'retry_count', retry_count, 'max_retries', max_retries,
-			'note', 'released by a release fact (the hold key was resumed)'),
+			'note', 'released by a release fact ('||$4::text||')'),
 		$3, now()
 	FROM upd
 )
-SELECT count(*), max(next_attempt_at) FROM upd`, kind, holdKey, msgID).Scan(&out.Rows, &last)
+SELECT count(*), max(next_attempt_at) FROM upd`, kind, holdKey, msgID, reason).Scan(&out.Rows, &last)
 	if err != nil {
 		return Released{}, fmt.Errorf("release holds of %s/%s: %w", kind, holdKey, err)
 	}

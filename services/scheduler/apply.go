@@ -18,7 +18,7 @@ import (
 //	failed(n)      row absent, or pending with attempt n -> decided: scheduled(n+1) or exhausted
 //	held(n)        as failed(n), but decided as a hold: scheduled(n+1) with the same
 //	               retry count (budget_base + 1), or exhausted hold_expired
-//	released(key)  every pause hold under key -> due now, in hold order (set-based)
+//	released(key)  every hold under key -> due now, in hold order (set-based)
 //	scheduled(m)   written with the decision
 //	due(m)         scheduled -> due (again: due -> due, one more emission)
 //	succeeded      pending -> succeeded

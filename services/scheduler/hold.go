@@ -58,8 +58,8 @@ func (s *Scheduler) applyHeld(ctx context.Context, tx pgx.Tx, d *decider, row *r
 }
 
 // holdOf is the policy's view of hold hd of row r, decided at heldAt. A
-// pause released at or after heldAt (a resume that overtook this fact)
-// is released already.
+// hold whose key was released at or after heldAt (a resume that overtook
+// this fact) is released already.
 func holdOf(ctx context.Context, q retrystore.Querier, r *retrystore.Retry, hd *contract.HeldData, heldAt time.Time) (*policy.Hold, error) {
 	h := &policy.Hold{Reason: hd.Reason}
 	if r.HeldSince != nil {
@@ -68,7 +68,7 @@ func holdOf(ctx context.Context, q retrystore.Querier, r *retrystore.Retry, hd *
 	if hd.Until != nil {
 		h.Until = *hd.Until
 	}
-	if hd.Reason == contract.HoldPause && hd.HoldKey != "" {
+	if hd.HoldKey != "" {
 		released, err := retrystore.ReleasedAfter(ctx, q, r.Kind, hd.HoldKey, heldAt)
 		if err != nil {
 			return nil, err
@@ -134,8 +134,8 @@ func heldDetail(hd *contract.HeldData) json.RawMessage {
 }
 
 // handleRelease applies a release fact in its own transaction: it is
-// recorded (for holds that overtook it) and every pause hold under its
-// key comes due now, set-based, in the order the items were first held.
+// recorded (for holds that overtook it) and every hold under its key
+// comes due now, set-based, in the order the items were first held.
 // No timer or entry per held item exists anywhere: the rows carry the
 // hold key.
 func (s *Scheduler) handleRelease(ctx context.Context, in inbound) {
@@ -158,7 +158,7 @@ func (s *Scheduler) handleRelease(ctx context.Context, in inbound) {
 		if err := retrystore.RecordRelease(ctx, tx, rd.Kind, rd.HoldKey, rd.ReleasedAt); err != nil {
 			return err
 		}
-		if rel, err = retrystore.ReleaseHolds(ctx, tx, rd.Kind, rd.HoldKey, in.f.msgID); err != nil {
+		if rel, err = retrystore.ReleaseHolds(ctx, tx, rd.Kind, rd.HoldKey, rd.Reason, in.f.msgID); err != nil {
 			return err
 		}
 		if err := tx.Commit(ctx); err != nil {

@@ -242,7 +242,7 @@ func (rb *rebuilder) apply(ctx context.Context, tx pgx.Tx, f fact) error {
 		if err := retrystore.RecordRelease(ctx, tx, rd.Kind, rd.HoldKey, rd.ReleasedAt); err != nil {
 			return err
 		}
-		if _, err := retrystore.ReleaseHolds(ctx, tx, rd.Kind, rd.HoldKey, f.msgID); err != nil {
+		if _, err := retrystore.ReleaseHolds(ctx, tx, rd.Kind, rd.HoldKey, rd.Reason, f.msgID); err != nil {
 			return err
 		}
 		rb.stats.Applied++
