@@ -10,12 +10,12 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/retryd/retryd/pkg/contract"
-	"github.com/retryd/retryd/pkg/errclass"
 	"github.com/retryd/retryd/projections/triggerstore"
 )
 
-// Reasons recorded in status_reason, in the failed events' reason and in
-// the metrics' reason labels.
+// Reasons recorded in status_reason and in the metrics' reason labels.
+// A throttled or concurrency-limited delivery is held (contract.HeldData,
+// reason throttle or concurrency), not failed.
 const (
 	ReasonThrottled         = "trigger_throttled"
 	ReasonMaxConcurrency    = "max_concurrency"
@@ -55,7 +55,7 @@ func newOffer(env contract.Envelope) (offer, error) {
 	return offer{env: env, act: act, raw: raw}, nil
 }
 
-// retryPayload is FailedData.Payload of a held delivery: the scheduler
+// retryPayload is HeldData.Payload of a held delivery: the scheduler
 // keeps it and brings it back on the due event, so a retry has the event
 // without reading the EVENTS stream.
 type retryPayload struct {
@@ -188,27 +188,26 @@ func settle(d *triggerstore.Delivery, t triggerstore.Trigger, o offer, dec decis
 		d.RetryState, d.RetryAttempts = triggerstore.RetryScheduled, attempt
 		d.RetryMetadata = dec.meta
 		d.RetryMetadata["attempt"] = attempt
-		fd := contract.FailedData{
+		hd := contract.HeldData{
 			Kind: contract.KindEventTrigger, ID: d.ID, Attempt: attempt,
-			Error:  contract.ErrorInfo{Class: string(errclass.RateLimit)},
-			Reason: dec.reason, Source: d.Source,
+			Reason: contract.HoldConcurrency, HoldKey: t.ID, Source: d.Source,
+			Detail:   fmt.Sprintf("max concurrency reached: %d runs in flight", t.MaxConcurrency),
 			Metadata: map[string]string{"trigger_id": t.ID, "event_id": d.EventID, "workflow": t.Workflow},
 		}
 		if dec.status == triggerstore.StatusThrottled {
 			d.NextAttemptAt = &dec.retryAfter
-			fd.RetryAfter = contract.RetryAfterAt(dec.retryAfter)
-			fd.Error.Message = fmt.Sprintf("trigger throttled: %d launches per %s", t.ThrottleLimit, t.ThrottleWindow)
-		} else {
-			fd.Error.Message = fmt.Sprintf("max concurrency reached: %d runs in flight", t.MaxConcurrency)
+			until := dec.retryAfter.UTC()
+			hd.Reason, hd.Until = contract.HoldThrottle, &until
+			hd.Detail = fmt.Sprintf("trigger throttled: %d launches per %s", t.ThrottleLimit, t.ThrottleWindow)
 		}
 		if o.raw != nil {
 			p, err := json.Marshal(retryPayload{Event: o.raw})
 			if err != nil {
 				return nil, nil, fmt.Errorf("marshal retry payload: %w", err)
 			}
-			fd.Payload = p
+			hd.Payload = p
 		}
-		msg, err := contract.NewLifecycleMsg(EventSource, contract.Failed, fd, now)
+		msg, err := contract.NewLifecycleMsg(EventSource, contract.Held, hd, now)
 		if err != nil {
 			return nil, nil, err
 		}

@@ -147,11 +147,14 @@ func TestThrottleBurstWithScheduler(t *testing.T) {
 	require.Equal(t, n, first, "the burst launches N at once")
 	require.Equal(t, float64(m-n), counter(t, b.svc.metrics.retrySucceeded, tr.ID), "the rest launch on retries")
 	require.GreaterOrEqual(t, counter(t, b.svc.metrics.throttled, tr.ID), float64(m-n))
-	// The scheduler timed every retry by the window reset.
+	// The scheduler timed every retry by the window reset, as a hold that
+	// used none of the delivery's retries.
 	scheduled := append(b.lifecycle(t, contract.Scheduled), b.lifecycle(t, contract.Rescheduled)...)
 	require.NotEmpty(t, scheduled)
 	for _, e := range scheduled {
-		require.Equal(t, contract.DecidedByThrottle, e.Scheduled.Decision.DecidedBy, "delivery %s attempt %d", e.ID, e.Scheduled.Attempt)
+		require.Equal(t, contract.DecidedByHold, e.Scheduled.Decision.DecidedBy, "delivery %s attempt %d", e.ID, e.Scheduled.Attempt)
+		require.Equal(t, contract.HoldThrottle, e.Scheduled.Decision.HoldReason)
+		require.Zero(t, e.Scheduled.Decision.RetryCount)
 	}
 }
 
@@ -270,4 +273,33 @@ func TestRedeliveriesAndKillWithScheduler(t *testing.T) {
 	require.Eventually(t, func() bool { _, _, done := ex.stats(); return done == m }, eventually, tick)
 	_, maxFlight, _ := ex.stats()
 	require.LessOrEqual(t, maxFlight, 3)
+}
+
+// Throttle windows longer than the policy's max delay, and a burst that
+// waits more windows than the policy allows retries, exhaust nothing:
+// waiting for a slot is not failing. Before holds, the fourth delivery of
+// this burst had used its one retry and was exhausted.
+func TestThrottleHoldsOutlastTheRetryBudget(t *testing.T) {
+	t.Parallel()
+	b := setup(t, true)
+	b.startScheduler(t)
+	_, err := b.pool.Exec(b.ctx, `UPDATE retry_policies SET max_retries = 1, max_delay_ms = 50, base_delay_ms = 20
+		WHERE kind = 'event-trigger' AND job_type = ''`)
+	require.NoError(t, err)
+	ex := b.startExecutor(t, 10*time.Millisecond)
+	const m, window = 4, 400 * time.Millisecond
+	tr := b.createTrigger(t, TriggerInput{ID: "slow", Name: "slow", Source: "shop", EventType: "order.placed",
+		Throttle: &ThrottleInput{Limit: intp(1), Window: window.String()}, Workflow: "fulfil"})
+	for i := range m {
+		b.publishEvent(t, "shop", "order.placed", fmt.Sprintf("slow-%d", i), map[string]any{"i": i})
+	}
+	b.requireAllLaunchedOnce(t, tr.ID, m, ex)
+	var exhausted, retried int
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FILTER (WHERE state = 'exhausted'), count(*) FILTER (WHERE retry_count > 0)
+		FROM retries WHERE kind = 'event-trigger'`).Scan(&exhausted, &retried))
+	require.Zero(t, exhausted)
+	require.Zero(t, retried, "holds used no retry")
+	var maxDelay int64
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT max(delay_ms) FROM retry_history WHERE kind = 'event-trigger' AND decided_by = 'hold'`).Scan(&maxDelay))
+	require.Greater(t, maxDelay, int64(50), "a hold is not capped at the max delay")
 }

@@ -10,7 +10,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/retryd/retryd/pkg/contract"
-	"github.com/retryd/retryd/pkg/errclass"
 	"github.com/retryd/retryd/projections/inbox"
 	"github.com/retryd/retryd/projections/ingressstore"
 	"github.com/retryd/retryd/projections/outbox"
@@ -36,7 +35,7 @@ func (s *Service) reconcileLoop() {
 		tick = time.Minute
 	}
 	var lastPrune time.Time
-	// The first pass runs at start: a restart is when lost failed events
+	// The first pass runs at start: a restart is when lost held events
 	// are most likely to be found.
 	for first := true; first || sleepCtx(ctx, tick); first = false {
 		if s.cfg.ReconcileInterval > 0 {
@@ -56,10 +55,10 @@ func (s *Service) reconcileLoop() {
 	}
 }
 
-// Reconcile publishes the failed event again for held deliveries whose
-// last failed attempt the scheduler has not confirmed for
-// Config.ReconcileAfter: their failed event may have been lost with a
-// purged RETRIES stream or a restored scheduler database. The failed
+// Reconcile publishes the held event again for held deliveries whose
+// last held attempt the scheduler has not confirmed for
+// Config.ReconcileAfter: their held event may have been lost with a
+// purged RETRIES stream or a restored scheduler database. The held
 // event keeps its Nats-Msg-Id, so a scheduler that has it treats the
 // repeat as a duplicate. It returns how many it republished.
 func (s *Service) Reconcile(ctx context.Context) (int, error) {
@@ -81,7 +80,7 @@ func (s *Service) Reconcile(ctx context.Context) (int, error) {
 			n++
 			s.metrics.reconciled.Inc()
 			s.log.Warn().Str("delivery_id", d.ID).Str("trigger_id", d.TriggerID).Int("attempt", d.RetryAttempts).
-				Msg("scheduler never confirmed the retry; failed event published again")
+				Msg("scheduler never confirmed the retry; held event published again")
 		}
 	}
 	if n > 0 {
@@ -104,25 +103,29 @@ func (s *Service) reconcileOne(ctx context.Context, id string) (bool, error) {
 		if err != nil {
 			return err
 		}
-		fd := contract.FailedData{
+		hd := contract.HeldData{
 			Kind: contract.KindEventTrigger, ID: d.ID, Attempt: d.RetryAttempts,
-			Error:  contract.ErrorInfo{Class: string(errclass.RateLimit), Message: "held back by " + d.StatusReason},
-			Reason: d.StatusReason, Source: d.Source,
+			Reason: contract.HoldConcurrency, HoldKey: d.TriggerID, Source: d.Source,
+			Detail:   "held back by " + d.StatusReason,
 			Metadata: map[string]string{"trigger_id": d.TriggerID, "event_id": d.EventID, "reconciled": "true"},
 		}
-		if d.Status == triggerstore.StatusThrottled && d.NextAttemptAt != nil {
-			fd.RetryAfter = contract.RetryAfterAt(*d.NextAttemptAt)
+		if d.Status == triggerstore.StatusThrottled {
+			hd.Reason = contract.HoldThrottle
+			if d.NextAttemptAt != nil {
+				until := d.NextAttemptAt.UTC()
+				hd.Until = &until
+			}
 		}
 		// The original payload went with the lost message; the event is
 		// still in workflow_events when ingress admitted it.
 		if stored, err := ingressstore.GetEvent(ctx, tx, d.EventID); err == nil && len(stored.Envelope) <= maxEmbeddedEnvelopeSize {
 			if p, err := json.Marshal(retryPayload{Event: stored.Envelope}); err == nil {
-				fd.Payload = p
+				hd.Payload = p
 			}
 		} else if err != nil && !errors.Is(err, ingressstore.ErrNotFound) {
 			return err
 		}
-		msg, err := contract.NewLifecycleMsg(EventSource, contract.Failed, fd, now)
+		msg, err := contract.NewLifecycleMsg(EventSource, contract.Held, hd, now)
 		if err != nil {
 			return err
 		}
