@@ -93,6 +93,8 @@ func printPolicy(g *globals, p policyView) error {
 		"Max retries", strconv.Itoa(p.MaxRetries),
 		"Backoff", fmt.Sprintf("%s x%g, capped at %s", msDuration(p.BaseDelayMS), p.Multiplier, msDuration(p.MaxDelayMS)),
 		"Jitter", jitter(p),
+		"Max hold", msDuration(p.MaxHoldMS)+" (a throttled, paused or waiting item is exhausted as hold_expired after it; holds use no retry)",
+		"Max retry-after", msDuration(p.MaxRetryAfterMS)+" (a failure's own retry-after hint is honoured up to it)",
 		"Retryable classes", joinOr(p.RetryableClasses, "(class defaults)"),
 		"Non-retryable classes", joinOr(p.NonRetryableClasses, "(class defaults)"),
 		"Updated", stamp(&p.UpdatedAt, time.Now())+" by "+p.UpdatedBy,
@@ -174,6 +176,8 @@ type policyFlags struct {
 	retryable     []string
 	nonRetryable  []string
 	enabled       bool
+	maxHold       time.Duration
+	maxRetryAfter time.Duration
 	name          string
 	by            string
 	flagsSet      func(name string) bool
@@ -193,6 +197,8 @@ func (pf *policyFlags) register(cmd *cobra.Command, full bool) {
 		f.StringSliceVar(&pf.retryable, "retryable", nil, "classes to retry whatever their default")
 		f.StringSliceVar(&pf.nonRetryable, "non-retryable", nil, "classes never to retry")
 		f.BoolVar(&pf.enabled, "enabled", true, "retries on (--enabled=false turns them off)")
+		f.DurationVar(&pf.maxHold, "max-hold", 0, "how long an item may be held back (throttled, paused, waiting for a slot) before it is exhausted as hold_expired, e.g. 720h")
+		f.DurationVar(&pf.maxRetryAfter, "max-retry-after", 0, "longest retry-after hint of a failure that is honoured, e.g. 24h")
 		f.StringVar(&pf.name, "name", "", "policy name (default kind-job_type)")
 		f.StringVar(&pf.by, "by", "", "who changes it (default api)")
 	}
@@ -243,6 +249,18 @@ func (pf *policyFlags) apply(cmd *cobra.Command, p *policyView) error {
 	if set("name") {
 		p.Name = pf.name
 	}
+	if set("max-hold") {
+		if pf.maxHold < time.Millisecond {
+			return usageErrorf(cmd, "--max-hold must be at least 1ms, got %s", pf.maxHold)
+		}
+		p.MaxHoldMS = pf.maxHold.Milliseconds()
+	}
+	if set("max-retry-after") {
+		if pf.maxRetryAfter < time.Millisecond {
+			return usageErrorf(cmd, "--max-retry-after must be at least 1ms, got %s", pf.maxRetryAfter)
+		}
+		p.MaxRetryAfterMS = pf.maxRetryAfter.Milliseconds()
+	}
 	return nil
 }
 
@@ -287,6 +305,8 @@ needs --max-retries, --base-delay and --max-delay.`,
 				"max_delay_ms": cur.MaxDelayMS, "multiplier": cur.Multiplier, "jitter": cur.Jitter,
 				"jitter_ms": cur.JitterMS, "retryable_classes": nonNil(cur.RetryableClasses),
 				"non_retryable_classes": nonNil(cur.NonRetryableClasses), "enabled": cur.Enabled,
+				// Kept as they are unless given (0 for a new policy: the defaults).
+				"max_hold_ms": cur.MaxHoldMS, "max_retry_after_ms": cur.MaxRetryAfterMS,
 			}
 			if exists {
 				body["version"] = cur.Version // 409 if someone changed it meanwhile

@@ -27,6 +27,9 @@ type retryRow struct {
 	LastErrorAt      *time.Time        `json:"last_error_at"`
 	LastReason       string            `json:"last_reason"`
 	ExhaustedReason  string            `json:"exhausted_reason"`
+	HeldSince        *time.Time        `json:"held_since"`
+	HoldReason       string            `json:"hold_reason"`
+	HoldKey          string            `json:"hold_key"`
 	Metadata         map[string]string `json:"metadata"`
 	CreatedAt        time.Time         `json:"created_at"`
 	UpdatedAt        time.Time         `json:"updated_at"`
@@ -85,6 +88,8 @@ type policyView struct {
 	RetryableClasses    []string  `json:"retryable_classes"`
 	NonRetryableClasses []string  `json:"non_retryable_classes"`
 	Enabled             bool      `json:"enabled"`
+	MaxHoldMS           int64     `json:"max_hold_ms"`
+	MaxRetryAfterMS     int64     `json:"max_retry_after_ms"`
 	UpdatedBy           string    `json:"updated_by"`
 	UpdatedAt           time.Time `json:"updated_at"`
 }
