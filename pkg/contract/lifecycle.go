@@ -66,6 +66,9 @@ type Decision struct {
 	HoldReason string     `json:"hold_reason,omitempty"`
 	HeldSince  *time.Time `json:"held_since,omitempty"`
 	MaxHoldMS  int64      `json:"max_hold_ms,omitempty"`
+	// BackoffClass is set when the error's class has its own backoff in
+	// the policy (class_backoff) and it timed this retry.
+	BackoffClass string `json:"backoff_class,omitempty"`
 	// CappedBy names the limit that shortened the delay asked for:
 	// "max_retry_after" (a failure's retry-after hint) or "max_hold".
 	CappedBy string `json:"capped_by,omitempty"`

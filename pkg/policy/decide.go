@@ -74,8 +74,9 @@ type Outcome struct {
 //  3. RetryCount >= max retries (the item's override wins) => exhausted max_retries;
 //  4. otherwise retry after the retry-after hint capped at MaxRetryAfter
 //     (decided_by retry_after, no jitter; capped_by max_retry_after when
-//     the cap applies), or after Backoff.Delay(RetryCount, r) (decided_by
-//     backoff).
+//     the cap applies), or after the backoff delay of RetryCount for the
+//     error's class (decided_by backoff; the class's own backoff when the
+//     policy gives it one, recorded as backoff_class).
 //
 // A hold (in.Hold set) follows decideHold instead: none of these rules
 // apply to it.
@@ -133,9 +134,15 @@ func Decide(p Policy, in Input, r backoff.Rand) Outcome {
 			dec.Note = fmt.Sprintf("retry-after hint of %dms capped at the max_retry_after of %dms", delayMS(hint), delayMS(delay))
 		}
 	} else {
-		base = p.Backoff.BaseDelay(used)
-		delay, _ = p.Backoff.Delay(used, r)
+		var cb *ClassBackoff
+		base, delay, cb = p.classDelay(class, used, r)
 		dec.DecidedBy = contract.DecidedByBackoff
+		if cb != nil {
+			dec.BackoffClass = string(class)
+			if cb.FirstDelay != nil && used == 0 {
+				dec.Note = fmt.Sprintf("first retry of a %s error: its first_delay of %dms", class, delayMS(delay))
+			}
+		}
 	}
 	dec.BaseDelayMS = delayMS(base)
 	dec.DelayMS = delayMS(delay)

@@ -54,6 +54,9 @@ type Policy struct {
 	// MaxRetryAfter bounds a failure's own retry-after hint, which may be
 	// longer than Backoff.Max; 0 means DefaultMaxRetryAfter.
 	MaxRetryAfter time.Duration
+	// ClassBackoff gives error classes their own backoff (see
+	// ClassBackoff); a class without an entry uses Backoff.
+	ClassBackoff map[errclass.Class]ClassBackoff
 }
 
 func invalid(field, reason string) error {
@@ -97,6 +100,9 @@ func (p Policy) Validate() error {
 		return invalid("max_hold_ms", fmt.Sprintf("must be between 1 and %d (0 for the default of 30 days), got %d", MaxDelay.Milliseconds(), p.MaxHold.Milliseconds()))
 	case p.MaxRetryAfter < 0 || p.MaxRetryAfter > MaxDelay:
 		return invalid("max_retry_after_ms", fmt.Sprintf("must be between 0 and %d, got %d", MaxDelay.Milliseconds(), p.MaxRetryAfter.Milliseconds()))
+	}
+	if err := p.validateClassBackoff(); err != nil {
+		return err
 	}
 	if err := validateClasses("retryable_classes", p.RetryableClasses); err != nil {
 		return err

@@ -103,6 +103,9 @@ type PolicyRequest struct {
 	// retry-after hint (default 24 hours).
 	MaxHoldMS       int64 `json:"max_hold_ms"`
 	MaxRetryAfterMS int64 `json:"max_retry_after_ms"`
+	// ClassBackoff gives error classes (names as in errclass, aliases
+	// accepted) their own backoff; fields left out keep the policy's.
+	ClassBackoff map[string]retrystore.ClassBackoff `json:"class_backoff"`
 	// Version, when set, must be the current version (optimistic
 	// concurrency: 409 if someone changed the policy meanwhile).
 	Version   int    `json:"version"`
@@ -172,6 +175,14 @@ func (req PolicyRequest) policy(kind, jobType string) (retrystore.Policy, error)
 	}
 	if p.NonRetryableClasses, err = parseClasses("non_retryable_classes", req.NonRetryableClasses); err != nil {
 		return retrystore.Policy{}, err
+	}
+	p.ClassBackoff = make(map[string]retrystore.ClassBackoff, len(req.ClassBackoff))
+	for name, cb := range req.ClassBackoff {
+		cl, err := errclass.Parse(name)
+		if err != nil {
+			return retrystore.Policy{}, invalidField("class_backoff", err.Error())
+		}
+		p.ClassBackoff[string(cl)] = cb
 	}
 	return p, nil
 }
