@@ -96,21 +96,26 @@ func TestPoliciesCommands(t *testing.T) {
 	out = b.ok(t, "policies", "set", "job", "cli_new", "--max-hold", "48h", "--max-retry-after", "2h")
 	require.Regexp(t, `Max hold:\s+2d`, out)
 	require.Regexp(t, `Max retry-after:\s+2h`, out)
+	out = b.ok(t, "policies", "set", "job", "cli_new", "--class-backoff", `{"timeout":{"first_delay_ms":0},"rate_limit":{"base_delay_ms":5000}}`)
+	require.Regexp(t, `Class backoff:\s+rate_limit: 5s x2 capped at 10s; timeout: first retry after 0s, then 1s x2 capped at 10s`, out)
+	b.okJSON(t, &p, "policies", "get", "job", "cli_new")
+	require.Len(t, p.ClassBackoff, 2)
 	out = b.ok(t, "policies", "set", "job", "cli_new", "--enabled=false")
 	require.Regexp(t, `Enabled:\s+false`, out)
 	require.Regexp(t, `Max hold:\s+2d`, out, "flags left out keep their value")
+	require.Regexp(t, `Class backoff:\s+rate_limit: 5s`, out, "flags left out keep their value")
 
 	out = b.ok(t, "policies", "versions", "job", "cli_new")
 	lines := strings.Split(strings.TrimSpace(out), "\n")
-	require.Len(t, lines, 5, out)
-	require.Regexp(t, `^4\s+`, lines[1], "newest first")
+	require.Len(t, lines, 6, out)
+	require.Regexp(t, `^5\s+`, lines[1], "newest first")
 	var versions struct {
 		Versions []policyVersion `json:"versions"`
 	}
 	b.okJSON(t, &versions, "policies", "versions", "job", "cli_new")
-	require.Len(t, versions.Versions, 4)
+	require.Len(t, versions.Versions, 5)
 	var v1 map[string]any
-	require.NoError(t, json.Unmarshal(versions.Versions[3].Policy, &v1))
+	require.NoError(t, json.Unmarshal(versions.Versions[4].Policy, &v1))
 	require.EqualValues(t, 2, v1["max_retries"])
 
 	// The kind's default by "_" or by leaving the job type out.
