@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
@@ -315,4 +316,35 @@ func TestE2EManualRetryOfEndedDeferral(t *testing.T) {
 		require.Equal(t, http.StatusOK, b.do(t, http.MethodGet, "/v1/events/"+id, nil, &v))
 		require.Equal(t, "completed", v.Retry.State, id)
 	}
+}
+
+// A burst to a rate-limited source (issue 13, point 3, at a reduced size):
+// every event is admitted once, in arrival order, at most the limit per
+// window, and each held event comes back once, at its own slot, rather
+// than every held event at every window edge.
+func TestE2EThrottledBurstIsAdmittedInOrderOneDueEach(t *testing.T) {
+	t.Parallel()
+	// One message at a time per consumer, so arrival order is the
+	// gate's order.
+	b := setup(t, func(c *ingress.Config) { c.Concurrency = 1 })
+	b.withScheduler(t, 50*time.Millisecond, 100*time.Millisecond, 2)
+	const limit, n = 10, 60
+	b.putSource(t, "stream", map[string]any{"rate_limit": limit, "rate_window": "1s"})
+	all := ids("s", n)
+	for _, id := range all {
+		b.post(t, event(id, "stream", "tick.happened"))
+	}
+	b.requireAdmittedOnce(t, all...)
+
+	var order []string
+	for _, m := range streamMsgs(t, b.ctx, b.js, contract.StreamEvents, "events.stream.") {
+		order = append(order, m.Header.Get(nats.MsgIdHdr))
+	}
+	require.Equal(t, all, order, "admitted in arrival order")
+	require.Zero(t, b.count(t, `SELECT count(*) FROM event_source_windows WHERE source = 'stream' AND admitted > $1`, limit))
+	held := b.count(t, `SELECT count(*) FROM retries WHERE kind = 'event' AND source = 'stream'`)
+	require.Positive(t, held)
+	dues := len(streamMsgs(t, b.ctx, b.js, contract.StreamRetries, "retry.event.due."))
+	require.LessOrEqual(t, float64(dues), 1.1*float64(held), "%d dues for %d held events", dues, held)
+	require.Zero(t, b.count(t, `SELECT count(*) FROM retries WHERE kind = 'event' AND (state = 'exhausted' OR retry_count > 0)`))
 }
