@@ -258,6 +258,7 @@ func TestNATSConfig(t *testing.T) {
 		require.False(t, denied(t, url, certs.CA, "ingress", "pub", "retry.event.held.x"))
 		require.False(t, denied(t, url, certs.CA, "ingress", "pub", "retry.event.released.x"))
 		require.False(t, denied(t, url, certs.CA, "triggers", "pub", "retry.event-trigger.held.x"))
+		require.False(t, denied(t, url, certs.CA, "triggers", "pub", "retry.event-trigger.released.x"))
 		require.False(t, denied(t, url, certs.CA, "worker", "pub", "$JS.API.DIRECT.GET.RETRIES.retry.job.succeeded.x"))
 	})
 }

@@ -23,6 +23,10 @@ const (
 	// ReleaseLimitChanged: an operator changed or removed the limit that
 	// throttled the items (a source's rate limit).
 	ReleaseLimitChanged = "limit_changed"
+	// ReleaseSlotFreed: a run finished and freed a concurrency slot; with
+	// Count 1 and HoldReason concurrency it releases the delivery that has
+	// waited longest.
+	ReleaseSlotFreed = "slot_freed"
 )
 
 // HeldData is published by an item's owner on retry.<kind>.held.<id> when
@@ -65,8 +69,18 @@ type ReleasedData struct {
 	// By names who lifted the hold (the API, the CLI, an operator).
 	By string `json:"by,omitempty"`
 	// ReleasedAt is when the hold lifted, on the owner's database clock:
-	// a hold decided before it and applied after it is released too.
+	// a hold decided before it and applied after it is released too (only
+	// for a release of every hold of the key: Count 0).
 	ReleasedAt time.Time `json:"released_at"`
+	// HoldReason, when set, releases only the holds of that reason.
+	HoldReason string `json:"hold_reason,omitempty"`
+	// Count, when above 0, releases at most that many holds, those held
+	// longest first (a freed slot releases one waiting delivery).
+	Count int `json:"count,omitempty"`
+	// ReleaseID, when set, names the release in its message id instead of
+	// ReleasedAt (e.g. the run whose end freed a slot), so the same
+	// release published twice is stored once.
+	ReleaseID string `json:"release_id,omitempty"`
 }
 
 func (d HeldData) itemKey() (string, string, int) { return d.Kind, d.ID, d.Attempt }
@@ -115,8 +129,23 @@ func (d ReleasedData) Validate() error {
 	if err := ValidateID("data.hold_key", d.HoldKey); err != nil {
 		return err
 	}
-	if d.Reason != ReleaseResume && d.Reason != ReleaseLimitChanged {
-		return fieldErr("data.reason", fmt.Sprintf("%q is not resume or limit_changed", d.Reason))
+	switch d.Reason {
+	case ReleaseResume, ReleaseLimitChanged, ReleaseSlotFreed:
+	default:
+		return fieldErr("data.reason", fmt.Sprintf("%q is not resume, limit_changed or slot_freed", d.Reason))
+	}
+	switch d.HoldReason {
+	case "", HoldThrottle, HoldPause, HoldConcurrency:
+	default:
+		return fieldErr("data.hold_reason", fmt.Sprintf("%q is not throttle, pause or concurrency", d.HoldReason))
+	}
+	if d.Count < 0 || d.Count > 1_000_000 {
+		return fieldErr("data.count", fmt.Sprintf("must be between 0 (all) and 1000000, got %d", d.Count))
+	}
+	if d.ReleaseID != "" {
+		if err := ValidateID("data.release_id", d.ReleaseID); err != nil {
+			return err
+		}
 	}
 	if len(d.By) > MaxTokenLen {
 		return fieldErr("data.by", fmt.Sprintf("is longer than %d characters", MaxTokenLen))
@@ -132,6 +161,14 @@ func (d ReleasedData) Validate() error {
 // same resume published twice is stored once and two resumes are two facts.
 func ReleasedMsgID(kind, holdKey string, releasedAt time.Time) string {
 	return kind + "-released:" + holdKey + ":" + strconv.FormatInt(releasedAt.UnixMicro(), 10)
+}
+
+// releasedMsgID is the message id of d: by its ReleaseID when it has one.
+func releasedMsgID(d ReleasedData) string {
+	if d.ReleaseID != "" {
+		return d.Kind + "-released:" + d.HoldKey + ":" + d.ReleaseID
+	}
+	return ReleasedMsgID(d.Kind, d.HoldKey, d.ReleasedAt)
 }
 
 // LegacyHoldReason maps the FailedData.Reason values owners published for

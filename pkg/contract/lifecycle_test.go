@@ -62,6 +62,9 @@ func lifecycleSamples() map[contract.Lifecycle]any {
 // sampleMsgID is the Nats-Msg-Id NewLifecycleMsg gives a sample.
 func sampleMsgID(ev contract.Lifecycle, data any) string {
 	if rd, ok := data.(contract.ReleasedData); ok {
+		if rd.ReleaseID != "" {
+			return rd.Kind + "-released:" + rd.HoldKey + ":" + rd.ReleaseID
+		}
 		return contract.ReleasedMsgID(rd.Kind, rd.HoldKey, rd.ReleasedAt)
 	}
 	kind, id, attempt := itemOf(data)
@@ -191,6 +194,9 @@ func TestNewLifecycleMsgRefuses(t *testing.T) {
 		{"release without key", contract.Released, contract.ReleasedData{Kind: "event", Reason: "resume", ReleasedAt: now}, contract.ErrInvalid, "data.hold_key"},
 		{"release without time", contract.Released, contract.ReleasedData{Kind: "event", HoldKey: "shop", Reason: "resume"}, contract.ErrInvalid, "data.released_at"},
 		{"release reason unknown", contract.Released, contract.ReleasedData{Kind: "event", HoldKey: "shop", Reason: "done", ReleasedAt: now}, contract.ErrInvalid, "data.reason"},
+		{"release hold reason unknown", contract.Released, contract.ReleasedData{Kind: "event", HoldKey: "shop", Reason: "resume", ReleasedAt: now, HoldReason: "nap"}, contract.ErrInvalid, "data.hold_reason"},
+		{"release count negative", contract.Released, contract.ReleasedData{Kind: "event", HoldKey: "shop", Reason: "resume", ReleasedAt: now, Count: -1}, contract.ErrInvalid, "data.count"},
+		{"release id not an id", contract.Released, contract.ReleasedData{Kind: "event", HoldKey: "shop", Reason: "resume", ReleasedAt: now, ReleaseID: "a.b"}, contract.ErrInvalid, "data.release_id"},
 		{"bad source", contract.Failed, contract.FailedData{Kind: "event", ID: "e1", Attempt: 1, Source: "a.b"}, contract.ErrInvalid, "data.source"},
 		{"max retries", contract.Failed, contract.FailedData{Kind: "job", ID: "e1", Attempt: 1, MaxRetries: intPtr(-1)}, contract.ErrInvalid, "data.max_retries"},
 		{"payload not json", contract.Failed, contract.FailedData{Kind: "job", ID: "e1", Attempt: 1, Payload: json.RawMessage(`{`)}, contract.ErrInvalid, "data.payload"},
@@ -348,4 +354,17 @@ func TestReleasedMsgID(t *testing.T) {
 	at := time.Date(2026, 1, 2, 3, 4, 5, 6000, time.UTC)
 	require.Equal(t, "event-released:shop:1767323045000006", contract.ReleasedMsgID("event", "shop", at))
 	require.NotEqual(t, contract.ReleasedMsgID("event", "shop", at), contract.ReleasedMsgID("event", "shop", at.Add(time.Microsecond)))
+}
+
+// A freed slot's release is named by the run that freed it.
+func TestReleasedByIDRoundTrip(t *testing.T) {
+	t.Parallel()
+	d := contract.ReleasedData{Kind: contract.KindEventTrigger, HoldKey: "t1", Reason: contract.ReleaseSlotFreed,
+		ReleasedAt: now, HoldReason: contract.HoldConcurrency, Count: 1, ReleaseID: "run-d1"}
+	msg, err := contract.NewLifecycleMsg("retryd/triggers", contract.Released, d, now)
+	require.NoError(t, err)
+	require.Equal(t, "event-trigger-released:t1:run-d1", msg.Header.Get(contract.HeaderMsgID))
+	got, err := contract.DecodeLifecycle(msg.Subject, msg.Data)
+	require.NoError(t, err)
+	require.Equal(t, d, *got.Released)
 }

@@ -43,7 +43,7 @@ func NewLifecycleMsg(source string, ev Lifecycle, data item, now time.Time) (*na
 	}
 	msgID := LifecycleMsgID(kind, ev, id, attempt)
 	if rd, ok := releasedData(data); ok {
-		msgID = ReleasedMsgID(rd.Kind, rd.HoldKey, rd.ReleasedAt)
+		msgID = releasedMsgID(rd)
 	}
 	env := Envelope{
 		SpecVersion:     SpecVersion,

@@ -48,15 +48,19 @@ type Released struct {
 // gets a rescheduled history entry decided by "resume" under msgID. Rows
 // already due by now (released before, or their pause ended) are left
 // alone. q must be a transaction.
-func ReleaseHolds(ctx context.Context, q Querier, kind, holdKey, reason, msgID string) (Released, error) {
+//
+// holdReason, when not empty, releases only holds of that reason; limit,
+// when above 0, releases at most that many, those held longest first.
+func ReleaseHolds(ctx context.Context, q Querier, kind, holdKey, reason, msgID, holdReason string, limit int) (Released, error) {
 	var out Released
 	var last *time.Time
 	err := q.QueryRow(ctx, `
 WITH held AS (
 	SELECT kind, item_id, held_since, created_at FROM retries
 	WHERE kind = $1 AND hold_key = $2 AND held_since IS NOT NULL AND state = 'scheduled'
-	  AND next_attempt_at > now()
-	ORDER BY kind, item_id
+	  AND next_attempt_at > now() AND ($5 = '' OR hold_reason = $5)
+	ORDER BY held_since, created_at, item_id
+	LIMIT nullif($6::int, 0)
 	FOR UPDATE
 ), ranked AS (
 	SELECT kind, item_id, row_number() OVER (ORDER BY held_since NULLS LAST, created_at, item_id) AS n FROM held
@@ -76,7 +80,7 @@ WITH held AS (
 		$3, now()
 	FROM upd
 )
-SELECT count(*), max(next_attempt_at) FROM upd`, kind, holdKey, msgID, reason).Scan(&out.Rows, &last)
+SELECT count(*), max(next_attempt_at) FROM upd`, kind, holdKey, msgID, reason, holdReason, limit).Scan(&out.Rows, &last)
 	if err != nil {
 		return Released{}, fmt.Errorf("release holds of %s/%s: %w", kind, holdKey, err)
 	}

@@ -84,6 +84,19 @@ func CountInFlight(ctx context.Context, db DB, triggerID string) (int, error) {
 	return n, nil
 }
 
+// WaitingForSlot reports whether deliveries of the trigger are held
+// waiting for a concurrency slot: a new delivery then queues behind them,
+// so the slots go oldest first.
+func WaitingForSlot(ctx context.Context, db DB, triggerID string) (bool, error) {
+	var waiting bool
+	if err := db.QueryRow(ctx, `
+		SELECT EXISTS (SELECT 1 FROM workflow_trigger_deliveries
+		WHERE trigger_id = $1 AND status = 'concurrency_limited' AND retry_state = 'scheduled')`, triggerID).Scan(&waiting); err != nil {
+		return false, fmt.Errorf("look for deliveries waiting for a slot: %w", err)
+	}
+	return waiting, nil
+}
+
 // maxRunError bounds the error text kept for a failed run.
 const maxRunError = 1024
 

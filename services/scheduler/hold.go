@@ -155,10 +155,15 @@ func (s *Scheduler) handleRelease(ctx context.Context, in inbound) {
 		if duplicate = !first; duplicate {
 			return nil
 		}
+		// A hold decided before this release and applied after it is
+		// released as it is applied. For a partial release (a freed slot)
+		// that may release one more than the count: it looks again and
+		// waits again, which costs a due and no retry, where missing it
+		// would leave it waiting for its backoff.
 		if err := retrystore.RecordRelease(ctx, tx, rd.Kind, rd.HoldKey, rd.ReleasedAt); err != nil {
 			return err
 		}
-		if rel, err = retrystore.ReleaseHolds(ctx, tx, rd.Kind, rd.HoldKey, rd.Reason, in.f.msgID); err != nil {
+		if rel, err = retrystore.ReleaseHolds(ctx, tx, rd.Kind, rd.HoldKey, rd.Reason, in.f.msgID, rd.HoldReason, rd.Count); err != nil {
 			return err
 		}
 		if err := tx.Commit(ctx); err != nil {

@@ -239,10 +239,15 @@ func (rb *rebuilder) apply(ctx context.Context, tx pgx.Tx, f fact) error {
 	if rd := ev.Released; rd != nil {
 		// As live: remembered for later holds, and the holds recorded so
 		// far come due (their dues, if the stream has them, follow).
+		// A hold decided before this release and applied after it is
+		// released as it is applied. For a partial release (a freed slot)
+		// that may release one more than the count: it looks again and
+		// waits again, which costs a due and no retry, where missing it
+		// would leave it waiting for its backoff.
 		if err := retrystore.RecordRelease(ctx, tx, rd.Kind, rd.HoldKey, rd.ReleasedAt); err != nil {
 			return err
 		}
-		if _, err := retrystore.ReleaseHolds(ctx, tx, rd.Kind, rd.HoldKey, rd.Reason, f.msgID); err != nil {
+		if _, err := retrystore.ReleaseHolds(ctx, tx, rd.Kind, rd.HoldKey, rd.Reason, f.msgID, rd.HoldReason, rd.Count); err != nil {
 			return err
 		}
 		rb.stats.Applied++

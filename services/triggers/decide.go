@@ -70,6 +70,9 @@ type decision struct {
 	// retryAfter is when a throttle slot frees (zero for other outcomes).
 	retryAfter time.Time
 	meta       map[string]any
+	// releaseWaiting: a slot is free but older deliveries wait for one;
+	// this delivery queues and the oldest waiting one is released.
+	releaseWaiting bool
 }
 
 // programsFor returns the compiled programs of a trigger version, from the
@@ -98,8 +101,9 @@ func (s *Service) programsFor(t triggerstore.Trigger) (compiled, error) {
 // decide evaluates the predicate and the limits of a locked trigger for
 // one delivery at the database time now. The throttle counts launches of
 // other deliveries only: the delivery's own earlier held record never
-// counts against it.
-func (s *Service) decide(ctx context.Context, tx pgx.Tx, t triggerstore.Trigger, o offer, deliveryID string, now time.Time) (decision, error) {
+// counts against it. A fresh delivery (its first offer) queues behind
+// deliveries already waiting for a concurrency slot.
+func (s *Service) decide(ctx context.Context, tx pgx.Tx, t triggerstore.Trigger, o offer, deliveryID string, now time.Time, fresh bool) (decision, error) {
 	progs, err := s.programsFor(t)
 	if err != nil {
 		s.log.Error().Err(err).Str("trigger_id", t.ID).Int("version", t.Version).Msg("stored trigger definition does not compile")
@@ -141,10 +145,17 @@ func (s *Service) decide(ctx context.Context, tx pgx.Tx, t triggerstore.Trigger,
 		if err != nil {
 			return decision{}, err
 		}
-		if n >= t.MaxConcurrency {
-			return decision{status: triggerstore.StatusConcurrencyLimited, reason: ReasonMaxConcurrency, key: key, meta: map[string]any{
-				"reason": ReasonMaxConcurrency, "max_concurrency": t.MaxConcurrency, "in_flight": n, "trigger_version": t.Version,
-			}}, nil
+		queue := false
+		if fresh && n < t.MaxConcurrency {
+			if queue, err = triggerstore.WaitingForSlot(ctx, tx, t.ID); err != nil {
+				return decision{}, err
+			}
+		}
+		if n >= t.MaxConcurrency || queue {
+			return decision{status: triggerstore.StatusConcurrencyLimited, reason: ReasonMaxConcurrency, key: key, releaseWaiting: queue,
+				meta: map[string]any{
+					"reason": ReasonMaxConcurrency, "max_concurrency": t.MaxConcurrency, "in_flight": n, "trigger_version": t.Version,
+				}}, nil
 		}
 	}
 	return decision{status: triggerstore.StatusLaunched, key: key}, nil
@@ -210,6 +221,20 @@ func settle(d *triggerstore.Delivery, t triggerstore.Trigger, o offer, dec decis
 		msg, err := contract.NewLifecycleMsg(EventSource, contract.Held, hd, now)
 		if err != nil {
 			return nil, nil, err
+		}
+		if dec.releaseWaiting {
+			// A slot is free: the delivery that waited longest takes it.
+			rel, err := contract.NewLifecycleMsg(EventSource, contract.Released, contract.ReleasedData{
+				Kind: contract.KindEventTrigger, HoldKey: t.ID, Reason: contract.ReleaseSlotFreed, By: cancelledBy,
+				// Just before this delivery's own hold, which must not
+				// count as overtaken by the release.
+				ReleasedAt: now.Add(-time.Microsecond).UTC(), HoldReason: contract.HoldConcurrency, Count: 1,
+				ReleaseID: "queued-" + d.ID,
+			}, now)
+			if err != nil {
+				return nil, nil, err
+			}
+			return nil, []*nats.Msg{msg, rel}, nil
 		}
 		return nil, []*nats.Msg{msg}, nil
 	default:

@@ -303,3 +303,54 @@ func TestThrottleHoldsOutlastTheRetryBudget(t *testing.T) {
 	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT max(delay_ms) FROM retry_history WHERE kind = 'event-trigger' AND decided_by = 'hold'`).Scan(&maxDelay))
 	require.Greater(t, maxDelay, int64(50), "a hold is not capped at the max delay")
 }
+
+// A finished run frees its slot and releases the delivery that has waited
+// longest at once: with a backoff of a minute, four deliveries through one
+// slot launch in seconds, oldest first, each within a second of the slot
+// freeing.
+func TestFreedSlotReleasesTheOldestWaitingDelivery(t *testing.T) {
+	t.Parallel()
+	b := setup(t, true)
+	b.startScheduler(t)
+	_, err := b.pool.Exec(b.ctx, `UPDATE retry_policies SET base_delay_ms = 60000, max_delay_ms = 60000
+		WHERE kind = 'event-trigger' AND job_type = ''`)
+	require.NoError(t, err)
+	ex := b.startExecutor(t, 100*time.Millisecond)
+	tr := b.createTrigger(t, TriggerInput{ID: "one", Name: "one", Source: "crm", EventType: "lead.created",
+		MaxConcurrency: intp(1), Workflow: "enrich"})
+	const m = 4
+	for i := range m {
+		b.publishEvent(t, "crm", "lead.created", fmt.Sprintf("one-%d", i), map[string]any{"i": i})
+		// One at a time, so "oldest" is the publishing order.
+		b.waitDelivery(t, DeliveryID(fmt.Sprintf("one-%d", i), tr.ID), func(d triggerstore.Delivery) bool { return true })
+	}
+	b.requireAllLaunchedOnce(t, tr.ID, m, ex)
+
+	ds := launches(t, b, tr.ID)
+	for i, d := range ds {
+		require.Equal(t, fmt.Sprintf("one-%d", i), d.EventID, "launched oldest first")
+	}
+	require.Eventually(t, func() bool {
+		n, err := triggerstore.CountInFlight(b.ctx, b.pool, tr.ID)
+		return err == nil && n == 0
+	}, eventually, tick)
+	rows, err := b.pool.Query(b.ctx, `SELECT d.event_id, r.requested_at, r.finished_at FROM workflow_runs r
+		JOIN workflow_trigger_deliveries d ON d.run_id = r.run_id WHERE r.trigger_id = $1 ORDER BY r.requested_at`, tr.ID)
+	require.NoError(t, err)
+	type span struct{ from, to time.Time }
+	var spans []span
+	for rows.Next() {
+		var id string
+		var sp span
+		require.NoError(t, rows.Scan(&id, &sp.from, &sp.to))
+		spans = append(spans, sp)
+	}
+	require.NoError(t, rows.Err())
+	require.Len(t, spans, m)
+	for i := 1; i < m; i++ {
+		require.Less(t, spans[i].from.Sub(spans[i-1].to), time.Second, "run %d launched within 1s of the slot freeing", i)
+	}
+	var resumed int
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM retry_history WHERE kind = 'event-trigger' AND decided_by = 'resume'`).Scan(&resumed))
+	require.GreaterOrEqual(t, resumed, m-1, "each waiting delivery was released by a freed slot (a hold that overtook a release is released too)")
+}

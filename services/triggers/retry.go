@@ -134,7 +134,7 @@ func (s *Service) handleDue(ctx context.Context, msg jetstream.Msg) error {
 			msgs, err = cancelRetry(&d, triggerstore.StatusCancelled, reason, due.Attempt, now)
 		} else {
 			var dec decision
-			if dec, err = s.decide(ctx, tx, t, o, d.ID, now); err != nil {
+			if dec, err = s.decide(ctx, tx, t, o, d.ID, now, false); err != nil {
 				return err
 			}
 			run, msgs, err = settle(&d, t, o, dec, due.Attempt, now)
