@@ -354,3 +354,44 @@ func TestFreedSlotReleasesTheOldestWaitingDelivery(t *testing.T) {
 	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM retry_history WHERE kind = 'event-trigger' AND decided_by = 'resume'`).Scan(&resumed))
 	require.GreaterOrEqual(t, resumed, m-1, "each waiting delivery was released by a freed slot (a hold that overtook a release is released too)")
 }
+
+// A run whose completion never arrives holds its slot only for the run
+// timeout: then it is failed as run_timeout (on the run and its delivery)
+// and the delivery that waited longest launches.
+func TestRunTimeoutFreesTheSlot(t *testing.T) {
+	t.Parallel()
+	b := setup(t, true, func(c *Config) {
+		c.RunTimeout = 500 * time.Millisecond
+		c.ReconcileInterval = 100 * time.Millisecond
+	})
+	b.startScheduler(t)
+	_, err := b.pool.Exec(b.ctx, `UPDATE retry_policies SET base_delay_ms = 60000, max_delay_ms = 60000
+		WHERE kind = 'event-trigger' AND job_type = ''`)
+	require.NoError(t, err)
+	// No executor: no run ever reports its end.
+	tr := b.createTrigger(t, TriggerInput{ID: "stuck", Name: "stuck", Source: "crm", EventType: "lead.created",
+		MaxConcurrency: intp(1), Workflow: "enrich"})
+	first, second := DeliveryID("stuck-0", tr.ID), DeliveryID("stuck-1", tr.ID)
+	b.publishEvent(t, "crm", "lead.created", "stuck-0", map[string]any{})
+	d0 := b.waitDelivery(t, first, func(d triggerstore.Delivery) bool { return d.Status == triggerstore.StatusLaunched })
+	b.publishEvent(t, "crm", "lead.created", "stuck-1", map[string]any{})
+	b.waitDelivery(t, second, func(d triggerstore.Delivery) bool { return d.Status == triggerstore.StatusConcurrencyLimited })
+
+	b.waitDelivery(t, second, func(d triggerstore.Delivery) bool { return d.Status == triggerstore.StatusLaunched })
+	run, err := triggerstore.GetRun(b.ctx, b.pool, d0.RunID)
+	require.NoError(t, err)
+	require.Equal(t, triggerstore.RunFailed, run.Status)
+	require.Equal(t, triggerstore.RunTimeoutReason, run.Error)
+	require.GreaterOrEqual(t, run.FinishedAt.Sub(run.RequestedAt), 500*time.Millisecond, "not before the run timeout")
+	d0, err = triggerstore.GetDelivery(b.ctx, b.pool, first)
+	require.NoError(t, err)
+	require.Equal(t, triggerstore.RunTimeoutReason, d0.StatusReason)
+	require.Equal(t, 1.0, counter(t, b.svc.metrics.runsFinished, tr.ID, triggerstore.RunTimeoutReason))
+
+	// A completion that arrives after the timeout changes nothing.
+	b.publishRunFinished(t, "enrich", d0.RunID, contract.RunCompleted)
+	b.settled(t, contract.StreamRuns, ConsumerRuns)
+	run, err = triggerstore.GetRun(b.ctx, b.pool, d0.RunID)
+	require.NoError(t, err)
+	require.Equal(t, triggerstore.RunFailed, run.Status)
+}

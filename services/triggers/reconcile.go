@@ -43,6 +43,9 @@ func (s *Service) reconcileLoop() {
 				s.log.Error().Err(err).Msg("reconcile held deliveries")
 			}
 		}
+		if _, err := s.ExpireRuns(ctx); err != nil && ctx.Err() == nil {
+			s.log.Error().Err(err).Msg("expire runs")
+		}
 		if s.cfg.InboxRetention > 0 && time.Since(lastPrune) >= time.Hour {
 			lastPrune = time.Now()
 			n, err := inbox.Prune(ctx, s.cfg.Pool, s.cfg.InboxRetention, ConsumerEvents, ConsumerRetry, ConsumerRetryState, ConsumerRuns)
@@ -136,4 +139,44 @@ func (s *Service) reconcileOne(ctx context.Context, id string) (bool, error) {
 		return triggerstore.TouchDelivery(ctx, tx, d.ID)
 	})
 	return done, err
+}
+
+// ExpireRuns fails, as run_timeout, the runs that have held their
+// concurrency slot longer than Config.RunTimeout without a completed or
+// failed message (a lost message, an executor that died), and releases
+// one waiting delivery per slot freed, in the same transaction. It
+// returns how many runs it failed.
+func (s *Service) ExpireRuns(ctx context.Context) (int, error) {
+	var runs []triggerstore.Run
+	err := pgx.BeginFunc(ctx, s.cfg.Pool, func(tx pgx.Tx) error {
+		now, err := triggerstore.Now(ctx, tx)
+		if err != nil {
+			return err
+		}
+		if runs, err = triggerstore.ExpireRuns(ctx, tx, now.Add(-s.cfg.RunTimeout), reconcileBatch); err != nil {
+			return err
+		}
+		for _, r := range runs {
+			if r.TriggerID == "" {
+				continue
+			}
+			if err := s.releaseSlot(ctx, tx, r); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, fmt.Errorf("expire runs: %w", err)
+	}
+	if len(runs) > 0 {
+		s.kick()
+	}
+	for _, r := range runs {
+		s.metrics.runsFinished.WithLabelValues(r.TriggerID, triggerstore.RunTimeoutReason).Inc()
+		s.log.Warn().Str("run_id", r.ID).Str("workflow", r.Workflow).Str("trigger_id", r.TriggerID).
+			Str("delivery_id", r.DeliveryID).Dur("run_timeout", s.cfg.RunTimeout).
+			Msg("run never reported its end: failed as run_timeout, its slot freed")
+	}
+	return len(runs), nil
 }
