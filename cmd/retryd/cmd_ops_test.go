@@ -34,6 +34,27 @@ func TestSimulate(t *testing.T) {
 		require.Equal(t, simulatedStep{Retry: 3, Attempt: 4, BaseDelayMS: 4000, MinDelayMS: 0, MaxDelayMS: 4000,
 			CumulativeMinMS: 0, CumulativeMaxMS: 7000}, sim.Steps[2])
 
+		// A backoff per error class: each class's schedule after the
+		// policy's; --class shows one.
+		classes := `{"rate_limit":{"base_delay_ms":60000,"max_delay_ms":3600000,"jitter":"none"},"timeout":{"first_delay_ms":0}}`
+		r = cli(t, "simulate", "--base-delay", "1s", "--jitter", "none", "--max-retries", "3", "--class-backoff", classes)
+		require.Equal(t, exitOK, r.code, r.stderr)
+		require.Contains(t, r.stdout, "Errors of class rate_limit (their own backoff)")
+		require.Regexp(t, `(?s)class rate_limit.*3\s+4\s+4m\s+4m\s+7m`, r.stdout)
+		require.Regexp(t, `(?s)class timeout.*1\s+2\s+0s\s+0s\s+0s\s+2\s+3\s+2s\s+2s\s+2s`, r.stdout)
+		r = cli(t, "simulate", "--base-delay", "1s", "--jitter", "none", "--max-retries", "2", "--class-backoff", classes, "--class", "timeout", "--json")
+		require.Equal(t, exitOK, r.code, r.stderr)
+		sim = simulationOut{}
+		require.NoError(t, json.Unmarshal([]byte(r.stdout), &sim))
+		require.Contains(t, sim.Policy, "errors of class timeout")
+		require.Equal(t, []int64{0, 2000}, []int64{sim.Steps[0].MaxDelayMS, sim.Steps[1].MaxDelayMS})
+		r = cli(t, "simulate", "--max-retries", "2", "--class-backoff", classes, "--json")
+		require.Equal(t, exitOK, r.code, r.stderr)
+		sim = simulationOut{}
+		require.NoError(t, json.Unmarshal([]byte(r.stdout), &sim))
+		require.Len(t, sim.Classes, 2)
+		require.EqualValues(t, 60000, sim.Classes["rate_limit"][0].MaxDelayMS)
+
 		r = cli(t, "simulate", "--max-retries", "0")
 		require.Equal(t, exitOK, r.code)
 		require.Contains(t, r.stdout, "No retries: the first failure is final.")
@@ -44,6 +65,10 @@ func TestSimulate(t *testing.T) {
 			{"simulate", "--base-delay", "10s", "--max-delay", "1s"},
 			{"simulate", "--jitter", "sometimes"},
 			{"simulate", "--retries", "5000"},
+			{"simulate", "--class-backoff", "rate_limit=1m"},
+			{"simulate", "--class-backoff", `{"slow":{}}`},
+			{"simulate", "--class-backoff", `{"network":{"base_delay_ms":3600000}}`},
+			{"simulate", "--class", "sometimes"},
 		} {
 			r := cli(t, args...)
 			require.Equal(t, exitUsage, r.code, "%v: %s", args, r.stderr)

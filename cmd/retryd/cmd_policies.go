@@ -93,6 +93,9 @@ func printPolicy(g *globals, p policyView) error {
 		"Max retries", strconv.Itoa(p.MaxRetries),
 		"Backoff", fmt.Sprintf("%s x%g, capped at %s", msDuration(p.BaseDelayMS), p.Multiplier, msDuration(p.MaxDelayMS)),
 		"Jitter", jitter(p),
+		"Class backoff", describeClassBackoff(p),
+		"Max hold", msDuration(p.MaxHoldMS)+" (a throttled, paused or waiting item is exhausted as hold_expired after it; holds use no retry)",
+		"Max retry-after", msDuration(p.MaxRetryAfterMS)+" (a failure's own retry-after hint is honoured up to it)",
 		"Retryable classes", joinOr(p.RetryableClasses, "(class defaults)"),
 		"Non-retryable classes", joinOr(p.NonRetryableClasses, "(class defaults)"),
 		"Updated", stamp(&p.UpdatedAt, time.Now())+" by "+p.UpdatedBy,
@@ -174,6 +177,9 @@ type policyFlags struct {
 	retryable     []string
 	nonRetryable  []string
 	enabled       bool
+	maxHold       time.Duration
+	maxRetryAfter time.Duration
+	classBackoff  string
 	name          string
 	by            string
 	flagsSet      func(name string) bool
@@ -188,11 +194,14 @@ func (pf *policyFlags) register(cmd *cobra.Command, full bool) {
 	f.Float64Var(&pf.multiplier, "multiplier", 0, "growth factor per retry (>= 1)")
 	f.StringVar(&pf.jitter, "jitter", "", "jitter mode: none, full, equal or additive")
 	f.DurationVar(&pf.jitterMax, "jitter-max", 0, "largest additive jitter, e.g. 1s")
+	f.StringVar(&pf.classBackoff, "class-backoff", "", `backoff per error class, as JSON: '{"rate_limit":{"base_delay_ms":60000,"max_delay_ms":3600000},"timeout":{"first_delay_ms":0}}' ('{}' for none)`)
 	if full {
 		pf.withClassFlag = true
 		f.StringSliceVar(&pf.retryable, "retryable", nil, "classes to retry whatever their default")
 		f.StringSliceVar(&pf.nonRetryable, "non-retryable", nil, "classes never to retry")
 		f.BoolVar(&pf.enabled, "enabled", true, "retries on (--enabled=false turns them off)")
+		f.DurationVar(&pf.maxHold, "max-hold", 0, "how long an item may be held back (throttled, paused, waiting for a slot) before it is exhausted as hold_expired, e.g. 720h")
+		f.DurationVar(&pf.maxRetryAfter, "max-retry-after", 0, "longest retry-after hint of a failure that is honoured, e.g. 24h")
 		f.StringVar(&pf.name, "name", "", "policy name (default kind-job_type)")
 		f.StringVar(&pf.by, "by", "", "who changes it (default api)")
 	}
@@ -228,6 +237,13 @@ func (pf *policyFlags) apply(cmd *cobra.Command, p *policyView) error {
 	if set("jitter-max") {
 		p.JitterMS = pf.jitterMax.Milliseconds()
 	}
+	if set("class-backoff") {
+		cb, err := parseClassBackoff(pf.classBackoff)
+		if err != nil {
+			return usageErrorf(cmd, "--class-backoff: %v", err)
+		}
+		p.ClassBackoff = cb
+	}
 	if !pf.withClassFlag {
 		return nil
 	}
@@ -242,6 +258,18 @@ func (pf *policyFlags) apply(cmd *cobra.Command, p *policyView) error {
 	}
 	if set("name") {
 		p.Name = pf.name
+	}
+	if set("max-hold") {
+		if pf.maxHold < time.Millisecond {
+			return usageErrorf(cmd, "--max-hold must be at least 1ms, got %s", pf.maxHold)
+		}
+		p.MaxHoldMS = pf.maxHold.Milliseconds()
+	}
+	if set("max-retry-after") {
+		if pf.maxRetryAfter < time.Millisecond {
+			return usageErrorf(cmd, "--max-retry-after must be at least 1ms, got %s", pf.maxRetryAfter)
+		}
+		p.MaxRetryAfterMS = pf.maxRetryAfter.Milliseconds()
 	}
 	return nil
 }
@@ -287,6 +315,9 @@ needs --max-retries, --base-delay and --max-delay.`,
 				"max_delay_ms": cur.MaxDelayMS, "multiplier": cur.Multiplier, "jitter": cur.Jitter,
 				"jitter_ms": cur.JitterMS, "retryable_classes": nonNil(cur.RetryableClasses),
 				"non_retryable_classes": nonNil(cur.NonRetryableClasses), "enabled": cur.Enabled,
+				// Kept as they are unless given (0 for a new policy: the defaults).
+				"max_hold_ms": cur.MaxHoldMS, "max_retry_after_ms": cur.MaxRetryAfterMS,
+				"class_backoff": nonNilClasses(cur.ClassBackoff),
 			}
 			if exists {
 				body["version"] = cur.Version // 409 if someone changed it meanwhile
@@ -315,4 +346,11 @@ func nonNil(s []string) []string {
 		return []string{}
 	}
 	return s
+}
+
+func nonNilClasses(m map[string]classBackoffView) map[string]classBackoffView {
+	if m == nil {
+		return map[string]classBackoffView{}
+	}
+	return m
 }

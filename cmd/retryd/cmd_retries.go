@@ -192,6 +192,13 @@ func printRetry(g *globals, v retryView) error {
 	if r.LastReason != "" {
 		pairs = append(pairs, "Last reason", r.LastReason)
 	}
+	if r.HeldSince != nil && (r.State == "scheduled" || r.State == "due") {
+		held := r.HoldReason + " since " + stamp(r.HeldSince, now)
+		if r.HoldKey != "" {
+			held += ", hold key " + r.HoldKey
+		}
+		pairs = append(pairs, "Held", held+" (uses no retry)")
+	}
 	if r.ExhaustedReason != "" {
 		pairs = append(pairs, "Exhausted", r.ExhaustedReason)
 	}
@@ -237,7 +244,11 @@ func historyDetail(h historyEntry) string {
 		return ""
 	}
 	var parts []string
-	for _, k := range []string{"note", "reason", "by"} {
+	// A hold: what held it, and for how long a hold may last.
+	if hr, ok := d["hold_reason"].(string); ok && hr != "" {
+		parts = append(parts, "held: "+hr)
+	}
+	for _, k := range []string{"note", "detail", "reason", "by"} {
 		if s, ok := d[k].(string); ok && s != "" {
 			parts = append(parts, s)
 		}
@@ -250,6 +261,9 @@ func historyDetail(h historyEntry) string {
 		}
 		if ra, ok := d["retry_after_ms"].(float64); ok {
 			s += ", retry-after " + msDuration(int64(ra))
+		}
+		if c, ok := d["capped_by"].(string); ok && c != "" {
+			s += ", capped by " + c
 		}
 		parts = append(parts, s)
 	}

@@ -3,6 +3,7 @@ package main
 import (
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -59,6 +60,25 @@ func TestRetriesCommands(t *testing.T) {
 		b.okJSON(t, &v, "retries", "show", "job/"+a)
 		require.Equal(t, a, v.Retry.ID)
 		require.Equal(t, []string{"failed", "scheduled"}, events(v.History))
+	})
+
+	t.Run("show a hold", func(t *testing.T) {
+		h := contract.NewID()
+		until := time.Now().Add(2 * time.Hour).UTC()
+		m, err := contract.NewLifecycleMsg("retryd/test", contract.Held, contract.HeldData{
+			Kind: contract.KindJob, ID: h, Attempt: 1, JobType: "cli_slow", Reason: contract.HoldPause,
+			Until: &until, HoldKey: "crm", Detail: "source_paused: source is paused",
+		}, time.Now())
+		require.NoError(t, err)
+		_, err = b.stack.JS.PublishMsg(b.ctx, m)
+		require.NoError(t, err)
+		b.waitRetry(t, "job", h, "scheduled")
+		out := b.ok(t, "retries", "show", "job", h)
+		require.Regexp(t, `Retries used:\s+0 of 3`, out)
+		require.Regexp(t, `Held:\s+pause since .*hold key crm \(uses no retry\)`, out)
+		require.Regexp(t, `held\s+1\s+.*source_paused: source is paused`, out)
+		// Two hours: past the policy's max delay, not capped by it.
+		require.Regexp(t, `scheduled\s+2\s+-\s+pause_until\s+(2h|1h59m)\S*\s+job-cli_slow v1\s+\S+\s+held: pause; base \S+; retry 0 of 3`, out)
 	})
 
 	t.Run("cancel", func(t *testing.T) {

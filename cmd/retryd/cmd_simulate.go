@@ -2,17 +2,20 @@ package main
 
 import (
 	"fmt"
+	"maps"
+	"slices"
 	"strconv"
 	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/retryd/retryd/pkg/backoff"
+	"github.com/retryd/retryd/pkg/errclass"
 	"github.com/retryd/retryd/pkg/policy"
 )
 
 func newSimulateCmd(g *globals) *cobra.Command {
-	var kind, jobType string
+	var kind, jobType, class string
 	var retries int
 	var pf policyFlags
 	cmd := &cobra.Command{
@@ -26,10 +29,16 @@ With --kind (and --job-type) it reads the policy that governs those items
 from the API (the job type's, else the kind's default, else the fallback);
 the backoff flags then change it. Without --kind it simulates an ad-hoc
 policy made of the flags (defaults: 1s base, x2, 5m cap, additive jitter
-up to 1s, 5 retries) and needs no server.`,
+up to 1s, 5 retries) and needs no server.
+
+A policy with a backoff per error class (class_backoff, --class-backoff)
+shows the schedule of each such class after the policy's own; --class
+shows one class only.`,
 		Example: `  retryd simulate --kind job --job-type send_email
   retryd simulate --base-delay 2h --multiplier 2 --max-delay 24h --jitter additive --jitter-max 5m --max-retries 5
-  retryd simulate --kind event --max-delay 1m --retries 10`,
+  retryd simulate --kind event --max-delay 1m --retries 10
+  retryd simulate --class-backoff '{"rate_limit":{"base_delay_ms":60000,"max_delay_ms":3600000},"timeout":{"first_delay_ms":0}}'
+  retryd simulate --kind job --job-type send_email --class timeout`,
 		Args: args(0),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if jobType != "" && kind == "" {
@@ -53,6 +62,7 @@ up to 1s, 5 retries) and needs no server.`,
 					Base: time.Duration(p.BaseDelayMS) * time.Millisecond, Max: time.Duration(p.MaxDelayMS) * time.Millisecond,
 					Multiplier: p.Multiplier, Jitter: backoff.Jitter(p.Jitter), JitterMax: time.Duration(p.JitterMS) * time.Millisecond,
 				},
+				ClassBackoff: policyClassBackoff(p.ClassBackoff),
 			}
 			if err := pol.Validate(); err != nil {
 				return usageErrorf(cmd, "the policy to simulate is not valid: %v", err)
@@ -64,15 +74,44 @@ up to 1s, 5 retries) and needs no server.`,
 				}
 				n = retries
 			}
-			steps := policy.Simulate(pol, n)
-			if g.json {
-				return writeJSON(g.stdout, simulation(p, source, steps))
+			if class != "" {
+				cl, err := errclass.Parse(class)
+				if err != nil {
+					return usageErrorf(cmd, "--class: %v", err)
+				}
+				steps := policy.SimulateClass(pol, cl, n)
+				source += ", errors of class " + string(cl)
+				if g.json {
+					return writeJSON(g.stdout, simulation(p, source, steps))
+				}
+				return printSimulation(g, p, source, steps)
 			}
-			return printSimulation(g, p, source, steps)
+			out := simulation(p, source, policy.Simulate(pol, n))
+			classes := slices.Sorted(maps.Keys(pol.ClassBackoff))
+			for _, c := range classes {
+				if out.Classes == nil {
+					out.Classes = map[string][]simulatedStep{}
+				}
+				out.Classes[string(c)] = simulation(p, source, policy.SimulateClass(pol, c, n)).Steps
+			}
+			if g.json {
+				return writeJSON(g.stdout, out)
+			}
+			if err := printSimulation(g, p, source, policy.Simulate(pol, n)); err != nil {
+				return err
+			}
+			for _, c := range classes {
+				fmt.Fprintf(g.stdout, "\nErrors of class %s (their own backoff):\n\n", c)
+				if err := printSteps(g, policy.SimulateClass(pol, c, n)); err != nil {
+					return err
+				}
+			}
+			return nil
 		},
 	}
 	cmd.Flags().StringVar(&kind, "kind", "", "read the policy of this kind from the API")
 	cmd.Flags().StringVar(&jobType, "job-type", "", "and this job type")
+	cmd.Flags().StringVar(&class, "class", "", "show the schedule of errors of this class only")
 	cmd.Flags().IntVar(&retries, "retries", 0, "how many retries to show (default the policy's max retries)")
 	pf.register(cmd, false)
 	return cmd
@@ -116,6 +155,8 @@ type simulatedStep struct {
 type simulationOut struct {
 	Policy string          `json:"policy"`
 	Steps  []simulatedStep `json:"steps"`
+	// Classes are the schedules of the classes with their own backoff.
+	Classes map[string][]simulatedStep `json:"classes,omitempty"`
 }
 
 func simulation(_ policyView, source string, steps []policy.Step) simulationOut {
@@ -133,6 +174,16 @@ func simulation(_ policyView, source string, steps []policy.Step) simulationOut 
 func printSimulation(g *globals, p policyView, source string, steps []policy.Step) error {
 	fmt.Fprintf(g.stdout, "%s: %d retries, %s x%g capped at %s, jitter %s\n\n", source, p.MaxRetries,
 		msDuration(p.BaseDelayMS), p.Multiplier, msDuration(p.MaxDelayMS), jitter(p))
+	if err := printSteps(g, steps); err != nil {
+		return err
+	}
+	if !p.Enabled {
+		fmt.Fprintln(g.stdout, "\nNote: this policy is disabled; items it governs are not retried.")
+	}
+	return nil
+}
+
+func printSteps(g *globals, steps []policy.Step) error {
 	if len(steps) == 0 {
 		fmt.Fprintln(g.stdout, "No retries: the first failure is final.")
 		return nil
@@ -142,13 +193,7 @@ func printSimulation(g *globals, p policyView, source string, steps []policy.Ste
 		t.row(strconv.Itoa(s.Retry), strconv.Itoa(s.Attempt), shortDuration(s.BaseDelay),
 			span(s.MinDelay, s.MaxDelay), span(s.CumulativeMin, s.CumulativeMax))
 	}
-	if err := t.flush(); err != nil {
-		return err
-	}
-	if !p.Enabled {
-		fmt.Fprintln(g.stdout, "\nNote: this policy is disabled; items it governs are not retried.")
-	}
-	return nil
+	return t.flush()
 }
 
 func span(lo, hi time.Duration) string {

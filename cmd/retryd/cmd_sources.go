@@ -165,7 +165,7 @@ func newSourcesPauseCmd(g *globals) *cobra.Command {
 	var until, reason string
 	cmd := &cobra.Command{
 		Use:   "pause SOURCE",
-		Short: "Pause a source: its events are deferred (not dropped) until resumed",
+		Short: "Pause a source: its events are held (not dropped, no retry used) until resumed or --until",
 		Example: `  retryd sources pause shop --reason "partner maintenance"
   retryd sources pause shop --until 30m`,
 		Args: args(1, "SOURCE"),
@@ -203,7 +203,7 @@ func parseUntil(v string, now time.Time) (time.Time, error) {
 func newSourcesResumeCmd(g *globals) *cobra.Command {
 	return &cobra.Command{
 		Use:   "resume SOURCE",
-		Short: "Resume a paused source; its deferred events come back on their next retry",
+		Short: "Resume a paused source: its held events are released at once, in arrival order",
 		Args:  args(1, "SOURCE"),
 		RunE: func(cmd *cobra.Command, a []string) error {
 			return sourceCmd(cmd, g, "POST", "/v1/sources/"+seg(a[0])+"/resume", nil, "resume source "+a[0])

@@ -32,19 +32,19 @@ func TestSourcesCommands(t *testing.T) {
 	require.NotNil(t, s.PausedUntil)
 	require.WithinDuration(t, time.Now().Add(10*time.Minute), *s.PausedUntil, time.Minute)
 
-	// An event of a paused source is deferred as a retry of kind event,
-	// due when the pause ends (capped by the policy's max delay); after a
-	// resume, retrying it by hand admits it at once.
+	// An event of a paused source is held as a retry of kind event, due
+	// when the pause ends, however long that is; a resume releases it at
+	// once, no manual retry needed.
 	b.postEvent(t, `{"id":"evt-paused-1","source":"shop","type":"order.created","data":{"total":12}}`)
-	b.waitRetry(t, "event", "evt-paused-1", "scheduled")
+	v := b.waitRetry(t, "event", "evt-paused-1", "scheduled")
+	require.Equal(t, "pause_until", v.History[len(v.History)-1].DecidedBy)
 	out = b.ok(t, "retries", "list", "--kind", "event", "--source", "shop")
-	require.Regexp(t, `event\s+evt-paused-1\s+scheduled`, out)
-	require.Contains(t, out, "source_paused")
+	require.Regexp(t, `event\s+evt-paused-1\s+scheduled\s+2\s+0/\d+\s+in (10m|9m)`, out)
 	r := b.cli(t, "sources", "resume", "shop")
 	require.Equal(t, exitOK, r.code, r.stderr)
 	require.Regexp(t, `Paused:\s+no`, r.stdout)
-	b.ok(t, "retries", "retry", "event", "evt-paused-1", "--reason", "source resumed")
-	b.waitRetry(t, "event", "evt-paused-1", "succeeded")
+	v = b.waitRetry(t, "event", "evt-paused-1", "succeeded")
+	require.Contains(t, historyDecisions(v.History), "resume")
 
 	var list struct {
 		Sources []sourceView `json:"sources"`
@@ -93,20 +93,29 @@ func TestPoliciesCommands(t *testing.T) {
 	require.Equal(t, []string{"permission"}, p.RetryableClasses)
 	require.Equal(t, []string{"validation"}, p.NonRetryableClasses)
 
+	out = b.ok(t, "policies", "set", "job", "cli_new", "--max-hold", "48h", "--max-retry-after", "2h")
+	require.Regexp(t, `Max hold:\s+2d`, out)
+	require.Regexp(t, `Max retry-after:\s+2h`, out)
+	out = b.ok(t, "policies", "set", "job", "cli_new", "--class-backoff", `{"timeout":{"first_delay_ms":0},"rate_limit":{"base_delay_ms":5000}}`)
+	require.Regexp(t, `Class backoff:\s+rate_limit: 5s x2 capped at 10s; timeout: first retry after 0s, then 1s x2 capped at 10s`, out)
+	b.okJSON(t, &p, "policies", "get", "job", "cli_new")
+	require.Len(t, p.ClassBackoff, 2)
 	out = b.ok(t, "policies", "set", "job", "cli_new", "--enabled=false")
 	require.Regexp(t, `Enabled:\s+false`, out)
+	require.Regexp(t, `Max hold:\s+2d`, out, "flags left out keep their value")
+	require.Regexp(t, `Class backoff:\s+rate_limit: 5s`, out, "flags left out keep their value")
 
 	out = b.ok(t, "policies", "versions", "job", "cli_new")
 	lines := strings.Split(strings.TrimSpace(out), "\n")
-	require.Len(t, lines, 4, out)
-	require.Regexp(t, `^3\s+`, lines[1], "newest first")
+	require.Len(t, lines, 6, out)
+	require.Regexp(t, `^5\s+`, lines[1], "newest first")
 	var versions struct {
 		Versions []policyVersion `json:"versions"`
 	}
 	b.okJSON(t, &versions, "policies", "versions", "job", "cli_new")
-	require.Len(t, versions.Versions, 3)
+	require.Len(t, versions.Versions, 5)
 	var v1 map[string]any
-	require.NoError(t, json.Unmarshal(versions.Versions[2].Policy, &v1))
+	require.NoError(t, json.Unmarshal(versions.Versions[4].Policy, &v1))
 	require.EqualValues(t, 2, v1["max_retries"])
 
 	// The kind's default by "_" or by leaving the job type out.
@@ -127,4 +136,14 @@ func TestPoliciesCommands(t *testing.T) {
 	require.Equal(t, exitFailed, r.code, "the scheduler validates the policy")
 	require.Contains(t, r.stderr, "max_delay_ms")
 	require.Contains(t, r.stderr, "HTTP 400")
+}
+
+func historyDecisions(h []historyEntry) []string {
+	var out []string
+	for _, e := range h {
+		if e.DecidedBy != "" {
+			out = append(out, e.DecidedBy)
+		}
+	}
+	return out
 }

@@ -242,6 +242,9 @@ func TestNATSConfig(t *testing.T) {
 			{"worker", "pub", "$JS.API.DIRECT.GET.RETRIES.retry.event.failed.x"},
 			{"worker", "pub", "$JS.API.STREAM.MSG.GET.RETRIES"},
 			{"ingress", "pub", "retry.job.failed.x"},
+			{"ingress", "pub", "retry.event-trigger.held.x"},
+			{"triggers", "pub", "retry.event.released.x"},
+			{"scheduler", "pub", "retry.event.held.x"},
 			{"triggers", "pub", "jobs.x"},
 			{"scheduler", "pub", "ingest.x"},
 			{"scheduler", "sub", "retry.>"},
@@ -251,6 +254,11 @@ func TestNATSConfig(t *testing.T) {
 		}
 		// And the opposite check: an allowed subject is not reported.
 		require.False(t, denied(t, url, certs.CA, "producer", "pub", "ingest.perm"))
+		// Holds and releases are the owners' facts.
+		require.False(t, denied(t, url, certs.CA, "ingress", "pub", "retry.event.held.x"))
+		require.False(t, denied(t, url, certs.CA, "ingress", "pub", "retry.event.released.x"))
+		require.False(t, denied(t, url, certs.CA, "triggers", "pub", "retry.event-trigger.held.x"))
+		require.False(t, denied(t, url, certs.CA, "triggers", "pub", "retry.event-trigger.released.x"))
 		require.False(t, denied(t, url, certs.CA, "worker", "pub", "$JS.API.DIRECT.GET.RETRIES.retry.job.succeeded.x"))
 	})
 }

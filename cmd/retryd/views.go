@@ -27,6 +27,9 @@ type retryRow struct {
 	LastErrorAt      *time.Time        `json:"last_error_at"`
 	LastReason       string            `json:"last_reason"`
 	ExhaustedReason  string            `json:"exhausted_reason"`
+	HeldSince        *time.Time        `json:"held_since"`
+	HoldReason       string            `json:"hold_reason"`
+	HoldKey          string            `json:"hold_key"`
 	Metadata         map[string]string `json:"metadata"`
 	CreatedAt        time.Time         `json:"created_at"`
 	UpdatedAt        time.Time         `json:"updated_at"`
@@ -72,21 +75,35 @@ type sourceView struct {
 }
 
 type policyView struct {
-	Kind                string    `json:"kind"`
-	JobType             string    `json:"job_type"`
-	Name                string    `json:"name"`
-	Version             int       `json:"version"`
-	MaxRetries          int       `json:"max_retries"`
-	BaseDelayMS         int64     `json:"base_delay_ms"`
-	Multiplier          float64   `json:"multiplier"`
-	MaxDelayMS          int64     `json:"max_delay_ms"`
-	Jitter              string    `json:"jitter"`
-	JitterMS            int64     `json:"jitter_ms"`
-	RetryableClasses    []string  `json:"retryable_classes"`
-	NonRetryableClasses []string  `json:"non_retryable_classes"`
-	Enabled             bool      `json:"enabled"`
-	UpdatedBy           string    `json:"updated_by"`
-	UpdatedAt           time.Time `json:"updated_at"`
+	Kind                string   `json:"kind"`
+	JobType             string   `json:"job_type"`
+	Name                string   `json:"name"`
+	Version             int      `json:"version"`
+	MaxRetries          int      `json:"max_retries"`
+	BaseDelayMS         int64    `json:"base_delay_ms"`
+	Multiplier          float64  `json:"multiplier"`
+	MaxDelayMS          int64    `json:"max_delay_ms"`
+	Jitter              string   `json:"jitter"`
+	JitterMS            int64    `json:"jitter_ms"`
+	RetryableClasses    []string `json:"retryable_classes"`
+	NonRetryableClasses []string `json:"non_retryable_classes"`
+	Enabled             bool     `json:"enabled"`
+	MaxHoldMS           int64    `json:"max_hold_ms"`
+	MaxRetryAfterMS     int64    `json:"max_retry_after_ms"`
+	// ClassBackoff is the policy's backoff per error class; fields left
+	// out keep the policy's.
+	ClassBackoff map[string]classBackoffView `json:"class_backoff,omitempty"`
+	UpdatedBy    string                      `json:"updated_by"`
+	UpdatedAt    time.Time                   `json:"updated_at"`
+}
+
+type classBackoffView struct {
+	BaseDelayMS  *int64   `json:"base_delay_ms,omitempty"`
+	MaxDelayMS   *int64   `json:"max_delay_ms,omitempty"`
+	Multiplier   *float64 `json:"multiplier,omitempty"`
+	Jitter       *string  `json:"jitter,omitempty"`
+	JitterMS     *int64   `json:"jitter_ms,omitempty"`
+	FirstDelayMS *int64   `json:"first_delay_ms,omitempty"`
 }
 
 type policyVersion struct {

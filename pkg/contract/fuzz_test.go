@@ -52,6 +52,8 @@ func lifecycleSeeds(f *testing.F) {
 	f.Add("retry.event.failed.a", []byte(`{}`))
 	f.Add("retry.event.failed.a", []byte(`{"specversion":"1.0","id":"x","source":"s","type":"retry.failed","time":"2025-01-01T00:00:00Z","data":{"kind":"event","id":"a","attempt":1,"retry_after":"9999-12-31T23:00:00-05:00"}}`))
 	f.Add("retry.event.due.a", []byte(`{"specversion":"1.0","id":"x","source":"s","type":"retry.due","time":"2025-01-01T00:00:00Z","data":{"kind":"event","id":"a","attempt":1e400}}`))
+	f.Add("retry.event.held.a", []byte(`{"specversion":"1.0","id":"x","source":"s","type":"retry.held","time":"2025-01-01T00:00:00Z","data":{"kind":"event","id":"a","attempt":1,"reason":"nap","until":"0001-01-01T00:00:00Z"}}`))
+	f.Add("retry.event.released.shop", []byte(`{"specversion":"1.0","id":"x","source":"s","type":"retry.released","time":"2025-01-01T00:00:00Z","data":{"kind":"event","hold_key":"shop","reason":"resume"}}`))
 	f.Add("retry.*.failed.>", []byte(`[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]`))
 }
 
@@ -69,7 +71,7 @@ func FuzzDecodeLifecycle(f *testing.F) {
 		}
 		var data any
 		set := 0
-		for _, p := range []any{ev.Failed, ev.Succeeded, ev.Scheduled, ev.Due, ev.Exhausted, ev.Cancelled} {
+		for _, p := range []any{ev.Failed, ev.Succeeded, ev.Scheduled, ev.Due, ev.Exhausted, ev.Cancelled, ev.Held, ev.Released} {
 			switch v := p.(type) {
 			case *contract.FailedData:
 				if v != nil {
@@ -92,6 +94,14 @@ func FuzzDecodeLifecycle(f *testing.F) {
 					data, set = *v, set+1
 				}
 			case *contract.CancelledData:
+				if v != nil {
+					data, set = *v, set+1
+				}
+			case *contract.HeldData:
+				if v != nil {
+					data, set = *v, set+1
+				}
+			case *contract.ReleasedData:
 				if v != nil {
 					data, set = *v, set+1
 				}

@@ -23,10 +23,10 @@ type FailedData struct {
 	ID      string    `json:"id"`
 	Attempt int       `json:"attempt"`
 	Error   ErrorInfo `json:"error"`
-	// Reason is a short machine-readable cause set by owners that hold an
-	// item back themselves: source_throttled, source_paused,
-	// trigger_throttled, max_concurrency. With RetryAfter it makes the
-	// scheduler record decided_by=throttle.
+	// Reason is a short machine-readable cause. Owners hold items back with
+	// a held event; the reasons they used before it existed
+	// (source_throttled, source_paused, trigger_throttled, max_concurrency)
+	// still make the scheduler decide a hold (see LegacyHoldReason).
 	Reason     string      `json:"reason,omitempty"`
 	RetryAfter *RetryAfter `json:"retry_after,omitempty"`
 	JobType    string      `json:"job_type,omitempty"`
@@ -48,8 +48,7 @@ type SucceededData struct {
 }
 
 // Decision says why the scheduler chose a time: the policy and version, the
-// backoff figures, and what decided (backoff, retry_after, throttle or
-// manual).
+// backoff figures, and what decided (see the DecidedBy values).
 type Decision struct {
 	Policy        string `json:"policy"`
 	PolicyVersion int    `json:"policy_version"`
@@ -61,15 +60,49 @@ type Decision struct {
 	RetryAfterMS  *int64 `json:"retry_after_ms,omitempty"`
 	RetryCount    int    `json:"retry_count"`
 	MaxRetries    int    `json:"max_retries"`
-	Note          string `json:"note,omitempty"`
+	// HoldReason, HeldSince and MaxHoldMS are set for a hold: the
+	// reason, when the item's current hold began and the policy's
+	// limit on it. A hold leaves RetryCount as it was.
+	HoldReason string     `json:"hold_reason,omitempty"`
+	HeldSince  *time.Time `json:"held_since,omitempty"`
+	MaxHoldMS  int64      `json:"max_hold_ms,omitempty"`
+	// BackoffClass is set when the error's class has its own backoff in
+	// the policy (class_backoff) and it timed this retry.
+	BackoffClass string `json:"backoff_class,omitempty"`
+	// CappedBy names the limit that shortened the delay asked for:
+	// "max_retry_after" (a failure's retry-after hint) or "max_hold".
+	CappedBy string `json:"capped_by,omitempty"`
+	Note     string `json:"note,omitempty"`
 }
 
 // Values of Decision.DecidedBy.
 const (
-	DecidedByBackoff    = "backoff"
+	// DecidedByBackoff: a failure, delayed by the policy's backoff.
+	DecidedByBackoff = "backoff"
+	// DecidedByRetryAfter: a failure, delayed by its own retry-after hint
+	// (up to the policy's max_retry_after).
 	DecidedByRetryAfter = "retry_after"
-	DecidedByThrottle   = "throttle"
-	DecidedByManual     = "manual"
+	// DecidedByHold: a throttle or concurrency hold, released when the
+	// owner said it lifts (or polled at the backoff delay without one).
+	DecidedByHold = "hold"
+	// DecidedByPauseUntil: a pause hold released at the pause's end.
+	DecidedByPauseUntil = "pause_until"
+	// DecidedByPause: a pause without an end, held until a release fact
+	// or max_hold.
+	DecidedByPause = "pause"
+	// DecidedByResume: released early by a release fact (a resume, a
+	// limit change).
+	DecidedByResume = "resume"
+	// DecidedByThrottle is what decisions recorded for holds before the
+	// held event existed; it is kept so old history reads the same.
+	DecidedByThrottle = "throttle"
+	DecidedByManual   = "manual"
+)
+
+// Values of Decision.CappedBy.
+const (
+	CappedByMaxRetryAfter = "max_retry_after"
+	CappedByMaxHold       = "max_hold"
 )
 
 // ScheduledData is published by the scheduler on retry.<kind>.scheduled.<id>
@@ -105,6 +138,8 @@ const (
 	ExhaustedMaxRetries      = "max_retries"
 	ExhaustedNonRetryable    = "non_retryable"
 	ExhaustedRetriesDisabled = "retries_disabled"
+	// ExhaustedHoldExpired: held back longer than the policy's max_hold.
+	ExhaustedHoldExpired = "hold_expired"
 )
 
 // ExhaustedData is the dead-letter fact on retry.<kind>.exhausted.<id>.
@@ -250,9 +285,9 @@ func (d ExhaustedData) Validate() error {
 		return err
 	}
 	switch d.Reason {
-	case ExhaustedMaxRetries, ExhaustedNonRetryable, ExhaustedRetriesDisabled:
+	case ExhaustedMaxRetries, ExhaustedNonRetryable, ExhaustedRetriesDisabled, ExhaustedHoldExpired:
 	default:
-		return fieldErr("data.reason", fmt.Sprintf("%q is not max_retries, non_retryable or retries_disabled", d.Reason))
+		return fieldErr("data.reason", fmt.Sprintf("%q is not max_retries, non_retryable, retries_disabled or hold_expired", d.Reason))
 	}
 	return validateError(d.Error)
 }

@@ -50,7 +50,25 @@ func lifecycleSamples() map[contract.Lifecycle]any {
 			Policy: "job-send_email", PolicyVersion: 3, JobType: "send_email",
 		},
 		contract.Cancelled: contract.CancelledData{Kind: contract.KindEvent, ID: "01JQ7Z3K5W", Attempt: 0, By: "operator", Reason: "customer asked"},
+		contract.Held: contract.HeldData{
+			Kind: contract.KindEvent, ID: "01JQ7Z3K5W", Attempt: 3, Reason: contract.HoldPause, Until: &next,
+			HoldKey: "shop", Detail: "source is paused", Source: "shop",
+			Payload: json.RawMessage(`{"n":1}`), Metadata: map[string]string{"type": "invoice.paid"},
+		},
+		contract.Released: contract.ReleasedData{Kind: contract.KindEvent, HoldKey: "shop", Reason: contract.ReleaseResume, By: "api", ReleasedAt: now},
 	}
+}
+
+// sampleMsgID is the Nats-Msg-Id NewLifecycleMsg gives a sample.
+func sampleMsgID(ev contract.Lifecycle, data any) string {
+	if rd, ok := data.(contract.ReleasedData); ok {
+		if rd.ReleaseID != "" {
+			return rd.Kind + "-released:" + rd.HoldKey + ":" + rd.ReleaseID
+		}
+		return contract.ReleasedMsgID(rd.Kind, rd.HoldKey, rd.ReleasedAt)
+	}
+	kind, id, attempt := itemOf(data)
+	return contract.LifecycleMsgID(kind, ev, id, attempt)
 }
 
 func TestLifecycleRoundTrip(t *testing.T) {
@@ -63,7 +81,7 @@ func TestLifecycleRoundTrip(t *testing.T) {
 			kind, id, attempt := itemOf(data)
 
 			require.Equal(t, contract.RetrySubject(kind, ev, id), msg.Subject)
-			msgID := contract.LifecycleMsgID(kind, ev, id, attempt)
+			msgID := sampleMsgID(ev, data)
 			require.Equal(t, msgID, msg.Header.Get(contract.HeaderMsgID))
 			require.Equal(t, contract.ContentTypeJSON, msg.Header.Get(contract.HeaderContentType))
 			require.Equal(t, kind, msg.Header.Get(contract.HeaderKind))
@@ -84,7 +102,7 @@ func TestLifecycleRoundTrip(t *testing.T) {
 
 			var decoded any
 			set := 0
-			for _, p := range []any{got.Failed, got.Succeeded, got.Scheduled, got.Due, got.Exhausted, got.Cancelled} {
+			for _, p := range []any{got.Failed, got.Succeeded, got.Scheduled, got.Due, got.Exhausted, got.Cancelled, got.Held, got.Released} {
 				switch v := p.(type) {
 				case *contract.FailedData:
 					if v != nil {
@@ -107,6 +125,14 @@ func TestLifecycleRoundTrip(t *testing.T) {
 						decoded, set = *v, set+1
 					}
 				case *contract.CancelledData:
+					if v != nil {
+						decoded, set = *v, set+1
+					}
+				case *contract.HeldData:
+					if v != nil {
+						decoded, set = *v, set+1
+					}
+				case *contract.ReleasedData:
 					if v != nil {
 						decoded, set = *v, set+1
 					}
@@ -160,6 +186,17 @@ func TestNewLifecycleMsgRefuses(t *testing.T) {
 		{"long message", contract.Failed, contract.FailedData{Kind: "event", ID: "e1", Attempt: 1, Error: contract.ErrorInfo{Message: strings.Repeat("m", contract.MaxMessageLen+1)}}, contract.ErrInvalid, "data.error.message"},
 		{"long reason", contract.Failed, contract.FailedData{Kind: "event", ID: "e1", Attempt: 1, Reason: strings.Repeat("r", 65)}, contract.ErrInvalid, "data.reason"},
 		{"bad job type", contract.Failed, contract.FailedData{Kind: "job", ID: "e1", Attempt: 1, JobType: "Send Email"}, contract.ErrInvalid, "data.job_type"},
+		{"hold without reason", contract.Held, contract.HeldData{Kind: "event", ID: "e1", Attempt: 1}, contract.ErrInvalid, "data.reason"},
+		{"hold reason unknown", contract.Held, contract.HeldData{Kind: "event", ID: "e1", Attempt: 1, Reason: "source_paused"}, contract.ErrInvalid, "data.reason"},
+		{"hold until zero", contract.Held, contract.HeldData{Kind: "event", ID: "e1", Attempt: 1, Reason: "pause", Until: &time.Time{}}, contract.ErrInvalid, "data.until"},
+		{"hold key not a token", contract.Held, contract.HeldData{Kind: "event", ID: "e1", Attempt: 1, Reason: "pause", HoldKey: "a.b"}, contract.ErrInvalid, "data.hold_key"},
+		{"hold as failed", contract.Failed, contract.HeldData{Kind: "event", ID: "e1", Attempt: 1, Reason: "pause"}, contract.ErrInvalid, "does not go with lifecycle event"},
+		{"release without key", contract.Released, contract.ReleasedData{Kind: "event", Reason: "resume", ReleasedAt: now}, contract.ErrInvalid, "data.hold_key"},
+		{"release without time", contract.Released, contract.ReleasedData{Kind: "event", HoldKey: "shop", Reason: "resume"}, contract.ErrInvalid, "data.released_at"},
+		{"release reason unknown", contract.Released, contract.ReleasedData{Kind: "event", HoldKey: "shop", Reason: "done", ReleasedAt: now}, contract.ErrInvalid, "data.reason"},
+		{"release hold reason unknown", contract.Released, contract.ReleasedData{Kind: "event", HoldKey: "shop", Reason: "resume", ReleasedAt: now, HoldReason: "nap"}, contract.ErrInvalid, "data.hold_reason"},
+		{"release count negative", contract.Released, contract.ReleasedData{Kind: "event", HoldKey: "shop", Reason: "resume", ReleasedAt: now, Count: -1}, contract.ErrInvalid, "data.count"},
+		{"release id not an id", contract.Released, contract.ReleasedData{Kind: "event", HoldKey: "shop", Reason: "resume", ReleasedAt: now, ReleaseID: "a.b"}, contract.ErrInvalid, "data.release_id"},
 		{"bad source", contract.Failed, contract.FailedData{Kind: "event", ID: "e1", Attempt: 1, Source: "a.b"}, contract.ErrInvalid, "data.source"},
 		{"max retries", contract.Failed, contract.FailedData{Kind: "job", ID: "e1", Attempt: 1, MaxRetries: intPtr(-1)}, contract.ErrInvalid, "data.max_retries"},
 		{"payload not json", contract.Failed, contract.FailedData{Kind: "job", ID: "e1", Attempt: 1, Payload: json.RawMessage(`{`)}, contract.ErrInvalid, "data.payload"},
@@ -239,6 +276,10 @@ func newLifecycle(ev contract.Lifecycle, data any) (*nats.Msg, error) {
 		return contract.NewLifecycleMsg("retryd/test", ev, d, now)
 	case contract.CancelledData:
 		return contract.NewLifecycleMsg("retryd/test", ev, d, now)
+	case contract.HeldData:
+		return contract.NewLifecycleMsg("retryd/test", ev, d, now)
+	case contract.ReleasedData:
+		return contract.NewLifecycleMsg("retryd/test", ev, d, now)
 	}
 	panic("unknown data type")
 }
@@ -257,6 +298,10 @@ func itemOf(data any) (string, string, int) {
 		return d.Kind, d.ID, d.Attempt
 	case contract.CancelledData:
 		return d.Kind, d.ID, d.Attempt
+	case contract.HeldData:
+		return d.Kind, d.ID, d.Attempt
+	case contract.ReleasedData:
+		return d.Kind, d.HoldKey, 0
 	}
 	panic("unknown data type")
 }
@@ -283,4 +328,43 @@ func TestDecodeErrorsNameSelfDecodingFields(t *testing.T) {
 	require.NotEqual(t, string(failed.Data), body)
 	_, err = contract.DecodeLifecycle(failed.Subject, []byte(body))
 	requireFieldErr(t, err, contract.ErrInvalid, `field "retry_after"`)
+}
+
+// Owners that predate the held event reported holds as failures with a
+// reason; those reasons still mean a hold, and no other reason does.
+func TestLegacyHoldReason(t *testing.T) {
+	t.Parallel()
+	for reason, want := range map[string]string{
+		"source_throttled": contract.HoldThrottle, "trigger_throttled": contract.HoldThrottle,
+		"source_paused": contract.HoldPause, "max_concurrency": contract.HoldConcurrency,
+	} {
+		got, ok := contract.LegacyHoldReason(reason)
+		require.True(t, ok, reason)
+		require.Equal(t, want, got, reason)
+	}
+	for _, reason := range []string{"", "timeout", "pause", "throttle"} {
+		_, ok := contract.LegacyHoldReason(reason)
+		require.False(t, ok, reason)
+	}
+}
+
+// Two resumes of one source are two facts; the same resume twice is one.
+func TestReleasedMsgID(t *testing.T) {
+	t.Parallel()
+	at := time.Date(2026, 1, 2, 3, 4, 5, 6000, time.UTC)
+	require.Equal(t, "event-released:shop:1767323045000006", contract.ReleasedMsgID("event", "shop", at))
+	require.NotEqual(t, contract.ReleasedMsgID("event", "shop", at), contract.ReleasedMsgID("event", "shop", at.Add(time.Microsecond)))
+}
+
+// A freed slot's release is named by the run that freed it.
+func TestReleasedByIDRoundTrip(t *testing.T) {
+	t.Parallel()
+	d := contract.ReleasedData{Kind: contract.KindEventTrigger, HoldKey: "t1", Reason: contract.ReleaseSlotFreed,
+		ReleasedAt: now, HoldReason: contract.HoldConcurrency, Count: 1, ReleaseID: "run-d1"}
+	msg, err := contract.NewLifecycleMsg("retryd/triggers", contract.Released, d, now)
+	require.NoError(t, err)
+	require.Equal(t, "event-trigger-released:t1:run-d1", msg.Header.Get(contract.HeaderMsgID))
+	got, err := contract.DecodeLifecycle(msg.Subject, msg.Data)
+	require.NoError(t, err)
+	require.Equal(t, d, *got.Released)
 }

@@ -42,6 +42,9 @@ func NewLifecycleMsg(source string, ev Lifecycle, data item, now time.Time) (*na
 		return nil, fmt.Errorf("marshal %s data: %w", ev, err)
 	}
 	msgID := LifecycleMsgID(kind, ev, id, attempt)
+	if rd, ok := releasedData(data); ok {
+		msgID = releasedMsgID(rd)
+	}
 	env := Envelope{
 		SpecVersion:     SpecVersion,
 		ID:              msgID,
@@ -70,6 +73,18 @@ func NewLifecycleMsg(source string, ev Lifecycle, data item, now time.Time) (*na
 	return msg, nil
 }
 
+// releasedData returns data as a release, whether passed by value or by
+// pointer.
+func releasedData(data item) (ReleasedData, bool) {
+	switch d := data.(type) {
+	case ReleasedData:
+		return d, true
+	case *ReleasedData:
+		return *d, true
+	}
+	return ReleasedData{}, false
+}
+
 func checkDataType(ev Lifecycle, data item) error {
 	ok := false
 	switch data.(type) {
@@ -85,6 +100,10 @@ func checkDataType(ev Lifecycle, data item) error {
 		ok = ev == Exhausted
 	case CancelledData, *CancelledData:
 		ok = ev == Cancelled
+	case HeldData, *HeldData:
+		ok = ev == Held
+	case ReleasedData, *ReleasedData:
+		ok = ev == Released
 	}
 	if !ok {
 		return fieldErr("data", fmt.Sprintf("%T does not go with lifecycle event %q", data, ev))
@@ -105,6 +124,8 @@ type LifecycleEvent struct {
 	Due       *DueData
 	Exhausted *ExhaustedData
 	Cancelled *CancelledData
+	Held      *HeldData
+	Released  *ReleasedData
 }
 
 // Attempt returns the attempt number carried by the event's data.
@@ -122,6 +143,8 @@ func (e LifecycleEvent) Attempt() int {
 		return e.Exhausted.Attempt
 	case e.Cancelled != nil:
 		return e.Cancelled.Attempt
+	case e.Held != nil:
+		return e.Held.Attempt
 	}
 	return 0
 }
@@ -164,6 +187,12 @@ func DecodeLifecycle(subject string, body []byte) (LifecycleEvent, error) {
 	case Cancelled:
 		out.Cancelled = &CancelledData{}
 		data = out.Cancelled
+	case Held:
+		out.Held = &HeldData{}
+		data = out.Held
+	case Released:
+		out.Released = &ReleasedData{}
+		data = out.Released
 	}
 	if err := decodeShaped("data", env.Data, data); err != nil {
 		return LifecycleEvent{}, err

@@ -33,11 +33,18 @@ const (
 	Due         Lifecycle = "due"
 	Exhausted   Lifecycle = "exhausted"
 	Cancelled   Lifecycle = "cancelled"
+	// Held is an owner holding an item back (a throttle, a pause, a
+	// concurrency limit): waiting, not failing. See HeldData.
+	Held Lifecycle = "held"
+	// Released is an owner lifting a hold for every item held under one
+	// hold key (a source resumed); its subject's last token is the hold
+	// key, not an item id. See ReleasedData.
+	Released Lifecycle = "released"
 )
 
 // Lifecycles lists every lifecycle event in the order an item goes through
 // them.
-var Lifecycles = []Lifecycle{Failed, Scheduled, Rescheduled, Due, Succeeded, Exhausted, Cancelled}
+var Lifecycles = []Lifecycle{Failed, Held, Released, Scheduled, Rescheduled, Due, Succeeded, Exhausted, Cancelled}
 
 // Valid reports whether l is a known lifecycle event.
 func (l Lifecycle) Valid() bool {

@@ -28,7 +28,7 @@ func TestSubjectBuilders(t *testing.T) {
 
 func TestLifecycle(t *testing.T) {
 	t.Parallel()
-	require.Equal(t, []contract.Lifecycle{"failed", "scheduled", "rescheduled", "due", "succeeded", "exhausted", "cancelled"}, contract.Lifecycles)
+	require.Equal(t, []contract.Lifecycle{"failed", "held", "released", "scheduled", "rescheduled", "due", "succeeded", "exhausted", "cancelled"}, contract.Lifecycles)
 	for _, l := range contract.Lifecycles {
 		require.True(t, l.Valid(), l)
 		require.Equal(t, "retry."+string(l), l.CloudEventType())

@@ -24,21 +24,37 @@ type Input struct {
 	// NonRetryable is the owner's word that retrying cannot help
 	// (errclass.NonRetryable); it stops retries whatever the class.
 	NonRetryable bool
-	// RetryAfter is the owner's hint; it replaces backoff and jitter,
-	// capped at the policy's max delay.
+	// RetryAfter is the owner's hint for a failure; it replaces backoff and
+	// jitter, capped at the policy's max_retry_after (not its max delay).
 	RetryAfter *contract.RetryAfter
-	// Throttled is set when the owner held the item back itself (the failed
-	// event has a Reason): the hint is then recorded as decided_by=throttle.
-	Throttled bool
+	// Hold, when set, makes this a hold rather than a failure: the owner
+	// held attempt Attempt back (see decideHold). FailedAt is then when it
+	// was held.
+	Hold *Hold
 	// MaxRetriesOverride and RetryEnabledOverride are the item's own
 	// settings (failed event max_retries and retry_enabled).
 	MaxRetriesOverride   *int
 	RetryEnabledOverride *bool
 }
 
+// Hold is an item held back by its owner: waiting, not failing.
+type Hold struct {
+	// Reason is contract.HoldThrottle, HoldPause or HoldConcurrency.
+	Reason string
+	// Until is when the hold lifts by itself; zero when the owner does not
+	// know (a pause without an end, a concurrency limit).
+	Until time.Time
+	// Since is when the item's current stretch of holds began; max_hold
+	// counts from it. Zero means this hold begins it.
+	Since time.Time
+	// Released is set when a release fact (a resume) already lifted the
+	// hold: the item is due at once.
+	Released bool
+}
+
 // Outcome is the decision: retry at NextAttemptAt, or stop for
-// ExhaustedReason (contract.ExhaustedMaxRetries, ExhaustedNonRetryable or
-// ExhaustedRetriesDisabled).
+// ExhaustedReason (contract.ExhaustedMaxRetries, ExhaustedNonRetryable,
+// ExhaustedRetriesDisabled or, for a hold, ExhaustedHoldExpired).
 type Outcome struct {
 	Retry           bool
 	NextAttemptAt   time.Time
@@ -56,14 +72,22 @@ type Outcome struct {
 //  2. the item is marked non-retryable, or the policy does not retry its
 //     class => exhausted non_retryable;
 //  3. RetryCount >= max retries (the item's override wins) => exhausted max_retries;
-//  4. otherwise retry after the retry-after hint capped at Backoff.Max
-//     (decided_by throttle or retry_after, no jitter), or after
-//     Backoff.Delay(RetryCount, r) (decided_by backoff).
+//  4. otherwise retry after the retry-after hint capped at MaxRetryAfter
+//     (decided_by retry_after, no jitter; capped_by max_retry_after when
+//     the cap applies), or after the backoff delay of RetryCount for the
+//     error's class (decided_by backoff; the class's own backoff when the
+//     policy gives it one, recorded as backoff_class).
+//
+// A hold (in.Hold set) follows decideHold instead: none of these rules
+// apply to it.
 //
 // Delays are whole milliseconds, so Decision.DelayMS equals
 // BaseDelayMS + JitterMS and NextAttemptAt - FailedAt exactly. A nil r uses
 // the package default random source.
 func Decide(p Policy, in Input, r backoff.Rand) Outcome {
+	if in.Hold != nil {
+		return decideHold(p, in, r)
+	}
 	class := in.Class
 	if class == "" {
 		class = errclass.Unknown
@@ -99,19 +123,26 @@ func Decide(p Policy, in Input, r backoff.Rand) Outcome {
 
 	var base, delay time.Duration
 	if in.RetryAfter != nil {
-		delay = min(hint, max(p.Backoff.Max, 0))
+		// The owner knows when the dependency recovers; the backoff's max
+		// delay is about guessing, so only max_retry_after bounds a hint.
+		limit := p.EffectiveMaxRetryAfter()
+		delay = min(max(hint, 0), limit)
 		base = delay
 		dec.DecidedBy = contract.DecidedByRetryAfter
-		if in.Throttled {
-			dec.DecidedBy = contract.DecidedByThrottle
-		}
 		if hint > delay {
-			dec.Note = fmt.Sprintf("retry-after hint of %dms capped at the max delay of %dms", delayMS(hint), delayMS(delay))
+			dec.CappedBy = contract.CappedByMaxRetryAfter
+			dec.Note = fmt.Sprintf("retry-after hint of %dms capped at the max_retry_after of %dms", delayMS(hint), delayMS(delay))
 		}
 	} else {
-		base = p.Backoff.BaseDelay(used)
-		delay, _ = p.Backoff.Delay(used, r)
+		var cb *ClassBackoff
+		base, delay, cb = p.classDelay(class, used, r)
 		dec.DecidedBy = contract.DecidedByBackoff
+		if cb != nil {
+			dec.BackoffClass = string(class)
+			if cb.FirstDelay != nil && used == 0 {
+				dec.Note = fmt.Sprintf("first retry of a %s error: its first_delay of %dms", class, delayMS(delay))
+			}
+		}
 	}
 	dec.BaseDelayMS = delayMS(base)
 	dec.DelayMS = delayMS(delay)

@@ -75,6 +75,10 @@ func TestDecide(t *testing.T) {
 		o.Decision.Note = note
 		return o
 	}
+	withCap := func(o policy.Outcome) policy.Outcome {
+		o.Decision.CappedBy = contract.CappedByMaxRetryAfter
+		return o
+	}
 	tests := []struct {
 		name   string
 		policy func(*policy.Policy)
@@ -118,12 +122,6 @@ func TestDecide(t *testing.T) {
 			in:   policy.Input{Attempt: 900_001, RetryCount: 900_000, Class: errclass.Timeout, MaxRetriesOverride: intp(1_000_000)},
 			r:    fixedRand(-1),
 			want: retryOutcome(900_001, 301_000, 300_000, "backoff", 900_001, 1_000_000, errclass.Timeout),
-		},
-		{
-			name: "throttled without hint is backoff",
-			in:   policy.Input{Attempt: 1, Class: errclass.RateLimit, Throttled: true},
-			r:    fixedRand(0),
-			want: retryOutcome(1, 1000, 1000, "backoff", 1, 3, errclass.RateLimit),
 		},
 		// classes
 		{
@@ -269,15 +267,22 @@ func TestDecide(t *testing.T) {
 			want: withHint(retryOutcome(1, 90000, 90000, "retry_after", 1, 3, errclass.RateLimit), 90000),
 		},
 		{
-			name: "throttled hint",
-			in:   policy.Input{Attempt: 2, RetryCount: 1, Class: errclass.RateLimit, Throttled: true, RetryAfter: contract.RetryAfterDuration(1500 * time.Millisecond)},
-			want: withHint(retryOutcome(2, 1500, 1500, "throttle", 2, 3, errclass.RateLimit), 1500),
+			name: "hint larger than max delay is honoured",
+			in:   policy.Input{Attempt: 1, Class: errclass.RateLimit, RetryAfter: contract.RetryAfterDuration(time.Hour)},
+			want: withHint(retryOutcome(1, 3600000, 3600000, "retry_after", 1, 3, errclass.RateLimit), 3600000),
 		},
 		{
-			name: "hint larger than max delay is capped",
-			in:   policy.Input{Attempt: 1, Class: errclass.RateLimit, RetryAfter: contract.RetryAfterDuration(time.Hour)},
-			want: withNote(withHint(retryOutcome(1, 300000, 300000, "retry_after", 1, 3, errclass.RateLimit), 3600000),
-				"retry-after hint of 3600000ms capped at the max delay of 300000ms"),
+			name: "hint larger than max_retry_after is capped",
+			in:   policy.Input{Attempt: 1, Class: errclass.RateLimit, RetryAfter: contract.RetryAfterDuration(25 * time.Hour)},
+			want: withCap(withNote(withHint(retryOutcome(1, 86400000, 86400000, "retry_after", 1, 3, errclass.RateLimit), 90000000),
+				"retry-after hint of 90000000ms capped at the max_retry_after of 86400000ms")),
+		},
+		{
+			name:   "policy's own max_retry_after",
+			policy: func(p *policy.Policy) { p.MaxRetryAfter = 10 * time.Second },
+			in:     policy.Input{Attempt: 1, Class: errclass.RateLimit, RetryAfter: contract.RetryAfterDuration(11 * time.Second)},
+			want: withCap(withNote(withHint(retryOutcome(1, 10000, 10000, "retry_after", 1, 3, errclass.RateLimit), 11000),
+				"retry-after hint of 11000ms capped at the max_retry_after of 10000ms")),
 		},
 		{
 			name: "zero hint retries at once",
@@ -303,8 +308,7 @@ func TestDecide(t *testing.T) {
 			name:   "hint with a zero max delay",
 			policy: func(p *policy.Policy) { p.Backoff.Base, p.Backoff.Max = 0, 0 },
 			in:     policy.Input{Attempt: 1, Class: errclass.RateLimit, RetryAfter: contract.RetryAfterDuration(time.Second)},
-			want: withNote(withHint(retryOutcome(1, 0, 0, "retry_after", 1, 3, errclass.RateLimit), 1000),
-				"retry-after hint of 1000ms capped at the max delay of 0ms"),
+			want:   withHint(retryOutcome(1, 1000, 1000, "retry_after", 1, 3, errclass.RateLimit), 1000),
 		},
 	}
 	for _, tt := range tests {
@@ -367,7 +371,7 @@ func TestDecideProperties(t *testing.T) {
 		require.NoError(t, p.Validate())
 		in := policy.Input{
 			Attempt: gen.IntN(40) + 1, RetryCount: gen.IntN(40) - 2, FailedAt: failedAt,
-			Class: classes[gen.IntN(len(classes))], Throttled: gen.IntN(2) == 0,
+			Class: classes[gen.IntN(len(classes))],
 		}
 		if gen.IntN(3) == 0 {
 			in.RetryAfter = contract.RetryAfterDuration(time.Duration(gen.Int64N(int64(72 * time.Hour))))
@@ -395,8 +399,9 @@ func TestDecideProperties(t *testing.T) {
 		require.GreaterOrEqual(t, d.DelayMS, int64(0))
 		if in.RetryAfter != nil {
 			require.Zero(t, d.JitterMS)
-			require.LessOrEqual(t, d.DelayMS, p.Backoff.Max.Milliseconds())
+			require.LessOrEqual(t, d.DelayMS, p.EffectiveMaxRetryAfter().Milliseconds())
 			require.LessOrEqual(t, d.DelayMS, *d.RetryAfterMS)
+			require.Equal(t, *d.RetryAfterMS > d.DelayMS, d.CappedBy == contract.CappedByMaxRetryAfter)
 		} else {
 			require.Equal(t, contract.DecidedByBackoff, d.DecidedBy)
 			require.LessOrEqual(t, d.DelayMS, (p.Backoff.Max + p.Backoff.JitterMax).Milliseconds())

@@ -22,6 +22,13 @@ const (
 	MaxNameLen    = contract.MaxTokenLen
 	// AnyKind is the kind of the fallback policy for kinds without one.
 	AnyKind = "*"
+	// DefaultMaxHold is how long an item may be held back (throttled,
+	// paused, waiting for a slot) before it is exhausted as hold_expired,
+	// when the policy does not say.
+	DefaultMaxHold = 30 * 24 * time.Hour
+	// DefaultMaxRetryAfter is the longest retry-after hint of a failure
+	// the scheduler honours, when the policy does not say.
+	DefaultMaxRetryAfter = 24 * time.Hour
 )
 
 // Policy is a retry policy for a kind and, optionally, a job type (a row of
@@ -41,6 +48,15 @@ type Policy struct {
 	RetryableClasses    []errclass.Class
 	NonRetryableClasses []errclass.Class
 	Enabled             bool
+	// MaxHold bounds how long an item may be held back in one stretch
+	// (from its first hold until it runs); 0 means DefaultMaxHold.
+	MaxHold time.Duration
+	// MaxRetryAfter bounds a failure's own retry-after hint, which may be
+	// longer than Backoff.Max; 0 means DefaultMaxRetryAfter.
+	MaxRetryAfter time.Duration
+	// ClassBackoff gives error classes their own backoff (see
+	// ClassBackoff); a class without an entry uses Backoff.
+	ClassBackoff map[errclass.Class]ClassBackoff
 }
 
 func invalid(field, reason string) error {
@@ -80,6 +96,13 @@ func (p Policy) Validate() error {
 		return invalid("jitter", fmt.Sprintf("%q must be none, full, equal or additive", b.Jitter))
 	case b.JitterMax < 0 || b.JitterMax > MaxDelay:
 		return invalid("jitter_ms", fmt.Sprintf("must be between 0 and %d, got %d", MaxDelay.Milliseconds(), b.JitterMax.Milliseconds()))
+	case p.MaxHold < 0 || p.MaxHold > MaxDelay:
+		return invalid("max_hold_ms", fmt.Sprintf("must be between 1 and %d (0 for the default of 30 days), got %d", MaxDelay.Milliseconds(), p.MaxHold.Milliseconds()))
+	case p.MaxRetryAfter < 0 || p.MaxRetryAfter > MaxDelay:
+		return invalid("max_retry_after_ms", fmt.Sprintf("must be between 0 and %d, got %d", MaxDelay.Milliseconds(), p.MaxRetryAfter.Milliseconds()))
+	}
+	if err := p.validateClassBackoff(); err != nil {
+		return err
 	}
 	if err := validateClasses("retryable_classes", p.RetryableClasses); err != nil {
 		return err
@@ -127,6 +150,23 @@ func (p Policy) EffectiveMaxRetries(override *int) int {
 		return max(*override, 0)
 	}
 	return max(p.MaxRetries, 0)
+}
+
+// EffectiveMaxHold is MaxHold, or DefaultMaxHold when it is not set.
+func (p Policy) EffectiveMaxHold() time.Duration {
+	if p.MaxHold <= 0 {
+		return DefaultMaxHold
+	}
+	return p.MaxHold
+}
+
+// EffectiveMaxRetryAfter is MaxRetryAfter, or DefaultMaxRetryAfter when it
+// is not set.
+func (p Policy) EffectiveMaxRetryAfter() time.Duration {
+	if p.MaxRetryAfter <= 0 {
+		return DefaultMaxRetryAfter
+	}
+	return p.MaxRetryAfter
 }
 
 // delayMS is d in whole milliseconds, the unit of decisions and the

@@ -3,6 +3,8 @@ package policy
 import (
 	"math"
 	"time"
+
+	"github.com/retryd/retryd/pkg/errclass"
 )
 
 // MaxSimulatedRetries bounds Simulate's output.
@@ -30,16 +32,28 @@ type Step struct {
 // ignores Enabled, error classes and retry-after hints: it shows what the
 // backoff alone does.
 func Simulate(p Policy, retries int) []Step {
+	return SimulateClass(p, "", retries)
+}
+
+// SimulateClass is Simulate for errors of class c: the class's own
+// backoff when the policy gives it one (its first_delay included), the
+// policy's otherwise.
+func SimulateClass(p Policy, c errclass.Class, retries int) []Step {
+	cfg, cb := p.BackoffFor(c)
 	n := min(max(retries, 0), MaxSimulatedRetries)
 	steps := make([]Step, 0, n)
 	var cumMin, cumMax time.Duration
 	for i := range n {
-		lo, hi := p.Backoff.Bounds(i)
+		lo, hi := cfg.Bounds(i)
+		base := cfg.BaseDelay(i)
+		if cb != nil && cb.FirstDelay != nil && i == 0 {
+			lo, hi, base = *cb.FirstDelay, *cb.FirstDelay, *cb.FirstDelay
+		}
 		cumMin, cumMax = addSat(cumMin, lo), addSat(cumMax, hi)
 		steps = append(steps, Step{
 			Retry:         i + 1,
 			Attempt:       i + 2,
-			BaseDelay:     p.Backoff.BaseDelay(i),
+			BaseDelay:     base,
 			MinDelay:      lo,
 			MaxDelay:      hi,
 			CumulativeMin: cumMin,

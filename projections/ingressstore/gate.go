@@ -35,8 +35,11 @@ type Verdict struct {
 	Now time.Time
 }
 
-// Gate evaluates source for one event of type typ inside tx and, when it
-// admits, counts the event in the source's current rate window.
+// Gate evaluates source for one event of type typ arriving at the gate
+// for the first time and, when it admits, counts the event in the source's
+// current rate window. While throttled events wait for their slots (see
+// slot), a new event queues behind them even if the current window has
+// room: events are admitted in arrival order.
 //
 // The source row is locked FOR SHARE until tx ends, so a pause or a limit
 // change commits either before this decision (and is seen) or after it;
@@ -45,6 +48,18 @@ type Verdict struct {
 // window. Windows are fixed: rate_window_ms long, aligned on the Unix epoch,
 // measured on the database clock so every instance agrees on them.
 func Gate(ctx context.Context, tx pgx.Tx, source, typ string) (Verdict, error) {
+	return gate(ctx, tx, source, typ, true)
+}
+
+// GateDue is Gate for an event that comes back from a hold (its due): it
+// does not queue behind the slots, it is their owner. A throttled event
+// due at its slot finds room in its window, since new events queued
+// behind it.
+func GateDue(ctx context.Context, tx pgx.Tx, source, typ string) (Verdict, error) {
+	return gate(ctx, tx, source, typ, false)
+}
+
+func gate(ctx context.Context, tx pgx.Tx, source, typ string, fresh bool) (Verdict, error) {
 	var now time.Time
 	src, err := scanSource(tx.QueryRow(ctx, `SELECT `+sourceColumns+`, now() FROM event_sources s WHERE s.source = $1 FOR SHARE`, source), &now)
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -71,7 +86,16 @@ func Gate(ctx context.Context, tx pgx.Tx, source, typ string) (Verdict, error) {
 		v.Admitted = true
 		return v, nil
 	}
-	start, end := window(now, src.RateWindow)
+	if fresh {
+		queued, err := slotsPending(ctx, tx, source, src.RateWindow, *src.RateLimit, now)
+		if err != nil {
+			return Verdict{}, err
+		}
+		if queued {
+			return slot(ctx, tx, v, src, now)
+		}
+	}
+	start, _ := window(now, src.RateWindow)
 	var admitted int
 	err = tx.QueryRow(ctx, `
 		INSERT INTO event_source_windows (source, window_start, admitted)
@@ -81,14 +105,60 @@ func Gate(ctx context.Context, tx pgx.Tx, source, typ string) (Verdict, error) {
 		RETURNING admitted`, source, start, *src.RateLimit).Scan(&admitted)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
-		v.Reason = ReasonSourceThrottled
-		v.Detail = fmt.Sprintf("rate limit of %d per %s reached", *src.RateLimit, src.RateWindow)
-		v.RetryAt = end
-		return v, nil
+		return slot(ctx, tx, v, src, now)
 	case err != nil:
 		return Verdict{}, fmt.Errorf("count event in rate window: %w", err)
 	}
 	v.Admitted = true
+	return v, nil
+}
+
+// spacing is the time between two slots of a window: rate_window /
+// rate_limit, at least a microsecond (the database's precision).
+func spacing(w time.Duration, limit int) time.Duration {
+	return max(w/time.Duration(max(limit, 1)), time.Microsecond)
+}
+
+// slotsPending reports whether throttled events of source still wait for
+// slots after now: then a new event must queue behind them.
+func slotsPending(ctx context.Context, tx pgx.Tx, source string, w time.Duration, limit int, now time.Time) (bool, error) {
+	var pending bool
+	err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM event_source_slots
+		WHERE source = $1 AND window_start + (taken - 1) * $2::bigint * interval '1 microsecond' > $3)`,
+		source, spacing(w, limit).Microseconds(), now).Scan(&pending)
+	if err != nil {
+		return false, fmt.Errorf("read event source slots: %w", err)
+	}
+	return pending, nil
+}
+
+// slot throttles the event and gives it the next free slot of the source:
+// the tail of the reservations moves forward one slot (to the next
+// window's first when its window is full, or when it is behind the
+// current window), so held events come back in arrival order, at most
+// rate_limit per window, each at its own time. The one statement takes a
+// row lock on the source's slot row: concurrent gates queue in a line.
+func slot(ctx context.Context, tx pgx.Tx, v Verdict, src Source, now time.Time) (Verdict, error) {
+	_, next := window(now, src.RateWindow)
+	limit := *src.RateLimit
+	var start time.Time
+	var taken int
+	err := tx.QueryRow(ctx, `
+		INSERT INTO event_source_slots AS s (source, window_start, taken) VALUES ($1, $2, 1)
+		ON CONFLICT (source) DO UPDATE SET
+			window_start = CASE
+				WHEN s.window_start < $2 THEN $2
+				WHEN s.taken >= $3 THEN s.window_start + $4::bigint * interval '1 millisecond'
+				ELSE s.window_start END,
+			taken = CASE WHEN s.window_start < $2 OR s.taken >= $3 THEN 1 ELSE s.taken + 1 END
+		RETURNING window_start, taken`, src.Source, next, limit, src.RateWindow.Milliseconds()).Scan(&start, &taken)
+	if err != nil {
+		return Verdict{}, fmt.Errorf("take event source slot: %w", err)
+	}
+	v.Reason = ReasonSourceThrottled
+	v.RetryAt = start.Add(time.Duration(taken-1) * spacing(src.RateWindow, limit)).UTC()
+	v.Detail = fmt.Sprintf("rate limit of %d per %s reached: slot %d of the window at %s", limit, src.RateWindow, taken,
+		start.UTC().Format(time.RFC3339Nano))
 	return v, nil
 }
 

@@ -168,6 +168,11 @@ func PutSource(ctx context.Context, db DB, c SourceConfig) (Source, error) {
 			updated_by = EXCLUDED.updated_by,
 			updated_at = now()`,
 		c.Source, limit, windowMS, types, c.UpdatedBy)
+	if err == nil {
+		// Slots were cut for the old limit; the held events come back on
+		// the release the caller publishes and take new ones.
+		_, err = db.Exec(ctx, `DELETE FROM event_source_slots WHERE source = $1`, c.Source)
+	}
 	if err != nil {
 		return Source{}, fmt.Errorf("put event source: %w", err)
 	}

@@ -108,6 +108,7 @@ func TestGateRateLimitIsSharedByConcurrentTransactions(t *testing.T) {
 	}
 	wg.Wait()
 	admitted := 0
+	slots := map[time.Time]int{}
 	for _, v := range verdicts {
 		if v.Admitted {
 			admitted++
@@ -115,10 +116,61 @@ func TestGateRateLimitIsSharedByConcurrentTransactions(t *testing.T) {
 		}
 		require.Equal(t, ingressstore.ReasonSourceThrottled, v.Reason)
 		require.Contains(t, v.Detail, "3 per 1h0m0s")
-		require.True(t, v.RetryAt.After(v.Now), "retry at the window's end")
-		require.Zero(t, v.RetryAt.UnixMilli()%time.Hour.Milliseconds(), "windows are aligned on the epoch")
+		require.True(t, v.RetryAt.After(v.Now), "retry after the window's end")
+		require.Zero(t, v.RetryAt.UnixMilli()%(20*time.Minute).Milliseconds(), "a slot: windows aligned on the epoch, 3 slots each")
+		slots[v.RetryAt]++
 	}
 	require.Equal(t, 3, admitted)
+	for at, n := range slots {
+		require.Equal(t, 1, n, "one event per slot, %s", at)
+	}
+}
+
+// Throttled events take the next free slot in arrival order, at most
+// rate_limit per window, each at its own time; while some wait, a new event
+// queues behind them even when its window has room, and a held event that
+// comes back at its slot (GateDue) is admitted.
+func TestGateSlotsAreOrderedAndPaced(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	_, err := ingressstore.PutSource(b.ctx, b.pool, ingressstore.SourceConfig{Source: "paced", RateLimit: 2, RateWindow: time.Hour})
+	require.NoError(t, err)
+	require.True(t, b.gate(t, "paced", "invoice.paid").Admitted)
+	require.True(t, b.gate(t, "paced", "invoice.paid").Admitted)
+	var prev time.Time
+	var first ingressstore.Verdict
+	for i := range 5 {
+		v := b.gate(t, "paced", "invoice.paid")
+		require.False(t, v.Admitted)
+		if i == 0 {
+			first = v
+			end := v.Now.Truncate(time.Hour).Add(time.Hour)
+			require.True(t, v.RetryAt.Equal(end), "the first slot opens the next window: %s", v.RetryAt)
+		} else {
+			require.Equal(t, 30*time.Minute, v.RetryAt.Sub(prev), "slots are rate_window/rate_limit apart, in arrival order")
+		}
+		prev = v.RetryAt
+	}
+	require.Contains(t, first.Detail, "slot 1 of the window")
+
+	// A new window with room, but three events still wait for their
+	// slots: a new event queues behind them.
+	_, err = b.pool.Exec(b.ctx, `UPDATE event_source_windows SET admitted = 0`)
+	require.NoError(t, err)
+	require.False(t, b.gate(t, "paced", "invoice.paid").Admitted)
+	// The held event, back at its slot, is admitted.
+	var v ingressstore.Verdict
+	require.NoError(t, pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error {
+		var err error
+		v, err = ingressstore.GateDue(b.ctx, tx, "paced", "invoice.paid")
+		return err
+	}))
+	require.True(t, v.Admitted)
+
+	// A limit change drops the slots: the next event is admitted again.
+	_, err = ingressstore.PutSource(b.ctx, b.pool, ingressstore.SourceConfig{Source: "paced", RateLimit: 5, RateWindow: time.Hour})
+	require.NoError(t, err)
+	require.True(t, b.gate(t, "paced", "invoice.paid").Admitted)
 }
 
 func TestGateRejectedTransactionDoesNotCount(t *testing.T) {

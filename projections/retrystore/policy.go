@@ -13,6 +13,12 @@ import (
 // Wildcard is the kind of the fallback policy used for kinds without one.
 const Wildcard = "*"
 
+// Defaults of retry_policies.max_hold_ms and max_retry_after_ms.
+const (
+	DefaultMaxHoldMS       = int64(30 * 24 * 60 * 60 * 1000)
+	DefaultMaxRetryAfterMS = int64(24 * 60 * 60 * 1000)
+)
+
 // ErrVersionConflict is returned by PutPolicy when the caller expected a
 // version that is no longer current.
 var ErrVersionConflict = errors.New("policy version changed")
@@ -20,22 +26,41 @@ var ErrVersionConflict = errors.New("policy version changed")
 // Policy is a row of retry_policies. JobType "" is the kind's default;
 // kind "*" with job type "" is the fallback for every kind.
 type Policy struct {
-	Kind                string    `json:"kind"`
-	JobType             string    `json:"job_type"`
-	Name                string    `json:"name"`
-	Version             int       `json:"version"`
-	MaxRetries          int       `json:"max_retries"`
-	BaseDelayMS         int64     `json:"base_delay_ms"`
-	Multiplier          float64   `json:"multiplier"`
-	MaxDelayMS          int64     `json:"max_delay_ms"`
-	Jitter              string    `json:"jitter"`
-	JitterMS            int64     `json:"jitter_ms"`
-	RetryableClasses    []string  `json:"retryable_classes"`
-	NonRetryableClasses []string  `json:"non_retryable_classes"`
-	Enabled             bool      `json:"enabled"`
-	UpdatedBy           string    `json:"updated_by"`
-	CreatedAt           time.Time `json:"created_at"`
-	UpdatedAt           time.Time `json:"updated_at"`
+	Kind                string   `json:"kind"`
+	JobType             string   `json:"job_type"`
+	Name                string   `json:"name"`
+	Version             int      `json:"version"`
+	MaxRetries          int      `json:"max_retries"`
+	BaseDelayMS         int64    `json:"base_delay_ms"`
+	Multiplier          float64  `json:"multiplier"`
+	MaxDelayMS          int64    `json:"max_delay_ms"`
+	Jitter              string   `json:"jitter"`
+	JitterMS            int64    `json:"jitter_ms"`
+	RetryableClasses    []string `json:"retryable_classes"`
+	NonRetryableClasses []string `json:"non_retryable_classes"`
+	Enabled             bool     `json:"enabled"`
+	// MaxHoldMS bounds how long an item may be held back (throttled,
+	// paused, waiting for a slot) before it is exhausted as hold_expired.
+	MaxHoldMS int64 `json:"max_hold_ms"`
+	// MaxRetryAfterMS bounds a failure's own retry-after hint.
+	MaxRetryAfterMS int64 `json:"max_retry_after_ms"`
+	// ClassBackoff gives error classes their own backoff, by class name.
+	ClassBackoff map[string]ClassBackoff `json:"class_backoff"`
+	UpdatedBy    string                  `json:"updated_by"`
+	CreatedAt    time.Time               `json:"created_at"`
+	UpdatedAt    time.Time               `json:"updated_at"`
+}
+
+// ClassBackoff is one error class's backoff in retry_policies.class_backoff:
+// fields left out keep the policy's; FirstDelayMS is the class's first
+// retry's delay, exactly (0: at once).
+type ClassBackoff struct {
+	BaseDelayMS  *int64   `json:"base_delay_ms,omitempty"`
+	MaxDelayMS   *int64   `json:"max_delay_ms,omitempty"`
+	Multiplier   *float64 `json:"multiplier,omitempty"`
+	Jitter       *string  `json:"jitter,omitempty"`
+	JitterMS     *int64   `json:"jitter_ms,omitempty"`
+	FirstDelayMS *int64   `json:"first_delay_ms,omitempty"`
 }
 
 // PolicyVersion is a row of retry_policy_versions: the policy as it was
@@ -50,13 +75,23 @@ type PolicyVersion struct {
 }
 
 const policyColumns = `kind, job_type, name, version, max_retries, base_delay_ms, multiplier, max_delay_ms,
-	jitter, jitter_ms, retryable_classes, non_retryable_classes, enabled, updated_by, created_at, updated_at`
+	jitter, jitter_ms, retryable_classes, non_retryable_classes, enabled, max_hold_ms, max_retry_after_ms,
+	class_backoff, updated_by, created_at, updated_at`
 
 func scanPolicy(row pgx.Row) (Policy, error) {
 	var p Policy
+	var classBackoff []byte
 	err := row.Scan(&p.Kind, &p.JobType, &p.Name, &p.Version, &p.MaxRetries, &p.BaseDelayMS, &p.Multiplier,
 		&p.MaxDelayMS, &p.Jitter, &p.JitterMS, &p.RetryableClasses, &p.NonRetryableClasses, &p.Enabled,
-		&p.UpdatedBy, &p.CreatedAt, &p.UpdatedAt)
+		&p.MaxHoldMS, &p.MaxRetryAfterMS, &classBackoff, &p.UpdatedBy, &p.CreatedAt, &p.UpdatedAt)
+	if err == nil && len(classBackoff) > 0 {
+		if jerr := json.Unmarshal(classBackoff, &p.ClassBackoff); jerr != nil {
+			return Policy{}, fmt.Errorf("decode class_backoff of policy %s/%s: %w", p.Kind, p.JobType, jerr)
+		}
+	}
+	if p.ClassBackoff == nil {
+		p.ClassBackoff = map[string]ClassBackoff{}
+	}
 	if p.RetryableClasses == nil {
 		p.RetryableClasses = []string{}
 	}
@@ -131,16 +166,34 @@ func PutPolicy(ctx context.Context, q Querier, p Policy, changedBy string) (Poli
 	if nonRetryable == nil {
 		nonRetryable = []string{}
 	}
+	// 0 takes the column defaults (30 days, 24 hours).
+	maxHold, maxRetryAfter := p.MaxHoldMS, p.MaxRetryAfterMS
+	if maxHold <= 0 {
+		maxHold = DefaultMaxHoldMS
+	}
+	if maxRetryAfter <= 0 {
+		maxRetryAfter = DefaultMaxRetryAfterMS
+	}
+	classBackoff, err := json.Marshal(p.ClassBackoff)
+	if err != nil {
+		return Policy{}, fmt.Errorf("put policy %s/%s: encode class_backoff: %w", p.Kind, p.JobType, err)
+	}
+	if p.ClassBackoff == nil {
+		classBackoff = []byte(`{}`)
+	}
 	row := q.QueryRow(ctx, `
 WITH up AS (
 	INSERT INTO retry_policies (kind, job_type, name, max_retries, base_delay_ms, multiplier,
-		max_delay_ms, jitter, jitter_ms, retryable_classes, non_retryable_classes, enabled, updated_by)
-	VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
+		max_delay_ms, jitter, jitter_ms, retryable_classes, non_retryable_classes, enabled, updated_by,
+		max_hold_ms, max_retry_after_ms, class_backoff)
+	VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $15, $16, $17)
 	ON CONFLICT (kind, job_type) DO UPDATE SET
 		name = EXCLUDED.name, max_retries = EXCLUDED.max_retries, base_delay_ms = EXCLUDED.base_delay_ms,
 		multiplier = EXCLUDED.multiplier, max_delay_ms = EXCLUDED.max_delay_ms, jitter = EXCLUDED.jitter,
 		jitter_ms = EXCLUDED.jitter_ms, retryable_classes = EXCLUDED.retryable_classes,
 		non_retryable_classes = EXCLUDED.non_retryable_classes, enabled = EXCLUDED.enabled,
+		max_hold_ms = EXCLUDED.max_hold_ms, max_retry_after_ms = EXCLUDED.max_retry_after_ms,
+		class_backoff = EXCLUDED.class_backoff,
 		updated_by = EXCLUDED.updated_by, version = retry_policies.version + 1, updated_at = now()
 	WHERE $14 = 0 OR retry_policies.version = $14
 	RETURNING *
@@ -150,7 +203,7 @@ WITH up AS (
 )
 SELECT `+policyColumns+` FROM up`,
 		p.Kind, p.JobType, p.Name, p.MaxRetries, p.BaseDelayMS, p.Multiplier, p.MaxDelayMS, p.Jitter,
-		p.JitterMS, retryable, nonRetryable, p.Enabled, changedBy, p.Version)
+		p.JitterMS, retryable, nonRetryable, p.Enabled, changedBy, p.Version, maxHold, maxRetryAfter, string(classBackoff))
 	saved, err := scanPolicy(row)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Policy{}, fmt.Errorf("put policy %s/%s: expected version %d: %w", p.Kind, p.JobType, p.Version, ErrVersionConflict)

@@ -88,6 +88,12 @@ type Retry struct {
 	// the attempt; the due event continues its trace. Empty without
 	// tracing.
 	TraceContext string `json:"trace_context,omitempty"`
+	// HeldSince is when the item's current stretch of holds began (the
+	// policy's max_hold counts from it); nil when it is not held.
+	// HoldReason and HoldKey are those of its last hold.
+	HeldSince  *time.Time `json:"held_since,omitempty"`
+	HoldReason string     `json:"hold_reason,omitempty"`
+	HoldKey    string     `json:"hold_key,omitempty"`
 }
 
 // Key identifies a retry.
@@ -103,7 +109,7 @@ const retryColumns = `kind, item_id, state, attempt, retry_count, budget_base, m
 	retry_enabled, max_retries_override, job_type, source, policy_name, policy_version,
 	next_attempt_at, due_at, due_emissions, last_error_class, last_error_message, last_error_at,
 	last_reason, exhausted_reason, payload, checkpoint, metadata, created_at, updated_at, resolved_at,
-	trace_context`
+	trace_context, held_since, hold_reason, hold_key`
 
 func scanRetry(row pgx.Row, extra ...any) (Retry, error) {
 	var r Retry
@@ -114,7 +120,7 @@ func scanRetry(row pgx.Row, extra ...any) (Retry, error) {
 		&r.RetryEnabled, &r.MaxRetriesOverride, &r.JobType, &r.Source, &r.PolicyName, &r.PolicyVersion,
 		&r.NextAttemptAt, &r.DueAt, &r.DueEmissions, &r.LastErrorClass, &r.LastErrorMessage, &r.LastErrorAt,
 		&r.LastReason, &r.ExhaustedReason, (*[]byte)(&r.Payload), (*[]byte)(&r.Checkpoint), &metadata,
-		&r.CreatedAt, &r.UpdatedAt, &r.ResolvedAt, &r.TraceContext,
+		&r.CreatedAt, &r.UpdatedAt, &r.ResolvedAt, &r.TraceContext, &r.HeldSince, &r.HoldReason, &r.HoldKey,
 	}
 	if err := row.Scan(append(dest, extra...)...); err != nil {
 		return Retry{}, err
@@ -210,9 +216,10 @@ const saveSQL = `
 INSERT INTO retries (kind, item_id, state, attempt, retry_count, budget_base, max_retries,
 	retry_enabled, max_retries_override, job_type, source, policy_name, policy_version,
 	next_attempt_at, due_at, due_emissions, last_error_class, last_error_message, last_error_at,
-	last_reason, exhausted_reason, payload, checkpoint, metadata, resolved_at, trace_context)
+	last_reason, exhausted_reason, payload, checkpoint, metadata, resolved_at, trace_context,
+	held_since, hold_reason, hold_key)
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19,
-	$20, $21, $22, $23, $24, $25, $26)
+	$20, $21, $22, $23, $24, $25, $26, $27, $28, $29)
 ON CONFLICT (kind, item_id) DO UPDATE SET
 	state = EXCLUDED.state, attempt = EXCLUDED.attempt, retry_count = EXCLUDED.retry_count,
 	budget_base = EXCLUDED.budget_base, max_retries = EXCLUDED.max_retries,
@@ -224,7 +231,9 @@ ON CONFLICT (kind, item_id) DO UPDATE SET
 	last_error_at = EXCLUDED.last_error_at, last_reason = EXCLUDED.last_reason,
 	exhausted_reason = EXCLUDED.exhausted_reason, payload = EXCLUDED.payload,
 	checkpoint = EXCLUDED.checkpoint, metadata = EXCLUDED.metadata,
-	resolved_at = EXCLUDED.resolved_at, trace_context = EXCLUDED.trace_context, updated_at = now()
+	resolved_at = EXCLUDED.resolved_at, trace_context = EXCLUDED.trace_context,
+	held_since = EXCLUDED.held_since, hold_reason = EXCLUDED.hold_reason, hold_key = EXCLUDED.hold_key,
+	updated_at = now()
 RETURNING ` + retryColumns
 
 func saveArgs(r Retry) ([]any, error) {
@@ -242,7 +251,8 @@ func saveArgs(r Retry) ([]any, error) {
 	return []any{r.Kind, r.ItemID, string(r.State), r.Attempt, r.RetryCount, r.BudgetBase, r.MaxRetries,
 		r.RetryEnabled, r.MaxRetriesOverride, r.JobType, r.Source, r.PolicyName, r.PolicyVersion,
 		r.NextAttemptAt, r.DueAt, r.DueEmissions, r.LastErrorClass, r.LastErrorMessage, r.LastErrorAt,
-		r.LastReason, r.ExhaustedReason, rawOrNil(r.Payload), rawOrNil(r.Checkpoint), mdJSON, r.ResolvedAt, r.TraceContext}, nil
+		r.LastReason, r.ExhaustedReason, rawOrNil(r.Payload), rawOrNil(r.Checkpoint), mdJSON, r.ResolvedAt, r.TraceContext,
+		r.HeldSince, r.HoldReason, r.HoldKey}, nil
 }
 
 // GetManyForUpdate reads and locks the rows of keys, in key order (the

@@ -84,6 +84,61 @@ func CountInFlight(ctx context.Context, db DB, triggerID string) (int, error) {
 	return n, nil
 }
 
+// WaitingForSlot reports whether deliveries of the trigger are held
+// waiting for a concurrency slot: a new delivery then queues behind them,
+// so the slots go oldest first.
+func WaitingForSlot(ctx context.Context, db DB, triggerID string) (bool, error) {
+	var waiting bool
+	if err := db.QueryRow(ctx, `
+		SELECT EXISTS (SELECT 1 FROM workflow_trigger_deliveries
+		WHERE trigger_id = $1 AND status = 'concurrency_limited' AND retry_state = 'scheduled')`, triggerID).Scan(&waiting); err != nil {
+		return false, fmt.Errorf("look for deliveries waiting for a slot: %w", err)
+	}
+	return waiting, nil
+}
+
+// RunTimeoutReason is the error of a run failed by ExpireRuns and the
+// status_reason it leaves on the run's delivery.
+const RunTimeoutReason = "run_timeout"
+
+// ExpireRuns fails, as run_timeout, up to limit runs requested before
+// cutoff that never finished (their completed or failed message never
+// arrived), oldest first, and records run_timeout as their deliveries'
+// status_reason: their concurrency slots are free again. Runs locked by
+// another transaction are skipped. It returns the runs it failed.
+func ExpireRuns(ctx context.Context, db DB, cutoff time.Time, limit int) ([]Run, error) {
+	rows, err := db.Query(ctx, `
+		WITH expired AS (
+			UPDATE workflow_runs r SET status = 'failed', error = $3, finished_at = now(), updated_at = now()
+			WHERE r.run_id IN (
+				SELECT run_id FROM workflow_runs
+				WHERE status IN ('requested', 'running') AND requested_at < $1
+				ORDER BY requested_at LIMIT $2
+				FOR UPDATE SKIP LOCKED)
+			RETURNING r.*
+		), marked AS (
+			UPDATE workflow_trigger_deliveries d SET status_reason = $3, updated_at = now()
+			FROM expired WHERE d.run_id = expired.run_id
+		)
+		SELECT `+runColumns+` FROM expired ORDER BY requested_at`, cutoff, limit, RunTimeoutReason)
+	if err != nil {
+		return nil, fmt.Errorf("expire runs: %w", err)
+	}
+	defer rows.Close()
+	var out []Run
+	for rows.Next() {
+		r, err := scanRun(rows)
+		if err != nil {
+			return nil, fmt.Errorf("expire runs: %w", err)
+		}
+		out = append(out, r)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("expire runs: %w", err)
+	}
+	return out, nil
+}
+
 // maxRunError bounds the error text kept for a failed run.
 const maxRunError = 1024
 

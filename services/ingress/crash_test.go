@@ -83,7 +83,7 @@ func TestCrashAfterGateCommitAdmitsOnce(t *testing.T) {
 	require.Eventually(t, func() bool {
 		return b.count(t, `SELECT count(*) FROM workflow_events WHERE status <> 'received'`) == 8
 	}, eventually, 20*time.Millisecond)
-	require.Equal(t, 8, b.outboxRows(t), "3 admissions and 5 failed events wait in the outbox")
+	require.Equal(t, 8, b.outboxRows(t), "3 admissions and 5 held events wait in the outbox")
 	require.Empty(t, b.admittedIDs(t))
 	kill()
 
@@ -98,13 +98,14 @@ func TestCrashAfterGateCommitAdmitsOnce(t *testing.T) {
 		require.Equal(t, 1, n, id)
 		require.Equal(t, "admitted", b.status(t, id))
 	}
-	failed := 0
+	held := 0
 	for _, id := range ids {
 		lc := b.lifecycle(t, id)
-		require.LessOrEqual(t, len(lc[contract.Failed]), 1, id)
-		failed += len(lc[contract.Failed])
+		require.LessOrEqual(t, len(lc[contract.Held]), 1, id)
+		require.Empty(t, lc[contract.Failed], id)
+		held += len(lc[contract.Held])
 	}
-	require.Equal(t, 5, failed)
+	require.Equal(t, 5, held)
 	require.Equal(t, 5, b.count(t, `SELECT count(*) FROM event_ingress_retries WHERE attempts = 1`))
 }
 
@@ -122,7 +123,7 @@ func TestCrashAfterRetryCommitAdmitsOnce(t *testing.T) {
 	b.putSource(t, "billing", map[string]any{})
 	b.publishDue(t, "later", "billing", 2)
 	b.waitStatus(t, "admitted", "later")
-	require.Equal(t, 2, b.outboxRows(t), "the admission and its succeeded event wait in the outbox: %v", b.outboxSubjects(t))
+	require.Equal(t, 3, b.outboxRows(t), "the limit change's release, the admission and its succeeded event wait in the outbox: %v", b.outboxSubjects(t))
 	kill()
 
 	b.start(t, testConfig(t, b.pool, b.js, prometheus.NewRegistry()))
@@ -221,7 +222,7 @@ func TestPurgedIngestAndRepeatedMessagesAdmitOnce(t *testing.T) {
 	require.Equal(t, "deferred", b.status(t, "r-3"))
 }
 
-func TestReconcileRepublishesLostFailedEvents(t *testing.T) {
+func TestReconcileRepublishesLostHeldEvents(t *testing.T) {
 	t.Parallel()
 	b := setup(t, func(c *ingress.Config) { c.ReconcileAfter = time.Hour })
 	require.Equal(t, http.StatusOK, b.do(t, http.MethodPost, "/v1/sources/crm/pause", nil, nil))
@@ -230,7 +231,7 @@ func TestReconcileRepublishesLostFailedEvents(t *testing.T) {
 	}
 	b.waitStatus(t, "deferred", "l-1", "l-2", "l-3")
 	require.Eventually(t, func() bool {
-		return len(streamMsgs(t, b.ctx, b.js, contract.StreamRetries, "retry.event.failed.")) == 3
+		return len(streamMsgs(t, b.ctx, b.js, contract.StreamRetries, "retry.event.held.")) == 3
 	}, eventually, 20*time.Millisecond)
 	// l-3 was confirmed by the scheduler before the purge: not republished.
 	b.publishScheduled(t, contract.Scheduled, "l-3", "crm", 2, time.Now().Add(time.Minute))
@@ -251,18 +252,18 @@ func TestReconcileRepublishesLostFailedEvents(t *testing.T) {
 	n, err := b.svc.Reconcile(b.ctx)
 	require.NoError(t, err)
 	require.Equal(t, 2, n)
-	var failed []*jetstream.RawStreamMsg
+	var held []*jetstream.RawStreamMsg
 	require.Eventually(t, func() bool {
-		failed = streamMsgs(t, b.ctx, b.js, contract.StreamRetries, "retry.event.failed.")
-		return len(failed) == 2
+		held = streamMsgs(t, b.ctx, b.js, contract.StreamRetries, "retry.event.held.")
+		return len(held) == 2
 	}, eventually, 20*time.Millisecond)
-	for _, m := range failed {
+	for _, m := range held {
 		lc, err := contract.DecodeLifecycle(m.Subject, m.Data)
 		require.NoError(t, err)
 		require.Contains(t, []string{"l-1", "l-2"}, lc.ID)
-		require.Equal(t, "event-failed:"+lc.ID+":1", lc.Envelope.ID, "the original Nats-Msg-Id")
-		require.Equal(t, "source_paused", lc.Failed.Reason)
-		require.Equal(t, "temporary", lc.Failed.Error.Class)
+		require.Equal(t, "event-held:"+lc.ID+":1", lc.Envelope.ID, "the original Nats-Msg-Id")
+		require.Equal(t, contract.HoldPause, lc.Held.Reason)
+		require.Equal(t, "crm", lc.Held.HoldKey)
 	}
 	require.EqualValues(t, 2, b.counter(t, "retryd_ingress_reconciled_total", nil))
 }
@@ -280,10 +281,10 @@ func TestDeletedRetriesStreamIsRecreated(t *testing.T) {
 	require.NoError(t, b.js.DeleteStream(b.ctx, contract.StreamRetries))
 
 	// The reconciler recreates RETRIES and the consumers on it, and
-	// publishes the unconfirmed deferral's failed event into it again.
+	// publishes the unconfirmed deferral's held event into it again.
 	require.Eventually(t, func() bool {
 		_, err := b.js.Consumer(b.ctx, contract.StreamRetries, ingress.ConsumerRetry)
-		return err == nil && len(b.lifecycle(t, "lost")[contract.Failed]) > 0
+		return err == nil && len(b.lifecycle(t, "lost")[contract.Held]) > 0
 	}, eventually, 20*time.Millisecond)
 	require.Equal(t, http.StatusOK, b.do(t, http.MethodPost, "/v1/sources/crm/resume", nil, nil))
 	b.publishDue(t, "lost", "crm", 2)

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
@@ -75,9 +76,9 @@ func ids(prefix string, n int) []string {
 func TestE2EThrottledEventsAdmittedAfterWindowReset(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	// Max delay 2s: a retry-after hint beyond it is capped, so the
-	// deferrals come back every 2s at most.
-	b.withScheduler(t, 100*time.Millisecond, 2*time.Second, 50)
+	// A hold is not capped by the max delay: the held events wait for the
+	// end of their window, or for the release the limit change publishes.
+	b.withScheduler(t, 100*time.Millisecond, 2*time.Second, 2)
 	// A day-long window first, so exactly three are admitted whatever the
 	// machine's speed; then one-second windows.
 	b.putSource(t, "billing", map[string]any{"rate_limit": 3, "rate_window": "24h"})
@@ -108,31 +109,78 @@ func TestE2EThrottledEventsAdmittedAfterWindowReset(t *testing.T) {
 	require.EqualValues(t, 6, b.counter(t, "retryd_ingress_retries_total", map[string]string{"source": "billing", "event": "completed"}))
 
 	require.Equal(t, b.count(t, `SELECT count(*) FROM event_ingress_retries`),
-		b.count(t, `SELECT count(*) FROM event_ingress_retries WHERE metadata->>'decided_by' = 'throttle'`),
-		"the window reset decided every retry time")
+		b.count(t, `SELECT count(*) FROM event_ingress_retries WHERE metadata->>'decided_by' = 'hold'`),
+		"the window's end decided every retry time")
+	require.Zero(t, b.count(t, `SELECT count(*) FROM retries WHERE kind = 'event' AND retry_count > 0`),
+		"holds used no retry")
 }
 
-func TestE2EPausedSourceAdmittedAfterResume(t *testing.T) {
+// A pause far longer than the whole retry budget (two retries, 100ms
+// apart at most) exhausts nothing; the resume admits every held event
+// within a second, not at the next backoff.
+func TestE2EResumeAdmitsHeldEventsWithinASecond(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	b.withScheduler(t, 100*time.Millisecond, time.Second, 1000)
+	b.withScheduler(t, 50*time.Millisecond, 100*time.Millisecond, 2)
 	require.Equal(t, http.StatusOK, b.do(t, http.MethodPost, "/v1/sources/crm/pause", map[string]any{"reason": "upgrade"}, nil))
 
-	all := ids("p", 3)
+	all := ids("p", 20)
 	for _, id := range all {
 		b.post(t, event(id, "crm", "contact.created"))
 	}
-	// Retried while paused: deferred again and again, never admitted.
 	require.Eventually(t, func() bool {
-		return b.count(t, `SELECT count(*) FROM event_ingress_retries WHERE attempts >= 3`) == 3
+		return b.count(t, `SELECT count(*) FROM retries WHERE kind = 'event' AND state = 'scheduled' AND hold_reason = 'pause'`) == len(all)
+	}, eventually, 20*time.Millisecond, "every event is held")
+	// Outlast the retry budget several times over (on the database clock
+	// the scheduler uses): a failure would have been exhausted by now.
+	require.Eventually(t, func() bool {
+		return b.count(t, `SELECT count(*) FROM retries WHERE kind = 'event' AND held_since > now() - interval '1 second'`) == 0
 	}, eventually, 20*time.Millisecond)
 	require.Empty(t, b.admittedIDs(t))
+	require.Zero(t, b.count(t, `SELECT count(*) FROM retries WHERE kind = 'event' AND (state <> 'scheduled' OR retry_count > 0)`))
 
 	require.Equal(t, http.StatusOK, b.do(t, http.MethodPost, "/v1/sources/crm/resume", nil, nil))
+	var resumedAt time.Time
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT updated_at FROM event_sources WHERE source = 'crm'`).Scan(&resumedAt))
 	b.requireAdmittedOnce(t, all...)
+	var lastAdmitted time.Time
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT max(admitted_at) FROM workflow_events WHERE source = 'crm'`).Scan(&lastAdmitted))
+	require.Less(t, lastAdmitted.Sub(resumedAt), time.Second, "admitted within 1s of the resume")
 	for _, id := range all {
 		require.Eventually(t, func() bool { return b.schedulerState(t, id) == "succeeded" }, eventually, 20*time.Millisecond, id)
 	}
+	require.Zero(t, b.count(t, `SELECT count(*) FROM workflow_events WHERE status = 'exhausted'`))
+	h := b.count(t, `SELECT count(*) FROM retry_history WHERE kind = 'event' AND decided_by = 'resume'`)
+	require.Equal(t, len(all), h, "each release is in the history")
+}
+
+// A pause with an end releases its held events at the end: not before,
+// and not minutes after (the bound is on the scheduler's due time and the
+// path to admission, not on speed).
+func TestE2EPauseUntilAdmitsAtItsEnd(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.withScheduler(t, 50*time.Millisecond, 100*time.Millisecond, 2)
+	until := time.Now().Add(3 * time.Second).UTC().Truncate(time.Millisecond)
+	require.Equal(t, http.StatusOK, b.do(t, http.MethodPost, "/v1/sources/crm/pause", map[string]any{"until": until}, nil))
+	all := ids("u", 3)
+	for _, id := range all {
+		b.post(t, event(id, "crm", "contact.created"))
+	}
+	b.requireAdmittedOnce(t, all...)
+	rows, err := b.pool.Query(b.ctx, `SELECT event_id, admitted_at FROM workflow_events WHERE source = 'crm'`)
+	require.NoError(t, err)
+	defer rows.Close()
+	for rows.Next() {
+		var id string
+		var at time.Time
+		require.NoError(t, rows.Scan(&id, &at))
+		require.False(t, at.Before(until), "%s admitted at %s, before the pause ended at %s", id, at, until)
+		require.Less(t, at.Sub(until), 100*time.Millisecond, "%s admitted at %s, pause ended at %s", id, at, until)
+	}
+	require.NoError(t, rows.Err())
+	require.Zero(t, b.count(t, `SELECT count(*) FROM retries WHERE kind = 'event' AND state = 'exhausted'`))
+	require.Equal(t, len(all), b.count(t, `SELECT count(*) FROM retry_history WHERE kind = 'event' AND decided_by = 'pause_until'`))
 }
 
 func TestE2ECancelledDeferralIsNeverAdmitted(t *testing.T) {
@@ -154,10 +202,20 @@ func TestE2ECancelledDeferralIsNeverAdmitted(t *testing.T) {
 	require.NotContains(t, b.admittedIDs(t), "drop")
 }
 
-func TestE2EDeferralExhausts(t *testing.T) {
+// setMaxHold sets the event policy's max_hold.
+func (b *bundle) setMaxHold(t *testing.T, d time.Duration) {
+	t.Helper()
+	_, err := b.pool.Exec(b.ctx, `UPDATE retry_policies SET max_hold_ms = $1 WHERE kind = 'event' AND job_type = ''`, d.Milliseconds())
+	require.NoError(t, err)
+}
+
+// Only the policy's max_hold ends a hold: the event is exhausted as
+// hold_expired, with its retries unused.
+func TestE2EHoldExpiresAfterMaxHold(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	b.withScheduler(t, 50*time.Millisecond, 100*time.Millisecond, 2)
+	b.setMaxHold(t, 300*time.Millisecond)
 	require.Equal(t, http.StatusOK, b.do(t, http.MethodPost, "/v1/sources/crm/pause", nil, nil))
 	b.post(t, event("gone", "crm", "contact.created"))
 
@@ -165,8 +223,9 @@ func TestE2EDeferralExhausts(t *testing.T) {
 	var v ingress.EventView
 	require.Equal(t, http.StatusOK, b.do(t, http.MethodGet, "/v1/events/gone", nil, &v))
 	require.Equal(t, "exhausted", v.Retry.State)
-	require.Equal(t, 3, v.Retry.Attempts, "two retries after the first attempt")
-	require.Contains(t, v.Retry.LastError, "max_retries")
+	require.Equal(t, 2, v.Retry.Attempts, "held at arrival and when it came due at max_hold")
+	require.Contains(t, v.Retry.LastError, "hold_expired")
+	require.Contains(t, v.Retry.LastError, "after 0 retries")
 	require.EqualValues(t, 1, b.counter(t, "retryd_ingress_retries_total", map[string]string{"source": "crm", "event": "exhausted"}))
 
 	// Resuming does not bring an exhausted event back.
@@ -202,8 +261,8 @@ func TestE2ECrashBetweenCommitAndPublishAdmitsOnce(t *testing.T) {
 func TestE2EPurgedRetriesStillAdmitOnce(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	// The window outlasts the test; the policy's max delay (2s) caps the
-	// hint, so the dues come after the purges.
+	// The window outlasts the test: the events stay held until the limit
+	// is lifted after the purges, which releases them.
 	b.withScheduler(t, 100*time.Millisecond, 2*time.Second, 50)
 	b.putSource(t, "billing", map[string]any{"rate_limit": 1, "rate_window": "1h"})
 	all := ids("g", 4)
@@ -236,6 +295,7 @@ func TestE2EManualRetryOfEndedDeferral(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	s := b.withScheduler(t, 50*time.Millisecond, 100*time.Millisecond, 1)
+	b.setMaxHold(t, 300*time.Millisecond)
 	require.Equal(t, http.StatusOK, b.do(t, http.MethodPost, "/v1/sources/crm/pause", nil, nil))
 	b.post(t, event("tired", "crm", "contact.created"))
 	b.waitStatus(t, "exhausted", "tired")
@@ -256,4 +316,35 @@ func TestE2EManualRetryOfEndedDeferral(t *testing.T) {
 		require.Equal(t, http.StatusOK, b.do(t, http.MethodGet, "/v1/events/"+id, nil, &v))
 		require.Equal(t, "completed", v.Retry.State, id)
 	}
+}
+
+// A burst to a rate-limited source (issue 13, point 3, at a reduced size):
+// every event is admitted once, in arrival order, at most the limit per
+// window, and each held event comes back once, at its own slot, rather
+// than every held event at every window edge.
+func TestE2EThrottledBurstIsAdmittedInOrderOneDueEach(t *testing.T) {
+	t.Parallel()
+	// One message at a time per consumer, so arrival order is the
+	// gate's order.
+	b := setup(t, func(c *ingress.Config) { c.Concurrency = 1 })
+	b.withScheduler(t, 50*time.Millisecond, 100*time.Millisecond, 2)
+	const limit, n = 10, 60
+	b.putSource(t, "stream", map[string]any{"rate_limit": limit, "rate_window": "1s"})
+	all := ids("s", n)
+	for _, id := range all {
+		b.post(t, event(id, "stream", "tick.happened"))
+	}
+	b.requireAdmittedOnce(t, all...)
+
+	var order []string
+	for _, m := range streamMsgs(t, b.ctx, b.js, contract.StreamEvents, "events.stream.") {
+		order = append(order, m.Header.Get(nats.MsgIdHdr))
+	}
+	require.Equal(t, all, order, "admitted in arrival order")
+	require.Zero(t, b.count(t, `SELECT count(*) FROM event_source_windows WHERE source = 'stream' AND admitted > $1`, limit))
+	held := b.count(t, `SELECT count(*) FROM retries WHERE kind = 'event' AND source = 'stream'`)
+	require.Positive(t, held)
+	dues := len(streamMsgs(t, b.ctx, b.js, contract.StreamRetries, "retry.event.due."))
+	require.LessOrEqual(t, float64(dues), 1.1*float64(held), "%d dues for %d held events", dues, held)
+	require.Zero(t, b.count(t, `SELECT count(*) FROM retries WHERE kind = 'event' AND (state = 'exhausted' OR retry_count > 0)`))
 }

@@ -122,7 +122,7 @@ func invalid(field, reason string) error {
 
 // apply carries out the gate's verdict for attempt of ev inside tx: admit
 // (status admitted, events.<source>.<type>, and succeeded when it was a
-// retry) or defer (status deferred, the retry row, and failed).
+// retry) or defer (status deferred, the retry row, and held).
 func (s *Service) apply(ctx context.Context, tx pgx.Tx, ev ingressstore.Event, attempt int, v ingressstore.Verdict) error {
 	now := s.cfg.Now()
 	if v.Admitted {
@@ -152,7 +152,7 @@ func (s *Service) apply(ctx context.Context, tx pgx.Tx, ev ingressstore.Event, a
 	if !v.Now.IsZero() {
 		now = v.Now
 	}
-	m, err := failedMsg(d, now)
+	m, err := heldMsg(d, now)
 	if err != nil {
 		return err
 	}

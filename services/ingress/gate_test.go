@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
 	"github.com/retryd/retryd/pkg/contract"
@@ -77,22 +78,25 @@ func TestThrottledEventIsDeferredAndAdmittedWhenDue(t *testing.T) {
 	require.NotNil(t, v.Retry.NextAttemptAt)
 	require.Zero(t, v.Retry.NextAttemptAt.UnixMilli()%time.Hour.Milliseconds(), "retry at the window's reset")
 
-	var failed []contract.LifecycleEvent
+	// A hold, not a failure: no error class, the window's end as until.
+	var held []contract.LifecycleEvent
 	require.Eventually(t, func() bool {
-		failed = b.lifecycle(t, "second")[contract.Failed]
-		return len(failed) == 1
+		held = b.lifecycle(t, "second")[contract.Held]
+		return len(held) == 1
 	}, eventually, 20*time.Millisecond)
-	fd := failed[0].Failed
-	require.Equal(t, 1, fd.Attempt)
-	require.Equal(t, "rate_limit", fd.Error.Class)
-	require.Equal(t, "source_throttled", fd.Reason)
-	require.Equal(t, "billing", fd.Source)
-	require.NotNil(t, fd.RetryAfter)
-	require.True(t, fd.RetryAfter.At.Equal(*v.Retry.NextAttemptAt))
-	require.Equal(t, "event-failed:second:1", failed[0].Envelope.ID)
+	require.Empty(t, b.lifecycle(t, "second")[contract.Failed])
+	hd := held[0].Held
+	require.Equal(t, 1, hd.Attempt)
+	require.Equal(t, contract.HoldThrottle, hd.Reason)
+	require.Equal(t, "billing", hd.Source)
+	require.Equal(t, "billing", hd.HoldKey)
+	require.Contains(t, hd.Detail, "source_throttled: rate limit of 1 per 1h0m0s reached")
+	require.NotNil(t, hd.Until)
+	require.True(t, hd.Until.Equal(*v.Retry.NextAttemptAt))
+	require.Equal(t, "event-held:second:1", held[0].Envelope.ID)
 
 	// The scheduler confirms, then attempt 2 comes due while the window is
-	// still full: failed again, attempt 2.
+	// still full: held again, attempt 2.
 	next := time.Now().Add(time.Hour)
 	b.publishScheduled(t, contract.Scheduled, "second", "billing", 2, next)
 	require.Eventually(t, func() bool {
@@ -100,8 +104,8 @@ func TestThrottledEventIsDeferredAndAdmittedWhenDue(t *testing.T) {
 	}, eventually, 20*time.Millisecond)
 	require.Equal(t, "throttle", v.Retry.Metadata["decided_by"])
 	b.publishDue(t, "second", "billing", 2)
-	require.Eventually(t, func() bool { return len(b.lifecycle(t, "second")[contract.Failed]) == 2 }, eventually, 20*time.Millisecond)
-	require.Equal(t, 2, b.lifecycle(t, "second")[contract.Failed][1].Failed.Attempt)
+	require.Eventually(t, func() bool { return len(b.lifecycle(t, "second")[contract.Held]) == 2 }, eventually, 20*time.Millisecond)
+	require.Equal(t, 2, b.lifecycle(t, "second")[contract.Held][1].Held.Attempt)
 
 	// The limit is lifted: attempt 3 admits and reports success.
 	b.putSource(t, "billing", map[string]any{})
@@ -135,18 +139,29 @@ func TestPausedSourceDefersWithoutHint(t *testing.T) {
 
 	b.post(t, event("p-1", "crm", "contact.created"))
 	b.waitStatus(t, "deferred", "p-1")
-	require.Eventually(t, func() bool { return len(b.lifecycle(t, "p-1")[contract.Failed]) == 1 }, eventually, 20*time.Millisecond)
-	fd := b.lifecycle(t, "p-1")[contract.Failed][0].Failed
-	require.Equal(t, "source_paused", fd.Reason)
-	require.Equal(t, "temporary", fd.Error.Class)
-	require.Nil(t, fd.RetryAfter, "an indefinite pause leaves the delay to the policy")
+	require.Eventually(t, func() bool { return len(b.lifecycle(t, "p-1")[contract.Held]) == 1 }, eventually, 20*time.Millisecond)
+	hd := b.lifecycle(t, "p-1")[contract.Held][0].Held
+	require.Equal(t, contract.HoldPause, hd.Reason)
+	require.Equal(t, "crm", hd.HoldKey)
+	require.Nil(t, hd.Until, "an indefinite pause holds until resumed")
 
-	// Due while paused: deferred again. After resume: admitted.
+	// Due while paused: held again. The resume releases the source's
+	// holds; after it, admitted.
 	b.publishDue(t, "p-1", "crm", 2)
-	require.Eventually(t, func() bool { return len(b.lifecycle(t, "p-1")[contract.Failed]) == 2 }, eventually, 20*time.Millisecond)
+	require.Eventually(t, func() bool { return len(b.lifecycle(t, "p-1")[contract.Held]) == 2 }, eventually, 20*time.Millisecond)
 	require.Equal(t, 200, b.do(t, http.MethodPost, "/v1/sources/crm/resume", nil, &src))
 	require.False(t, src.Paused)
 	require.EqualValues(t, 1, src.Deferred)
+	var released []*jetstream.RawStreamMsg
+	require.Eventually(t, func() bool {
+		released = streamMsgs(t, b.ctx, b.js, contract.StreamRetries, "retry.event.released.crm")
+		return len(released) == 1
+	}, eventually, 20*time.Millisecond)
+	rel, err := contract.DecodeLifecycle(released[0].Subject, released[0].Data)
+	require.NoError(t, err)
+	require.Equal(t, contract.ReleaseResume, rel.Released.Reason)
+	require.True(t, rel.Released.ReleasedAt.After(b.lifecycle(t, "p-1")[contract.Held][1].Envelope.Time),
+		"released after the last hold was decided")
 	b.publishDue(t, "p-1", "crm", 3)
 	b.waitStatus(t, "admitted", "p-1")
 
@@ -154,10 +169,10 @@ func TestPausedSourceDefersWithoutHint(t *testing.T) {
 	until := time.Now().Add(time.Hour).UTC().Truncate(time.Second)
 	require.Equal(t, 200, b.do(t, http.MethodPost, "/v1/sources/crm/pause", map[string]any{"until": until}, &src))
 	b.post(t, event("p-2", "crm", "contact.created"))
-	require.Eventually(t, func() bool { return len(b.lifecycle(t, "p-2")[contract.Failed]) == 1 }, eventually, 20*time.Millisecond)
-	fd = b.lifecycle(t, "p-2")[contract.Failed][0].Failed
-	require.NotNil(t, fd.RetryAfter)
-	require.True(t, until.Equal(fd.RetryAfter.At))
+	require.Eventually(t, func() bool { return len(b.lifecycle(t, "p-2")[contract.Held]) == 1 }, eventually, 20*time.Millisecond)
+	hd = b.lifecycle(t, "p-2")[contract.Held][0].Held
+	require.NotNil(t, hd.Until)
+	require.True(t, until.Equal(*hd.Until))
 }
 
 func TestDueEdgeCases(t *testing.T) {
@@ -184,7 +199,7 @@ func TestDueEdgeCases(t *testing.T) {
 	// inbox) changes nothing.
 	b.publishDue(t, "d", "billing", 1)
 	b.drained(t, ingress.ConsumerRetry)
-	require.Len(t, b.lifecycle(t, "d")[contract.Failed], 1)
+	require.Len(t, b.lifecycle(t, "d")[contract.Held], 1)
 	require.Equal(t, "deferred", b.status(t, "d"))
 
 	// The type is no longer allowed: the deferral is cancelled.

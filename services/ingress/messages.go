@@ -44,27 +44,47 @@ func (d deferral) record() ingressstore.Deferral {
 		Detail: d.detail, Class: string(d.class), RetryAt: d.retryAt}
 }
 
-// failedMsg is retry.event.failed.<eventId> for the deferral: the reason
-// makes the scheduler record decided_by=throttle when a hint is given, and
-// an indefinite pause leaves the delay to the event policy's backoff.
-func failedMsg(d deferral, now time.Time) (*nats.Msg, error) {
-	msg := d.reason
-	if d.detail != "" {
-		msg += ": " + d.detail
-	}
-	data := contract.FailedData{
+// heldMsg is retry.event.held.<eventId> for the deferral: the gate held
+// the event back, no attempt failed, so the scheduler keeps its retry
+// budget and releases it at retryAt (the end of the rate window or of the
+// pause), or, for a pause without an end, when the source is resumed
+// (hold key: the source).
+func heldMsg(d deferral, now time.Time) (*nats.Msg, error) {
+	data := contract.HeldData{
 		Kind:     contract.KindEvent,
 		ID:       d.id,
 		Attempt:  d.attempt,
-		Error:    contract.ErrorInfo{Class: string(d.class), Message: msg},
-		Reason:   d.reason,
+		Reason:   holdReason(d.reason),
+		HoldKey:  d.source,
+		Detail:   d.reason,
 		Source:   d.source,
 		Metadata: map[string]string{"type": d.typ},
 	}
-	if !d.retryAt.IsZero() {
-		data.RetryAfter = contract.RetryAfterAt(d.retryAt)
+	if d.detail != "" {
+		data.Detail += ": " + d.detail
 	}
-	return contract.NewLifecycleMsg(PublisherSource, contract.Failed, data, now)
+	if !d.retryAt.IsZero() {
+		until := d.retryAt.UTC()
+		data.Until = &until
+	}
+	return contract.NewLifecycleMsg(PublisherSource, contract.Held, data, now)
+}
+
+// holdReason maps a gate verdict's reason to the hold's.
+func holdReason(reason string) string {
+	if reason == ingressstore.ReasonSourcePaused {
+		return contract.HoldPause
+	}
+	return contract.HoldThrottle
+}
+
+// releasedMsg is retry.event.released.<source>: the source was resumed,
+// or its limit changed, at at (database clock), so every event it holds is
+// due now.
+func releasedMsg(source, reason, by string, at, now time.Time) (*nats.Msg, error) {
+	return contract.NewLifecycleMsg(PublisherSource, contract.Released, contract.ReleasedData{
+		Kind: contract.KindEvent, HoldKey: source, Reason: reason, By: by, ReleasedAt: at.UTC(),
+	}, now)
 }
 
 func succeededMsg(id, source string, attempt int, now time.Time) (*nats.Msg, error) {

@@ -12,6 +12,7 @@ import (
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/pkg/serve"
 	"github.com/retryd/retryd/projections/ingressstore"
+	"github.com/retryd/retryd/projections/outbox"
 	"github.com/retryd/retryd/projections/pgtext"
 )
 
@@ -151,11 +152,21 @@ func (s *Service) putSource(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	src, err := ingressstore.PutSource(r.Context(), s.cfg.Pool, cfg)
+	// The new limit may admit what the old one held back: a release in the
+	// same transaction has the scheduler bring the held events back now
+	// rather than at the end of the old window.
+	var src ingressstore.Source
+	err = s.inTx(r.Context(), func(tx pgx.Tx) error {
+		if src, err = ingressstore.PutSource(r.Context(), tx, cfg); err != nil {
+			return err
+		}
+		return s.release(r.Context(), tx, source, contract.ReleaseLimitChanged)
+	})
 	if err != nil {
 		s.internal(w, err)
 		return
 	}
+	s.relay.Kick()
 	s.types.forget(source)
 	s.log.Info().Str("source", source).Interface("rate_limit", src.RateLimit).Dur("rate_window", src.RateWindow).
 		Int("allowed_types", len(src.AllowedTypes)).Msg("source gate updated")
@@ -205,13 +216,23 @@ func (s *Service) pauseSource(w http.ResponseWriter, r *http.Request) {
 	serve.WriteJSON(w, http.StatusOK, sourceView(src))
 }
 
+// resumeSource ends a source's pause and, in the same transaction, puts
+// retry.event.released.<source> in the outbox: the scheduler then makes
+// every event the pause holds due at once, in arrival order, instead of
+// at the pause's end or its max_hold.
 func (s *Service) resumeSource(w http.ResponseWriter, r *http.Request) {
 	source, err := sourceParam(r)
 	if err != nil {
 		serve.WriteError(w, err)
 		return
 	}
-	src, err := ingressstore.ResumeSource(r.Context(), s.cfg.Pool, source, updatedByAPI)
+	var src ingressstore.Source
+	err = s.inTx(r.Context(), func(tx pgx.Tx) error {
+		if src, err = ingressstore.ResumeSource(r.Context(), tx, source, updatedByAPI); err != nil {
+			return err
+		}
+		return s.release(r.Context(), tx, source, contract.ReleaseResume)
+	})
 	if errors.Is(err, ingressstore.ErrNotFound) {
 		serve.WriteError(w, fmt.Errorf("source %q has no gate configured: %w", source, serve.ErrNotFound))
 		return
@@ -220,8 +241,26 @@ func (s *Service) resumeSource(w http.ResponseWriter, r *http.Request) {
 		s.internal(w, err)
 		return
 	}
-	s.log.Info().Str("source", source).Int64("deferred", src.Deferred).Msg("source resumed")
+	s.relay.Kick()
+	s.log.Info().Str("source", source).Int64("deferred", src.Deferred).Msg("source resumed: held events released")
 	serve.WriteJSON(w, http.StatusOK, sourceView(src))
+}
+
+// release puts retry.event.released.<source> in the outbox of tx, which
+// has just changed the source's row. Its time is read after that change,
+// so it is later than any gate decision made under the old settings (the
+// gate holds the source row FOR SHARE while it decides): the scheduler
+// releases such a hold even if it arrives after the release.
+func (s *Service) release(ctx context.Context, tx pgx.Tx, source, reason string) error {
+	var at time.Time
+	if err := tx.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&at); err != nil {
+		return fmt.Errorf("read database clock: %w", err)
+	}
+	m, err := releasedMsg(source, reason, updatedByAPI, at, s.cfg.Now())
+	if err != nil {
+		return err
+	}
+	return outbox.Insert(ctx, tx, OutboxOwner, m)
 }
 
 // EventView is an event's status and, when it was deferred, its retry.

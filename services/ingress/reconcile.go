@@ -18,7 +18,7 @@ import (
 const reconcileBatch = 500
 
 // reconcileLoop runs at start and every ReconcileInterval: it publishes
-// again the failed event of deferrals the scheduler never confirmed and
+// again the held event of deferrals the scheduler never confirmed and
 // prunes ended rate windows and old inbox rows. It holds no state of its
 // own; everything it needs is in Postgres. (The consumers recreate
 // themselves, at the same interval.)
@@ -30,7 +30,7 @@ func (s *Service) reconcileLoop(ctx context.Context) {
 		if err != nil && ctx.Err() == nil {
 			s.log.Error().Err(err).Msg("reconcile deferrals")
 		} else if n > 0 {
-			s.log.Info().Int("republished", n).Msg("republished failed events of unconfirmed deferrals")
+			s.log.Info().Int("republished", n).Msg("republished held events of unconfirmed deferrals")
 		}
 		s.prune(ctx)
 		select {
@@ -41,8 +41,8 @@ func (s *Service) reconcileLoop(ctx context.Context) {
 	}
 }
 
-// Reconcile publishes again, through the outbox, the failed event of every
-// deferral the scheduler has not confirmed for ReconcileAfter: its failed
+// Reconcile publishes again, through the outbox, the held event of every
+// deferral the scheduler has not confirmed for ReconcileAfter: its held
 // event was lost (RETRIES purged) or not consumed yet. The republished
 // message has the original's Nats-Msg-Id and content, so a scheduler that
 // had it already ignores it. It returns how many it republished.
@@ -58,7 +58,7 @@ func (s *Service) Reconcile(ctx context.Context) (int, error) {
 			n = len(rows)
 			msgs := make([]*nats.Msg, 0, len(rows))
 			for _, r := range rows {
-				m, err := s.refailedMsg(ctx, tx, r)
+				m, err := s.reheldMsg(ctx, tx, r)
 				if err != nil {
 					return err
 				}
@@ -88,8 +88,8 @@ func (s *Service) Reconcile(ctx context.Context) (int, error) {
 	}
 }
 
-// refailedMsg rebuilds the failed event of a deferral from its row.
-func (s *Service) refailedMsg(ctx context.Context, tx pgx.Tx, r ingressstore.Retry) (*nats.Msg, error) {
+// reheldMsg rebuilds the held event of a deferral from its row.
+func (s *Service) reheldMsg(ctx context.Context, tx pgx.Tx, r ingressstore.Retry) (*nats.Msg, error) {
 	ev, err := ingressstore.GetEvent(ctx, tx, r.EventID)
 	if err != nil {
 		return nil, err
@@ -116,7 +116,7 @@ func (s *Service) refailedMsg(ctx context.Context, tx pgx.Tx, r ingressstore.Ret
 			d.retryAt = t
 		}
 	}
-	return failedMsg(d, r.UpdatedAt)
+	return heldMsg(d, r.UpdatedAt)
 }
 
 // prune deletes ended rate windows and, unless disabled, old inbox rows.

@@ -210,7 +210,7 @@ func (s *Service) decideDue(ctx context.Context, tx pgx.Tx, msgID string, due *c
 	default:
 		last = r.Attempts
 	}
-	v, err := ingressstore.Gate(ctx, tx, ev.Source, ev.Type)
+	v, err := ingressstore.GateDue(ctx, tx, ev.Source, ev.Type)
 	if errors.Is(err, ingressstore.ErrTypeNotAllowed) {
 		out.what = "type_cancelled"
 		return s.cancelDeferral(ctx, tx, ev, last, cancelledByIngress, reasonTypeNotAllowed+": "+err.Error())

@@ -97,6 +97,15 @@ type PolicyRequest struct {
 	RetryableClasses    []string `json:"retryable_classes"`
 	NonRetryableClasses []string `json:"non_retryable_classes"`
 	Enabled             *bool    `json:"enabled"` // default true
+	// MaxHoldMS bounds how long an item may be held back (throttled,
+	// paused, waiting for a slot) before it is exhausted as hold_expired
+	// (default 30 days). MaxRetryAfterMS bounds a failure's own
+	// retry-after hint (default 24 hours).
+	MaxHoldMS       int64 `json:"max_hold_ms"`
+	MaxRetryAfterMS int64 `json:"max_retry_after_ms"`
+	// ClassBackoff gives error classes (names as in errclass, aliases
+	// accepted) their own backoff; fields left out keep the policy's.
+	ClassBackoff map[string]retrystore.ClassBackoff `json:"class_backoff"`
 	// Version, when set, must be the current version (optimistic
 	// concurrency: 409 if someone changed the policy meanwhile).
 	Version   int    `json:"version"`
@@ -143,7 +152,13 @@ func (req PolicyRequest) policy(kind, jobType string) (retrystore.Policy, error)
 	p := retrystore.Policy{
 		Kind: kind, JobType: jobType, Name: req.Name, Version: req.Version, MaxRetries: *req.MaxRetries,
 		BaseDelayMS: *req.BaseDelayMS, MaxDelayMS: *req.MaxDelayMS, Multiplier: 2, Jitter: string(backoff.JitterAdditive),
-		JitterMS: req.JitterMS, Enabled: true,
+		JitterMS: req.JitterMS, Enabled: true, MaxHoldMS: req.MaxHoldMS, MaxRetryAfterMS: req.MaxRetryAfterMS,
+	}
+	if req.MaxHoldMS < 0 {
+		return retrystore.Policy{}, invalidField("max_hold_ms", fmt.Sprintf("must be positive (leave it out for 30 days), got %d", req.MaxHoldMS))
+	}
+	if req.MaxRetryAfterMS < 0 {
+		return retrystore.Policy{}, invalidField("max_retry_after_ms", fmt.Sprintf("must be positive (leave it out for 24 hours), got %d", req.MaxRetryAfterMS))
 	}
 	if req.Multiplier != nil {
 		p.Multiplier = *req.Multiplier
@@ -160,6 +175,14 @@ func (req PolicyRequest) policy(kind, jobType string) (retrystore.Policy, error)
 	}
 	if p.NonRetryableClasses, err = parseClasses("non_retryable_classes", req.NonRetryableClasses); err != nil {
 		return retrystore.Policy{}, err
+	}
+	p.ClassBackoff = make(map[string]retrystore.ClassBackoff, len(req.ClassBackoff))
+	for name, cb := range req.ClassBackoff {
+		cl, err := errclass.Parse(name)
+		if err != nil {
+			return retrystore.Policy{}, invalidField("class_backoff", err.Error())
+		}
+		p.ClassBackoff[string(cl)] = cb
 	}
 	return p, nil
 }

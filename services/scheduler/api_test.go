@@ -182,6 +182,12 @@ func TestPoliciesAPI(t *testing.T) {
 	require.Equal(t, http.StatusCreated, status, body)
 	require.Equal(t, []any{"validation"}, body["non_retryable_classes"])
 	require.Equal(t, "additive", body["jitter"])
+	require.EqualValues(t, 30*24*3600*1000, body["max_hold_ms"], "default max_hold")
+	require.EqualValues(t, 24*3600*1000, body["max_retry_after_ms"], "default max_retry_after")
+	status, body = api.do("PUT", "/v1/policies/pu/holds", `{"name":"pu-holds","max_retries":1,"base_delay_ms":1000,"max_delay_ms":2000,"max_hold_ms":3600000,"max_retry_after_ms":60000}`)
+	require.Equal(t, http.StatusCreated, status, body)
+	require.EqualValues(t, 3600000, body["max_hold_ms"])
+	require.EqualValues(t, 60000, body["max_retry_after_ms"])
 
 	for _, bad := range []struct{ path, body, field string }{
 		{"/v1/policies/pu/_", `{"name":"x","base_delay_ms":1,"max_delay_ms":1}`, "max_retries"},
@@ -193,6 +199,9 @@ func TestPoliciesAPI(t *testing.T) {
 		{"/v1/policies/PU/_", `{"name":"x","max_retries":1,"base_delay_ms":1,"max_delay_ms":1}`, "kind"},
 		{"/v1/policies/*/x", `{"name":"x","max_retries":1,"base_delay_ms":1,"max_delay_ms":1}`, "job_type"},
 		{"/v1/policies/pu/_", `[]`, "body"},
+		{"/v1/policies/pu/_", `{"name":"x","max_retries":1,"base_delay_ms":1,"max_delay_ms":1,"max_hold_ms":-1}`, "max_hold_ms"},
+		{"/v1/policies/pu/_", `{"name":"x","max_retries":1,"base_delay_ms":1,"max_delay_ms":1,"max_hold_ms":31622400001}`, "max_hold_ms"},
+		{"/v1/policies/pu/_", `{"name":"x","max_retries":1,"base_delay_ms":1,"max_delay_ms":1,"max_retry_after_ms":-5}`, "max_retry_after_ms"},
 	} {
 		status, body = api.do("PUT", bad.path, bad.body)
 		require.Equal(t, http.StatusBadRequest, status, bad.body)

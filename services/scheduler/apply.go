@@ -16,6 +16,9 @@ import (
 // makes a rebuilt projection equal the original.
 //
 //	failed(n)      row absent, or pending with attempt n -> decided: scheduled(n+1) or exhausted
+//	held(n)        as failed(n), but decided as a hold: scheduled(n+1) with the same
+//	               retry count (budget_base + 1), or exhausted hold_expired
+//	released(key)  every hold under key -> due now, in hold order (set-based)
 //	scheduled(m)   written with the decision
 //	due(m)         scheduled -> due (again: due -> due, one more emission)
 //	succeeded      pending -> succeeded
@@ -116,6 +119,8 @@ func recordFailure(row *retrystore.Retry, f fact, class string) (retrystore.Retr
 	r.LastErrorAt = &at
 	r.LastReason = fd.Reason
 	r.ExhaustedReason, r.ResolvedAt = "", nil
+	// An attempt ran: whatever held the item before has lifted.
+	r.HeldSince, r.HoldReason, r.HoldKey = nil, "", ""
 
 	h := entry(&r, fd.Attempt, contract.Failed, f.msgID, f.at)
 	h.ErrorClass = class
@@ -191,9 +196,11 @@ func applyScheduleDecision(r *retrystore.Retry, sd *contract.ScheduledData) {
 	r.NextAttemptAt = &next
 	r.DueAt, r.DueEmissions = nil, 0
 	r.ExhaustedReason, r.ResolvedAt = "", nil
-	if sd.Decision.DecidedBy == contract.DecidedByManual {
-		r.BudgetBase = sd.Attempt - 1 - sd.Decision.RetryCount
-	} else if sd.Decision.ErrorClass != "" {
+	// Attempts keep growing (due ids stay unique) while the budget counts
+	// only failures: a backoff keeps budget_base, a hold raises it by one
+	// (its attempt did not run), a manual retry may reset it.
+	r.BudgetBase = max(sd.Attempt-1-sd.Decision.RetryCount, 0)
+	if sd.Decision.DecidedBy != contract.DecidedByManual && sd.Decision.ErrorClass != "" {
 		r.LastErrorClass = sd.Decision.ErrorClass
 	}
 }

@@ -45,7 +45,36 @@ func toPolicy(p retrystore.Policy) policy.Policy {
 		RetryableClasses:    classes(p.RetryableClasses),
 		NonRetryableClasses: classes(p.NonRetryableClasses),
 		Enabled:             p.Enabled,
+		MaxHold:             time.Duration(p.MaxHoldMS) * time.Millisecond,
+		MaxRetryAfter:       time.Duration(p.MaxRetryAfterMS) * time.Millisecond,
+		ClassBackoff:        classBackoff(p.ClassBackoff),
 	}
+}
+
+// classBackoff converts the stored per-class backoffs (milliseconds) to
+// the decision's; nil when there are none.
+func classBackoff(in map[string]retrystore.ClassBackoff) map[errclass.Class]policy.ClassBackoff {
+	if len(in) == 0 {
+		return nil
+	}
+	ms := func(v *int64) *time.Duration {
+		if v == nil {
+			return nil
+		}
+		d := time.Duration(*v) * time.Millisecond
+		return &d
+	}
+	out := make(map[errclass.Class]policy.ClassBackoff, len(in))
+	for c, cb := range in {
+		pc := policy.ClassBackoff{Base: ms(cb.BaseDelayMS), Max: ms(cb.MaxDelayMS), Multiplier: cb.Multiplier,
+			JitterMax: ms(cb.JitterMS), FirstDelay: ms(cb.FirstDelayMS)}
+		if cb.Jitter != nil {
+			j := backoff.Jitter(*cb.Jitter)
+			pc.Jitter = &j
+		}
+		out[errclass.Class(c)] = pc
+	}
+	return out
 }
 
 // policyCache memoises policy lookups inside one transaction, so a batch
@@ -83,15 +112,17 @@ func classify(c *errclass.Classifier, e contract.ErrorInfo) errclass.Class {
 	return c.ClassifyMessage(e.Message)
 }
 
-// failure is what a decision needs to know about a failure beyond the row.
+// failure is what a decision needs to know about a failure, or a hold,
+// beyond the row.
 type failure struct {
 	class      errclass.Class
 	message    string
-	reason     string
 	retryAfter *contract.RetryAfter
 	// nonRetryable is the owner's word that this failure is final whatever
 	// its class (contract.ErrorInfo.NonRetryable).
 	nonRetryable bool
+	// hold makes this a hold, decided by its own rules (policy.Hold).
+	hold *policy.Hold
 }
 
 // decider makes retry decisions; shared by the policy stage and the
@@ -112,7 +143,7 @@ func (d *decider) decide(ctx context.Context, q retrystore.Querier, r retrystore
 	}
 	in := policy.Input{
 		Attempt: r.Attempt, RetryCount: r.RetryCount, FailedAt: now, Class: f.class,
-		RetryAfter: f.retryAfter, Throttled: f.reason != "", MaxRetriesOverride: r.MaxRetriesOverride,
+		RetryAfter: f.retryAfter, Hold: f.hold, MaxRetriesOverride: r.MaxRetriesOverride,
 		NonRetryable: f.nonRetryable,
 	}
 	if !r.RetryEnabled {
@@ -139,9 +170,13 @@ func (d *decider) decide(ctx context.Context, q retrystore.Querier, r retrystore
 		hist = append(hist, scheduledEntry(&r, ev, sd, msgID, now))
 		return change{row: &r, history: hist, msgs: []*nats.Msg{msg}, outcome: ev}, nil
 	}
+	message := f.message
+	if out.ExhaustedReason == contract.ExhaustedHoldExpired {
+		message = out.Decision.Note
+	}
 	ed := &contract.ExhaustedData{
 		Kind: r.Kind, ID: r.ItemID, Attempt: r.Attempt, Reason: out.ExhaustedReason,
-		Error:      contract.ErrorInfo{Class: out.Decision.ErrorClass, Message: f.message},
+		Error:      contract.ErrorInfo{Class: out.Decision.ErrorClass, Message: message},
 		RetryCount: out.Decision.RetryCount, MaxRetries: out.Decision.MaxRetries,
 		Policy: out.Decision.Policy, PolicyVersion: out.Decision.PolicyVersion,
 		JobType: r.JobType, Source: r.Source,

@@ -123,12 +123,16 @@ func TestDecisionReasons(t *testing.T) {
 		{"unknown errors are retried", contract.FailedData{Kind: "dr", ID: "unknown", Attempt: 1,
 			Error: contract.ErrorInfo{Message: "something odd"}},
 			want{retrystore.StateScheduled, "", contract.DecidedByBackoff, hour, "unknown", 2}},
-		{"retry-after hint capped at the max delay", contract.FailedData{Kind: "dr", ID: "hint", Attempt: 1,
+		{"retry-after hint above the max delay is honoured", contract.FailedData{Kind: "dr", ID: "hint", Attempt: 1,
 			Error: contract.ErrorInfo{Class: "rate_limit"}, RetryAfter: contract.RetryAfterDuration(3 * time.Hour)},
-			want{retrystore.StateScheduled, "", contract.DecidedByRetryAfter, 2 * hour, "rate_limit", 2}},
+			want{retrystore.StateScheduled, "", contract.DecidedByRetryAfter, 3 * hour, "rate_limit", 2}},
+		{"retry-after hint capped at max_retry_after", contract.FailedData{Kind: "dr", ID: "hint-cap", Attempt: 1,
+			Error: contract.ErrorInfo{Class: "rate_limit"}, RetryAfter: contract.RetryAfterDuration(30 * time.Hour)},
+			want{retrystore.StateScheduled, "", contract.DecidedByRetryAfter, 24 * hour, "rate_limit", 2}},
+		// An owner not upgraded to held events: its throttle is a hold.
 		{"throttled by the owner", contract.FailedData{Kind: "dr", ID: "throttle", Attempt: 1, Reason: "source_throttled",
 			Error: contract.ErrorInfo{Class: "rate_limit"}, RetryAfter: contract.RetryAfterDuration(30 * time.Second)},
-			want{retrystore.StateScheduled, "", contract.DecidedByThrottle, 30_000, "rate_limit", 2}},
+			want{retrystore.StateScheduled, "", contract.DecidedByHold, 30_000, "", 2}},
 		{"retries disabled by the job", contract.FailedData{Kind: "dr", ID: "job-off", Attempt: 1, RetryEnabled: &off,
 			Error: contract.ErrorInfo{Class: "timeout"}},
 			want{retrystore.StateExhausted, contract.ExhaustedRetriesDisabled, "", 0, "timeout", 1}},
@@ -162,7 +166,13 @@ func TestDecisionReasons(t *testing.T) {
 			decision := h[1]
 			if c.want.state == retrystore.StateScheduled {
 				require.Equal(t, c.want.decidedBy, decision.DecidedBy)
-				require.Equal(t, c.want.delayMS, *decision.DelayMS)
+				if c.want.decidedBy == contract.DecidedByHold {
+					// A hold lasts until the owner's time, counted from
+					// when it held the item, not from the decision.
+					require.InDelta(t, c.want.delayMS, *decision.DelayMS, 1000)
+				} else {
+					require.Equal(t, c.want.delayMS, *decision.DelayMS)
+				}
 				require.Equal(t, c.want.class, decision.ErrorClass)
 				var d contract.Decision
 				require.NoError(t, json.Unmarshal(decision.Detail, &d))
@@ -178,10 +188,12 @@ func TestDecisionReasons(t *testing.T) {
 	require.Equal(t, 5, row.MaxRetries)
 	require.Equal(t, 5, *row.MaxRetriesOverride)
 	h := b.history(t, "dr", "hint")
-	require.Contains(t, string(h[1].Detail), "capped")
+	require.NotContains(t, string(h[1].Detail), "capped")
+	h = b.history(t, "dr", "hint-cap")
+	require.Contains(t, string(h[1].Detail), `"capped_by": "max_retry_after"`)
 	require.Equal(t, 8.0, metric(t, s.reg, "retryd_scheduler_exhausted_total", "kind", "dr"))
 	require.Equal(t, 1.0, metric(t, s.reg, "retryd_scheduler_exhausted_total", "kind", "dr-off"))
-	require.Equal(t, 4.0, metric(t, s.reg, "retryd_scheduler_scheduled_total", "kind", "dr"))
+	require.Equal(t, 5.0, metric(t, s.reg, "retryd_scheduler_scheduled_total", "kind", "dr"))
 	require.Equal(t, 1.0, metric(t, s.reg, "retryd_scheduler_rescheduled_total", "kind", "dr"))
 }
 

@@ -120,6 +120,10 @@ func lifecycleMsg(t *testing.T, ev contract.Lifecycle, data any) *nats.Msg {
 		msg, err = contract.NewLifecycleMsg("test/owner", ev, d, time.Now())
 	case contract.CancelledData:
 		msg, err = contract.NewLifecycleMsg("test/owner", ev, d, time.Now())
+	case contract.HeldData:
+		msg, err = contract.NewLifecycleMsg("test/owner", ev, d, time.Now())
+	case contract.ReleasedData:
+		msg, err = contract.NewLifecycleMsg("test/owner", ev, d, time.Now())
 	default:
 		t.Fatalf("unsupported data %T", data)
 	}

@@ -92,9 +92,9 @@ func (s *Scheduler) decode(m jetstream.Msg) (inbound, bool) {
 	ev, err := contract.DecodeLifecycle(m.Subject(), m.Data())
 	if err == nil {
 		switch ev.Event {
-		case contract.Failed, contract.Succeeded, contract.Cancelled:
+		case contract.Failed, contract.Succeeded, contract.Cancelled, contract.Held, contract.Released:
 		default:
-			err = fmt.Errorf("event %q is not consumed by the scheduler (failed, succeeded, cancelled)", ev.Event)
+			err = fmt.Errorf("event %q is not consumed by the scheduler (failed, held, released, succeeded, cancelled)", ev.Event)
 		}
 	}
 	if err != nil {
@@ -168,11 +168,24 @@ func traceBatch(ctx context.Context, items []inbound, err *error) func() {
 // wakes the due loop and acks.
 func (s *Scheduler) handleBatch(ctx context.Context, msgs []jetstream.Msg) {
 	items := make([]inbound, 0, len(msgs))
+	var releases []inbound
 	for _, m := range msgs {
-		if in, ok := s.decode(m); ok {
+		in, ok := s.decode(m)
+		switch {
+		case !ok:
+		case in.f.ev.Event == contract.Released:
+			releases = append(releases, in)
+		default:
 			items = append(items, in)
 		}
 	}
+	// A release updates many rows set-based, so it runs after the batch
+	// (whose rows are saved from memory) in a transaction of its own.
+	defer func() {
+		for _, in := range releases {
+			s.handleRelease(ctx, in)
+		}
+	}()
 	if len(items) == 0 {
 		return
 	}
@@ -377,6 +390,9 @@ func (s *Scheduler) applyBatch(ctx context.Context, items []inbound) ([]applied,
 // decideOne computes the change one fact makes to its item's row (nil:
 // the item has none yet).
 func (s *Scheduler) decideOne(ctx context.Context, tx pgx.Tx, d *decider, row *retrystore.Retry, f fact, now time.Time) (change, error) {
+	if hd, ok := heldFact(f); ok {
+		return s.applyHeld(ctx, tx, d, row, f, hd, now)
+	}
 	switch f.ev.Event {
 	case contract.Failed:
 		return s.applyFailed(ctx, tx, d, row, f, now)
@@ -404,7 +420,7 @@ func (s *Scheduler) applyFailed(ctx context.Context, tx pgx.Tx, d *decider, row 
 	}
 	class := classify(s.cfg.Classifier, fd.Error)
 	r, h := recordFailure(row, f, string(class))
-	return d.decide(ctx, tx, r, failure{class: class, message: fd.Error.Message, reason: fd.Reason, retryAfter: fd.RetryAfter, nonRetryable: fd.Error.NonRetryable},
+	return d.decide(ctx, tx, r, failure{class: class, message: fd.Error.Message, retryAfter: fd.RetryAfter, nonRetryable: fd.Error.NonRetryable},
 		[]retrystore.HistoryEntry{h}, now)
 }
 

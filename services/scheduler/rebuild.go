@@ -231,10 +231,27 @@ func (rb *rebuilder) apply(ctx context.Context, tx pgx.Tx, f fact) error {
 		}
 	}
 	switch ev.Event {
-	case contract.Failed, contract.Succeeded, contract.Cancelled:
+	case contract.Failed, contract.Succeeded, contract.Cancelled, contract.Held, contract.Released:
 		if _, err := inbox.Claim(ctx, tx, Owner, f.msgID); err != nil {
 			return err
 		}
+	}
+	if rd := ev.Released; rd != nil {
+		// As live: remembered for later holds, and the holds recorded so
+		// far come due (their dues, if the stream has them, follow).
+		// A hold decided before this release and applied after it is
+		// released as it is applied. For a partial release (a freed slot)
+		// that may release one more than the count: it looks again and
+		// waits again, which costs a due and no retry, where missing it
+		// would leave it waiting for its backoff.
+		if err := retrystore.RecordRelease(ctx, tx, rd.Kind, rd.HoldKey, rd.ReleasedAt); err != nil {
+			return err
+		}
+		if _, err := retrystore.ReleaseHolds(ctx, tx, rd.Kind, rd.HoldKey, rd.Reason, f.msgID, rd.HoldReason, rd.Count); err != nil {
+			return err
+		}
+		rb.stats.Applied++
+		return nil
 	}
 	row, err := lockRow(ctx, tx, ev.Kind, ev.ID)
 	if err != nil {
@@ -247,8 +264,17 @@ func (rb *rebuilder) apply(ctx context.Context, tx pgx.Tx, f fact) error {
 		}
 	}
 	var ch change
-	switch ev.Event {
-	case contract.Failed:
+	hd, held := heldFact(f)
+	switch {
+	case held:
+		if !acceptsFailure(row, hd.Attempt) {
+			ch = staleChange()
+			break
+		}
+		r, h := recordHold(row, f, hd)
+		ch = change{row: &r, history: []retrystore.HistoryEntry{h}}
+		rb.undo[key] = undoFailure{prev: row, msgID: f.msgID}
+	case ev.Event == contract.Failed:
 		if !acceptsFailure(row, ev.Failed.Attempt) {
 			ch = staleChange()
 			break
@@ -256,15 +282,15 @@ func (rb *rebuilder) apply(ctx context.Context, tx pgx.Tx, f fact) error {
 		r, h := recordFailure(row, f, string(classify(rb.classifier, ev.Failed.Error)))
 		ch = change{row: &r, history: []retrystore.HistoryEntry{h}}
 		rb.undo[key] = undoFailure{prev: row, msgID: f.msgID}
-	case contract.Scheduled, contract.Rescheduled:
+	case ev.Event == contract.Scheduled || ev.Event == contract.Rescheduled:
 		ch = replayScheduled(row, f)
-	case contract.Exhausted:
+	case ev.Event == contract.Exhausted:
 		ch = replayExhausted(row, f)
-	case contract.Due:
+	case ev.Event == contract.Due:
 		ch = replayDue(row, f)
-	case contract.Succeeded:
+	case ev.Event == contract.Succeeded:
 		ch = applySucceeded(row, f)
-	case contract.Cancelled:
+	case ev.Event == contract.Cancelled:
 		ch = applyCancelled(row, f)
 	}
 	switch {
@@ -275,7 +301,7 @@ func (rb *rebuilder) apply(ctx context.Context, tx pgx.Tx, f fact) error {
 		return nil
 	}
 	rb.stats.Applied++
-	if ev.Event != contract.Failed {
+	if ev.Event != contract.Failed && ev.Event != contract.Held {
 		delete(rb.undo, key) // decided, or closed
 	}
 	if err := write(ctx, tx, ch); err != nil {
@@ -359,8 +385,18 @@ func (rb *rebuilder) decideOne(ctx context.Context, k retrystore.Key) error {
 	if err != nil {
 		return err
 	}
-	f := failure{class: errclass.Class(row.LastErrorClass), message: row.LastErrorMessage, reason: row.LastReason}
+	f := failure{class: errclass.Class(row.LastErrorClass), message: row.LastErrorMessage}
 	for i := len(hist) - 1; i >= 0; i-- {
+		if hist[i].Event == string(contract.Held) && hist[i].Attempt == row.Attempt {
+			var d heldDetailJSON
+			_ = json.Unmarshal(hist[i].Detail, &d)
+			hd := &contract.HeldData{Reason: d.Reason, Until: d.Until, HoldKey: d.HoldKey}
+			if f.hold, err = holdOf(ctx, tx, row, hd, hist[i].At); err != nil {
+				return err
+			}
+			f.message = d.Detail
+			break
+		}
 		if hist[i].Event == string(contract.Failed) && hist[i].Attempt == row.Attempt {
 			var d failedDetailJSON
 			if len(hist[i].Detail) > 0 && json.Unmarshal(hist[i].Detail, &d) == nil {

@@ -20,9 +20,11 @@ const ConsumerName = "scheduler"
 func ConsumerConfig(cfg Config) jetstream.ConsumerConfig {
 	return jetstream.ConsumerConfig{
 		Durable:     ConsumerName,
-		Description: "retryd scheduler: failed, succeeded and cancelled facts of every kind",
+		Description: "retryd scheduler: failed, held, released, succeeded and cancelled facts of every kind",
 		FilterSubjects: []string{
 			contract.RetryFilter("*", contract.Failed),
+			contract.RetryFilter("*", contract.Held),
+			contract.RetryFilter("*", contract.Released),
 			contract.RetryFilter("*", contract.Succeeded),
 			contract.RetryFilter("*", contract.Cancelled),
 		},

@@ -79,6 +79,11 @@ type Config struct {
 	// CheckInterval is how often the durable consumers are looked for and
 	// recreated when they were deleted (default 30s).
 	CheckInterval time.Duration
+	// RunTimeout is how long a launched run may hold its concurrency slot
+	// without its completed or failed message arriving (default 1h): then
+	// it is failed as run_timeout, at the next reconcile pass, and the
+	// slot goes to the delivery that waited longest.
+	RunTimeout time.Duration
 	// InboxRetention is how long inbox rows (applied message ids) are kept
 	// before they are pruned (default 168h; negative disables pruning).
 	// State guards on attempts and statuses catch replays older than it.
@@ -150,6 +155,12 @@ func (c *Config) validate() error {
 	}
 	if c.InboxRetention == 0 {
 		c.InboxRetention = 168 * time.Hour
+	}
+	if c.RunTimeout == 0 {
+		c.RunTimeout = time.Hour
+	}
+	if c.RunTimeout < 0 {
+		errs = append(errs, fmt.Errorf("Config.RunTimeout must be positive, got %s", c.RunTimeout))
 	}
 	if c.CheckInterval < 0 {
 		errs = append(errs, fmt.Errorf("Config.CheckInterval must not be negative, got %s", c.CheckInterval))

@@ -64,7 +64,7 @@ func TestCrashAfterCommitBeforePublish(t *testing.T) {
 	for id, n := range runs {
 		require.Equal(t, 1, n, id)
 	}
-	require.Len(t, b.lifecycle(t, contract.Failed), 2)
+	require.Len(t, b.lifecycle(t, contract.Held), 2)
 	require.Equal(t, map[triggerstore.Status]int{triggerstore.StatusLaunched: 3, triggerstore.StatusThrottled: 2}, b.countDeliveries(t, tr.ID))
 }
 
@@ -90,7 +90,7 @@ func TestCrashBeforeCommit(t *testing.T) {
 	require.Equal(t, triggerstore.StatusLaunched, d1.Status)
 	b.publishEvent(t, "shop", "order.placed", "o2", map[string]any{})
 	b.waitDelivery(t, id2, func(d triggerstore.Delivery) bool { return d.Status == triggerstore.StatusConcurrencyLimited })
-	f := findFailed(t, b, id2, 1)
+	f := findHeld(t, b, id2, 1)
 
 	b.publishRunFinished(t, "fulfil", d1.RunID, contract.RunCompleted)
 	require.Eventually(t, func() bool {

@@ -10,12 +10,12 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/retryd/retryd/pkg/contract"
-	"github.com/retryd/retryd/pkg/errclass"
 	"github.com/retryd/retryd/projections/triggerstore"
 )
 
-// Reasons recorded in status_reason, in the failed events' reason and in
-// the metrics' reason labels.
+// Reasons recorded in status_reason and in the metrics' reason labels.
+// A throttled or concurrency-limited delivery is held (contract.HeldData,
+// reason throttle or concurrency), not failed.
 const (
 	ReasonThrottled         = "trigger_throttled"
 	ReasonMaxConcurrency    = "max_concurrency"
@@ -55,7 +55,7 @@ func newOffer(env contract.Envelope) (offer, error) {
 	return offer{env: env, act: act, raw: raw}, nil
 }
 
-// retryPayload is FailedData.Payload of a held delivery: the scheduler
+// retryPayload is HeldData.Payload of a held delivery: the scheduler
 // keeps it and brings it back on the due event, so a retry has the event
 // without reading the EVENTS stream.
 type retryPayload struct {
@@ -70,6 +70,9 @@ type decision struct {
 	// retryAfter is when a throttle slot frees (zero for other outcomes).
 	retryAfter time.Time
 	meta       map[string]any
+	// releaseWaiting: a slot is free but older deliveries wait for one;
+	// this delivery queues and the oldest waiting one is released.
+	releaseWaiting bool
 }
 
 // programsFor returns the compiled programs of a trigger version, from the
@@ -98,8 +101,9 @@ func (s *Service) programsFor(t triggerstore.Trigger) (compiled, error) {
 // decide evaluates the predicate and the limits of a locked trigger for
 // one delivery at the database time now. The throttle counts launches of
 // other deliveries only: the delivery's own earlier held record never
-// counts against it.
-func (s *Service) decide(ctx context.Context, tx pgx.Tx, t triggerstore.Trigger, o offer, deliveryID string, now time.Time) (decision, error) {
+// counts against it. A fresh delivery (its first offer) queues behind
+// deliveries already waiting for a concurrency slot.
+func (s *Service) decide(ctx context.Context, tx pgx.Tx, t triggerstore.Trigger, o offer, deliveryID string, now time.Time, fresh bool) (decision, error) {
 	progs, err := s.programsFor(t)
 	if err != nil {
 		s.log.Error().Err(err).Str("trigger_id", t.ID).Int("version", t.Version).Msg("stored trigger definition does not compile")
@@ -141,10 +145,17 @@ func (s *Service) decide(ctx context.Context, tx pgx.Tx, t triggerstore.Trigger,
 		if err != nil {
 			return decision{}, err
 		}
-		if n >= t.MaxConcurrency {
-			return decision{status: triggerstore.StatusConcurrencyLimited, reason: ReasonMaxConcurrency, key: key, meta: map[string]any{
-				"reason": ReasonMaxConcurrency, "max_concurrency": t.MaxConcurrency, "in_flight": n, "trigger_version": t.Version,
-			}}, nil
+		queue := false
+		if fresh && n < t.MaxConcurrency {
+			if queue, err = triggerstore.WaitingForSlot(ctx, tx, t.ID); err != nil {
+				return decision{}, err
+			}
+		}
+		if n >= t.MaxConcurrency || queue {
+			return decision{status: triggerstore.StatusConcurrencyLimited, reason: ReasonMaxConcurrency, key: key, releaseWaiting: queue,
+				meta: map[string]any{
+					"reason": ReasonMaxConcurrency, "max_concurrency": t.MaxConcurrency, "in_flight": n, "trigger_version": t.Version,
+				}}, nil
 		}
 	}
 	return decision{status: triggerstore.StatusLaunched, key: key}, nil
@@ -188,29 +199,42 @@ func settle(d *triggerstore.Delivery, t triggerstore.Trigger, o offer, dec decis
 		d.RetryState, d.RetryAttempts = triggerstore.RetryScheduled, attempt
 		d.RetryMetadata = dec.meta
 		d.RetryMetadata["attempt"] = attempt
-		fd := contract.FailedData{
+		hd := contract.HeldData{
 			Kind: contract.KindEventTrigger, ID: d.ID, Attempt: attempt,
-			Error:  contract.ErrorInfo{Class: string(errclass.RateLimit)},
-			Reason: dec.reason, Source: d.Source,
+			Reason: contract.HoldConcurrency, HoldKey: t.ID, Source: d.Source,
+			Detail:   fmt.Sprintf("max concurrency reached: %d runs in flight", t.MaxConcurrency),
 			Metadata: map[string]string{"trigger_id": t.ID, "event_id": d.EventID, "workflow": t.Workflow},
 		}
 		if dec.status == triggerstore.StatusThrottled {
 			d.NextAttemptAt = &dec.retryAfter
-			fd.RetryAfter = contract.RetryAfterAt(dec.retryAfter)
-			fd.Error.Message = fmt.Sprintf("trigger throttled: %d launches per %s", t.ThrottleLimit, t.ThrottleWindow)
-		} else {
-			fd.Error.Message = fmt.Sprintf("max concurrency reached: %d runs in flight", t.MaxConcurrency)
+			until := dec.retryAfter.UTC()
+			hd.Reason, hd.Until = contract.HoldThrottle, &until
+			hd.Detail = fmt.Sprintf("trigger throttled: %d launches per %s", t.ThrottleLimit, t.ThrottleWindow)
 		}
 		if o.raw != nil {
 			p, err := json.Marshal(retryPayload{Event: o.raw})
 			if err != nil {
 				return nil, nil, fmt.Errorf("marshal retry payload: %w", err)
 			}
-			fd.Payload = p
+			hd.Payload = p
 		}
-		msg, err := contract.NewLifecycleMsg(EventSource, contract.Failed, fd, now)
+		msg, err := contract.NewLifecycleMsg(EventSource, contract.Held, hd, now)
 		if err != nil {
 			return nil, nil, err
+		}
+		if dec.releaseWaiting {
+			// A slot is free: the delivery that waited longest takes it.
+			rel, err := contract.NewLifecycleMsg(EventSource, contract.Released, contract.ReleasedData{
+				Kind: contract.KindEventTrigger, HoldKey: t.ID, Reason: contract.ReleaseSlotFreed, By: cancelledBy,
+				// Just before this delivery's own hold, which must not
+				// count as overtaken by the release.
+				ReleasedAt: now.Add(-time.Microsecond).UTC(), HoldReason: contract.HoldConcurrency, Count: 1,
+				ReleaseID: "queued-" + d.ID,
+			}, now)
+			if err != nil {
+				return nil, nil, err
+			}
+			return nil, []*nats.Msg{msg, rel}, nil
 		}
 		return nil, []*nats.Msg{msg}, nil
 	default:

@@ -97,7 +97,7 @@ func (s *Service) deliver(ctx context.Context, o offer, triggerID string) error 
 		if err != nil {
 			return err
 		}
-		dec, err := s.decide(ctx, tx, t, o, id, now)
+		dec, err := s.decide(ctx, tx, t, o, id, now, true)
 		if err != nil {
 			return err
 		}

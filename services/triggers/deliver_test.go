@@ -81,18 +81,20 @@ func TestDeliveriesLaunchFilterAndSurviveRedelivery(t *testing.T) {
 	require.Eventually(t, func() bool { return b.outboxEmpty(t) }, eventually, tick)
 }
 
-func findFailed(t *testing.T, b *bundle, deliveryID string, attempt int) *contract.FailedData {
+// findHeld waits for the held event of a delivery's attempt: throttles
+// and concurrency limits hold a delivery, they do not fail it.
+func findHeld(t *testing.T, b *bundle, deliveryID string, attempt int) *contract.HeldData {
 	t.Helper()
-	var found *contract.FailedData
+	var found *contract.HeldData
 	require.Eventually(t, func() bool {
-		for _, f := range b.lifecycle(t, contract.Failed) {
-			if f.ID == deliveryID && f.Failed.Attempt == attempt {
-				found = f.Failed
+		for _, f := range b.lifecycle(t, contract.Held) {
+			if f.ID == deliveryID && f.Held.Attempt == attempt {
+				found = f.Held
 				return true
 			}
 		}
 		return false
-	}, eventually, tick, "failed event of %s attempt %d", deliveryID, attempt)
+	}, eventually, tick, "held event of %s attempt %d", deliveryID, attempt)
 	return found
 }
 
@@ -140,11 +142,10 @@ func TestThrottleHoldsAndRetryLaunches(t *testing.T) {
 	require.True(t, a3.NextAttemptAt.Equal(reset), "the window resets when the oldest launch leaves it: %s vs %s", a3.NextAttemptAt, reset)
 	require.Equal(t, ReasonThrottled, a3.RetryMetadata["reason"])
 
-	f := findFailed(t, b, a3ID, 1)
-	require.Equal(t, "rate_limit", f.Error.Class)
-	require.Equal(t, ReasonThrottled, f.Reason)
-	require.NotNil(t, f.RetryAfter)
-	require.True(t, f.RetryAfter.At.Equal(reset))
+	f := findHeld(t, b, a3ID, 1)
+	require.Equal(t, contract.HoldThrottle, f.Reason)
+	require.NotNil(t, f.Until)
+	require.True(t, f.Until.Equal(reset))
 	require.Equal(t, "shop", f.Source)
 	require.Equal(t, tr.ID, f.Metadata["trigger_id"])
 	payload := f.Payload
@@ -154,8 +155,8 @@ func TestThrottleHoldsAndRetryLaunches(t *testing.T) {
 	// delivery's own throttled record does not count against it: with two
 	// launches in the window it is held by those, not by itself.
 	due2 := b.publishDue(t, a3ID, 2, payload)
-	f2 := findFailed(t, b, a3ID, 2)
-	require.Equal(t, ReasonThrottled, f2.Reason)
+	f2 := findHeld(t, b, a3ID, 2)
+	require.Equal(t, contract.HoldThrottle, f2.Reason)
 	a3 = b.waitDelivery(t, a3ID, func(d triggerstore.Delivery) bool { return d.RetryAttempts == 2 })
 	require.Equal(t, triggerstore.StatusThrottled, a3.Status)
 

@@ -147,11 +147,14 @@ func TestThrottleBurstWithScheduler(t *testing.T) {
 	require.Equal(t, n, first, "the burst launches N at once")
 	require.Equal(t, float64(m-n), counter(t, b.svc.metrics.retrySucceeded, tr.ID), "the rest launch on retries")
 	require.GreaterOrEqual(t, counter(t, b.svc.metrics.throttled, tr.ID), float64(m-n))
-	// The scheduler timed every retry by the window reset.
+	// The scheduler timed every retry by the window reset, as a hold that
+	// used none of the delivery's retries.
 	scheduled := append(b.lifecycle(t, contract.Scheduled), b.lifecycle(t, contract.Rescheduled)...)
 	require.NotEmpty(t, scheduled)
 	for _, e := range scheduled {
-		require.Equal(t, contract.DecidedByThrottle, e.Scheduled.Decision.DecidedBy, "delivery %s attempt %d", e.ID, e.Scheduled.Attempt)
+		require.Equal(t, contract.DecidedByHold, e.Scheduled.Decision.DecidedBy, "delivery %s attempt %d", e.ID, e.Scheduled.Attempt)
+		require.Equal(t, contract.HoldThrottle, e.Scheduled.Decision.HoldReason)
+		require.Zero(t, e.Scheduled.Decision.RetryCount)
 	}
 }
 
@@ -270,4 +273,125 @@ func TestRedeliveriesAndKillWithScheduler(t *testing.T) {
 	require.Eventually(t, func() bool { _, _, done := ex.stats(); return done == m }, eventually, tick)
 	_, maxFlight, _ := ex.stats()
 	require.LessOrEqual(t, maxFlight, 3)
+}
+
+// Throttle windows longer than the policy's max delay, and a burst that
+// waits more windows than the policy allows retries, exhaust nothing:
+// waiting for a slot is not failing. Before holds, the fourth delivery of
+// this burst had used its one retry and was exhausted.
+func TestThrottleHoldsOutlastTheRetryBudget(t *testing.T) {
+	t.Parallel()
+	b := setup(t, true)
+	b.startScheduler(t)
+	_, err := b.pool.Exec(b.ctx, `UPDATE retry_policies SET max_retries = 1, max_delay_ms = 50, base_delay_ms = 20
+		WHERE kind = 'event-trigger' AND job_type = ''`)
+	require.NoError(t, err)
+	ex := b.startExecutor(t, 10*time.Millisecond)
+	const m, window = 4, 400 * time.Millisecond
+	tr := b.createTrigger(t, TriggerInput{ID: "slow", Name: "slow", Source: "shop", EventType: "order.placed",
+		Throttle: &ThrottleInput{Limit: intp(1), Window: window.String()}, Workflow: "fulfil"})
+	for i := range m {
+		b.publishEvent(t, "shop", "order.placed", fmt.Sprintf("slow-%d", i), map[string]any{"i": i})
+	}
+	b.requireAllLaunchedOnce(t, tr.ID, m, ex)
+	var exhausted, retried int
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FILTER (WHERE state = 'exhausted'), count(*) FILTER (WHERE retry_count > 0)
+		FROM retries WHERE kind = 'event-trigger'`).Scan(&exhausted, &retried))
+	require.Zero(t, exhausted)
+	require.Zero(t, retried, "holds used no retry")
+	var maxDelay int64
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT max(delay_ms) FROM retry_history WHERE kind = 'event-trigger' AND decided_by = 'hold'`).Scan(&maxDelay))
+	require.Greater(t, maxDelay, int64(50), "a hold is not capped at the max delay")
+}
+
+// A finished run frees its slot and releases the delivery that has waited
+// longest at once: with a backoff of a minute, four deliveries through one
+// slot launch in seconds, oldest first, each within a second of the slot
+// freeing.
+func TestFreedSlotReleasesTheOldestWaitingDelivery(t *testing.T) {
+	t.Parallel()
+	b := setup(t, true)
+	b.startScheduler(t)
+	_, err := b.pool.Exec(b.ctx, `UPDATE retry_policies SET base_delay_ms = 60000, max_delay_ms = 60000
+		WHERE kind = 'event-trigger' AND job_type = ''`)
+	require.NoError(t, err)
+	ex := b.startExecutor(t, 100*time.Millisecond)
+	tr := b.createTrigger(t, TriggerInput{ID: "one", Name: "one", Source: "crm", EventType: "lead.created",
+		MaxConcurrency: intp(1), Workflow: "enrich"})
+	const m = 4
+	for i := range m {
+		b.publishEvent(t, "crm", "lead.created", fmt.Sprintf("one-%d", i), map[string]any{"i": i})
+		// One at a time, so "oldest" is the publishing order.
+		b.waitDelivery(t, DeliveryID(fmt.Sprintf("one-%d", i), tr.ID), func(d triggerstore.Delivery) bool { return true })
+	}
+	b.requireAllLaunchedOnce(t, tr.ID, m, ex)
+
+	ds := launches(t, b, tr.ID)
+	for i, d := range ds {
+		require.Equal(t, fmt.Sprintf("one-%d", i), d.EventID, "launched oldest first")
+	}
+	require.Eventually(t, func() bool {
+		n, err := triggerstore.CountInFlight(b.ctx, b.pool, tr.ID)
+		return err == nil && n == 0
+	}, eventually, tick)
+	rows, err := b.pool.Query(b.ctx, `SELECT d.event_id, r.requested_at, r.finished_at FROM workflow_runs r
+		JOIN workflow_trigger_deliveries d ON d.run_id = r.run_id WHERE r.trigger_id = $1 ORDER BY r.requested_at`, tr.ID)
+	require.NoError(t, err)
+	type span struct{ from, to time.Time }
+	var spans []span
+	for rows.Next() {
+		var id string
+		var sp span
+		require.NoError(t, rows.Scan(&id, &sp.from, &sp.to))
+		spans = append(spans, sp)
+	}
+	require.NoError(t, rows.Err())
+	require.Len(t, spans, m)
+	for i := 1; i < m; i++ {
+		require.Less(t, spans[i].from.Sub(spans[i-1].to), time.Second, "run %d launched within 1s of the slot freeing", i)
+	}
+	var resumed int
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM retry_history WHERE kind = 'event-trigger' AND decided_by = 'resume'`).Scan(&resumed))
+	require.GreaterOrEqual(t, resumed, m-1, "each waiting delivery was released by a freed slot (a hold that overtook a release is released too)")
+}
+
+// A run whose completion never arrives holds its slot only for the run
+// timeout: then it is failed as run_timeout (on the run and its delivery)
+// and the delivery that waited longest launches.
+func TestRunTimeoutFreesTheSlot(t *testing.T) {
+	t.Parallel()
+	b := setup(t, true, func(c *Config) {
+		c.RunTimeout = 500 * time.Millisecond
+		c.ReconcileInterval = 100 * time.Millisecond
+	})
+	b.startScheduler(t)
+	_, err := b.pool.Exec(b.ctx, `UPDATE retry_policies SET base_delay_ms = 60000, max_delay_ms = 60000
+		WHERE kind = 'event-trigger' AND job_type = ''`)
+	require.NoError(t, err)
+	// No executor: no run ever reports its end.
+	tr := b.createTrigger(t, TriggerInput{ID: "stuck", Name: "stuck", Source: "crm", EventType: "lead.created",
+		MaxConcurrency: intp(1), Workflow: "enrich"})
+	first, second := DeliveryID("stuck-0", tr.ID), DeliveryID("stuck-1", tr.ID)
+	b.publishEvent(t, "crm", "lead.created", "stuck-0", map[string]any{})
+	d0 := b.waitDelivery(t, first, func(d triggerstore.Delivery) bool { return d.Status == triggerstore.StatusLaunched })
+	b.publishEvent(t, "crm", "lead.created", "stuck-1", map[string]any{})
+	b.waitDelivery(t, second, func(d triggerstore.Delivery) bool { return d.Status == triggerstore.StatusConcurrencyLimited })
+
+	b.waitDelivery(t, second, func(d triggerstore.Delivery) bool { return d.Status == triggerstore.StatusLaunched })
+	run, err := triggerstore.GetRun(b.ctx, b.pool, d0.RunID)
+	require.NoError(t, err)
+	require.Equal(t, triggerstore.RunFailed, run.Status)
+	require.Equal(t, triggerstore.RunTimeoutReason, run.Error)
+	require.GreaterOrEqual(t, run.FinishedAt.Sub(run.RequestedAt), 500*time.Millisecond, "not before the run timeout")
+	d0, err = triggerstore.GetDelivery(b.ctx, b.pool, first)
+	require.NoError(t, err)
+	require.Equal(t, triggerstore.RunTimeoutReason, d0.StatusReason)
+	require.Equal(t, 1.0, counter(t, b.svc.metrics.runsFinished, tr.ID, triggerstore.RunTimeoutReason))
+
+	// A completion that arrives after the timeout changes nothing.
+	b.publishRunFinished(t, "enrich", d0.RunID, contract.RunCompleted)
+	b.settled(t, contract.StreamRuns, ConsumerRuns)
+	run, err = triggerstore.GetRun(b.ctx, b.pool, d0.RunID)
+	require.NoError(t, err)
+	require.Equal(t, triggerstore.RunFailed, run.Status)
 }

@@ -10,7 +10,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/retryd/retryd/pkg/contract"
-	"github.com/retryd/retryd/pkg/errclass"
 	"github.com/retryd/retryd/projections/inbox"
 	"github.com/retryd/retryd/projections/ingressstore"
 	"github.com/retryd/retryd/projections/outbox"
@@ -36,13 +35,16 @@ func (s *Service) reconcileLoop() {
 		tick = time.Minute
 	}
 	var lastPrune time.Time
-	// The first pass runs at start: a restart is when lost failed events
+	// The first pass runs at start: a restart is when lost held events
 	// are most likely to be found.
 	for first := true; first || sleepCtx(ctx, tick); first = false {
 		if s.cfg.ReconcileInterval > 0 {
 			if _, err := s.Reconcile(ctx); err != nil && ctx.Err() == nil {
 				s.log.Error().Err(err).Msg("reconcile held deliveries")
 			}
+		}
+		if _, err := s.ExpireRuns(ctx); err != nil && ctx.Err() == nil {
+			s.log.Error().Err(err).Msg("expire runs")
 		}
 		if s.cfg.InboxRetention > 0 && time.Since(lastPrune) >= time.Hour {
 			lastPrune = time.Now()
@@ -56,10 +58,10 @@ func (s *Service) reconcileLoop() {
 	}
 }
 
-// Reconcile publishes the failed event again for held deliveries whose
-// last failed attempt the scheduler has not confirmed for
-// Config.ReconcileAfter: their failed event may have been lost with a
-// purged RETRIES stream or a restored scheduler database. The failed
+// Reconcile publishes the held event again for held deliveries whose
+// last held attempt the scheduler has not confirmed for
+// Config.ReconcileAfter: their held event may have been lost with a
+// purged RETRIES stream or a restored scheduler database. The held
 // event keeps its Nats-Msg-Id, so a scheduler that has it treats the
 // repeat as a duplicate. It returns how many it republished.
 func (s *Service) Reconcile(ctx context.Context) (int, error) {
@@ -81,7 +83,7 @@ func (s *Service) Reconcile(ctx context.Context) (int, error) {
 			n++
 			s.metrics.reconciled.Inc()
 			s.log.Warn().Str("delivery_id", d.ID).Str("trigger_id", d.TriggerID).Int("attempt", d.RetryAttempts).
-				Msg("scheduler never confirmed the retry; failed event published again")
+				Msg("scheduler never confirmed the retry; held event published again")
 		}
 	}
 	if n > 0 {
@@ -104,25 +106,29 @@ func (s *Service) reconcileOne(ctx context.Context, id string) (bool, error) {
 		if err != nil {
 			return err
 		}
-		fd := contract.FailedData{
+		hd := contract.HeldData{
 			Kind: contract.KindEventTrigger, ID: d.ID, Attempt: d.RetryAttempts,
-			Error:  contract.ErrorInfo{Class: string(errclass.RateLimit), Message: "held back by " + d.StatusReason},
-			Reason: d.StatusReason, Source: d.Source,
+			Reason: contract.HoldConcurrency, HoldKey: d.TriggerID, Source: d.Source,
+			Detail:   "held back by " + d.StatusReason,
 			Metadata: map[string]string{"trigger_id": d.TriggerID, "event_id": d.EventID, "reconciled": "true"},
 		}
-		if d.Status == triggerstore.StatusThrottled && d.NextAttemptAt != nil {
-			fd.RetryAfter = contract.RetryAfterAt(*d.NextAttemptAt)
+		if d.Status == triggerstore.StatusThrottled {
+			hd.Reason = contract.HoldThrottle
+			if d.NextAttemptAt != nil {
+				until := d.NextAttemptAt.UTC()
+				hd.Until = &until
+			}
 		}
 		// The original payload went with the lost message; the event is
 		// still in workflow_events when ingress admitted it.
 		if stored, err := ingressstore.GetEvent(ctx, tx, d.EventID); err == nil && len(stored.Envelope) <= maxEmbeddedEnvelopeSize {
 			if p, err := json.Marshal(retryPayload{Event: stored.Envelope}); err == nil {
-				fd.Payload = p
+				hd.Payload = p
 			}
 		} else if err != nil && !errors.Is(err, ingressstore.ErrNotFound) {
 			return err
 		}
-		msg, err := contract.NewLifecycleMsg(EventSource, contract.Failed, fd, now)
+		msg, err := contract.NewLifecycleMsg(EventSource, contract.Held, hd, now)
 		if err != nil {
 			return err
 		}
@@ -133,4 +139,44 @@ func (s *Service) reconcileOne(ctx context.Context, id string) (bool, error) {
 		return triggerstore.TouchDelivery(ctx, tx, d.ID)
 	})
 	return done, err
+}
+
+// ExpireRuns fails, as run_timeout, the runs that have held their
+// concurrency slot longer than Config.RunTimeout without a completed or
+// failed message (a lost message, an executor that died), and releases
+// one waiting delivery per slot freed, in the same transaction. It
+// returns how many runs it failed.
+func (s *Service) ExpireRuns(ctx context.Context) (int, error) {
+	var runs []triggerstore.Run
+	err := pgx.BeginFunc(ctx, s.cfg.Pool, func(tx pgx.Tx) error {
+		now, err := triggerstore.Now(ctx, tx)
+		if err != nil {
+			return err
+		}
+		if runs, err = triggerstore.ExpireRuns(ctx, tx, now.Add(-s.cfg.RunTimeout), reconcileBatch); err != nil {
+			return err
+		}
+		for _, r := range runs {
+			if r.TriggerID == "" {
+				continue
+			}
+			if err := s.releaseSlot(ctx, tx, r); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, fmt.Errorf("expire runs: %w", err)
+	}
+	if len(runs) > 0 {
+		s.kick()
+	}
+	for _, r := range runs {
+		s.metrics.runsFinished.WithLabelValues(r.TriggerID, triggerstore.RunTimeoutReason).Inc()
+		s.log.Warn().Str("run_id", r.ID).Str("workflow", r.Workflow).Str("trigger_id", r.TriggerID).
+			Str("delivery_id", r.DeliveryID).Dur("run_timeout", s.cfg.RunTimeout).
+			Msg("run never reported its end: failed as run_timeout, its slot freed")
+	}
+	return len(runs), nil
 }

@@ -34,7 +34,7 @@ func msgID(msg jetstream.Msg, env contract.Envelope) string {
 // handleDue retries a held delivery (retry.event-trigger.due.<id>):
 // rehydrate the delivery, its trigger and its event, cancel when the
 // trigger is gone or disabled, otherwise decide again as on the first
-// offer and launch (succeeded), hold again (failed attempt n) or filter
+// offer and launch (succeeded), hold again (held attempt n) or filter
 // (cancelled).
 func (s *Service) handleDue(ctx context.Context, msg jetstream.Msg) error {
 	ev, err := contract.DecodeLifecycle(msg.Subject(), msg.Data())
@@ -134,7 +134,7 @@ func (s *Service) handleDue(ctx context.Context, msg jetstream.Msg) error {
 			msgs, err = cancelRetry(&d, triggerstore.StatusCancelled, reason, due.Attempt, now)
 		} else {
 			var dec decision
-			if dec, err = s.decide(ctx, tx, t, o, d.ID, now); err != nil {
+			if dec, err = s.decide(ctx, tx, t, o, d.ID, now, false); err != nil {
 				return err
 			}
 			run, msgs, err = settle(&d, t, o, dec, due.Attempt, now)
@@ -170,7 +170,7 @@ func (s *Service) handleDue(ctx context.Context, msg jetstream.Msg) error {
 }
 
 // rehydrate finds the delivery's event: in the due's payload (put there
-// by the failed event), else in workflow_events where ingress stored it.
+// by the held event), else in workflow_events where ingress stored it.
 func (s *Service) rehydrate(ctx context.Context, tx pgx.Tx, d triggerstore.Delivery, payload json.RawMessage) (contract.Envelope, bool, error) {
 	if len(payload) > 0 {
 		var p retryPayload

@@ -33,14 +33,13 @@ func TestConcurrencyLimitAndRelease(t *testing.T) {
 	require.Equal(t, triggerstore.StatusConcurrencyLimited, d2.Status)
 	require.Equal(t, ReasonMaxConcurrency, d2.StatusReason)
 	require.Nil(t, d2.NextAttemptAt, "no retry-after hint: the scheduler's backoff decides")
-	f := findFailed(t, b, id2, 1)
-	require.Equal(t, "rate_limit", f.Error.Class)
-	require.Equal(t, ReasonMaxConcurrency, f.Reason)
-	require.Nil(t, f.RetryAfter)
+	f := findHeld(t, b, id2, 1)
+	require.Equal(t, contract.HoldConcurrency, f.Reason)
+	require.Nil(t, f.Until)
 
 	// Still in flight: held again.
 	b.publishDue(t, id2, 2, f.Payload)
-	findFailed(t, b, id2, 2)
+	findHeld(t, b, id2, 2)
 
 	// The run completes (twice: a redelivered completion), freeing the slot.
 	done := b.publishRunFinished(t, "enrich", d1.RunID, contract.RunCompleted)
@@ -90,7 +89,7 @@ func TestDueCancelsWhenTriggerOrEventIsGone(t *testing.T) {
 	t.Parallel()
 	b := setup(t, true)
 	_, h1, h2 := holdTwo(t, b, "gone", "g")
-	f1, f2 := findFailed(t, b, h1, 1), findFailed(t, b, h2, 1)
+	f1, f2 := findHeld(t, b, h1, 1), findHeld(t, b, h2, 1)
 
 	require.Equal(t, http.StatusOK, b.do(t, http.MethodPost, "/v1/triggers/gone/disable", nil, nil))
 	b.publishDue(t, h1, 2, f1.Payload)
@@ -190,7 +189,7 @@ func TestRetryColumnsFollowTheScheduler(t *testing.T) {
 
 	// A due the scheduler emitted before the operator's cancel does
 	// nothing...
-	payload := findFailed(t, b, h2, 1).Payload
+	payload := findHeld(t, b, h2, 1).Payload
 	due := b.publishDue(t, h2, 2, payload)
 	require.Eventually(t, func() bool { return counter(t, b.svc.metrics.duplicates, ConsumerRetry) == 1 }, eventually, tick)
 	require.Equal(t, triggerstore.StatusCancelled, b.delivery(t, h2).Status)
@@ -201,7 +200,7 @@ func TestRetryColumnsFollowTheScheduler(t *testing.T) {
 		Decision: contract.Decision{Policy: "event-trigger", DecidedBy: contract.DecidedByManual}})
 	b.waitDelivery(t, h2, func(d triggerstore.Delivery) bool { return d.ScheduledAttempt == 2 })
 	b.republish(t, due)
-	findFailed(t, b, h2, 2)
+	findHeld(t, b, h2, 2)
 	d = b.waitDelivery(t, h2, func(d triggerstore.Delivery) bool { return d.Status == triggerstore.StatusConcurrencyLimited })
 	require.Equal(t, 2, d.RetryAttempts)
 }
@@ -256,8 +255,8 @@ func TestReconcileRepublishesUnconfirmedFailures(t *testing.T) {
 	t.Parallel()
 	b := setup(t, true, func(c *Config) { c.ReconcileAfter = 2 * time.Second })
 	_, h1, h2 := holdTwo(t, b, "recon", "r")
-	findFailed(t, b, h1, 1)
-	findFailed(t, b, h2, 1)
+	findHeld(t, b, h1, 1)
+	findHeld(t, b, h2, 1)
 	publishLifecycle(t, b, contract.Scheduled, contract.ScheduledData{Kind: contract.KindEventTrigger, ID: h2, Attempt: 2,
 		NextAttemptAt: time.Now().Add(time.Hour), Decision: contract.Decision{Policy: "event-trigger"}})
 	b.waitDelivery(t, h2, func(d triggerstore.Delivery) bool { return d.ScheduledAttempt == 2 })
@@ -272,8 +271,8 @@ func TestReconcileRepublishesUnconfirmedFailures(t *testing.T) {
 		require.LessOrEqual(t, n, 1, "only the unconfirmed delivery is republished")
 		return n == 1
 	}, eventually, 100*time.Millisecond)
-	f := findFailed(t, b, h1, 1)
-	require.Equal(t, ReasonMaxConcurrency, f.Reason)
+	f := findHeld(t, b, h1, 1)
+	require.Equal(t, contract.HoldConcurrency, f.Reason)
 	require.Equal(t, "true", f.Metadata["reconciled"])
 	require.Empty(t, b.lifecycle(t, contract.Scheduled))
 
@@ -291,7 +290,7 @@ func TestDeletedConsumersAndStreamAreRecreated(t *testing.T) {
 		c.CheckInterval = 50 * time.Millisecond
 	})
 	launched, h1, h2 := holdTwo(t, b, "lost", "x")
-	f1, f2 := findFailed(t, b, h1, 1), findFailed(t, b, h2, 1)
+	f1, f2 := findHeld(t, b, h1, 1), findHeld(t, b, h2, 1)
 	b.publishRunFinished(t, "enrich", launched.RunID, contract.RunCompleted)
 	require.Eventually(t, func() bool {
 		n, err := triggerstore.CountInFlight(b.ctx, b.pool, "lost")
@@ -321,8 +320,8 @@ func TestUnstorableTextIsStillApplied(t *testing.T) {
 	t.Parallel()
 	b := setup(t, true)
 	_, h1, h2 := holdTwo(t, b, "odd", "u")
-	findFailed(t, b, h1, 1)
-	findFailed(t, b, h2, 1)
+	findHeld(t, b, h1, 1)
+	findHeld(t, b, h2, 1)
 
 	// 31 ASCII bytes then "é": cutting By at 32 bytes splits the "é".
 	by := strings.Repeat("o", 31) + "é"
@@ -381,7 +380,7 @@ func TestLateConfirmationDoesNotReopenACancel(t *testing.T) {
 	t.Parallel()
 	b := setup(t, true)
 	launched, h1, _ := holdTwo(t, b, "late", "l")
-	f1 := findFailed(t, b, h1, 1)
+	f1 := findHeld(t, b, h1, 1)
 	b.publishRunFinished(t, "enrich", launched.RunID, contract.RunCompleted)
 	require.Eventually(t, func() bool {
 		n, err := triggerstore.CountInFlight(b.ctx, b.pool, "late")

@@ -3,19 +3,25 @@ package triggers
 import (
 	"context"
 	"errors"
+	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/projections/inbox"
+	"github.com/retryd/retryd/projections/outbox"
 	"github.com/retryd/retryd/projections/triggerstore"
 )
 
 // handleRunFinished marks a run completed or failed
 // (runs.<workflow>.completed|failed.<run_id>), which frees its trigger's
-// concurrency slot. Deliveries waiting for the slot launch at their next
-// retry attempt; nothing is woken early, so no per-delivery state is kept.
+// concurrency slot, and in the same transaction puts
+// retry.event-trigger.released.<trigger_id> in the outbox: the scheduler
+// makes the delivery that has waited longest for a slot due at once. No
+// per-delivery state is kept anywhere: the held rows carry the trigger id
+// as their hold key.
 func (s *Service) handleRunFinished(ctx context.Context, msg jetstream.Msg) error {
 	env, data, err := contract.DecodeRunFinished(msg.Subject(), msg.Data())
 	if err != nil {
@@ -55,7 +61,10 @@ func (s *Service) handleRunFinished(ctx context.Context, msg jetstream.Msg) erro
 			unknown = true
 			return nil
 		}
-		return err
+		if err != nil || !changed || run.TriggerID == "" {
+			return err
+		}
+		return s.releaseSlot(ctx, tx, run)
 	})
 	if err != nil {
 		return err
@@ -68,6 +77,7 @@ func (s *Service) handleRunFinished(ctx context.Context, msg jetstream.Msg) erro
 		// stream; they hold no slot.
 		s.log.Debug().Str("run_id", data.RunID).Str("workflow", data.Workflow).Msg("finished run not launched by a trigger")
 	case changed:
+		s.kick()
 		s.metrics.runsFinished.WithLabelValues(run.TriggerID, string(status)).Inc()
 		s.log.Info().Str("run_id", run.ID).Str("workflow", run.Workflow).Str("trigger_id", run.TriggerID).
 			Str("delivery_id", run.DeliveryID).Str("status", string(status)).Msg("run finished")
@@ -75,4 +85,23 @@ func (s *Service) handleRunFinished(ctx context.Context, msg jetstream.Msg) erro
 		s.metrics.duplicates.WithLabelValues(ConsumerRuns).Inc()
 	}
 	return nil
+}
+
+// releaseSlot puts in tx's outbox the release of the one delivery of
+// run's trigger that has waited longest for a concurrency slot (none
+// waiting: the scheduler finds nothing). The run id names the release, so
+// a finish applied twice releases once.
+func (s *Service) releaseSlot(ctx context.Context, tx pgx.Tx, run triggerstore.Run) error {
+	at := time.Now()
+	if run.FinishedAt != nil {
+		at = *run.FinishedAt
+	}
+	msg, err := contract.NewLifecycleMsg(EventSource, contract.Released, contract.ReleasedData{
+		Kind: contract.KindEventTrigger, HoldKey: run.TriggerID, Reason: contract.ReleaseSlotFreed,
+		By: "run " + run.ID, ReleasedAt: at.UTC(), HoldReason: contract.HoldConcurrency, Count: 1, ReleaseID: run.ID,
+	}, at)
+	if err != nil {
+		return fmt.Errorf("build slot release: %w", err)
+	}
+	return outbox.Insert(ctx, tx, OutboxOwner, msg)
 }

@@ -1,5 +1,5 @@
 // Package demo feeds a running retryd dev stack with realistic traffic: a
-// throttled source and a source paused now and then (ingress deferrals), a
+// throttled source and a source paused now and then (ingress holds), a
 // trigger with a throttle and a max concurrency plus a small run executor
 // (trigger-delivery retries), and a flaky worker (job retries, exhaustion
 // and analytics). Fast policies (seconds, not hours) make retries show up
@@ -168,8 +168,15 @@ func (d *Demo) postEvent(ctx context.Context, source, typ string, data any) erro
 	return d.api.do(ctx, "POST", "/v1/events", map[string]any{"source": source, "type": typ, "data": data}, nil)
 }
 
-// pauseCycle pauses the partner source for partnerPause every
-// partnerCycle: its events are deferred and admitted after the pause.
+// demoPauseReason marks the demo's own pauses: only those are resumed by
+// the demo.
+const demoPauseReason = "demo: partner maintenance window"
+
+// pauseCycle pauses the partner source, without an end, for partnerPause
+// every partnerCycle, then resumes it: its events are held (not failed,
+// whatever the retry budget) and the resume releases them at once. A
+// source an operator paused is left alone: no demo pause over it, and no
+// demo resume of it.
 func (d *Demo) pauseCycle(ctx context.Context) {
 	t := time.NewTicker(partnerCycle)
 	defer t.Stop()
@@ -179,13 +186,42 @@ func (d *Demo) pauseCycle(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		until := time.Now().Add(partnerPause).UTC()
-		err := d.api.do(ctx, "POST", "/v1/sources/"+SourcePartner+"/pause",
-			map[string]any{"until": until, "reason": "demo: partner maintenance window"}, nil)
-		if err != nil && ctx.Err() == nil {
-			d.log.Warn().Err(err).Msg("demo pause")
+		if err := d.pauseOnce(ctx); err != nil && ctx.Err() == nil {
+			d.log.Warn().Err(err).Str("source", SourcePartner).Msg("demo pause")
 		}
 	}
+}
+
+// sourceState is what the demo reads of a source.
+type sourceState struct {
+	Paused      bool   `json:"paused"`
+	PauseReason string `json:"pause_reason"`
+}
+
+func (d *Demo) pauseOnce(ctx context.Context) error {
+	var src sourceState
+	if err := d.api.do(ctx, "GET", "/v1/sources/"+SourcePartner, nil, &src); err != nil {
+		return err
+	}
+	if src.Paused {
+		return nil // an operator's pause: not the demo's to change
+	}
+	if err := d.api.do(ctx, "POST", "/v1/sources/"+SourcePartner+"/pause",
+		map[string]any{"reason": demoPauseReason}, nil); err != nil {
+		return err
+	}
+	select {
+	case <-ctx.Done():
+		return nil
+	case <-time.After(partnerPause):
+	}
+	if err := d.api.do(ctx, "GET", "/v1/sources/"+SourcePartner, nil, &src); err != nil {
+		return err
+	}
+	if !src.Paused || src.PauseReason != demoPauseReason {
+		return nil // resumed, or paused again, by an operator meanwhile
+	}
+	return d.api.do(ctx, "POST", "/v1/sources/"+SourcePartner+"/resume", nil, nil)
 }
 
 func (d *Demo) job(ctx context.Context) error {

@@ -91,13 +91,15 @@ func (d *Demo) setup(ctx context.Context) error {
 		}
 	}
 	// A rate-limited source (bursts exceed it) and one that is paused now
-	// and then.
-	if err := d.api.do(ctx, http.MethodPut, "/v1/sources/"+SourceShop,
-		map[string]any{"rate_limit": 3, "rate_window": "1s"}, nil); err != nil {
-		return fmt.Errorf("set source %s: %w", SourceShop, err)
-	}
-	if err := d.api.do(ctx, http.MethodPut, "/v1/sources/"+SourcePartner, map[string]any{}, nil); err != nil {
-		return fmt.Errorf("set source %s: %w", SourcePartner, err)
+	// and then: set on the first start only, so a limit an operator
+	// changed since is kept.
+	for source, body := range map[string]map[string]any{
+		SourceShop:    {"rate_limit": 3, "rate_window": "1s"},
+		SourcePartner: {},
+	} {
+		if err := d.setSourceOnce(ctx, source, body); err != nil {
+			return err
+		}
 	}
 	trigger := map[string]any{
 		"name":            "Fulfil orders over 150",
@@ -115,6 +117,22 @@ func (d *Demo) setup(ctx context.Context) error {
 	}
 	if err != nil {
 		return fmt.Errorf("set trigger %s: %w", TriggerID, err)
+	}
+	return nil
+}
+
+// setSourceOnce configures source unless it already has a gate (an
+// earlier start, or an operator, set it).
+func (d *Demo) setSourceOnce(ctx context.Context, source string, body map[string]any) error {
+	err := d.api.do(ctx, http.MethodGet, "/v1/sources/"+source, nil, nil)
+	switch {
+	case err == nil:
+		return nil
+	case !isStatus(err, http.StatusNotFound):
+		return fmt.Errorf("read source %s: %w", source, err)
+	}
+	if err := d.api.do(ctx, http.MethodPut, "/v1/sources/"+source, body, nil); err != nil {
+		return fmt.Errorf("set source %s: %w", source, err)
 	}
 	return nil
 }

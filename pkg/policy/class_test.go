@@ -1,0 +1,134 @@
+package policy_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/retryd/retryd/pkg/backoff"
+	"github.com/retryd/retryd/pkg/contract"
+	"github.com/retryd/retryd/pkg/errclass"
+	"github.com/retryd/retryd/pkg/policy"
+)
+
+func ptr[T any](v T) *T { return &v }
+
+// seed003Classes is seed 003's wish: rate limits wait long, network
+// errors little, a timeout is retried at once the first time.
+func seed003Classes() policy.Policy {
+	p := seedDefault()
+	p.MaxRetries = 5
+	p.ClassBackoff = map[errclass.Class]policy.ClassBackoff{
+		errclass.RateLimit: {Base: ptr(time.Minute), Max: ptr(time.Hour), Jitter: ptr(backoff.JitterNone)},
+		errclass.Network:   {Base: ptr(200 * time.Millisecond), Max: ptr(2 * time.Second), Multiplier: ptr(1.5), Jitter: ptr(backoff.JitterNone)},
+		errclass.Timeout:   {FirstDelay: ptr(time.Duration(0))},
+	}
+	return p
+}
+
+// The per-class backoff table: each class's own curve, the first_delay of
+// a timeout, and classes without an entry on the policy's backoff.
+func TestDecidePerClassBackoff(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		class     errclass.Class
+		retry     int // retries used before this one
+		delay     time.Duration
+		base      time.Duration
+		byClass   bool
+		firstNote bool
+	}{
+		{errclass.RateLimit, 0, time.Minute, time.Minute, true, false},
+		{errclass.RateLimit, 1, 2 * time.Minute, 2 * time.Minute, true, false},
+		{errclass.RateLimit, 4, 16 * time.Minute, 16 * time.Minute, true, false},
+		{errclass.Network, 0, 200 * time.Millisecond, 200 * time.Millisecond, true, false},
+		{errclass.Network, 1, 300 * time.Millisecond, 300 * time.Millisecond, true, false},
+		{errclass.Network, 4, 1012 * time.Millisecond, 1012 * time.Millisecond, true, false},
+		// A timeout: at once the first time, then the policy's curve
+		// (1s x2, jitter lowest) from its second step.
+		{errclass.Timeout, 0, 0, 0, true, true},
+		{errclass.Timeout, 1, 2 * time.Second, 2 * time.Second, true, false},
+		{errclass.Timeout, 2, 4 * time.Second, 4 * time.Second, true, false},
+		// No entry: the policy's backoff.
+		{errclass.Temporary, 0, time.Second, time.Second, false, false},
+		{errclass.Unknown, 1, 2 * time.Second, 2 * time.Second, false, false},
+	}
+	for _, tt := range tests {
+		t.Run(string(tt.class)+"/"+string(rune('0'+tt.retry)), func(t *testing.T) {
+			t.Parallel()
+			o := policy.Decide(seed003Classes(), policy.Input{Attempt: tt.retry + 1, RetryCount: tt.retry, FailedAt: failedAt, Class: tt.class}, fixedRand(0))
+			require.True(t, o.Retry)
+			d := o.Decision
+			require.Equal(t, contract.DecidedByBackoff, d.DecidedBy)
+			require.Equal(t, tt.delay.Milliseconds(), d.DelayMS)
+			require.Equal(t, tt.base.Milliseconds(), d.BaseDelayMS)
+			require.Equal(t, failedAt.Add(tt.delay), o.NextAttemptAt)
+			require.Equal(t, tt.retry+1, d.RetryCount)
+			if tt.byClass {
+				require.Equal(t, string(tt.class), d.BackoffClass)
+			} else {
+				require.Empty(t, d.BackoffClass)
+			}
+			if tt.firstNote {
+				require.Contains(t, d.Note, "first_delay")
+			} else {
+				require.Empty(t, d.Note)
+			}
+		})
+	}
+}
+
+// A class's backoff does not change what a hint or a hold decides.
+func TestClassBackoffLeavesHintsAndHoldsAlone(t *testing.T) {
+	t.Parallel()
+	p := seed003Classes()
+	o := policy.Decide(p, policy.Input{Attempt: 1, FailedAt: failedAt, Class: errclass.RateLimit, RetryAfter: contract.RetryAfterDuration(5 * time.Second)}, fixedRand(0))
+	require.Equal(t, int64(5000), o.Decision.DelayMS)
+	require.Equal(t, contract.DecidedByRetryAfter, o.Decision.DecidedBy)
+	require.Empty(t, o.Decision.BackoffClass)
+}
+
+func TestSimulateClass(t *testing.T) {
+	t.Parallel()
+	p := seed003Classes()
+	steps := policy.SimulateClass(p, errclass.Timeout, 3)
+	require.Equal(t, time.Duration(0), steps[0].MaxDelay)
+	require.Equal(t, 2*time.Second, steps[1].MinDelay)
+	require.Equal(t, 3*time.Second, steps[1].MaxDelay, "jitter bounds of the policy")
+	require.Equal(t, 2*time.Second, steps[1].CumulativeMin)
+	steps = policy.SimulateClass(p, errclass.RateLimit, 2)
+	require.Equal(t, []time.Duration{time.Minute, 2 * time.Minute}, []time.Duration{steps[0].MaxDelay, steps[1].MaxDelay})
+	require.Equal(t, policy.Simulate(p, 4), policy.SimulateClass(p, errclass.Temporary, 4), "no entry: the policy's backoff")
+}
+
+func TestValidateClassBackoff(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		name  string
+		cb    map[errclass.Class]policy.ClassBackoff
+		field string
+	}{
+		{"valid", seed003Classes().ClassBackoff, ""},
+		{"unknown class", map[errclass.Class]policy.ClassBackoff{"slow": {}}, "class_backoff"},
+		{"base above the policy's max", map[errclass.Class]policy.ClassBackoff{errclass.Network: {Base: ptr(time.Hour)}}, "class_backoff.network.max_delay_ms"},
+		{"negative base", map[errclass.Class]policy.ClassBackoff{errclass.Network: {Base: ptr(-time.Second)}}, "class_backoff.network.base_delay_ms"},
+		{"multiplier below 1", map[errclass.Class]policy.ClassBackoff{errclass.Timeout: {Multiplier: ptr(0.5)}}, "class_backoff.timeout.multiplier"},
+		{"jitter mode", map[errclass.Class]policy.ClassBackoff{errclass.Timeout: {Jitter: ptr(backoff.Jitter("lots"))}}, "class_backoff.timeout.jitter"},
+		{"negative first delay", map[errclass.Class]policy.ClassBackoff{errclass.Timeout: {FirstDelay: ptr(-time.Second)}}, "class_backoff.timeout.first_delay_ms"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			p := seedDefault()
+			p.ClassBackoff = tt.cb
+			err := p.Validate()
+			if tt.field == "" {
+				require.NoError(t, err)
+				return
+			}
+			var fe *contract.FieldError
+			require.ErrorAs(t, err, &fe)
+			require.Equal(t, tt.field, fe.Field)
+		})
+	}
+}

@@ -1,0 +1,250 @@
+package scheduler_test
+
+import (
+	"encoding/json"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/retryd/retryd/pkg/contract"
+	"github.com/retryd/retryd/projections/retrystore"
+)
+
+func held(kind, id string, attempt int, reason string, until *time.Time) contract.HeldData {
+	return contract.HeldData{Kind: kind, ID: id, Attempt: attempt, Reason: reason, Until: until, Source: "src",
+		Payload: json.RawMessage(`{"n":1}`)}
+}
+
+func at(d time.Duration) *time.Time { t := time.Now().Add(d); return &t }
+
+func decisionOf(t *testing.T, h retrystore.HistoryEntry) contract.Decision {
+	t.Helper()
+	var d contract.Decision
+	require.NoError(t, json.Unmarshal(h.Detail, &d))
+	return d
+}
+
+// An item held again and again, far longer than its whole retry budget
+// would last and past the max delay each time, is never exhausted and
+// keeps every retry: a hold is not a failure.
+func TestHoldsKeepTheBudgetAndAreNotCappedByMaxDelay(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.start(t)
+	b.policy(t, "hold", "", 2, 10, 100)
+
+	for attempt := 1; attempt <= 6; attempt++ {
+		b.publish(t, contract.Held, held("hold", "h1", attempt, contract.HoldThrottle, at(300*time.Millisecond)))
+		row := b.waitRow(t, "hold", "h1", inState(retrystore.StateDue, attempt+1))
+		require.Zero(t, row.RetryCount, "attempt %d", attempt)
+		require.Equal(t, contract.HoldThrottle, row.HoldReason)
+	}
+	// The item runs and fails: its first retry of two is used now.
+	b.publish(t, contract.Failed, failed("hold", "h1", 7, "timeout"))
+	row := b.waitRow(t, "hold", "h1", inState(retrystore.StateDue, 8))
+	require.Equal(t, 1, row.RetryCount)
+	require.Nil(t, row.HeldSince, "an attempt ran: the hold ended")
+
+	h := b.history(t, "hold", "h1")
+	var holds int
+	for _, e := range h {
+		if e.Event == string(contract.Scheduled) || e.Event == string(contract.Rescheduled) {
+			d := decisionOf(t, e)
+			if d.HoldReason == "" {
+				require.Equal(t, contract.DecidedByBackoff, d.DecidedBy)
+				continue
+			}
+			holds++
+			require.Equal(t, contract.DecidedByHold, d.DecidedBy)
+			require.Zero(t, d.RetryCount)
+			require.Greater(t, d.DelayMS, int64(100), "not capped at the max delay")
+			require.NotNil(t, d.HeldSince)
+		}
+	}
+	require.Equal(t, 6, holds)
+	for _, m := range b.streamMsgs(t, "retry.hold.exhausted.h1") {
+		t.Fatalf("exhausted: %s", m.Data())
+	}
+}
+
+// A pause with an end is released at its end, not capped at max delay.
+func TestPauseUntilIsTheReleaseTime(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.start(t)
+	b.policy(t, "pu", "", 2, 10, 100)
+	until := time.Now().Add(time.Hour).UTC().Truncate(time.Millisecond)
+	b.publish(t, contract.Held, held("pu", "p1", 1, contract.HoldPause, &until))
+	row := b.waitRow(t, "pu", "p1", inState(retrystore.StateScheduled, 2))
+	require.NotNil(t, row.NextAttemptAt)
+	require.True(t, row.NextAttemptAt.Equal(until), "due at %s, want %s", row.NextAttemptAt, until)
+	d := decisionOf(t, b.history(t, "pu", "p1")[1])
+	require.Equal(t, contract.DecidedByPauseUntil, d.DecidedBy)
+	require.Equal(t, contract.HoldPause, d.HoldReason)
+
+	// A pause without an end waits for a release, until max_hold.
+	b.publish(t, contract.Held, held("pu", "p2", 1, contract.HoldPause, nil))
+	row = b.waitRow(t, "pu", "p2", inState(retrystore.StateScheduled, 2))
+	require.WithinDuration(t, row.HeldSince.Add(30*24*time.Hour), *row.NextAttemptAt, time.Millisecond)
+	require.Equal(t, contract.DecidedByPause, decisionOf(t, b.history(t, "pu", "p2")[1]).DecidedBy)
+}
+
+// Held past the policy's max_hold, an item is exhausted as hold_expired,
+// and the exhausted event says so.
+func TestHoldExpiresAfterMaxHold(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	s := b.start(t)
+	b.policy(t, "hx", "", 2, 10, 100, func(p *retrystore.Policy) { p.MaxHoldMS = 300 })
+
+	b.publish(t, contract.Held, held("hx", "x1", 1, contract.HoldPause, nil))
+	row := b.waitRow(t, "hx", "x1", inState(retrystore.StateDue, 2))
+	require.WithinDuration(t, row.HeldSince.Add(300*time.Millisecond), *row.NextAttemptAt, time.Millisecond)
+	// Still paused when it comes due: the owner holds it again.
+	b.publish(t, contract.Held, held("hx", "x1", 2, contract.HoldPause, nil))
+	row = b.waitRow(t, "hx", "x1", inState(retrystore.StateExhausted, 2))
+	require.Equal(t, contract.ExhaustedHoldExpired, row.ExhaustedReason)
+	require.Zero(t, row.RetryCount)
+
+	var msgs []*contract.ExhaustedData
+	require.Eventually(t, func() bool {
+		msgs = nil
+		for _, m := range b.streamMsgs(t, "retry.hx.exhausted.x1") {
+			ev, err := contract.DecodeLifecycle(m.Subject(), m.Data())
+			require.NoError(t, err)
+			msgs = append(msgs, ev.Exhausted)
+		}
+		return len(msgs) == 1
+	}, waitFor, 10*time.Millisecond)
+	require.Equal(t, contract.ExhaustedHoldExpired, msgs[0].Reason)
+	require.Contains(t, msgs[0].Error.Message, "max_hold")
+	require.Equal(t, 1.0, metric(t, s.reg, "retryd_scheduler_exhausted_total", "kind", "hx"))
+}
+
+// The same hold delivered twice, or republished after the duplicate
+// window, changes nothing the second time.
+func TestDuplicateHoldChangesNothing(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	s := b.start(t)
+	b.policy(t, "hdup", "", 2, 10, 100)
+
+	msg := lifecycleMsg(t, contract.Held, held("hdup", "d1", 1, contract.HoldThrottle, at(time.Hour)))
+	_, err := b.js.PublishMsg(b.ctx, msg)
+	require.NoError(t, err)
+	before := b.waitRow(t, "hdup", "d1", inState(retrystore.StateScheduled, 2))
+	again, err := b.js.PublishMsg(b.ctx, msg)
+	require.NoError(t, err)
+	require.True(t, again.Duplicate)
+	copyMsg := nats.NewMsg(msg.Subject)
+	copyMsg.Data = msg.Data
+	_, err = b.js.PublishMsg(b.ctx, copyMsg)
+	require.NoError(t, err)
+
+	require.Eventually(t, func() bool {
+		return metric(t, s.reg, "retryd_scheduler_duplicate_total", "consumer", "scheduler") == 1
+	}, waitFor, 10*time.Millisecond)
+	b.waitQuiet(t)
+	after, err := retrystore.Get(b.ctx, b.pool, "hdup", "d1")
+	require.NoError(t, err)
+	before.UpdatedAt, after.UpdatedAt = time.Time{}, time.Time{}
+	require.Equal(t, before, after)
+	require.Equal(t, []string{"held:1", "scheduled:2"}, events(b.history(t, "hdup", "d1")))
+	require.Len(t, b.streamMsgs(t, "retry.hdup.scheduled.d1"), 1)
+}
+
+// Malformed holds and releases are terminated and counted, and change
+// nothing.
+func TestMalformedHoldIsTerminatedAndCounted(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	s := b.start(t)
+	env := func(typ, data string) []byte {
+		return fmt.Appendf(nil, `{"specversion":"1.0","id":"x1","source":"test","type":%q,"time":"2026-01-01T00:00:00Z","data":%s}`, typ, data)
+	}
+	bad := []struct{ subject, body string }{
+		{"retry.hm.held.m1", `{"kind":"hm","id":"m1","attempt":1,"reason":"nap"}`},
+		{"retry.hm.held.m2", `{"kind":"hm","id":"m2","attempt":0,"reason":"pause"}`},
+		{"retry.hm.held.m3", `{"kind":"hm","id":"m3","attempt":1,"reason":"pause","until":"soon"}`},
+		{"retry.hm.held.m4", `{"kind":"hm","id":"m4","attempt":1,"reason":"pause","extra":true}`},
+		{"retry.hm.released.k1", `{"kind":"hm","hold_key":"k1","reason":"resume"}`},
+	}
+	for i, c := range bad {
+		typ := "retry.held"
+		if i == len(bad)-1 {
+			typ = "retry.released"
+		}
+		m := nats.NewMsg(c.subject)
+		m.Data = env(typ, c.body)
+		m.Header.Set(contract.HeaderMsgID, fmt.Sprintf("bad-%d", i))
+		_, err := b.js.PublishMsg(b.ctx, m)
+		require.NoError(t, err)
+	}
+	require.Eventually(t, func() bool {
+		return metric(t, s.reg, "retryd_scheduler_malformed_total", "consumer", "scheduler") == float64(len(bad))
+	}, waitFor, 10*time.Millisecond)
+	b.waitQuiet(t)
+	var n int
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM retries WHERE kind = 'hm'`).Scan(&n))
+	require.Zero(t, n)
+}
+
+// A release makes every pause hold under its key due at once, in the
+// order the items were first held; a hold decided before the release but
+// applied after it is released too. Throttle holds and other keys stay.
+func TestReleaseLiftsPauseHoldsInOrder(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.start(t)
+	b.policy(t, "rel", "", 2, 10, 100)
+	const n = 20
+	for i := range n {
+		hd := held("rel", fmt.Sprintf("r%02d", i), 1, contract.HoldPause, nil)
+		hd.HoldKey = "shop"
+		b.publish(t, contract.Held, hd)
+		b.waitRow(t, "rel", hd.ID, inState(retrystore.StateScheduled, 2))
+	}
+	other := held("rel", "other", 1, contract.HoldPause, nil)
+	other.HoldKey = "partner"
+	b.publish(t, contract.Held, other)
+	throttled := held("rel", "throttled", 1, contract.HoldThrottle, at(time.Hour))
+	throttled.HoldKey = "shop"
+	b.publish(t, contract.Held, throttled)
+	b.waitRow(t, "rel", "throttled", inState(retrystore.StateScheduled, 2))
+	b.waitRow(t, "rel", "other", inState(retrystore.StateScheduled, 2))
+
+	// Decided (by the owner) before the resume, published after it.
+	late := held("rel", "late", 1, contract.HoldPause, nil)
+	late.HoldKey = "shop"
+	lateMsg := lifecycleMsg(t, contract.Held, late)
+	b.publish(t, contract.Released, contract.ReleasedData{Kind: "rel", HoldKey: "shop", Reason: contract.ReleaseResume, By: "test", ReleasedAt: time.Now()})
+
+	var dues []string
+	require.Eventually(t, func() bool {
+		dues = nil
+		for _, m := range b.streamMsgs(t, "retry.rel.due.*") {
+			dues = append(dues, decodeDue(t, m).ID)
+		}
+		return len(dues) == n+1
+	}, waitFor, 10*time.Millisecond)
+	for i, id := range dues[:n] {
+		require.Equal(t, fmt.Sprintf("r%02d", i), id, "released in the order first held")
+	}
+	require.Equal(t, "throttled", dues[n])
+	h := b.history(t, "rel", "r00")
+	require.Equal(t, []string{"held:1", "scheduled:2", "rescheduled:2", "due:2"}, events(h))
+	require.Equal(t, contract.DecidedByResume, h[2].DecidedBy)
+
+	_, err := b.js.PublishMsg(b.ctx, lateMsg)
+	require.NoError(t, err)
+	b.waitRow(t, "rel", "late", inState(retrystore.StateDue, 2))
+	require.Equal(t, contract.DecidedByResume, decisionOf(t, b.history(t, "rel", "late")[1]).DecidedBy)
+
+	b.waitQuiet(t)
+	row, err := retrystore.Get(b.ctx, b.pool, "rel", "other")
+	require.NoError(t, err)
+	require.Equal(t, retrystore.StateScheduled, row.State)
+}
