@@ -234,7 +234,12 @@ func TestReleaseLiftsPauseHoldsInOrder(t *testing.T) {
 		require.Equal(t, fmt.Sprintf("r%02d", i), id, "released in the order first held")
 	}
 	require.Equal(t, "throttled", dues[n])
-	h := b.history(t, "rel", "r00")
+	// The due loop commits its history row just after it publishes.
+	var h []retrystore.HistoryEntry
+	require.Eventually(t, func() bool {
+		h = b.history(t, "rel", "r00")
+		return len(h) == 4
+	}, waitFor, 10*time.Millisecond)
 	require.Equal(t, []string{"held:1", "scheduled:2", "rescheduled:2", "due:2"}, events(h))
 	require.Equal(t, contract.DecidedByResume, h[2].DecidedBy)
 
