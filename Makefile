@@ -41,7 +41,7 @@ fuzz:
 	./scripts/fuzz
 
 # The fault suite at full size (real processes, kill -9, restarts, purges;
-# about 15 minutes on 2 cores). `make test` runs its short version; CI runs
+# about 17 minutes on 2 cores). `make test` runs its short version; CI runs
 # both. Needs the Postgres 15 server binaries and faketime: a scenario
 # whose requirement is missing fails, it never skips.
 faults:
