@@ -6,11 +6,6 @@ import (
 	"fmt"
 	"slices"
 	"strings"
-	"time"
-
-	"github.com/retryd/retryd/pkg/backoff"
-	"github.com/retryd/retryd/pkg/errclass"
-	"github.com/retryd/retryd/pkg/policy"
 )
 
 // parseClassBackoff reads --class-backoff: a JSON object of error class to
@@ -27,32 +22,6 @@ func parseClassBackoff(v string) (map[string]classBackoffView, error) {
 		return nil, fmt.Errorf("%q has data after the JSON object", v)
 	}
 	return out, nil
-}
-
-// policyClassBackoff converts the API's per-class backoffs for the
-// decision package.
-func policyClassBackoff(in map[string]classBackoffView) map[errclass.Class]policy.ClassBackoff {
-	if len(in) == 0 {
-		return nil
-	}
-	ms := func(v *int64) *time.Duration {
-		if v == nil {
-			return nil
-		}
-		d := time.Duration(*v) * time.Millisecond
-		return &d
-	}
-	out := make(map[errclass.Class]policy.ClassBackoff, len(in))
-	for c, cb := range in {
-		pc := policy.ClassBackoff{Base: ms(cb.BaseDelayMS), Max: ms(cb.MaxDelayMS), Multiplier: cb.Multiplier,
-			JitterMax: ms(cb.JitterMS), FirstDelay: ms(cb.FirstDelayMS)}
-		if cb.Jitter != nil {
-			j := backoff.Jitter(*cb.Jitter)
-			pc.Jitter = &j
-		}
-		out[errclass.Class(c)] = pc
-	}
-	return out
 }
 
 // describeClassBackoff is one line per class for `policies get`, in class

@@ -62,7 +62,7 @@ shows one class only.`,
 					Base: time.Duration(p.BaseDelayMS) * time.Millisecond, Max: time.Duration(p.MaxDelayMS) * time.Millisecond,
 					Multiplier: p.Multiplier, Jitter: backoff.Jitter(p.Jitter), JitterMax: time.Duration(p.JitterMS) * time.Millisecond,
 				},
-				ClassBackoff: policyClassBackoff(p.ClassBackoff),
+				ClassBackoff: policy.ClassBackoffsFromMS(p.ClassBackoff),
 			}
 			if err := pol.Validate(); err != nil {
 				return usageErrorf(cmd, "the policy to simulate is not valid: %v", err)

@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"github.com/retryd/retryd/pkg/policy"
 	"time"
 )
 
@@ -97,14 +98,7 @@ type policyView struct {
 	UpdatedAt    time.Time                   `json:"updated_at"`
 }
 
-type classBackoffView struct {
-	BaseDelayMS  *int64   `json:"base_delay_ms,omitempty"`
-	MaxDelayMS   *int64   `json:"max_delay_ms,omitempty"`
-	Multiplier   *float64 `json:"multiplier,omitempty"`
-	Jitter       *string  `json:"jitter,omitempty"`
-	JitterMS     *int64   `json:"jitter_ms,omitempty"`
-	FirstDelayMS *int64   `json:"first_delay_ms,omitempty"`
-}
+type classBackoffView = policy.ClassBackoffMS
 
 type policyVersion struct {
 	Version   int             `json:"version"`

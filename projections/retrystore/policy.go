@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/retryd/retryd/pkg/policy"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -54,14 +55,7 @@ type Policy struct {
 // ClassBackoff is one error class's backoff in retry_policies.class_backoff:
 // fields left out keep the policy's; FirstDelayMS is the class's first
 // retry's delay, exactly (0: at once).
-type ClassBackoff struct {
-	BaseDelayMS  *int64   `json:"base_delay_ms,omitempty"`
-	MaxDelayMS   *int64   `json:"max_delay_ms,omitempty"`
-	Multiplier   *float64 `json:"multiplier,omitempty"`
-	Jitter       *string  `json:"jitter,omitempty"`
-	JitterMS     *int64   `json:"jitter_ms,omitempty"`
-	FirstDelayMS *int64   `json:"first_delay_ms,omitempty"`
-}
+type ClassBackoff = policy.ClassBackoffMS
 
 // PolicyVersion is a row of retry_policy_versions: the policy as it was
 // from Version on.

@@ -47,34 +47,8 @@ func toPolicy(p retrystore.Policy) policy.Policy {
 		Enabled:             p.Enabled,
 		MaxHold:             time.Duration(p.MaxHoldMS) * time.Millisecond,
 		MaxRetryAfter:       time.Duration(p.MaxRetryAfterMS) * time.Millisecond,
-		ClassBackoff:        classBackoff(p.ClassBackoff),
+		ClassBackoff:        policy.ClassBackoffsFromMS(p.ClassBackoff),
 	}
-}
-
-// classBackoff converts the stored per-class backoffs (milliseconds) to
-// the decision's; nil when there are none.
-func classBackoff(in map[string]retrystore.ClassBackoff) map[errclass.Class]policy.ClassBackoff {
-	if len(in) == 0 {
-		return nil
-	}
-	ms := func(v *int64) *time.Duration {
-		if v == nil {
-			return nil
-		}
-		d := time.Duration(*v) * time.Millisecond
-		return &d
-	}
-	out := make(map[errclass.Class]policy.ClassBackoff, len(in))
-	for c, cb := range in {
-		pc := policy.ClassBackoff{Base: ms(cb.BaseDelayMS), Max: ms(cb.MaxDelayMS), Multiplier: cb.Multiplier,
-			JitterMax: ms(cb.JitterMS), FirstDelay: ms(cb.FirstDelayMS)}
-		if cb.Jitter != nil {
-			j := backoff.Jitter(*cb.Jitter)
-			pc.Jitter = &j
-		}
-		out[errclass.Class(c)] = pc
-	}
-	return out
 }
 
 // policyCache memoises policy lookups inside one transaction, so a batch
