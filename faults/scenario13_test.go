@@ -49,6 +49,7 @@ func TestScenario13ClusterLeaderStop(t *testing.T) {
 	owner.Start()
 
 	ids, msgs := failedItems(t, kind, "s13", n, nil)
+	loadStart := time.Now()
 	pubDone := make(chan error, 1)
 	go func() {
 		for i := 0; i < len(msgs); i += 50 {
@@ -71,6 +72,7 @@ func TestScenario13ClusterLeaderStop(t *testing.T) {
 		c, cerr := consumerInfo(s.Ctx, s.JS, contract.StreamRetries, "scheduler")
 		t.Fatalf("no load before the fault: RETRIES %+v; consumer %s; %s", state, describe(c, cerr), pace.Explain())
 	}
+	r.Note("a third of the failures applied %s after the first publish", time.Since(loadStart).Round(time.Millisecond))
 	stream, err := s.JS.Stream(s.Ctx, contract.StreamRetries)
 	if err != nil {
 		t.Fatal(err)

@@ -157,7 +157,7 @@ func (s *Scheduler) idleFor(ctx context.Context) (time.Duration, error) {
 	if ok {
 		sleep = min(sleep, next.Sub(dbNow))
 	}
-	if redue, ok, err := retrystore.NextRedue(ctx, s.cfg.Pool, s.cfg.RedueAfter); err != nil {
+	if redue, ok, err := retrystore.NextRedue(ctx, s.cfg.Pool, s.redueAfter(ctx)); err != nil {
 		return 0, err
 	} else if ok {
 		sleep = min(sleep, redue)
@@ -205,6 +205,8 @@ func (s *Scheduler) emitDue(ctx context.Context, b *burst) (int, error) {
 	if _, err := s.relay.Flush(ctx); err != nil {
 		s.log.Debug().Err(err).Msg("flush outbox before due")
 	}
+	// Read before the transaction: it may ask NATS for the consumer's state.
+	redueAfter := s.redueAfter(ctx)
 	tx, err := s.cfg.Pool.Begin(ctx)
 	if err != nil {
 		return 0, fmt.Errorf("begin: %w", err)
@@ -224,7 +226,7 @@ func (s *Scheduler) emitDue(ctx context.Context, b *burst) (int, error) {
 		items = append(items, &dueItem{row: r})
 	}
 	if len(rows) < s.cfg.BatchSize {
-		redue, err := retrystore.ClaimRedue(ctx, tx, s.cfg.RedueAfter, s.cfg.BatchSize-len(rows))
+		redue, err := retrystore.ClaimRedue(ctx, tx, redueAfter, s.cfg.BatchSize-len(rows))
 		if err != nil {
 			return 0, err
 		}

@@ -257,3 +257,20 @@ func (b *bundle) waitQuiet(t *testing.T) {
 		return info.NumAckPending == 0 && info.NumPending == 0 && outbox == 0
 	}, waitFor, 20*time.Millisecond)
 }
+
+// shrinkDuplicateWindow sets the RETRIES duplicate window to 100ms, so a
+// re-emission with the same Nats-Msg-Id is stored. It must run before
+// anything is stored: the server arms its expiry timer with the window of
+// the first message.
+func shrinkDuplicateWindow(t *testing.T, b *bundle) {
+	t.Helper()
+	stream, err := b.js.Stream(b.ctx, contract.StreamRetries)
+	require.NoError(t, err)
+	info, err := stream.Info(b.ctx)
+	require.NoError(t, err)
+	require.Zero(t, info.State.Msgs)
+	cfg := info.Config
+	cfg.Duplicates = 100 * time.Millisecond
+	_, err = b.js.UpdateStream(b.ctx, cfg)
+	require.NoError(t, err)
+}

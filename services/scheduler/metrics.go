@@ -20,6 +20,7 @@ type metrics struct {
 	pending              *prometheus.GaugeVec
 	outboxPending        prometheus.Gauge
 	outboxLag            prometheus.Gauge
+	policyLag            prometheus.Gauge
 
 	malformed, duplicate, stale, errors *prometheus.CounterVec
 }
@@ -57,6 +58,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Namespace: "retryd", Subsystem: "scheduler", Name: "outbox_lag_seconds",
 			Help: "Age of the oldest unpublished event in the scheduler's outbox (0 when empty).",
 		}),
+		policyLag: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: "retryd", Subsystem: "scheduler", Name: "policy_lag_seconds",
+			Help: "How far the policy stage is behind RETRIES: the age of the newest applied fact while the consumer holds unapplied ones (0 when caught up). Re-emissions wait RedueAfter plus this.",
+		}),
 		malformed: counter("malformed_total", "Messages terminated because they could not be decoded.", "consumer"),
 		duplicate: counter("duplicate_total", "Messages already applied (inbox hit), acked without effect.", "consumer"),
 		stale:     counter("stale_total", "Facts ignored because the row moved past them (old attempt or terminal state).", "kind", "event"),
@@ -64,7 +69,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	}
 	cs := []prometheus.Collector{
 		m.scheduled, m.rescheduled, m.due, m.succeeded, m.exhausted, m.cancelled, m.redue, m.dueDuplicates,
-		m.lateness, m.pending, m.outboxPending, m.outboxLag, m.malformed, m.duplicate, m.stale, m.errors,
+		m.lateness, m.pending, m.outboxPending, m.outboxLag, m.malformed, m.duplicate, m.stale, m.errors, m.policyLag,
 	}
 	for i, c := range cs {
 		got, err := promreg.Register(reg, c)
@@ -79,6 +84,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m.exhausted, m.cancelled, m.redue, m.dueDuplicates = cs[4].(*prometheus.CounterVec), cs[5].(*prometheus.CounterVec), cs[6].(*prometheus.CounterVec), cs[7].(*prometheus.CounterVec)
 	m.lateness, m.pending, m.outboxPending, m.outboxLag = cs[8].(prometheus.Histogram), cs[9].(*prometheus.GaugeVec), cs[10].(prometheus.Gauge), cs[11].(prometheus.Gauge)
 	m.malformed, m.duplicate, m.stale, m.errors = cs[12].(*prometheus.CounterVec), cs[13].(*prometheus.CounterVec), cs[14].(*prometheus.CounterVec), cs[15].(*prometheus.CounterVec)
+	m.policyLag = cs[16].(prometheus.Gauge)
 	return m, nil
 }
 

@@ -262,6 +262,7 @@ func (s *Scheduler) afterCommit(results []applied) {
 		s.relay.Kick()
 	}
 	for _, r := range results {
+		s.lag.applied(r.in.msg)
 		if err := r.in.msg.Ack(); err != nil {
 			s.log.Debug().Err(err).Str("kind", r.in.f.ev.Kind).Str("id", r.in.f.ev.ID).Msg("ack failed; the redelivery will be a duplicate")
 		}

@@ -130,19 +130,9 @@ func TestRedueAfterTimeout(t *testing.T) {
 	b.policy(t, "rd", "", 3, 10, 10)
 
 	// RedueAfter (5m by default, always above the 2m duplicate window)
-	// cannot pass in a test: shrink the stream's window (before anything
-	// is stored, the server arms its expiry timer with the window of the
-	// first message) so a re-emission is stored, and move due_at back as
-	// if the time had passed.
-	stream, err := b.js.Stream(b.ctx, contract.StreamRetries)
-	require.NoError(t, err)
-	info, err := stream.Info(b.ctx)
-	require.NoError(t, err)
-	require.Zero(t, info.State.Msgs)
-	cfg := info.Config
-	cfg.Duplicates = 100 * time.Millisecond
-	_, err = b.js.UpdateStream(b.ctx, cfg)
-	require.NoError(t, err)
+	// cannot pass in a test: a re-emission is stored because the window is
+	// shrunk, and due_at moves back as if the time had passed.
+	shrinkDuplicateWindow(t, b)
 
 	b.publish(t, contract.Failed, failed("rd", "r1", 1, "timeout"))
 	b.waitRow(t, "rd", "r1", inState(retrystore.StateDue, 2))

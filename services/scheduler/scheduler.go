@@ -24,6 +24,7 @@ import (
 	"math"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
@@ -51,6 +52,8 @@ type Scheduler struct {
 	// inbound carries messages from the consume callback to the policy
 	// stage worker.
 	inbound chan jetstream.Msg
+	// lag is how far the policy stage is behind RETRIES (backlog.go).
+	lag *applyLag
 
 	mu       sync.Mutex
 	started  bool
@@ -86,6 +89,7 @@ func New(cfg Config) (*Scheduler, error) {
 		wake:         make(chan struct{}, 1),
 		reconcileNow: make(chan struct{}, 1),
 		inbound:      make(chan jetstream.Msg, cfg.ConsumeBatch),
+		lag:          newApplyLag(time.Now()),
 		abort:        make(chan struct{}),
 		workerDone:   make(chan struct{}),
 	}
