@@ -29,7 +29,7 @@ import (
 	"github.com/retryd/retryd/migrations/pgcluster"
 	"github.com/retryd/retryd/pkg/serve"
 	"github.com/retryd/retryd/pkg/streams"
-	"github.com/retryd/retryd/pkg/tracing"
+	"github.com/retryd/retryd/pkg/telemetry"
 	"github.com/retryd/retryd/pkg/worker"
 	"github.com/retryd/retryd/projections/jobs"
 	"github.com/retryd/retryd/services/ingress"
@@ -145,10 +145,10 @@ func (s *Stack) Start(ctx context.Context) (err error) {
 var tracingInstalled atomic.Bool
 
 func (s *Stack) startTracing(ctx context.Context) error {
-	if !tracing.Enabled() || !tracingInstalled.CompareAndSwap(false, true) {
+	if !telemetry.Enabled() || !tracingInstalled.CompareAndSwap(false, true) {
 		return nil
 	}
-	shutdown, err := tracing.Setup(ctx, "retryd", s.log)
+	shutdown, err := telemetry.Setup(ctx, "retryd", s.log)
 	if err != nil {
 		tracingInstalled.Store(false)
 		return fmt.Errorf("set up tracing: %w", err)
@@ -336,7 +336,7 @@ func (s *Stack) startHTTP() error {
 		return fmt.Errorf("listen on %s (is it taken? use --http): %w", s.cfg.HTTPAddr, err)
 	}
 	s.httpAddr = ln.Addr()
-	srv := &http.Server{Handler: tracing.Handler(s.routes(), "retryd"), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
+	srv := &http.Server{Handler: telemetry.Handler(s.routes(), "retryd"), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- serve.Serve(ctx, srv, ln, s.log.With().Str("component", "http").Logger()) }()
