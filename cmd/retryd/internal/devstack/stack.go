@@ -10,6 +10,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -24,6 +25,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
+	slogzerolog "github.com/samber/slog-zerolog/v2"
 
 	"github.com/retryd/retryd/migrations"
 	"github.com/retryd/retryd/migrations/pgcluster"
@@ -312,7 +314,7 @@ func (s *Stack) startServices(ctx context.Context) error {
 	s.JobsAPI = api
 	s.onStop("jobs API", api.Stop)
 
-	w, err := worker.New(worker.Config{JS: s.JS, Logger: lg("worker"), Registerer: reg, Source: "retryd/dev-worker",
+	w, err := worker.New(worker.Config{JS: s.JS, Logger: slogger(lg("worker")), Registerer: reg, Source: "retryd/dev-worker",
 		Concurrency: s.cfg.WorkerConcurrency, FetchWait: s.cfg.FetchWait})
 	if err != nil {
 		return fmt.Errorf("new worker: %w", err)
@@ -411,4 +413,11 @@ func displayAddr(a net.Addr) string {
 		return net.JoinHostPort("127.0.0.1", fmt.Sprint(tcp.Port))
 	}
 	return tcp.String()
+}
+
+// slogger hands l to the worker SDK, which logs through log/slog: its
+// records keep l's fields, level and timestamps and go where the rest of
+// the stack's logs go.
+func slogger(l zerolog.Logger) *slog.Logger {
+	return slog.New(slogzerolog.Option{Logger: &l, Level: slogzerolog.ZeroLogLeveler{Logger: &l}, NoTimestamp: true}.NewZerologHandler())
 }
