@@ -23,8 +23,8 @@
 // exported until the program installs a tracer provider and a propagator
 // (otel.SetTracerProvider and otel.SetTextMapPropagator, or
 // pkg/tracing.Install); the SDK itself never links the OpenTelemetry SDK,
-// an exporter, gRPC, the NATS server or a logging library, and a test in
-// this package fails if one of them comes back.
+// an exporter, gRPC, the NATS server or a third-party logging library, and
+// TestSDKDependenciesStayLight fails if one of them comes back.
 //
 // The public, supported packages are worker, contract, errclass, backoff
 // and policy; every other package of the module may change without notice
