@@ -80,16 +80,6 @@ func (p *Process) Start() error {
 	return nil
 }
 
-// Pid is the pid of the running process (0 when never started).
-func (p *Process) Pid() int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.cmd == nil {
-		return 0
-	}
-	return p.cmd.Process.Pid
-}
-
 // Running reports whether the process runs (it may be stopped by SIGSTOP).
 func (p *Process) Running() bool {
 	p.mu.Lock()

@@ -49,13 +49,6 @@ func NewWireCounter(t testing.TB, nc *nats.Conn) *WireCounter {
 	return w
 }
 
-// Count is how many times msgID crossed the wire.
-func (w *WireCounter) Count(msgID string) int {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.counts[msgID]
-}
-
 // Extra sums, over the given ids, the wire copies beyond stored[id]
 // (at least one): duplicates absorbed before they were stored.
 func (w *WireCounter) Extra(stored map[string]int, ids func(string) bool) int {

@@ -169,9 +169,6 @@ func (c *Cluster) Port() int { return c.port }
 // DataDir is the cluster's data directory.
 func (c *Cluster) DataDir() string { return c.dataDir }
 
-// LogPath is the server's log file.
-func (c *Cluster) LogPath() string { return c.logPath }
-
 // Stop stops the server and, for a throwaway cluster, removes its
 // directory. A throwaway cluster is stopped in immediate mode (nothing in
 // it must survive); a persistent one in fast mode, so the next start needs
