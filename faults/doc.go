@@ -5,7 +5,8 @@
 // and nothing was doubled.
 //
 // go test runs the short version (small counts, a few minutes in all);
-// RETRYD_FAULTS=full runs the sizes:
+// RETRYD_FAULTS=full runs every scenario at the full size docs/reliability.md
+// gives for it (make faults; CI runs both):
 //
 //	RETRYD_FAULTS=full go test -timeout 60m -v github.com/retryd/retryd/faults/...
 package faults

@@ -7,7 +7,7 @@ import (
 )
 
 // What one unit of work stores on the streams, as the scenarios count it
-// to derive the NATS store rate they assume (issue 21, point 4). Every
+// to derive the NATS store rate they assume (docs/reliability.md). Every
 // message is one fsync with sync_interval: always, so these counts, not
 // the number of items, are what the broker's speed bounds.
 const (

@@ -8,7 +8,8 @@ import (
 	"github.com/spf13/cobra"
 )
 
-// jobStatuses are the job statuses of seed 003 that bulk retry filters on.
+// jobStatuses are the job statuses (jobstore.Status) that bulk retry
+// filters on.
 var jobStatuses = []string{"in_progress", "completed", "failed", "retrying", "failed_max_retries", "cancelled"}
 
 func newBulkRetryCmd(g *globals) *cobra.Command {

@@ -10,8 +10,9 @@ import (
 	"time"
 )
 
-// Full reports whether the suite runs at the sizes
-// (RETRYD_FAULTS=full) rather than the short default.
+// Full reports whether the suite runs at full size (RETRYD_FAULTS=full,
+// the counts docs/reliability.md gives per scenario) rather than the short
+// default.
 func Full() bool { return os.Getenv("RETRYD_FAULTS") == "full" }
 
 // Size is short in the default mode and full with RETRYD_FAULTS=full;

@@ -1,7 +1,7 @@
 -- +goose Up
 -- retryd foundation schema: the scheduler's retry projection and history,
 -- retry policies, the transactional outbox and inbox every service uses,
--- and the owner tables named in the seeds (workflow events, event ingress
+-- and the tables of the owners of retries (workflow events, event ingress
 -- retries, triggers and deliveries, runs and steps, jobs).
 
 -- Retry policies per kind and job type ('' = the kind's default; kind '*' =
@@ -37,11 +37,11 @@ CREATE TABLE retry_policy_versions (
     PRIMARY KEY (kind, job_type, version)
 );
 
--- Defaults from the seeds: 003's backoff (1 s base, x2, 5 min cap, up to 1 s
--- jitter) for every kind but jobs, with its 3 retries for workflow steps and
--- unknown kinds; events and trigger deliveries allow 20 retries because a
--- throttle or a pause, not a fault, holds them back. 004 (2 h base, x2, 24 h
--- cap, 5 min jitter, 5 retries) for jobs, and its example job types.
+-- Defaults: a 1 s base, x2, 5 min cap, up to 1 s jitter for every kind but
+-- jobs, with 3 retries for workflow steps and unknown kinds; events and
+-- trigger deliveries allow 20 retries because a throttle or a pause, not a
+-- fault, holds them back. Jobs: 2 h base, x2, 24 h cap, 5 min jitter, 5
+-- retries, and a few common job types of their own.
 INSERT INTO retry_policies (kind, job_type, name, max_retries, base_delay_ms, multiplier, max_delay_ms, jitter, jitter_ms, non_retryable_classes) VALUES
     ('*',             '',                  'default',                3,  1000,     2,   300000,   'additive', 1000,   '{authentication,permission,validation}'),
     ('event',         '',                  'event-ingress',          20, 1000,     2,   300000,   'additive', 1000,   '{authentication,permission,validation}'),
@@ -187,7 +187,7 @@ CREATE TABLE event_source_windows (
     PRIMARY KEY (source, window_start)
 );
 
--- Seed 001: durable event ingress retries. retry_state: scheduled, due,
+-- Durable event ingress retries: events a source's gate deferred. retry_state: scheduled, due,
 -- completed, cancelled, exhausted.
 CREATE TABLE event_ingress_retries (
     event_id        text        PRIMARY KEY REFERENCES workflow_events (event_id) ON DELETE CASCADE,
@@ -202,7 +202,7 @@ CREATE TABLE event_ingress_retries (
 );
 CREATE INDEX event_ingress_retries_state_idx ON event_ingress_retries (retry_state, next_attempt_at);
 
--- Seed 002: triggers and their deliveries. A trigger's current definition;
+-- Triggers and their deliveries. A trigger's current definition;
 -- every change bumps version and is kept in workflow_trigger_versions.
 CREATE TABLE workflow_triggers (
     trigger_id         text        PRIMARY KEY,
@@ -286,7 +286,7 @@ CREATE TABLE workflow_run_steps (
     PRIMARY KEY (run_id, step_id)
 );
 
--- Seeds 003/004: jobs done by workers, with the seed statuses and fields.
+-- Jobs done by workers, with the statuses and fields job-queue users know.
 -- status: in_progress, completed, failed, retrying, failed_max_retries,
 -- cancelled.
 CREATE TABLE jobs (

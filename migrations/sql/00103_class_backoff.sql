@@ -1,5 +1,5 @@
 -- +goose Up
--- Seed 003: each error class may have its own backoff, e.g.
+-- Each error class may have its own backoff, e.g.
 -- {"rate_limit": {"base_delay_ms": 60000, "max_delay_ms": 3600000},
 --  "network": {"base_delay_ms": 200, "max_delay_ms": 2000},
 --  "timeout": {"first_delay_ms": 0}}. Fields left out keep the policy's;

@@ -1,5 +1,5 @@
 -- +goose Up
--- Jobs projection (seeds 003/004): what the jobs table needs to be folded
+-- Jobs projection: what the jobs table needs to be folded
 -- from two streams that arrive in any order, the error normalizer the
 -- analytics group by, and durable bulk-retry operations.
 

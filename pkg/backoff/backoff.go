@@ -27,8 +27,8 @@ const (
 	JitterFull Jitter = "full"
 	// JitterEqual draws from [d/2, d]: half the delay is kept.
 	JitterEqual Jitter = "equal"
-	// JitterAdditive adds [0, JitterMax] on top of d, as in seeds 003 and
-	// 004; the delay never falls below the exponential step.
+	// JitterAdditive adds [0, JitterMax] on top of d, as the default
+	// schedules do; the delay never falls below the exponential step.
 	JitterAdditive Jitter = "additive"
 )
 
@@ -62,15 +62,16 @@ type Config struct {
 	JitterMax time.Duration
 }
 
-// Default is the schedule of seed 003, used by the default policies for
+// Default is the schedule used by the default policies for
 // events, trigger deliveries and workflow steps: 1s, 2s, 4s ... capped at
 // 5 minutes, plus up to 1s of jitter.
 func Default() Config {
 	return Config{Base: time.Second, Max: 5 * time.Minute, Multiplier: 2, Jitter: JitterAdditive, JitterMax: time.Second}
 }
 
-// JobDefault is the schedule of seed 004, used by the default job policy:
-// 2h, 4h, 8h, 16h, then 24h, plus up to 5 minutes of jitter.
+// JobDefault is the schedule of the default job policy, for jobs whose
+// failures usually need a person or a provider to recover before a retry
+// can work: 2h, 4h, 8h, 16h, then 24h, plus up to 5 minutes of jitter.
 func JobDefault() Config {
 	return Config{Base: 2 * time.Hour, Max: 24 * time.Hour, Multiplier: 2, Jitter: JitterAdditive, JitterMax: 5 * time.Minute}
 }

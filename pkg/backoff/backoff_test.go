@@ -31,13 +31,13 @@ func TestBaseDelay(t *testing.T) {
 		retry int
 		want  time.Duration
 	}{
-		{"seed003 first", backoff.Default(), 0, time.Second},
-		{"seed003 second", backoff.Default(), 1, 2 * time.Second},
-		{"seed003 ninth", backoff.Default(), 8, 256 * time.Second},
-		{"seed003 capped at 5min", backoff.Default(), 9, 5 * time.Minute},
-		{"seed004 first", backoff.JobDefault(), 0, 2 * time.Hour},
-		{"seed004 fourth", backoff.JobDefault(), 3, 16 * time.Hour},
-		{"seed004 capped at 24h", backoff.JobDefault(), 4, 24 * time.Hour},
+		{"default first", backoff.Default(), 0, time.Second},
+		{"default second", backoff.Default(), 1, 2 * time.Second},
+		{"default ninth", backoff.Default(), 8, 256 * time.Second},
+		{"default capped at 5min", backoff.Default(), 9, 5 * time.Minute},
+		{"job default first", backoff.JobDefault(), 0, 2 * time.Hour},
+		{"job default fourth", backoff.JobDefault(), 3, 16 * time.Hour},
+		{"job default capped at 24h", backoff.JobDefault(), 4, 24 * time.Hour},
 		{"multiplier 1.5", linkedin, 2, 2*time.Hour + 15*time.Minute},
 		{"multiplier 1.5 capped", linkedin, 7, 12 * time.Hour},
 		{"negative retry is the first", backoff.Default(), -5, time.Second},
@@ -226,7 +226,7 @@ func TestValidate(t *testing.T) {
 		mutate  func(*backoff.Config)
 		wantErr string
 	}{
-		{"seed003", func(*backoff.Config) {}, ""},
+		{"default", func(*backoff.Config) {}, ""},
 		{"zero base and max", func(c *backoff.Config) { c.Base, c.Max = 0, 0 }, ""},
 		{"empty jitter", func(c *backoff.Config) { c.Jitter = "" }, ""},
 		{"negative base", func(c *backoff.Config) { c.Base = -1 }, "Config.Base"},

@@ -8,7 +8,7 @@ import (
 	"github.com/retryd/retryd/pkg/backoff"
 )
 
-// The job schedule of seed 004: doubling from 2h, capped at 24h, with up to
+// The default job schedule: doubling from 2h, capped at 24h, with up to
 // 5 minutes of additive jitter.
 func ExampleConfig_Bounds() {
 	cfg := backoff.JobDefault()
@@ -26,7 +26,7 @@ func ExampleConfig_Bounds() {
 }
 
 func ExampleConfig_BaseDelay() {
-	cfg := backoff.Default() // seed 003: 1s doubling, capped at 5min
+	cfg := backoff.Default() // 1s doubling, capped at 5min
 	for _, retry := range []int{0, 1, 2, 8, 9, 1_000_000} {
 		fmt.Println(retry, cfg.BaseDelay(retry))
 	}

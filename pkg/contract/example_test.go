@@ -30,8 +30,8 @@ func ExampleNewLifecycleMsg() {
 	// {"specversion":"1.0","id":"event-failed:01JQ7Z3K5WEXAMPLE:1","source":"my-service","type":"retry.failed","time":"2025-03-14T15:09:26Z","subject":"event/01JQ7Z3K5WEXAMPLE","datacontenttype":"application/json","data":{"kind":"event","id":"01JQ7Z3K5WEXAMPLE","attempt":1,"error":{"class":"rate_limit","message":"429 from upstream"},"retry_after":30}}
 }
 
-// The scheduler's due event for attempt 3 of a trigger delivery has the
-// seeds' id format; owners dedupe on it.
+// The scheduler's due event for attempt 3 of a trigger delivery has a
+// deterministic id; owners dedupe on it.
 func ExampleDueMsgID() {
 	id := contract.DueMsgID(contract.KindEventTrigger, "01JQ7Z3K5WDELIVERY", 3)
 	fmt.Println(id)

@@ -26,7 +26,7 @@ func DueMsgID(kind, id string, attempt int) string {
 }
 
 // LifecycleMsgID is the Nats-Msg-Id of any lifecycle event. Due events use
-// the seed format DueMsgID; the others are "<kind>-<event>:<id>:<attempt>",
+// DueMsgID, the id owners dedupe an attempt on; the others are "<kind>-<event>:<id>:<attempt>",
 // so the same fact published twice is stored once.
 func LifecycleMsgID(kind string, ev Lifecycle, id string, attempt int) string {
 	if ev == Due {

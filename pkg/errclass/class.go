@@ -41,7 +41,8 @@ func Classes() []Class {
 var ErrUnknownClass = errors.New("unknown error class")
 
 // Parse reads a class name, ignoring case and surrounding space. It accepts
-// the seed 004 names temporary_error and validation_error as aliases.
+// temporary_error and validation_error as aliases, the names some job
+// queues use.
 func Parse(s string) (Class, error) {
 	norm := strings.ToLower(strings.TrimSpace(s))
 	switch norm {

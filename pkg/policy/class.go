@@ -9,9 +9,9 @@ import (
 	"github.com/retryd/retryd/pkg/errclass"
 )
 
-// ClassBackoff gives one error class its own backoff (seed 003: rate
-// limits wait long, network errors little, a timeout is retried at once
-// the first time). Fields left nil keep the policy's.
+// ClassBackoff gives one error class its own backoff, because one curve
+// rarely fits every failure: rate limits should wait long, network errors
+// little, and a timeout may be retried at once the first time. Fields left nil keep the policy's.
 type ClassBackoff struct {
 	Base       *time.Duration
 	Max        *time.Duration

@@ -14,9 +14,10 @@ import (
 
 func ptr[T any](v T) *T { return &v }
 
-// seed003Classes is seed 003's wish: rate limits wait long, network
-// errors little, a timeout is retried at once the first time.
-func seed003Classes() policy.Policy {
+// classBackoffs is a policy whose classes each have their own curve: rate
+// limits wait long, network errors little, a timeout is retried at once
+// the first time.
+func classBackoffs() policy.Policy {
 	p := seedDefault()
 	p.MaxRetries = 5
 	p.ClassBackoff = map[errclass.Class]policy.ClassBackoff{
@@ -57,7 +58,7 @@ func TestDecidePerClassBackoff(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(string(tt.class)+"/"+string(rune('0'+tt.retry)), func(t *testing.T) {
 			t.Parallel()
-			o := policy.Decide(seed003Classes(), policy.Input{Attempt: tt.retry + 1, RetryCount: tt.retry, FailedAt: failedAt, Class: tt.class}, fixedRand(0))
+			o := policy.Decide(classBackoffs(), policy.Input{Attempt: tt.retry + 1, RetryCount: tt.retry, FailedAt: failedAt, Class: tt.class}, fixedRand(0))
 			require.True(t, o.Retry)
 			d := o.Decision
 			require.Equal(t, contract.DecidedByBackoff, d.DecidedBy)
@@ -82,7 +83,7 @@ func TestDecidePerClassBackoff(t *testing.T) {
 // A class's backoff does not change what a hint or a hold decides.
 func TestClassBackoffLeavesHintsAndHoldsAlone(t *testing.T) {
 	t.Parallel()
-	p := seed003Classes()
+	p := classBackoffs()
 	o := policy.Decide(p, policy.Input{Attempt: 1, FailedAt: failedAt, Class: errclass.RateLimit, RetryAfter: contract.RetryAfterDuration(5 * time.Second)}, fixedRand(0))
 	require.Equal(t, int64(5000), o.Decision.DelayMS)
 	require.Equal(t, contract.DecidedByRetryAfter, o.Decision.DecidedBy)
@@ -91,7 +92,7 @@ func TestClassBackoffLeavesHintsAndHoldsAlone(t *testing.T) {
 
 func TestSimulateClass(t *testing.T) {
 	t.Parallel()
-	p := seed003Classes()
+	p := classBackoffs()
 	steps := policy.SimulateClass(p, errclass.Timeout, 3)
 	require.Equal(t, time.Duration(0), steps[0].MaxDelay)
 	require.Equal(t, 2*time.Second, steps[1].MinDelay)
@@ -109,7 +110,7 @@ func TestValidateClassBackoff(t *testing.T) {
 		cb    map[errclass.Class]policy.ClassBackoff
 		field string
 	}{
-		{"valid", seed003Classes().ClassBackoff, ""},
+		{"valid", classBackoffs().ClassBackoff, ""},
 		{"unknown class", map[errclass.Class]policy.ClassBackoff{"slow": {}}, "class_backoff"},
 		{"base above the policy's max", map[errclass.Class]policy.ClassBackoff{errclass.Network: {Base: ptr(time.Hour)}}, "class_backoff.network.max_delay_ms"},
 		{"negative base", map[errclass.Class]policy.ClassBackoff{errclass.Network: {Base: ptr(-time.Second)}}, "class_backoff.network.base_delay_ms"},

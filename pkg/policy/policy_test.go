@@ -20,7 +20,7 @@ func TestValidate(t *testing.T) {
 		mutate    func(*policy.Policy)
 		wantField string
 	}{
-		{"seed default", func(*policy.Policy) {}, ""},
+		{"default", func(*policy.Policy) {}, ""},
 		{"kind and job type", func(p *policy.Policy) { p.Kind, p.JobType = "job", "linkedin_outreach" }, ""},
 		{"custom kind", func(p *policy.Policy) { p.Kind = "webhook-delivery" }, ""},
 		{"zero delays", func(p *policy.Policy) { p.Backoff.Base, p.Backoff.Max = 0, 0 }, ""},
@@ -45,7 +45,7 @@ func TestValidate(t *testing.T) {
 		{"unknown jitter", func(p *policy.Policy) { p.Backoff.Jitter = "random" }, "jitter"},
 		{"negative jitter", func(p *policy.Policy) { p.Backoff.JitterMax = -1 }, "jitter_ms"},
 		{"unknown retryable class", func(p *policy.Policy) { p.RetryableClasses = []errclass.Class{"fatal"} }, "retryable_classes"},
-		{"seed alias is not a class", func(p *policy.Policy) { p.NonRetryableClasses = []errclass.Class{"validation_error"} }, "non_retryable_classes"},
+		{"alias is not a class", func(p *policy.Policy) { p.NonRetryableClasses = []errclass.Class{"validation_error"} }, "non_retryable_classes"},
 		{"class in both lists", func(p *policy.Policy) { p.RetryableClasses = []errclass.Class{errclass.Permission} }, "non_retryable_classes"},
 	}
 	for _, tt := range tests {

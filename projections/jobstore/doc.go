@@ -1,7 +1,7 @@
 // Package jobstore is the Postgres side of the jobs projection: the jobs
-// table with the seed 003/004 statuses and fields, folded from the JOBS and
-// RETRIES streams, the queries behind the jobs API (lists, one job, retry
-// analytics) and the bulk retry operations.
+// table with each job's status, retries, last error and current step,
+// folded from the JOBS and RETRIES streams, the queries behind the jobs API
+// (lists, one job, retry analytics) and the bulk retry operations.
 //
 // The fold is ordering-safe. The two streams are read by two consumers, so
 // the facts of one job can arrive in any order; each fact has a position,

@@ -10,7 +10,8 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// Status is a job's status, as named in seed 003.
+// Status is a job's status. The names are the ones job-queue users already
+// know (in_progress, retrying, failed_max_retries), so they are kept.
 type Status string
 
 // Job statuses.

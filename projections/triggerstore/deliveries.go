@@ -200,8 +200,9 @@ func SaveOutcome(ctx context.Context, db DB, d Delivery) error {
 // window is full and at+window is when a slot frees up.
 //
 // Only launched deliveries count. A delivery's own earlier throttled or
-// concurrency-limited record never counts against it (seed 002), and
-// excludeID makes that explicit for the delivery being retried.
+// concurrency-limited record never counts against it (otherwise a held
+// delivery would use up its own window), and excludeID makes that explicit
+// for the delivery being retried.
 func NthRecentLaunch(ctx context.Context, db DB, triggerID, key string, since time.Time, n int, excludeID string) (at time.Time, ok bool, err error) {
 	err = db.QueryRow(ctx, `
 		SELECT launched_at FROM workflow_trigger_deliveries

@@ -318,7 +318,7 @@ func TestE2EManualRetryOfEndedDeferral(t *testing.T) {
 	}
 }
 
-// A burst to a rate-limited source (issue 13, point 3, at a reduced size):
+// A burst to a rate-limited source (docs/ingress.md, at a reduced size):
 // every event is admitted once, in arrival order, at most the limit per
 // window, and each held event comes back once, at its own slot, rather
 // than every held event at every window edge.

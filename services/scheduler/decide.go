@@ -15,8 +15,9 @@ import (
 	"github.com/retryd/retryd/projections/retrystore"
 )
 
-// builtinPolicy governs kinds when even the "*" policy row was deleted: the
-// seed 003 defaults the migration installs as "*".
+// builtinPolicy governs kinds when even the "*" policy row was deleted:
+// the same defaults the migrations install as "*", so deleting that row
+// cannot leave a kind without a policy.
 var builtinPolicy = policy.Policy{
 	Kind: policy.AnyKind, Name: "builtin-default", Version: 1, MaxRetries: 3,
 	Backoff:             backoff.Default(),

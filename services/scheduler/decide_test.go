@@ -112,7 +112,7 @@ func TestDecisionReasons(t *testing.T) {
 			want{retrystore.StateScheduled, "", contract.DecidedByBackoff, hour, "timeout", 2}},
 		{"non-retryable class", failed("dr", "validation", 1, "validation"),
 			want{retrystore.StateExhausted, contract.ExhaustedNonRetryable, "", 0, "validation", 1}},
-		{"seed alias of a class", failed("dr", "alias", 1, "validation_error"),
+		{"alias of a class", failed("dr", "alias", 1, "validation_error"),
 			want{retrystore.StateExhausted, contract.ExhaustedNonRetryable, "", 0, "validation", 1}},
 		{"message classified by the configured patterns", contract.FailedData{Kind: "dr", ID: "pattern", Attempt: 1,
 			Error: contract.ErrorInfo{Message: "upstream said: schema mismatch in field x"}},

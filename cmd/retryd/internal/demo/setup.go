@@ -28,7 +28,7 @@ type policy struct {
 var nonRetryable = []string{"authentication", "permission", "validation"}
 
 // Policies are the demo's policies: delays of seconds instead of the
-// seeds' hours, so every path of a retry shows within a minute.
+// default policies' minutes and hours, so every path of a retry shows within a minute.
 func Policies() []policy {
 	return []policy{
 		{Kind: "job", JobType: JobSendEmail, Name: "demo-send-email", MaxRetries: 3, BaseDelayMS: 1000, Multiplier: 2,
