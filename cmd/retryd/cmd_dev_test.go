@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -15,6 +16,11 @@ import (
 
 	"github.com/retryd/retryd/migrations/pgtest"
 	"github.com/retryd/retryd/pkg/dashboard"
+	"github.com/retryd/retryd/pkg/serve"
+	"github.com/retryd/retryd/projections/jobs"
+	"github.com/retryd/retryd/services/ingress"
+	"github.com/retryd/retryd/services/scheduler"
+	"github.com/retryd/retryd/services/triggers"
 )
 
 // devRun is `retryd dev` running in-process.
@@ -84,6 +90,28 @@ func get(t *testing.T, url string) (int, string) {
 	return resp.StatusCode, string(b)
 }
 
+// requireIndex checks that GET /v1/, the address retryd dev prints,
+// lists every service's routes, and that each GET route without a path
+// parameter answers.
+func requireIndex(t *testing.T, base string) {
+	t.Helper()
+	code, body := get(t, base+"/v1/")
+	require.Equal(t, http.StatusOK, code, body)
+	var idx serve.Index
+	require.NoError(t, json.Unmarshal([]byte(body), &idx))
+	want := slices.Concat(scheduler.Routes(), ingress.Routes(), triggers.Routes(), jobs.Routes())
+	require.Len(t, idx.Routes, len(want)+1, "every route and the index itself")
+	require.Subset(t, idx.Routes, want)
+	require.Contains(t, body, `{"method":"GET","path":"/v1/","description":`)
+	for _, r := range idx.Routes {
+		require.NotEmpty(t, r.Description, r.Path)
+		if r.Method == http.MethodGet && !strings.Contains(r.Path, "{") {
+			code, body := get(t, base+r.Path)
+			require.Equal(t, http.StatusOK, code, "%s: %s", r.Path, body)
+		}
+	}
+}
+
 func TestDevCommand(t *testing.T) {
 	t.Parallel()
 	d := startDev(t)
@@ -106,6 +134,7 @@ func TestDevCommand(t *testing.T) {
 	code, body := get(t, d.url+"/v1/nothing")
 	require.Equal(t, http.StatusNotFound, code)
 	require.Contains(t, body, `"code":"not_found"`)
+	requireIndex(t, d.url)
 	code, _ = get(t, d.url+"/")
 	require.Equal(t, http.StatusOK, code, "/ redirects to the dashboard")
 

@@ -20,7 +20,10 @@ import (
 
 	"github.com/retryd/retryd/pkg/dashboard"
 	"github.com/retryd/retryd/pkg/serve"
+	"github.com/retryd/retryd/projections/jobs"
+	"github.com/retryd/retryd/services/ingress"
 	schedulersvc "github.com/retryd/retryd/services/scheduler"
+	"github.com/retryd/retryd/services/triggers"
 )
 
 // upstreams are the services behind the gateway.
@@ -65,6 +68,7 @@ func gatewayHandler(u upstreams, summary func(context.Context) (dashboard.Summar
 			mux.Handle(p, proxy)
 		}
 	}
+	mux.Handle(serve.IndexPath, serve.IndexHandler(schedulersvc.Routes(), ingress.Routes(), triggers.Routes(), jobs.Routes()))
 	mux.HandleFunc("/v1/", func(w http.ResponseWriter, r *http.Request) {
 		serve.WriteJSON(w, http.StatusNotFound, serve.ErrorBody{Error: serve.ErrorDetail{
 			Code: serve.CodeNotFound, Message: "no API route " + r.Method + " " + r.URL.Path,

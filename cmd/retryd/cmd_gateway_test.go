@@ -54,6 +54,9 @@ func TestGateway(t *testing.T) {
 	}
 	code, _ := get(t, gw.URL+"/v1/unknown")
 	require.Equal(t, http.StatusNotFound, code)
+	code, body := get(t, gw.URL+"/v1/")
+	require.Equal(t, http.StatusOK, code)
+	require.Contains(t, body, `"path":"/v1/analytics/retries"`, "the index lists the routes of services behind the gateway too")
 }
 
 func TestProbeAndDevCerts(t *testing.T) {

@@ -146,16 +146,33 @@ func NewAPI(cfg APIConfig) (*API, error) {
 	}, nil
 }
 
-// Register adds the API's routes to mux.
+// endpoints is the jobs API. Each description is what GET /v1/ says
+// about the route.
+var endpoints = []serve.Endpoint[*API]{
+	{Route: serve.Route{Method: http.MethodGet, Path: "/v1/analytics/retries",
+		Description: "Job retry analytics per job type (?job_type=&days=&since=&until=&top=)."}, Serve: (*API).handleAnalytics},
+	{Route: serve.Route{Method: http.MethodGet, Path: "/v1/jobs",
+		Description: "List jobs (?status=&job_type=&min_retry_count=&error_class=&since=&until=&limit=&cursor=)."}, Serve: (*API).handleList},
+	{Route: serve.Route{Method: http.MethodPost, Path: "/v1/jobs/bulk-retry",
+		Description: "Retry the jobs a filter selects, at a limited rate; answers with an operation."}, Serve: (*API).handleBulkRetry},
+	{Route: serve.Route{Method: http.MethodGet, Path: "/v1/jobs/{id}",
+		Description: "One job and its retry history."}, Serve: (*API).handleGet},
+	{Route: serve.Route{Method: http.MethodPost, Path: "/v1/jobs/{id}/retry",
+		Description: `Retry a job now ({"reason", "by", "reset_attempts"}).`}, Serve: (*API).handleRetry},
+	{Route: serve.Route{Method: http.MethodPost, Path: "/v1/jobs/{id}/cancel",
+		Description: `Cancel a job's pending retry ({"reason", "by"}).`}, Serve: (*API).handleCancel},
+	{Route: serve.Route{Method: http.MethodGet, Path: "/v1/operations/{id}",
+		Description: "A bulk retry's progress."}, Serve: (*API).handleGetOperation},
+	{Route: serve.Route{Method: http.MethodPost, Path: "/v1/operations/{id}/cancel",
+		Description: "Stop a bulk retry."}, Serve: (*API).handleCancelOperation},
+}
+
+// Routes lists the jobs API, for the index at GET /v1/.
+func Routes() []serve.Route { return serve.Routes(endpoints) }
+
+// Register adds the API's routes (Routes lists them) to mux.
 func (a *API) Register(mux *http.ServeMux) {
-	mux.HandleFunc("GET /v1/analytics/retries", a.handleAnalytics)
-	mux.HandleFunc("GET /v1/jobs", a.handleList)
-	mux.HandleFunc("POST /v1/jobs/bulk-retry", a.handleBulkRetry)
-	mux.HandleFunc("GET /v1/jobs/{id}", a.handleGet)
-	mux.HandleFunc("POST /v1/jobs/{id}/retry", a.handleRetry)
-	mux.HandleFunc("POST /v1/jobs/{id}/cancel", a.handleCancel)
-	mux.HandleFunc("GET /v1/operations/{id}", a.handleGetOperation)
-	mux.HandleFunc("POST /v1/operations/{id}/cancel", a.handleCancelOperation)
+	serve.Mount(mux, a, endpoints)
 }
 
 // Handler returns a handler serving only the API's routes.

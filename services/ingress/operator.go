@@ -22,17 +22,35 @@ const maxOperatorBody = 64 << 10
 // updatedByAPI is what operator changes record as updated_by.
 const updatedByAPI = "api"
 
+// endpoints is the intake and operator API. Each description is what
+// GET /v1/ says about the route.
+var endpoints = []serve.Endpoint[*Service]{
+	{Route: serve.Route{Method: http.MethodPost, Path: "/v1/events",
+		Description: "Send one event; 202 once JetStream stored it."}, Serve: (*Service).postEvent},
+	{Route: serve.Route{Method: http.MethodPost, Path: "/v1/events:batch",
+		Description: `Send up to 500 events in one request ({"events": [...]}); 202 once JetStream stored them.`}, Serve: (*Service).postBatch},
+	{Route: serve.Route{Method: http.MethodGet, Path: "/v1/events/{id}",
+		Description: "One event as ingress stored it, with its deferral if any."}, Serve: (*Service).getEvent},
+	{Route: serve.Route{Method: http.MethodPost, Path: "/v1/events/{id}/cancel",
+		Description: `Cancel a deferred event ({"reason", "by"}).`}, Serve: (*Service).cancelEvent},
+	{Route: serve.Route{Method: http.MethodGet, Path: "/v1/sources",
+		Description: "List sources and their gates."}, Serve: (*Service).listSources},
+	{Route: serve.Route{Method: http.MethodGet, Path: "/v1/sources/{source}",
+		Description: "One source's gate: rate limit, pause, allowed types, deferred events."}, Serve: (*Service).getSource},
+	{Route: serve.Route{Method: http.MethodPut, Path: "/v1/sources/{source}",
+		Description: "Set a source's rate limit and allowed types; releases its held events."}, Serve: (*Service).putSource},
+	{Route: serve.Route{Method: http.MethodPost, Path: "/v1/sources/{source}/pause",
+		Description: `Pause a source, optionally until a time ({"until"}); its events are held.`}, Serve: (*Service).pauseSource},
+	{Route: serve.Route{Method: http.MethodPost, Path: "/v1/sources/{source}/resume",
+		Description: "Resume a paused source; its held events come back now, in arrival order."}, Serve: (*Service).resumeSource},
+}
+
+// Routes lists the intake and operator API, for the index at GET /v1/.
+func Routes() []serve.Route { return serve.Routes(endpoints) }
+
 func (s *Service) routes() http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("POST /v1/events", s.postEvent)
-	mux.HandleFunc("POST /v1/events:batch", s.postBatch)
-	mux.HandleFunc("GET /v1/events/{id}", s.getEvent)
-	mux.HandleFunc("POST /v1/events/{id}/cancel", s.cancelEvent)
-	mux.HandleFunc("GET /v1/sources", s.listSources)
-	mux.HandleFunc("GET /v1/sources/{source}", s.getSource)
-	mux.HandleFunc("PUT /v1/sources/{source}", s.putSource)
-	mux.HandleFunc("POST /v1/sources/{source}/pause", s.pauseSource)
-	mux.HandleFunc("POST /v1/sources/{source}/resume", s.resumeSource)
+	serve.Mount(mux, s, endpoints)
 	return mux
 }
 

@@ -15,27 +15,35 @@ import (
 // maxBodyBytes caps request bodies of the API.
 const maxBodyBytes = 64 << 10
 
-// Handler returns the operator API; mount it next to pkg/serve's health
-// and metrics endpoints:
-//
-//	GET  /v1/retries?kind=&state=&source=&job_type=&limit=&cursor=
-//	GET  /v1/retries/{kind}/{id}
-//	POST /v1/retries/{kind}/{id}/cancel   {"reason": "...", "by": "..."}
-//	POST /v1/retries/{kind}/{id}/retry    {"reason": "...", "by": "...", "reset_attempts": false}
-//	GET  /v1/policies
-//	GET  /v1/policies/{kind}/{job_type}           ("_" or "default": the kind's default)
-//	PUT  /v1/policies/{kind}/{job_type}
-//	GET  /v1/policies/{kind}/{job_type}/versions
+// endpoints is the operator API. Each description is what GET /v1/ says
+// about the route.
+var endpoints = []serve.Endpoint[*Scheduler]{
+	{Route: serve.Route{Method: http.MethodGet, Path: "/v1/retries",
+		Description: "List retries, a page at a time (?kind=&state=&source=&job_type=&limit=&cursor=)."}, Serve: (*Scheduler).handleList},
+	{Route: serve.Route{Method: http.MethodGet, Path: "/v1/retries/{kind}/{id}",
+		Description: "One retry and its history: why it retried."}, Serve: (*Scheduler).handleGet},
+	{Route: serve.Route{Method: http.MethodPost, Path: "/v1/retries/{kind}/{id}/cancel",
+		Description: `Cancel a pending retry ({"reason", "by"}).`}, Serve: (*Scheduler).handleCancel},
+	{Route: serve.Route{Method: http.MethodPost, Path: "/v1/retries/{kind}/{id}/retry",
+		Description: `Retry now, from any state ({"reason", "by", "reset_attempts"}).`}, Serve: (*Scheduler).handleRetry},
+	{Route: serve.Route{Method: http.MethodGet, Path: "/v1/policies",
+		Description: "List retry policies."}, Serve: (*Scheduler).handleListPolicies},
+	{Route: serve.Route{Method: http.MethodGet, Path: "/v1/policies/{kind}/{job_type}",
+		Description: `One retry policy ("_" or "default" as job_type: the kind's default).`}, Serve: (*Scheduler).handleGetPolicy},
+	{Route: serve.Route{Method: http.MethodPut, Path: "/v1/policies/{kind}/{job_type}",
+		Description: "Create or change a retry policy; each change is a new version."}, Serve: (*Scheduler).handlePutPolicy},
+	{Route: serve.Route{Method: http.MethodGet, Path: "/v1/policies/{kind}/{job_type}/versions",
+		Description: "Every version of a retry policy."}, Serve: (*Scheduler).handlePolicyVersions},
+}
+
+// Routes lists the operator API, for the index at GET /v1/.
+func Routes() []serve.Route { return serve.Routes(endpoints) }
+
+// Handler returns the operator API (Routes lists it); mount it next to
+// pkg/serve's health and metrics endpoints.
 func (s *Scheduler) Handler() http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("GET /v1/retries", s.handleList)
-	mux.HandleFunc("GET /v1/retries/{kind}/{id}", s.handleGet)
-	mux.HandleFunc("POST /v1/retries/{kind}/{id}/cancel", s.handleCancel)
-	mux.HandleFunc("POST /v1/retries/{kind}/{id}/retry", s.handleRetry)
-	mux.HandleFunc("GET /v1/policies", s.handleListPolicies)
-	mux.HandleFunc("GET /v1/policies/{kind}/{job_type}", s.handleGetPolicy)
-	mux.HandleFunc("PUT /v1/policies/{kind}/{job_type}", s.handlePutPolicy)
-	mux.HandleFunc("GET /v1/policies/{kind}/{job_type}/versions", s.handlePolicyVersions)
+	serve.Mount(mux, s, endpoints)
 	return mux
 }
 

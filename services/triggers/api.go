@@ -14,32 +14,40 @@ import (
 	"github.com/retryd/retryd/projections/triggerstore"
 )
 
-// Handler serves the trigger API under /v1/:
-//
-//	POST   /v1/triggers                      create
-//	GET    /v1/triggers                      list (?source=&event_type=&enabled=&after=&limit=)
-//	GET    /v1/triggers/{id}                 read
-//	PUT    /v1/triggers/{id}                 replace the definition
-//	DELETE /v1/triggers/{id}                 delete
-//	POST   /v1/triggers/{id}/enable|disable  switch on or off
-//	GET    /v1/triggers/{id}/versions        every version of the definition
-//	GET    /v1/triggers/{id}/deliveries      deliveries, newest first (?status=&before=&limit=)
-//	GET    /v1/deliveries/{id}               one delivery
-//
-// Every change bumps the trigger's version; a definition is compiled and
+// endpoints is the trigger API. Each description is what GET /v1/ says
+// about the route.
+var endpoints = []serve.Endpoint[*Service]{
+	{Route: serve.Route{Method: http.MethodPost, Path: "/v1/triggers",
+		Description: "Create a trigger."}, Serve: (*Service).createTrigger},
+	{Route: serve.Route{Method: http.MethodGet, Path: "/v1/triggers",
+		Description: "List triggers (?source=&event_type=&enabled=&after=&limit=)."}, Serve: (*Service).listTriggers},
+	{Route: serve.Route{Method: http.MethodGet, Path: "/v1/triggers/{id}",
+		Description: "One trigger."}, Serve: (*Service).getTrigger},
+	{Route: serve.Route{Method: http.MethodPut, Path: "/v1/triggers/{id}",
+		Description: "Replace a trigger's definition."}, Serve: (*Service).putTrigger},
+	{Route: serve.Route{Method: http.MethodDelete, Path: "/v1/triggers/{id}",
+		Description: "Delete a trigger (its id is never reused)."}, Serve: (*Service).deleteTrigger},
+	{Route: serve.Route{Method: http.MethodPost, Path: "/v1/triggers/{id}/enable",
+		Description: "Switch a trigger on."}, Serve: func(s *Service, w http.ResponseWriter, r *http.Request) { s.setEnabled(true)(w, r) }},
+	{Route: serve.Route{Method: http.MethodPost, Path: "/v1/triggers/{id}/disable",
+		Description: "Switch a trigger off."}, Serve: func(s *Service, w http.ResponseWriter, r *http.Request) { s.setEnabled(false)(w, r) }},
+	{Route: serve.Route{Method: http.MethodGet, Path: "/v1/triggers/{id}/versions",
+		Description: "Every version of a trigger's definition."}, Serve: (*Service).listVersions},
+	{Route: serve.Route{Method: http.MethodGet, Path: "/v1/triggers/{id}/deliveries",
+		Description: "A trigger's deliveries, newest first (?status=&before=&limit=)."}, Serve: (*Service).listDeliveries},
+	{Route: serve.Route{Method: http.MethodGet, Path: "/v1/deliveries/{id}",
+		Description: "One delivery."}, Serve: (*Service).getDelivery},
+}
+
+// Routes lists the trigger API, for the index at GET /v1/.
+func Routes() []serve.Route { return serve.Routes(endpoints) }
+
+// Handler serves the trigger API under /v1/ (Routes lists it). Every
+// change bumps the trigger's version; a definition is compiled and
 // type-checked before it is saved.
 func (s *Service) Handler() http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("POST /v1/triggers", s.createTrigger)
-	mux.HandleFunc("GET /v1/triggers", s.listTriggers)
-	mux.HandleFunc("GET /v1/triggers/{id}", s.getTrigger)
-	mux.HandleFunc("PUT /v1/triggers/{id}", s.putTrigger)
-	mux.HandleFunc("DELETE /v1/triggers/{id}", s.deleteTrigger)
-	mux.HandleFunc("POST /v1/triggers/{id}/enable", s.setEnabled(true))
-	mux.HandleFunc("POST /v1/triggers/{id}/disable", s.setEnabled(false))
-	mux.HandleFunc("GET /v1/triggers/{id}/versions", s.listVersions)
-	mux.HandleFunc("GET /v1/triggers/{id}/deliveries", s.listDeliveries)
-	mux.HandleFunc("GET /v1/deliveries/{id}", s.getDelivery)
+	serve.Mount(mux, s, endpoints)
 	mux.HandleFunc("/v1/", func(w http.ResponseWriter, r *http.Request) {
 		serve.WriteError(w, fmt.Errorf("%s %s: %w", r.Method, r.URL.Path, serve.ErrNotFound))
 	})

@@ -5,6 +5,10 @@ import (
 
 	"github.com/retryd/retryd/pkg/dashboard"
 	"github.com/retryd/retryd/pkg/serve"
+	"github.com/retryd/retryd/projections/jobs"
+	"github.com/retryd/retryd/services/ingress"
+	"github.com/retryd/retryd/services/scheduler"
+	"github.com/retryd/retryd/services/triggers"
 )
 
 // routes mounts every service's API on one mux, as a gateway in front of
@@ -20,6 +24,7 @@ func (s *Stack) routes() http.Handler {
 	mount(s.Ingress.Handler(), "/v1/events", "/v1/events/", "/v1/events:batch", "/v1/sources", "/v1/sources/")
 	mount(s.Triggers.Handler(), "/v1/triggers", "/v1/triggers/", "/v1/deliveries/")
 	s.JobsAPI.Register(mux)
+	mux.Handle(serve.IndexPath, serve.IndexHandler(scheduler.Routes(), ingress.Routes(), triggers.Routes(), jobs.Routes()))
 	mux.HandleFunc("/v1/", func(w http.ResponseWriter, r *http.Request) {
 		serve.WriteJSON(w, http.StatusNotFound, serve.ErrorBody{Error: serve.ErrorDetail{
 			Code: serve.CodeNotFound, Message: "no API route " + r.Method + " " + r.URL.Path,

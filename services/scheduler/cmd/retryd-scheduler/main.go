@@ -204,14 +204,17 @@ func serveCmd(ctx context.Context, log zerolog.Logger) error {
 	health := &serve.Health{}
 	mux := serve.NewMux(reg, health)
 	mux.Handle("/v1/", sched.Handler())
+	index := [][]serve.Route{scheduler.Routes()}
 	var stops []func(context.Context) error
 	if s.jobs {
+		index = append(index, jobs.Routes())
 		jobStops, err := startJobs(ctx, sched, pool, js, reg, log, mux)
 		if err != nil {
 			return errors.Join(err, sched.Stop(context.WithoutCancel(ctx)))
 		}
 		stops = jobStops
 	}
+	mux.Handle(serve.IndexPath, serve.IndexHandler(index...))
 	if s.dashboard {
 		mux.Handle("/ui/", http.StripPrefix("/ui", dashboard.Handler(dashboard.Config{
 			Summary: func(ctx context.Context) (dashboard.Summary, error) { return scheduler.Summary(ctx, pool) },

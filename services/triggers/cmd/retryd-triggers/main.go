@@ -125,6 +125,7 @@ func run(log zerolog.Logger) error {
 
 	mux := serve.NewMux(reg, health)
 	mux.Handle("/v1/", svc.Handler())
+	mux.Handle(serve.IndexPath, serve.IndexHandler(triggers.Routes()))
 	srv := &http.Server{Addr: addr, Handler: telemetry.Handler(mux, "retryd-triggers"), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
 	httpCtx, stopHTTP := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopHTTP()

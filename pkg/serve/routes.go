@@ -1,0 +1,67 @@
+package serve
+
+import (
+	"cmp"
+	"net/http"
+	"slices"
+)
+
+// Route is one route of an HTTP API, as the index at GET /v1/ lists it.
+type Route struct {
+	Method      string `json:"method"`
+	Path        string `json:"path"`
+	Description string `json:"description"`
+}
+
+// Endpoint is a Route and the method of T that serves it. A service that
+// declares its API as one list of endpoints mounts and lists the same
+// routes, so the index cannot drift from what is served.
+type Endpoint[T any] struct {
+	Route
+	Serve func(T, http.ResponseWriter, *http.Request)
+}
+
+// Mount registers every endpoint on mux as "METHOD PATH", served by recv.
+func Mount[T any](mux *http.ServeMux, recv T, endpoints []Endpoint[T]) {
+	for _, e := range endpoints {
+		serveFn := e.Serve
+		mux.HandleFunc(e.Method+" "+e.Path, func(w http.ResponseWriter, r *http.Request) {
+			serveFn(recv, w, r)
+		})
+	}
+}
+
+// Routes returns the routes of endpoints, in their order.
+func Routes[T any](endpoints []Endpoint[T]) []Route {
+	out := make([]Route, len(endpoints))
+	for i, e := range endpoints {
+		out[i] = e.Route
+	}
+	return out
+}
+
+// IndexPath is the pattern of the API index; mount IndexHandler on it.
+// {$} keeps it from matching every path under /v1/, which must stay 404.
+const IndexPath = "GET /v1/{$}"
+
+// Index is the body of GET /v1/.
+type Index struct {
+	Routes []Route `json:"routes"`
+}
+
+// IndexHandler answers GET /v1/ with every route of the given lists and
+// its own, sorted by path and method, so a reader of the printed API
+// address finds what it serves without the docs.
+func IndexHandler(lists ...[]Route) http.Handler {
+	routes := []Route{{Method: http.MethodGet, Path: "/v1/", Description: "This index of the API's routes."}}
+	for _, l := range lists {
+		routes = append(routes, l...)
+	}
+	slices.SortStableFunc(routes, func(a, b Route) int {
+		return cmp.Or(cmp.Compare(a.Path, b.Path), cmp.Compare(a.Method, b.Method))
+	})
+	idx := Index{Routes: routes}
+	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		WriteJSON(w, http.StatusOK, idx)
+	})
+}
