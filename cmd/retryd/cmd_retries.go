@@ -174,7 +174,7 @@ func printRetry(g *globals, v retryView) error {
 		"ID", r.ID,
 		"State", r.State,
 		"Attempt", strconv.Itoa(r.Attempt),
-		"Retries used", fmt.Sprintf("%d of %d", r.RetryCount, r.MaxRetries),
+		"Retries used", retriesUsed(r.RetryCount, r.MaxRetries),
 		"Policy", fmt.Sprintf("%s v%d", r.PolicyName, r.PolicyVersion),
 	}
 	if r.JobType != "" {
@@ -341,10 +341,23 @@ func retryAction(cmd *cobra.Command, g *globals, kind, id, action string, body m
 	case "cancel":
 		fmt.Fprintf(g.stdout, "Cancelled %s/%s at attempt %d: state %s.\n", r.Kind, r.ID, r.Attempt, r.State)
 	default:
-		fmt.Fprintf(g.stdout, "Retrying %s/%s now: attempt %d, state %s (retries used %d of %d).\n",
-			r.Kind, r.ID, r.Attempt, r.State, r.RetryCount, r.MaxRetries)
+		fmt.Fprintf(g.stdout, "Retrying %s/%s now: attempt %d, state %s (retries used %s).\n",
+			r.Kind, r.ID, r.Attempt, r.State, retriesUsed(r.RetryCount, r.MaxRetries))
+		if reset, _ := body["reset_attempts"].(bool); !reset && r.RetryCount >= r.MaxRetries {
+			fmt.Fprintln(g.stdout, "A failure of this attempt exhausts it; --reset-attempts gives it its whole budget.")
+		}
 	}
 	return nil
+}
+
+// retriesUsed says how much of an item's retry budget is used. A manual
+// retry without --reset-attempts may go past the budget, and "3 of 2"
+// would read as a counting error.
+func retriesUsed(used, allowed int) string {
+	if used > allowed {
+		return fmt.Sprintf("%d, over the %d allowed", used, allowed)
+	}
+	return fmt.Sprintf("%d of %d", used, allowed)
 }
 
 // itemErr names the item in err unless the API's message does already.

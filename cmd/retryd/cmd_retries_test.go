@@ -118,6 +118,27 @@ func TestRetriesCommands(t *testing.T) {
 		require.Equal(t, 0, res.Retry.RetryCount)
 	})
 
+	t.Run("retry past the budget", func(t *testing.T) {
+		d := contract.NewID()
+		m, err := contract.NewLifecycleMsg("retryd/test", contract.Failed, contract.FailedData{
+			Kind: contract.KindJob, ID: d, Attempt: 1, JobType: "cli_budget", MaxRetries: new(0),
+			Error: contract.ErrorInfo{Class: "timeout", Message: "upstream timed out"},
+		}, time.Now())
+		require.NoError(t, err)
+		_, err = b.stack.JS.PublishMsg(b.ctx, m)
+		require.NoError(t, err)
+		b.waitRetry(t, "job", d, "exhausted")
+		require.Regexp(t, `Retries used:\s+0 of 0\n`, b.ok(t, "retries", "show", "job", d))
+
+		out := b.ok(t, "retries", "retry", "job", d)
+		require.Equal(t, "Retrying job/"+d+" now: attempt 2, state scheduled (retries used 1, over the 0 allowed).\n"+
+			"A failure of this attempt exhausts it; --reset-attempts gives it its whole budget.\n", out)
+		require.Regexp(t, `Retries used:\s+1, over the 0 allowed\n`, b.ok(t, "retries", "show", "job", d))
+
+		out = b.ok(t, "retries", "retry", "job", d, "--reset-attempts")
+		require.Equal(t, "Retrying job/"+d+" now: attempt 3, state scheduled (retries used 0 of 0).\n", out)
+	})
+
 	t.Run("errors", func(t *testing.T) {
 		r := b.cli(t, "retries", "show", "job", "nosuchitem")
 		require.Equal(t, exitFailed, r.code)

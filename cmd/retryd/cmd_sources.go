@@ -137,7 +137,9 @@ func newSourcesSetCmd(g *globals) *cobra.Command {
 			case noLimit && (limit != 0 || window != ""):
 				return usageErrorf(cmd, "--no-limit cannot be combined with --rate-limit or --window")
 			case noLimit:
-			case limit <= 0 || window == "":
+			case cmd.Flags().Changed("rate-limit") && limit <= 0:
+				return usageErrorf(cmd, "--rate-limit %d: the events admitted per window must be 1 or more (--no-limit removes the limit)", limit)
+			case limit == 0 || window == "":
 				return usageErrorf(cmd, "give --rate-limit N and --window DURATION together, or --no-limit")
 			default:
 				d, err := time.ParseDuration(window)

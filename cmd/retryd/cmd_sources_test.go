@@ -63,6 +63,14 @@ func TestSourcesCommands(t *testing.T) {
 	require.Equal(t, exitFailed, r.code)
 	r = b.cli(t, "sources", "set", "shop", "--rate-limit", "5", "--window", "soon")
 	require.Equal(t, exitUsage, r.code)
+	for _, n := range []string{"-5", "0"} {
+		r = b.cli(t, "sources", "set", "shop", "--rate-limit", n, "--window", "1s")
+		require.Equal(t, exitUsage, r.code)
+		require.Contains(t, r.stderr, "--rate-limit "+n+": the events admitted per window must be 1 or more (--no-limit removes the limit)")
+	}
+	r = b.cli(t, "sources", "set", "shop", "--rate-limit", "5")
+	require.Equal(t, exitUsage, r.code)
+	require.Contains(t, r.stderr, "give --rate-limit N and --window DURATION together, or --no-limit")
 	r = b.cli(t, "sources", "pause", "Bad Source")
 	require.Equal(t, exitFailed, r.code, "the API refuses the name")
 	require.Contains(t, r.stderr, "HTTP 400")

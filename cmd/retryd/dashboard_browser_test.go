@@ -185,6 +185,30 @@ func TestDashboardBrowser(t *testing.T) {
 	require.Contains(t, why, "allows 4 retries")
 	shot(t, ctx, "timeline")
 
+	t.Log("with the detail open, the list stays inside its panel")
+	// 1150 px is just above the width where the detail moves below the
+	// list: the narrowest list column the layout allows.
+	for _, width := range []int64{1500, 1150} {
+		require.NoError(t, chromedp.Do(ctx, chromedp.EmulateViewport(width, 1000)))
+		overflow := eval[string](t, ctx, `(() => {
+			const list = document.querySelector(".split > .panel:not(.detail)");
+			const detail = document.querySelector('[data-test="detail"]');
+			const l = list.getBoundingClientRect(), d = detail.getBoundingClientRect();
+			const t = list.querySelector("table").getBoundingClientRect();
+			const out = [];
+			if (list.scrollWidth > list.clientWidth) out.push("the list panel overflows: " + list.scrollWidth + " > " + list.clientWidth);
+			if (l.right > d.left) out.push("the list panel runs under the detail: " + l.right + " > " + d.left);
+			const frame = list.querySelector(".table-wrap");
+			if (!frame) return out.concat("the table has no .table-wrap frame").join("; ");
+			const w = frame.getBoundingClientRect();
+			if (w.right > l.right + 0.5) out.push("the table's frame leaves the panel: " + w.right + " > " + l.right);
+			if (t.width > w.width + 0.5 && getComputedStyle(frame).overflowX !== "auto") out.push("a wide table does not scroll");
+			return out.join("; ");
+		})()`)
+		require.Empty(t, overflow, "viewport %d px wide", width)
+	}
+	require.NoError(t, chromedp.Do(ctx, chromedp.EmulateViewport(1500, 1000)))
+
 	t.Log("cancel it and see the state change")
 	require.NoError(t, chromedp.Do(ctx,
 		chromedp.Click(chromedp.CSS(`[data-test="detail"] [data-test="cancel"]`)),

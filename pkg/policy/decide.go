@@ -118,7 +118,7 @@ func Decide(p Policy, in Input, r backoff.Rand) Outcome {
 	case !p.Retryable(class):
 		return exhausted(dec, contract.ExhaustedNonRetryable, fmt.Sprintf("class %s is not retried by policy %s v%d", class, p.Name, p.Version))
 	case used >= maxRetries:
-		return exhausted(dec, contract.ExhaustedMaxRetries, fmt.Sprintf("%d of %d retries used", used, maxRetries))
+		return exhausted(dec, contract.ExhaustedMaxRetries, retriesUsed(used, maxRetries))
 	}
 
 	var base, delay time.Duration
@@ -159,4 +159,14 @@ func Decide(p Policy, in Input, r backoff.Rand) Outcome {
 func exhausted(dec contract.Decision, reason, note string) Outcome {
 	dec.Note = note
 	return Outcome{ExhaustedReason: reason, Decision: dec}
+}
+
+// retriesUsed says how much of the retry budget is used. A manual retry
+// past the budget or a lowered max_retries leaves more used than allowed,
+// and "8 of 3" would read as a counting error.
+func retriesUsed(used, allowed int) string {
+	if used > allowed {
+		return fmt.Sprintf("%d retries used, over the %d allowed", used, allowed)
+	}
+	return fmt.Sprintf("%d of %d retries used", used, allowed)
 }

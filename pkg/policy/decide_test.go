@@ -196,7 +196,7 @@ func TestDecide(t *testing.T) {
 		{
 			name: "beyond max retries",
 			in:   policy.Input{Attempt: 9, RetryCount: 8, Class: errclass.Timeout},
-			want: exhaustedOutcome("max_retries", errclass.Timeout, 8, 3, "8 of 3 retries used"),
+			want: exhaustedOutcome("max_retries", errclass.Timeout, 8, 3, "8 retries used, over the 3 allowed"),
 		},
 		{
 			name: "override 0 stops at the first failure",

@@ -193,7 +193,7 @@ func TestAPIRetryAndCancel(t *testing.T) {
 	t.Parallel()
 	b := setupAPI(t, jobs.APIConfig{MaxBodyBytes: 256})
 	b.rec.errors["gone"] = fmt.Errorf("retry job/gone: %w", serve.ErrNotFound)
-	b.rec.errors["done"] = fmt.Errorf("cancel job/done: it is succeeded: %w", serve.ErrConflict)
+	b.rec.errors["done"] = fmt.Errorf("cancel job/done: it is in state succeeded, not pending: %w", serve.ErrConflict)
 
 	var ok jobs.ActionResponse
 	require.Equal(t, 202, b.do(t, "POST", "/v1/jobs/j1/retry", `{"reason":"provider fixed","reset_attempts":true}`, &ok))

@@ -69,7 +69,7 @@ func (s *Scheduler) Cancel(ctx context.Context, kind, id, by, reason string) (re
 	}
 	return s.action(ctx, kind, id, func(tx pgx.Tx, row *retrystore.Retry, now time.Time) (change, error) {
 		if !pending(row) {
-			return change{}, fmt.Errorf("cancel %s/%s: it is %s: %w", kind, id, row.State, ErrConflict)
+			return change{}, fmt.Errorf("cancel %s/%s: it is in state %s, not pending: %w", kind, id, row.State, ErrConflict)
 		}
 		cd := &contract.CancelledData{Kind: kind, ID: id, Attempt: row.Attempt, By: by, Reason: reason}
 		msg, err := contract.NewLifecycleMsg(source, contract.Cancelled, cd, now)

@@ -55,6 +55,7 @@ func TestCancelBeforeDue(t *testing.T) {
 	}, waitFor, 10*time.Millisecond)
 	_, err = s.Cancel(b.ctx, "cx", "c1", "alice", "")
 	require.ErrorIs(t, err, scheduler.ErrConflict)
+	require.ErrorContains(t, err, "cancel cx/c1: it is in state cancelled, not pending")
 	_, err = s.Cancel(b.ctx, "cx", "nope", "alice", "")
 	require.ErrorIs(t, err, scheduler.ErrNotFound)
 	_, err = s.Cancel(b.ctx, "cx", "bad.id", "alice", "")

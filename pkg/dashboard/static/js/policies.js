@@ -17,9 +17,9 @@ export async function render(root) {
       h("div", { class: "panel-head" }, h("h2", { text: "Retry policies" }),
         h("span", { class: "count", text: "The policy of an item: its (kind, job type), else the kind's default (_), else *." }),
         h("button", { class: "small", onclick: () => edit(null), text: "New policy" })),
-      h("table", {},
+      h("div", { class: "table-wrap" }, h("table", {},
         h("thead", {}, h("tr", {}, ["Kind", "Job type", "Name", "Version", "Max retries", "Backoff", "Jitter", "Enabled", ""].map((t) => h("th", { text: t })))),
-        tbody)),
+        tbody))),
     editor);
   root.appendChild(layout);
   let editing = null;

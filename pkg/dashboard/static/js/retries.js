@@ -37,10 +37,10 @@ export async function render(root, params, { navigate }) {
       filterInput("source", "Source", "e.g. shop"),
       filterInput("job_type", "Job type", "e.g. send_email"),
       count),
-    h("table", {},
+    h("div", { class: "table-wrap" }, h("table", {},
       h("thead", {}, h("tr", {}, ["Kind", "ID", "State", "Attempt", "Retries", "Next attempt", "Type / source", "Last error", ""].map((t, i) =>
         h("th", { class: i === 6 || i === 8 ? "wide-only" : "", text: t })))),
-      list),
+      list)),
     h("div", { class: "panel-body", style: { "text-align": "center" } }, more));
   const layout = h("div", { class: "split" }, listPanel, detail);
   root.appendChild(layout);
@@ -123,7 +123,7 @@ export async function render(root, params, { navigate }) {
           r.source ? h("button", { "data-test": "pause-source", onclick: () => pauseSource(r.source), text: `Pause source ${r.source}` }) : null),
         h("div", { class: "why", "data-test": "why" }, h("b", { text: "Why? " }), why(r, history, now)),
         h("dl", { class: "kv" },
-          kv("Attempt", `${r.attempt} (retries used ${r.retry_count} of ${r.max_retries}${r.retry_enabled ? "" : ", retries disabled"})`),
+          kv("Attempt", `${r.attempt} (retries used ${retriesUsed(r.retry_count, r.max_retries)}${r.retry_enabled ? "" : ", retries disabled"})`),
           kv("Policy", r.policy_name ? `${r.policy_name} v${r.policy_version}` : "–"),
           pending ? kv("Next attempt", r.next_attempt_at ? `${dateTime(r.next_attempt_at)} (${relTime(r.next_attempt_at, now)})` : "–") : null,
           r.last_error_class || r.last_error_message ? kv("Last error", `${r.last_error_class || "?"}: ${r.last_error_message || ""}`) : null,
@@ -195,6 +195,12 @@ function normalize(params) {
   const p = { ...params };
   if (!p.state) p.state = "scheduled";
   return p;
+}
+
+// A manual retry without a reset may go past the budget; "3 of 2" would
+// read as a counting error.
+function retriesUsed(used, allowed) {
+  return used > allowed ? `${used}, over the ${allowed} allowed` : `${used} of ${allowed}`;
 }
 
 function kv(k, v) {
@@ -277,7 +283,7 @@ function timelineItem(e) {
   }
   if (e.event === "failed" && d.reason) meta.push(`reason ${d.reason}`);
   if (e.event === "due" && d.emission > 1) meta.push(`emitted ${d.emission} times`);
-  if (e.event === "exhausted") meta.push(`reason ${(d.reason || "").replaceAll("_", " ")}`, `retries used ${d.retry_count} of ${d.max_retries}`);
+  if (e.event === "exhausted") meta.push(`reason ${(d.reason || "").replaceAll("_", " ")}`, `retries used ${retriesUsed(d.retry_count, d.max_retries)}`);
   if (e.event === "cancelled") meta.push([d.by && `by ${d.by}`, d.reason].filter(Boolean).join(": "));
   if (e.policy_name) meta.push(`policy ${e.policy_name} v${e.policy_version}`);
   return h("li", { "data-event": e.event, style: { "--c": stateColors[e.event] || (e.event === "failed" ? "#b91c1c" : "#9ca3af") } },

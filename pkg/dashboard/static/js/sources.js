@@ -10,9 +10,9 @@ export async function render(root, params, { navigate }) {
   root.appendChild(h("section", { class: "panel" },
     h("div", { class: "panel-head" }, h("h2", { text: "Sources" }),
       h("span", { class: "count", text: "Events of a paused or throttled source are deferred as retries (kind event), never dropped." })),
-    h("table", {},
+    h("div", { class: "table-wrap" }, h("table", {},
       h("thead", {}, h("tr", {}, ["Source", "Rate limit", "State", "Deferred events", "Allowed types", "Updated", ""].map((t) => h("th", { text: t })))),
-      tbody)));
+      tbody))));
 
   async function refresh() {
     const { sources } = await api.listSources();
