@@ -1,4 +1,6 @@
-// Command retryd is retryd's all-in-one dev runner and operator CLI.
+// Command retryd is retryd's all-in-one dev runner and operator CLI: the
+// one binary a developer runs to get the whole pipeline on one machine, and
+// an operator uses to ask why an item retried and to act on it.
 //
 //	retryd dev --demo                      run everything in one process, with demo traffic
 //	retryd retries list --state exhausted  operate a running retryd through its HTTP API

@@ -1,5 +1,7 @@
 // Package promreg registers Prometheus collectors so that several
-// instances of a component can share one registry.
+// instances of a component can share one registry. The dev runner and the
+// tests run several schedulers, outboxes or workers in one process, and
+// Prometheus refuses to register the same metric twice.
 package promreg
 
 import (
