@@ -10,7 +10,7 @@
 // delivery, so a delivery launches at most one run. A delivery held back by
 // the throttle or by max concurrency becomes a durable retry that uses none
 // of its retries: the service publishes
-// retry.event-trigger.held.<delivery_id> (with the window's end as until
+// retry.event-trigger.held.<delivery_id> (with the time a slot frees as until
 // for a throttle), and the scheduler brings it back on
 // retry.event-trigger.due.<delivery_id>. A completed or failed run frees
 // its concurrency slot and publishes retry.event-trigger.released.<trigger_id>
