@@ -28,7 +28,7 @@ var endpoints = []serve.Endpoint[*Service]{
 	{Route: serve.Route{Method: http.MethodPost, Path: "/v1/events",
 		Description: "Send one event; 202 once JetStream stored it."}, Serve: (*Service).postEvent},
 	{Route: serve.Route{Method: http.MethodPost, Path: "/v1/events:batch",
-		Description: `Send up to 500 events in one request ({"events": [...]}); 202 once JetStream stored them.`}, Serve: (*Service).postBatch},
+		Description: `Send several events in one request ({"events": [...]}, 500 at most by default); 202 once JetStream stored them.`}, Serve: (*Service).postBatch},
 	{Route: serve.Route{Method: http.MethodGet, Path: "/v1/events/{id}",
 		Description: "One event as ingress stored it, with its deferral if any."}, Serve: (*Service).getEvent},
 	{Route: serve.Route{Method: http.MethodPost, Path: "/v1/events/{id}/cancel",
