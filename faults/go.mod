@@ -11,11 +11,12 @@ require (
 	github.com/retryd/retryd/pkg v0.0.0-00010101000000-000000000000
 	github.com/retryd/retryd/services/scheduler v0.0.0-00010101000000-000000000000
 	github.com/rs/zerolog v1.35.1
+	github.com/samber/slog-zerolog/v2 v2.9.2
 )
 
 require (
 	cel.dev/cel-go v0.33.2 // indirect
-	cel.dev/expr v0.25.1 // indirect
+	cel.dev/expr v0.25.2 // indirect
 	github.com/antithesishq/antithesis-sdk-go v0.8.0-default-no-op // indirect
 	github.com/antlr4-go/antlr/v4 v4.13.1 // indirect
 	github.com/beorn7/perks v1.0.1 // indirect
@@ -41,6 +42,8 @@ require (
 	github.com/retryd/retryd/projections v0.0.0-00010101000000-000000000000 // indirect
 	github.com/retryd/retryd/services/ingress v0.0.0-00010101000000-000000000000 // indirect
 	github.com/retryd/retryd/services/triggers v0.0.0-00010101000000-000000000000 // indirect
+	github.com/samber/lo v1.53.0 // indirect
+	github.com/samber/slog-common v0.21.0 // indirect
 	github.com/sethvargo/go-retry v0.5.0 // indirect
 	go.uber.org/multierr v1.11.0 // indirect
 	go.yaml.in/yaml/v3 v3.0.5 // indirect

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -16,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
+	slogzerolog "github.com/samber/slog-zerolog/v2"
 	"github.com/stretchr/testify/require"
 
 	"github.com/retryd/retryd/cmd/retryd/internal/devcerts"
@@ -147,7 +149,7 @@ func TestNATSConfig(t *testing.T) {
 	stop("triggers", trig.Stop)
 
 	workerJS := connect("worker")
-	w, err := worker.New(worker.Config{JS: workerJS, Logger: log, FetchWait: 200 * time.Millisecond})
+	w, err := worker.New(worker.Config{JS: workerJS, Logger: slog.New(slogzerolog.Option{Logger: &log, NoTimestamp: true}.NewZerologHandler()), FetchWait: 200 * time.Millisecond})
 	require.NoError(t, err)
 	require.NoError(t, w.Handle("perm_job", func(_ context.Context, j *worker.Job) error {
 		if j.Attempt == 1 {

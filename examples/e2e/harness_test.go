@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -17,6 +18,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
+	slogzerolog "github.com/samber/slog-zerolog/v2"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -125,7 +127,7 @@ func (e *env) startWorker(t *testing.T, cfg worker.Config, handlers map[string]w
 	if cfg.JS == nil {
 		cfg.JS = e.js
 	}
-	cfg.Logger = e.log
+	cfg.Logger = slog.New(slogzerolog.Option{Logger: &e.log, NoTimestamp: true}.NewZerologHandler())
 	if cfg.FetchWait == 0 {
 		cfg.FetchWait = 200 * time.Millisecond
 	}

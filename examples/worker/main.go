@@ -22,11 +22,13 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"log/slog"
 	"os"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
+	slogzerolog "github.com/samber/slog-zerolog/v2"
 
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/pkg/natsconn"
@@ -81,7 +83,10 @@ func run(ctx context.Context, log zerolog.Logger, enqueue, concurrency int) erro
 }
 
 func newWorker(js jetstream.JetStream, log zerolog.Logger, concurrency int) (*worker.Worker, error) {
-	w, err := worker.New(worker.Config{JS: js, Logger: log, Concurrency: concurrency, Source: "example-worker"})
+	// The SDK logs through log/slog; a program on slog passes its own
+	// *slog.Logger, this one bridges to its zerolog logger.
+	slogger := slog.New(slogzerolog.Option{Logger: &log, NoTimestamp: true}.NewZerologHandler())
+	w, err := worker.New(worker.Config{JS: js, Logger: slogger, Concurrency: concurrency, Source: "example-worker"})
 	if err != nil {
 		return nil, err
 	}

@@ -3,11 +3,11 @@ package worker
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/rs/zerolog"
 
 	"github.com/retryd/retryd/pkg/errclass"
 )
@@ -31,8 +31,9 @@ type Config struct {
 	// must exist (streams.Ensure).
 	JS jetstream.JetStream
 	// Logger receives ids, types, attempts and classes; never payloads,
-	// checkpoints or error messages.
-	Logger zerolog.Logger
+	// checkpoints or handler error messages. Nil discards the logs: a
+	// library writes to the program's log only when asked to.
+	Logger *slog.Logger
 	// Source is the CloudEvents source of the outcomes this worker
 	// publishes. Default "retryd/worker".
 	Source string
@@ -117,6 +118,9 @@ func (c *Config) validate() error {
 	}
 	if c.Registerer == nil {
 		c.Registerer = prometheus.NewRegistry()
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
 	}
 	if c.Now == nil {
 		c.Now = time.Now

@@ -1,8 +1,19 @@
 package worker_test
 
 import (
+	"context"
+	"encoding/json"
 	"fmt"
+	"log"
+	"log/slog"
+	"os"
+	"os/signal"
+	"time"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/retryd/retryd/pkg/errclass"
 	"github.com/retryd/retryd/pkg/worker"
 )
 
@@ -31,4 +42,60 @@ func ExampleJob_IdempotencyKey() {
 	// Output:
 	// 01JA2Q8M9X3T7V5W6Y4Z2B1C0D:1
 	// 01JA2Q8M9X3T7V5W6Y4Z2B1C0D:2
+}
+
+// A handler is a plain function: a unit test calls it with a Job and
+// checks the class its error reports, with no broker involved.
+func ExampleHandler() {
+	var send worker.Handler = func(ctx context.Context, job *worker.Job) error {
+		var in struct {
+			To string `json:"to"`
+		}
+		if err := job.DecodePayload(&in); err != nil || in.To == "" {
+			return errclass.New(errclass.Validation, "payload needs a recipient")
+		}
+		return nil
+	}
+
+	err := send(context.Background(), &worker.Job{ID: "j1", Type: "email", Attempt: 1, Payload: json.RawMessage(`{}`)})
+	e, _ := errclass.As(err)
+	fmt.Println(e.Class, e.Class.Retryable())
+	fmt.Println(send(context.Background(), &worker.Job{ID: "j2", Type: "email", Attempt: 1, Payload: json.RawMessage(`{"to":"ada@example.com"}`)}))
+	// Output:
+	// validation false
+	// <nil>
+}
+
+// New needs a JetStream context; the logger is any *slog.Logger, here JSON
+// lines on stderr. Nil discards the worker's logs.
+func ExampleNew() {
+	nc, err := nats.Connect(nats.DefaultURL)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		log.Fatal(err)
+	}
+	w, err := worker.New(worker.Config{
+		JS:          js,
+		Logger:      slog.New(slog.NewJSONHandler(os.Stderr, nil)),
+		Concurrency: 8,
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := w.Handle("email", func(ctx context.Context, job *worker.Job) error { return nil }); err != nil {
+		log.Fatal(err)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	if err := w.Start(ctx); err != nil {
+		log.Fatal(err)
+	}
+	<-ctx.Done()
+	stopCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_ = w.Stop(stopCtx)
 }

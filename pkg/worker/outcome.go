@@ -5,11 +5,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strconv"
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/rs/zerolog"
 
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/pkg/errclass"
@@ -91,7 +91,7 @@ func (w *Worker) classify(res attemptResult) failure {
 	return f
 }
 
-func (w *Worker) failedMsg(d contract.JobData, checkpoint json.RawMessage, res attemptResult, log zerolog.Logger) (*outcomeMsg, error) {
+func (w *Worker) failedMsg(d contract.JobData, checkpoint json.RawMessage, res attemptResult, log *slog.Logger) (*outcomeMsg, error) {
 	f := w.classify(res)
 	fd := contract.FailedData{
 		Kind:         contract.KindJob,
@@ -110,7 +110,7 @@ func (w *Worker) failedMsg(d contract.JobData, checkpoint json.RawMessage, res a
 	if errors.Is(err, contract.ErrTooLarge) && len(checkpoint) > 0 {
 		// Payload and a large new checkpoint do not fit one message: keep
 		// the checkpoint the attempt started from, which did fit.
-		log.Warn().Int("checkpoint_bytes", len(checkpoint)).Msg("checkpoint too large to report with the payload; keeping the previous one")
+		log.Warn("checkpoint too large to report with the payload; keeping the previous one", slog.Int("checkpoint_bytes", len(checkpoint)))
 		fd.Checkpoint = d.Checkpoint
 		msg, err = contract.NewLifecycleMsg(w.cfg.Source, contract.Failed, fd, w.cfg.Now())
 	}

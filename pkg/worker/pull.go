@@ -4,12 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strconv"
 	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/rs/zerolog"
 
 	"github.com/retryd/retryd/pkg/contract"
 )
@@ -79,7 +79,7 @@ func (w *Worker) guardReplay(ctx context.Context, p *pull) error {
 // the job's attempt already has an outcome on RETRIES (succeeded, failed,
 // exhausted or cancelled, at that attempt or a later one): it is then
 // acked without running. Any doubt runs it: at least once.
-func (w *Worker) alreadyDone(p *pull, msg jetstream.Msg, id string, attempt int, log zerolog.Logger) bool {
+func (w *Worker) alreadyDone(p *pull, msg jetstream.Msg, id string, attempt int, log *slog.Logger) bool {
 	g := p.replay.Load()
 	if g == nil {
 		return false
@@ -98,12 +98,12 @@ func (w *Worker) alreadyDone(p *pull, msg jetstream.Msg, id string, attempt int,
 			continue
 		}
 		if err != nil {
-			log.Warn().Err(err).Msg("replayed job: cannot check for an outcome; running it")
+			log.Warn("replayed job: cannot check for an outcome; running it", slog.Any("error", err))
 			return false
 		}
 		if n, err := strconv.Atoi(m.Header.Get(contract.HeaderAttempt)); err == nil && n >= attempt {
 			w.m.replaySkipped.Inc()
-			log.Info().Str("outcome", string(ev)).Msg("replayed job already has an outcome; acked without running")
+			log.Info("replayed job already has an outcome; acked without running", slog.String("outcome", string(ev)))
 			return true
 		}
 	}
@@ -119,7 +119,7 @@ func (w *Worker) alreadyDone(p *pull, msg jetstream.Msg, id string, attempt int,
 // consumer delivers the stream from its start (DeliverAll), so nothing
 // published meanwhile is lost; what was there before is checked for an
 // outcome and not run twice (alreadyDone).
-func (w *Worker) recreateIfDeleted(p *pull, log zerolog.Logger) {
+func (w *Worker) recreateIfDeleted(p *pull, log *slog.Logger) {
 	ctx, cancel := context.WithTimeout(w.loopCtx, w.cfg.FetchWait)
 	defer cancel()
 	_, err := w.cfg.JS.Consumer(ctx, p.stream, p.cfg.Durable)
@@ -127,15 +127,15 @@ func (w *Worker) recreateIfDeleted(p *pull, log zerolog.Logger) {
 		return
 	}
 	if err := w.guardReplay(ctx, p); err != nil {
-		log.Warn().Err(err).Msg("consumer missing; cannot read its stream, trying at the next pull")
+		log.Warn("consumer missing; cannot read its stream, trying at the next pull", slog.Any("error", err))
 		return
 	}
 	cons, err := w.cfg.JS.CreateOrUpdateConsumer(ctx, p.stream, p.cfg)
 	if err != nil {
-		log.Warn().Err(err).Str("stream", p.stream).Msg("consumer missing; creating it again failed, trying at the next pull")
+		log.Warn("consumer missing; creating it again failed, trying at the next pull", slog.Any("error", err), slog.String("stream", p.stream))
 		return
 	}
 	p.cons = cons
 	w.m.recreated.Inc()
-	log.Warn().Str("stream", p.stream).Msg("consumer was deleted; created it again")
+	log.Warn("consumer was deleted; created it again", slog.String("stream", p.stream))
 }

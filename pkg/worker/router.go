@@ -3,6 +3,7 @@ package worker
 import (
 	"context"
 	"fmt"
+	"log/slog"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -36,7 +37,7 @@ func (w *Worker) route(p *pull, msg jetstream.Msg) {
 		w.terminate(DueRouterDurable, msg, err)
 		return
 	}
-	log := w.log.With().Str("job_id", data.ID).Str("job_type", data.JobType).Int("attempt", data.Attempt).Logger()
+	log := w.jobLog(data)
 	if w.alreadyDone(p, msg, data.ID, data.Attempt, log) {
 		_ = msg.Ack()
 		return
@@ -48,16 +49,16 @@ func (w *Worker) route(p *pull, msg jetstream.Msg) {
 	}
 	tracing.Inject(tctx, jobMsg.Header) // the job continues the due's trace
 	if err := w.publish(jobMsg, "job"); err != nil {
-		log.Warn().Err(err).Msg("route due: publish job failed; due redelivered")
+		log.Warn("route due: publish job failed; due redelivered", slog.Any("error", err))
 		_ = msg.NakWithDelay(fetchBackoff)
 		return
 	}
 	if err := msg.Ack(); err != nil {
 		// A redelivered due is routed again with the same Nats-Msg-Id.
-		log.Debug().Err(err).Msg("ack of routed due failed")
+		log.Debug("ack of routed due failed", slog.Any("error", err))
 	}
 	w.m.routed.Inc()
-	log.Debug().Msg("due routed to jobs")
+	log.Debug("due routed to jobs")
 }
 
 // dueToJob decodes a due event and builds the job it asks for.

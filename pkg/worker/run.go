@@ -4,11 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"runtime/debug"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/rs/zerolog"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 
@@ -50,7 +50,7 @@ func (w *Worker) inSlot(slots chan struct{}, handle func(jetstream.Msg)) func(je
 // fetchLoop pulls up to the number of free slots in slots and hands every
 // message to dispatch, which must release one slot per message when done.
 func (w *Worker) fetchLoop(p *pull, slots chan struct{}, dispatch func(jetstream.Msg)) {
-	log := w.log.With().Str("consumer", p.cfg.Durable).Logger()
+	log := w.log.With(slog.String("consumer", p.cfg.Durable))
 	for {
 		select {
 		case slots <- struct{}{}:
@@ -88,7 +88,7 @@ func (w *Worker) fetchLoop(p *pull, slots chan struct{}, dispatch func(jetstream
 			<-slots
 		}
 		if err != nil && !isFetchEnd(err) && w.loopCtx.Err() == nil {
-			log.Warn().Err(err).Msg("pull failed; trying again")
+			log.Warn("pull failed; trying again", slog.Any("error", err))
 			w.recreateIfDeleted(p, log)
 			select {
 			case <-time.After(fetchBackoff):
@@ -127,7 +127,7 @@ func (w *Worker) process(p *pull, jobType string, h Handler, msg jetstream.Msg) 
 		w.terminate(ConsumerName(jobType), msg, err)
 		return
 	}
-	log := w.log.With().Str("job_id", data.ID).Str("job_type", data.JobType).Int("attempt", data.Attempt).Logger()
+	log := w.jobLog(data)
 	if w.alreadyDone(p, msg, data.ID, data.Attempt, log) {
 		_ = msg.Ack()
 		return
@@ -153,9 +153,9 @@ func (w *Worker) process(p *pull, jobType string, h Handler, msg jetstream.Msg) 
 	if res.interrupted {
 		// Forced stop: no outcome, the job goes back to the broker as is.
 		if err := msg.Nak(); err != nil {
-			log.Debug().Err(err).Msg("nak of interrupted job failed; the broker redelivers it after the ack wait")
+			log.Debug("nak of interrupted job failed; the broker redelivers it after the ack wait", slog.Any("error", err))
 		}
-		log.Warn().Msg("job interrupted by stop; handed back for redelivery")
+		log.Warn("job interrupted by stop; handed back for redelivery")
 		return
 	}
 
@@ -167,14 +167,14 @@ func (w *Worker) process(p *pull, jobType string, h Handler, msg jetstream.Msg) 
 	}
 	if err != nil {
 		// Only an internal bug gets here: the job decoded and validated.
-		log.Error().Str("reason", contract.LogReason(err)).Msg("build outcome failed; terminating job")
+		log.Error("build outcome failed; terminating job", slog.String("reason", contract.LogReason(err)))
 		_ = msg.TermWithReason("worker could not build outcome: " + contract.LogReason(err))
 		return
 	}
 	tracing.Fail(span, res.err)
 	tracing.Inject(tctx, out.msg.Header) // the scheduler continues this attempt's trace
 	if err := w.publish(out.msg, out.event); err != nil {
-		log.Warn().Err(err).Str("event", out.event).Msg("publish outcome failed; job redelivered for another attempt")
+		log.Warn("publish outcome failed; job redelivered for another attempt", slog.Any("error", err), slog.String("event", out.event))
 		_ = msg.NakWithDelay(fetchBackoff)
 		return
 	}
@@ -182,14 +182,14 @@ func (w *Worker) process(p *pull, jobType string, h Handler, msg jetstream.Msg) 
 	if err := msg.DoubleAck(ackCtx); err != nil {
 		// The outcome is published; a redelivery runs the attempt again
 		// and its report is dropped as a duplicate.
-		log.Warn().Err(err).Msg("ack failed after outcome was published")
+		log.Warn("ack failed after outcome was published", slog.Any("error", err))
 	}
 	cancel()
-	ev := log.Info()
+	level, attrs := slog.LevelInfo, []slog.Attr{slog.String("event", out.event), slog.Duration("took", time.Since(start))}
 	if res.err != nil {
-		ev = log.Warn().Str("class", out.class)
+		level, attrs = slog.LevelWarn, append(attrs, slog.String("class", out.class))
 	}
-	ev.Str("event", out.event).Dur("took", time.Since(start)).Msg("job attempt reported")
+	log.LogAttrs(context.Background(), level, "job attempt reported", attrs...)
 	// Keep the slot until a handler that overran its grace returns, so
 	// that Concurrency bounds running handlers, not just reported ones.
 	select {
@@ -198,12 +198,18 @@ func (w *Worker) process(p *pull, jobType string, h Handler, msg jetstream.Msg) 
 	}
 }
 
+// jobLog is the logger of one attempt: ids and type only, so that no
+// payload or checkpoint reaches a log.
+func (w *Worker) jobLog(d contract.JobData) *slog.Logger {
+	return w.log.With(slog.String("job_id", d.ID), slog.String("job_type", d.JobType), slog.Int("attempt", d.Attempt))
+}
+
 // runHandler calls h with a timeout, converting panics to errors. A handler
 // that ignores its context past the timeout plus Config.Grace is reported
 // as timed out while it keeps running.
 // tctx carries the attempt's span into the handler's ctx (cancellation
 // comes from the worker alone).
-func (w *Worker) runHandler(tctx context.Context, h Handler, job *Job, timeout time.Duration, log zerolog.Logger) attemptResult {
+func (w *Worker) runHandler(tctx context.Context, h Handler, job *Job, timeout time.Duration, log *slog.Logger) attemptResult {
 	ctx, cancel := context.WithTimeout(trace.ContextWithSpan(w.hardCtx, trace.SpanFromContext(tctx)), timeout)
 	defer cancel()
 	done := make(chan error, 1)
@@ -220,7 +226,7 @@ func (w *Worker) runHandler(tctx context.Context, h Handler, job *Job, timeout t
 		case err = <-done:
 		case <-time.After(w.cfg.Grace):
 			err = fmt.Errorf("handler did not return within %s after its context ended: %w", w.cfg.Grace, ctx.Err())
-			log.Error().Dur("timeout", timeout).Msg("handler ignores its context; reporting the attempt while it still runs")
+			log.Error("handler ignores its context; reporting the attempt while it still runs", slog.Duration("timeout", timeout))
 		}
 	}
 	res := attemptResult{err: err, timeout: timeout, returned: returned}
@@ -232,7 +238,7 @@ func (w *Worker) runHandler(tctx context.Context, h Handler, job *Job, timeout t
 		res.outcome, res.interrupted = outcomeInterrupted, true
 	case errors.As(err, &p):
 		res.outcome = outcomePanicked
-		log.Error().Str("stack", p.stack).Msg("handler panicked")
+		log.Error("handler panicked", slog.String("stack", p.stack))
 	case errors.Is(ctx.Err(), context.DeadlineExceeded):
 		res.outcome = outcomeTimedOut
 	default:
@@ -260,7 +266,7 @@ func callHandler(ctx context.Context, h Handler, job *Job) (err error) {
 
 // heartbeat tells the broker every AckWait/3 that the job is still being
 // worked on, until the returned func is called.
-func (w *Worker) heartbeat(msg jetstream.Msg, log zerolog.Logger) func() {
+func (w *Worker) heartbeat(msg jetstream.Msg, log *slog.Logger) func() {
 	stop := make(chan struct{})
 	go func() {
 		t := time.NewTicker(w.cfg.AckWait / 3)
@@ -269,7 +275,7 @@ func (w *Worker) heartbeat(msg jetstream.Msg, log zerolog.Logger) func() {
 			select {
 			case <-t.C:
 				if err := msg.InProgress(); err != nil {
-					log.Debug().Err(err).Msg("in-progress ack failed")
+					log.Debug("in-progress ack failed", slog.Any("error", err))
 				}
 			case <-stop:
 				return
@@ -287,9 +293,9 @@ func (w *Worker) terminate(consumer string, msg jetstream.Msg, err error) {
 	if md, mdErr := msg.Metadata(); mdErr == nil {
 		seq = md.Sequence.Stream
 	}
-	w.log.Warn().Str("consumer", consumer).Str("subject", msg.Subject()).Uint64("stream_seq", seq).Str("reason", reason).Msg("terminating malformed message")
+	w.log.Warn("terminating malformed message", slog.String("consumer", consumer), slog.String("subject", msg.Subject()), slog.Uint64("stream_seq", seq), slog.String("reason", reason))
 	if err := msg.TermWithReason(reason); err != nil {
-		w.log.Warn().Err(err).Str("consumer", consumer).Msg("term failed")
+		w.log.Warn("term failed", slog.Any("error", err), slog.String("consumer", consumer))
 	}
 }
 

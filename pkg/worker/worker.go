@@ -4,12 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sort"
 	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/rs/zerolog"
 
 	"github.com/retryd/retryd/pkg/contract"
 )
@@ -22,7 +22,7 @@ var ErrStarted = errors.New("worker already started")
 // with Handle, then Start; Stop drains it.
 type Worker struct {
 	cfg Config
-	log zerolog.Logger
+	log *slog.Logger
 	m   *metrics
 
 	mu       sync.Mutex
@@ -55,7 +55,7 @@ func New(cfg Config) (*Worker, error) {
 	}
 	w := &Worker{
 		cfg:      cfg,
-		log:      cfg.Logger.With().Str("component", "worker").Logger(),
+		log:      cfg.Logger.With(slog.String("component", "worker")),
 		m:        m,
 		handlers: map[string]Handler{},
 		stopped:  make(chan struct{}),
@@ -176,7 +176,7 @@ func (w *Worker) Start(ctx context.Context) error {
 		w.loops.Add(1)
 		go w.consumeDues(router)
 	}
-	w.log.Info().Strs("job_types", types).Bool("due_router", router != nil).Int("concurrency", w.cfg.Concurrency).Msg("worker started")
+	w.log.Info("worker started", slog.Any("job_types", types), slog.Bool("due_router", router != nil), slog.Int("concurrency", w.cfg.Concurrency))
 	return nil
 }
 
@@ -209,7 +209,7 @@ func (w *Worker) Stop(ctx context.Context) error {
 			}
 		}
 		w.hardCancel()
-		w.log.Info().Msg("worker stopped")
+		w.log.Info("worker stopped")
 	})
 	<-w.stopped
 	return w.stopErr

@@ -21,6 +21,7 @@ type metrics struct {
 	outboxPending        prometheus.Gauge
 	outboxLag            prometheus.Gauge
 	policyLag            prometheus.Gauge
+	busy                 prometheus.Counter
 
 	malformed, duplicate, stale, errors *prometheus.CounterVec
 }
@@ -62,6 +63,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Namespace: "retryd", Subsystem: "scheduler", Name: "policy_lag_seconds",
 			Help: "How far the policy stage is behind RETRIES: the age of the newest applied fact while the consumer holds unapplied ones (0 when caught up). Re-emissions wait RedueAfter plus this.",
 		}),
+		busy: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "retryd", Subsystem: "scheduler", Name: "busy_total",
+			Help: "Facts handed back (redelivered after 5s) because another transaction held their item: a peer instance mid-batch, or frozen.",
+		}),
 		malformed: counter("malformed_total", "Messages terminated because they could not be decoded.", "consumer"),
 		duplicate: counter("duplicate_total", "Messages already applied (inbox hit), acked without effect.", "consumer"),
 		stale:     counter("stale_total", "Facts ignored because the row moved past them (old attempt or terminal state).", "kind", "event"),
@@ -69,7 +74,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	}
 	cs := []prometheus.Collector{
 		m.scheduled, m.rescheduled, m.due, m.succeeded, m.exhausted, m.cancelled, m.redue, m.dueDuplicates,
-		m.lateness, m.pending, m.outboxPending, m.outboxLag, m.malformed, m.duplicate, m.stale, m.errors, m.policyLag,
+		m.lateness, m.pending, m.outboxPending, m.outboxLag, m.malformed, m.duplicate, m.stale, m.errors, m.policyLag, m.busy,
 	}
 	for i, c := range cs {
 		got, err := promreg.Register(reg, c)
@@ -84,7 +89,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m.exhausted, m.cancelled, m.redue, m.dueDuplicates = cs[4].(*prometheus.CounterVec), cs[5].(*prometheus.CounterVec), cs[6].(*prometheus.CounterVec), cs[7].(*prometheus.CounterVec)
 	m.lateness, m.pending, m.outboxPending, m.outboxLag = cs[8].(prometheus.Histogram), cs[9].(*prometheus.GaugeVec), cs[10].(prometheus.Gauge), cs[11].(prometheus.Gauge)
 	m.malformed, m.duplicate, m.stale, m.errors = cs[12].(*prometheus.CounterVec), cs[13].(*prometheus.CounterVec), cs[14].(*prometheus.CounterVec), cs[15].(*prometheus.CounterVec)
-	m.policyLag = cs[16].(prometheus.Gauge)
+	m.policyLag, m.busy = cs[16].(prometheus.Gauge), cs[17].(prometheus.Counter)
 	return m, nil
 }
 

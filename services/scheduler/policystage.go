@@ -42,6 +42,8 @@ type applied struct {
 	in        inbound
 	ch        change
 	duplicate bool
+	// busy: another transaction holds the item; the fact is handed back.
+	busy bool
 }
 
 // runPolicyStage applies queued messages in batches: it takes what is
@@ -262,6 +264,12 @@ func (s *Scheduler) afterCommit(results []applied) {
 		s.relay.Kick()
 	}
 	for _, r := range results {
+		if r.busy {
+			// Redelivered after the delay, when the holder has finished
+			// or its transaction was ended with its connection.
+			_ = r.in.msg.NakWithDelay(nakDelay)
+			continue
+		}
 		s.lag.applied(r.in.msg)
 		if err := r.in.msg.Ack(); err != nil {
 			s.log.Debug().Err(err).Str("kind", r.in.f.ev.Kind).Str("id", r.in.f.ev.ID).Msg("ack failed; the redelivery will be a duplicate")
@@ -275,6 +283,11 @@ func (s *Scheduler) observe(r applied) {
 	switch {
 	case r.duplicate:
 		s.metrics.duplicate.WithLabelValues(Owner).Inc()
+		return
+	case r.busy:
+		s.metrics.busy.Inc()
+		s.log.Debug().Str("kind", ev.Kind).Str("id", ev.ID).Str("event", string(ev.Event)).
+			Msg("item held by another transaction, fact handed back")
 		return
 	case r.ch.stale:
 		s.metrics.stale.WithLabelValues(ev.Kind, string(ev.Event)).Inc()
@@ -320,17 +333,27 @@ func (s *Scheduler) applyBatch(ctx context.Context, items []inbound) ([]applied,
 	if err != nil {
 		return nil, err
 	}
-	ids := make([]string, len(items))
 	keys := make([]retrystore.Key, 0, len(items))
-	for i, in := range items {
-		ids[i] = in.f.msgID
+	for _, in := range items {
 		keys = append(keys, retrystore.Key{Kind: in.f.ev.Kind, ItemID: in.f.ev.ID})
+	}
+	busy, err := retrystore.TryLockItems(ctx, tx, keys)
+	if err != nil {
+		return nil, err
+	}
+	ids := make([]string, 0, len(items))
+	free := make([]retrystore.Key, 0, len(items))
+	for i, in := range items {
+		if !busy[keys[i]] {
+			ids = append(ids, in.f.msgID)
+			free = append(free, keys[i])
+		}
 	}
 	claimed, err := inbox.ClaimMany(ctx, tx, Owner, ids)
 	if err != nil {
 		return nil, err
 	}
-	locked, err := retrystore.GetManyForUpdate(ctx, tx, keys)
+	locked, err := retrystore.GetManyForUpdate(ctx, tx, free)
 	if err != nil {
 		return nil, err
 	}
@@ -346,6 +369,10 @@ func (s *Scheduler) applyBatch(ctx context.Context, items []inbound) ([]applied,
 		msgs    []*nats.Msg
 	)
 	for i, in := range items {
+		if busy[keys[i]] {
+			results = append(results, applied{in: in, busy: true})
+			continue
+		}
 		if !claimed[in.f.msgID] {
 			results = append(results, applied{in: in, duplicate: true})
 			continue

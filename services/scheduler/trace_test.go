@@ -19,6 +19,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/retryd/retryd/pkg/contract"
+	"github.com/retryd/retryd/pkg/telemetry"
 	"github.com/retryd/retryd/pkg/tracing"
 	"github.com/retryd/retryd/projections/retrystore"
 )
@@ -121,7 +122,7 @@ func TestTraceFromAPIToCancelled(t *testing.T) {
 	b.publish(t, contract.Failed, failed("traced", "t2", 1, "timeout"))
 	b.waitRow(t, "traced", "t2", inState(retrystore.StateScheduled, 2))
 
-	h := tracing.Handler(s.Handler(), "retryd-scheduler")
+	h := telemetry.Handler(s.Handler(), "retryd-scheduler")
 	req := httptest.NewRequest(http.MethodPost, "/v1/retries/traced/t2/cancel", strings.NewReader(`{"reason":"test"}`))
 	req.Header.Set("traceparent", "00-"+ownerTraceID+"-"+ownerSpanID+"-01")
 	rec := httptest.NewRecorder()

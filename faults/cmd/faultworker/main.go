@@ -26,6 +26,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"os"
 	"strconv"
@@ -35,6 +36,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
+	slogzerolog "github.com/samber/slog-zerolog/v2"
 
 	"github.com/retryd/retryd/pkg/errclass"
 	"github.com/retryd/retryd/pkg/natsconn"
@@ -102,7 +104,7 @@ func run(log zerolog.Logger) error {
 	ackWait, _ := time.ParseDuration(os.Getenv("FAULTWORKER_ACK_WAIT"))
 	reg := prometheus.NewRegistry()
 	w, err := worker.New(worker.Config{
-		JS: js, Logger: log, Source: "faults/worker", Concurrency: concurrency, AckWait: ackWait,
+		JS: js, Logger: slogger(log), Source: "faults/worker", Concurrency: concurrency, AckWait: ackWait,
 		FetchWait: 500 * time.Millisecond, Registerer: reg,
 		DisableDueRouter: os.Getenv("FAULTWORKER_ROUTER") == "false",
 	})
@@ -131,6 +133,12 @@ func run(log zerolog.Logger) error {
 	stopCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	return errors.Join(w.Stop(stopCtx), <-httpDone)
+}
+
+// slogger hands log to the worker SDK, which logs through log/slog: the
+// worker's lines keep log's fields and timestamps, on stderr like the rest.
+func slogger(log zerolog.Logger) *slog.Logger {
+	return slog.New(slogzerolog.Option{Logger: &log, NoTimestamp: true}.NewZerologHandler())
 }
 
 func handler(pool *pgxpool.Pool, pid int) worker.Handler {

@@ -10,6 +10,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -24,12 +25,13 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
+	slogzerolog "github.com/samber/slog-zerolog/v2"
 
 	"github.com/retryd/retryd/migrations"
 	"github.com/retryd/retryd/migrations/pgcluster"
 	"github.com/retryd/retryd/pkg/serve"
 	"github.com/retryd/retryd/pkg/streams"
-	"github.com/retryd/retryd/pkg/tracing"
+	"github.com/retryd/retryd/pkg/telemetry"
 	"github.com/retryd/retryd/pkg/worker"
 	"github.com/retryd/retryd/projections/jobs"
 	"github.com/retryd/retryd/services/ingress"
@@ -145,10 +147,10 @@ func (s *Stack) Start(ctx context.Context) (err error) {
 var tracingInstalled atomic.Bool
 
 func (s *Stack) startTracing(ctx context.Context) error {
-	if !tracing.Enabled() || !tracingInstalled.CompareAndSwap(false, true) {
+	if !telemetry.Enabled() || !tracingInstalled.CompareAndSwap(false, true) {
 		return nil
 	}
-	shutdown, err := tracing.Setup(ctx, "retryd", s.log)
+	shutdown, err := telemetry.Setup(ctx, "retryd", s.log)
 	if err != nil {
 		tracingInstalled.Store(false)
 		return fmt.Errorf("set up tracing: %w", err)
@@ -312,7 +314,7 @@ func (s *Stack) startServices(ctx context.Context) error {
 	s.JobsAPI = api
 	s.onStop("jobs API", api.Stop)
 
-	w, err := worker.New(worker.Config{JS: s.JS, Logger: lg("worker"), Registerer: reg, Source: "retryd/dev-worker",
+	w, err := worker.New(worker.Config{JS: s.JS, Logger: slogger(lg("worker")), Registerer: reg, Source: "retryd/dev-worker",
 		Concurrency: s.cfg.WorkerConcurrency, FetchWait: s.cfg.FetchWait})
 	if err != nil {
 		return fmt.Errorf("new worker: %w", err)
@@ -336,7 +338,7 @@ func (s *Stack) startHTTP() error {
 		return fmt.Errorf("listen on %s (is it taken? use --http): %w", s.cfg.HTTPAddr, err)
 	}
 	s.httpAddr = ln.Addr()
-	srv := &http.Server{Handler: tracing.Handler(s.routes(), "retryd"), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
+	srv := &http.Server{Handler: telemetry.Handler(s.routes(), "retryd"), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- serve.Serve(ctx, srv, ln, s.log.With().Str("component", "http").Logger()) }()
@@ -411,4 +413,11 @@ func displayAddr(a net.Addr) string {
 		return net.JoinHostPort("127.0.0.1", fmt.Sprint(tcp.Port))
 	}
 	return tcp.String()
+}
+
+// slogger hands l to the worker SDK, which logs through log/slog: its
+// records keep l's fields, level and timestamps and go where the rest of
+// the stack's logs go.
+func slogger(l zerolog.Logger) *slog.Logger {
+	return slog.New(slogzerolog.Option{Logger: &l, Level: slogzerolog.ZeroLogLeveler{Logger: &l}, NoTimestamp: true}.NewZerologHandler())
 }

@@ -42,7 +42,7 @@ import (
 	"github.com/retryd/retryd/pkg/natsconn"
 	"github.com/retryd/retryd/pkg/serve"
 	"github.com/retryd/retryd/pkg/streams"
-	"github.com/retryd/retryd/pkg/tracing"
+	"github.com/retryd/retryd/pkg/telemetry"
 	"github.com/retryd/retryd/services/ingress"
 )
 
@@ -88,11 +88,11 @@ func run(ctx context.Context, log zerolog.Logger, ready func(addr string)) error
 	if err := e.Err(); err != nil {
 		return err
 	}
-	shutdownTracing, err := tracing.Setup(ctx, "retryd-ingress", log)
+	shutdownTracing, err := telemetry.Setup(ctx, "retryd-ingress", log)
 	if err != nil {
 		return err
 	}
-	defer tracing.Flush(shutdownTracing, log) // first deferred: flushes last
+	defer telemetry.Flush(shutdownTracing, log) // first deferred: flushes last
 
 	if migrate {
 		if err := migrations.Up(ctx, dbURL, log); err != nil {
@@ -124,7 +124,7 @@ func run(ctx context.Context, log zerolog.Logger, ready func(addr string)) error
 
 	mux := serve.NewMux(reg, health)
 	mux.Handle("/v1/", svc.Handler())
-	srv := &http.Server{Handler: tracing.Handler(mux, "retryd-ingress"), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
+	srv := &http.Server{Handler: telemetry.Handler(mux, "retryd-ingress"), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		_ = svc.Stop(context.Background())

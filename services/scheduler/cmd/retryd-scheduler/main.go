@@ -58,7 +58,7 @@ import (
 	"github.com/retryd/retryd/pkg/errclass"
 	"github.com/retryd/retryd/pkg/natsconn"
 	"github.com/retryd/retryd/pkg/serve"
-	"github.com/retryd/retryd/pkg/tracing"
+	"github.com/retryd/retryd/pkg/telemetry"
 	"github.com/retryd/retryd/projections/jobs"
 	"github.com/retryd/retryd/services/scheduler"
 )
@@ -181,11 +181,11 @@ func serveCmd(ctx context.Context, log zerolog.Logger) error {
 	if err != nil {
 		return err
 	}
-	shutdownTracing, err := tracing.Setup(ctx, "retryd-scheduler", log)
+	shutdownTracing, err := telemetry.Setup(ctx, "retryd-scheduler", log)
 	if err != nil {
 		return err
 	}
-	defer tracing.Flush(shutdownTracing, log) // first deferred: flushes last
+	defer telemetry.Flush(shutdownTracing, log) // first deferred: flushes last
 	pool, js, closeAll, err := connect(ctx, s, log)
 	if err != nil {
 		return err
@@ -227,7 +227,7 @@ func serveCmd(ctx context.Context, log zerolog.Logger) error {
 		return errors.Join(append(errs, sched.Stop(ctx))...)
 	}
 	health.SetReady(true)
-	srv := &http.Server{Addr: s.addr, Handler: tracing.Handler(mux, "retryd-scheduler"), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
+	srv := &http.Server{Addr: s.addr, Handler: telemetry.Handler(mux, "retryd-scheduler"), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
 	httpCtx, stopHTTP := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopHTTP()
 	httpDone := make(chan error, 1)

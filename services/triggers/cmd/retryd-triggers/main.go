@@ -43,7 +43,7 @@ import (
 	"github.com/retryd/retryd/pkg/natsconn"
 	"github.com/retryd/retryd/pkg/serve"
 	"github.com/retryd/retryd/pkg/streams"
-	"github.com/retryd/retryd/pkg/tracing"
+	"github.com/retryd/retryd/pkg/telemetry"
 	"github.com/retryd/retryd/services/triggers"
 )
 
@@ -89,11 +89,11 @@ func run(log zerolog.Logger) error {
 	if err := e.Err(); err != nil {
 		return err
 	}
-	shutdownTracing, err := tracing.Setup(ctx, "retryd-triggers", log)
+	shutdownTracing, err := telemetry.Setup(ctx, "retryd-triggers", log)
 	if err != nil {
 		return err
 	}
-	defer tracing.Flush(shutdownTracing, log) // first deferred: flushes last
+	defer telemetry.Flush(shutdownTracing, log) // first deferred: flushes last
 
 	if migrate {
 		if err := migrations.Up(ctx, dbURL, log); err != nil {
@@ -125,7 +125,7 @@ func run(log zerolog.Logger) error {
 
 	mux := serve.NewMux(reg, health)
 	mux.Handle("/v1/", svc.Handler())
-	srv := &http.Server{Addr: addr, Handler: tracing.Handler(mux, "retryd-triggers"), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
+	srv := &http.Server{Addr: addr, Handler: telemetry.Handler(mux, "retryd-triggers"), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
 	httpCtx, stopHTTP := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopHTTP()
 	httpDone := make(chan error, 1)
