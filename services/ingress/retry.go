@@ -236,7 +236,8 @@ func gateFor(r ingressstore.Retry, due *contract.DueData) func(context.Context, 
 	}
 	at, _ := r.Metadata["retry_after"].(string)
 	slotAt, err := time.Parse(time.RFC3339Nano, at)
-	if err != nil || due.NextAttemptAt.Before(slotAt) {
+	// The scheduler stores times in microseconds.
+	if err != nil || due.NextAttemptAt.Before(slotAt.Truncate(time.Microsecond)) {
 		return ingressstore.Gate
 	}
 	return ingressstore.GateDue
