@@ -114,9 +114,12 @@ func gate(ctx context.Context, tx pgx.Tx, source, typ string, fresh bool) (Verdi
 }
 
 // spacing is the time between two slots of a window: rate_window /
-// rate_limit, at least a microsecond (the database's precision).
+// rate_limit in whole microseconds, at least one. Slots are then exact in
+// the database's precision: a due that comes back at its slot carries the
+// time the scheduler stored, and must not look a fraction early (it would
+// queue behind the slots instead of owning one).
 func spacing(w time.Duration, limit int) time.Duration {
-	return max(w/time.Duration(max(limit, 1)), time.Microsecond)
+	return max((w / time.Duration(max(limit, 1))).Truncate(time.Microsecond), time.Microsecond)
 }
 
 // slotsPending reports whether throttled events of source still wait for

@@ -412,3 +412,22 @@ func TestPruneWindows(t *testing.T) {
 	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM event_source_windows`).Scan(&left))
 	require.Equal(t, 1, left)
 }
+
+// A slot is exact in the database's precision even when rate_window /
+// rate_limit is not a whole number of microseconds: the scheduler stores
+// the slot in microseconds and the event's due brings that time back,
+// which must not fall before the slot the gate recorded.
+func TestGateSlotsAreWholeMicroseconds(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	_, err := ingressstore.PutSource(b.ctx, b.pool, ingressstore.SourceConfig{Source: "odd", RateLimit: 7, RateWindow: time.Hour})
+	require.NoError(t, err)
+	for range 7 {
+		require.True(t, b.gate(t, "odd", "invoice.paid").Admitted)
+	}
+	for range 3 {
+		v := b.gate(t, "odd", "invoice.paid")
+		require.False(t, v.Admitted)
+		require.Equal(t, v.RetryAt.Truncate(time.Microsecond), v.RetryAt, "slot %s is not a whole microsecond", v.RetryAt.Format(time.RFC3339Nano))
+	}
+}

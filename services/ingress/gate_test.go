@@ -219,3 +219,43 @@ func TestDueEdgeCases(t *testing.T) {
 		return b.counter(t, "retryd_ingress_malformed_total", map[string]string{"consumer": ingress.ConsumerRetry}) == 1
 	}, eventually, 20*time.Millisecond)
 }
+
+// A released event's due is a newcomer to the slots: in a window with
+// room it still queues behind the held events whose slots are to come, and
+// only an event due at its own slot takes the room ahead of the queue.
+func TestReleasedDueQueuesBehindWaitingSlots(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.putSource(t, "shop", map[string]any{"rate_limit": 1, "rate_window": "1h"})
+	b.post(t, event("first", "shop", "order.created"))
+	b.waitStatus(t, "admitted", "first")
+	b.post(t, event("waiting", "shop", "order.created"))
+	b.waitStatus(t, "deferred", "waiting")
+	var waitingHeld []contract.LifecycleEvent
+	require.Eventually(t, func() bool {
+		waitingHeld = b.lifecycle(t, "waiting")[contract.Held]
+		return len(waitingHeld) == 1
+	}, eventually, 20*time.Millisecond)
+	slotAt := *waitingHeld[0].Held.Until
+
+	require.Equal(t, http.StatusOK, b.do(t, http.MethodPost, "/v1/sources/shop/pause", map[string]any{}, nil))
+	b.post(t, event("paused", "shop", "order.created"))
+	b.waitStatus(t, "deferred", "paused")
+	require.Equal(t, http.StatusOK, b.do(t, http.MethodPost, "/v1/sources/shop/resume", nil, nil))
+	// As when a new window has begun and "waiting"'s slot in it has not
+	// come yet: the window has room.
+	_, err := b.pool.Exec(b.ctx, `DELETE FROM event_source_windows WHERE source = 'shop'`)
+	require.NoError(t, err)
+
+	b.publishDue(t, "paused", "shop", 2)
+	require.Eventually(t, func() bool { return len(b.lifecycle(t, "paused")[contract.Held]) == 2 }, eventually, 20*time.Millisecond)
+	b.drained(t, ingress.ConsumerRetry)
+	require.Equal(t, "deferred", b.status(t, "paused"), "a released event must not take the room of an event waiting for its slot")
+	released := b.lifecycle(t, "paused")[contract.Held][1].Held
+	require.Equal(t, "throttle", released.Reason)
+	require.True(t, released.Until.After(slotAt), "the released event's slot %s must follow the waiting event's %s", released.Until, slotAt)
+
+	// The event due at its slot owns the room.
+	b.publishDueAt(t, "waiting", "shop", 2, slotAt)
+	b.waitStatus(t, "admitted", "waiting")
+}

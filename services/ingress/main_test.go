@@ -236,8 +236,14 @@ func (b *bundle) lifecycle(t *testing.T, id string) map[contract.Lifecycle][]con
 // due.
 func (b *bundle) publishDue(t *testing.T, id, source string, attempt int) {
 	t.Helper()
+	b.publishDueAt(t, id, source, attempt, time.Now())
+}
+
+// publishDueAt publishes the scheduler's due for attempt, scheduled for next.
+func (b *bundle) publishDueAt(t *testing.T, id, source string, attempt int, next time.Time) {
+	t.Helper()
 	msg, err := contract.NewLifecycleMsg("test/scheduler", contract.Due, contract.DueData{
-		Kind: contract.KindEvent, ID: id, Attempt: attempt, NextAttemptAt: time.Now(), Source: source,
+		Kind: contract.KindEvent, ID: id, Attempt: attempt, NextAttemptAt: next, Source: source,
 	}, time.Now())
 	require.NoError(t, err)
 	_, err = b.js.PublishMsg(b.ctx, msg)

@@ -113,14 +113,71 @@ func (s *Scheduler) drainBurst(ctx context.Context) {
 // next range of at most one batch above the floor in turn (a read of the
 // due index) and claims it concurrently with the others: no claim steps
 // over the rows another holds, and Postgres works on several at once.
+//
+// The batches are published in the order of their ranges, though (turn):
+// a release makes a source's held events due one microsecond apart in
+// the order they were first held, and the gate hands out slots in the
+// order the dues reach it. Batches published at once would interleave a
+// release of more than one batch on RETRIES.
 type burst struct {
 	mu    sync.Mutex
 	floor time.Time
+	// last ends when the batch claimed last has been published.
+	last chan struct{}
 }
 
-// claim claims the next batch of due rows above the floor.
-func (b *burst) claim(ctx context.Context, tx pgx.Tx, limit int) ([]retrystore.DueRow, error) {
+// turn orders the publication of one batch of a burst after the batch
+// claimed before it. A nil turn (outside a burst) never waits.
+type turn struct {
+	prev <-chan struct{}
+	done chan struct{}
+	once sync.Once
+}
+
+// wait returns once the previous batch has been published.
+func (t *turn) wait(ctx context.Context) error {
+	if t == nil || t.prev == nil {
+		return nil
+	}
+	select {
+	case <-t.prev:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("wait for the previous due batch: %w", ctx.Err())
+	}
+}
+
+// end lets the next batch publish. A batch that failed still waits for
+// the previous one first, so the next never overtakes it.
+func (t *turn) end(ctx context.Context) {
+	if t == nil {
+		return
+	}
+	t.once.Do(func() {
+		_ = t.wait(ctx)
+		close(t.done)
+	})
+}
+
+// next hands out the publication turn of a batch claimed now, under mu.
+func (b *burst) next() *turn {
+	t := &turn{prev: b.last, done: make(chan struct{})}
+	b.last = t.done
+	return t
+}
+
+// claim claims the next batch of due rows above the floor; the batch
+// publishes in turn t.
+func (b *burst) claim(ctx context.Context, tx pgx.Tx, limit int) (rows []retrystore.DueRow, t *turn, err error) {
 	b.mu.Lock()
+	t = b.next()
+	rows, err = b.claimLocked(ctx, tx, limit)
+	return rows, t, err
+}
+
+// claimLocked claims the next batch above the floor; b.mu is held and
+// released by it.
+func (b *burst) claimLocked(ctx context.Context, tx pgx.Tx, limit int) ([]retrystore.DueRow, error) {
 	from := b.floor
 	bound, ok, err := retrystore.DueBound(ctx, tx, from, limit)
 	if err != nil {
@@ -213,8 +270,10 @@ func (s *Scheduler) emitDue(ctx context.Context, b *burst) (int, error) {
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
 	var rows []retrystore.DueRow
+	var order *turn
 	if b != nil {
-		rows, err = b.claim(ctx, tx, s.cfg.BatchSize)
+		rows, order, err = b.claim(ctx, tx, s.cfg.BatchSize)
+		defer order.end(ctx)
 	} else {
 		rows, err = retrystore.ClaimDue(ctx, tx, s.cfg.BatchSize, retrystore.Range{})
 	}
@@ -240,7 +299,11 @@ func (s *Scheduler) emitDue(ctx context.Context, b *burst) (int, error) {
 	// The claim set due_at to the transaction's now(): the time of the
 	// emission in the event and in the history.
 	now := *items[0].row.DueAt
+	if err := order.wait(ctx); err != nil {
+		return 0, err
+	}
 	s.publishDue(ctx, items, now, time.Now())
+	order.end(ctx)
 
 	keys := make([]retrystore.Key, 0, len(items))
 	history := make([]retrystore.HistoryEntry, 0, len(items))

@@ -104,3 +104,36 @@ func TestBurstWithTiesEmitsEachOnce(t *testing.T) {
 		require.Equal(t, 1, row.DueEmissions, row.ItemID)
 	}
 }
+
+// A release makes a source's held rows due a microsecond apart, in the
+// order they were first held; the gate hands out slots in the order their
+// dues reach it. The emitters of a burst claim batches concurrently but
+// publish them in turn, so RETRIES stores the dues of one instance in
+// next_attempt_at order.
+func TestBurstPublishesBatchesInOrder(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	released := time.Now().Add(-time.Second)
+	const n = 600
+	want := make([]string, 0, n)
+	for i := range n {
+		at := released.Add(time.Duration(i+1) * time.Microsecond)
+		r := retrystore.Retry{
+			Kind: "event", ItemID: fmt.Sprintf("rel%04d", i), State: retrystore.StateScheduled, Attempt: 2,
+			MaxRetries: 3, RetryEnabled: true, PolicyName: "default", PolicyVersion: 1, NextAttemptAt: &at,
+		}
+		_, err := retrystore.Save(b.ctx, b.pool, r)
+		require.NoError(t, err)
+		want = append(want, fmt.Sprintf("event-retry:rel%04d:2", i))
+	}
+	b.start(t, func(c *scheduler.Config) { c.BatchSize = 20; c.Emitters = 4 })
+	var got []string
+	require.Eventually(t, func() bool {
+		got = got[:0]
+		for _, m := range b.streamMsgs(t, "retry.event.due.*") {
+			got = append(got, m.Headers().Get(contract.HeaderMsgID))
+		}
+		return len(got) >= n
+	}, waitFor, 20*time.Millisecond)
+	require.Equal(t, want, got, "dues stored out of release order")
+}
