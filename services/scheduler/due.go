@@ -302,8 +302,7 @@ func (s *Scheduler) emitDue(ctx context.Context, b *burst) (int, error) {
 	if err := order.wait(ctx); err != nil {
 		return 0, err
 	}
-	s.publishDue(ctx, items, now, time.Now())
-	order.end(ctx)
+	s.publishDue(ctx, items, now, time.Now(), order)
 
 	keys := make([]retrystore.Key, 0, len(items))
 	history := make([]retrystore.HistoryEntry, 0, len(items))
@@ -352,7 +351,12 @@ func (s *Scheduler) emitDue(ctx context.Context, b *burst) (int, error) {
 // publishDue publishes the batch asynchronously and waits for every
 // PubAck; it sets ok (and dup) on the items that were stored.
 // selected is when the rows were read: their lateness was measured then.
-func (s *Scheduler) publishDue(ctx context.Context, items []*dueItem, now, selected time.Time) {
+//
+// The next batch of a burst may publish (order ends) once this one is
+// handed to the connection, before the PubAcks: one connection delivers
+// in the order it was given, so the stream stores the batches in turn
+// while their fsyncs and acks overlap.
+func (s *Scheduler) publishDue(ctx context.Context, items []*dueItem, now, selected time.Time, order *turn) {
 	for _, it := range items {
 		r := it.row.Retry
 		var next time.Time
@@ -380,6 +384,7 @@ func (s *Scheduler) publishDue(ctx context.Context, items []*dueItem, now, selec
 			it.ack = nil
 		}
 	}
+	order.end(ctx)
 	wait, cancel := context.WithTimeout(ctx, publishTimeout)
 	defer cancel()
 	defer endDueSpans(items)
