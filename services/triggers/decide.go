@@ -73,6 +73,11 @@ type decision struct {
 	// releaseWaiting: a slot is free but older deliveries wait for one;
 	// this delivery queues and the oldest waiting one is released.
 	releaseWaiting bool
+	// launchAt is the database clock read after the in-flight count that
+	// allowed a launch under max concurrency: a run that finished between
+	// the decision's first clock read and the count must not appear to
+	// overlap the one it made room for.
+	launchAt time.Time
 }
 
 // programsFor returns the compiled programs of a trigger version, from the
@@ -158,7 +163,15 @@ func (s *Service) decide(ctx context.Context, tx pgx.Tx, t triggerstore.Trigger,
 				}}, nil
 		}
 	}
-	return decision{status: triggerstore.StatusLaunched, key: key}, nil
+	launch := decision{status: triggerstore.StatusLaunched, key: key}
+	if t.MaxConcurrency > 0 {
+		at, err := triggerstore.Now(ctx, tx)
+		if err != nil {
+			return decision{}, err
+		}
+		launch.launchAt = at
+	}
+	return launch, nil
 }
 
 // settle applies a decision for attempt (1 = the event's first offer) to
@@ -171,6 +184,9 @@ func settle(d *triggerstore.Delivery, t triggerstore.Trigger, o offer, dec decis
 	retry := attempt > 1
 	switch dec.status {
 	case triggerstore.StatusLaunched:
+		if !dec.launchAt.IsZero() {
+			now = dec.launchAt
+		}
 		d.RunID, d.LaunchedAt = RunID(d.ID), &now
 		run := &triggerstore.Run{ID: d.RunID, Workflow: t.Workflow, DeliveryID: d.ID, TriggerID: t.ID, EventID: d.EventID, RequestedAt: now}
 		req, err := contract.NewRunMsg(EventSource, contract.RunRequested, contract.RunRequestedData{
