@@ -64,15 +64,18 @@ func NewCluster(t testing.TB, n int, dir string) *Cluster {
 			t.Fatalf("cluster server %s not ready", s.Name())
 		}
 	}
+	// A meta leader alone is not enough: until it has current stats from
+	// every peer, an R3 stream is refused ("no suitable peers for
+	// placement, peer offline"), which failed scenario 13 at its start.
 	deadline := time.Now().Add(60 * time.Second)
 	for {
 		for _, s := range c.Servers {
-			if s.JetStreamIsLeader() {
+			if s.JetStreamIsLeader() && len(s.JetStreamClusterPeers()) == n {
 				return c
 			}
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("no JetStream meta leader after 60s")
+			t.Fatalf("no JetStream meta leader seeing all %d peers online after 60s", n)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
