@@ -16,38 +16,15 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
-	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 	coltrace "go.opentelemetry.io/proto/otlp/collector/trace/v1"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/retryd/retryd/pkg/telemetry"
+	"github.com/retryd/retryd/pkg/telemetry/telemetrytest"
 	"github.com/retryd/retryd/pkg/tracing"
 )
 
-// memory installs a tracer provider recording into an in-memory exporter
-// for the duration of the test.
-func memory(t *testing.T) *tracetest.InMemoryExporter {
-	t.Helper()
-	exp := tracetest.NewInMemoryExporter()
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
-	uninstall := tracing.Install(tp)
-	t.Cleanup(func() {
-		uninstall()
-		require.NoError(t, tp.Shutdown(context.Background()))
-	})
-	return exp
-}
-func remoteSpan(t *testing.T) context.Context {
-	t.Helper()
-	tid, err := trace.TraceIDFromHex("4bf92f3577b34da6a3ce929d0e0e4736")
-	require.NoError(t, err)
-	sid, err := trace.SpanIDFromHex("00f067aa0ba902b7")
-	require.NoError(t, err)
-	return trace.ContextWithSpanContext(context.Background(), trace.NewSpanContext(trace.SpanContextConfig{
-		TraceID: tid, SpanID: sid, TraceFlags: trace.FlagsSampled, Remote: true,
-	}))
-}
 func TestSetupWithoutEndpointInstallsNothing(t *testing.T) {
 	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "")
 	t.Setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "")
@@ -63,7 +40,7 @@ func TestSetupWithoutEndpointInstallsNothing(t *testing.T) {
 	require.Empty(t, otel.GetTextMapPropagator().Fields())
 	// A span in ctx (e.g. from an embedding program) is not written out.
 	h := nats.Header{}
-	tracing.Inject(remoteSpan(t), h)
+	tracing.Inject(telemetrytest.RemoteParent(t), h)
 	require.Empty(t, h)
 	_, span := tracing.StartConsume(context.Background(), "retry.job.failed.j1", "scheduler", h)
 	require.False(t, span.IsRecording())
@@ -124,7 +101,7 @@ func TestSetupExportsToEndpoint(t *testing.T) {
 	require.Equal(t, "publish retry.job.failed.j1", spans[0].GetName())
 }
 func TestHandlerContinuesTrace(t *testing.T) {
-	exp := memory(t)
+	exp := telemetrytest.Record(t)
 	mux := http.NewServeMux()
 	var inner trace.SpanContext
 	mux.HandleFunc("GET /v1/retries/{kind}/{id}", func(w http.ResponseWriter, r *http.Request) {

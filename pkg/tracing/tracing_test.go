@@ -13,42 +13,17 @@ import (
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
-	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/retryd/retryd/pkg/natstest"
+	"github.com/retryd/retryd/pkg/telemetry/telemetrytest"
 	"github.com/retryd/retryd/pkg/tracing"
 )
-
-// memory installs a tracer provider recording into an in-memory exporter
-// for the duration of the test.
-func memory(t *testing.T) *tracetest.InMemoryExporter {
-	t.Helper()
-	exp := tracetest.NewInMemoryExporter()
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
-	uninstall := tracing.Install(tp)
-	t.Cleanup(func() {
-		uninstall()
-		require.NoError(t, tp.Shutdown(context.Background()))
-	})
-	return exp
-}
-
-func remoteSpan(t *testing.T) context.Context {
-	t.Helper()
-	tid, err := trace.TraceIDFromHex("4bf92f3577b34da6a3ce929d0e0e4736")
-	require.NoError(t, err)
-	sid, err := trace.SpanIDFromHex("00f067aa0ba902b7")
-	require.NoError(t, err)
-	return trace.ContextWithSpanContext(context.Background(), trace.NewSpanContext(trace.SpanContextConfig{
-		TraceID: tid, SpanID: sid, TraceFlags: trace.FlagsSampled, Remote: true,
-	}))
-}
 
 // A trace continues across a JetStream publish: the consumer span is the
 // child of the producer span, found through the headers alone.
 func TestTraceContinuesAcrossNATS(t *testing.T) {
-	exp := memory(t)
+	exp := telemetrytest.Record(t)
 	srv := natstest.RunServer(t)
 	nc, js := natstest.Connect(t, srv)
 	natstest.EnsureStreams(t, js)
@@ -100,12 +75,12 @@ func TestTraceContinuesAcrossNATS(t *testing.T) {
 }
 
 func TestExtractWithoutHeaders(t *testing.T) {
-	memory(t)
+	telemetrytest.Record(t)
 	ctx := tracing.Extract(context.Background(), nil)
 	require.False(t, trace.SpanContextFromContext(ctx).IsValid())
 	ctx = tracing.Extract(context.Background(), nats.Header{"traceparent": {"garbage"}})
 	require.False(t, trace.SpanContextFromContext(ctx).IsValid())
-	tracing.Inject(remoteSpan(t), nil) // no panic on a message without headers
+	tracing.Inject(telemetrytest.RemoteParent(t), nil) // no panic on a message without headers
 }
 
 func TestTraceparentRoundTrip(t *testing.T) {

@@ -5,7 +5,6 @@ package scheduler_test
 // else in this package sees the provider.
 
 import (
-	"context"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -14,13 +13,12 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
-	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/pkg/telemetry"
-	"github.com/retryd/retryd/pkg/tracing"
+	"github.com/retryd/retryd/pkg/telemetry/telemetrytest"
 	"github.com/retryd/retryd/projections/retrystore"
 )
 
@@ -28,18 +26,6 @@ const (
 	ownerTraceID = "4bf92f3577b34da6a3ce929d0e0e4736"
 	ownerSpanID  = "00f067aa0ba902b7"
 )
-
-func traced(t *testing.T) *tracetest.InMemoryExporter {
-	t.Helper()
-	exp := tracetest.NewInMemoryExporter()
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
-	uninstall := tracing.Install(tp)
-	t.Cleanup(func() {
-		uninstall()
-		require.NoError(t, tp.Shutdown(context.Background()))
-	})
-	return exp
-}
 
 // traceparent parses a W3C traceparent header into trace and span id.
 func traceparent(t *testing.T, v string) (traceID, spanID string) {
@@ -64,7 +50,7 @@ func spanNamed(t *testing.T, exp *tracetest.InMemoryExporter, name string, match
 // through the scheduler's consumer span and the outbox into the
 // scheduled event, and through the row into the due event.
 func TestTraceFromFailedToScheduled(t *testing.T) {
-	exp := traced(t)
+	exp := telemetrytest.Record(t)
 	b := setup(t)
 	b.start(t)
 	b.policy(t, "traced", "", 3, 50, 1000)
@@ -115,7 +101,7 @@ func TestTraceFromFailedToScheduled(t *testing.T) {
 // A cancel through the traced API carries the request's trace into the
 // cancelled event.
 func TestTraceFromAPIToCancelled(t *testing.T) {
-	traced(t)
+	telemetrytest.Record(t)
 	b := setup(t)
 	s := b.start(t)
 	b.policy(t, "traced", "", 3, 60_000, 60_000)
