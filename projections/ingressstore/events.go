@@ -93,15 +93,23 @@ func SetEventStatus(ctx context.Context, db DB, id string, status Status, from .
 	for i, f := range from {
 		froms[i] = string(f)
 	}
-	tag, err := db.Exec(ctx, `
-		UPDATE workflow_events
-		SET status = $2,
-		    admitted_at = CASE WHEN $2 = 'admitted' THEN now() ELSE admitted_at END,
-		    updated_at = now()
-		WHERE event_id = $1 AND (cardinality($3::text[]) = 0 OR status = ANY($3::text[]))`,
-		id, string(status), froms)
+	// An event that leaves deferred no longer holds a gate slot.
+	var n int
+	err = db.QueryRow(ctx, `
+		WITH moved AS (
+			UPDATE workflow_events
+			SET status = $2,
+			    admitted_at = CASE WHEN $2 = 'admitted' THEN now() ELSE admitted_at END,
+			    updated_at = now()
+			WHERE event_id = $1 AND (cardinality($3::text[]) = 0 OR status = ANY($3::text[]))
+			RETURNING event_id
+		), hold AS (
+			DELETE FROM event_source_holds WHERE event_id IN (SELECT event_id FROM moved) AND $2 <> 'deferred'
+		)
+		SELECT count(*) FROM moved`,
+		id, string(status), froms).Scan(&n)
 	if err != nil {
 		return false, fmt.Errorf("set workflow event status: %w", err)
 	}
-	return tag.RowsAffected() == 1, nil
+	return n == 1, nil
 }

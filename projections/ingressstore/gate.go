@@ -35,10 +35,17 @@ type Verdict struct {
 	Now time.Time
 }
 
-// Gate evaluates source for one event of type typ arriving at the gate
-// for the first time and, when it admits, counts the event in the source's
-// current rate window. While throttled events wait for their slots (see
-// slot), a new event queues behind them even if the current window has
+// holderGrace is how long a slot holder keeps newcomers queued behind it
+// after its slot time: its due can be that late (the scheduler re-emits an
+// unacknowledged due after 5 minutes) and must still find its place. A
+// holder whose event ended some other way (cancelled, admitted by an
+// operator) stops counting when its row is deleted or this runs out.
+const holderGrace = 6 * time.Minute
+
+// Gate evaluates source for one event (id, type typ) arriving at the gate
+// for the first time and, when it admits, counts the event in the
+// source's current rate window. While throttled events hold slots (see
+// slot), a newcomer queues behind them even if the current window has
 // room: events are admitted in arrival order.
 //
 // The source row is locked FOR SHARE until tx ends, so a pause or a limit
@@ -47,30 +54,46 @@ type Verdict struct {
 // evaluate the same source at once never admit more than the limit in a
 // window. Windows are fixed: rate_window_ms long, aligned on the Unix epoch,
 // measured on the database clock so every instance agrees on them.
-func Gate(ctx context.Context, tx pgx.Tx, source, typ string) (Verdict, error) {
-	return gate(ctx, tx, source, typ, true)
+func Gate(ctx context.Context, tx pgx.Tx, source, typ, id string) (Verdict, error) {
+	return gate(ctx, tx, source, typ, id, nil)
 }
 
-// GateDue is Gate for an event that comes back from a hold (its due): it
-// does not queue behind the slots, it is their owner. A throttled event
-// due at its slot finds room in its window, since new events queued
-// behind it.
-func GateDue(ctx context.Context, tx pgx.Tx, source, typ string) (Verdict, error) {
-	return gate(ctx, tx, source, typ, false)
+// GateDue is Gate for an event coming back from a hold, with the time its
+// due was scheduled for. An event that holds a slot at or before dueAt
+// owns that slot: it is admitted, however late its due arrives, since the
+// slot was counted in its window when it was taken. Any other due (a
+// pause's end, a release, a due brought forward) is a newcomer and queues
+// behind the slot holders.
+func GateDue(ctx context.Context, tx pgx.Tx, source, typ, id string, dueAt time.Time) (Verdict, error) {
+	return gate(ctx, tx, source, typ, id, &dueAt)
 }
 
-func gate(ctx context.Context, tx pgx.Tx, source, typ string, fresh bool) (Verdict, error) {
+func gate(ctx context.Context, tx pgx.Tx, source, typ, id string, dueAt *time.Time) (Verdict, error) {
 	var now time.Time
 	src, err := scanSource(tx.QueryRow(ctx, `SELECT `+sourceColumns+`, now() FROM event_sources s WHERE s.source = $1 FOR SHARE`, source), &now)
 	if errors.Is(err, pgx.ErrNoRows) {
 		// No row, no limits.
-		return Verdict{Admitted: true}, nil
+		return Verdict{Admitted: true}, dropHold(ctx, tx, id)
 	}
 	if err != nil {
 		return Verdict{}, fmt.Errorf("lock event source: %w", err)
 	}
 	if !src.AllowsType(typ) {
 		return Verdict{}, fmt.Errorf("%w: %q is not in the allowed types of source %q", ErrTypeNotAllowed, typ, source)
+	}
+	owner := false
+	if dueAt != nil {
+		// The hold ends here whatever the verdict: a paused holder waits
+		// for the resume's release, which queues it again.
+		var slotAt time.Time
+		err := tx.QueryRow(ctx, `DELETE FROM event_source_holds WHERE event_id = $1 RETURNING slot_at`, id).Scan(&slotAt)
+		switch {
+		case errors.Is(err, pgx.ErrNoRows):
+		case err != nil:
+			return Verdict{}, fmt.Errorf("end slot hold: %w", err)
+		default:
+			owner = !dueAt.Truncate(time.Microsecond).Before(slotAt)
+		}
 	}
 	v := Verdict{Now: now}
 	if src.PausedAt(now) {
@@ -82,18 +105,16 @@ func gate(ctx context.Context, tx pgx.Tx, source, typ string, fresh bool) (Verdi
 		}
 		return v, nil
 	}
-	if src.RateLimit == nil || src.RateWindow <= 0 {
+	if src.RateLimit == nil || src.RateWindow <= 0 || owner {
 		v.Admitted = true
 		return v, nil
 	}
-	if fresh {
-		queued, err := slotsPending(ctx, tx, source, src.RateWindow, *src.RateLimit, now)
-		if err != nil {
-			return Verdict{}, err
-		}
-		if queued {
-			return slot(ctx, tx, v, src, now)
-		}
+	queued, err := holdersWaiting(ctx, tx, source, now)
+	if err != nil {
+		return Verdict{}, err
+	}
+	if queued {
+		return slot(ctx, tx, v, src, id, now)
 	}
 	start, _ := window(now, src.RateWindow)
 	var admitted int
@@ -105,7 +126,7 @@ func gate(ctx context.Context, tx pgx.Tx, source, typ string, fresh bool) (Verdi
 		RETURNING admitted`, source, start, *src.RateLimit).Scan(&admitted)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
-		return slot(ctx, tx, v, src, now)
+		return slot(ctx, tx, v, src, id, now)
 	case err != nil:
 		return Verdict{}, fmt.Errorf("count event in rate window: %w", err)
 	}
@@ -122,26 +143,36 @@ func spacing(w time.Duration, limit int) time.Duration {
 	return max((w / time.Duration(max(limit, 1))).Truncate(time.Microsecond), time.Microsecond)
 }
 
-// slotsPending reports whether throttled events of source still wait for
-// slots after now: then a new event must queue behind them.
-func slotsPending(ctx context.Context, tx pgx.Tx, source string, w time.Duration, limit int, now time.Time) (bool, error) {
-	var pending bool
-	err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM event_source_slots
-		WHERE source = $1 AND window_start + (taken - 1) * $2::bigint * interval '1 microsecond' > $3)`,
-		source, spacing(w, limit).Microseconds(), now).Scan(&pending)
+// holdersWaiting reports whether throttled events of source still hold
+// slots whose dues have not been evaluated: then a newcomer queues behind
+// them.
+func holdersWaiting(ctx context.Context, tx pgx.Tx, source string, now time.Time) (bool, error) {
+	var waiting bool
+	err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM event_source_holds WHERE source = $1 AND slot_at > $2)`,
+		source, now.Add(-holderGrace)).Scan(&waiting)
 	if err != nil {
-		return false, fmt.Errorf("read event source slots: %w", err)
+		return false, fmt.Errorf("read event source holds: %w", err)
 	}
-	return pending, nil
+	return waiting, nil
 }
 
-// slot throttles the event and gives it the next free slot of the source:
+// dropHold ends the slot hold of event id, if it has one.
+func dropHold(ctx context.Context, db DB, id string) error {
+	if _, err := db.Exec(ctx, `DELETE FROM event_source_holds WHERE event_id = $1`, id); err != nil {
+		return fmt.Errorf("end slot hold: %w", err)
+	}
+	return nil
+}
+
+// slot throttles event id and gives it the next free slot of the source:
 // the tail of the reservations moves forward one slot (to the next
 // window's first when its window is full, or when it is behind the
 // current window), so held events come back in arrival order, at most
 // rate_limit per window, each at its own time. The one statement takes a
-// row lock on the source's slot row: concurrent gates queue in a line.
-func slot(ctx context.Context, tx pgx.Tx, v Verdict, src Source, now time.Time) (Verdict, error) {
+// row lock on the source's slot row: concurrent gates queue in a line. The
+// slot is counted in its window at once, and the event holds it (a row of
+// event_source_holds) until its due is evaluated.
+func slot(ctx context.Context, tx pgx.Tx, v Verdict, src Source, id string, now time.Time) (Verdict, error) {
 	_, next := window(now, src.RateWindow)
 	limit := *src.RateLimit
 	var start time.Time
@@ -158,8 +189,20 @@ func slot(ctx context.Context, tx pgx.Tx, v Verdict, src Source, now time.Time) 
 	if err != nil {
 		return Verdict{}, fmt.Errorf("take event source slot: %w", err)
 	}
+	at := start.Add(time.Duration(taken-1) * spacing(src.RateWindow, limit)).UTC()
+	_, err = tx.Exec(ctx, `
+		WITH hold AS (
+			INSERT INTO event_source_holds (event_id, source, slot_at) VALUES ($1, $2, $3)
+			ON CONFLICT (event_id) DO UPDATE SET source = EXCLUDED.source, slot_at = EXCLUDED.slot_at
+		)
+		INSERT INTO event_source_windows (source, window_start, admitted) VALUES ($2, $4, 1)
+		ON CONFLICT (source, window_start) DO UPDATE SET admitted = event_source_windows.admitted + 1`,
+		id, src.Source, at, start)
+	if err != nil {
+		return Verdict{}, fmt.Errorf("hold event source slot: %w", err)
+	}
 	v.Reason = ReasonSourceThrottled
-	v.RetryAt = start.Add(time.Duration(taken-1) * spacing(src.RateWindow, limit)).UTC()
+	v.RetryAt = at
 	v.Detail = fmt.Sprintf("rate limit of %d per %s reached: slot %d of the window at %s", limit, src.RateWindow, taken,
 		start.UTC().Format(time.RFC3339Nano))
 	return v, nil
@@ -174,8 +217,8 @@ func window(now time.Time, d time.Duration) (start, end time.Time) {
 	return start, start.Add(time.Duration(ms) * time.Millisecond)
 }
 
-// PruneWindows deletes rate windows that ended more than keep ago; they no
-// longer decide anything.
+// PruneWindows deletes rate windows that ended more than keep ago, and
+// slot holds whose slot is that old; they no longer decide anything.
 func PruneWindows(ctx context.Context, db DB, keep time.Duration) (int64, error) {
 	tag, err := db.Exec(ctx, `
 		DELETE FROM event_source_windows w
@@ -184,6 +227,10 @@ func PruneWindows(ctx context.Context, db DB, keep time.Duration) (int64, error)
 		      < now() - $1 * interval '1 millisecond'`, keep.Milliseconds())
 	if err != nil {
 		return 0, fmt.Errorf("prune rate windows: %w", err)
+	}
+	if _, err := db.Exec(ctx, `DELETE FROM event_source_holds WHERE slot_at < now() - $1 * interval '1 millisecond'`,
+		keep.Milliseconds()); err != nil {
+		return 0, fmt.Errorf("prune slot holds: %w", err)
 	}
 	return tag.RowsAffected(), nil
 }

@@ -171,7 +171,8 @@ func PutSource(ctx context.Context, db DB, c SourceConfig) (Source, error) {
 	if err == nil {
 		// Slots were cut for the old limit; the held events come back on
 		// the release the caller publishes and take new ones.
-		_, err = db.Exec(ctx, `DELETE FROM event_source_slots WHERE source = $1`, c.Source)
+		_, err = db.Exec(ctx, `WITH holds AS (DELETE FROM event_source_holds WHERE source = $1)
+			DELETE FROM event_source_slots WHERE source = $1`, c.Source)
 	}
 	if err != nil {
 		return Source{}, fmt.Errorf("put event source: %w", err)

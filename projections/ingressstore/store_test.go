@@ -2,7 +2,9 @@ package ingressstore_test
 
 import (
 	"context"
+	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -28,18 +30,42 @@ func setup(t *testing.T) *bundle {
 	return &bundle{ctx: ctx, pool: pgtest.NewPool(t)}
 }
 
-// gate runs Gate in its own committed transaction, as the service does.
+// gate runs Gate for a new event in its own committed transaction, as the
+// service does, and returns the verdict; the event's id is the verdict's
+// key in b.ids.
 func (b *bundle) gate(t *testing.T, source, typ string) ingressstore.Verdict {
 	t.Helper()
+	_, v := b.gateID(t, source, typ)
+	return v
+}
+
+// gateID is gate that also returns the new event's id.
+func (b *bundle) gateID(t *testing.T, source, typ string) (string, ingressstore.Verdict) {
+	t.Helper()
+	id := fmt.Sprintf("ev-%d", eventSeq.Add(1))
 	var v ingressstore.Verdict
 	err := pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error {
 		var err error
-		v, err = ingressstore.Gate(b.ctx, tx, source, typ)
+		v, err = ingressstore.Gate(b.ctx, tx, source, typ, id)
 		return err
 	})
 	require.NoError(t, err)
+	return id, v
+}
+
+// gateDue runs GateDue for event id's due scheduled at dueAt.
+func (b *bundle) gateDue(t *testing.T, source, id string, dueAt time.Time) ingressstore.Verdict {
+	t.Helper()
+	var v ingressstore.Verdict
+	require.NoError(t, pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error {
+		var err error
+		v, err = ingressstore.GateDue(b.ctx, tx, source, "invoice.paid", id, dueAt)
+		return err
+	}))
 	return v
 }
+
+var eventSeq atomic.Int64
 
 func (b *bundle) insertEvent(t *testing.T, id, source string) {
 	t.Helper()
@@ -139,8 +165,10 @@ func TestGateSlotsAreOrderedAndPaced(t *testing.T) {
 	require.True(t, b.gate(t, "paced", "invoice.paid").Admitted)
 	var prev time.Time
 	var first ingressstore.Verdict
+	var ids []string
 	for i := range 5 {
-		v := b.gate(t, "paced", "invoice.paid")
+		id, v := b.gateID(t, "paced", "invoice.paid")
+		ids = append(ids, id)
 		require.False(t, v.Admitted)
 		if i == 0 {
 			first = v
@@ -153,25 +181,77 @@ func TestGateSlotsAreOrderedAndPaced(t *testing.T) {
 	}
 	require.Contains(t, first.Detail, "slot 1 of the window")
 
-	// A new window with room, but three events still wait for their
+	// A new window with room, but held events still wait for their
 	// slots: a new event queues behind them.
 	_, err = b.pool.Exec(b.ctx, `UPDATE event_source_windows SET admitted = 0`)
 	require.NoError(t, err)
 	require.False(t, b.gate(t, "paced", "invoice.paid").Admitted)
-	// The held event, back at its slot, is admitted.
-	var v ingressstore.Verdict
-	require.NoError(t, pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error {
-		var err error
-		v, err = ingressstore.GateDue(b.ctx, tx, "paced", "invoice.paid")
-		return err
-	}))
-	require.True(t, v.Admitted)
+	// The first held event, back at its slot, is admitted.
+	require.True(t, b.gateDue(t, "paced", ids[0], first.RetryAt).Admitted)
 
 	// A limit change drops the slots: the next event is admitted again.
 	_, err = ingressstore.PutSource(b.ctx, b.pool, ingressstore.SourceConfig{Source: "paced", RateLimit: 5, RateWindow: time.Hour})
 	require.NoError(t, err)
 	require.True(t, b.gate(t, "paced", "invoice.paid").Admitted)
 }
+
+// A slot holder keeps its place until its due is evaluated, however late
+// the due arrives: newcomers queue behind it after its slot time has
+// passed, and it is admitted even when the current window is full. A due
+// brought forward before its slot, or a paused holder, gives the slot up.
+func TestGateSlotHolderKeepsItsPlaceWhenLate(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	_, err := ingressstore.PutSource(b.ctx, b.pool, ingressstore.SourceConfig{Source: "late", RateLimit: 1, RateWindow: time.Hour})
+	require.NoError(t, err)
+	require.True(t, b.gate(t, "late", "invoice.paid").Admitted)
+	holder, v := b.gateID(t, "late", "invoice.paid")
+	require.False(t, v.Admitted)
+	early, ve := b.gateID(t, "late", "invoice.paid")
+	require.False(t, ve.Admitted)
+
+	// The holders' slots pass while their dues are still on the way, and
+	// the current window has room: a newcomer still queues behind them.
+	slotAt := func(id string, ago time.Duration) time.Time {
+		var at time.Time
+		require.NoError(t, b.pool.QueryRow(b.ctx, `UPDATE event_source_holds SET slot_at = now() - $2 * interval '1 millisecond'
+			WHERE event_id = $1 RETURNING slot_at`, id, ago.Milliseconds()).Scan(&at))
+		return at
+	}
+	holderAt, earlyAt := slotAt(holder, 2*time.Minute), slotAt(early, time.Minute)
+	_, err = b.pool.Exec(b.ctx, `UPDATE event_source_windows SET admitted = 0`)
+	require.NoError(t, err)
+	newcomer, vn := b.gateID(t, "late", "invoice.paid")
+	require.False(t, vn.Admitted, "a newcomer queues behind holders whose dues have not come")
+	require.True(t, vn.RetryAt.After(earlyAt), "behind the last holder")
+
+	// Fill the current window: the late holder is admitted all the same.
+	_, err = b.pool.Exec(b.ctx, `UPDATE event_source_windows SET admitted = 1`)
+	require.NoError(t, err)
+	require.True(t, b.gateDue(t, "late", holder, holderAt).Admitted, "a late holder owns its slot")
+	// A second due of the same holder is a newcomer: it holds no slot any more.
+	require.False(t, b.gateDue(t, "late", holder, holderAt).Admitted)
+
+	// A due brought forward before its slot queues as a newcomer.
+	vb := b.gateDue(t, "late", early, earlyAt.Add(-time.Second))
+	require.False(t, vb.Admitted)
+	require.True(t, vb.RetryAt.After(vn.RetryAt), "a due brought forward goes to the tail")
+
+	// A paused holder gives its slot up; an event that leaves deferred too.
+	_, err = ingressstore.PauseSource(b.ctx, b.pool, "late", nil, "", "test")
+	require.NoError(t, err)
+	vp := b.gateDue(t, "late", newcomer, vn.RetryAt)
+	require.Equal(t, ingressstore.ReasonSourcePaused, vp.Reason)
+	for _, id := range []string{early, holder} {
+		b.insertEvent(t, id, "late")
+		_, err = ingressstore.SetEventStatus(b.ctx, b.pool, id, ingressstore.StatusCancelled)
+		require.NoError(t, err)
+	}
+	var holds int
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM event_source_holds`).Scan(&holds))
+	require.Zero(t, holds, "no holds left")
+}
+
 
 func TestGateRejectedTransactionDoesNotCount(t *testing.T) {
 	t.Parallel()
@@ -180,7 +260,7 @@ func TestGateRejectedTransactionDoesNotCount(t *testing.T) {
 	require.NoError(t, err)
 	tx, err := b.pool.Begin(b.ctx)
 	require.NoError(t, err)
-	v, err := ingressstore.Gate(b.ctx, tx, "billing", "invoice.paid")
+	v, err := ingressstore.Gate(b.ctx, tx, "billing", "invoice.paid", "ev-rolled-back")
 	require.NoError(t, err)
 	require.True(t, v.Admitted)
 	require.NoError(t, tx.Rollback(b.ctx))
@@ -231,7 +311,7 @@ func TestGateAllowedTypes(t *testing.T) {
 	require.True(t, b.gate(t, "billing", "invoice.paid").Admitted)
 
 	err = pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error {
-		_, err := ingressstore.Gate(b.ctx, tx, "billing", "invoice.voided")
+		_, err := ingressstore.Gate(b.ctx, tx, "billing", "invoice.voided", "ev-voided")
 		return err
 	})
 	require.ErrorIs(t, err, ingressstore.ErrTypeNotAllowed)

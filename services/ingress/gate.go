@@ -46,7 +46,7 @@ func (s *Service) handleIngest(ctx context.Context, msg jetstream.Msg) error {
 		if duplicate = !first; duplicate {
 			return nil
 		}
-		if v, err = ingressstore.Gate(ctx, tx, ev.Source, ev.Type); err != nil {
+		if v, err = ingressstore.Gate(ctx, tx, ev.Source, ev.Type, ev.ID); err != nil {
 			return err
 		}
 		return s.apply(ctx, tx, ev, 1, v)

@@ -210,7 +210,7 @@ func (s *Service) decideDue(ctx context.Context, tx pgx.Tx, msgID string, due *c
 	default:
 		last = r.Attempts
 	}
-	v, err := gateFor(r, due)(ctx, tx, ev.Source, ev.Type)
+	v, err := ingressstore.GateDue(ctx, tx, ev.Source, ev.Type, ev.ID, due.NextAttemptAt)
 	if errors.Is(err, ingressstore.ErrTypeNotAllowed) {
 		out.what = "type_cancelled"
 		return s.cancelDeferral(ctx, tx, ev, last, cancelledByIngress, reasonTypeNotAllowed+": "+err.Error())
@@ -221,26 +221,6 @@ func (s *Service) decideDue(ctx context.Context, tx pgx.Tx, msgID string, due *c
 	out.what = "evaluated"
 	out.verdict = v
 	return s.apply(ctx, tx, ev, due.Attempt, v)
-}
-
-// gateFor picks how a due is evaluated. Only a throttled event due at
-// the slot the gate gave it owns room in its window and skips the queue
-// (GateDue). Every other due (a pause's end, a release, a due brought
-// forward) is a newcomer to the slots: were it to take the room of the
-// current window, each window a long release spans would admit released
-// events ahead of the held events whose slots fall in it, and push those
-// to the back of the queue.
-func gateFor(r ingressstore.Retry, due *contract.DueData) func(context.Context, pgx.Tx, string, string) (ingressstore.Verdict, error) {
-	if reason, _ := r.Metadata["reason"].(string); reason != ingressstore.ReasonSourceThrottled {
-		return ingressstore.Gate
-	}
-	at, _ := r.Metadata["retry_after"].(string)
-	slotAt, err := time.Parse(time.RFC3339Nano, at)
-	// The scheduler stores times in microseconds.
-	if err != nil || due.NextAttemptAt.Before(slotAt.Truncate(time.Microsecond)) {
-		return ingressstore.Gate
-	}
-	return ingressstore.GateDue
 }
 
 // cancelDeferral cancels a deferred event (locked by the caller): status
