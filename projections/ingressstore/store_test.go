@@ -252,7 +252,6 @@ func TestGateSlotHolderKeepsItsPlaceWhenLate(t *testing.T) {
 	require.Zero(t, holds, "no holds left")
 }
 
-
 func TestGateRejectedTransactionDoesNotCount(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
