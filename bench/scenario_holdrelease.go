@@ -9,12 +9,15 @@ import (
 	"net/http/httptest"
 	"sort"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
+	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/services/ingress"
 )
 
@@ -43,7 +46,17 @@ type holdReleaseResult struct {
 	// sequence order (n minus the longest increasing run of sequence
 	// numbers); maxBehind is the farthest one event came after its place.
 	outOfPlace, maxBehind int
-	fullest              int // most admissions in one rate window (paced phase)
+	fullest               int // most admissions in one rate window (paced phase)
+}
+
+// throttleFIFOResult is the acceptance run of ordered, paced release
+// without a pause: a burst far over a source's rate limit.
+type throttleFIFOResult struct {
+	holdReleaseResult
+	limit        int
+	ideal        time.Duration // n / limit
+	duesPerEvent float64
+	exhausted    int
 }
 
 func runHoldRelease(ctx context.Context, env Env) error {
@@ -85,6 +98,11 @@ func runHoldRelease(ctx context.Context, env Env) error {
 		return fmt.Errorf("rate limited: %w", err)
 	}
 
+	fifo, err := throttleFIFOPhase(ctx, env, r, h)
+	if err != nil {
+		return fmt.Errorf("throttled burst: %w", err)
+	}
+
 	t := newTable("release", "events", "held in", "all admitted in", "admissions/s", "steady/s", "out of place", "max behind", "fullest window")
 	for _, p := range []struct {
 		name string
@@ -114,6 +132,14 @@ func runHoldRelease(ctx context.Context, env Env) error {
 	}
 	fmt.Fprintf(env.Out, "out of place: events that must move for the admissions (by admitted_at) to follow arrival order; the gate evaluates up to its concurrency (%d) at once\n",
 		ingress.DefaultConcurrency)
+	fmt.Fprintf(env.Out, "\nthrottled burst: %s events sent at once to a source limited to %d/s (no pause): all admitted in %s (ideal %s), "+
+		"%d out of place (max %d behind), at most %d in a window, %.2f due events per event (target <= 1.1), %d exhausted: %s\n",
+		count(fifo.n), fifo.limit, ms(fifo.admitted), ms(fifo.ideal), fifo.outOfPlace, fifo.maxBehind, fifo.fullest, fifo.duesPerEvent, fifo.exhausted,
+		verdict(fifo.fullest <= fifo.limit && fifo.duesPerEvent <= 1.1 && fifo.exhausted == 0))
+	params := map[string]any{"n": fifo.n, "limit": fifo.limit}
+	env.rec.addDuration("hold-release", "retryd", "throttled_burst_admitted", fifo.admitted, params)
+	env.rec.add("hold-release", "retryd", "throttled_burst_dues_per_event", fifo.duesPerEvent, "dues", params)
+	env.rec.add("hold-release", "retryd", "throttled_burst_out_of_place", float64(fifo.outOfPlace), "events", params)
 	fmt.Fprintf(env.Out, "durability: %s\n", r.durability(ctx))
 	return nil
 }
@@ -134,24 +160,8 @@ func holdReleasePhase(ctx context.Context, env Env, r *retrydSys, h http.Handler
 		return res, err
 	}
 	start := time.Now()
-	for i := range n {
-		id := fmt.Sprintf("%s-%07d", source, i)
-		data, err := json.Marshal(map[string]any{"id": id, "source": source, "type": "bench.held", "data": map[string]int{"seq": i}})
-		if err != nil {
-			return res, err
-		}
-		msg := nats.NewMsg("ingest." + source)
-		msg.Header.Set(nats.MsgIdHdr, id)
-		msg.Data = data
-		if err := r.pub.publish(ctx, msg, nil); err != nil {
-			return res, fmt.Errorf("publish event %d: %w", i, err)
-		}
-	}
-	if !r.pub.flush(ctx, 5*time.Minute) {
-		return res, fmt.Errorf("publish %d events: acks outstanding after 5m", n)
-	}
-	if errs, err := r.pub.errors(); errs > 0 {
-		return res, fmt.Errorf("publish events: %d failed, last: %w", errs, err)
+	if err := publishSeq(ctx, r, source, n); err != nil {
+		return res, err
 	}
 	if err := waitCount(ctx, r, n, 10*time.Minute, `SELECT count(*) FROM retries WHERE kind = 'event' AND hold_key = $1
 		AND held_since IS NOT NULL AND state = 'scheduled'`, source); err != nil {
@@ -287,6 +297,79 @@ func holdReleaseCall(h http.Handler, method, path string, body any) error {
 	h.ServeHTTP(rec, req)
 	if rec.Code/100 != 2 {
 		return fmt.Errorf("%s %s: %d %s", method, path, rec.Code, bytes.TrimSpace(rec.Body.Bytes()))
+	}
+	return nil
+}
+
+// throttleFIFOPhase sends a burst of events at once to a source limited
+// far below it (10,000 at 100/s; quick: 1,000 at 50/s) and checks the
+// throttle's promise: all admitted in arrival order in about n/limit, none
+// exhausted, each held event coming due about once (its own slot) rather
+// than at every window edge.
+func throttleFIFOPhase(ctx context.Context, env Env, r *retrydSys, h http.Handler) (throttleFIFOResult, error) {
+	const source = "hold-fifo"
+	n, limit := 10_000, 100
+	if env.Quick {
+		n, limit = 1_000, 50
+	}
+	res := throttleFIFOResult{holdReleaseResult: holdReleaseResult{n: n}, limit: limit, ideal: time.Duration(n) * time.Second / time.Duration(limit)}
+	if err := holdReleaseCall(h, http.MethodPut, "/v1/sources/"+source, map[string]any{"rate_limit": limit, "rate_window": "1s"}); err != nil {
+		return res, err
+	}
+	start := time.Now()
+	if err := publishSeq(ctx, r, source, n); err != nil {
+		return res, err
+	}
+	fmt.Fprintf(env.Out, "  %s: %s events sent in %s to a source limited to %d/s\n", source, count(n), time.Since(start).Round(100*time.Millisecond), limit)
+	if err := waitCount(ctx, r, n, res.ideal*3+5*time.Minute, `SELECT count(*) FROM workflow_events WHERE source = $1 AND status = 'admitted'`, source); err != nil {
+		return res, fmt.Errorf("wait for %d admissions: %w", n, err)
+	}
+	res.admitted = time.Since(start)
+	if err := holdReleaseOrder(ctx, r, source, limit, &res.holdReleaseResult); err != nil {
+		return res, err
+	}
+	if err := r.db.pool.QueryRow(ctx, `SELECT count(*) FROM workflow_events WHERE source = $1 AND status = 'exhausted'`, source).Scan(&res.exhausted); err != nil {
+		return res, fmt.Errorf("count exhausted: %w", err)
+	}
+	stream, err := r.ojs.Stream(ctx, contract.StreamRetries)
+	if err != nil {
+		return res, fmt.Errorf("open RETRIES: %w", err)
+	}
+	info, err := stream.Info(ctx, jetstream.WithSubjectFilter(contract.RetryFilter(contract.KindEvent, contract.Due)))
+	if err != nil {
+		return res, fmt.Errorf("read RETRIES subjects: %w", err)
+	}
+	dues := 0
+	for subj, c := range info.State.Subjects {
+		if strings.HasPrefix(subj[strings.LastIndexByte(subj, '.')+1:], source+"-") {
+			dues += int(c)
+		}
+	}
+	res.duesPerEvent = float64(dues) / float64(n)
+	return res, nil
+}
+
+// publishSeq publishes n events with sequence numbers to ingest.<source>,
+// ids <source>-<seq>, and waits for their acks.
+func publishSeq(ctx context.Context, r *retrydSys, source string, n int) error {
+	for i := range n {
+		id := fmt.Sprintf("%s-%07d", source, i)
+		data, err := json.Marshal(map[string]any{"id": id, "source": source, "type": "bench.held", "data": map[string]int{"seq": i}})
+		if err != nil {
+			return err
+		}
+		msg := nats.NewMsg("ingest." + source)
+		msg.Header.Set(nats.MsgIdHdr, id)
+		msg.Data = data
+		if err := r.pub.publish(ctx, msg, nil); err != nil {
+			return fmt.Errorf("publish event %d: %w", i, err)
+		}
+	}
+	if !r.pub.flush(ctx, 5*time.Minute) {
+		return fmt.Errorf("publish %d events: acks outstanding after 5m", n)
+	}
+	if errs, err := r.pub.errors(); errs > 0 {
+		return fmt.Errorf("publish events: %d failed, last: %w", errs, err)
 	}
 	return nil
 }
