@@ -262,6 +262,8 @@ func TestNATSConfig(t *testing.T) {
 		require.False(t, denied(t, url, certs.CA, "triggers", "pub", "retry.event-trigger.held.x"))
 		require.False(t, denied(t, url, certs.CA, "triggers", "pub", "retry.event-trigger.released.x"))
 		require.False(t, denied(t, url, certs.CA, "worker", "pub", "$JS.API.DIRECT.GET.RETRIES.retry.job.succeeded.x"))
+		// The workflow engine renews its runs' leases.
+		require.False(t, denied(t, url, certs.CA, "runner", "pub", "runs.x.heartbeat.y"))
 	})
 }
 

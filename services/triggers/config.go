@@ -80,9 +80,10 @@ type Config struct {
 	// recreated when they were deleted (default 30s).
 	CheckInterval time.Duration
 	// RunTimeout is how long a launched run may hold its concurrency slot
-	// without its completed or failed message arriving (default 1h): then
-	// it is failed as run_timeout, at the next reconcile pass, and the
-	// slot goes to the delivery that waited longest.
+	// without a heartbeat or its completed or failed message arriving
+	// (default 1h), for triggers that set no run_timeout of their own:
+	// then it is failed as run_timeout, at the next reconcile pass, and
+	// the slot goes to the delivery that waited longest.
 	RunTimeout time.Duration
 	// InboxRetention is how long inbox rows (applied message ids) are kept
 	// before they are pruned (default 168h; negative disables pruning).

@@ -104,8 +104,8 @@ func New(cfg Config) (*Service, error) {
 			contract.RetryFilter(contract.KindEventTrigger, contract.Rescheduled),
 			contract.RetryFilter(contract.KindEventTrigger, contract.Exhausted),
 			contract.RetryFilter(contract.KindEventTrigger, contract.Cancelled)),
-		spec(ConsumerRuns, contract.StreamRuns, s.handleRunFinished,
-			"runs.*."+contract.RunCompleted+".*", "runs.*."+contract.RunFailed+".*"),
+		spec(ConsumerRuns, contract.StreamRuns, s.handleRun,
+			"runs.*."+contract.RunCompleted+".*", "runs.*."+contract.RunFailed+".*", "runs.*."+contract.RunHeartbeat+".*"),
 	)
 	if err != nil {
 		return nil, err
