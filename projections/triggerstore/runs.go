@@ -117,7 +117,9 @@ const RunTimeoutReason = "run_timeout"
 func ExpireRuns(ctx context.Context, db DB, now time.Time, defaultTimeout time.Duration, limit int) ([]Run, error) {
 	rows, err := db.Query(ctx, `
 		WITH expired AS (
-			UPDATE workflow_runs r SET status = 'failed', error = $3, finished_at = now(), updated_at = now()
+			-- finished_at is the clock the lease was judged by, not the
+			-- transaction's start, which may come before the lease ended.
+			UPDATE workflow_runs r SET status = 'failed', error = $3, finished_at = $1, updated_at = now()
 			WHERE r.run_id IN (
 				SELECT run_id FROM workflow_runs
 				WHERE status IN ('requested', 'running')

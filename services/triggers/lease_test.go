@@ -105,7 +105,7 @@ func TestRunTimeoutPerTriggerOverridesTheDefault(t *testing.T) {
 	require.Equal(t, time.Hour, leaseFor(t, b.run(t, runs["long"])), "the trigger's own")
 	require.Equal(t, time.Second, leaseFor(t, b.run(t, runs["short"])), "the trigger's own")
 
-	// The reconcile pass is off in tests: expire by hand once every lease
+	// The lease loop is off in tests: expire by hand once every lease
 	// but the long one has ended.
 	require.Eventually(t, func() bool {
 		now, err := triggerstore.Now(b.ctx, b.pool)
@@ -132,7 +132,7 @@ func TestRunTimeoutPerTriggerOverridesTheDefault(t *testing.T) {
 // delivery that waited longest launches, the newer one still waits.
 func TestHeartbeatKeepsTheLeaseUntilItStops(t *testing.T) {
 	t.Parallel()
-	b := setup(t, true, func(c *Config) { c.ReconcileInterval = 100 * time.Millisecond })
+	b := setup(t, true, func(c *Config) { c.LeaseInterval = 100 * time.Millisecond })
 	b.startScheduler(t)
 	// Only a freed slot may launch a waiting delivery, not its backoff.
 	_, err := b.pool.Exec(b.ctx, `UPDATE retry_policies SET base_delay_ms = 60000, max_delay_ms = 60000

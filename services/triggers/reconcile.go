@@ -43,9 +43,6 @@ func (s *Service) reconcileLoop() {
 				s.log.Error().Err(err).Msg("reconcile held deliveries")
 			}
 		}
-		if _, err := s.ExpireRuns(ctx); err != nil && ctx.Err() == nil {
-			s.log.Error().Err(err).Msg("expire runs")
-		}
 		if s.cfg.InboxRetention > 0 && time.Since(lastPrune) >= time.Hour {
 			lastPrune = time.Now()
 			n, err := inbox.Prune(ctx, s.cfg.Pool, s.cfg.InboxRetention, ConsumerEvents, ConsumerRetry, ConsumerRetryState, ConsumerRuns)
@@ -141,13 +138,40 @@ func (s *Service) reconcileOne(ctx context.Context, id string) (bool, error) {
 	return done, err
 }
 
+// leaseLoop ends the runs whose lease ended, every LeaseInterval, so a
+// slot frees within about a second of its lease ending, not at the next
+// reconcile pass.
+func (s *Service) leaseLoop() {
+	defer s.loops.Done()
+	ctx, cancel := context.WithCancel(s.runCtx)
+	defer cancel()
+	go func() {
+		select {
+		case <-s.quit:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	for first := true; first || sleepCtx(ctx, s.cfg.LeaseInterval); first = false {
+		for {
+			n, err := s.ExpireRuns(ctx)
+			if err != nil && ctx.Err() == nil {
+				s.log.Error().Err(err).Msg("expire runs")
+			}
+			// A full batch: more may have ended; go on at once.
+			if err != nil || n < reconcileBatch {
+				break
+			}
+		}
+	}
+}
+
 // ExpireRuns fails, as run_timeout, the runs whose lease has ended: no
 // heartbeat and no completed or failed message came within their
 // trigger's run timeout (Config.RunTimeout unless the trigger sets its
 // own), because a message was lost or the executor died. It releases one
 // waiting delivery per slot freed, in the same transaction, and returns
-// how many runs it failed. It runs once per reconcile pass, so a slot
-// frees up to Config.ReconcileInterval after its lease ends.
+// how many runs it failed (at most 500 a call).
 func (s *Service) ExpireRuns(ctx context.Context) (int, error) {
 	var runs []triggerstore.Run
 	err := pgx.BeginFunc(ctx, s.cfg.Pool, func(tx pgx.Tx) error {

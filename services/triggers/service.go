@@ -137,6 +137,10 @@ func (s *Service) Start(ctx context.Context) error {
 		s.loops.Add(1)
 		go s.reconcileLoop()
 	}
+	if s.cfg.LeaseInterval > 0 {
+		s.loops.Add(1)
+		go s.leaseLoop()
+	}
 	if s.cfg.Health != nil {
 		s.cfg.Health.SetReady(true)
 	}
