@@ -166,7 +166,7 @@ func (w *Worker) heldMsg(d contract.JobData, checkpoint json.RawMessage, h *Hold
 		msg, err = contract.NewLifecycleMsg(w.cfg.Source, contract.Held, hd, now)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("build held event: %w", err)
+		return nil, err // already "build held event: ..."
 	}
 	return &outcomeMsg{msg: msg, event: string(contract.Held), class: hd.Reason}, nil
 }
