@@ -60,7 +60,10 @@ export function fmtMS(ms) {
   } else if (ms < 172800000) {
     const hr = Math.floor(ms / 3600000), m = Math.round((ms % 3600000) / 60000);
     out = m ? `${hr}h${m}m` : `${hr}h`;
-  } else out = `${Math.floor(ms / 86400000)}d${Math.round((ms % 86400000) / 3600000)}h`;
+  } else {
+    const d = Math.floor(ms / 86400000), hr = Math.round((ms % 86400000) / 3600000);
+    out = hr ? `${d}d${hr}h` : `${d}d`; // 30 days reads "30d", not "30d0h"
+  }
   return neg ? "-" + out : out;
 }
 
@@ -108,6 +111,7 @@ export const stateColors = {
   succeeded: "#16a34a", completed: "#16a34a",
   exhausted: "#dc2626", failed_max_retries: "#dc2626",
   failed: "#b91c1c", cancelled: "#9ca3af",
+  held: "#0891b2", released: "#0891b2",
 };
 
 export const classColors = {
