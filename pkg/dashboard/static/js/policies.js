@@ -230,7 +230,7 @@ function classBackoffEditor(initial, onchange) {
   const list = h("div", { class: "stack" });
   const pick = h("select", { name: "class_backoff_add", "data-test": "class-backoff-class" });
   const add = h("button", { class: "small", "data-test": "class-backoff-add", onclick: () => { addEntry(pick.value, {}); onchange(); }, text: "Add" });
-  const adder = h("div", { class: "actions" }, pick, add);
+  const adder = h("div", { class: "actions" }, h("span", { class: "muted", text: "Give a class its own backoff:" }), pick, add);
   const el = h("div", { class: "class-backoffs", "data-test": "class-backoff" },
     h("h3", { text: "Backoff per error class", style: { "font-size": "14px" } }),
     h("p", { class: "hint", text: "A class listed here waits by its own curve; blank fields keep the policy's. First retry's delay is exact, without jitter (0: at once); later retries follow the class's curve. The retry budget is shared." }),
