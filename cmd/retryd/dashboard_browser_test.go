@@ -69,6 +69,29 @@ func browser(t *testing.T) context.Context {
 type pageErrors struct {
 	mu   sync.Mutex
 	msgs []string
+	// allowed are URL parts whose 400 answers the test provokes on
+	// purpose (Chromium logs every failed request as a console error).
+	allowed []string
+}
+
+// allow400 accepts the console error of a 400 answer from a URL
+// containing part: a validation error the test asks for.
+func (pe *pageErrors) allow400(part string) {
+	pe.mu.Lock()
+	defer pe.mu.Unlock()
+	pe.allowed = append(pe.allowed, part)
+}
+
+func (pe *pageErrors) expected(m chromedp.ConsoleMessage) bool {
+	if m.Source != "network" || !strings.Contains(m.Text, "status of 400") {
+		return false
+	}
+	for _, part := range pe.allowed {
+		if strings.Contains(m.URL, part) {
+			return true
+		}
+	}
+	return false
 }
 
 func watchConsole(ctx context.Context) *pageErrors {
@@ -81,7 +104,9 @@ func watchConsole(ctx context.Context) *pageErrors {
 			}
 			if m.IsException() || m.Type == chromedp.ConsoleError {
 				pe.mu.Lock()
-				pe.msgs = append(pe.msgs, m.String())
+				if !pe.expected(m) {
+					pe.msgs = append(pe.msgs, m.String()+" "+m.URL)
+				}
 				pe.mu.Unlock()
 			}
 		}
@@ -118,9 +143,35 @@ func shot(t *testing.T, ctx context.Context, name string) {
 	require.NoError(t, os.WriteFile(filepath.Join(dir, name+".png"), png, 0o644))
 }
 
+// held publishes a hold, as an owner (ingress, triggers) would.
+func (b *bundle) held(t *testing.T, hd contract.HeldData) {
+	t.Helper()
+	m, err := contract.NewLifecycleMsg("retryd/test", contract.Held, hd, time.Now())
+	require.NoError(t, err)
+	_, err = b.stack.JS.PublishMsg(b.ctx, m)
+	require.NoError(t, err)
+}
+
+// released publishes the release of every hold under a key.
+func (b *bundle) released(t *testing.T, rd contract.ReleasedData) {
+	t.Helper()
+	m, err := contract.NewLifecycleMsg("retryd/test", contract.Released, rd, time.Now())
+	require.NoError(t, err)
+	_, err = b.stack.JS.PublishMsg(b.ctx, m)
+	require.NoError(t, err)
+}
+
+// text is the visible text of the first element matching a CSS selector.
+func text(t *testing.T, ctx context.Context, selector string) string {
+	t.Helper()
+	return eval[string](t, ctx, fmt.Sprintf(`document.querySelector(%q)?.innerText ?? ""`, selector))
+}
+
 // TestDashboardBrowser drives the dashboard in headless Chromium: load it,
-// filter, open an item's timeline, cancel it and see its state change; then
-// the analytics, a source's pause and a policy edit.
+// filter, open an item's timeline, cancel it and see its state change; the
+// timelines of a held, a released and a hold_expired item; then the
+// analytics, a source's pause and a policy edit, with a backoff per error
+// class and a validation error.
 func TestDashboardBrowser(t *testing.T) {
 	t.Parallel()
 	ctx := browser(t)
@@ -136,6 +187,10 @@ func TestDashboardBrowser(t *testing.T) {
 		b.ok(t, "policies", "set", "job", jt, "--max-retries", "4", "--base-delay", "1h", "--max-delay", "4h")
 	}
 	b.ok(t, "policies", "set", "job", "dash_flaky", "--max-retries", "2", "--base-delay", "10ms", "--max-delay", "20ms")
+	b.ok(t, "policies", "set", "job", "dash_hold", "--max-retries", "3", "--base-delay", "1h", "--max-delay", "4h")
+	// A hold of one second: a hold without a release time is looked at
+	// again after it, and held again it has expired.
+	b.ok(t, "policies", "set", "job", "dash_expire", "--max-retries", "3", "--base-delay", "1h", "--max-delay", "4h", "--max-hold", "1s")
 	email1, email2, crm := contract.NewID(), contract.NewID(), contract.NewID()
 	b.fail(t, email1, "dash_email", 1, "timeout", "smtp: timed out after 5s")
 	b.fail(t, email2, "dash_email", 1, "network", "dial tcp 10.0.0.7:587: connection refused")
@@ -226,6 +281,79 @@ func TestDashboardBrowser(t *testing.T) {
 	require.NoError(t, json.Unmarshal(v.History[len(v.History)-1].Detail, &detail))
 	require.Equal(t, map[string]string{"by": "dashboard", "reason": "duplicate contact"}, detail)
 
+	openItem := func(id string) {
+		t.Helper()
+		require.NoError(t, chromedp.Do(ctx,
+			chromedp.Navigate(b.api+"/ui/#/retries?state=any&item=job/"+id),
+			poll(fmt.Sprintf(`document.querySelector('[data-test="detail"] h2')?.textContent === %q`, "job / "+id)),
+		))
+	}
+
+	t.Log("a held item explains its hold and spends no retry")
+	heldID := contract.NewID()
+	until := time.Now().Add(2 * time.Hour).UTC()
+	b.held(t, contract.HeldData{Kind: contract.KindJob, ID: heldID, Attempt: 1, JobType: "dash_hold", Reason: contract.HoldPause,
+		Until: &until, HoldKey: "dash_partner", Detail: "source_paused: source is paused until 2h from now"})
+	b.waitRetry(t, "job", heldID, "scheduled")
+	openItem(heldID)
+	require.NoError(t, chromedp.Do(ctx,
+		chromedp.WaitVisible(chromedp.CSS(`[data-test="timeline"] li[data-event="held"]`)),
+		chromedp.WaitVisible(chromedp.CSS(`[data-test="timeline"] li[data-decided-by="pause_until"]`)),
+	))
+	heldEvent := text(t, ctx, `[data-test="timeline"] li[data-event="held"]`)
+	require.Contains(t, heldEvent, "Attempt 1 held back (pause)")
+	require.Contains(t, heldEvent, "hold key dash_partner")
+	require.Contains(t, heldEvent, "source_paused: source is paused")
+	decision := text(t, ctx, `[data-test="timeline"] li[data-decided-by="pause_until"]`)
+	require.Contains(t, decision, "Held back by its owner: paused until")
+	require.Contains(t, decision, "no retry spent (0 of 3 used)")
+	require.Contains(t, decision, "max hold 30d")
+	require.NotContains(t, decision, "retry 0 of 3")
+	why = text(t, ctx, `[data-test="why"]`)
+	require.Contains(t, why, "Attempt 1 was held back by its owner: paused until")
+	require.Contains(t, why, "no retry spent")
+	require.Contains(t, why, "allows 3 retries (0 used so far)")
+	require.NotContains(t, why, "chose a delay")
+	require.Contains(t, text(t, ctx, `[data-test="detail"] dl`), "pause since")
+	shot(t, ctx, "held")
+
+	t.Log("a resume releases a paused item early")
+	pausedID := contract.NewID()
+	b.held(t, contract.HeldData{Kind: contract.KindJob, ID: pausedID, Attempt: 1, JobType: "dash_hold", Reason: contract.HoldPause,
+		HoldKey: "dash_resumed", Detail: "source_paused: source is paused"})
+	b.waitRetry(t, "job", pausedID, "scheduled")
+	b.released(t, contract.ReleasedData{Kind: contract.KindJob, HoldKey: "dash_resumed", Reason: contract.ReleaseResume,
+		By: "test", ReleasedAt: time.Now()})
+	b.waitRetry(t, "job", pausedID, "due")
+	openItem(pausedID)
+	require.NoError(t, chromedp.Do(ctx, chromedp.WaitVisible(chromedp.CSS(`[data-test="timeline"] li[data-decided-by="resume"]`))))
+	require.Contains(t, text(t, ctx, `[data-test="timeline"] li[data-decided-by="pause"]`), "paused without an end")
+	released := text(t, ctx, `[data-test="timeline"] li[data-decided-by="resume"]`)
+	require.Contains(t, released, "Released early: the source resumed, no retry spent")
+	require.Contains(t, released, "hold key dash_resumed")
+
+	t.Log("an item held past its max_hold explains why it was exhausted")
+	expiredID := contract.NewID()
+	throttled := contract.HeldData{Kind: contract.KindJob, ID: expiredID, Attempt: 1, JobType: "dash_expire", Reason: contract.HoldThrottle,
+		HoldKey: "dash_busy", Detail: "rate limit of 10 per 1s reached"}
+	b.held(t, throttled)
+	b.waitRetry(t, "job", expiredID, "due") // after the max_hold of 1s
+	throttled.Attempt = 2
+	b.held(t, throttled)
+	b.waitRetry(t, "job", expiredID, "exhausted")
+	openItem(expiredID)
+	require.NoError(t, chromedp.Do(ctx, chromedp.WaitVisible(chromedp.CSS(`[data-test="timeline"] li[data-event="exhausted"]`))))
+	why = text(t, ctx, `[data-test="why"]`)
+	require.Contains(t, why, "retryd gave up: it was held longer than max_hold 1s since")
+	require.Contains(t, why, "holds spent none of its retries")
+	exhausted := text(t, ctx, `[data-test="timeline"] li[data-event="exhausted"]`)
+	require.Contains(t, exhausted, "reason hold expired")
+	require.Contains(t, exhausted, "held longer than max_hold 1s since")
+	capped := text(t, ctx, `[data-test="timeline"] li[data-decided-by="hold"]`)
+	require.Contains(t, capped, "Held back by its owner (a rate limit or throttle), no retry spent")
+	require.Contains(t, capped, "capped by the policy's max_hold of 1s")
+	shot(t, ctx, "hold-expired")
+
 	t.Log("analytics charts")
 	require.NoError(t, chromedp.Do(ctx,
 		chromedp.Navigate(b.api+"/ui/#/analytics"),
@@ -263,6 +391,55 @@ func TestDashboardBrowser(t *testing.T) {
 	require.Equal(t, 6, p.MaxRetries)
 	require.Equal(t, 2, p.Version)
 	require.EqualValues(t, 3_600_000, p.BaseDelayMS, "fields not edited are kept")
+	require.EqualValues(t, 30*24*3_600_000, p.MaxHoldMS, "fields not edited are kept")
+	require.EqualValues(t, 24*3_600_000, p.MaxRetryAfterMS, "fields not edited are kept")
+
+	t.Log("give an error class its own backoff, and a max hold")
+	editor := `[data-test="policy-editor"] `
+	timeout := editor + `.class-backoff[data-class="timeout"] `
+	require.NoError(t, chromedp.Do(ctx,
+		chromedp.SetValue(chromedp.CSS(editor+`[data-test="class-backoff-class"]`), "timeout"),
+		chromedp.Click(chromedp.CSS(editor+`[data-test="class-backoff-add"]`)),
+		chromedp.WaitVisible(chromedp.CSS(timeout+`input[name="base_delay_ms"]`)),
+		chromedp.SetValue(chromedp.CSS(timeout+`input[name="base_delay_ms"]`), "200"),
+		chromedp.SetValue(chromedp.CSS(timeout+`input[name="max_delay_ms"]`), "2000"),
+		chromedp.SetValue(chromedp.CSS(timeout+`input[name="first_delay_ms"]`), "0"),
+		chromedp.SetValue(chromedp.CSS(editor+`input[name="max_hold"]`), "3600000"),
+		chromedp.Click(chromedp.CSS(`[data-test="save-policy"]`)),
+		poll(`document.querySelector('[data-test="policy-editor"] h2')?.textContent.includes("(v3)")`),
+	))
+	b.okJSON(t, &p, "policies", "get", "job", "dash_email")
+	require.Equal(t, 3, p.Version)
+	require.EqualValues(t, 3_600_000, p.MaxHoldMS)
+	require.Len(t, p.ClassBackoff, 1)
+	cb := p.ClassBackoff["timeout"]
+	require.NotNil(t, cb.BaseDelayMS)
+	require.NotNil(t, cb.MaxDelayMS)
+	require.NotNil(t, cb.FirstDelayMS)
+	require.EqualValues(t, 200, *cb.BaseDelayMS)
+	require.EqualValues(t, 2000, *cb.MaxDelayMS)
+	require.EqualValues(t, 0, *cb.FirstDelayMS)
+	require.Nil(t, cb.Multiplier, "fields left blank keep the policy's")
+	// Shown back: the editor is drawn again from the API's answer.
+	require.Equal(t, "200", eval[string](t, ctx, fmt.Sprintf(`document.querySelector(%q).value`, timeout+`input[name="base_delay_ms"]`)))
+	require.Equal(t, "", eval[string](t, ctx, fmt.Sprintf(`document.querySelector(%q).value`, timeout+`input[name="multiplier"]`)))
+	require.Equal(t, "3600000", eval[string](t, ctx, fmt.Sprintf(`document.querySelector(%q).value`, editor+`input[name="max_hold"]`)))
+	require.Contains(t, text(t, ctx, editor+`[data-test="class-preview"]`), "timeout")
+	require.NoError(t, chromedp.Do(ctx,
+		poll(`document.querySelector('tr[data-policy="job/dash_email"]')?.innerText.includes("own backoff: timeout")`)))
+	shot(t, ctx, "policy-class-backoff")
+
+	t.Log("the API's validation error is shown at its field")
+	errs.allow400("/v1/policies/job/dash_email")
+	require.NoError(t, chromedp.Do(ctx,
+		chromedp.SetValue(chromedp.CSS(timeout+`input[name="multiplier"]`), "0.5"),
+		chromedp.Click(chromedp.CSS(`[data-test="save-policy"]`)),
+		chromedp.WaitVisible(chromedp.CSS(timeout+`[data-test="field-error"]`)),
+	))
+	require.Contains(t, text(t, ctx, timeout+`[data-test="field-error"]`), "class_backoff.timeout.multiplier must be a number >= 1")
+	require.Contains(t, text(t, ctx, editor+`[data-test="policy-error"]`), "class_backoff.timeout.multiplier")
+	b.okJSON(t, &p, "policies", "get", "job", "dash_email")
+	require.Equal(t, 3, p.Version, "an invalid policy is not saved")
 
 	require.Empty(t, errs.list(), "the page logged errors")
 	require.False(t, strings.Contains(eval[string](t, ctx, `document.getElementById("banner").textContent`), "failed"))

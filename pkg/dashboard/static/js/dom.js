@@ -54,14 +54,19 @@ export function fmtMS(ms) {
   if (ms < 1000) out = `${Math.round(ms)}ms`;
   else if (ms < 10000) out = `${(ms / 1000).toFixed(1).replace(/\.0$/, "")}s`;
   else if (ms < 60000) out = `${Math.round(ms / 1000)}s`;
-  else if (ms < 3600000) {
-    const m = Math.floor(ms / 60000), sec = Math.round((ms % 60000) / 1000);
-    out = sec ? `${m}m${sec}s` : `${m}m`;
-  } else if (ms < 172800000) {
-    const hr = Math.floor(ms / 3600000), m = Math.round((ms % 3600000) / 60000);
-    out = m ? `${hr}h${m}m` : `${hr}h`;
-  } else out = `${Math.floor(ms / 86400000)}d${Math.round((ms % 86400000) / 3600000)}h`;
+  else if (ms < 3600000) out = pair(ms, 60000, 1000, "m", "s");
+  else if (ms < 172800000) out = pair(ms, 3600000, 60000, "h", "m");
+  else out = pair(ms, 86400000, 3600000, "d", "h");
   return neg ? "-" + out : out;
+}
+
+// pair writes ms as a big and a small unit ("1h5m"), rounded to the
+// small unit first so 1h59m59.9s reads "2h", not "1h60m"; a zero small
+// part is left out ("30d", not "30d0h").
+function pair(ms, big, small, bigName, smallName) {
+  const total = Math.round(ms / small), per = big / small;
+  const hi = Math.floor(total / per), lo = total % per;
+  return lo ? `${hi}${bigName}${lo}${smallName}` : `${hi}${bigName}`;
 }
 
 export function relTime(iso, now = Date.now()) {
@@ -108,6 +113,7 @@ export const stateColors = {
   succeeded: "#16a34a", completed: "#16a34a",
   exhausted: "#dc2626", failed_max_retries: "#dc2626",
   failed: "#b91c1c", cancelled: "#9ca3af",
+  held: "#0891b2", released: "#0891b2",
 };
 
 export const classColors = {

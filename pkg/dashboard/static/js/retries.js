@@ -110,6 +110,8 @@ export async function render(root, params, { navigate }) {
   function drawDetail({ retry: r, history = [] }) {
     const pending = r.state === "scheduled" || r.state === "due";
     const now = Date.now();
+    // What the timeline's entries need from the item as a whole.
+    const ctx = { holdExpired: r.exhausted_reason === "hold_expired" ? holdExpired(r, history) : "" };
     clear(detail).append(
       h("div", { class: "panel-head" },
         h("div", {}, h("h2", { text: `${r.kind} / ${r.id}` }),
@@ -126,12 +128,13 @@ export async function render(root, params, { navigate }) {
           kv("Attempt", `${r.attempt} (retries used ${retriesUsed(r.retry_count, r.max_retries)}${r.retry_enabled ? "" : ", retries disabled"})`),
           kv("Policy", r.policy_name ? `${r.policy_name} v${r.policy_version}` : "–"),
           pending ? kv("Next attempt", r.next_attempt_at ? `${dateTime(r.next_attempt_at)} (${relTime(r.next_attempt_at, now)})` : "–") : null,
+          pending && r.held_since ? kv("Held", heldSummary(r, now)) : null,
           r.last_error_class || r.last_error_message ? kv("Last error", `${r.last_error_class || "?"}: ${r.last_error_message || ""}`) : null,
-          r.exhausted_reason ? kv("Exhausted", r.exhausted_reason.replaceAll("_", " ")) : null,
+          r.exhausted_reason ? kv("Exhausted", r.exhausted_reason === "hold_expired" ? `hold expired: ${ctx.holdExpired}` : r.exhausted_reason.replaceAll("_", " ")) : null,
           kv("Created", dateTime(r.created_at)),
           kv("Updated", `${dateTime(r.updated_at)} (${relTime(r.updated_at, now)})`)),
         h("h3", { text: `Lifecycle (${history.length})`, style: { "font-size": "14px" } }),
-        h("ol", { class: "timeline", "data-test": "timeline" }, history.map(timelineItem)),
+        h("ol", { class: "timeline", "data-test": "timeline" }, history.map((e) => timelineItem(e, ctx))),
         h("p", { class: "hint" }, "From the terminal: ", h("code", { text: `nats stream view RETRIES --subject 'retry.${r.kind}.*.${r.id}'` }),
           " or ", h("code", { text: `retryd retries show ${r.kind} ${r.id}` }))));
   }
@@ -203,6 +206,11 @@ function retriesUsed(used, allowed) {
   return used > allowed ? `${used}, over the ${allowed} allowed` : `${used} of ${allowed}`;
 }
 
+// heldSummary is the item's current hold, as `retryd retries show` prints it.
+function heldSummary(r, now) {
+  return `${r.hold_reason || "held"} since ${dateTime(r.held_since)} (${relTime(r.held_since, now)})${r.hold_key ? `, hold key ${r.hold_key}` : ""}; uses no retry`;
+}
+
 function kv(k, v) {
   return [h("dt", { text: k }), h("dd", { text: v })];
 }
@@ -212,29 +220,112 @@ function detailOf(e) {
   return typeof e.detail === "string" ? JSON.parse(e.detail) : e.detail;
 }
 
-const decidedBy = {
-  backoff: "exponential backoff",
-  retry_after: "the error's retry-after hint",
-  throttle: "a throttle (the owner held it back)",
-  manual: "an operator (manual retry)",
+// Decisions that hold an item back rather than retry it: they spend no
+// retry, so the why text must not count one. "throttle" is how holds were
+// recorded before the held event existed; what those counted is kept as
+// recorded.
+const HOLD_DECISIONS = new Set(["hold", "pause_until", "pause", "resume"]);
+const spendsNoRetry = (e) => HOLD_DECISIONS.has(e.decided_by);
+const isHold = (e) => spendsNoRetry(e) || e.decided_by === "throttle";
+
+const holdReasons = {
+  throttle: "a rate limit or throttle",
+  pause: "a pause",
+  concurrency: "a concurrency limit",
 };
+
+// releaseCauses names what lifted a hold early, by the release fact's reason.
+const releaseCauses = {
+  resume: "the source resumed",
+  limit_changed: "the limit changed",
+  slot_freed: "a slot freed",
+};
+
+// releaseCause reads why a resume decision released the item. The
+// set-based release writes the fact's reason into the note as
+// "released by a release fact (<reason>)" (projections/retrystore/hold.go);
+// without it, the hold's own reason tells what most likely lifted.
+function releaseCause(d) {
+  const m = /\((\w+)\)$/.exec(d.note || "");
+  if (m && releaseCauses[m[1]]) return releaseCauses[m[1]];
+  if (d.hold_reason === "concurrency") return releaseCauses.slot_freed;
+  if (d.hold_reason === "pause") return releaseCauses.resume;
+  return "what held it lifted";
+}
+
+// explain turns a scheduled or rescheduled history entry into one phrase
+// saying what decided it and whether a retry was spent.
+const explanations = {
+  backoff: (e, d) => `${d.backoff_class ? `the ${d.backoff_class} class's own backoff` : "the policy's exponential backoff"} chose a delay of ${fmtMS(e.delay_ms)}${delayParts(d)}, spending a retry`,
+  retry_after: (e, d) => `the error's retry-after hint${d.retry_after_ms != null ? ` of ${fmtMS(d.retry_after_ms)}` : ""} set a delay of ${fmtMS(e.delay_ms)}, spending a retry`,
+  hold: (e, d) => `held back by its owner (${holdReasons[d.hold_reason] || "throttle/pause/concurrency"}), no retry spent; ${holdWhen(e, d)}`,
+  pause_until: (e, d) => d.capped_by
+    ? `held back by its owner: paused, no retry spent; ${holdWhen(e, d)}`
+    : `held back by its owner: paused until ${dateTime(e.next_attempt_at)}, no retry spent`,
+  pause: () => "held back by its owner: paused without an end, it waits for a resume (or the policy's max_hold), no retry spent",
+  resume: (e, d) => `released early: ${releaseCause(d)}, no retry spent`,
+  throttle: () => "held back by a throttle (a hold recorded before holds had their own event)",
+  manual: () => "an operator retried it by hand",
+};
+
+// holdWhen says when a hold is looked at again. A release time past
+// max_hold was brought forward to it: then it is not the owner's time.
+function holdWhen(e, d) {
+  return d.capped_by === "max_hold"
+    ? `it is looked at once more at ${dateTime(e.next_attempt_at)}, where its max_hold ends`
+    : `it is looked at again at ${dateTime(e.next_attempt_at)}`;
+}
+
+function explain(e) {
+  const d = detailOf(e);
+  const f = explanations[e.decided_by];
+  return f ? f(e, d) : `decided by ${e.decided_by || "an unknown rule"}`;
+}
+
+// delayParts shows how a backoff delay was made up: base and jitter.
+function delayParts(d) {
+  if (d.base_delay_ms === undefined) return "";
+  return ` (base ${fmtMS(d.base_delay_ms)}${d.jitter_ms ? `, jitter ${d.jitter_ms > 0 ? "+" : ""}${fmtMS(d.jitter_ms)}` : ""})`;
+}
+
+const capped = {
+  max_retry_after: "the policy's max_retry_after",
+  max_hold: "the policy's max_hold",
+};
+
+// cappedText says which limit shortened the delay asked for, if one did.
+function cappedText(d) {
+  if (!d.capped_by) return "";
+  const limit = d.capped_by === "max_hold" && d.max_hold_ms ? ` of ${fmtMS(d.max_hold_ms)}` : "";
+  return `capped by ${capped[d.capped_by] || d.capped_by}${limit}`;
+}
+
+// lastHoldDecision is the newest decision that carried the hold's limit:
+// the exhausted entry of a hold_expired item does not repeat it.
+function lastHoldDecision(history) {
+  return [...history].reverse().map(detailOf).find((d) => d.max_hold_ms !== undefined) || {};
+}
+
+// holdExpired says how long the item was held, against which limit.
+function holdExpired(r, history) {
+  const d = lastHoldDecision(history);
+  const since = r.held_since || d.held_since;
+  const limit = d.max_hold_ms ? `max_hold ${fmtMS(d.max_hold_ms)}` : "its policy's max_hold";
+  return `held longer than ${limit}${since ? ` since ${dateTime(since)}` : ""}`;
+}
+
+const sentence = (s) => s.charAt(0).toUpperCase() + s.slice(1);
 
 // why explains the item's current state in one or two sentences.
 function why(r, history, now) {
   const lastOf = (...evs) => [...history].reverse().find((e) => evs.includes(e.event));
   const failed = lastOf("failed");
-  const sched = lastOf("scheduled", "rescheduled");
   const failure = failed
     ? `Attempt ${failed.attempt} failed with ${failed.error_class || "an unclassified error"}${failed.error_message ? ` (“${trunc(failed.error_message, 80)}”)` : ""}. `
     : "";
   switch (r.state) {
-    case "scheduled": {
-      if (!sched) return failure + `Attempt ${r.attempt} runs ${relTime(r.next_attempt_at, now)}.`;
-      const d = detailOf(sched);
-      const parts = d.base_delay_ms !== undefined ? ` (base ${fmtMS(d.base_delay_ms)}${d.jitter_ms ? `, jitter ${d.jitter_ms > 0 ? "+" : ""}${fmtMS(d.jitter_ms)}` : ""})` : "";
-      return failure + `Policy ${sched.policy_name || r.policy_name} v${sched.policy_version || r.policy_version} allows ${r.max_retries} retries (${r.retry_count} used so far); ` +
-        `${decidedBy[sched.decided_by] || sched.decided_by} chose a delay of ${fmtMS(sched.delay_ms)}${parts}, so attempt ${r.attempt} runs ${relTime(r.next_attempt_at, now)}.`;
-    }
+    case "scheduled":
+      return whyScheduled(r, lastOf("scheduled", "rescheduled"), lastOf("held"), failure, now);
     case "due":
       return failure + `Attempt ${r.attempt} came due ${relTime(r.next_attempt_at, now)}; its owner is running it and reports failed or succeeded.`;
     case "succeeded":
@@ -244,6 +335,7 @@ function why(r, history, now) {
         max_retries: `all ${r.max_retries} retries of policy ${r.policy_name} v${r.policy_version} are used`,
         non_retryable: `${r.last_error_class || "this"} errors are not retried`,
         retries_disabled: "retries are disabled for it",
+        hold_expired: `it was ${holdExpired(r, history)} (holds spent none of its retries)`,
       }[r.exhausted_reason] || r.exhausted_reason;
       return failure + `retryd gave up: ${reason}. Retry it by hand once the cause is fixed.`;
     }
@@ -256,41 +348,110 @@ function why(r, history, now) {
   return "";
 }
 
+// whyScheduled explains a pending item's last decision. A hold says what
+// held it and that it spent no retry; a failure's retry says which retry
+// of the budget it spends.
+function whyScheduled(r, sched, held, failure, now) {
+  if (!sched) return failure + `Attempt ${r.attempt} runs ${relTime(r.next_attempt_at, now)}.`;
+  const d = detailOf(sched);
+  const policy = `Policy ${sched.policy_name || r.policy_name} v${sched.policy_version || r.policy_version} allows ${r.max_retries} retries (${r.retry_count} used so far)`;
+  const cap = cappedText(d) ? ` The delay was ${cappedText(d)}.` : "";
+  if (isHold(sched)) {
+    // A hold of the attempt before this one names it: "attempt 1 was held
+    // back"; a release is about the wait, not the attempt.
+    const heldNow = held && held.attempt === sched.attempt - 1 && sched.decided_by !== "resume";
+    const what = heldNow ? `Attempt ${held.attempt} was ${explain(sched)}` : sentence(explain(sched));
+    const limit = d.max_hold_ms ? ` A hold may last ${fmtMS(d.max_hold_ms)} (max_hold)${d.held_since ? ` from ${dateTime(d.held_since)}` : ""}.` : "";
+    return failure + `${what}, so attempt ${r.attempt} runs ${relTime(r.next_attempt_at, now)}.${cap}${limit} ${policy}.`;
+  }
+  return failure + `${policy}; ${explain(sched)}, so attempt ${r.attempt} runs ${relTime(r.next_attempt_at, now)}.${cap}`;
+}
+
 const titles = {
   failed: (e) => `Attempt ${e.attempt} failed`,
-  scheduled: (e) => `Retry scheduled: attempt ${e.attempt}`,
-  rescheduled: (e) => `Rescheduled: attempt ${e.attempt}`,
+  held: (e) => `Attempt ${e.attempt} held back (${detailOf(e).reason || "hold"})`,
+  released: (e) => `Released (${(detailOf(e).reason || "release").replaceAll("_", " ")})`,
+  scheduled: (e) => isHold(e) ? `Held: attempt ${e.attempt} waits` : `Retry scheduled: attempt ${e.attempt}`,
+  rescheduled: (e) => e.decided_by === "resume" ? `Released: attempt ${e.attempt} due now` : isHold(e) ? `Held: attempt ${e.attempt} waits` : `Rescheduled: attempt ${e.attempt}`,
   due: (e) => `Attempt ${e.attempt} due`,
   succeeded: (e) => `Attempt ${e.attempt} succeeded`,
   exhausted: (e) => `Exhausted after attempt ${e.attempt}`,
   cancelled: () => "Cancelled",
 };
 
-function timelineItem(e) {
-  const d = detailOf(e);
+// decisionMeta lists the facts of a decision: what decided it, the delay,
+// the limits that applied and the retry budget.
+function decisionMeta(e, d) {
   const meta = [];
-  if (e.event === "scheduled" || e.event === "rescheduled") {
-    if (e.decided_by) meta.push(`decided by ${e.decided_by.replace("_", "-")}`);
-    if (e.delay_ms !== undefined && e.delay_ms !== null) {
-      let delay = `delay ${fmtMS(e.delay_ms)}`;
-      if (d.base_delay_ms !== undefined) delay += ` (base ${fmtMS(d.base_delay_ms)}${d.jitter_ms ? `, jitter ${d.jitter_ms > 0 ? "+" : ""}${fmtMS(d.jitter_ms)}` : ""})`;
-      meta.push(delay);
-    }
-    if (d.retry_after_ms) meta.push(`retry-after ${fmtMS(d.retry_after_ms)}`);
-    if (d.retry_count !== undefined) meta.push(`retry ${d.retry_count} of ${d.max_retries}`);
-    if (e.next_attempt_at) meta.push(`runs at ${clock(e.next_attempt_at)}`);
-    if (d.note) meta.push(d.note);
+  if (e.decided_by) meta.push(`decided by ${e.decided_by.replaceAll("_", "-")}`);
+  if (e.delay_ms !== undefined && e.delay_ms !== null) meta.push(`delay ${fmtMS(e.delay_ms)}${isHold(e) ? "" : delayParts(d)}`);
+  if (d.backoff_class) meta.push(`backoff of class ${d.backoff_class}`);
+  if (d.retry_after_ms) meta.push(`retry-after ${fmtMS(d.retry_after_ms)}`);
+  if (d.capped_by) meta.push(cappedText(d));
+  if (d.hold_reason) meta.push(`held (${d.hold_reason})${d.held_since ? ` since ${clock(d.held_since)}` : ""}`);
+  if (d.max_hold_ms) meta.push(`max hold ${fmtMS(d.max_hold_ms)}`);
+  if (d.hold_key) meta.push(`hold key ${d.hold_key}`);
+  if (d.retry_count !== undefined) {
+    meta.push(spendsNoRetry(e) ? `no retry spent (${d.retry_count} of ${d.max_retries} used)` : `retry ${d.retry_count} of ${d.max_retries}`);
   }
-  if (e.event === "failed" && d.reason) meta.push(`reason ${d.reason}`);
-  if (e.event === "due" && d.emission > 1) meta.push(`emitted ${d.emission} times`);
-  if (e.event === "exhausted") meta.push(`reason ${(d.reason || "").replaceAll("_", " ")}`, `retries used ${retriesUsed(d.retry_count, d.max_retries)}`);
-  if (e.event === "cancelled") meta.push([d.by && `by ${d.by}`, d.reason].filter(Boolean).join(": "));
+  if (e.next_attempt_at) meta.push(`runs at ${clock(e.next_attempt_at)}`);
+  if (d.note) meta.push(d.note);
+  return meta;
+}
+
+// heldMeta lists what the owner said about a hold. The detail is the
+// owner's text for operators, so it is shortened, not dropped.
+function heldMeta(d) {
+  return [
+    d.reason && `reason ${d.reason}`,
+    d.until ? `until ${dateTime(d.until)}` : "no end given",
+    d.hold_key && `hold key ${d.hold_key}`,
+    d.detail && trunc(d.detail, 160),
+  ];
+}
+
+function releasedMeta(e, d) {
+  return [
+    d.hold_key && `hold key ${d.hold_key}`,
+    d.hold_reason && `releases ${d.hold_reason} holds`,
+    d.count && `at most ${d.count}`,
+    d.by && `by ${d.by}`,
+  ];
+}
+
+function exhaustedMeta(d, ctx) {
+  const reason = `reason ${(d.reason || "").replaceAll("_", " ")}`;
+  if (d.reason === "hold_expired") return [reason, ctx.holdExpired, `retries used ${retriesUsed(d.retry_count, d.max_retries)} (holds spend none)`];
+  return [reason, `retries used ${retriesUsed(d.retry_count, d.max_retries)}`];
+}
+
+// eventMeta is the line of facts under an event's title.
+function eventMeta(e, d, ctx) {
+  switch (e.event) {
+    case "scheduled": case "rescheduled": return decisionMeta(e, d);
+    case "held": return heldMeta(d);
+    case "released": return releasedMeta(e, d);
+    case "failed": return [d.reason && `reason ${d.reason}`];
+    case "due": return [d.emission > 1 && `emitted ${d.emission} times`];
+    case "exhausted": return exhaustedMeta(d, ctx);
+    case "cancelled": return [[d.by && `by ${d.by}`, d.reason].filter(Boolean).join(": ")];
+  }
+  return [];
+}
+
+// timelineItem draws one history entry; a decision also gets its plain
+// English explanation, so the timeline reads without the docs.
+function timelineItem(e, ctx) {
+  const d = detailOf(e);
+  const meta = eventMeta(e, d, ctx).filter(Boolean);
   if (e.policy_name) meta.push(`policy ${e.policy_name} v${e.policy_version}`);
-  return h("li", { "data-event": e.event, style: { "--c": stateColors[e.event] || (e.event === "failed" ? "#b91c1c" : "#9ca3af") } },
+  const decision = (e.event === "scheduled" || e.event === "rescheduled") && e.decided_by;
+  return h("li", { "data-event": e.event, "data-decided-by": decision || null, style: { "--c": stateColors[e.event] || (e.event === "failed" ? "#b91c1c" : "#9ca3af") } },
     h("div", { class: "ev-head" },
       h("span", { class: "ev-title", text: (titles[e.event] || ((x) => x.event))(e) }),
       classTag(e.error_class),
       h("span", { class: "ev-time", title: e.at, text: clock(e.at) })),
-    meta.filter(Boolean).length ? h("div", { class: "ev-meta", text: meta.filter(Boolean).join(" · ") }) : null,
+    decision ? h("div", { class: "ev-why", "data-test": "ev-why", text: sentence(explain(e)) + "." }) : null,
+    meta.length ? h("div", { class: "ev-meta", text: meta.join(" · ") }) : null,
     e.error_message ? h("div", { class: "ev-msg", text: e.error_message }) : null);
 }
