@@ -262,11 +262,15 @@ func TestLargestContractMessageIsStored(t *testing.T) {
 	b := setup(t)
 	require.NoError(t, streams.Ensure(b.ctx, b.js, streams.Options{}))
 	payload := json.RawMessage(`"` + strings.Repeat("p", contract.MaxDataBytes-2) + `"`)
+	// One time for every build: RFC 3339 drops trailing zeros of the
+	// nanoseconds, so time.Now() per build changes the size by a byte or
+	// two between the search and the publish.
+	at := time.Date(2026, 11, 23, 20, 0, 0, 123456789, time.UTC)
 	build := func(n int) (*nats.Msg, error) {
 		return contract.NewLifecycleMsg("retryd/scheduler", contract.Due, contract.DueData{
 			Kind: "job", ID: "j1", Attempt: 2, Payload: payload,
 			Checkpoint: json.RawMessage(`"` + strings.Repeat("c", n) + `"`),
-		}, time.Now())
+		}, at)
 	}
 	lo, hi := 0, contract.MaxDataBytes-2 // lo builds, hi does not
 	_, err := build(hi)
