@@ -18,10 +18,10 @@ import (
 // reconcileBatch bounds the deliveries one reconcile pass republishes.
 const reconcileBatch = 500
 
-func (s *Service) reconcileLoop() {
-	defer s.loops.Done()
+// loopContext is the context of a background loop: it ends when the
+// service stops (quit) or its run context does.
+func (s *Service) loopContext() (context.Context, context.CancelFunc) {
 	ctx, cancel := context.WithCancel(s.runCtx)
-	defer cancel()
 	go func() {
 		select {
 		case <-s.quit:
@@ -29,6 +29,13 @@ func (s *Service) reconcileLoop() {
 		case <-ctx.Done():
 		}
 	}()
+	return ctx, cancel
+}
+
+func (s *Service) reconcileLoop() {
+	defer s.loops.Done()
+	ctx, cancel := s.loopContext()
+	defer cancel()
 	tick := s.cfg.ReconcileInterval
 	if tick <= 0 {
 		tick = time.Minute
@@ -156,15 +163,8 @@ func (s *Service) reconcileOne(ctx context.Context, id string) (bool, error) {
 // reconcile pass.
 func (s *Service) leaseLoop() {
 	defer s.loops.Done()
-	ctx, cancel := context.WithCancel(s.runCtx)
+	ctx, cancel := s.loopContext()
 	defer cancel()
-	go func() {
-		select {
-		case <-s.quit:
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
 	for first := true; first || sleepCtx(ctx, s.cfg.LeaseInterval); first = false {
 		for {
 			n, err := s.ExpireRuns(ctx)
