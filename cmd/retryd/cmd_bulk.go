@@ -10,7 +10,7 @@ import (
 
 // jobStatuses are the job statuses (jobstore.Status) that bulk retry
 // filters on.
-var jobStatuses = []string{"in_progress", "completed", "failed", "retrying", "failed_max_retries", "cancelled"}
+var jobStatuses = []string{"in_progress", "completed", "failed", "retrying", "held", "failed_max_retries", "cancelled"}
 
 func newBulkRetryCmd(g *globals) *cobra.Command {
 	var (

@@ -213,7 +213,7 @@ retryd is running.
 `, url, url, url, url, url, url, s.NATSURL(), s.NATSURL(), pg, dataDir, logName)
 	if f.demo {
 		fmt.Fprintf(out, `  Demo       source %s (rate limit 3/s, bursts), source %s (paused 15s every minute, then resumed: the resume releases its held events),
-             trigger %s (throttle 2/s, max concurrency 3), flaky jobs %s, %s, %s;
+             trigger %s (throttle 2/s, max concurrency 3, runs heartbeat a 5s lease), flaky jobs %s, %s, %s;
              demo policies retry after seconds, not hours
 `, demo.SourceShop, demo.SourcePartner, demo.TriggerID, demo.JobSendEmail, demo.JobSyncCRM, demo.JobChargeCard)
 	}

@@ -20,7 +20,46 @@ func String(name, def string) string {
 }
 
 // Reader parses optional variables; the zero value is ready to use.
-type Reader struct{ errs []error }
+type Reader struct {
+	errs []error
+	// renamed maps a variable's name to the name it had before, which
+	// still works (see Renamed).
+	renamed     map[string]string
+	deprecation []string
+}
+
+// Renamed makes old, the name a variable had before, an alias of name:
+// read as name, its value comes from old when only old is set, and
+// Deprecations says so. Setting both to different values is an error.
+// Call it before reading name.
+func (r *Reader) Renamed(name, old string) {
+	if r.renamed == nil {
+		r.renamed = map[string]string{}
+	}
+	r.renamed[name] = old
+}
+
+// Deprecations lists the old names that were used, each with its new
+// name, for the service to log once at start.
+func (r *Reader) Deprecations() []string { return r.deprecation }
+
+// get returns name's value, or its old name's (see Renamed).
+func (r *Reader) get(name string) string {
+	v := os.Getenv(name)
+	old, ok := r.renamed[name]
+	if !ok {
+		return v
+	}
+	switch ov := os.Getenv(old); {
+	case ov == "":
+	case v == "":
+		r.deprecation = append(r.deprecation, fmt.Sprintf("%s is deprecated: it was renamed %s", old, name))
+		return ov
+	case ov != v:
+		r.Add(fmt.Errorf("%s and %s (its old name) are both set, to %q and %q: set only %s", name, old, v, ov, name))
+	}
+	return v
+}
 
 // Int returns a non-negative integer, 0 when unset.
 func (r *Reader) Int(name string) int {
@@ -29,7 +68,7 @@ func (r *Reader) Int(name string) int {
 
 // Int64 returns a non-negative integer, 0 when unset.
 func (r *Reader) Int64(name string) int64 {
-	v := os.Getenv(name)
+	v := r.get(name)
 	if v == "" {
 		return 0
 	}
@@ -43,7 +82,7 @@ func (r *Reader) Int64(name string) int64 {
 
 // Duration returns a Go duration such as 30s, def when unset.
 func (r *Reader) Duration(name string, def time.Duration) time.Duration {
-	v := os.Getenv(name)
+	v := r.get(name)
 	if v == "" {
 		return def
 	}
@@ -57,7 +96,7 @@ func (r *Reader) Duration(name string, def time.Duration) time.Duration {
 
 // Bool returns true or false (strconv.ParseBool), def when unset.
 func (r *Reader) Bool(name string, def bool) bool {
-	v := os.Getenv(name)
+	v := r.get(name)
 	if v == "" {
 		return def
 	}

@@ -34,3 +34,24 @@ func TestReaderCollectsEveryError(t *testing.T) {
 	require.ErrorContains(t, err, `EV_BAD_BOOL must be true or false, got "maybe"`)
 	require.Equal(t, "x", envvar.String("EV_UNSET", "x"))
 }
+
+func TestRenamedVariableKeepsItsOldName(t *testing.T) {
+	t.Setenv("EV_OLD_ONLY", "250ms")
+	t.Setenv("EV_BOTH_NEW", "7")
+	t.Setenv("EV_BOTH_OLD", "7")
+	t.Setenv("EV_CLASH_NEW", "1s")
+	t.Setenv("EV_CLASH_OLD", "2s")
+	var r envvar.Reader
+	r.Renamed("EV_NEW_ONLY", "EV_OLD_ONLY")
+	r.Renamed("EV_BOTH_NEW", "EV_BOTH_OLD")
+	r.Renamed("EV_CLASH_NEW", "EV_CLASH_OLD")
+
+	require.Equal(t, 250*time.Millisecond, r.Duration("EV_NEW_ONLY", time.Second))
+	require.Equal(t, []string{"EV_OLD_ONLY is deprecated: it was renamed EV_NEW_ONLY"}, r.Deprecations())
+	require.Equal(t, 7, r.Int("EV_BOTH_NEW"), "the same value under both names is fine")
+	require.NoError(t, r.Err())
+
+	require.Equal(t, time.Second, r.Duration("EV_CLASH_NEW", 0), "the new name wins")
+	require.ErrorContains(t, r.Err(), `EV_CLASH_NEW and EV_CLASH_OLD (its old name) are both set, to "1s" and "2s": set only EV_CLASH_NEW`)
+	require.Len(t, r.Deprecations(), 1)
+}

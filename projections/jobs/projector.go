@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -40,6 +41,7 @@ const (
 // events change nothing (the job message routed from them does).
 var retryFilters = []string{
 	contract.RetryFilter(contract.KindJob, contract.Failed),
+	contract.RetryFilter(contract.KindJob, contract.Held),
 	contract.RetryFilter(contract.KindJob, contract.Scheduled),
 	contract.RetryFilter(contract.KindJob, contract.Rescheduled),
 	contract.RetryFilter(contract.KindJob, contract.Succeeded),
@@ -295,6 +297,13 @@ type decoded struct {
 	ev    *contract.LifecycleEvent
 }
 
+func (d decoded) jobID() string {
+	if d.job != nil {
+		return d.job.ID
+	}
+	return d.ev.ID
+}
+
 // applyBatch decodes msgs, terminates the malformed ones and applies the
 // others in one transaction; after the commit it acks them. On an error
 // it hands back (naks) what it could not apply and returns the error.
@@ -343,6 +352,12 @@ func (p *Projector) applyBatch(ctx context.Context, stream string, msgs []jetstr
 // acks them. On an error it naks them, unless the database refused them:
 // the caller settles those.
 func (p *Projector) apply(ctx context.Context, stream string, ds []decoded, log zerolog.Logger) error {
+	// The JOBS and RETRIES consumers apply batches at once, often to the
+	// same jobs: each locks its rows in job id order, or two batches could
+	// each hold a row the other waits for. The fold does not depend on the
+	// order of facts (see jobstore), and the sort is stable anyway.
+	ds = slices.Clone(ds)
+	slices.SortStableFunc(ds, func(a, b decoded) int { return strings.Compare(a.jobID(), b.jobID()) })
 	applied, dups := 0, 0
 	err := pgx.BeginFunc(ctx, p.cfg.Pool, func(tx pgx.Tx) error {
 		applied, dups = 0, 0

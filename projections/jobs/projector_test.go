@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -397,4 +398,33 @@ func TestProjectorPrunesItsInbox(t *testing.T) {
 
 	_, err = jobs.NewProjector(jobs.ProjectorConfig{Pool: b.pool, JS: b.js, InboxRetention: time.Minute})
 	require.ErrorContains(t, err, "ProjectorConfig.InboxRetention")
+}
+
+// The two consumers apply batches that touch the same jobs at once; each
+// must lock its rows in one order (job id), or two batches deadlock and
+// are handed back. Here every JOBS batch goes up the ids while the RETRIES
+// batch beside it goes down the same ids.
+func TestProjectorBatchesOfBothStreamsNeverDeadlock(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	const groups, perGroup = 6, 100
+	at := time.Date(2024, 5, 1, 10, 0, 0, 0, time.UTC)
+	id := func(g, i int) string { return fmt.Sprintf("dl-%d-%03d", g, i) }
+	for g := range groups {
+		for i := range perGroup {
+			b.publishJob(t, contract.JobData{ID: id(g, i), JobType: "crawl", Attempt: 1}, at)
+		}
+		for i := perGroup - 1; i >= 0; i-- {
+			b.publishEvent(t, contract.Succeeded, contract.SucceededData{Kind: contract.KindJob, ID: id(g, i), Attempt: 1}, at.Add(time.Second))
+		}
+	}
+	b.startProjector(t, jobs.ProjectorConfig{Batch: perGroup})
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		var done int
+		assert.NoError(c, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM jobs WHERE status = 'completed'`).Scan(&done))
+		assert.Equal(c, groups*perGroup, done)
+	}, wait, 20*time.Millisecond)
+	for _, stream := range []string{contract.StreamJobs, contract.StreamRetries} {
+		require.Zero(t, metric(t, b.reg, "retryd_jobs_apply_errors_total", stream), "batches of %s handed back (deadlocks)", stream)
+	}
 }

@@ -178,11 +178,26 @@ func ApplyLifecycle(ctx context.Context, q Querier, ev contract.LifecycleEvent) 
 		f.maxRetries, f.retryEnabled = d.MaxRetries, d.RetryEnabled
 		f.hasError, f.errClass, f.errMessage = true, d.Error.Class, d.Error.Message
 		f.setCheckpoint(d.Checkpoint)
+	case ev.Held != nil:
+		// A hold takes the place of the attempt's outcome, as a failure
+		// would, but records no error: nothing failed.
+		d := ev.Held
+		f.jobType, f.attempt, f.seq, f.status = d.JobType, d.Attempt, position(d.Attempt, rankFailed), StatusHeld
+		f.statusReason = heldReason(d.Reason, d.Detail)
+		if d.Until != nil {
+			until := d.Until.UTC()
+			f.nextRetryAt = &until
+		}
+		f.setCheckpoint(d.Checkpoint)
 	case ev.Scheduled != nil:
 		d := ev.Scheduled
 		next := d.NextAttemptAt.UTC()
 		f.jobType, f.attempt, f.seq, f.status = d.JobType, d.Attempt, position(d.Attempt, rankScheduled), StatusRetrying
 		f.nextRetryAt, f.decision = &next, true
+		if d.Decision.HoldReason != "" {
+			// The scheduler's decision for a hold: still held, until then.
+			f.status, f.statusReason = StatusHeld, heldReason(d.Decision.HoldReason, d.Decision.Note)
+		}
 		rc, mr := d.Decision.RetryCount, d.Decision.MaxRetries
 		f.retryCount, f.maxRetries = &rc, &mr
 	case ev.Succeeded != nil:
@@ -215,6 +230,16 @@ func ApplyLifecycle(ctx context.Context, q Querier, ev contract.LifecycleEvent) 
 		return nil
 	}
 	return f.apply(ctx, q)
+}
+
+// heldReason is a held job's status_reason: "held: <reason>", then the
+// worker's or the decision's detail when there is one.
+func heldReason(reason, detail string) string {
+	r := "held: " + reason
+	if detail != "" {
+		r += ": " + detail
+	}
+	return r
 }
 
 // setCheckpoint records a checkpoint and its "step" field: a string as

@@ -278,3 +278,57 @@ func TestCurrentStepComesFromTheCheckpoint(t *testing.T) {
 	_, err := jobstore.Get(b.ctx, b.pool, "missing")
 	require.ErrorIs(t, err, jobstore.ErrNotFound)
 }
+
+func held(id, typ string, attempt int, reason string, until *time.Time, at time.Time) step {
+	ev := lifecycle(id, contract.Held, at)
+	ev.Held = &contract.HeldData{Kind: contract.KindJob, ID: id, Attempt: attempt, JobType: typ, Reason: reason,
+		Until: until, Detail: "rate limit of 10 per 1s reached", Checkpoint: json.RawMessage(`{"step":"fetch"}`)}
+	return step{name: fmt.Sprintf("held(%d)", attempt), ev: &ev}
+}
+
+func TestHeldJobIsNeitherFailedNorRetrying(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	at := func(s int) time.Time { return b.t0.Add(time.Duration(s) * time.Second) }
+	until := at(60)
+	holdDecision := scheduled("j1", "crawl", 2, 0, 3, until, at(1))
+	holdDecision.ev.Scheduled.Decision.DecidedBy = contract.DecidedByHold
+	holdDecision.ev.Scheduled.Decision.HoldReason = contract.HoldThrottle
+
+	b.apply(t, jobMsg("j1", "crawl", 1, "", at(0)))
+	b.apply(t, held("j1", "crawl", 1, contract.HoldThrottle, &until, at(1)))
+	j := b.get(t, "j1")
+	require.Equal(t, jobstore.StatusHeld, j.Status)
+	require.Equal(t, "held: throttle: rate limit of 10 per 1s reached", j.StatusReason)
+	require.Equal(t, until, j.NextRetryAt.UTC())
+	require.Empty(t, j.LastErrorMessage, "a hold is not an error")
+	require.Nil(t, j.LastErrorTimestamp)
+	require.Equal(t, "fetch", j.CurrentStep)
+
+	b.apply(t, holdDecision)
+	j = b.get(t, "j1")
+	require.Equal(t, jobstore.StatusHeld, j.Status, "the scheduler's decision for a hold keeps the job held")
+	require.Equal(t, 0, j.RetryCount)
+	require.Equal(t, "held: throttle", j.StatusReason)
+
+	b.apply(t, jobMsg("j1", "crawl", 2, "", until))
+	require.Equal(t, jobstore.StatusInProgress, b.get(t, "j1").Status)
+	b.apply(t, succeeded("j1", 2, at(61)))
+	j = b.get(t, "j1")
+	require.Equal(t, jobstore.StatusCompleted, j.Status)
+	require.Equal(t, 0, j.RetryCount, "the hold used no retry")
+}
+
+func TestHeldFactArrivingLateDoesNotUndoTheDecision(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	at := func(s int) time.Time { return b.t0.Add(time.Duration(s) * time.Second) }
+	until := at(30)
+	dec := scheduled("j2", "crawl", 2, 0, 3, until, at(1))
+	dec.ev.Scheduled.Decision.DecidedBy = contract.DecidedByPauseUntil
+	dec.ev.Scheduled.Decision.HoldReason = contract.HoldPause
+	for _, s := range []step{jobMsg("j2", "crawl", 2, "", until), dec, held("j2", "crawl", 1, contract.HoldPause, &until, at(1))} {
+		b.apply(t, s)
+	}
+	require.Equal(t, jobstore.StatusInProgress, b.get(t, "j2").Status)
+}

@@ -25,6 +25,10 @@ const (
 	StatusFailed Status = "failed"
 	// StatusRetrying: a retry is scheduled at NextRetryAt.
 	StatusRetrying Status = "retrying"
+	// StatusHeld: the worker held the job back (a throttle, a pause, max
+	// concurrency). No retry was used; NextRetryAt is when the hold lifts
+	// by itself, if it does, and StatusReason says why it is held.
+	StatusHeld Status = "held"
 	// StatusFailedMaxRetries: the retry budget is spent.
 	StatusFailedMaxRetries Status = "failed_max_retries"
 	// StatusCancelled: an operator cancelled the job's retries.
@@ -32,7 +36,7 @@ const (
 )
 
 // Statuses lists every status.
-var Statuses = []Status{StatusInProgress, StatusCompleted, StatusFailed, StatusRetrying, StatusFailedMaxRetries, StatusCancelled}
+var Statuses = []Status{StatusInProgress, StatusCompleted, StatusFailed, StatusRetrying, StatusHeld, StatusFailedMaxRetries, StatusCancelled}
 
 // Valid reports whether s is a known status.
 func (s Status) Valid() bool {

@@ -30,7 +30,7 @@ const (
 	DefaultRedueAfter        = 5 * time.Minute
 	DefaultReconcileInterval = 30 * time.Second
 	DefaultMetricsInterval   = 15 * time.Second
-	DefaultOutboxInterval    = time.Second
+	DefaultRelayInterval     = time.Second
 	DefaultInboxRetention    = 7 * 24 * time.Hour
 	DefaultLockTimeout       = 5 * time.Second
 )
@@ -88,9 +88,9 @@ type Config struct {
 	// MetricsInterval is how often the pending and outbox gauges are
 	// refreshed from the database.
 	MetricsInterval time.Duration
-	// OutboxInterval is how often the outbox relay polls for rows nobody
+	// RelayInterval is how often the outbox relay polls for rows nobody
 	// kicked it for (another instance's, or left by a crash).
-	OutboxInterval time.Duration
+	RelayInterval time.Duration
 	// InboxRetention is how long applied message ids are kept in the inbox
 	// (of every consumer: pruning is shared); older duplicates are caught
 	// by the state guards. Negative disables pruning here (another service
@@ -171,7 +171,7 @@ func (c *Config) validate() error {
 		{"RedueAfter", &c.RedueAfter, DefaultRedueAfter},
 		{"ReconcileInterval", &c.ReconcileInterval, DefaultReconcileInterval},
 		{"MetricsInterval", &c.MetricsInterval, DefaultMetricsInterval},
-		{"OutboxInterval", &c.OutboxInterval, DefaultOutboxInterval},
+		{"RelayInterval", &c.RelayInterval, DefaultRelayInterval},
 		{"LockTimeout", &c.LockTimeout, DefaultLockTimeout},
 	}
 	for _, f := range durations {

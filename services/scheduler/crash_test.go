@@ -64,7 +64,7 @@ func TestCrashBetweenCommitAndPublish(t *testing.T) {
 	crashed := make(chan struct{})
 	var once atomic.Bool
 	a := b.start(t, func(c *scheduler.Config) {
-		c.OutboxInterval = time.Hour // only Kick or reconciliation would publish
+		c.RelayInterval = time.Hour // only Kick or reconciliation would publish
 		c.ReconcileInterval = time.Hour
 		c.Hooks.AfterCommit = func(context.Context) error {
 			if once.CompareAndSwap(false, true) {

@@ -79,7 +79,7 @@ func New(cfg Config) (*Scheduler, error) {
 	}
 	relay, err := outbox.NewRelay(outbox.RelayConfig{
 		Pool: cfg.Pool, JS: cfg.JS, Owner: Owner, Logger: log, Batch: cfg.BatchSize,
-		Interval: cfg.OutboxInterval, Registerer: cfg.Registerer,
+		Interval: cfg.RelayInterval, Registerer: cfg.Registerer,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("new outbox relay: %w", err)

@@ -49,9 +49,9 @@ type Config struct {
 	// on it. Nil leaves streams to the operator.
 	Streams *streams.Options
 
-	// Workers is how many messages each consumer handles at once
+	// Concurrency is how many messages each consumer handles at once
 	// (default 4).
-	Workers int
+	Concurrency int
 	// AckWait is how long JetStream waits for an ack before redelivering
 	// (default 30s).
 	AckWait time.Duration
@@ -113,11 +113,11 @@ func (c *Config) validate() error {
 	if c.Registerer == nil {
 		c.Registerer = prometheus.NewRegistry()
 	}
-	if c.Workers == 0 {
-		c.Workers = 4
+	if c.Concurrency == 0 {
+		c.Concurrency = 4
 	}
-	if c.Workers < 1 || c.Workers > 256 {
-		errs = append(errs, fmt.Errorf("Config.Workers must be between 1 and 256, got %d", c.Workers))
+	if c.Concurrency < 1 || c.Concurrency > 256 {
+		errs = append(errs, fmt.Errorf("Config.Concurrency must be between 1 and 256, got %d", c.Concurrency))
 	}
 	if c.AckWait == 0 {
 		c.AckWait = 30 * time.Second

@@ -113,9 +113,9 @@ func TestConfigValidation(t *testing.T) {
 	require.ErrorContains(t, err, "Config.JS is required")
 	b := setup(t, false)
 	cfg := b.testConfig(t)
-	cfg.Workers, cfg.AckWait = 1000, time.Millisecond
+	cfg.Concurrency, cfg.AckWait = 1000, time.Millisecond
 	_, err = New(cfg)
-	require.ErrorContains(t, err, "Config.Workers")
+	require.ErrorContains(t, err, "Config.Concurrency")
 	require.ErrorContains(t, err, "Config.AckWait")
 
 	cfg = b.testConfig(t)

@@ -33,7 +33,7 @@ func (b *bundle) startScheduler(t *testing.T) *scheduler.Scheduler {
 	s, err := scheduler.New(scheduler.Config{
 		Pool: b.pool, JS: b.js, Logger: testLogger(t).With().Str("component", "scheduler").Logger(),
 		Registerer: prometheus.NewRegistry(), AckWait: time.Second, MaxIdle: 20 * time.Millisecond,
-		OutboxInterval: 20 * time.Millisecond,
+		RelayInterval: 20 * time.Millisecond,
 	})
 	require.NoError(t, err)
 	require.NoError(t, s.Start(b.ctx))

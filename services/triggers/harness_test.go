@@ -60,7 +60,7 @@ func testLogger(t *testing.T) zerolog.Logger {
 func (b *bundle) testConfig(t *testing.T) Config {
 	return Config{
 		Pool: b.pool, JS: b.js, Logger: testLogger(t), Registerer: prometheus.NewRegistry(),
-		Workers: 4, AckWait: time.Second, NakDelay: 50 * time.Millisecond,
+		Concurrency: 4, AckWait: time.Second, NakDelay: 50 * time.Millisecond,
 		RelayInterval: 20 * time.Millisecond, ReconcileInterval: -1, LeaseInterval: -1, InboxRetention: -1,
 	}
 }

@@ -80,7 +80,7 @@ func New(cfg Config) (*Service, error) {
 		}
 	}
 	spec := func(name, stream string, h durable.Handler, filters ...string) durable.Spec {
-		return durable.Spec{Stream: stream, Handle: tracing.ConsumeHandler(name, h), Workers: cfg.Workers, Config: jetstream.ConsumerConfig{
+		return durable.Spec{Stream: stream, Handle: tracing.ConsumeHandler(name, h), Workers: cfg.Concurrency, Config: jetstream.ConsumerConfig{
 			Durable:        name,
 			FilterSubjects: filters,
 			AckPolicy:      jetstream.AckExplicitPolicy,
@@ -88,7 +88,7 @@ func New(cfg Config) (*Service, error) {
 			// Never give up on a message: a pending delivery or retry must
 			// not be lost to a long database outage.
 			MaxDeliver:    -1,
-			MaxAckPending: 64 * cfg.Workers,
+			MaxAckPending: 64 * cfg.Concurrency,
 			DeliverPolicy: jetstream.DeliverAllPolicy,
 		}}
 	}
@@ -144,7 +144,7 @@ func (s *Service) Start(ctx context.Context) error {
 	if s.cfg.Health != nil {
 		s.cfg.Health.SetReady(true)
 	}
-	s.log.Info().Int("workers", s.cfg.Workers).Msg("triggers started")
+	s.log.Info().Int("concurrency", s.cfg.Concurrency).Msg("triggers started")
 	return nil
 }
 

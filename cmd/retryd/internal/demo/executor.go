@@ -10,10 +10,22 @@ import (
 	"github.com/retryd/retryd/pkg/contract"
 )
 
+// The demo trigger's run timeout, and how the executor keeps its runs
+// within it: most runs end well inside it, one in slowRunEvery runs for
+// longer than the timeout and lives only because it heartbeats.
+const (
+	runTimeout        = 5 * time.Second
+	heartbeatInterval = time.Second
+	slowRunEvery      = 10
+	slowRunTime       = 8 * time.Second
+)
+
 // startExecutor runs the demo's workflow engine: every run the trigger
-// requests takes 0.3 to 2.5 seconds and then completes (or, one time in
-// twenty, fails). While runs are in flight the trigger's max concurrency
-// holds deliveries back, which the scheduler retries.
+// requests takes 0.3 to 2.5 seconds (one in ten takes 8 s, beyond the
+// trigger's 5 s run timeout) and then completes, or, one time in twenty,
+// fails. A run in flight heartbeats every second, which renews its lease
+// on its max-concurrency slot. While runs are in flight the trigger's max
+// concurrency holds deliveries back; a finished run releases the oldest.
 func (d *Demo) startExecutor(ctx context.Context) error {
 	cons, err := d.cfg.JS.CreateOrUpdateConsumer(ctx, contract.StreamRuns, jetstream.ConsumerConfig{
 		Durable:       ExecutorName,
@@ -50,12 +62,12 @@ func (d *Demo) startExecutor(ctx context.Context) error {
 }
 
 func (d *Demo) execute(ctx context.Context, msg jetstream.Msg, run contract.RunRequestedData) {
-	t := time.NewTimer(time.Duration(300+rand.IntN(2200)) * time.Millisecond)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
+	took := time.Duration(300+rand.IntN(2200)) * time.Millisecond
+	if rand.IntN(slowRunEvery) == 0 {
+		took = slowRunTime
+	}
+	if !d.work(ctx, msg, run, took) {
 		return
-	case <-t.C:
 	}
 	event, data := contract.RunCompleted, contract.RunFinishedData{RunID: run.RunID, Workflow: run.Workflow}
 	if rand.IntN(20) == 0 {
@@ -74,4 +86,38 @@ func (d *Demo) execute(ctx context.Context, msg jetstream.Msg, run contract.RunR
 		return
 	}
 	_ = msg.Ack()
+}
+
+// work "runs" the workflow for took, heartbeating the run's lease and
+// telling JetStream the request is still in progress. It reports false
+// when the executor stopped first.
+func (d *Demo) work(ctx context.Context, msg jetstream.Msg, run contract.RunRequestedData, took time.Duration) bool {
+	done := time.NewTimer(took)
+	defer done.Stop()
+	beat := time.NewTicker(heartbeatInterval)
+	defer beat.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-done.C:
+			return true
+		case <-beat.C:
+			d.heartbeat(ctx, run)
+			_ = msg.InProgress()
+		}
+	}
+}
+
+// heartbeat renews the run's lease; a lost heartbeat only shortens the
+// lease, the next one renews it.
+func (d *Demo) heartbeat(ctx context.Context, run contract.RunRequestedData) {
+	hb, err := contract.NewRunMsg(PublisherName, contract.RunHeartbeat,
+		contract.RunHeartbeatData{RunID: run.RunID, Workflow: run.Workflow}, time.Now())
+	if err != nil {
+		return
+	}
+	pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	_, _ = d.cfg.JS.PublishMsg(pctx, hb)
 }

@@ -108,7 +108,10 @@ func (d *Demo) setup(ctx context.Context) error {
 		"predicate":       "data.total > 150.0",
 		"throttle":        map[string]any{"limit": 2, "window": "1s"},
 		"max_concurrency": 3,
-		"workflow":        Workflow,
+		// Short, so a run whose executor died frees its slot quickly; the
+		// executor's heartbeats keep its slow runs alive past it.
+		"run_timeout": runTimeout.String(),
+		"workflow":    Workflow,
 	}
 	err := d.api.do(ctx, http.MethodPut, "/v1/triggers/"+TriggerID, trigger, nil)
 	if isStatus(err, http.StatusNotFound) {

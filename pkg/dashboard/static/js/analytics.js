@@ -5,7 +5,7 @@ import { api } from "./api.js";
 import { h, clear, pct, fmtMS, stateColors, classColors } from "./dom.js";
 import { stackedBars, columns } from "./charts.js";
 
-const STATUSES = ["completed", "retrying", "in_progress", "failed_max_retries", "failed", "cancelled"];
+const STATUSES = ["completed", "retrying", "held", "in_progress", "failed_max_retries", "failed", "cancelled"];
 const CLASSES = ["timeout", "rate_limit", "network", "temporary", "validation", "authentication", "permission", "unknown"];
 
 export async function render(root, params, { navigate }) {

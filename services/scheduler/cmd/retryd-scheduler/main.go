@@ -26,7 +26,8 @@
 //	RETRYD_SCHEDULER_REDUE_AFTER           re-emit an unresolved due after this plus the policy stage's lag (default 5m, > 2m)
 //	RETRYD_SCHEDULER_RECONCILE_INTERVAL    streams/consumer/outbox check (default 30s)
 //	RETRYD_SCHEDULER_METRICS_INTERVAL      pending gauges refresh (default 15s)
-//	RETRYD_SCHEDULER_OUTBOX_INTERVAL       outbox relay poll (default 1s)
+//	RETRYD_SCHEDULER_RELAY_INTERVAL        outbox relay poll (default 1s;
+//	                                       RETRYD_SCHEDULER_OUTBOX_INTERVAL, its old name, still works)
 //	RETRYD_SCHEDULER_INBOX_RETENTION       prune applied message ids older than (default 168h; negative disables)
 //	RETRYD_SCHEDULER_LOCK_TIMEOUT          longest wait for a row lock held by another instance (default 5s)
 //	RETRYD_SCHEDULER_STREAM_REPLICAS       stream replicas (unset: 1 for a new stream, an existing one keeps its own)
@@ -116,6 +117,7 @@ type settings struct {
 
 func readSettings(log zerolog.Logger) (settings, error) {
 	e := &envvar.Reader{}
+	e.Renamed("RETRYD_SCHEDULER_RELAY_INTERVAL", "RETRYD_SCHEDULER_OUTBOX_INTERVAL")
 	s := settings{
 		dbURL:           os.Getenv("DATABASE_URL"),
 		addr:            envvar.String("RETRYD_HTTP_ADDR", ":8080"),
@@ -135,7 +137,7 @@ func readSettings(log zerolog.Logger) (settings, error) {
 			RedueAfter:        e.Duration("RETRYD_SCHEDULER_REDUE_AFTER", 0),
 			ReconcileInterval: e.Duration("RETRYD_SCHEDULER_RECONCILE_INTERVAL", 0),
 			MetricsInterval:   e.Duration("RETRYD_SCHEDULER_METRICS_INTERVAL", 0),
-			OutboxInterval:    e.Duration("RETRYD_SCHEDULER_OUTBOX_INTERVAL", 0),
+			RelayInterval:     e.Duration("RETRYD_SCHEDULER_RELAY_INTERVAL", 0),
 			InboxRetention:    e.Duration("RETRYD_SCHEDULER_INBOX_RETENTION", 0),
 			LockTimeout:       e.Duration("RETRYD_SCHEDULER_LOCK_TIMEOUT", 0),
 		},
@@ -153,6 +155,9 @@ func readSettings(log zerolog.Logger) (settings, error) {
 	}
 	if s.dbURL == "" {
 		e.Add(errors.New("DATABASE_URL is required"))
+	}
+	for _, d := range e.Deprecations() {
+		log.Warn().Msg(d)
 	}
 	return s, e.Err()
 }

@@ -12,7 +12,8 @@
 //	RETRYD_LOG_LEVEL                      debug, info (default), warn, error
 //	RETRYD_TRIGGERS_MIGRATE               apply migrations at start (default true)
 //	RETRYD_TRIGGERS_ENSURE_STREAMS        create/update the streams at start (default true)
-//	RETRYD_TRIGGERS_WORKERS               messages handled at once per consumer (default 4)
+//	RETRYD_TRIGGERS_CONCURRENCY           messages handled at once per consumer (default 4;
+//	                                      RETRYD_TRIGGERS_WORKERS, its old name, still works)
 //	RETRYD_TRIGGERS_ACK_WAIT              consumer ack wait (default 30s)
 //	RETRYD_TRIGGERS_NAK_DELAY             redelivery delay after a transient error (default 1s)
 //	RETRYD_TRIGGERS_COST_LIMIT            CEL cost limit per evaluation (default 100000)
@@ -64,6 +65,7 @@ func run(log zerolog.Logger) error {
 	defer stop()
 
 	e := &envvar.Reader{}
+	e.Renamed("RETRYD_TRIGGERS_CONCURRENCY", "RETRYD_TRIGGERS_WORKERS")
 	dbURL := os.Getenv("DATABASE_URL")
 	addr := envvar.String("RETRYD_HTTP_ADDR", ":8082")
 	migrate := e.Bool("RETRYD_TRIGGERS_MIGRATE", true)
@@ -71,7 +73,7 @@ func run(log zerolog.Logger) error {
 	shutdownTimeout := e.Duration("RETRYD_TRIGGERS_SHUTDOWN_TIMEOUT", 30*time.Second)
 	cfg := triggers.Config{
 		Logger:            log,
-		Workers:           int(e.Int64("RETRYD_TRIGGERS_WORKERS")),
+		Concurrency:       int(e.Int64("RETRYD_TRIGGERS_CONCURRENCY")),
 		AckWait:           e.Duration("RETRYD_TRIGGERS_ACK_WAIT", 0),
 		NakDelay:          e.Duration("RETRYD_TRIGGERS_NAK_DELAY", 0),
 		CostLimit:         uint64(e.Int64("RETRYD_TRIGGERS_COST_LIMIT")),
@@ -90,6 +92,9 @@ func run(log zerolog.Logger) error {
 	}
 	if err := e.Err(); err != nil {
 		return err
+	}
+	for _, d := range e.Deprecations() {
+		log.Warn().Msg(d)
 	}
 	shutdownTracing, err := telemetry.Setup(ctx, "retryd-triggers", log)
 	if err != nil {
