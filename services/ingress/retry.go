@@ -42,68 +42,121 @@ const (
 	mdCancelPublished = "cancel_published"
 )
 
+// dueResult is what handling a due event did.
+type dueResult int
+
+const (
+	// dueUndecided is the zero value: a step that returns it forgot to
+	// decide, which handleDue refuses to commit.
+	dueUndecided dueResult = iota
+	// dueDuplicate: the inbox had the due already.
+	dueDuplicate
+	// dueEvaluated: the gate looked at the deferred event again.
+	dueEvaluated
+	// dueAdmittedBefore: admitted already; the succeeded is sent again.
+	dueAdmittedBefore
+	// dueCancelledBefore: cancelled already; a cancellation ingress
+	// published is sent again.
+	dueCancelledBefore
+	// dueExhaustedBefore: exhausted by the scheduler, which knows.
+	dueExhaustedBefore
+	// dueUnconfirmed: a due for an attempt the ended deferral never heard
+	// of; handed back to wait for the rescheduled event that reopens it.
+	dueUnconfirmed
+	// dueStale: a replay of an attempt evaluated already.
+	dueStale
+	// dueMissing: the event is not in the database; the retry is cancelled.
+	dueMissing
+	// dueTypeCancelled: the source no longer allows the event's type.
+	dueTypeCancelled
+	// dueResolved: nothing left to do (no retry row, or a status that
+	// takes no due).
+	dueResolved
+)
+
+func (r dueResult) String() string {
+	return [...]string{"undecided", "duplicate", "evaluated", "admitted_before", "cancelled_before", "exhausted_before",
+		"unconfirmed", "stale", "missing", "type_cancelled", "resolved"}[r]
+}
+
 // dueOutcome is what handling a due event did, for metrics and logs after
 // the commit.
 type dueOutcome struct {
 	ev      ingressstore.Event
 	source  string
-	what    string // "duplicate", "evaluated", "admitted_before", "cancelled_before", "exhausted_before", "unconfirmed", "stale", "missing", "type_cancelled", "resolved"
+	result  dueResult
 	verdict ingressstore.Verdict
 }
 
 // handleDue evaluates a deferred event again when the scheduler says its
 // next attempt is due.
 func (s *Service) handleDue(ctx context.Context, msg jetstream.Msg) error {
-	lc, err := contract.DecodeLifecycle(msg.Subject(), msg.Data())
+	due, msgID, err := decodeDue(msg)
 	if err != nil {
 		return err
 	}
-	if lc.Kind != contract.KindEvent || lc.Due == nil {
-		return invalid("subject", fmt.Sprintf("%s is not an event due", msg.Subject()))
-	}
-	due := lc.Due
-	msgID := lifecycleMsgID(msg, lc)
 	var delivered uint64 = 1
 	if md, err := msg.Metadata(); err == nil {
 		delivered = md.NumDelivered
 	}
 	var out dueOutcome
 	err = s.inTx(ctx, func(tx pgx.Tx) error {
-		out = dueOutcome{source: due.Source}
-		return s.decideDue(ctx, tx, msgID, due, delivered < unconfirmedDeliveries, &out)
+		var err error
+		out, err = s.decideDue(ctx, tx, msgID, due, delivered < unconfirmedDeliveries)
+		if err == nil && out.result == dueUndecided {
+			err = errors.New("no outcome decided")
+		}
+		return err
 	})
 	if err != nil {
 		return fmt.Errorf("handle due %s: %w", msgID, err)
 	}
-	switch out.what {
-	case "duplicate":
+	switch out.result {
+	case dueDuplicate:
 		return nil
-	case "unconfirmed":
+	case dueUnconfirmed:
 		return durable.NakAfter(unconfirmedDelay)
 	}
 	if err := s.failpoint(FailpointRetryCommitted); err != nil {
 		return err
 	}
 	s.relay.Kick()
+	s.reportDue(due, out)
+	return nil
+}
+
+// decodeDue validates a message of retry.event.due.<id> and returns its
+// due and its message id.
+func decodeDue(msg jetstream.Msg) (*contract.DueData, string, error) {
+	lc, err := contract.DecodeLifecycle(msg.Subject(), msg.Data())
+	if err != nil {
+		return nil, "", err
+	}
+	if lc.Kind != contract.KindEvent || lc.Due == nil {
+		return nil, "", invalid("subject", fmt.Sprintf("%s is not an event due", msg.Subject()))
+	}
+	return lc.Due, lifecycleMsgID(msg, lc), nil
+}
+
+// reportDue counts and logs a due handled and committed.
+func (s *Service) reportDue(due *contract.DueData, out dueOutcome) {
 	s.metrics.retry(out.source, retryDue)
 	log := s.log.Info().Str("source", out.source).Str("event_id", due.ID).Int("attempt", due.Attempt)
-	switch out.what {
-	case "evaluated":
+	switch out.result {
+	case dueEvaluated:
 		if !out.verdict.Admitted {
 			s.metrics.gate.WithLabelValues(s.metrics.sources.label(out.source), decisionDeferred).Inc()
 		}
 		s.logVerdict(out.ev, due.Attempt, out.verdict)
-		return nil
-	case "missing":
+	case dueMissing:
 		s.metrics.retry(out.source, retryCancelled)
 		log.Str("reason", reasonEventMissing).Msg("due event for an event not in the database: cancelled")
-	case "type_cancelled":
+	case dueTypeCancelled:
 		s.metrics.retry(out.source, retryCancelled)
 		log.Str("reason", reasonTypeNotAllowed).Msg("deferred event's type is no longer allowed: cancelled")
 	default:
-		log.Str("status", string(out.ev.Status)).Str("outcome", out.what).Msg("due event needs no evaluation")
+		log.Str("status", string(out.ev.Status)).Str("outcome", out.result.String()).Msg("due event needs no evaluation")
 	}
-	return nil
 }
 
 // decideDue decides a due event inside tx. The event's row is locked
@@ -115,112 +168,127 @@ func (s *Service) handleDue(ctx context.Context, msg jetstream.Msg) error {
 // A due for an attempt an ended deferral never heard of is, most likely, an
 // operator's manual retry whose rescheduled event (which reopens the
 // deferral) is applied by the other consumer a moment later: while wait
-// is true it comes back as "unconfirmed", to be delivered again shortly.
-func (s *Service) decideDue(ctx context.Context, tx pgx.Tx, msgID string, due *contract.DueData, wait bool, out *dueOutcome) error {
-	now := s.cfg.Now()
-	claim := func() (bool, error) {
-		first, err := inbox.Claim(ctx, tx, ConsumerRetry, msgID)
-		if err == nil && !first {
-			out.what = "duplicate"
-		}
-		return first, err
-	}
+// is true it comes back as dueUnconfirmed, to be delivered again shortly.
+func (s *Service) decideDue(ctx context.Context, tx pgx.Tx, msgID string, due *contract.DueData, wait bool) (dueOutcome, error) {
+	out := dueOutcome{source: due.Source}
 	ev, err := ingressstore.LockEvent(ctx, tx, due.ID)
 	if errors.Is(err, ingressstore.ErrNotFound) {
-		if first, err := claim(); err != nil || !first {
-			return err
-		}
-		// Nothing to evaluate (e.g. the database was restored from an older
-		// backup): close the retry instead of letting it come back.
-		out.what = "missing"
-		m, err := cancelledMsg(due.ID, due.Attempt, cancelledByIngress,
-			reasonEventMissing+": event "+due.ID+" is not in workflow_events", now)
-		if err != nil {
-			return err
-		}
-		return outbox.Insert(ctx, tx, OutboxOwner, m)
+		return s.dueForMissingEvent(ctx, tx, msgID, due)
 	}
 	if err != nil {
-		return err
+		return out, err
 	}
-	out.ev = ev
-	out.source = ev.Source
+	out.ev, out.source = ev, ev.Source
 	if ev.Status != ingressstore.StatusCancelled && ev.Status != ingressstore.StatusExhausted {
-		if first, err := claim(); err != nil || !first {
-			return err
+		if first, err := inbox.Claim(ctx, tx, ConsumerRetry, msgID); err != nil || !first {
+			out.result = dueDuplicate
+			return out, err
 		}
 	}
 	switch ev.Status {
 	case ingressstore.StatusAdmitted:
-		// Admitted already (a duplicate due, or the succeeded was lost):
-		// tell the scheduler again so it closes the retry.
-		out.what = "admitted_before"
-		m, err := succeededMsg(ev.ID, ev.Source, due.Attempt, now)
-		if err != nil {
-			return err
-		}
-		return outbox.Insert(ctx, tx, OutboxOwner, m)
+		return s.dueForAdmittedEvent(ctx, tx, due, out)
 	case ingressstore.StatusExhausted, ingressstore.StatusCancelled:
-		r, err := ingressstore.GetRetry(ctx, tx, ev.ID)
-		if errors.Is(err, ingressstore.ErrNotFound) {
-			out.what = "resolved"
-			return nil
-		}
-		if err != nil {
-			return err
-		}
-		if wait && due.Attempt > max(r.Attempts, r.ScheduledAttempt) {
-			out.what = "unconfirmed"
-			return nil
-		}
-		if ev.Status == ingressstore.StatusExhausted {
-			// Ended by the scheduler, which knows it.
-			out.what = "exhausted_before"
-			return nil
-		}
-		// Not admitted. When ingress published the cancellation, publish
-		// it again (same Nats-Msg-Id as the first) in case the scheduler
-		// never received it; a cancellation from the scheduler it knows.
-		out.what = "cancelled_before"
-		if published, _ := r.Metadata[mdCancelPublished].(bool); !published {
-			return nil
-		}
-		by, _ := r.Metadata[mdCancelledBy].(string)
-		reason, _ := r.Metadata[mdCancelReason].(string)
-		m, err := cancelledMsg(ev.ID, r.Attempts, by, reason, now)
-		if err != nil {
-			return err
-		}
-		return outbox.Insert(ctx, tx, OutboxOwner, m)
+		return s.dueForEndedDeferral(ctx, tx, due, wait, out)
 	case ingressstore.StatusDeferred:
+		return s.dueForDeferredEvent(ctx, tx, due, out)
 	default:
-		out.what = "resolved"
-		return nil
+		out.result = dueResolved
+		return out, nil
 	}
+}
+
+// dueForMissingEvent closes the retry of an event the database does not
+// have (e.g. restored from an older backup) instead of letting it come
+// back.
+func (s *Service) dueForMissingEvent(ctx context.Context, tx pgx.Tx, msgID string, due *contract.DueData) (dueOutcome, error) {
+	out := dueOutcome{source: due.Source, result: dueDuplicate}
+	if first, err := inbox.Claim(ctx, tx, ConsumerRetry, msgID); err != nil || !first {
+		return out, err
+	}
+	out.result = dueMissing
+	m, err := cancelledMsg(due.ID, due.Attempt, cancelledByIngress,
+		reasonEventMissing+": event "+due.ID+" is not in workflow_events", s.cfg.Now())
+	if err != nil {
+		return out, err
+	}
+	return out, outbox.Insert(ctx, tx, OutboxOwner, m)
+}
+
+// dueForAdmittedEvent answers a due for an event admitted already (a
+// duplicate due, or the succeeded was lost): the scheduler is told again
+// so it closes the retry.
+func (s *Service) dueForAdmittedEvent(ctx context.Context, tx pgx.Tx, due *contract.DueData, out dueOutcome) (dueOutcome, error) {
+	out.result = dueAdmittedBefore
+	m, err := succeededMsg(out.ev.ID, out.ev.Source, due.Attempt, s.cfg.Now())
+	if err != nil {
+		return out, err
+	}
+	return out, outbox.Insert(ctx, tx, OutboxOwner, m)
+}
+
+// dueForEndedDeferral answers a due for an event whose deferral ended,
+// exhausted or cancelled.
+func (s *Service) dueForEndedDeferral(ctx context.Context, tx pgx.Tx, due *contract.DueData, wait bool, out dueOutcome) (dueOutcome, error) {
+	ev := out.ev
+	r, err := ingressstore.GetRetry(ctx, tx, ev.ID)
+	if errors.Is(err, ingressstore.ErrNotFound) {
+		out.result = dueResolved
+		return out, nil
+	}
+	if err != nil {
+		return out, err
+	}
+	if wait && due.Attempt > max(r.Attempts, r.ScheduledAttempt) {
+		out.result = dueUnconfirmed
+		return out, nil
+	}
+	if ev.Status == ingressstore.StatusExhausted {
+		out.result = dueExhaustedBefore
+		return out, nil
+	}
+	// Not admitted. When ingress published the cancellation, publish it
+	// again (same Nats-Msg-Id as the first) in case the scheduler never
+	// received it; a cancellation from the scheduler it knows.
+	out.result = dueCancelledBefore
+	if published, _ := r.Metadata[mdCancelPublished].(bool); !published {
+		return out, nil
+	}
+	by, _ := r.Metadata[mdCancelledBy].(string)
+	reason, _ := r.Metadata[mdCancelReason].(string)
+	m, err := cancelledMsg(ev.ID, r.Attempts, by, reason, s.cfg.Now())
+	if err != nil {
+		return out, err
+	}
+	return out, outbox.Insert(ctx, tx, OutboxOwner, m)
+}
+
+// dueForDeferredEvent runs the gate again for a deferred event, unless the
+// due is a replay of an attempt evaluated already.
+func (s *Service) dueForDeferredEvent(ctx context.Context, tx pgx.Tx, due *contract.DueData, out dueOutcome) (dueOutcome, error) {
+	ev := out.ev
 	last := due.Attempt - 1
 	r, err := ingressstore.GetRetry(ctx, tx, ev.ID)
 	switch {
 	case errors.Is(err, ingressstore.ErrNotFound):
 	case err != nil:
-		return err
+		return out, err
 	case due.Attempt <= r.Attempts:
-		// This attempt was evaluated already (a replay older than the inbox).
-		out.what = "stale"
-		return nil
+		out.result = dueStale
+		return out, nil
 	default:
 		last = r.Attempts
 	}
 	v, err := ingressstore.GateDue(ctx, tx, ev.Source, ev.Type, ev.ID, due.NextAttemptAt)
 	if errors.Is(err, ingressstore.ErrTypeNotAllowed) {
-		out.what = "type_cancelled"
-		return s.cancelDeferral(ctx, tx, ev, last, cancelledByIngress, reasonTypeNotAllowed+": "+err.Error())
+		out.result = dueTypeCancelled
+		return out, s.cancelDeferral(ctx, tx, ev, last, cancelledByIngress, reasonTypeNotAllowed+": "+err.Error())
 	}
 	if err != nil {
-		return err
+		return out, err
 	}
-	out.what = "evaluated"
-	out.verdict = v
-	return s.apply(ctx, tx, ev, due.Attempt, v)
+	out.result, out.verdict = dueEvaluated, v
+	return out, s.apply(ctx, tx, ev, due.Attempt, v)
 }
 
 // cancelDeferral cancels a deferred event (locked by the caller): status
