@@ -11,7 +11,6 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
-	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
@@ -133,7 +132,7 @@ of retries by state.`,
 			if err != nil {
 				return fmt.Errorf("listen on %s: %w", listen, err)
 			}
-			srv := &http.Server{Handler: gatewayHandler(u, summary, reg, health, log), ReadHeaderTimeout: 10 * time.Second}
+			srv := serve.NewServer("", gatewayHandler(u, summary, reg, health, log))
 			health.SetReady(true)
 			fmt.Fprintf(g.stdout, "retryd gateway on http://%s (dashboard /ui/)\n", ln.Addr())
 			// Not ready first, so load balancers stop sending, then drain.

@@ -223,6 +223,9 @@ func (e *env) call(t *testing.T, method, path string, body any, out any) int {
 	}
 	req, err := http.NewRequestWithContext(e.ctx, method, e.http.URL+path, rd)
 	require.NoError(t, err)
+	if rd != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
 	resp, err := http.DefaultClient.Do(req)
 	require.NoError(t, err)
 	defer resp.Body.Close()

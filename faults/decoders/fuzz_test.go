@@ -121,6 +121,7 @@ func FuzzDecodeJSONPolicy(f *testing.F) {
 	f.Add([]byte(`{"name":"p"} trailing`))
 	f.Fuzz(func(t *testing.T, body []byte) {
 		req := httptest.NewRequest("PUT", "/v1/policies/ft/_", bytes.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
 		var p scheduler.PolicyRequest
 		if err := serve.DecodeJSON(req, 64<<10, &p); err != nil {
 			checkRefusal(t, err)

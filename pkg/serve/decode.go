@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"mime"
 	"net/http"
 	"strings"
 	"unicode/utf8"
@@ -21,6 +22,9 @@ import (
 // ("body" when no field is to blame), ready for WriteError. Nesting deeper
 // than contract.MaxDepth is refused before decoding.
 func DecodeJSON(r *http.Request, limit int64, v any) error {
+	if err := RequireJSON(r); err != nil {
+		return err
+	}
 	if r.Body == nil {
 		return invalid("body", "is empty")
 	}
@@ -54,6 +58,34 @@ func DecodeJSON(r *http.Request, limit int64, v any) error {
 		return invalid("body", "has data after the JSON value")
 	}
 	return contract.CheckStorable("", v)
+}
+
+// RequireJSON refuses a request whose Content-Type is not JSON
+// (application/json, or a type with the +json suffix such as
+// application/cloudevents+json) with an error wrapping
+// ErrUnsupportedMediaType. A browser can send a form or text/plain to
+// another site without asking it first (no CORS preflight); it cannot
+// send application/json, so requiring it shuts that door too.
+func RequireJSON(r *http.Request) error {
+	ct := r.Header.Get("Content-Type")
+	if ct == "" {
+		return fmt.Errorf("%w: Content-Type is missing: send application/json", ErrUnsupportedMediaType)
+	}
+	mt, _, err := mime.ParseMediaType(ct)
+	if err != nil || (mt != "application/json" && !strings.HasSuffix(mt, "+json")) {
+		return fmt.Errorf("%w: Content-Type %q is not JSON: send application/json", ErrUnsupportedMediaType, truncate(ct, 100))
+	}
+	return nil
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
 }
 
 // depth returns the deepest nesting of objects and arrays in b, counting

@@ -14,6 +14,9 @@ var (
 	// ErrConflict is wrapped when the request clashes with the resource's
 	// state, e.g. retrying a retry that is still pending (409).
 	ErrConflict = errors.New("conflict")
+	// ErrUnsupportedMediaType is wrapped when a body is not JSON by its
+	// Content-Type (415).
+	ErrUnsupportedMediaType = errors.New("unsupported media type")
 )
 
 // Error codes of the error body.
@@ -22,6 +25,8 @@ const (
 	CodeTooLarge     = "too_large"
 	CodeNotFound     = "not_found"
 	CodeConflict     = "conflict"
+	CodeMediaType    = "unsupported_media_type"
+	CodeCrossOrigin  = "cross_origin"
 	CodeInternal     = "internal"
 )
 
@@ -77,6 +82,8 @@ func Describe(err error) (int, ErrorDetail) {
 		return http.StatusBadRequest, ErrorDetail{Code: CodeInvalidInput, Message: err.Error(), Field: fieldName}
 	case errors.Is(err, ErrNotFound):
 		return http.StatusNotFound, ErrorDetail{Code: CodeNotFound, Message: err.Error()}
+	case errors.Is(err, ErrUnsupportedMediaType):
+		return http.StatusUnsupportedMediaType, ErrorDetail{Code: CodeMediaType, Message: err.Error(), Field: "Content-Type"}
 	case errors.Is(err, ErrConflict):
 		return http.StatusConflict, ErrorDetail{Code: CodeConflict, Message: err.Error()}
 	}

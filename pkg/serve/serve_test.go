@@ -131,6 +131,7 @@ type request struct {
 func decode(body string, limit int64) (request, error) {
 	var v request
 	r := httptest.NewRequest(http.MethodPost, "/", strings.NewReader(body))
+	r.Header.Set("Content-Type", "application/json")
 	err := serve.DecodeJSON(r, limit, &v)
 	return v, err
 }
@@ -192,6 +193,7 @@ func TestDecodeJSON(t *testing.T) {
 func TestDecodeJSONNilBody(t *testing.T) {
 	t.Parallel()
 	r := httptest.NewRequest(http.MethodPost, "/", nil)
+	r.Header.Set("Content-Type", "application/json")
 	r.Body = nil
 	var v request
 	require.ErrorIs(t, serve.DecodeJSON(r, 10, &v), contract.ErrInvalid)
@@ -286,9 +288,85 @@ func TestDecodeJSONRejectsNUL(t *testing.T) {
 		Reason string `json:"reason"`
 	}
 	r := httptest.NewRequest(http.MethodPost, "/", strings.NewReader(`{"reason":"a\u0000b"}`))
+	r.Header.Set("Content-Type", "application/json")
 	err := serve.DecodeJSON(r, 1024, &v)
 	require.ErrorIs(t, err, contract.ErrInvalid)
 	var fe *contract.FieldError
 	require.ErrorAs(t, err, &fe)
 	require.Equal(t, "reason", fe.Field)
+}
+
+func TestDecodeJSONRequiresAJSONContentType(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		contentType string
+		ok          bool
+	}{
+		{"application/json", true},
+		{"application/json; charset=utf-8", true},
+		{"application/cloudevents+json", true},
+		{"", false},
+		{"text/plain", false},
+		{"application/x-www-form-urlencoded", false},
+		{"multipart/form-data; boundary=x", false},
+		{"application/jsonx", false},
+		{"not a media type;;", false},
+	} {
+		r := httptest.NewRequest(http.MethodPost, "/", strings.NewReader(`{"name":"x"}`))
+		if tc.contentType != "" {
+			r.Header.Set("Content-Type", tc.contentType)
+		}
+		var v request
+		err := serve.DecodeJSON(r, 1024, &v)
+		if tc.ok {
+			require.NoError(t, err, tc.contentType)
+			continue
+		}
+		require.ErrorIs(t, err, serve.ErrUnsupportedMediaType, tc.contentType)
+		status, detail := serve.Describe(err)
+		require.Equal(t, http.StatusUnsupportedMediaType, status)
+		require.Equal(t, serve.CodeMediaType, detail.Code)
+		require.Equal(t, "Content-Type", detail.Field)
+	}
+}
+
+// A page of another origin cannot change anything through a browser: its
+// unsafe requests are refused before any handler runs, while clients that
+// send no browser headers (curl, the CLI, services) and same-origin pages
+// pass.
+func TestServerRefusesCrossOriginWrites(t *testing.T) {
+	t.Parallel()
+	var handled int
+	srv := serve.NewServer("", http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		handled++
+		w.WriteHeader(http.StatusNoContent)
+	}))
+	require.Equal(t, serve.ReadTimeout, srv.ReadTimeout)
+	require.Equal(t, serve.WriteTimeout, srv.WriteTimeout)
+	require.Equal(t, serve.MaxHeaderBytes, srv.MaxHeaderBytes)
+	for _, tc := range []struct {
+		name, method string
+		headers      map[string]string
+		want         int
+	}{
+		{"cross-site POST", http.MethodPost, map[string]string{"Sec-Fetch-Site": "cross-site"}, http.StatusForbidden},
+		{"same-site POST from another origin", http.MethodPut, map[string]string{"Sec-Fetch-Site": "same-site"}, http.StatusForbidden},
+		{"old browser, foreign Origin", http.MethodDelete, map[string]string{"Origin": "https://evil.example"}, http.StatusForbidden},
+		{"same-origin POST", http.MethodPost, map[string]string{"Sec-Fetch-Site": "same-origin"}, http.StatusNoContent},
+		{"curl POST", http.MethodPost, nil, http.StatusNoContent},
+		{"cross-site GET", http.MethodGet, map[string]string{"Sec-Fetch-Site": "cross-site"}, http.StatusNoContent},
+	} {
+		r := httptest.NewRequest(tc.method, "http://retryd.local/v1/sources/shop/pause", strings.NewReader(`{}`))
+		for k, v := range tc.headers {
+			r.Header.Set(k, v)
+		}
+		rec := httptest.NewRecorder()
+		before := handled
+		srv.Handler.ServeHTTP(rec, r)
+		require.Equal(t, tc.want, rec.Code, tc.name)
+		if tc.want == http.StatusForbidden {
+			require.Equal(t, before, handled, "%s reached the handler", tc.name)
+			require.Contains(t, rec.Body.String(), `"code":"cross_origin"`)
+		}
+	}
 }

@@ -89,6 +89,9 @@ func (b *apiBundle) do(t *testing.T, method, path, body string, out any) int {
 	}
 	req, err := http.NewRequest(method, b.srv.URL+path, rd)
 	require.NoError(t, err)
+	if rd != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
 	resp, err := http.DefaultClient.Do(req)
 	require.NoError(t, err)
 	defer resp.Body.Close()

@@ -39,6 +39,9 @@ var bodyBuffers = sync.Pool{New: func() any { return new(bytes.Buffer) }}
 // readBody reads a request body of at most limit bytes into a pooled
 // buffer; put it back with bodyBuffers.Put.
 func readBody(w http.ResponseWriter, r *http.Request, limit int64) (*bytes.Buffer, error) {
+	if err := serve.RequireJSON(r); err != nil {
+		return nil, err
+	}
 	buf := bodyBuffers.Get().(*bytes.Buffer)
 	buf.Reset()
 	if _, err := buf.ReadFrom(http.MaxBytesReader(w, r.Body, limit)); err != nil {

@@ -28,6 +28,9 @@ func (c apiClient) do(method, path, body string) (int, map[string]any) {
 	}
 	req, err := http.NewRequest(method, c.url+path, r)
 	require.NoError(c.t, err)
+	if r != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
 	resp, err := http.DefaultClient.Do(req)
 	require.NoError(c.t, err)
 	defer resp.Body.Close()

@@ -110,6 +110,7 @@ func TestTraceFromAPIToCancelled(t *testing.T) {
 
 	h := telemetry.Handler(s.Handler(), "retryd-scheduler")
 	req := httptest.NewRequest(http.MethodPost, "/v1/retries/traced/t2/cancel", strings.NewReader(`{"reason":"test"}`))
+	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("traceparent", "00-"+ownerTraceID+"-"+ownerSpanID+"-01")
 	rec := httptest.NewRecorder()
 	h.ServeHTTP(rec, req)

@@ -5,11 +5,13 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
 
 	"cel.dev/cel-go/cel"
+	celast "cel.dev/cel-go/common/ast"
 	"cel.dev/cel-go/common/types"
 	"cel.dev/cel-go/ext"
 
@@ -64,6 +66,9 @@ func (e *exprEnv) compile(field, src, hint string, want ...*cel.Type) (cel.Progr
 	if iss != nil && iss.Err() != nil {
 		return nil, invalidField(field, "is not a valid CEL expression: "+strings.TrimSpace(iss.Err().Error()))
 	}
+	if err := boundedAllocation(ast); err != nil {
+		return nil, invalidField(field, err.Error())
+	}
 	out := ast.OutputType()
 	ok := false
 	for _, w := range want {
@@ -87,6 +92,51 @@ func (e *exprEnv) compile(field, src, hint string, want ...*cel.Type) (cel.Progr
 		return nil, invalidField(field, "cannot be planned: "+err.Error())
 	}
 	return prg, nil
+}
+
+// maxJoinSeparator is the longest separator join() may use: with a
+// literal this short the result stays within a few times the event's size.
+const maxJoinSeparator = 8
+
+// boundedAllocation refuses the string functions whose result can be far
+// larger than the event they read. CEL charges a call's cost from the size
+// of its result, that is, after allocating it: the cost limit cannot stop
+// `data.s.replace("a", data.s)` (a 30 kB string became 858 MiB) or
+// `"%s%s%s%s".format([data.s, data.s, data.s, data.s])`. What is left (size, contains, matches,
+// split, substring, lowerAscii, join with a short literal, +, ...) makes
+// results at most a few times its inputs, which the cost limit bounds.
+func boundedAllocation(checked *cel.Ast) error {
+	nav := celast.NavigateAST(checked.NativeRep())
+	for _, call := range celast.MatchDescendants(nav, func(e celast.NavigableExpr) bool { return e.Kind() == celast.CallKind }) {
+		c := call.AsCall()
+		switch c.FunctionName() {
+		case "replace":
+			return errors.New("uses replace(), which trigger expressions do not allow: its result can be far larger than the event " +
+				"(a string replaced by itself), and CEL counts that cost only after allocating it")
+		case "format":
+			return errors.New("uses format(), which trigger expressions do not allow: one call can repeat the event's largest " +
+				"string as many times as it has clauses, and CEL counts that cost only after allocating it")
+		case "join":
+			args := c.Args()
+			if len(args) == 0 {
+				continue
+			}
+			sep, ok := literalString(args[0])
+			if !ok || len(sep) > maxJoinSeparator {
+				return fmt.Errorf("joins with a separator that is not a string literal of at most %d bytes: a long separator "+
+					"between many items makes a result far larger than the event", maxJoinSeparator)
+			}
+		}
+	}
+	return nil
+}
+
+func literalString(e celast.Expr) (string, bool) {
+	if e.Kind() != celast.LiteralKind {
+		return "", false
+	}
+	s, ok := e.AsLiteral().(types.String)
+	return string(s), ok
 }
 
 // compilePredicate compiles a predicate; it must return bool. A predicate

@@ -53,6 +53,9 @@ func TestPredicates(t *testing.T) {
 		{`event.time > timestamp("2026-01-01T00:00:00Z")`, true},
 		{`data.currency.lowerAscii() == "eur"`, true},
 		{`data.flag == true`, true},
+		{`data.tags.join(", ") == "vip, eu"`, true},
+		{`data.tags.join() == "vipeu"`, true},
+		{`data.currency.split("U").size() == 2`, true},
 	}
 	act := testActivation(t, data)
 	for _, c := range cases {
@@ -77,6 +80,12 @@ func TestPredicateCompileErrors(t *testing.T) {
 		`unknown_var == 1`:           "undeclared reference",
 		`size(data.tags) == "x" + 1`: "is not a valid CEL expression",
 		strings.Repeat("a", 5000):    "more than the limit",
+		// Results far larger than the event, allocated before CEL counts
+		// their cost: refused when the trigger is saved.
+		`data.s.replace("a", data.s).size() > 0`:                         "uses replace()",
+		`"%s%s%s%s".format([data.s, data.s, data.s, data.s]).size() > 0`: "uses format()",
+		`data.tags.join(data.s).size() > 0`:                              "not a string literal of at most 8 bytes",
+		`data.tags.join("` + strings.Repeat("-", 9) + `") == ""`:         "not a string literal of at most 8 bytes",
 	}
 	for expr, want := range cases {
 		_, err := x.compilePredicate(expr)

@@ -27,7 +27,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/http"
 	"os"
 	"strconv"
 	"strings"
@@ -125,7 +124,7 @@ func run(log zerolog.Logger) error {
 	}
 	health := &serve.Health{}
 	health.SetReady(true)
-	srv := &http.Server{Addr: os.Getenv("RETRYD_HTTP_ADDR"), Handler: serve.NewMux(reg, health), ReadHeaderTimeout: 5 * time.Second}
+	srv := serve.NewServer(os.Getenv("RETRYD_HTTP_ADDR"), serve.NewMux(reg, health))
 	httpDone := make(chan error, 1)
 	go func() { httpDone <- serve.Run(ctx, srv, log) }()
 	<-ctx.Done()

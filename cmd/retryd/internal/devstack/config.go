@@ -14,7 +14,7 @@ import (
 // Defaults of Config.
 const (
 	DefaultDataDir  = ".data"
-	DefaultHTTPAddr = ":8080"
+	DefaultHTTPAddr = "127.0.0.1:8080"
 	DefaultNATSHost = "127.0.0.1"
 	DefaultNATSPort = 4222
 	// DefaultPoolConns is the size of the one Postgres pool every service
@@ -23,13 +23,14 @@ const (
 )
 
 // Config configures a Stack. The zero value runs on the defaults: data in
-// ./.data, HTTP on :8080, NATS on 127.0.0.1:4222, a local Postgres.
+// ./.data, HTTP on 127.0.0.1:8080, NATS on 127.0.0.1:4222, a local Postgres.
 type Config struct {
 	// DataDir holds the JetStream store (nats/), the local Postgres cluster
 	// (postgres/) and survives restarts. Default ".data".
 	DataDir string
 	// HTTPAddr is where every API, the dashboard (/ui/), /healthz, /readyz
-	// and /metrics are served. Default ":8080"; "127.0.0.1:0" picks a port.
+	// and /metrics are served. Default "127.0.0.1:8080" (loopback only: nothing
+	// on the API authenticates); "127.0.0.1:0" picks a port.
 	HTTPAddr string
 	// NATSHost and NATSPort are where the embedded NATS server listens.
 	// Default 127.0.0.1:4222; port -1 picks a free port.

@@ -12,7 +12,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"net/http"
 	"os"
 	"path/filepath"
 	"sync"
@@ -338,7 +337,7 @@ func (s *Stack) startHTTP() error {
 		return fmt.Errorf("listen on %s (is it taken? use --http): %w", s.cfg.HTTPAddr, err)
 	}
 	s.httpAddr = ln.Addr()
-	srv := &http.Server{Handler: telemetry.Handler(s.routes(), "retryd"), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
+	srv := serve.NewServer("", telemetry.Handler(s.routes(), "retryd"))
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- serve.Serve(ctx, srv, ln, s.log.With().Str("component", "http").Logger()) }()

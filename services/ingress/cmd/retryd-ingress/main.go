@@ -29,7 +29,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"net/http"
 	"os"
 	"time"
 
@@ -125,7 +124,7 @@ func run(ctx context.Context, log zerolog.Logger, ready func(addr string)) error
 	mux := serve.NewMux(reg, health)
 	mux.Handle("/v1/", svc.Handler())
 	mux.Handle(serve.IndexPath, serve.IndexHandler(ingress.Routes()))
-	srv := &http.Server{Handler: telemetry.Handler(mux, "retryd-ingress"), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
+	srv := serve.NewServer("", telemetry.Handler(mux, "retryd-ingress"))
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		_ = svc.Stop(context.Background())

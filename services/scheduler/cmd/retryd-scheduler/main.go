@@ -235,7 +235,7 @@ func serveCmd(ctx context.Context, log zerolog.Logger) error {
 		return errors.Join(append(errs, sched.Stop(ctx))...)
 	}
 	health.SetReady(true)
-	srv := &http.Server{Addr: s.addr, Handler: telemetry.Handler(mux, "retryd-scheduler"), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
+	srv := serve.NewServer(s.addr, telemetry.Handler(mux, "retryd-scheduler"))
 	httpCtx, stopHTTP := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopHTTP()
 	httpDone := make(chan error, 1)

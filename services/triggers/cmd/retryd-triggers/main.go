@@ -33,7 +33,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/http"
 	"os"
 	"time"
 
@@ -133,7 +132,7 @@ func run(log zerolog.Logger) error {
 	mux := serve.NewMux(reg, health)
 	mux.Handle("/v1/", svc.Handler())
 	mux.Handle(serve.IndexPath, serve.IndexHandler(triggers.Routes()))
-	srv := &http.Server{Addr: addr, Handler: telemetry.Handler(mux, "retryd-triggers"), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
+	srv := serve.NewServer(addr, telemetry.Handler(mux, "retryd-triggers"))
 	httpCtx, stopHTTP := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopHTTP()
 	httpDone := make(chan error, 1)
