@@ -238,6 +238,7 @@ func TestNATSConfig(t *testing.T) {
 			{"producer", "pub", "events.perm.thing"},
 			{"producer", "pub", "retry.job.failed.x"},
 			{"worker", "pub", "retry.job.scheduled.x"},
+			{"worker", "pub", "retry.event.held.x"},
 			{"worker", "pub", "$JS.API.STREAM.DELETE.RETRIES"},
 			// A worker may read the last outcome of a job, not other
 			// kinds' lifecycle messages (their payloads).
@@ -261,7 +262,11 @@ func TestNATSConfig(t *testing.T) {
 		require.False(t, denied(t, url, certs.CA, "ingress", "pub", "retry.event.released.x"))
 		require.False(t, denied(t, url, certs.CA, "triggers", "pub", "retry.event-trigger.held.x"))
 		require.False(t, denied(t, url, certs.CA, "triggers", "pub", "retry.event-trigger.released.x"))
+		require.False(t, denied(t, url, certs.CA, "worker", "pub", "retry.job.held.x"))
+		require.False(t, denied(t, url, certs.CA, "worker", "pub", "retry.job.released.x"))
 		require.False(t, denied(t, url, certs.CA, "worker", "pub", "$JS.API.DIRECT.GET.RETRIES.retry.job.succeeded.x"))
+		// The workflow engine renews its runs' leases.
+		require.False(t, denied(t, url, certs.CA, "runner", "pub", "runs.x.heartbeat.y"))
 	})
 }
 

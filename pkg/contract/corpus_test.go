@@ -43,6 +43,8 @@ func decoders(t *testing.T) []decoder {
 	require.NoError(t, err)
 	fin, err := contract.NewRunMsg("retryd/test", contract.RunFailed, contract.RunFinishedData{RunID: "r1", Workflow: "billing", Error: &contract.ErrorInfo{Message: "x"}}, now)
 	require.NoError(t, err)
+	hb, err := contract.NewRunMsg("retryd/test", contract.RunHeartbeat, contract.RunHeartbeatData{RunID: "r1", Workflow: "billing"}, now)
+	require.NoError(t, err)
 	evt, err := contract.NewEventMsg("ingest.shop", contract.Envelope{SpecVersion: "1.0", ID: "e1", Source: "shop", Type: "invoice.paid", Time: now, Data: json.RawMessage(`{"n":1}`)})
 	require.NoError(t, err)
 
@@ -55,6 +57,8 @@ func decoders(t *testing.T) []decoder {
 			decode: func(s string, b []byte) error { _, _, err := contract.DecodeRunRequested(s, b); return err }},
 		{name: "DecodeRunFinished", root: "envelope", subject: fin.Subject, body: fin.Data, typed: true,
 			decode: func(s string, b []byte) error { _, _, err := contract.DecodeRunFinished(s, b); return err }},
+		{name: "DecodeRunHeartbeat", root: "envelope", subject: hb.Subject, body: hb.Data, typed: true,
+			decode: func(s string, b []byte) error { _, _, err := contract.DecodeRunHeartbeat(s, b); return err }},
 		{name: "DecodeEventMsg", root: "envelope", subject: evt.Subject, body: evt.Data,
 			decode: func(_ string, b []byte) error { _, err := contract.DecodeEventMsg(b); return err }},
 		{name: "DecodeEnvelope", root: "envelope", subject: evt.Subject, body: evt.Data,
@@ -221,6 +225,13 @@ func specificCases(t *testing.T, d decoder) []badCase {
 			c("bad event", "runs.billing.started.r1", d.body, contract.ErrInvalid, "subject event"),
 			c("error wrong type", d.subject, set("error", 5), contract.ErrInvalid, `"error"`),
 			c("error class", d.subject, set("error", map[string]any{"class": "Not A Token", "message": "x"}), contract.ErrInvalid, "data.error.class"),
+		)
+	case "DecodeRunHeartbeat":
+		return append(idCases(t, d, "run_id"),
+			c("completed subject", contract.RunSubject("billing", contract.RunCompleted, "r1"), d.body, contract.ErrInvalid, "subject event"),
+			c("run id differs", contract.RunSubject("billing", contract.RunHeartbeat, "r2"), d.body, contract.ErrInvalid, "does not match subject"),
+			c("workflow differs", contract.RunSubject("other", contract.RunHeartbeat, "r1"), d.body, contract.ErrInvalid, "does not match subject"),
+			c("unknown field", d.subject, set("lease", "1h"), contract.ErrInvalid, `unknown field "lease"`),
 		)
 	case "DecodeEventMsg":
 		cases := []badCase{}

@@ -119,6 +119,33 @@ func TestRunMsgRoundTrip(t *testing.T) {
 	requireFieldErr(t, err, contract.ErrInvalid, `unknown field "trigger_id"`)
 }
 
+func TestRunHeartbeatRoundTrip(t *testing.T) {
+	t.Parallel()
+	hb := contract.RunHeartbeatData{RunID: "r1", Workflow: "billing"}
+	msg, err := contract.NewRunMsg("worker", contract.RunHeartbeat, hb, now)
+	require.NoError(t, err)
+	require.Equal(t, "runs.billing.heartbeat.r1", msg.Subject)
+	require.Equal(t, contract.RunHeartbeatMsgID("r1", now), msg.Header.Get(contract.HeaderMsgID))
+	next, err := contract.NewRunMsg("worker", contract.RunHeartbeat, hb, now.Add(time.Second))
+	require.NoError(t, err)
+	require.NotEqual(t, msg.Header.Get(contract.HeaderMsgID), next.Header.Get(contract.HeaderMsgID),
+		"each heartbeat has its own id, or the duplicate window drops the later ones")
+	env, got, err := contract.DecodeRunHeartbeat(msg.Subject, msg.Data)
+	require.NoError(t, err)
+	require.Equal(t, hb, got)
+	require.Equal(t, "run.heartbeat", env.Type)
+
+	// A heartbeat is not an end, and an end is not a heartbeat.
+	_, _, err = contract.DecodeRunFinished(msg.Subject, msg.Data)
+	requireFieldErr(t, err, contract.ErrInvalid, "subject event")
+	_, _, err = contract.DecodeRunHeartbeat(contract.RunSubject("billing", contract.RunCompleted, "r1"), msg.Data)
+	requireFieldErr(t, err, contract.ErrInvalid, "subject event")
+	_, _, err = contract.DecodeRunHeartbeat(contract.RunSubject("billing", contract.RunHeartbeat, "r2"), msg.Data)
+	requireFieldErr(t, err, contract.ErrInvalid, "does not match subject")
+	_, err = contract.NewRunMsg("worker", contract.RunCompleted, hb, now)
+	requireFieldErr(t, err, contract.ErrInvalid, "event")
+}
+
 func TestNewRunMsgRefuses(t *testing.T) {
 	t.Parallel()
 	req := contract.RunRequestedData{RunID: "r1", Workflow: "billing", TriggerID: "t1", DeliveryID: "d1", EventID: "e1"}

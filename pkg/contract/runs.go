@@ -3,6 +3,7 @@ package contract
 import (
 	"encoding/json"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -28,8 +29,34 @@ type RunFinishedData struct {
 	Error    *ErrorInfo `json:"error,omitempty"`
 }
 
+// RunHeartbeatData renews the lease of a run in flight; published by
+// whatever executes the run on runs.<workflow>.heartbeat.<run_id>, as
+// often as it likes but well within the trigger's run timeout. Each
+// heartbeat has its own Nats-Msg-Id (RunHeartbeatMsgID): one id per run
+// would make the stream's duplicate window drop every heartbeat but the
+// first.
+type RunHeartbeatData struct {
+	RunID    string `json:"run_id"`
+	Workflow string `json:"workflow"`
+}
+
 // RunMsgID is the Nats-Msg-Id of a run event: "run-<event>:<run_id>".
 func RunMsgID(event, runID string) string { return "run-" + event + ":" + runID }
+
+// RunHeartbeatMsgID is the Nats-Msg-Id of a heartbeat:
+// "run-heartbeat:<run_id>:<unix nanoseconds>". A publish retried with the
+// same message keeps its id, so the stream stores it once.
+func RunHeartbeatMsgID(runID string, at time.Time) string {
+	return RunMsgID(RunHeartbeat, runID) + ":" + strconv.FormatInt(at.UnixNano(), 10)
+}
+
+// Validate checks a heartbeat.
+func (d RunHeartbeatData) Validate() error {
+	if err := ValidateID("data.run_id", d.RunID); err != nil {
+		return err
+	}
+	return ValidateToken("data.workflow", d.Workflow)
+}
 
 // Validate checks a run request.
 func (d RunRequestedData) Validate() error {
@@ -58,8 +85,9 @@ func (d RunFinishedData) Validate() error {
 	return nil
 }
 
-// NewRunMsg builds a RUNS message; data is RunRequestedData for "requested"
-// and RunFinishedData for "completed" and "failed".
+// NewRunMsg builds a RUNS message; data is RunRequestedData for
+// "requested", RunFinishedData for "completed" and "failed" and
+// RunHeartbeatData for "heartbeat".
 func NewRunMsg(source, event string, data interface{ Validate() error }, now time.Time) (*nats.Msg, error) {
 	var workflow, runID string
 	switch d := data.(type) {
@@ -73,6 +101,11 @@ func NewRunMsg(source, event string, data interface{ Validate() error }, now tim
 		if event != RunCompleted && event != RunFailed {
 			return nil, fieldErr("event", "RunFinishedData goes with completed or failed")
 		}
+	case RunHeartbeatData:
+		workflow, runID = d.Workflow, d.RunID
+		if event != RunHeartbeat {
+			return nil, fieldErr("event", "RunHeartbeatData goes with heartbeat")
+		}
 	default:
 		return nil, fieldErr("data", fmt.Sprintf("%T is not run data", data))
 	}
@@ -84,6 +117,9 @@ func NewRunMsg(source, event string, data interface{ Validate() error }, now tim
 		return nil, fmt.Errorf("marshal run data: %w", err)
 	}
 	msgID := RunMsgID(event, runID)
+	if event == RunHeartbeat {
+		msgID = RunHeartbeatMsgID(runID, now)
+	}
 	return newEnvelopeMsg(RunSubject(workflow, event, runID), msgID, source, "run."+event, raw, now)
 }
 
@@ -115,8 +151,27 @@ func DecodeRunFinished(subject string, body []byte) (Envelope, RunFinishedData, 
 		if err != nil {
 			return err
 		}
-		if p.Event == RunRequested {
-			return fieldErr("subject event", "requested is not completed or failed")
+		if p.Event != RunCompleted && p.Event != RunFailed {
+			return fieldErr("subject event", fmt.Sprintf("%q is not completed or failed", p.Event))
+		}
+		if err := d.Validate(); err != nil {
+			return err
+		}
+		return matchRunSubject(p, d.Workflow, d.RunID)
+	})
+	return env, d, err
+}
+
+// DecodeRunHeartbeat strictly decodes a runs.*.heartbeat.* message.
+func DecodeRunHeartbeat(subject string, body []byte) (Envelope, RunHeartbeatData, error) {
+	var d RunHeartbeatData
+	env, err := decodeTyped(subject, body, &d, func() error {
+		p, err := ParseRunSubject(subject)
+		if err != nil {
+			return err
+		}
+		if p.Event != RunHeartbeat {
+			return fieldErr("subject event", fmt.Sprintf("%q is not heartbeat", p.Event))
 		}
 		if err := d.Validate(); err != nil {
 			return err

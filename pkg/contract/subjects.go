@@ -65,6 +65,10 @@ const (
 	RunRequested = "requested"
 	RunCompleted = "completed"
 	RunFailed    = "failed"
+	// RunHeartbeat is an executor renewing the lease of a run in flight:
+	// the run keeps its concurrency slot for another run timeout. See
+	// RunHeartbeatData.
+	RunHeartbeat = "heartbeat"
 )
 
 // IngestSubject is "ingest.<source>".
@@ -167,9 +171,9 @@ func ParseRunSubject(subject string) (RunSubjectParts, error) {
 		return RunSubjectParts{}, err
 	}
 	switch p.Event {
-	case RunRequested, RunCompleted, RunFailed:
+	case RunRequested, RunCompleted, RunFailed, RunHeartbeat:
 	default:
-		return RunSubjectParts{}, fieldErr("subject event", fmt.Sprintf("%q is not requested, completed or failed", p.Event))
+		return RunSubjectParts{}, fieldErr("subject event", fmt.Sprintf("%q is not requested, completed, failed or heartbeat", p.Event))
 	}
 	if err := ValidateID("subject run_id", p.RunID); err != nil {
 		return RunSubjectParts{}, err

@@ -119,7 +119,7 @@ func TestParseIngestSubject(t *testing.T) {
 
 func TestParseRunSubject(t *testing.T) {
 	t.Parallel()
-	for _, ev := range []string{contract.RunRequested, contract.RunCompleted, contract.RunFailed} {
+	for _, ev := range []string{contract.RunRequested, contract.RunCompleted, contract.RunFailed, contract.RunHeartbeat} {
 		p, err := contract.ParseRunSubject(contract.RunSubject("billing", ev, "r-1"))
 		require.NoError(t, err)
 		require.Equal(t, contract.RunSubjectParts{Workflow: "billing", Event: ev, RunID: "r-1"}, p)

@@ -6,7 +6,10 @@
 // then Start; Stop drains it. The handler's error decides the attempt's
 // outcome: nil reports success, an error built with pkg/errclass carries
 // its class, retry-after hint and non-retryable flag, and any other error
-// is classified by its message. Enqueue submits a job.
+// is classified by its message. A handler that must wait for permission (a
+// downstream "not now", a per-tenant cap, a maintenance window) returns
+// Hold instead: the job waits without using a retry. Enqueue submits a
+// job.
 //
 // Jobs are delivered at least once: the outcome is published before the job
 // is acked, so a crash in between runs the attempt again. Key external

@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/pkg/errclass"
 	"github.com/retryd/retryd/pkg/worker"
 )
@@ -64,6 +65,37 @@ func ExampleHandler() {
 	// Output:
 	// validation false
 	// <nil>
+}
+
+// A handler that must wait for permission holds its job instead of
+// failing it: the job comes back after the wait without using a retry.
+// WithHoldKey lets a released fact for the tenant lift the hold early.
+func ExampleHold() {
+	busy := map[string]bool{"t1": true}
+	var syncTenant worker.Handler = func(ctx context.Context, job *worker.Job) error {
+		var in struct {
+			Tenant string `json:"tenant"`
+		}
+		if err := job.DecodePayload(&in); err != nil {
+			return errclass.Wrap(errclass.Validation, err)
+		}
+		if busy[in.Tenant] {
+			return worker.Hold(10*time.Minute, "tenant "+in.Tenant+" is at its sync cap",
+				worker.WithHoldKey("tenant-"+in.Tenant), worker.WithHoldReason(contract.HoldConcurrency))
+		}
+		return nil
+	}
+
+	err := syncTenant(context.Background(), &worker.Job{ID: "j1", Type: "sync", Attempt: 1, Payload: json.RawMessage(`{"tenant":"t1"}`)})
+	if h, ok := worker.AsHold(err); ok {
+		fmt.Println(h.After, h.Reason, h.Key)
+		fmt.Println(h.Detail)
+	}
+	fmt.Println(worker.Hold(-time.Second, "oops"))
+	// Output:
+	// 10m0s concurrency tenant-t1
+	// tenant t1 is at its sync cap
+	// hold job: after must be more than 0, got -1s
 }
 
 // New needs a JetStream context; the logger is any *slog.Logger, here JSON

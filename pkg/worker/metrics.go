@@ -21,6 +21,7 @@ type metrics struct {
 const (
 	outcomeSucceeded   = "succeeded"
 	outcomeFailed      = "failed"
+	outcomeHeld        = "held"
 	outcomePanicked    = "panicked"
 	outcomeTimedOut    = "timed_out"
 	outcomeInterrupted = "interrupted"
@@ -30,7 +31,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
 		attempts: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "retryd", Subsystem: "worker", Name: "attempts_total",
-			Help: "Job attempts run, by job type and outcome (succeeded, failed, panicked, timed_out, interrupted).",
+			Help: "Job attempts run, by job type and outcome (succeeded, failed, held, panicked, timed_out, interrupted).",
 		}, []string{"job_type", "outcome"}),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: "retryd", Subsystem: "worker", Name: "attempt_duration_seconds",

@@ -70,6 +70,14 @@ func (w *Worker) classify(res attemptResult) failure {
 	case errors.As(err, &p):
 		return failure{class: errclass.Temporary, message: p.Error()}
 	}
+	if h, ok := AsHold(err); ok {
+		// A valid hold never gets here: this one was built by hand with
+		// values the scheduler cannot honour. Like a panic, it is a bug
+		// in the handler: report it as a temporary failure that says so.
+		if verr := h.validate(); verr != nil {
+			return failure{class: errclass.Temporary, message: fmt.Errorf("hold job: %w", verr).Error()}
+		}
+	}
 	f := failure{message: err.Error()}
 	if e, ok := errclass.As(err); ok {
 		f.class = e.Class
@@ -97,7 +105,7 @@ func (w *Worker) failedMsg(d contract.JobData, checkpoint json.RawMessage, res a
 		Kind:         contract.KindJob,
 		ID:           d.ID,
 		Attempt:      d.Attempt,
-		Error:        contract.ErrorInfo{Class: string(f.class), Message: truncate(f.message, contract.MaxMessageLen), NonRetryable: f.nonRetryable},
+		Error:        contract.ErrorInfo{Class: string(f.class), Message: reportable(f.message), NonRetryable: f.nonRetryable},
 		RetryAfter:   f.retryAfter,
 		JobType:      d.JobType,
 		MaxRetries:   d.MaxRetries,

@@ -77,7 +77,7 @@ func (w *Worker) guardReplay(ctx context.Context, p *pull) error {
 
 // alreadyDone reports whether msg is history a new consumer replays and
 // the job's attempt already has an outcome on RETRIES (succeeded, failed,
-// exhausted or cancelled, at that attempt or a later one): it is then
+// held, exhausted or cancelled, at that attempt or a later one): it is then
 // acked without running. Any doubt runs it: at least once.
 func (w *Worker) alreadyDone(p *pull, msg jetstream.Msg, id string, attempt int, log *slog.Logger) bool {
 	g := p.replay.Load()
@@ -92,7 +92,7 @@ func (w *Worker) alreadyDone(p *pull, msg jetstream.Msg, id string, attempt int,
 	// checked even while the worker stops.
 	ctx, cancel := context.WithTimeout(context.Background(), outcomeLookupTimeout)
 	defer cancel()
-	for _, ev := range []contract.Lifecycle{contract.Succeeded, contract.Failed, contract.Exhausted, contract.Cancelled} {
+	for _, ev := range []contract.Lifecycle{contract.Succeeded, contract.Failed, contract.Held, contract.Exhausted, contract.Cancelled} {
 		m, err := g.retries.GetLastMsgForSubject(ctx, contract.RetrySubject(contract.KindJob, ev, id))
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
 			continue

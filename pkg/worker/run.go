@@ -112,6 +112,8 @@ type attemptResult struct {
 	outcome     string
 	timeout     time.Duration
 	interrupted bool
+	// hold is the valid hold the handler returned (outcome held).
+	hold *HoldError
 	// returned is closed when the handler goroutine has returned; a handler
 	// that overran its timeout and grace may still be running.
 	returned <-chan struct{}
@@ -160,9 +162,12 @@ func (w *Worker) process(p *pull, jobType string, h Handler, msg jetstream.Msg) 
 	}
 
 	var out *outcomeMsg
-	if res.err == nil {
+	switch {
+	case res.err == nil:
 		out, err = w.succeededMsg(data)
-	} else {
+	case res.hold != nil:
+		out, err = w.heldMsg(data, job.checkpoint(), res.hold, log)
+	default:
 		out, err = w.failedMsg(data, job.checkpoint(), res, log)
 	}
 	if err != nil {
@@ -171,7 +176,10 @@ func (w *Worker) process(p *pull, jobType string, h Handler, msg jetstream.Msg) 
 		_ = msg.TermWithReason("worker could not build outcome: " + contract.LogReason(err))
 		return
 	}
-	tracing.Fail(span, res.err)
+	if res.hold == nil {
+		// A hold is waiting, not an error: the span stays unmarked.
+		tracing.Fail(span, res.err)
+	}
 	tracing.Inject(tctx, out.msg.Header) // the scheduler continues this attempt's trace
 	if err := w.publish(out.msg, out.event); err != nil {
 		log.Warn("publish outcome failed; job redelivered for another attempt", slog.Any("error", err), slog.String("event", out.event))
@@ -186,7 +194,11 @@ func (w *Worker) process(p *pull, jobType string, h Handler, msg jetstream.Msg) 
 	}
 	cancel()
 	level, attrs := slog.LevelInfo, []slog.Attr{slog.String("event", out.event), slog.Duration("took", time.Since(start))}
-	if res.err != nil {
+	switch {
+	case res.hold != nil:
+		// Not the detail: like an error message, it may quote the input.
+		attrs = append(attrs, slog.String("reason", out.class), slog.Duration("hold_for", res.hold.After))
+	case res.err != nil:
 		level, attrs = slog.LevelWarn, append(attrs, slog.String("class", out.class))
 	}
 	log.LogAttrs(context.Background(), level, "job attempt reported", attrs...)
@@ -231,6 +243,7 @@ func (w *Worker) runHandler(tctx context.Context, h Handler, job *Job, timeout t
 	}
 	res := attemptResult{err: err, timeout: timeout, returned: returned}
 	var p *panicError
+	hold, held := AsHold(err)
 	switch {
 	case err == nil:
 		res.outcome = outcomeSucceeded
@@ -239,6 +252,10 @@ func (w *Worker) runHandler(tctx context.Context, h Handler, job *Job, timeout t
 	case errors.As(err, &p):
 		res.outcome = outcomePanicked
 		log.Error("handler panicked", slog.String("stack", p.stack))
+	case held && hold.validate() == nil:
+		// Before the timeout check: a handler that decided to hold as its
+		// time ran out still decided; the hold is its answer.
+		res.outcome, res.hold = outcomeHeld, hold
 	case errors.Is(ctx.Err(), context.DeadlineExceeded):
 		res.outcome = outcomeTimedOut
 	default:

@@ -68,6 +68,8 @@ func New(cfg Config) (*Worker, error) {
 // Handle registers the handler of a job type. It must be called before
 // Start. The handler's error decides what happens next:
 //   - nil: retry.job.succeeded.<id> is published.
+//   - a *HoldError (Hold): retry.job.held.<id> is published; the job waits
+//     without using a retry (see HoldError).
 //   - an *errclass.Error (errclass.New, Wrap, RetryAfter, NonRetryable):
 //     its class, retry-after hint and non-retryable flag are reported.
 //   - any other error: Config.Classifier classifies its message.

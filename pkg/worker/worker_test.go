@@ -30,7 +30,7 @@ type bundle struct {
 	nc  *nats.Conn
 	js  jetstream.JetStream
 	reg *prometheus.Registry
-	// outcomes reads retry.job.> in order.
+	// outcomes reads the job outcomes (failed, succeeded, held) in order.
 	outcomes jetstream.Consumer
 }
 
@@ -40,7 +40,7 @@ func setup(t *testing.T) *bundle {
 	nc, js := natstest.Connect(t, srv)
 	natstest.EnsureStreams(t, js)
 	cons, err := js.OrderedConsumer(context.Background(), contract.StreamRetries, jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{"retry.job.failed.*", "retry.job.succeeded.*"},
+		FilterSubjects: []string{"retry.job.failed.*", "retry.job.succeeded.*", "retry.job.held.*"},
 	})
 	require.NoError(t, err)
 	return &bundle{nc: nc, js: js, reg: prometheus.NewRegistry(), outcomes: cons}
@@ -72,7 +72,7 @@ func (b *bundle) newWorker(t *testing.T, cfg worker.Config, handlers map[string]
 	return w
 }
 
-// nextOutcome returns the next failed or succeeded event.
+// nextOutcome returns the next failed, succeeded or held event.
 func (b *bundle) nextOutcome(t *testing.T) contract.LifecycleEvent {
 	t.Helper()
 	msg, err := b.outcomes.Next(jetstream.FetchMaxWait(wait))

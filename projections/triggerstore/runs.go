@@ -31,32 +31,38 @@ type Run struct {
 	Status      RunStatus
 	Error       string
 	RequestedAt time.Time
-	FinishedAt  *time.Time
-	UpdatedAt   time.Time
+	// LeaseExpiresAt is when the run loses its concurrency slot unless a
+	// heartbeat or its end comes first. Nil for runs launched before
+	// leases existed: their lease is RequestedAt plus the service's
+	// default run timeout.
+	LeaseExpiresAt *time.Time
+	FinishedAt     *time.Time
+	UpdatedAt      time.Time
 }
 
 const runColumns = `run_id, workflow, coalesce(delivery_id, ''), coalesce(trigger_id, ''),
-	coalesce(event_id, ''), status, error, requested_at, finished_at, updated_at`
+	coalesce(event_id, ''), status, error, requested_at, lease_expires_at, finished_at, updated_at`
 
 func scanRun(row interface{ Scan(...any) error }) (Run, error) {
 	var r Run
 	var status string
 	if err := row.Scan(&r.ID, &r.Workflow, &r.DeliveryID, &r.TriggerID, &r.EventID, &status,
-		&r.Error, &r.RequestedAt, &r.FinishedAt, &r.UpdatedAt); err != nil {
+		&r.Error, &r.RequestedAt, &r.LeaseExpiresAt, &r.FinishedAt, &r.UpdatedAt); err != nil {
 		return Run{}, err
 	}
 	r.Status = RunStatus(status)
 	return r, nil
 }
 
-// InsertRun records a requested run. A delivery launches at most one run:
-// inserted is false when the run id or the delivery already has a run.
+// InsertRun records a requested run with its first lease
+// (r.LeaseExpiresAt). A delivery launches at most one run: inserted is
+// false when the run id or the delivery already has a run.
 func InsertRun(ctx context.Context, db DB, r Run) (inserted bool, err error) {
 	tag, err := db.Exec(ctx, `
-		INSERT INTO workflow_runs (run_id, workflow, delivery_id, trigger_id, event_id, status, requested_at)
-		VALUES ($1, $2, $3, $4, $5, 'requested', $6)
+		INSERT INTO workflow_runs (run_id, workflow, delivery_id, trigger_id, event_id, status, requested_at, lease_expires_at)
+		VALUES ($1, $2, $3, $4, $5, 'requested', $6, $7)
 		ON CONFLICT DO NOTHING`,
-		r.ID, r.Workflow, nullString(r.DeliveryID), nullString(r.TriggerID), nullString(r.EventID), r.RequestedAt)
+		r.ID, r.Workflow, nullString(r.DeliveryID), nullString(r.TriggerID), nullString(r.EventID), r.RequestedAt, r.LeaseExpiresAt)
 	if err != nil {
 		return false, fmt.Errorf("insert run: %w", err)
 	}
@@ -101,26 +107,32 @@ func WaitingForSlot(ctx context.Context, db DB, triggerID string) (bool, error) 
 // status_reason it leaves on the run's delivery.
 const RunTimeoutReason = "run_timeout"
 
-// ExpireRuns fails, as run_timeout, up to limit runs requested before
-// cutoff that never finished (their completed or failed message never
-// arrived), oldest first, and records run_timeout as their deliveries'
-// status_reason: their concurrency slots are free again. Runs locked by
-// another transaction are skipped. It returns the runs it failed.
-func ExpireRuns(ctx context.Context, db DB, cutoff time.Time, limit int) ([]Run, error) {
+// ExpireRuns fails, as run_timeout, up to limit runs in flight whose
+// lease ended before now (no heartbeat and no completed or failed message
+// came in time), earliest lease first, and records run_timeout as their
+// deliveries' status_reason: their concurrency slots are free again. A
+// run without a lease (launched before leases existed) ends at its
+// requested_at plus defaultTimeout. Runs locked by another transaction (a
+// heartbeat being applied) are skipped. It returns the runs it failed.
+func ExpireRuns(ctx context.Context, db DB, now time.Time, defaultTimeout time.Duration, limit int) ([]Run, error) {
 	rows, err := db.Query(ctx, `
 		WITH expired AS (
-			UPDATE workflow_runs r SET status = 'failed', error = $3, finished_at = now(), updated_at = now()
+			-- finished_at is the clock the lease was judged by, not the
+			-- transaction's start, which may come before the lease ended.
+			UPDATE workflow_runs r SET status = 'failed', error = $3, finished_at = $1, updated_at = now()
 			WHERE r.run_id IN (
 				SELECT run_id FROM workflow_runs
-				WHERE status IN ('requested', 'running') AND requested_at < $1
-				ORDER BY requested_at LIMIT $2
+				WHERE status IN ('requested', 'running')
+				  AND (lease_expires_at < $1 OR (lease_expires_at IS NULL AND requested_at < $1 - $4 * interval '1 millisecond'))
+				ORDER BY coalesce(lease_expires_at, requested_at) LIMIT $2
 				FOR UPDATE SKIP LOCKED)
 			RETURNING r.*
 		), marked AS (
 			UPDATE workflow_trigger_deliveries d SET status_reason = $3, updated_at = now()
 			FROM expired WHERE d.run_id = expired.run_id
 		)
-		SELECT `+runColumns+` FROM expired ORDER BY requested_at`, cutoff, limit, RunTimeoutReason)
+		SELECT `+runColumns+` FROM expired ORDER BY coalesce(lease_expires_at, requested_at)`,
+		now, limit, RunTimeoutReason, defaultTimeout.Milliseconds())
 	if err != nil {
 		return nil, fmt.Errorf("expire runs: %w", err)
 	}
@@ -137,6 +149,32 @@ func ExpireRuns(ctx context.Context, db DB, cutoff time.Time, limit int) ([]Run,
 		return nil, fmt.Errorf("expire runs: %w", err)
 	}
 	return out, nil
+}
+
+// ExtendLease renews the lease of a run in flight to sentAt plus its
+// trigger's run timeout (defaultTimeout when the trigger sets none), with
+// sentAt capped at the database's now(): a heartbeat redelivered or
+// replayed long after it was sent extends the lease no further than it
+// did when it was new, and a lease never moves backwards. extended is
+// false for a run that has finished (left as it was); ErrNotFound means
+// retryd did not launch the run.
+func ExtendLease(ctx context.Context, db DB, id string, sentAt time.Time, defaultTimeout time.Duration) (r Run, extended bool, err error) {
+	r, err = scanRun(db.QueryRow(ctx, `
+		UPDATE workflow_runs r
+		SET lease_expires_at = GREATEST(r.lease_expires_at, LEAST(now(), $2) + coalesce(
+		        (SELECT t.run_timeout_ms FROM workflow_triggers t WHERE t.trigger_id = r.trigger_id), $3
+		    ) * interval '1 millisecond'),
+		    updated_at = now()
+		WHERE r.run_id = $1 AND r.status IN ('requested', 'running')
+		RETURNING `+runColumns, id, sentAt, defaultTimeout.Milliseconds()))
+	if err == nil {
+		return r, true, nil
+	}
+	if !errors.Is(err, pgx.ErrNoRows) {
+		return Run{}, false, fmt.Errorf("extend run lease: %w", err)
+	}
+	r, err = GetRun(ctx, db, id)
+	return r, false, err
 }
 
 // maxRunError bounds the error text kept for a failed run.

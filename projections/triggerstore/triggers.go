@@ -28,8 +28,11 @@ type Definition struct {
 	// one budget per key; empty is one budget for the trigger.
 	ThrottleKey    string
 	MaxConcurrency int
-	Workflow       string
-	Enabled        bool
+	// RunTimeout is how long a run of the trigger holds its concurrency
+	// slot without a heartbeat or an end; zero is the service's default.
+	RunTimeout time.Duration
+	Workflow   string
+	Enabled    bool
 }
 
 // Trigger is a row of workflow_triggers.
@@ -67,6 +70,7 @@ type snapshot struct {
 	ThrottleWindowMS int64  `json:"throttle_window_ms,omitempty"`
 	ThrottleKey      string `json:"throttle_key,omitempty"`
 	MaxConcurrency   int    `json:"max_concurrency,omitempty"`
+	RunTimeoutMS     int64  `json:"run_timeout_ms,omitempty"`
 	Workflow         string `json:"workflow"`
 	Enabled          bool   `json:"enabled"`
 	Deleted          bool   `json:"deleted,omitempty"`
@@ -76,8 +80,8 @@ func toSnapshot(d Definition, deleted bool) snapshot {
 	return snapshot{
 		Name: d.Name, Source: d.Source, EventType: d.EventType, Predicate: d.Predicate,
 		ThrottleLimit: d.ThrottleLimit, ThrottleWindowMS: d.ThrottleWindow.Milliseconds(),
-		ThrottleKey: d.ThrottleKey, MaxConcurrency: d.MaxConcurrency, Workflow: d.Workflow,
-		Enabled: d.Enabled, Deleted: deleted,
+		ThrottleKey: d.ThrottleKey, MaxConcurrency: d.MaxConcurrency, RunTimeoutMS: d.RunTimeout.Milliseconds(),
+		Workflow: d.Workflow, Enabled: d.Enabled, Deleted: deleted,
 	}
 }
 
@@ -85,21 +89,21 @@ func (s snapshot) definition() Definition {
 	return Definition{
 		Name: s.Name, Source: s.Source, EventType: s.EventType, Predicate: s.Predicate,
 		ThrottleLimit: s.ThrottleLimit, ThrottleWindow: time.Duration(s.ThrottleWindowMS) * time.Millisecond,
-		ThrottleKey: s.ThrottleKey, MaxConcurrency: s.MaxConcurrency, Workflow: s.Workflow,
-		Enabled: s.Enabled,
+		ThrottleKey: s.ThrottleKey, MaxConcurrency: s.MaxConcurrency,
+		RunTimeout: time.Duration(s.RunTimeoutMS) * time.Millisecond, Workflow: s.Workflow, Enabled: s.Enabled,
 	}
 }
 
 const triggerColumns = `trigger_id, name, source, event_type, predicate, throttle_limit,
-	throttle_window_ms, throttle_key, max_concurrency, workflow, enabled, version,
+	throttle_window_ms, throttle_key, max_concurrency, run_timeout_ms, workflow, enabled, version,
 	deleted_at, created_at, updated_at`
 
 func scanTrigger(row pgx.Row) (Trigger, error) {
 	var t Trigger
 	var limit, maxConc *int32
-	var windowMS *int64
+	var windowMS, runTimeoutMS *int64
 	err := row.Scan(&t.ID, &t.Name, &t.Source, &t.EventType, &t.Predicate, &limit,
-		&windowMS, &t.ThrottleKey, &maxConc, &t.Workflow, &t.Enabled, &t.Version,
+		&windowMS, &t.ThrottleKey, &maxConc, &runTimeoutMS, &t.Workflow, &t.Enabled, &t.Version,
 		&t.DeletedAt, &t.CreatedAt, &t.UpdatedAt)
 	if err != nil {
 		return Trigger{}, err
@@ -113,12 +117,15 @@ func scanTrigger(row pgx.Row) (Trigger, error) {
 	if maxConc != nil {
 		t.MaxConcurrency = int(*maxConc)
 	}
+	if runTimeoutMS != nil {
+		t.RunTimeout = time.Duration(*runTimeoutMS) * time.Millisecond
+	}
 	return t, nil
 }
 
 // nullable maps the "none" zero values to SQL NULL, which the table's
 // CHECK constraints expect.
-func nullable(d Definition) (limit, windowMS, maxConc any) {
+func nullable(d Definition) (limit, windowMS, maxConc, runTimeoutMS any) {
 	if d.ThrottleLimit > 0 {
 		limit = d.ThrottleLimit
 	}
@@ -128,21 +135,24 @@ func nullable(d Definition) (limit, windowMS, maxConc any) {
 	if d.MaxConcurrency > 0 {
 		maxConc = d.MaxConcurrency
 	}
-	return limit, windowMS, maxConc
+	if d.RunTimeout > 0 {
+		runTimeoutMS = d.RunTimeout.Milliseconds()
+	}
+	return limit, windowMS, maxConc, runTimeoutMS
 }
 
 // CreateTrigger inserts a trigger at version 1 and records that version.
 // It returns ErrConflict when the id is taken, also by a deleted trigger:
 // ids are never reused, so deliveries always name one definition history.
 func CreateTrigger(ctx context.Context, db DB, id string, d Definition) (Trigger, error) {
-	limit, windowMS, maxConc := nullable(d)
+	limit, windowMS, maxConc, runTimeoutMS := nullable(d)
 	t, err := scanTrigger(db.QueryRow(ctx, `
 		INSERT INTO workflow_triggers (trigger_id, name, source, event_type, predicate,
-			throttle_limit, throttle_window_ms, throttle_key, max_concurrency, workflow, enabled)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
+			throttle_limit, throttle_window_ms, throttle_key, max_concurrency, workflow, enabled, run_timeout_ms)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
 		ON CONFLICT (trigger_id) DO NOTHING
 		RETURNING `+triggerColumns,
-		id, d.Name, d.Source, d.EventType, d.Predicate, limit, windowMS, d.ThrottleKey, maxConc, d.Workflow, d.Enabled))
+		id, d.Name, d.Source, d.EventType, d.Predicate, limit, windowMS, d.ThrottleKey, maxConc, d.Workflow, d.Enabled, runTimeoutMS))
 	if err != nil {
 		if errors.Is(err, pgx.ErrNoRows) {
 			return Trigger{}, fmt.Errorf("create trigger %s: %w", id, ErrConflict)
@@ -203,15 +213,15 @@ func UpdateTrigger(ctx context.Context, db DB, id string, d Definition) (t Trigg
 	if cur.Definition == d {
 		return cur, false, nil
 	}
-	limit, windowMS, maxConc := nullable(d)
+	limit, windowMS, maxConc, runTimeoutMS := nullable(d)
 	t, err = scanTrigger(db.QueryRow(ctx, `
 		UPDATE workflow_triggers
 		SET name = $2, source = $3, event_type = $4, predicate = $5, throttle_limit = $6,
 		    throttle_window_ms = $7, throttle_key = $8, max_concurrency = $9, workflow = $10,
-		    enabled = $11, version = version + 1, updated_at = now()
+		    enabled = $11, run_timeout_ms = $12, version = version + 1, updated_at = now()
 		WHERE trigger_id = $1
 		RETURNING `+triggerColumns,
-		id, d.Name, d.Source, d.EventType, d.Predicate, limit, windowMS, d.ThrottleKey, maxConc, d.Workflow, d.Enabled))
+		id, d.Name, d.Source, d.EventType, d.Predicate, limit, windowMS, d.ThrottleKey, maxConc, d.Workflow, d.Enabled, runTimeoutMS))
 	if err != nil {
 		return Trigger{}, false, fmt.Errorf("update trigger: %w", err)
 	}

@@ -261,6 +261,56 @@ func TestRunsAndConcurrency(t *testing.T) {
 	require.Error(t, err)
 }
 
+// Leases: a run expires when its lease ends, a run launched before
+// leases existed (NULL lease) at requested_at plus the default, and a
+// lease extension uses the trigger's own run timeout, capped by when the
+// heartbeat was sent.
+func TestRunLeases(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	def := definition()
+	def.RunTimeout = 10 * time.Minute
+	_, err := triggerstore.CreateTrigger(b.ctx, b.pool, "t1", def)
+	require.NoError(t, err)
+	now, err := triggerstore.Now(b.ctx, b.pool)
+	require.NoError(t, err)
+	ended, later := now.Add(-time.Second), now.Add(time.Hour)
+	for _, r := range []triggerstore.Run{
+		{ID: "ended", LeaseExpiresAt: &ended, RequestedAt: now.Add(-time.Minute)},
+		{ID: "leased", LeaseExpiresAt: &later, RequestedAt: now.Add(-2 * time.Hour)},
+		{ID: "legacy-old", RequestedAt: now.Add(-2 * time.Hour)},
+		{ID: "legacy-new", RequestedAt: now.Add(-time.Minute)},
+	} {
+		r.Workflow, r.DeliveryID, r.TriggerID = "w", "d-"+r.ID, "t1"
+		_, err := triggerstore.InsertRun(b.ctx, b.pool, r)
+		require.NoError(t, err)
+	}
+	expired, err := triggerstore.ExpireRuns(b.ctx, b.pool, now, time.Hour, 10)
+	require.NoError(t, err)
+	var ids []string
+	for _, r := range expired {
+		ids = append(ids, r.ID)
+		require.Equal(t, triggerstore.RunFailed, r.Status)
+		require.Equal(t, triggerstore.RunTimeoutReason, r.Error)
+	}
+	require.Equal(t, []string{"legacy-old", "ended"}, ids, "earliest lease first")
+
+	r, extended, err := triggerstore.ExtendLease(b.ctx, b.pool, "legacy-new", now.Add(time.Hour), time.Hour)
+	require.NoError(t, err)
+	require.True(t, extended)
+	require.WithinDuration(t, now.Add(10*time.Minute), *r.LeaseExpiresAt, 5*time.Second,
+		"the trigger's own timeout from the database's now, not from a future send time")
+	_, extended, err = triggerstore.ExtendLease(b.ctx, b.pool, "ended", now, time.Hour)
+	require.NoError(t, err)
+	require.False(t, extended, "a finished run keeps no lease")
+	_, _, err = triggerstore.ExtendLease(b.ctx, b.pool, "unknown", now, time.Hour)
+	require.ErrorIs(t, err, triggerstore.ErrNotFound)
+
+	got, err := triggerstore.GetTrigger(b.ctx, b.pool, "t1")
+	require.NoError(t, err)
+	require.Equal(t, 10*time.Minute, got.RunTimeout)
+}
+
 func TestRetryStateGuards(t *testing.T) {
 	t.Parallel()
 	b := setup(t)

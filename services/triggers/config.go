@@ -80,10 +80,15 @@ type Config struct {
 	// recreated when they were deleted (default 30s).
 	CheckInterval time.Duration
 	// RunTimeout is how long a launched run may hold its concurrency slot
-	// without its completed or failed message arriving (default 1h): then
-	// it is failed as run_timeout, at the next reconcile pass, and the
-	// slot goes to the delivery that waited longest.
+	// without a heartbeat or its completed or failed message arriving
+	// (default 1h), for triggers that set no run_timeout of their own:
+	// then it is failed as run_timeout within LeaseInterval, and the slot
+	// goes to the delivery that waited longest.
 	RunTimeout time.Duration
+	// LeaseInterval is how often runs whose lease ended are looked for
+	// (default 1s, negative disables): a slot frees within about this long
+	// of its lease ending. The query reads only the runs in flight.
+	LeaseInterval time.Duration
 	// InboxRetention is how long inbox rows (applied message ids) are kept
 	// before they are pruned (default 168h; negative disables pruning).
 	// State guards on attempts and statuses catch replays older than it.
@@ -158,6 +163,9 @@ func (c *Config) validate() error {
 	}
 	if c.RunTimeout == 0 {
 		c.RunTimeout = time.Hour
+	}
+	if c.LeaseInterval == 0 {
+		c.LeaseInterval = time.Second
 	}
 	if c.RunTimeout < 0 {
 		errs = append(errs, fmt.Errorf("Config.RunTimeout must be positive, got %s", c.RunTimeout))

@@ -189,6 +189,11 @@ func settle(d *triggerstore.Delivery, t triggerstore.Trigger, o offer, dec decis
 		}
 		d.RunID, d.LaunchedAt = RunID(d.ID), &now
 		run := &triggerstore.Run{ID: d.RunID, Workflow: t.Workflow, DeliveryID: d.ID, TriggerID: t.ID, EventID: d.EventID, RequestedAt: now}
+		if t.RunTimeout > 0 {
+			// Without its own timeout the run gets the service's, in write.
+			lease := now.Add(t.RunTimeout)
+			run.LeaseExpiresAt = &lease
+		}
 		req, err := contract.NewRunMsg(EventSource, contract.RunRequested, contract.RunRequestedData{
 			RunID: run.ID, Workflow: t.Workflow, TriggerID: t.ID, TriggerVersion: t.Version,
 			DeliveryID: d.ID, EventID: d.EventID, Event: o.raw,

@@ -19,6 +19,12 @@ const (
 	MinThrottleWindow = 10 * time.Millisecond
 	MaxThrottleWindow = 24 * time.Hour
 	MaxConcurrency    = 100_000
+	// A trigger's run timeout: at least a second, because leases are
+	// checked by the reconcile pass and renewed by heartbeats, which a
+	// shorter lease would outrun; at most a week, the longest a slot may
+	// be held by an executor that stopped reporting.
+	MinRunTimeout = time.Second
+	MaxRunTimeout = 7 * 24 * time.Hour
 )
 
 // TriggerInput is the JSON body of POST /v1/triggers and PUT
@@ -36,8 +42,12 @@ type TriggerInput struct {
 	Predicate      string         `json:"predicate,omitempty"`
 	Throttle       *ThrottleInput `json:"throttle,omitempty"`
 	MaxConcurrency *int           `json:"max_concurrency,omitempty"`
-	Workflow       string         `json:"workflow"`
-	Enabled        *bool          `json:"enabled,omitempty"`
+	// RunTimeout is a Go duration ("30m", "2h"): how long a run holds its
+	// concurrency slot without a heartbeat or its end. Empty is the
+	// service's default (RETRYD_TRIGGERS_RUN_TIMEOUT).
+	RunTimeout string `json:"run_timeout,omitempty"`
+	Workflow   string `json:"workflow"`
+	Enabled    *bool  `json:"enabled,omitempty"`
 }
 
 // ThrottleInput is at most Limit launches per sliding Window, per value of
@@ -58,11 +68,14 @@ type TriggerView struct {
 	Predicate      string        `json:"predicate"`
 	Throttle       *ThrottleView `json:"throttle,omitempty"`
 	MaxConcurrency int           `json:"max_concurrency,omitempty"`
-	Workflow       string        `json:"workflow"`
-	Enabled        bool          `json:"enabled"`
-	Version        int           `json:"version"`
-	CreatedAt      time.Time     `json:"created_at"`
-	UpdatedAt      time.Time     `json:"updated_at"`
+	// RunTimeout is left out when the trigger uses the service's default.
+	RunTimeout   string    `json:"run_timeout,omitempty"`
+	RunTimeoutMS int64     `json:"run_timeout_ms,omitempty"`
+	Workflow     string    `json:"workflow"`
+	Enabled      bool      `json:"enabled"`
+	Version      int       `json:"version"`
+	CreatedAt    time.Time `json:"created_at"`
+	UpdatedAt    time.Time `json:"updated_at"`
 }
 
 // ThrottleView is a trigger's throttle as the API shows it.
@@ -82,6 +95,8 @@ type VersionView struct {
 	Predicate      string        `json:"predicate"`
 	Throttle       *ThrottleView `json:"throttle,omitempty"`
 	MaxConcurrency int           `json:"max_concurrency,omitempty"`
+	RunTimeout     string        `json:"run_timeout,omitempty"`
+	RunTimeoutMS   int64         `json:"run_timeout_ms,omitempty"`
 	Workflow       string        `json:"workflow"`
 	Enabled        bool          `json:"enabled"`
 	Deleted        bool          `json:"deleted,omitempty"`
@@ -95,19 +110,30 @@ func throttleView(d triggerstore.Definition) *ThrottleView {
 	return &ThrottleView{Limit: d.ThrottleLimit, Window: d.ThrottleWindow.String(), WindowMS: d.ThrottleWindow.Milliseconds(), Key: d.ThrottleKey}
 }
 
+// runTimeoutView is a trigger's own run timeout as text and milliseconds,
+// both empty when it uses the service's default.
+func runTimeoutView(d triggerstore.Definition) (string, int64) {
+	if d.RunTimeout == 0 {
+		return "", 0
+	}
+	return d.RunTimeout.String(), d.RunTimeout.Milliseconds()
+}
+
 func viewTrigger(t triggerstore.Trigger) TriggerView {
+	rt, rtMS := runTimeoutView(t.Definition)
 	return TriggerView{
 		ID: t.ID, Name: t.Name, Source: t.Source, EventType: t.EventType, Predicate: t.Predicate,
-		Throttle: throttleView(t.Definition), MaxConcurrency: t.MaxConcurrency, Workflow: t.Workflow,
-		Enabled: t.Enabled, Version: t.Version, CreatedAt: t.CreatedAt, UpdatedAt: t.UpdatedAt,
+		Throttle: throttleView(t.Definition), MaxConcurrency: t.MaxConcurrency, RunTimeout: rt, RunTimeoutMS: rtMS,
+		Workflow: t.Workflow, Enabled: t.Enabled, Version: t.Version, CreatedAt: t.CreatedAt, UpdatedAt: t.UpdatedAt,
 	}
 }
 
 func viewVersion(v triggerstore.Version) VersionView {
 	d := v.Definition
+	rt, rtMS := runTimeoutView(d)
 	return VersionView{
 		Version: v.Version, Name: d.Name, Source: d.Source, EventType: d.EventType, Predicate: d.Predicate,
-		Throttle: throttleView(d), MaxConcurrency: d.MaxConcurrency, Workflow: d.Workflow,
+		Throttle: throttleView(d), MaxConcurrency: d.MaxConcurrency, RunTimeout: rt, RunTimeoutMS: rtMS, Workflow: d.Workflow,
 		Enabled: d.Enabled, Deleted: v.Deleted, CreatedAt: v.CreatedAt,
 	}
 }
@@ -167,7 +193,30 @@ func (in TriggerInput) definition(x *exprEnv, enabled bool) (triggerstore.Defini
 		}
 		d.MaxConcurrency = n
 	}
+	if in.RunTimeout != "" {
+		rt, err := parseRunTimeout(in.RunTimeout)
+		if err != nil {
+			return triggerstore.Definition{}, progs, err
+		}
+		d.RunTimeout = rt
+	}
 	return d, progs, nil
+}
+
+// parseRunTimeout validates a trigger's run_timeout. Whole milliseconds,
+// because that is what the store keeps.
+func parseRunTimeout(v string) (time.Duration, error) {
+	rt, err := time.ParseDuration(v)
+	if err != nil {
+		return 0, invalidField("run_timeout", fmt.Sprintf(`%q is not a duration such as "30m", "2h" or "90s"`, v))
+	}
+	if rt < MinRunTimeout || rt > MaxRunTimeout {
+		return 0, invalidField("run_timeout", fmt.Sprintf("must be between %s and %s, got %s (leave it out for the service's default)", MinRunTimeout, MaxRunTimeout, rt))
+	}
+	if rt%time.Millisecond != 0 {
+		return 0, invalidField("run_timeout", fmt.Sprintf("must be a whole number of milliseconds, got %s", rt))
+	}
+	return rt, nil
 }
 
 // apply validates the throttle and sets it on d; it returns the compiled

@@ -80,6 +80,12 @@ func TestDefinitionInvalid(t *testing.T) {
 		{"key list", func(in *TriggerInput) { in.Throttle.Key = "[data.customer_id]" }, "throttle.key", "must return"},
 		{"zero concurrency", func(in *TriggerInput) { in.MaxConcurrency = intp(0) }, "max_concurrency", "leave it out"},
 		{"negative concurrency", func(in *TriggerInput) { in.MaxConcurrency = intp(-3) }, "max_concurrency", "got -3"},
+		{"bad run timeout", func(in *TriggerInput) { in.RunTimeout = "an hour" }, "run_timeout", "not a duration"},
+		{"bare number run timeout", func(in *TriggerInput) { in.RunTimeout = "30" }, "run_timeout", "not a duration"},
+		{"negative run timeout", func(in *TriggerInput) { in.RunTimeout = "-5m" }, "run_timeout", "between 1s and 168h0m0s"},
+		{"tiny run timeout", func(in *TriggerInput) { in.RunTimeout = "999ms" }, "run_timeout", "between"},
+		{"huge run timeout", func(in *TriggerInput) { in.RunTimeout = "169h" }, "run_timeout", "between"},
+		{"sub-ms run timeout", func(in *TriggerInput) { in.RunTimeout = "1s500us" }, "run_timeout", "whole number of milliseconds"},
 	}
 	for _, c := range cases {
 		in := validInput()

@@ -133,6 +133,10 @@ func (s *Service) deliver(ctx context.Context, o offer, triggerID string) error 
 // write inserts the run (if any) and the outbox messages.
 func (s *Service) write(ctx context.Context, tx pgx.Tx, run *triggerstore.Run, msgs []*nats.Msg) error {
 	if run != nil {
+		if run.LeaseExpiresAt == nil {
+			lease := run.RequestedAt.Add(s.cfg.RunTimeout)
+			run.LeaseExpiresAt = &lease
+		}
 		inserted, err := triggerstore.InsertRun(ctx, tx, *run)
 		if err != nil {
 			return err

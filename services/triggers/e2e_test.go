@@ -362,7 +362,7 @@ func TestRunTimeoutFreesTheSlot(t *testing.T) {
 	t.Parallel()
 	b := setup(t, true, func(c *Config) {
 		c.RunTimeout = 500 * time.Millisecond
-		c.ReconcileInterval = 100 * time.Millisecond
+		c.LeaseInterval = 100 * time.Millisecond
 	})
 	b.startScheduler(t)
 	_, err := b.pool.Exec(b.ctx, `UPDATE retry_policies SET base_delay_ms = 60000, max_delay_ms = 60000

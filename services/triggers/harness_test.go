@@ -61,7 +61,7 @@ func (b *bundle) testConfig(t *testing.T) Config {
 	return Config{
 		Pool: b.pool, JS: b.js, Logger: testLogger(t), Registerer: prometheus.NewRegistry(),
 		Workers: 4, AckWait: time.Second, NakDelay: 50 * time.Millisecond,
-		RelayInterval: 20 * time.Millisecond, ReconcileInterval: -1, InboxRetention: -1,
+		RelayInterval: 20 * time.Millisecond, ReconcileInterval: -1, LeaseInterval: -1, InboxRetention: -1,
 	}
 }
 

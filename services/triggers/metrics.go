@@ -21,6 +21,7 @@ type metrics struct {
 	exhausted          *prometheus.CounterVec
 	cancelled          *prometheus.CounterVec
 	runsFinished       *prometheus.CounterVec
+	heartbeats         *prometheus.CounterVec
 	malformed          *prometheus.CounterVec
 	duplicates         *prometheus.CounterVec
 	errors             *prometheus.CounterVec
@@ -41,6 +42,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		exhausted:          counter("exhausted_total", "Held deliveries the scheduler gave up on.", "trigger_id"),
 		cancelled:          counter("cancelled_total", "Held deliveries cancelled, by reason.", "trigger_id", "reason"),
 		runsFinished:       counter("runs_finished_total", "Runs that completed or failed, freeing a concurrency slot.", "trigger_id", "status"),
+		heartbeats:         counter("heartbeats_total", "Run heartbeats by result: extended (a run in flight kept its slot) or ignored (the run finished, or retryd did not launch it).", "result"),
 		malformed:          counter("malformed_total", "Messages terminated because they cannot be decoded or validated.", "consumer"),
 		duplicates:         counter("duplicates_total", "Messages already applied (redeliveries, replays).", "consumer"),
 		errors:             counter("errors_total", "Messages whose handling failed and that will be redelivered.", "consumer"),
@@ -48,7 +50,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Failed events published again for held deliveries the scheduler never confirmed."}),
 	}
 	for _, c := range []prometheus.Collector{m.launched, m.filtered, m.throttled, m.concurrencyLimited, m.retried,
-		m.retrySucceeded, m.exhausted, m.cancelled, m.runsFinished, m.malformed, m.duplicates, m.errors, m.reconciled} {
+		m.retrySucceeded, m.exhausted, m.cancelled, m.runsFinished, m.heartbeats, m.malformed, m.duplicates, m.errors, m.reconciled} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -43,9 +43,6 @@ func (s *Service) reconcileLoop() {
 				s.log.Error().Err(err).Msg("reconcile held deliveries")
 			}
 		}
-		if _, err := s.ExpireRuns(ctx); err != nil && ctx.Err() == nil {
-			s.log.Error().Err(err).Msg("expire runs")
-		}
 		if s.cfg.InboxRetention > 0 && time.Since(lastPrune) >= time.Hour {
 			lastPrune = time.Now()
 			n, err := inbox.Prune(ctx, s.cfg.Pool, s.cfg.InboxRetention, ConsumerEvents, ConsumerRetry, ConsumerRetryState, ConsumerRuns)
@@ -141,11 +138,40 @@ func (s *Service) reconcileOne(ctx context.Context, id string) (bool, error) {
 	return done, err
 }
 
-// ExpireRuns fails, as run_timeout, the runs that have held their
-// concurrency slot longer than Config.RunTimeout without a completed or
-// failed message (a lost message, an executor that died), and releases
-// one waiting delivery per slot freed, in the same transaction. It
-// returns how many runs it failed.
+// leaseLoop ends the runs whose lease ended, every LeaseInterval, so a
+// slot frees within about a second of its lease ending, not at the next
+// reconcile pass.
+func (s *Service) leaseLoop() {
+	defer s.loops.Done()
+	ctx, cancel := context.WithCancel(s.runCtx)
+	defer cancel()
+	go func() {
+		select {
+		case <-s.quit:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	for first := true; first || sleepCtx(ctx, s.cfg.LeaseInterval); first = false {
+		for {
+			n, err := s.ExpireRuns(ctx)
+			if err != nil && ctx.Err() == nil {
+				s.log.Error().Err(err).Msg("expire runs")
+			}
+			// A full batch: more may have ended; go on at once.
+			if err != nil || n < reconcileBatch {
+				break
+			}
+		}
+	}
+}
+
+// ExpireRuns fails, as run_timeout, the runs whose lease has ended: no
+// heartbeat and no completed or failed message came within their
+// trigger's run timeout (Config.RunTimeout unless the trigger sets its
+// own), because a message was lost or the executor died. It releases one
+// waiting delivery per slot freed, in the same transaction, and returns
+// how many runs it failed (at most 500 a call).
 func (s *Service) ExpireRuns(ctx context.Context) (int, error) {
 	var runs []triggerstore.Run
 	err := pgx.BeginFunc(ctx, s.cfg.Pool, func(tx pgx.Tx) error {
@@ -153,7 +179,7 @@ func (s *Service) ExpireRuns(ctx context.Context) (int, error) {
 		if err != nil {
 			return err
 		}
-		if runs, err = triggerstore.ExpireRuns(ctx, tx, now.Add(-s.cfg.RunTimeout), reconcileBatch); err != nil {
+		if runs, err = triggerstore.ExpireRuns(ctx, tx, now, s.cfg.RunTimeout, reconcileBatch); err != nil {
 			return err
 		}
 		for _, r := range runs {
@@ -174,9 +200,12 @@ func (s *Service) ExpireRuns(ctx context.Context) (int, error) {
 	}
 	for _, r := range runs {
 		s.metrics.runsFinished.WithLabelValues(r.TriggerID, triggerstore.RunTimeoutReason).Inc()
-		s.log.Warn().Str("run_id", r.ID).Str("workflow", r.Workflow).Str("trigger_id", r.TriggerID).
-			Str("delivery_id", r.DeliveryID).Dur("run_timeout", s.cfg.RunTimeout).
-			Msg("run never reported its end: failed as run_timeout, its slot freed")
+		ev := s.log.Warn().Str("run_id", r.ID).Str("workflow", r.Workflow).Str("trigger_id", r.TriggerID).
+			Str("delivery_id", r.DeliveryID)
+		if r.LeaseExpiresAt != nil {
+			ev = ev.Time("lease_expires_at", *r.LeaseExpiresAt)
+		}
+		ev.Msg("run's lease ended without a heartbeat or its end: failed as run_timeout, its slot freed")
 	}
 	return len(runs), nil
 }

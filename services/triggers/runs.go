@@ -15,6 +15,66 @@ import (
 	"github.com/retryd/retryd/projections/triggerstore"
 )
 
+// handleRun routes a message of the triggers-runs consumer by its
+// subject's event: a run's end or a heartbeat.
+func (s *Service) handleRun(ctx context.Context, msg jetstream.Msg) error {
+	p, err := contract.ParseRunSubject(msg.Subject())
+	if err != nil {
+		return err
+	}
+	if p.Event == contract.RunHeartbeat {
+		return s.handleHeartbeat(ctx, msg)
+	}
+	return s.handleRunFinished(ctx, msg)
+}
+
+// handleHeartbeat renews the lease of a run in flight
+// (runs.<workflow>.heartbeat.<run_id>) to now plus its trigger's run
+// timeout, on the database clock. Heartbeats are not claimed in the
+// inbox: one row per heartbeat would grow the inbox with the heartbeat
+// rate, and applying one twice is harmless, because the lease is
+// computed from the time the stream stored the heartbeat (capped at the
+// database's now) and never moves backwards, so a redelivery or a replay
+// of an old heartbeat cannot keep a dead run's slot. A heartbeat for a
+// finished or unknown run changes nothing.
+func (s *Service) handleHeartbeat(ctx context.Context, msg jetstream.Msg) error {
+	_, data, err := contract.DecodeRunHeartbeat(msg.Subject(), msg.Data())
+	if err != nil {
+		return err
+	}
+	sentAt := time.Now()
+	if md, err := msg.Metadata(); err == nil && !md.Timestamp.IsZero() {
+		sentAt = md.Timestamp
+	}
+	run, extended, err := triggerstore.ExtendLease(ctx, s.cfg.Pool, data.RunID, sentAt, s.cfg.RunTimeout)
+	switch {
+	case errors.Is(err, triggerstore.ErrNotFound):
+		s.metrics.heartbeats.WithLabelValues(heartbeatIgnored).Inc()
+		s.log.Debug().Str("run_id", data.RunID).Str("workflow", data.Workflow).Msg("heartbeat for a run not launched by a trigger; ignored")
+		return nil
+	case err != nil:
+		return err
+	case !extended:
+		s.metrics.heartbeats.WithLabelValues(heartbeatIgnored).Inc()
+		s.log.Debug().Str("run_id", run.ID).Str("trigger_id", run.TriggerID).Str("status", string(run.Status)).
+			Msg("heartbeat for a finished run; ignored")
+		return nil
+	}
+	s.metrics.heartbeats.WithLabelValues(heartbeatExtended).Inc()
+	ev := s.log.Debug().Str("run_id", run.ID).Str("workflow", run.Workflow).Str("trigger_id", run.TriggerID)
+	if run.LeaseExpiresAt != nil {
+		ev = ev.Time("lease_expires_at", *run.LeaseExpiresAt)
+	}
+	ev.Msg("run lease extended")
+	return nil
+}
+
+// Results of a heartbeat, the label of retryd_triggers_heartbeats_total.
+const (
+	heartbeatExtended = "extended"
+	heartbeatIgnored  = "ignored"
+)
+
 // handleRunFinished marks a run completed or failed
 // (runs.<workflow>.completed|failed.<run_id>), which frees its trigger's
 // concurrency slot, and in the same transaction puts

@@ -104,8 +104,8 @@ func New(cfg Config) (*Service, error) {
 			contract.RetryFilter(contract.KindEventTrigger, contract.Rescheduled),
 			contract.RetryFilter(contract.KindEventTrigger, contract.Exhausted),
 			contract.RetryFilter(contract.KindEventTrigger, contract.Cancelled)),
-		spec(ConsumerRuns, contract.StreamRuns, s.handleRunFinished,
-			"runs.*."+contract.RunCompleted+".*", "runs.*."+contract.RunFailed+".*"),
+		spec(ConsumerRuns, contract.StreamRuns, s.handleRun,
+			"runs.*."+contract.RunCompleted+".*", "runs.*."+contract.RunFailed+".*", "runs.*."+contract.RunHeartbeat+".*"),
 	)
 	if err != nil {
 		return nil, err
@@ -136,6 +136,10 @@ func (s *Service) Start(ctx context.Context) error {
 	if s.cfg.ReconcileInterval > 0 || s.cfg.InboxRetention > 0 {
 		s.loops.Add(1)
 		go s.reconcileLoop()
+	}
+	if s.cfg.LeaseInterval > 0 {
+		s.loops.Add(1)
+		go s.leaseLoop()
 	}
 	if s.cfg.Health != nil {
 		s.cfg.Health.SetReady(true)

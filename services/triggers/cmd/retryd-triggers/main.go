@@ -23,6 +23,7 @@
 //	RETRYD_TRIGGERS_RECONCILE_AFTER       republish unconfirmed held deliveries after (default 2m)
 //	RETRYD_TRIGGERS_CHECK_INTERVAL        how often deleted consumers (and streams) are recreated (default 30s)
 //	RETRYD_TRIGGERS_RUN_TIMEOUT           a run without its end frees its concurrency slot after (default 1h)
+//	RETRYD_TRIGGERS_LEASE_INTERVAL        how often ended run leases are looked for (default 1s; negative disables)
 //	RETRYD_TRIGGERS_INBOX_RETENTION       prune inbox rows older than (default 168h; negative disables)
 //	RETRYD_TRIGGERS_SHUTDOWN_TIMEOUT      bound on the graceful stop (default 30s)
 package main
@@ -82,6 +83,7 @@ func run(log zerolog.Logger) error {
 		InboxRetention:    e.Duration("RETRYD_TRIGGERS_INBOX_RETENTION", 0),
 		CheckInterval:     e.Duration("RETRYD_TRIGGERS_CHECK_INTERVAL", 0),
 		RunTimeout:        e.Duration("RETRYD_TRIGGERS_RUN_TIMEOUT", 0),
+		LeaseInterval:     e.Duration("RETRYD_TRIGGERS_LEASE_INTERVAL", 0),
 	}
 	if dbURL == "" {
 		e.Add(errors.New("DATABASE_URL is required"))

@@ -1,0 +1,375 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
+
+	"github.com/retryd/retryd/pkg/contract"
+	"github.com/retryd/retryd/services/ingress"
+)
+
+func init() {
+	register("hold-release", "events held behind a paused source, then resumed: time until all are admitted, unlimited and under a rate limit (rate and order)", runHoldRelease)
+}
+
+// The rate limit of the paced phase; the quick run scales it down with the
+// backlog so both phases stay short.
+const (
+	holdReleaseRate      = 10_000
+	holdReleaseRateQuick = 1_000
+)
+
+// holdReleaseResult is one phase: n events held, then released.
+type holdReleaseResult struct {
+	n        int
+	held     time.Duration // publish of the first event until the scheduler holds all n
+	admitted time.Duration // resume until the last admission
+	// rate is admissions per second from the first admission to the last.
+	rate float64
+	// steady is the rate over the whole windows between the first and the
+	// last admission (the partial first and last windows left out).
+	steady float64
+	// outOfPlace is how many events must move for the admissions to be in
+	// sequence order (n minus the longest increasing run of sequence
+	// numbers); maxBehind is the farthest one event came after its place.
+	outOfPlace, maxBehind int
+	fullest               int // most admissions in one rate window (paced phase)
+}
+
+// throttleFIFOResult is the acceptance run of ordered, paced release
+// without a pause: a burst far over a source's rate limit.
+type throttleFIFOResult struct {
+	holdReleaseResult
+	limit        int
+	ideal        time.Duration // n / limit
+	duesPerEvent float64
+	exhausted    int
+}
+
+func runHoldRelease(ctx context.Context, env Env) error {
+	n, rate := 100_000, holdReleaseRate
+	if env.Quick {
+		n, rate = 2_000, holdReleaseRateQuick
+	}
+	fmt.Fprintf(env.Out, "%s events sent to a paused source (ingress and scheduler in process, embedded NATS), then the source resumed: unlimited, then with a rate limit of %d/s\n", count(n), rate)
+	r, err := startRetryd(ctx, env, false)
+	if err != nil {
+		return err
+	}
+	defer r.close(ctx)
+	nc, js, err := r.ns.connect("retryd-ingress")
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	svc, err := ingress.New(ingress.Config{Pool: r.db.pool, JS: js, Logger: zerolog.Nop(), Registerer: prometheus.NewRegistry()})
+	if err != nil {
+		return fmt.Errorf("new ingress: %w", err)
+	}
+	if err := svc.Start(ctx); err != nil {
+		return fmt.Errorf("start ingress: %w", err)
+	}
+	defer func() {
+		stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		defer cancel()
+		_ = svc.Stop(stopCtx)
+	}()
+	h := svc.Handler()
+
+	unlimited, err := holdReleasePhase(ctx, env, r, h, "hold-free", n, 0)
+	if err != nil {
+		return fmt.Errorf("unlimited: %w", err)
+	}
+	paced, err := holdReleasePhase(ctx, env, r, h, "hold-paced", n, rate)
+	if err != nil {
+		return fmt.Errorf("rate limited: %w", err)
+	}
+
+	fifo, err := throttleFIFOPhase(ctx, env, r, h)
+	if err != nil {
+		return fmt.Errorf("throttled burst: %w", err)
+	}
+
+	t := newTable("release", "events", "held in", "all admitted in", "admissions/s", "steady/s", "out of place", "max behind", "fullest window")
+	for _, p := range []struct {
+		name string
+		res  holdReleaseResult
+	}{{"resume, no limit", unlimited}, {fmt.Sprintf("resume, %d/s", rate), paced}} {
+		fullest := "-"
+		if p.res.fullest > 0 {
+			fullest = strconv.Itoa(p.res.fullest)
+		}
+		t.row(p.name, count(p.res.n), p.res.held.Round(100*time.Millisecond).String(), ms(p.res.admitted),
+			fmt.Sprintf("%.0f", p.res.rate), fmt.Sprintf("%.0f", p.res.steady),
+			strconv.Itoa(p.res.outOfPlace), strconv.Itoa(p.res.maxBehind), fullest)
+		params := map[string]any{"n": p.res.n, "phase": p.name}
+		env.rec.addDuration("hold-release", "retryd", "admitted", p.res.admitted, params)
+		env.rec.add("hold-release", "retryd", "rate", p.res.rate, "events/s", params)
+		env.rec.add("hold-release", "retryd", "steady_rate", p.res.steady, "events/s", params)
+		env.rec.add("hold-release", "retryd", "out_of_place", float64(p.res.outOfPlace), "events", params)
+	}
+	fmt.Fprintln(env.Out)
+	t.print(env.Out)
+	within := paced.steady >= 0.95*float64(rate) && paced.steady <= 1.05*float64(rate)
+	fmt.Fprintf(env.Out, "paced release at %d/s ±5%% (steady %.0f/s, never more than %d in a window): %s\n",
+		rate, paced.steady, rate, verdict(within && paced.fullest <= rate))
+	if unlimited.rate < float64(rate) {
+		fmt.Fprintf(env.Out, "note: the gate admitted at most %.0f/s without a limit on this machine, below the %d/s limit: the machine, not the limit, paces the second phase\n",
+			unlimited.rate, rate)
+	}
+	fmt.Fprintf(env.Out, "out of place: events that must move for the admissions (by admitted_at) to follow arrival order; the gate evaluates up to its concurrency (%d) at once\n",
+		ingress.DefaultConcurrency)
+	fmt.Fprintf(env.Out, "\nthrottled burst: %s events sent at once to a source limited to %d/s (no pause): all admitted in %s (ideal %s), "+
+		"%d out of place (max %d behind), at most %d in a window, %.2f due events per event (target <= 1.1), %d exhausted: %s\n",
+		count(fifo.n), fifo.limit, ms(fifo.admitted), ms(fifo.ideal), fifo.outOfPlace, fifo.maxBehind, fifo.fullest, fifo.duesPerEvent, fifo.exhausted,
+		verdict(fifo.fullest <= fifo.limit && fifo.duesPerEvent <= 1.1 && fifo.exhausted == 0))
+	params := map[string]any{"n": fifo.n, "limit": fifo.limit}
+	env.rec.addDuration("hold-release", "retryd", "throttled_burst_admitted", fifo.admitted, params)
+	env.rec.add("hold-release", "retryd", "throttled_burst_dues_per_event", fifo.duesPerEvent, "dues", params)
+	env.rec.add("hold-release", "retryd", "throttled_burst_out_of_place", float64(fifo.outOfPlace), "events", params)
+	fmt.Fprintf(env.Out, "durability: %s\n", r.durability(ctx))
+	return nil
+}
+
+// holdReleasePhase pauses source (limit > 0: with that rate limit per
+// second), sends n events to ingest.<source> with sequence numbers, waits
+// until the scheduler holds every one, resumes the source and waits until
+// every event is admitted.
+func holdReleasePhase(ctx context.Context, env Env, r *retrydSys, h http.Handler, source string, n, limit int) (holdReleaseResult, error) {
+	res := holdReleaseResult{n: n}
+	if limit > 0 {
+		body := map[string]any{"rate_limit": limit, "rate_window": "1s"}
+		if err := holdReleaseCall(h, http.MethodPut, "/v1/sources/"+source, body); err != nil {
+			return res, err
+		}
+	}
+	if err := holdReleaseCall(h, http.MethodPost, "/v1/sources/"+source+"/pause", map[string]any{"reason": "bench"}); err != nil {
+		return res, err
+	}
+	start := time.Now()
+	if err := publishSeq(ctx, r, source, n); err != nil {
+		return res, err
+	}
+	if err := waitCount(ctx, r, n, 10*time.Minute, `SELECT count(*) FROM retries WHERE kind = 'event' AND hold_key = $1
+		AND held_since IS NOT NULL AND state = 'scheduled'`, source); err != nil {
+		return res, fmt.Errorf("wait for the scheduler to hold %d events: %w", n, err)
+	}
+	res.held = time.Since(start)
+	fmt.Fprintf(env.Out, "  %s: %s events held in %s; resuming\n", source, count(n), res.held.Round(100*time.Millisecond))
+
+	resumed := time.Now()
+	if err := holdReleaseCall(h, http.MethodPost, "/v1/sources/"+source+"/resume", nil); err != nil {
+		return res, err
+	}
+	if err := waitCount(ctx, r, n, 30*time.Minute, `SELECT count(*) FROM workflow_events WHERE source = $1 AND status = 'admitted'`, source); err != nil {
+		return res, fmt.Errorf("wait for %d admissions: %w", n, err)
+	}
+	res.admitted = time.Since(resumed)
+	return res, holdReleaseOrder(ctx, r, source, limit, &res)
+}
+
+// holdReleaseOrder reads the admissions back in admitted_at order and
+// fills in rates, order and the fullest window.
+func holdReleaseOrder(ctx context.Context, r *retrydSys, source string, limit int, res *holdReleaseResult) error {
+	rows, err := r.db.pool.Query(ctx, `SELECT event_id, admitted_at FROM workflow_events WHERE source = $1 AND status = 'admitted'
+		ORDER BY admitted_at, event_id`, source)
+	if err != nil {
+		return fmt.Errorf("read admissions: %w", err)
+	}
+	defer rows.Close()
+	var seqs []int
+	var times []time.Time
+	for rows.Next() {
+		var id string
+		var at time.Time
+		if err := rows.Scan(&id, &at); err != nil {
+			return fmt.Errorf("read admission: %w", err)
+		}
+		seq, err := strconv.Atoi(id[len(source)+1:])
+		if err != nil {
+			return fmt.Errorf("admitted event %q has no sequence number: %w", id, err)
+		}
+		seqs = append(seqs, seq)
+		times = append(times, at)
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("read admissions: %w", err)
+	}
+	if len(times) < 2 {
+		return fmt.Errorf("%d admissions read back", len(times))
+	}
+	first, last := times[0], times[len(times)-1]
+	res.rate = float64(len(times)-1) / last.Sub(first).Seconds()
+	// Whole seconds strictly inside (first, last): the steady rate.
+	from, to := first.Truncate(time.Second).Add(time.Second), last.Truncate(time.Second)
+	perWindow := map[int64]int{}
+	inside := 0
+	for _, at := range times {
+		perWindow[at.Unix()]++
+		if !at.Before(from) && at.Before(to) {
+			inside++
+		}
+	}
+	if secs := to.Sub(from).Seconds(); secs >= 1 {
+		res.steady = float64(inside) / secs
+	} else {
+		res.steady = res.rate
+	}
+	if limit > 0 {
+		for _, c := range perWindow {
+			res.fullest = max(res.fullest, c)
+		}
+	}
+	res.outOfPlace = len(seqs) - longestIncreasing(seqs)
+	for i, s := range seqs {
+		res.maxBehind = max(res.maxBehind, i-s)
+	}
+	return nil
+}
+
+// longestIncreasing is the length of the longest strictly increasing
+// subsequence of s (patience sorting, n log n).
+func longestIncreasing(s []int) int {
+	var tails []int
+	for _, v := range s {
+		i := sort.SearchInts(tails, v)
+		if i == len(tails) {
+			tails = append(tails, v)
+		} else {
+			tails[i] = v
+		}
+	}
+	return len(tails)
+}
+
+// waitCount polls query (one count, one argument) until it reaches n or
+// limit passes, printing progress every 10 s.
+func waitCount(ctx context.Context, r *retrydSys, n int, limit time.Duration, query string, arg any) error {
+	deadline := time.Now().Add(limit)
+	next := time.Now().Add(10 * time.Second)
+	for {
+		var got int
+		if err := r.db.pool.QueryRow(ctx, query, arg).Scan(&got); err != nil {
+			return fmt.Errorf("count: %w", err)
+		}
+		if got >= n {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%d of %d after %s", got, n, limit)
+		}
+		if time.Now().After(next) {
+			fmt.Fprintf(r.env.Out, "    ... %d of %d\n", got, n)
+			next = next.Add(10 * time.Second)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// holdReleaseCall calls the ingress operator API in process.
+func holdReleaseCall(h http.Handler, method, path string, body any) error {
+	var buf bytes.Buffer
+	if body != nil {
+		if err := json.NewEncoder(&buf).Encode(body); err != nil {
+			return err
+		}
+	}
+	req := httptest.NewRequest(method, path, &buf)
+	req.Header.Set("Content-Type", "application/json")
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	if rec.Code/100 != 2 {
+		return fmt.Errorf("%s %s: %d %s", method, path, rec.Code, bytes.TrimSpace(rec.Body.Bytes()))
+	}
+	return nil
+}
+
+// throttleFIFOPhase sends a burst of events at once to a source limited
+// far below it (10,000 at 100/s; quick: 1,000 at 50/s) and checks the
+// throttle's promise: all admitted in arrival order in about n/limit, none
+// exhausted, each held event coming due about once (its own slot) rather
+// than at every window edge.
+func throttleFIFOPhase(ctx context.Context, env Env, r *retrydSys, h http.Handler) (throttleFIFOResult, error) {
+	const source = "hold-fifo"
+	n, limit := 10_000, 100
+	if env.Quick {
+		n, limit = 1_000, 50
+	}
+	res := throttleFIFOResult{holdReleaseResult: holdReleaseResult{n: n}, limit: limit, ideal: time.Duration(n) * time.Second / time.Duration(limit)}
+	if err := holdReleaseCall(h, http.MethodPut, "/v1/sources/"+source, map[string]any{"rate_limit": limit, "rate_window": "1s"}); err != nil {
+		return res, err
+	}
+	start := time.Now()
+	if err := publishSeq(ctx, r, source, n); err != nil {
+		return res, err
+	}
+	fmt.Fprintf(env.Out, "  %s: %s events sent in %s to a source limited to %d/s\n", source, count(n), time.Since(start).Round(100*time.Millisecond), limit)
+	if err := waitCount(ctx, r, n, res.ideal*3+5*time.Minute, `SELECT count(*) FROM workflow_events WHERE source = $1 AND status = 'admitted'`, source); err != nil {
+		return res, fmt.Errorf("wait for %d admissions: %w", n, err)
+	}
+	res.admitted = time.Since(start)
+	if err := holdReleaseOrder(ctx, r, source, limit, &res.holdReleaseResult); err != nil {
+		return res, err
+	}
+	if err := r.db.pool.QueryRow(ctx, `SELECT count(*) FROM workflow_events WHERE source = $1 AND status = 'exhausted'`, source).Scan(&res.exhausted); err != nil {
+		return res, fmt.Errorf("count exhausted: %w", err)
+	}
+	stream, err := r.ojs.Stream(ctx, contract.StreamRetries)
+	if err != nil {
+		return res, fmt.Errorf("open RETRIES: %w", err)
+	}
+	info, err := stream.Info(ctx, jetstream.WithSubjectFilter(contract.RetryFilter(contract.KindEvent, contract.Due)))
+	if err != nil {
+		return res, fmt.Errorf("read RETRIES subjects: %w", err)
+	}
+	dues := 0
+	for subj, c := range info.State.Subjects {
+		if strings.HasPrefix(subj[strings.LastIndexByte(subj, '.')+1:], source+"-") {
+			dues += int(c)
+		}
+	}
+	res.duesPerEvent = float64(dues) / float64(n)
+	return res, nil
+}
+
+// publishSeq publishes n events with sequence numbers to ingest.<source>,
+// ids <source>-<seq>, and waits for their acks.
+func publishSeq(ctx context.Context, r *retrydSys, source string, n int) error {
+	for i := range n {
+		id := fmt.Sprintf("%s-%07d", source, i)
+		data, err := json.Marshal(map[string]any{"id": id, "source": source, "type": "bench.held", "data": map[string]int{"seq": i}})
+		if err != nil {
+			return err
+		}
+		msg := nats.NewMsg("ingest." + source)
+		msg.Header.Set(nats.MsgIdHdr, id)
+		msg.Data = data
+		if err := r.pub.publish(ctx, msg, nil); err != nil {
+			return fmt.Errorf("publish event %d: %w", i, err)
+		}
+	}
+	if !r.pub.flush(ctx, 5*time.Minute) {
+		return fmt.Errorf("publish %d events: acks outstanding after 5m", n)
+	}
+	if errs, err := r.pub.errors(); errs > 0 {
+		return fmt.Errorf("publish events: %d failed, last: %w", errs, err)
+	}
+	return nil
+}
