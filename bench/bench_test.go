@@ -94,3 +94,18 @@ func TestRatios(t *testing.T) {
 	require.Equal(t, "-", ratioHigher(0, 2))
 	require.Equal(t, "-", ratioLower(0, time.Second))
 }
+
+func TestLongestIncreasingCountsWhatIsInPlace(t *testing.T) {
+	for _, c := range []struct {
+		seq  []int
+		want int
+	}{
+		{nil, 0},
+		{[]int{0, 1, 2, 3}, 4},
+		{[]int{3, 2, 1, 0}, 1},
+		{[]int{0, 2, 1, 3, 4}, 4}, // one event out of place
+		{[]int{4, 0, 1, 2, 3}, 4}, // one event far ahead of its place
+	} {
+		require.Equal(t, c.want, longestIncreasing(c.seq), "%v", c.seq)
+	}
+}

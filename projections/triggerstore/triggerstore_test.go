@@ -2,6 +2,7 @@ package triggerstore_test
 
 import (
 	"context"
+	"encoding/json"
 	"testing"
 	"time"
 
@@ -417,4 +418,36 @@ func TestNowIsDatabaseClock(t *testing.T) {
 	now, err := triggerstore.Now(b.ctx, b.pool)
 	require.NoError(t, err)
 	require.WithinDuration(t, time.Now(), now, time.Minute)
+}
+
+// Triggers keeps the event of a held delivery once, and prunes it only
+// when none of the event's deliveries is held, exhausted or cancelled any
+// more and it is older than the grace.
+func TestKeptEventsLiveWhileADeliveryNeedsThem(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	held := delivery("DH", "e-held", triggerstore.StatusThrottled)
+	_, err := triggerstore.InsertDelivery(b.ctx, b.pool, held)
+	require.NoError(t, err)
+	done := delivery("DL", "e-done", triggerstore.StatusLaunched)
+	_, err = triggerstore.InsertDelivery(b.ctx, b.pool, done)
+	require.NoError(t, err)
+	for _, id := range []string{"e-held", "e-done"} {
+		require.NoError(t, triggerstore.KeepEvent(b.ctx, b.pool, id, json.RawMessage(`{"id":"`+id+`","v":1}`)))
+		require.NoError(t, triggerstore.KeepEvent(b.ctx, b.pool, id, json.RawMessage(`{"id":"`+id+`","v":2}`)))
+	}
+	got, err := triggerstore.GetEvent(b.ctx, b.pool, "e-held")
+	require.NoError(t, err)
+	require.JSONEq(t, `{"id":"e-held","v":1}`, string(got), "kept once: the first copy stays")
+
+	n, err := triggerstore.PruneEvents(b.ctx, b.pool, time.Hour)
+	require.NoError(t, err)
+	require.Zero(t, n, "younger than the grace")
+	n, err = triggerstore.PruneEvents(b.ctx, b.pool, -time.Second)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n, "only the event whose delivery launched")
+	_, err = triggerstore.GetEvent(b.ctx, b.pool, "e-done")
+	require.ErrorIs(t, err, triggerstore.ErrNotFound)
+	_, err = triggerstore.GetEvent(b.ctx, b.pool, "e-held")
+	require.NoError(t, err)
 }

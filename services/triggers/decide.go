@@ -38,6 +38,9 @@ type offer struct {
 	// raw is the envelope's JSON, embedded in run requests and retry
 	// payloads when it fits (nil when it does not).
 	raw json.RawMessage
+	// full is the envelope's JSON whatever its size, kept in
+	// trigger_events while a delivery of the event is held.
+	full json.RawMessage
 }
 
 func newOffer(env contract.Envelope) (offer, error) {
@@ -49,10 +52,11 @@ func newOffer(env contract.Envelope) (offer, error) {
 	if err != nil {
 		return offer{}, invalidField("data", err.Error())
 	}
+	full := raw
 	if len(raw) > maxEmbeddedEnvelopeSize {
 		raw = nil
 	}
-	return offer{env: env, act: act, raw: raw}, nil
+	return offer{env: env, act: act, raw: raw, full: full}, nil
 }
 
 // retryPayload is HeldData.Payload of a held delivery: the scheduler

@@ -114,6 +114,9 @@ func (s *Service) deliver(ctx context.Context, o offer, triggerID string) error 
 			res.duplicate = true
 			return nil
 		}
+		if err := s.keepHeld(ctx, tx, d, o); err != nil {
+			return err
+		}
 		if err := s.write(ctx, tx, run, msgs); err != nil {
 			return err
 		}
@@ -128,6 +131,15 @@ func (s *Service) deliver(ctx context.Context, o offer, triggerID string) error 
 	}
 	s.report(ConsumerEvents, res)
 	return nil
+}
+
+// keepHeld stores the event of a held delivery in triggers' own table, so
+// its retry never needs ingress's.
+func (s *Service) keepHeld(ctx context.Context, tx pgx.Tx, d triggerstore.Delivery, o offer) error {
+	if !d.Status.Held() || len(o.full) == 0 {
+		return nil
+	}
+	return triggerstore.KeepEvent(ctx, tx, d.EventID, o.full)
 }
 
 // write inserts the run (if any) and the outbox messages.

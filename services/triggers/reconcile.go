@@ -11,7 +11,6 @@ import (
 
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/projections/inbox"
-	"github.com/retryd/retryd/projections/ingressstore"
 	"github.com/retryd/retryd/projections/outbox"
 	"github.com/retryd/retryd/projections/triggerstore"
 )
@@ -43,15 +42,29 @@ func (s *Service) reconcileLoop() {
 				s.log.Error().Err(err).Msg("reconcile held deliveries")
 			}
 		}
-		if s.cfg.InboxRetention > 0 && time.Since(lastPrune) >= time.Hour {
+		if time.Since(lastPrune) >= time.Hour {
 			lastPrune = time.Now()
-			n, err := inbox.Prune(ctx, s.cfg.Pool, s.cfg.InboxRetention, ConsumerEvents, ConsumerRetry, ConsumerRetryState, ConsumerRuns)
-			if err != nil && ctx.Err() == nil {
-				s.log.Error().Err(err).Msg("prune inbox")
-			} else if n > 0 {
-				s.log.Info().Int64("rows", n).Msg("inbox pruned")
-			}
+			s.prune(ctx)
 		}
+	}
+}
+
+// prune deletes the events no held delivery needs any more and, unless
+// disabled, the inbox rows older than Config.InboxRetention.
+func (s *Service) prune(ctx context.Context) {
+	if n, err := triggerstore.PruneEvents(ctx, s.cfg.Pool, time.Hour); err != nil && ctx.Err() == nil {
+		s.log.Error().Err(err).Msg("prune trigger events")
+	} else if n > 0 {
+		s.log.Info().Int64("rows", n).Msg("trigger events pruned")
+	}
+	if s.cfg.InboxRetention <= 0 {
+		return
+	}
+	n, err := inbox.Prune(ctx, s.cfg.Pool, s.cfg.InboxRetention, ConsumerEvents, ConsumerRetry, ConsumerRetryState, ConsumerRuns)
+	if err != nil && ctx.Err() == nil {
+		s.log.Error().Err(err).Msg("prune inbox")
+	} else if n > 0 {
+		s.log.Info().Int64("rows", n).Msg("inbox pruned")
 	}
 }
 
@@ -116,13 +129,13 @@ func (s *Service) reconcileOne(ctx context.Context, id string) (bool, error) {
 				hd.Until = &until
 			}
 		}
-		// The original payload went with the lost message; the event is
-		// still in workflow_events when ingress admitted it.
-		if stored, err := ingressstore.GetEvent(ctx, tx, d.EventID); err == nil && len(stored.Envelope) <= maxEmbeddedEnvelopeSize {
-			if p, err := json.Marshal(retryPayload{Event: stored.Envelope}); err == nil {
+		// The original payload went with the lost message; triggers kept
+		// the event when it held the delivery.
+		if stored, err := triggerstore.GetEvent(ctx, tx, d.EventID); err == nil && len(stored) <= maxEmbeddedEnvelopeSize {
+			if p, err := json.Marshal(retryPayload{Event: stored}); err == nil {
 				hd.Payload = p
 			}
-		} else if err != nil && !errors.Is(err, ingressstore.ErrNotFound) {
+		} else if err != nil && !errors.Is(err, triggerstore.ErrNotFound) {
 			return err
 		}
 		msg, err := contract.NewLifecycleMsg(EventSource, contract.Held, hd, now)

@@ -12,7 +12,6 @@ import (
 
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/projections/inbox"
-	"github.com/retryd/retryd/projections/ingressstore"
 	"github.com/retryd/retryd/projections/outbox"
 	"github.com/retryd/retryd/projections/pgtext"
 	"github.com/retryd/retryd/projections/triggerstore"
@@ -145,6 +144,9 @@ func (s *Service) handleDue(ctx context.Context, msg jetstream.Msg) error {
 		if err := triggerstore.SaveOutcome(ctx, tx, d); err != nil {
 			return err
 		}
+		if err := s.keepHeld(ctx, tx, d, o); err != nil {
+			return err
+		}
 		if err := s.write(ctx, tx, run, msgs); err != nil {
 			return err
 		}
@@ -170,7 +172,8 @@ func (s *Service) handleDue(ctx context.Context, msg jetstream.Msg) error {
 }
 
 // rehydrate finds the delivery's event: in the due's payload (put there
-// by the held event), else in workflow_events where ingress stored it.
+// by the held event), else in trigger_events, where triggers kept it when
+// it held the delivery.
 func (s *Service) rehydrate(ctx context.Context, tx pgx.Tx, d triggerstore.Delivery, payload json.RawMessage) (contract.Envelope, bool, error) {
 	if len(payload) > 0 {
 		var p retryPayload
@@ -180,16 +183,16 @@ func (s *Service) rehydrate(ctx context.Context, tx pgx.Tx, d triggerstore.Deliv
 				return env, true, nil
 			}
 		}
-		s.log.Warn().Str("delivery_id", d.ID).Msg("due payload holds no usable event; reading workflow_events")
+		s.log.Warn().Str("delivery_id", d.ID).Msg("due payload holds no usable event; reading trigger_events")
 	}
-	stored, err := ingressstore.GetEvent(ctx, tx, d.EventID)
-	if errors.Is(err, ingressstore.ErrNotFound) {
+	stored, err := triggerstore.GetEvent(ctx, tx, d.EventID)
+	if errors.Is(err, triggerstore.ErrNotFound) {
 		return contract.Envelope{}, false, nil
 	}
 	if err != nil {
 		return contract.Envelope{}, false, err
 	}
-	env, err := contract.DecodeEventMsg(stored.Envelope)
+	env, err := contract.DecodeEventMsg(stored)
 	if err != nil {
 		s.log.Error().Err(err).Str("event_id", d.EventID).Msg("stored event envelope is invalid")
 		return contract.Envelope{}, false, nil

@@ -15,7 +15,6 @@ import (
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/pkg/natstest"
 	"github.com/retryd/retryd/pkg/streams"
-	"github.com/retryd/retryd/projections/ingressstore"
 	"github.com/retryd/retryd/projections/triggerstore"
 )
 
@@ -112,19 +111,25 @@ func TestDueCancelsWhenTriggerOrEventIsGone(t *testing.T) {
 	c = findLifecycle(t, b, contract.Cancelled, "NOSUCHDELIVERY", 4)
 	require.Equal(t, ReasonDeliveryMissing, c.Cancelled.Reason)
 
-	// Without a payload the event comes from workflow_events (stored by
-	// ingress); when it is not there either, the delivery is cancelled.
+	// Without a payload the event comes from triggers' own copy, kept when
+	// the delivery was held (never from ingress's workflow_events); when
+	// it is not there either, the delivery is cancelled.
 	first, m1, m2 := holdTwo(t, b, "payloadless", "p")
 	b.publishRunFinished(t, "enrich", first.RunID, contract.RunCompleted)
 	require.Eventually(t, func() bool {
 		n, err := triggerstore.CountInFlight(b.ctx, b.pool, "payloadless")
 		return err == nil && n == 0
 	}, eventually, tick)
-	env := contract.Envelope{SpecVersion: contract.SpecVersion, ID: "p3", Source: "crm", Type: "lead.payloadless", Time: time.Now().UTC(), Data: []byte(`{"i":3}`)}
-	raw, err := env.Marshal()
+	kept, err := triggerstore.GetEvent(b.ctx, b.pool, "p3")
 	require.NoError(t, err)
-	_, err = ingressstore.InsertEvent(b.ctx, b.pool, "p3", "crm", "lead.payloadless", raw)
+	env, err := contract.DecodeEventMsg(kept)
 	require.NoError(t, err)
+	require.Equal(t, "p3", env.ID)
+	_, err = b.pool.Exec(b.ctx, `DELETE FROM trigger_events WHERE event_id = 'p2'`)
+	require.NoError(t, err)
+	var ingressRows int
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM workflow_events`).Scan(&ingressRows))
+	require.Zero(t, ingressRows, "this test has no ingress: nothing may come from its table")
 	b.publishDue(t, m1, 2, nil)
 	d = b.waitDelivery(t, m1, func(d triggerstore.Delivery) bool { return d.Status == triggerstore.StatusCancelled })
 	require.Equal(t, ReasonEventMissing, d.StatusReason)

@@ -1,0 +1,45 @@
+package migrations_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/rs/zerolog"
+	"github.com/stretchr/testify/require"
+
+	"github.com/retryd/retryd/migrations"
+)
+
+// 00302 gives triggers its own copy of the events of deliveries it holds:
+// deliveries held at upgrade time get theirs from ingress's table, once;
+// the events of launched deliveries are not copied.
+func TestTriggerEventsMigrationCopiesHeldDeliveriesEvents(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	require.NoError(t, migrations.Up(ctx, b.url, zerolog.Nop()))
+	require.NoError(t, migrations.Down(ctx, b.url, 301, zerolog.Nop()))
+
+	for _, id := range []string{"e-held", "e-done"} {
+		_, err := b.conn.Exec(ctx, `INSERT INTO workflow_events (event_id, source, type, status, envelope)
+VALUES ($1, 'crm', 'lead.created', 'admitted', $2)`, id, `{"id":"`+id+`"}`)
+		require.NoError(t, err)
+	}
+	_, err := b.conn.Exec(ctx, `INSERT INTO workflow_trigger_deliveries (delivery_id, trigger_id, trigger_version, event_id, source, event_type, status)
+VALUES ('d-held', 't1', 1, 'e-held', 'crm', 'lead.created', 'concurrency_limited'),
+       ('d-done', 't1', 1, 'e-done', 'crm', 'lead.created', 'launched')`)
+	require.NoError(t, err)
+	require.NoError(t, migrations.Up(ctx, b.url, zerolog.Nop()))
+	b.requireAllApplied(t)
+
+	var ids []string
+	rows, err := b.conn.Query(ctx, `SELECT event_id || '=' || envelope::text FROM trigger_events ORDER BY event_id`)
+	require.NoError(t, err)
+	for rows.Next() {
+		var s string
+		require.NoError(t, rows.Scan(&s))
+		ids = append(ids, s)
+	}
+	require.NoError(t, rows.Err())
+	require.Equal(t, []string{`e-held={"id":"e-held"}`}, ids)
+}
