@@ -60,10 +60,11 @@ func Gate(ctx context.Context, tx pgx.Tx, source, typ, id string) (Verdict, erro
 
 // GateDue is Gate for an event coming back from a hold, with the time its
 // due was scheduled for. An event that holds a slot at or before dueAt
-// owns that slot: it is admitted, however late its due arrives, since the
-// slot was counted in its window when it was taken. Any other due (a
-// pause's end, a release, a due brought forward) is a newcomer and queues
-// behind the slot holders.
+// owns that slot: it does not queue behind the other holders, and is
+// admitted when its window has room (the window of its slot has, unless
+// its due comes late into a later window the other holders fill; then it
+// takes the next free slot). Any other due (a pause's end, a release, a
+// due brought forward) is a newcomer and queues behind the slot holders.
 func GateDue(ctx context.Context, tx pgx.Tx, source, typ, id string, dueAt time.Time) (Verdict, error) {
 	return gate(ctx, tx, source, typ, id, &dueAt)
 }
@@ -105,17 +106,23 @@ func gate(ctx context.Context, tx pgx.Tx, source, typ, id string, dueAt *time.Ti
 		}
 		return v, nil
 	}
-	if src.RateLimit == nil || src.RateWindow <= 0 || owner {
+	if src.RateLimit == nil || src.RateWindow <= 0 {
 		v.Admitted = true
 		return v, nil
 	}
-	queued, err := holdersWaiting(ctx, tx, source, now)
-	if err != nil {
-		return Verdict{}, err
+	if !owner {
+		queued, err := holdersWaiting(ctx, tx, source, now)
+		if err != nil {
+			return Verdict{}, err
+		}
+		if queued {
+			return slot(ctx, tx, v, src, id, now)
+		}
 	}
-	if queued {
-		return slot(ctx, tx, v, src, id, now)
-	}
+	// A slot holder counts in the window it is admitted in, like any
+	// admission: a holder whose due comes late, into a window the holders
+	// of its own slots have filled, takes the next free slot rather than
+	// go over the limit (the limit holds for what downstream sees).
 	start, _ := window(now, src.RateWindow)
 	var admitted int
 	err = tx.QueryRow(ctx, `
@@ -170,8 +177,8 @@ func dropHold(ctx context.Context, db DB, id string) error {
 // current window), so held events come back in arrival order, at most
 // rate_limit per window, each at its own time. The one statement takes a
 // row lock on the source's slot row: concurrent gates queue in a line. The
-// slot is counted in its window at once, and the event holds it (a row of
-// event_source_holds) until its due is evaluated.
+// event holds its slot (a row of event_source_holds) until its due is
+// evaluated; while any event holds one, newcomers queue behind.
 func slot(ctx context.Context, tx pgx.Tx, v Verdict, src Source, id string, now time.Time) (Verdict, error) {
 	_, next := window(now, src.RateWindow)
 	limit := *src.RateLimit
@@ -191,13 +198,9 @@ func slot(ctx context.Context, tx pgx.Tx, v Verdict, src Source, id string, now 
 	}
 	at := start.Add(time.Duration(taken-1) * spacing(src.RateWindow, limit)).UTC()
 	_, err = tx.Exec(ctx, `
-		WITH hold AS (
-			INSERT INTO event_source_holds (event_id, source, slot_at) VALUES ($1, $2, $3)
-			ON CONFLICT (event_id) DO UPDATE SET source = EXCLUDED.source, slot_at = EXCLUDED.slot_at
-		)
-		INSERT INTO event_source_windows (source, window_start, admitted) VALUES ($2, $4, 1)
-		ON CONFLICT (source, window_start) DO UPDATE SET admitted = event_source_windows.admitted + 1`,
-		id, src.Source, at, start)
+		INSERT INTO event_source_holds (event_id, source, slot_at) VALUES ($1, $2, $3)
+		ON CONFLICT (event_id) DO UPDATE SET source = EXCLUDED.source, slot_at = EXCLUDED.slot_at`,
+		id, src.Source, at)
 	if err != nil {
 		return Verdict{}, fmt.Errorf("hold event source slot: %w", err)
 	}

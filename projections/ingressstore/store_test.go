@@ -197,8 +197,10 @@ func TestGateSlotsAreOrderedAndPaced(t *testing.T) {
 
 // A slot holder keeps its place until its due is evaluated, however late
 // the due arrives: newcomers queue behind it after its slot time has
-// passed, and it is admitted even when the current window is full. A due
-// brought forward before its slot, or a paused holder, gives the slot up.
+// passed, and it does not queue behind them. Late into a window other
+// holders have filled, it takes the next slot: the limit holds for the
+// admissions downstream sees. A due brought forward before its slot, or a
+// paused holder, gives the slot up.
 func TestGateSlotHolderKeepsItsPlaceWhenLate(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -225,12 +227,19 @@ func TestGateSlotHolderKeepsItsPlaceWhenLate(t *testing.T) {
 	require.False(t, vn.Admitted, "a newcomer queues behind holders whose dues have not come")
 	require.True(t, vn.RetryAt.After(earlyAt), "behind the last holder")
 
-	// Fill the current window: the late holder is admitted all the same.
-	_, err = b.pool.Exec(b.ctx, `UPDATE event_source_windows SET admitted = 1`)
-	require.NoError(t, err)
+	// The late holder is admitted in a window with room, ahead of the
+	// newcomer queued behind it.
 	require.True(t, b.gateDue(t, "late", holder, holderAt).Admitted, "a late holder owns its slot")
 	// A second due of the same holder is a newcomer: it holds no slot any more.
 	require.False(t, b.gateDue(t, "late", holder, holderAt).Admitted)
+
+	// Late into a full window: the next free slot, never over the limit.
+	_, err = b.pool.Exec(b.ctx, `UPDATE event_source_windows SET admitted = 1`)
+	require.NoError(t, err)
+	vl := b.gateDue(t, "late", newcomer, vn.RetryAt)
+	require.False(t, vl.Admitted, "a full window admits no late holder")
+	require.Equal(t, ingressstore.ReasonSourceThrottled, vl.Reason)
+	newcomerAt := slotAt(newcomer, 0)
 
 	// A due brought forward before its slot queues as a newcomer.
 	vb := b.gateDue(t, "late", early, earlyAt.Add(-time.Second))
@@ -240,7 +249,7 @@ func TestGateSlotHolderKeepsItsPlaceWhenLate(t *testing.T) {
 	// A paused holder gives its slot up; an event that leaves deferred too.
 	_, err = ingressstore.PauseSource(b.ctx, b.pool, "late", nil, "", "test")
 	require.NoError(t, err)
-	vp := b.gateDue(t, "late", newcomer, vn.RetryAt)
+	vp := b.gateDue(t, "late", newcomer, newcomerAt)
 	require.Equal(t, ingressstore.ReasonSourcePaused, vp.Reason)
 	for _, id := range []string{early, holder} {
 		b.insertEvent(t, id, "late")
