@@ -15,6 +15,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/retryd/retryd/pkg/natsconn"
+	"github.com/retryd/retryd/pkg/serve"
 	"github.com/retryd/retryd/pkg/streams"
 )
 
@@ -69,6 +70,23 @@ func Open(ctx context.Context, o Options, log zerolog.Logger) (*Backends, error)
 		}
 	}
 	return b, nil
+}
+
+// Checks are the readiness probes of the connections (see Checks).
+func (b *Backends) Checks() []serve.Check { return Checks(b.Pool, b.NC) }
+
+// Checks are readiness probes of a pool and a NATS connection: Postgres
+// answers a ping, NATS is connected and answers a round trip.
+func Checks(pool *pgxpool.Pool, nc *nats.Conn) []serve.Check {
+	return []serve.Check{
+		{Name: "postgres", Probe: pool.Ping},
+		{Name: "nats", Probe: func(ctx context.Context) error {
+			if st := nc.Status(); st != nats.CONNECTED {
+				return fmt.Errorf("nats connection is %s", st)
+			}
+			return nc.FlushWithContext(ctx)
+		}},
+	}
 }
 
 // Close drains the NATS connection (pending publishes go out) and closes

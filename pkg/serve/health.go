@@ -1,8 +1,10 @@
 package serve
 
 import (
+	"context"
 	"net/http"
 	"sync/atomic"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -11,17 +13,68 @@ import (
 
 // Health holds the readiness of a service. The zero value is not ready.
 // /healthz (liveness) is always 200 while the process serves HTTP; /readyz
-// follows SetReady.
+// is 200 while SetReady(true) holds and every dependency Watch probes
+// answered its last probe.
 type Health struct {
 	ready atomic.Bool
+	// down lists the dependencies whose last probe failed.
+	down atomic.Pointer[[]string]
 }
 
 // SetReady turns readiness on (after streams, consumers and pools are up)
 // or off (first step of a graceful stop).
 func (h *Health) SetReady(ready bool) { h.ready.Store(ready) }
 
-// Ready reports the readiness flag.
-func (h *Health) Ready() bool { return h.ready.Load() }
+// Ready reports whether the service is ready: SetReady(true) and no
+// dependency down.
+func (h *Health) Ready() bool { return h.ready.Load() && len(h.Down()) == 0 }
+
+// Down lists the dependencies whose last probe failed.
+func (h *Health) Down() []string {
+	if d := h.down.Load(); d != nil {
+		return *d
+	}
+	return nil
+}
+
+// Check is a dependency readiness needs; Probe returns nil while it is
+// reachable.
+type Check struct {
+	Name  string
+	Probe func(ctx context.Context) error
+}
+
+// DefaultProbeInterval is how often Watch probes: a lost dependency turns
+// readiness off within about twice this.
+const DefaultProbeInterval = time.Second
+
+// Watch probes every check each interval, each probe bounded by the
+// interval, until ctx is done, so /readyz turns false within about two
+// intervals of losing Postgres or NATS and true again once they answer.
+// It returns when ctx is done.
+func (h *Health) Watch(ctx context.Context, interval time.Duration, checks ...Check) {
+	if interval <= 0 {
+		interval = DefaultProbeInterval
+	}
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		var down []string
+		for _, c := range checks {
+			pctx, cancel := context.WithTimeout(ctx, interval)
+			if err := c.Probe(pctx); err != nil && ctx.Err() == nil {
+				down = append(down, c.Name)
+			}
+			cancel()
+		}
+		h.down.Store(&down)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
 
 // NewMux returns a mux with /healthz, /readyz and /metrics mounted; the
 // service adds its own routes to it. A nil gatherer serves an empty
@@ -39,7 +92,11 @@ func NewMux(reg prometheus.Gatherer, h *Health) *http.ServeMux {
 	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
 		if !h.Ready() {
-			WriteJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "not_ready"})
+			body := map[string]any{"status": "not_ready"}
+			if down := h.Down(); len(down) > 0 {
+				body["down"] = down
+			}
+			WriteJSON(w, http.StatusServiceUnavailable, body)
 			return
 		}
 		WriteJSON(w, http.StatusOK, map[string]string{"status": "ready"})

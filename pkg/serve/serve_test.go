@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -369,4 +370,45 @@ func TestServerRefusesCrossOriginWrites(t *testing.T) {
 			require.Contains(t, rec.Body.String(), `"code":"cross_origin"`)
 		}
 	}
+}
+
+// /readyz follows the dependencies Watch probes: a lost one turns it 503,
+// naming it, within a couple of probe intervals, and back once it answers.
+func TestReadinessFollowsDependencies(t *testing.T) {
+	t.Parallel()
+	var pgDown atomic.Bool
+	h := &serve.Health{}
+	h.SetReady(true)
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	go h.Watch(ctx, 20*time.Millisecond,
+		serve.Check{Name: "postgres", Probe: func(context.Context) error {
+			if pgDown.Load() {
+				return errors.New("connection refused")
+			}
+			return nil
+		}},
+		serve.Check{Name: "nats", Probe: func(context.Context) error { return nil }},
+	)
+	mux := serve.NewMux(nil, h)
+	readyz := func() (int, string) {
+		rec := httptest.NewRecorder()
+		mux.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/readyz", nil))
+		return rec.Code, rec.Body.String()
+	}
+	require.Eventually(t, func() bool { c, _ := readyz(); return c == http.StatusOK }, 5*time.Second, 5*time.Millisecond)
+
+	pgDown.Store(true)
+	require.Eventually(t, func() bool { c, _ := readyz(); return c == http.StatusServiceUnavailable }, 5*time.Second, 5*time.Millisecond)
+	_, body := readyz()
+	require.JSONEq(t, `{"status":"not_ready","down":["postgres"]}`, body)
+	require.Equal(t, []string{"postgres"}, h.Down())
+
+	pgDown.Store(false)
+	require.Eventually(t, func() bool { c, _ := readyz(); return c == http.StatusOK }, 5*time.Second, 5*time.Millisecond)
+
+	h.SetReady(false)
+	code, body := readyz()
+	require.Equal(t, http.StatusServiceUnavailable, code, "a graceful stop turns readiness off whatever the probes say")
+	require.JSONEq(t, `{"status":"not_ready"}`, body)
 }

@@ -28,6 +28,7 @@ import (
 
 	"github.com/retryd/retryd/migrations"
 	"github.com/retryd/retryd/migrations/pgcluster"
+	"github.com/retryd/retryd/pkg/backends"
 	"github.com/retryd/retryd/pkg/serve"
 	"github.com/retryd/retryd/pkg/streams"
 	"github.com/retryd/retryd/pkg/telemetry"
@@ -133,7 +134,9 @@ func (s *Stack) Start(ctx context.Context) (err error) {
 	}
 	// Registered last, so undone first: /readyz answers 503 before anything
 	// stops.
-	s.onStop("readiness", func(context.Context) error { s.Health.SetReady(false); return nil })
+	probeCtx, stopProbes := context.WithCancel(context.WithoutCancel(ctx))
+	go s.Health.Watch(probeCtx, serve.DefaultProbeInterval, backends.Checks(s.Pool, s.NC)...)
+	s.onStop("readiness", func(context.Context) error { s.Health.SetReady(false); stopProbes(); return nil })
 	s.Health.SetReady(true)
 	s.log.Info().Str("http", s.URL()).Str("nats", s.NATSURL()).Msg("retryd dev stack started")
 	return nil

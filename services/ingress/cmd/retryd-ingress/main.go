@@ -111,6 +111,7 @@ func run(ctx context.Context, log zerolog.Logger, ready func(addr string)) error
 
 	reg := serve.NewRegistry()
 	health := &serve.Health{}
+	go health.Watch(ctx, serve.DefaultProbeInterval, b.Checks()...)
 	cfg.Pool, cfg.JS, cfg.Registerer, cfg.Health = pool, js, reg, health
 	cfg.Streams = ensureStreams // nil: the service does not recreate streams either
 	svc, err := ingress.New(cfg)

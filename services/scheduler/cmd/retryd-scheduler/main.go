@@ -163,11 +163,11 @@ func readSettings(log zerolog.Logger) (settings, error) {
 }
 
 // connect migrates (when asked) and opens the pool and the NATS
-// connection; closeAll releases both.
-func connect(ctx context.Context, s settings, log zerolog.Logger) (*pgxpool.Pool, jetstream.JetStream, func(), error) {
+// connection; closeAll releases both, checks are their readiness probes.
+func connect(ctx context.Context, s settings, log zerolog.Logger) (*pgxpool.Pool, jetstream.JetStream, func(), []serve.Check, error) {
 	if s.migrate {
 		if err := migrations.Up(ctx, s.dbURL, log); err != nil {
-			return nil, nil, nil, fmt.Errorf("migrate: %w", err)
+			return nil, nil, nil, nil, fmt.Errorf("migrate: %w", err)
 		}
 	}
 	// Each due emitter holds a connection during a burst, beside the policy
@@ -175,9 +175,9 @@ func connect(ctx context.Context, s settings, log zerolog.Logger) (*pgxpool.Pool
 	b, err := backends.Open(ctx, backends.Options{DatabaseURL: s.dbURL, NATS: natsconn.OptionsFromEnv("retryd-scheduler"),
 		MinPoolConns: int32(max(s.cfg.Emitters, scheduler.DefaultEmitters) + 6)}, log)
 	if err != nil {
-		return nil, nil, nil, err
+		return nil, nil, nil, nil, err
 	}
-	return b.Pool, b.JS, b.Close, nil
+	return b.Pool, b.JS, b.Close, b.Checks(), nil
 }
 
 // serveCmd runs the scheduler until ctx is cancelled (SIGTERM, SIGINT).
@@ -191,7 +191,7 @@ func serveCmd(ctx context.Context, log zerolog.Logger) error {
 		return err
 	}
 	defer telemetry.Flush(shutdownTracing, log) // first deferred: flushes last
-	pool, js, closeAll, err := connect(ctx, s, log)
+	pool, js, closeAll, checks, err := connect(ctx, s, log)
 	if err != nil {
 		return err
 	}
@@ -207,6 +207,7 @@ func serveCmd(ctx context.Context, log zerolog.Logger) error {
 		return err
 	}
 	health := &serve.Health{}
+	go health.Watch(ctx, serve.DefaultProbeInterval, checks...)
 	mux := serve.NewMux(reg, health)
 	mux.Handle("/v1/", sched.Handler())
 	index := [][]serve.Route{scheduler.Routes()}
@@ -293,7 +294,7 @@ func rebuildCmd(ctx context.Context, log zerolog.Logger, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	pool, js, closeAll, err := connect(ctx, s, log)
+	pool, js, closeAll, _, err := connect(ctx, s, log)
 	if err != nil {
 		return err
 	}

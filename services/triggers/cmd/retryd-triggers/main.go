@@ -119,6 +119,7 @@ func run(log zerolog.Logger) error {
 
 	reg := serve.NewRegistry()
 	health := &serve.Health{}
+	go health.Watch(ctx, serve.DefaultProbeInterval, b.Checks()...)
 	cfg.Pool, cfg.JS, cfg.Registerer, cfg.Health = pool, js, reg, health
 	cfg.Streams = ensureStreams // nil: the service does not recreate streams either
 	svc, err := triggers.New(cfg)
