@@ -105,6 +105,10 @@ func deployNATS(t *testing.T) {
 		if user != "" {
 			opts = append(opts, nats.UserInfo(user, "pw-"+user))
 		}
+		if user != "" && user != "admin" {
+			// Each user may read replies on its own inbox prefix only.
+			opts = append(opts, nats.CustomInboxPrefix("_INBOX_"+user))
+		}
 		if errs != nil {
 			opts = append(opts, nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
 				select {

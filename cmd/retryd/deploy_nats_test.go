@@ -90,7 +90,7 @@ func TestNATSConfig(t *testing.T) {
 	}
 	for _, u := range []string{"scheduler", "ingress", "triggers", "worker", "producer", "runner"} {
 		require.Equal(t, "RETRYD", users[u].Account.Name)
-		require.Equal(t, []string{"_INBOX.>"}, users[u].Permissions.Subscribe.Allow, "%s subscribes to its replies only", u)
+		require.Equal(t, []string{"_INBOX_" + u + ".>"}, users[u].Permissions.Subscribe.Allow, "%s subscribes to its own replies only", u)
 		require.NotContains(t, users[u].Permissions.Publish.Allow, ">", u)
 	}
 
@@ -107,7 +107,11 @@ func TestNATSConfig(t *testing.T) {
 	t.Cleanup(cancel)
 	log := testLogger(t)
 	connect := func(user string) jetstream.JetStream {
-		nc, js, err := natsconn.Connect(ctx, natsconn.Options{URL: url, Name: "test-" + user, User: user, Password: password(user), TLSCA: certs.CA}, log)
+		o := natsconn.Options{URL: url, Name: "test-" + user, User: user, Password: password(user), TLSCA: certs.CA}
+		if user != "admin" {
+			o.InboxPrefix = "_INBOX_" + user
+		}
+		nc, js, err := natsconn.Connect(ctx, o, log)
 		require.NoError(t, err, user)
 		t.Cleanup(nc.Close)
 		return js
@@ -252,6 +256,12 @@ func TestNATSConfig(t *testing.T) {
 			{"scheduler", "pub", "ingest.x"},
 			{"scheduler", "sub", "retry.>"},
 			{"runner", "pub", "runs.x.requested.y"},
+			// Replies are private: nobody reads another user's inbox (a
+			// worker's pulled jobs arrive on _INBOX_worker).
+			{"producer", "sub", "_INBOX.>"},
+			{"producer", "sub", "_INBOX_worker.>"},
+			{"ingress", "sub", "_INBOX_scheduler.>"},
+			{"runner", "sub", ">"},
 		} {
 			require.True(t, denied(t, url, certs.CA, tc.user, tc.action, tc.subject), "%s may %s %s", tc.user, tc.action, tc.subject)
 		}
@@ -265,6 +275,7 @@ func TestNATSConfig(t *testing.T) {
 		require.False(t, denied(t, url, certs.CA, "worker", "pub", "retry.job.held.x"))
 		require.False(t, denied(t, url, certs.CA, "worker", "pub", "retry.job.released.x"))
 		require.False(t, denied(t, url, certs.CA, "worker", "pub", "$JS.API.DIRECT.GET.RETRIES.retry.job.succeeded.x"))
+		require.False(t, denied(t, url, certs.CA, "worker", "sub", "_INBOX_worker.abc.*"))
 		// The workflow engine renews its runs' leases.
 		require.False(t, denied(t, url, certs.CA, "runner", "pub", "runs.x.heartbeat.y"))
 	})

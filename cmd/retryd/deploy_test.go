@@ -115,6 +115,7 @@ func TestComposeFile(t *testing.T) {
 		require.Contains(t, binaries, cmd[0])
 		env := dig(t, svc, "environment").(map[string]any)
 		require.Equal(t, name, env["NATS_USER"], name)
+		require.Equal(t, "_INBOX_"+name, env[natsconn.EnvInboxPrefix], "%s reads its replies on its own inbox prefix", name)
 		require.Equal(t, "tls://nats:4222", env[natsconn.EnvURL], name)
 		require.Equal(t, "/etc/retryd/tls/ca.crt", env[natsconn.EnvTLSCA], name)
 		require.Contains(t, env["DATABASE_URL"], "postgres://retryd_app:", name)
@@ -282,6 +283,7 @@ func checkDeployment(t *testing.T, doc map[string]any, name string, secrets map[
 	require.Contains(t, secrets, name, "secrets.example.yaml has %s", name)
 	if user, ok := secrets[name]["NATS_USER"]; ok {
 		require.Equal(t, strings.TrimPrefix(name, "retryd-"), user, name)
+		require.Equal(t, "_INBOX_"+user.(string), secrets[name][natsconn.EnvInboxPrefix], "%s reads its replies on its own inbox prefix", name)
 		require.Contains(t, secrets[name]["DATABASE_URL"], "retryd_app", "%s connects as the runtime role", name)
 	}
 	require.Equal(t, false, dig(t, c, "securityContext", "allowPrivilegeEscalation"), name)

@@ -43,6 +43,7 @@ const (
 	EnvTLSCert     = "NATS_TLS_CERT"
 	EnvTLSKey      = "NATS_TLS_KEY"
 	EnvTLSCA       = "NATS_TLS_CA"
+	EnvInboxPrefix = "NATS_INBOX_PREFIX"
 	retryWaitStart = 100 * time.Millisecond
 	retryWaitMax   = 5 * time.Second
 )
@@ -71,6 +72,12 @@ type Options struct {
 	// TLSCA is a PEM file of the CAs to trust for the server certificate
 	// (NATS_TLS_CA); setting it turns TLS on.
 	TLSCA string
+	// InboxPrefix replaces "_INBOX" in the subjects where replies, PubAcks
+	// and pulled messages arrive (NATS_INBOX_PREFIX). Give each user its
+	// own, e.g. "_INBOX_scheduler", and allow it to subscribe to that
+	// prefix only: then no user can read another's replies (a worker's
+	// pulled job payloads, say).
+	InboxPrefix string
 }
 
 // OptionsFromEnv reads the NATS_* variables; name becomes the connection
@@ -87,6 +94,8 @@ func OptionsFromEnv(name string) Options {
 		TLSCert:   os.Getenv(EnvTLSCert),
 		TLSKey:    os.Getenv(EnvTLSKey),
 		TLSCA:     os.Getenv(EnvTLSCA),
+
+		InboxPrefix: os.Getenv(EnvInboxPrefix),
 	}
 	if o.URL == "" {
 		o.URL = DefaultURL
@@ -111,6 +120,9 @@ func (o Options) Validate() error {
 	}
 	if (o.User == "") != (o.Password == "") {
 		return errors.New("Options.User (NATS_USER) and Options.Password (NATS_PASSWORD) go together")
+	}
+	if p := o.InboxPrefix; p != "" && (strings.ContainsAny(p, " \t\r\n*>") || strings.HasPrefix(p, ".") || strings.HasSuffix(p, ".") || strings.Contains(p, "..")) {
+		return fmt.Errorf("Options.InboxPrefix (NATS_INBOX_PREFIX) %q must be a subject without wildcards, such as _INBOX_scheduler", p)
 	}
 	if (o.TLSCert == "") != (o.TLSKey == "") {
 		return errors.New("Options.TLSCert (NATS_TLS_CERT) and Options.TLSKey (NATS_TLS_KEY) go together")
@@ -209,6 +221,9 @@ func (o Options) natsOptions(log zerolog.Logger) ([]nats.Option, error) {
 	}
 	if o.TLSCA != "" {
 		opts = append(opts, nats.RootCAs(o.TLSCA))
+	}
+	if o.InboxPrefix != "" {
+		opts = append(opts, nats.CustomInboxPrefix(o.InboxPrefix))
 	}
 	if o.TLSCert != "" {
 		opts = append(opts, nats.ClientCert(o.TLSCert, o.TLSKey))

@@ -49,7 +49,7 @@ func connect(t *testing.T, o natsconn.Options, log zerolog.Logger) {
 
 func TestOptionsFromEnv(t *testing.T) {
 	// t.Setenv: not parallel.
-	for _, k := range []string{"NATS_URL", "NATS_CREDS", "NATS_NKEY", "NATS_USER", "NATS_PASSWORD", "NATS_TOKEN", "NATS_TLS_CERT", "NATS_TLS_KEY", "NATS_TLS_CA"} {
+	for _, k := range []string{"NATS_URL", "NATS_CREDS", "NATS_NKEY", "NATS_USER", "NATS_PASSWORD", "NATS_TOKEN", "NATS_TLS_CERT", "NATS_TLS_KEY", "NATS_TLS_CA", "NATS_INBOX_PREFIX"} {
 		t.Setenv(k, "")
 	}
 	o := natsconn.OptionsFromEnv("svc")
@@ -64,9 +64,11 @@ func TestOptionsFromEnv(t *testing.T) {
 	t.Setenv("NATS_TLS_CERT", "/cert")
 	t.Setenv("NATS_TLS_KEY", "/key")
 	t.Setenv("NATS_TLS_CA", "/ca")
+	t.Setenv("NATS_INBOX_PREFIX", "_INBOX_svc")
 	require.Equal(t, natsconn.Options{
 		URL: "nats://a:4222,nats://b:4222", Name: "svc", CredsFile: "/c", NKeyFile: "/n",
 		User: "u", Password: "p", Token: "tok", TLSCert: "/cert", TLSKey: "/key", TLSCA: "/ca",
+		InboxPrefix: "_INBOX_svc",
 	}, natsconn.OptionsFromEnv("svc"))
 }
 
@@ -164,6 +166,8 @@ func TestValidateNamesTheOption(t *testing.T) {
 		{"cert without key", natsconn.Options{URL: "nats://x", TLSCert: "/c"}, "Options.TLSCert (NATS_TLS_CERT) and Options.TLSKey"},
 		{"ca not pem", natsconn.Options{URL: "nats://x", TLSCA: notPEM}, "no PEM certificate found"},
 		{"ca missing", natsconn.Options{URL: "nats://x", TLSCA: filepath.Join(dir, "nope.pem")}, "Options.TLSCA (NATS_TLS_CA)"},
+		{"inbox wildcard", natsconn.Options{URL: "nats://x", InboxPrefix: "_INBOX_*"}, "Options.InboxPrefix (NATS_INBOX_PREFIX)"},
+		{"inbox trailing dot", natsconn.Options{URL: "nats://x", InboxPrefix: "_INBOX_a."}, "must be a subject without wildcards"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
