@@ -262,6 +262,12 @@ func TestNATSConfig(t *testing.T) {
 			{"producer", "sub", "_INBOX_worker.>"},
 			{"ingress", "sub", "_INBOX_scheduler.>"},
 			{"runner", "sub", ">"},
+			// Services may create a missing stream, never change,
+			// purge or delete one: max_msgs=1 would drop its messages.
+			{"scheduler", "pub", "$JS.API.STREAM.UPDATE.RETRIES"},
+			{"ingress", "pub", "$JS.API.STREAM.UPDATE.INGEST"},
+			{"triggers", "pub", "$JS.API.STREAM.PURGE.EVENTS"},
+			{"scheduler", "pub", "$JS.API.STREAM.DELETE.RETRIES"},
 		} {
 			require.True(t, denied(t, url, certs.CA, tc.user, tc.action, tc.subject), "%s may %s %s", tc.user, tc.action, tc.subject)
 		}

@@ -81,7 +81,7 @@ func TestComposeFile(t *testing.T) {
 	docs := readYAML(t, filepath.Join(deployDir, "docker-compose.yml"))
 	require.Len(t, docs, 1)
 	services := dig(t, docs[0], "services").(map[string]any)
-	require.ElementsMatch(t, []string{"postgres", "certs", "nats", "migrate", "scheduler", "ingress", "triggers", "gateway"}, keysOf(services))
+	require.ElementsMatch(t, []string{"postgres", "certs", "nats", "migrate", "streams", "scheduler", "ingress", "triggers", "gateway"}, keysOf(services))
 	require.Equal(t, "postgres:15", dig(t, services, "postgres", "image"))
 	require.Equal(t, "nats:2.12", dig(t, services, "nats", "image"))
 	require.Equal(t, []string{"-c", "/etc/nats/nats-server.conf"}, strs(t, dig(t, services, "nats", "command")))
@@ -96,7 +96,11 @@ func TestComposeFile(t *testing.T) {
 		}
 	}
 	// The image is built from deploy/Dockerfile with the repository as context.
-	for _, name := range []string{"certs", "migrate", "scheduler", "ingress", "triggers", "gateway"} {
+	// Streams are created and changed by the NATS admin, before the
+	// services, whose users may not change a stream.
+	require.Equal(t, []string{"retryd", "--timeout", "60s", "streams", "ensure"}, strs(t, dig(t, services, "streams", "command")))
+	require.Equal(t, "admin", dig(t, services, "streams", "environment", "NATS_USER"))
+	for _, name := range []string{"certs", "migrate", "streams", "scheduler", "ingress", "triggers", "gateway"} {
 		require.Equal(t, "retryd:dev", dig(t, services, name, "image"), name)
 		require.Equal(t, "deploy/Dockerfile", dig(t, services, name, "build", "dockerfile"), name)
 		require.Equal(t, "..", dig(t, services, name, "build", "context"), name)
@@ -121,6 +125,7 @@ func TestComposeFile(t *testing.T) {
 		require.Contains(t, env["DATABASE_URL"], "postgres://retryd_app:", name)
 		require.Equal(t, addr, env["RETRYD_HTTP_ADDR"], name)
 		require.Equal(t, "service_completed_successfully", dig(t, svc, "depends_on", "migrate", "condition"), name)
+		require.Equal(t, "service_completed_successfully", dig(t, svc, "depends_on", "streams", "condition"), name)
 		require.Equal(t, []string{"CMD", "retryd", "probe", "http://127.0.0.1" + addr + "/readyz"}, strs(t, dig(t, svc, "healthcheck", "test")), name)
 		require.Contains(t, strs(t, dig(t, svc, "volumes")), "nats-tls:/etc/retryd/tls:ro", name)
 	}

@@ -29,8 +29,10 @@ type Options struct {
 	// MinPoolConns raises the pool's size to at least this many connections
 	// unless the URL sets pool_max_conns itself.
 	MinPoolConns int32
-	// EnsureStreams, when set, creates or updates the streams with these
-	// options once connected.
+	// EnsureStreams, when set, creates the streams that are missing with
+	// these options once connected, and logs the existing ones whose
+	// configuration differs from this version's (streams.CreateMissing:
+	// changing a stream is the admin's `retryd streams ensure`).
 	EnsureStreams *streams.Options
 }
 
@@ -64,9 +66,13 @@ func Open(ctx context.Context, o Options, log zerolog.Logger) (*Backends, error)
 	}
 	b := &Backends{Pool: pool, NC: nc, JS: js}
 	if o.EnsureStreams != nil {
-		if err := streams.Ensure(ctx, js, *o.EnsureStreams); err != nil {
+		drift, err := streams.CreateMissing(ctx, js, *o.EnsureStreams)
+		if err != nil {
 			b.Close()
 			return nil, fmt.Errorf("ensure streams: %w", err)
+		}
+		for _, d := range drift {
+			log.Warn().Str("differs", d).Msg("stream configuration differs from this version's: run `retryd streams ensure` as the NATS admin")
 		}
 	}
 	return b, nil

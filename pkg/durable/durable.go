@@ -100,7 +100,7 @@ type Config struct {
 	JS     jetstream.JetStream
 	Logger zerolog.Logger
 	// Streams, when set, lets the group recreate a deleted stream
-	// (streams.Ensure with these options) before the consumers on it. Nil
+	// (streams.CreateMissing with these options) before the consumers on it. Nil
 	// leaves streams to the operator: consumers on a missing stream are
 	// recreated once it is back.
 	Streams *streams.Options
@@ -372,7 +372,7 @@ func (g *Group) Ensure(ctx context.Context) error {
 				continue
 			}
 			if !ensured {
-				if err := streams.Ensure(ctx, g.cfg.JS, *g.cfg.Streams); err != nil {
+				if _, err := streams.CreateMissing(ctx, g.cfg.JS, *g.cfg.Streams); err != nil {
 					errs = append(errs, fmt.Errorf("recreate streams: %w", err))
 					continue
 				}

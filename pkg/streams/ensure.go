@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -57,4 +59,58 @@ func ensure(ctx context.Context, js jetstream.JetStream, cfg jetstream.StreamCon
 		}
 	}
 	return err
+}
+
+// CreateMissing creates the streams that do not exist, with the
+// configuration of opts, and leaves the existing ones as they are. It is
+// what the services run (at start, and when a stream was deleted): their
+// NATS users may create a stream but not change one, so a leaked service
+// credential cannot shrink a stream's limits and drop its messages.
+// Changing streams is the admin's `retryd streams ensure` (Ensure).
+//
+// It returns, per existing stream whose configuration differs from this
+// version's in a field retryd relies on, a line naming the stream and the
+// fields, for the caller to log: run `retryd streams ensure` to apply them.
+func CreateMissing(ctx context.Context, js jetstream.JetStream, opts Options) ([]string, error) {
+	if err := opts.Validate(); err != nil {
+		return nil, fmt.Errorf("create streams: %w", err)
+	}
+	var drift []string
+	for _, cfg := range Configs(opts) {
+		s, err := js.Stream(ctx, cfg.Name)
+		switch {
+		case err == nil:
+			if fields := differs(cfg, s.CachedInfo().Config); len(fields) > 0 {
+				drift = append(drift, cfg.Name+": "+strings.Join(fields, ", "))
+			}
+			continue
+		case !errors.Is(err, jetstream.ErrStreamNotFound):
+			return drift, fmt.Errorf("look up stream %s: %w", cfg.Name, err)
+		}
+		if _, err := js.CreateStream(ctx, cfg); err != nil && !errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+			return drift, fmt.Errorf("create stream %s: %w", cfg.Name, err)
+		}
+	}
+	return drift, nil
+}
+
+// differs names the fields retryd relies on where existing is not want.
+// Limits an operator may tune (max_bytes, replicas) are not compared.
+func differs(want, existing jetstream.StreamConfig) []string {
+	var fields []string
+	check := func(name string, same bool) {
+		if !same {
+			fields = append(fields, name)
+		}
+	}
+	check("subjects", slices.Equal(slices.Sorted(slices.Values(want.Subjects)), slices.Sorted(slices.Values(existing.Subjects))))
+	check("retention", want.Retention == existing.Retention)
+	check("storage", want.Storage == existing.Storage)
+	check("discard", want.Discard == existing.Discard)
+	check("duplicate_window", want.Duplicates == existing.Duplicates)
+	check("max_msg_size", want.MaxMsgSize == existing.MaxMsgSize)
+	check("allow_direct", want.AllowDirect == existing.AllowDirect)
+	check("deny_delete", want.DenyDelete == existing.DenyDelete)
+	check("deny_purge", want.DenyPurge == existing.DenyPurge)
+	return fields
 }

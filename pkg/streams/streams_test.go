@@ -296,3 +296,32 @@ func TestLargestContractMessageIsStored(t *testing.T) {
 	_, err = b.js.PublishMsg(b.ctx, msg)
 	require.Error(t, err)
 }
+
+// CreateMissing is what the services run: it recreates a deleted stream
+// and never changes an existing one, whose differences it reports.
+func TestCreateMissingLeavesExistingStreams(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	drift, err := streams.CreateMissing(b.ctx, b.js, streams.Options{})
+	require.NoError(t, err)
+	require.Empty(t, drift, "streams it created itself match")
+
+	cfg := b.config(t, contract.StreamJobs)
+	cfg.Duplicates = 10 * time.Second
+	cfg.MaxMsgs = 5
+	_, err = b.js.UpdateStream(b.ctx, cfg)
+	require.NoError(t, err)
+	require.NoError(t, b.js.DeleteStream(b.ctx, contract.StreamRuns))
+
+	drift, err = streams.CreateMissing(b.ctx, b.js, streams.Options{})
+	require.NoError(t, err)
+	require.Equal(t, []string{"JOBS: duplicate_window"}, drift, "max_msgs is an operator's limit, not compared")
+	require.Equal(t, 10*time.Second, b.config(t, contract.StreamJobs).Duplicates, "an existing stream is left as it is")
+	require.EqualValues(t, 5, b.config(t, contract.StreamJobs).MaxMsgs)
+	require.Equal(t, streams.DuplicateWindow, b.config(t, contract.StreamRuns).Duplicates, "a deleted stream is created again")
+
+	require.NoError(t, streams.Ensure(b.ctx, b.js, streams.Options{}))
+	drift, err = streams.CreateMissing(b.ctx, b.js, streams.Options{})
+	require.NoError(t, err)
+	require.Empty(t, drift, "Ensure (the admin's) put it back")
+}

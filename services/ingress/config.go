@@ -63,7 +63,7 @@ type Config struct {
 	// Health, when set, is marked ready by Start and not ready by Stop.
 	Health *serve.Health
 	// Streams, when set, lets the reconciler recreate a deleted stream
-	// (streams.Ensure with these options) before recreating the consumers
+	// (streams.CreateMissing with these options) before recreating the consumers
 	// on it. Nil leaves streams to the operator.
 	Streams *streams.Options
 

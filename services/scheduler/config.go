@@ -96,7 +96,8 @@ type Config struct {
 	// by the state guards. Negative disables pruning here (another service
 	// prunes).
 	InboxRetention time.Duration
-	// Streams are the options streams.Ensure recreates the streams with.
+	// Streams are the options streams.CreateMissing recreates a deleted
+	// stream with.
 	Streams streams.Options
 	// Classifier classifies failures that carry no error class by their
 	// message; default errclass.DefaultClassifier().

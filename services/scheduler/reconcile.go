@@ -68,7 +68,9 @@ func (s *Scheduler) runReconcileLoop(ctx context.Context) {
 // nothing: they live in Postgres and the due loop emits them whatever
 // happened to RETRIES.
 func (s *Scheduler) reconcile(ctx context.Context) error {
-	if err := streams.Ensure(ctx, s.cfg.JS, s.cfg.Streams); err != nil {
+	// Missing streams only: the scheduler's NATS user may create a stream,
+	// not change one (streams.CreateMissing).
+	if _, err := streams.CreateMissing(ctx, s.cfg.JS, s.cfg.Streams); err != nil {
 		return err
 	}
 	if err := s.ensureConsumer(ctx); err != nil {

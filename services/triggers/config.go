@@ -45,7 +45,7 @@ type Config struct {
 	// ready when the service stops.
 	Health *serve.Health
 	// Streams, when set, lets the service recreate a deleted stream
-	// (streams.Ensure with these options) before recreating the consumers
+	// (streams.CreateMissing with these options) before recreating the consumers
 	// on it. Nil leaves streams to the operator.
 	Streams *streams.Options
 

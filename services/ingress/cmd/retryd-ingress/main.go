@@ -10,7 +10,7 @@
 //	RETRYD_HTTP_ADDR                    listen address (default :8081)
 //	RETRYD_LOG_LEVEL                    debug, info (default), warn, error
 //	RETRYD_INGRESS_MIGRATE              apply migrations at start (default true)
-//	RETRYD_INGRESS_ENSURE_STREAMS       create/update the streams at start (default true)
+//	RETRYD_INGRESS_ENSURE_STREAMS       create missing streams at start (default true)
 //	RETRYD_INGRESS_MAX_BODY_BYTES       POST /v1/events body cap (default 1048576)
 //	RETRYD_INGRESS_MAX_BATCH_BODY_BYTES POST /v1/events:batch body cap (default 8388608)
 //	RETRYD_INGRESS_MAX_BATCH_EVENTS     events per batch (default 500)

@@ -11,7 +11,7 @@
 //	RETRYD_HTTP_ADDR                      listen address (default :8082)
 //	RETRYD_LOG_LEVEL                      debug, info (default), warn, error
 //	RETRYD_TRIGGERS_MIGRATE               apply migrations at start (default true)
-//	RETRYD_TRIGGERS_ENSURE_STREAMS        create/update the streams at start (default true)
+//	RETRYD_TRIGGERS_ENSURE_STREAMS        create missing streams at start (default true)
 //	RETRYD_TRIGGERS_CONCURRENCY           messages handled at once per consumer (default 4;
 //	                                      RETRYD_TRIGGERS_WORKERS, its old name, still works)
 //	RETRYD_TRIGGERS_ACK_WAIT              consumer ack wait (default 30s)
