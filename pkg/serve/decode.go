@@ -73,19 +73,9 @@ func RequireJSON(r *http.Request) error {
 	}
 	mt, _, err := mime.ParseMediaType(ct)
 	if err != nil || (mt != "application/json" && !strings.HasSuffix(mt, "+json")) {
-		return fmt.Errorf("%w: Content-Type %q is not JSON: send application/json", ErrUnsupportedMediaType, truncate(ct, 100))
+		return fmt.Errorf("%w: Content-Type is not JSON: send application/json", ErrUnsupportedMediaType)
 	}
 	return nil
-}
-
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	for n > 0 && !utf8.RuneStart(s[n]) {
-		n--
-	}
-	return s[:n]
 }
 
 // depth returns the deepest nesting of objects and arrays in b, counting
