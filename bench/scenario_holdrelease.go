@@ -56,13 +56,16 @@ type throttleFIFOResult struct {
 	limit        int
 	ideal        time.Duration // n / limit
 	duesPerEvent float64
-	exhausted    int
+	// waitsPerEvent is how often a due was handed back to wait for its
+	// turn (a redelivery of the same due, not a new one), per event.
+	waitsPerEvent float64
+	exhausted     int
 }
 
 func runHoldRelease(ctx context.Context, env Env) error {
-	n, rate := 100_000, holdReleaseRate
+	n, rate := env.Sizes.HoldEvents, holdReleaseRate
 	if env.Quick {
-		n, rate = 2_000, holdReleaseRateQuick
+		rate = holdReleaseRateQuick
 	}
 	fmt.Fprintf(env.Out, "%s events sent to a paused source (ingress and scheduler in process, embedded NATS), then the source resumed: unlimited, then with a rate limit of %d/s\n", count(n), rate)
 	r, err := startRetryd(ctx, env, false)
@@ -75,7 +78,8 @@ func runHoldRelease(ctx context.Context, env Env) error {
 		return err
 	}
 	defer nc.Close()
-	svc, err := ingress.New(ingress.Config{Pool: r.db.pool, JS: js, Logger: zerolog.Nop(), Registerer: prometheus.NewRegistry()})
+	reg := prometheus.NewRegistry()
+	svc, err := ingress.New(ingress.Config{Pool: r.db.pool, JS: js, Logger: zerolog.Nop(), Registerer: reg})
 	if err != nil {
 		return fmt.Errorf("new ingress: %w", err)
 	}
@@ -98,7 +102,7 @@ func runHoldRelease(ctx context.Context, env Env) error {
 		return fmt.Errorf("rate limited: %w", err)
 	}
 
-	fifo, err := throttleFIFOPhase(ctx, env, r, h)
+	fifo, err := throttleFIFOPhase(ctx, env, r, h, reg)
 	if err != nil {
 		return fmt.Errorf("throttled burst: %w", err)
 	}
@@ -133,13 +137,14 @@ func runHoldRelease(ctx context.Context, env Env) error {
 	fmt.Fprintf(env.Out, "out of place: events that must move for the admissions (by admitted_at) to follow arrival order; the gate evaluates up to its concurrency (%d) at once\n",
 		ingress.DefaultConcurrency)
 	fmt.Fprintf(env.Out, "\nthrottled burst: %s events sent at once to a source limited to %d/s (no pause): all admitted in %s (ideal %s), "+
-		"%d out of place (max %d behind), at most %d in a window, %.2f due events per event (target <= 1.1), %d exhausted: %s\n",
-		count(fifo.n), fifo.limit, ms(fifo.admitted), ms(fifo.ideal), fifo.outOfPlace, fifo.maxBehind, fifo.fullest, fifo.duesPerEvent, fifo.exhausted,
+		"%d out of place (max %d behind), at most %d in a window, %.2f due events per event (target <= 1.1), %.2f dues handed back to wait for their turn per event, %d exhausted: %s\n",
+		count(fifo.n), fifo.limit, ms(fifo.admitted), ms(fifo.ideal), fifo.outOfPlace, fifo.maxBehind, fifo.fullest, fifo.duesPerEvent, fifo.waitsPerEvent, fifo.exhausted,
 		verdict(fifo.fullest <= fifo.limit && fifo.duesPerEvent <= 1.1 && fifo.exhausted == 0))
 	params := map[string]any{"n": fifo.n, "limit": fifo.limit}
 	env.rec.addDuration("hold-release", "retryd", "throttled_burst_admitted", fifo.admitted, params)
 	env.rec.add("hold-release", "retryd", "throttled_burst_dues_per_event", fifo.duesPerEvent, "dues", params)
 	env.rec.add("hold-release", "retryd", "throttled_burst_out_of_place", float64(fifo.outOfPlace), "events", params)
+	env.rec.add("hold-release", "retryd", "throttled_burst_waits_per_event", fifo.waitsPerEvent, "waits", params)
 	fmt.Fprintf(env.Out, "durability: %s\n", r.durability(ctx))
 	return nil
 }
@@ -306,11 +311,11 @@ func holdReleaseCall(h http.Handler, method, path string, body any) error {
 // throttle's promise: all admitted in arrival order in about n/limit, none
 // exhausted, each held event coming due about once (its own slot) rather
 // than at every window edge.
-func throttleFIFOPhase(ctx context.Context, env Env, r *retrydSys, h http.Handler) (throttleFIFOResult, error) {
+func throttleFIFOPhase(ctx context.Context, env Env, r *retrydSys, h http.Handler, reg prometheus.Gatherer) (throttleFIFOResult, error) {
 	const source = "hold-fifo"
-	n, limit := 10_000, 100
+	n, limit := env.Sizes.HoldBurst, 100
 	if env.Quick {
-		n, limit = 1_000, 50
+		limit = 50
 	}
 	res := throttleFIFOResult{holdReleaseResult: holdReleaseResult{n: n}, limit: limit, ideal: time.Duration(n) * time.Second / time.Duration(limit)}
 	if err := holdReleaseCall(h, http.MethodPut, "/v1/sources/"+source, map[string]any{"rate_limit": limit, "rate_window": "1s"}); err != nil {
@@ -346,7 +351,36 @@ func throttleFIFOPhase(ctx context.Context, env Env, r *retrydSys, h http.Handle
 		}
 	}
 	res.duesPerEvent = float64(dues) / float64(n)
+	waited, err := counterValue(reg, "retryd_ingress_retries_total", map[string]string{"source": source, "event": "waited"})
+	if err != nil {
+		return res, err
+	}
+	res.waitsPerEvent = waited / float64(n)
 	return res, nil
+}
+
+// counterValue reads one counter of reg by name and labels (0 when the
+// series does not exist yet).
+func counterValue(reg prometheus.Gatherer, name string, labels map[string]string) (float64, error) {
+	families, err := reg.Gather()
+	if err != nil {
+		return 0, fmt.Errorf("gather metrics: %w", err)
+	}
+	for _, f := range families {
+		if f.GetName() != name {
+			continue
+		}
+	series:
+		for _, m := range f.GetMetric() {
+			for _, lp := range m.GetLabel() {
+				if v, ok := labels[lp.GetName()]; ok && v != lp.GetValue() {
+					continue series
+				}
+			}
+			return m.GetCounter().GetValue(), nil
+		}
+	}
+	return 0, nil
 }
 
 // publishSeq publishes n events with sequence numbers to ingest.<source>,

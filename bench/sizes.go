@@ -28,6 +28,8 @@ type sizes struct {
 	HistorySizes   []int         // retry_history sizes of the growth scenario
 	GrowthPending  int           // background pending during growth
 	GrowthFor      time.Duration // cycle and probe time per history size
+	HoldEvents     int           // hold-release: events held, then released, per resume phase
+	HoldBurst      int           // hold-release: events sent at once to the throttled source
 }
 
 func quickSizes() sizes {
@@ -39,6 +41,7 @@ func quickSizes() sizes {
 		RecoverPending: 10_000, RecoverSteady: 5 * time.Second, RecoverDown: 2 * time.Second,
 		MemorySizes: []int{1_000, 10_000}, MemoryFor: 5 * time.Second,
 		HistorySizes: []int{0, 100_000}, GrowthPending: 10_000, GrowthFor: 5 * time.Second,
+		HoldEvents: 2_000, HoldBurst: 1_000,
 	}
 }
 
@@ -51,6 +54,7 @@ func fullSizes() sizes {
 		RecoverPending: 1_000_000, RecoverSteady: 15 * time.Second, RecoverDown: 5 * time.Second,
 		MemorySizes: []int{10_000, 100_000, 1_000_000}, MemoryFor: 15 * time.Second,
 		HistorySizes: []int{0, 1_000_000, 10_000_000}, GrowthPending: 100_000, GrowthFor: 20 * time.Second,
+		HoldEvents: 100_000, HoldBurst: 10_000,
 	}
 }
 
@@ -59,6 +63,7 @@ func fullSizes() sizes {
 type sizeFlags struct {
 	fs                                       *flag.FlagSet
 	window, burst, recoverPending, probeRate *int
+	holdEvents, holdBurst                    *int
 	cycleDur, probeDur                       *time.Duration
 	pending, memory, history                 *string
 }
@@ -72,6 +77,8 @@ func registerSizeFlags(fs *flag.FlagSet) *sizeFlags {
 		probeDur:       fs.Duration("probe-duration", 0, "lateness and memory: probe time per run (quick 8s, full 30s)"),
 		probeRate:      fs.Int("probe-rate", 0, "probe items coming due per second (1000)"),
 		burst:          fs.Int("burst", 0, "burst: retries due in the same second (quick 10000, full 100000)"),
+		holdEvents:     fs.Int("hold-events", 0, "hold-release: events held then released, per resume phase (quick 2000, full 100000)"),
+		holdBurst:      fs.Int("hold-burst", 0, "hold-release: events sent at once to the throttled source (quick 1000, full 10000)"),
 		recoverPending: fs.Int("recovery-pending", 0, "recovery: pending retries when the scheduler is killed (quick 10000, full 1000000)"),
 		memory:         fs.String("memory-sizes", "", "memory: pending counts, comma separated (quick 1000,10000, full 10000,100000,1000000)"),
 		history:        fs.String("history-sizes", "", "growth: retry_history sizes, comma separated (quick 0,100000, full 0,1000000,10000000)"),
@@ -96,6 +103,12 @@ func (f *sizeFlags) apply(s *sizes) error {
 	}
 	if *f.recoverPending > 0 {
 		s.RecoverPending = *f.recoverPending
+	}
+	if *f.holdEvents > 0 {
+		s.HoldEvents = *f.holdEvents
+	}
+	if *f.holdBurst > 0 {
+		s.HoldBurst = *f.holdBurst
 	}
 	lists := []struct {
 		name string

@@ -60,11 +60,14 @@ func Gate(ctx context.Context, tx pgx.Tx, source, typ, id string) (Verdict, erro
 
 // GateDue is Gate for an event coming back from a hold, with the time its
 // due was scheduled for. An event that holds a slot at or before dueAt
-// owns that slot: it does not queue behind the other holders, and is
-// admitted when its window has room (the window of its slot has, unless
-// its due comes late into a later window the other holders fill; then it
-// takes the next free slot). Any other due (a pause's end, a release, a
-// due brought forward) is a newcomer and queues behind the slot holders.
+// owns that slot: it keeps its place in the line of holders (see ownTurn),
+// and a due that comes late does not lose it. Any other due (a pause's
+// end, a release, a due brought forward) is a newcomer and queues behind
+// the slot holders.
+//
+// GateDue returns a *WaitError when the holder's turn is a short while
+// away: the caller rolls tx back (the hold stays as it was) and hands the
+// due back to be delivered at WaitError.Until.
 func GateDue(ctx context.Context, tx pgx.Tx, source, typ, id string, dueAt time.Time) (Verdict, error) {
 	return gate(ctx, tx, source, typ, id, &dueAt)
 }
@@ -83,10 +86,11 @@ func gate(ctx context.Context, tx pgx.Tx, source, typ, id string, dueAt *time.Ti
 		return Verdict{}, fmt.Errorf("%w: %q is not in the allowed types of source %q", ErrTypeNotAllowed, typ, source)
 	}
 	owner := false
+	var slotAt time.Time
 	if dueAt != nil {
 		// The hold ends here whatever the verdict: a paused holder waits
-		// for the resume's release, which queues it again.
-		var slotAt time.Time
+		// for the resume's release, which queues it again. (A WaitError
+		// rolls the transaction back, and with it this delete.)
 		err := tx.QueryRow(ctx, `DELETE FROM event_source_holds WHERE event_id = $1 RETURNING slot_at`, id).Scan(&slotAt)
 		switch {
 		case errors.Is(err, pgx.ErrNoRows):
@@ -110,32 +114,23 @@ func gate(ctx context.Context, tx pgx.Tx, source, typ, id string, dueAt *time.Ti
 		v.Admitted = true
 		return v, nil
 	}
-	if !owner {
-		queued, err := holdersWaiting(ctx, tx, source, now)
-		if err != nil {
-			return Verdict{}, err
-		}
-		if queued {
-			return slot(ctx, tx, v, src, id, now)
-		}
+	if owner {
+		return ownTurn(ctx, tx, v, src, id, slotAt, now)
 	}
-	// A slot holder counts in the window it is admitted in, like any
-	// admission: a holder whose due comes late, into a window the holders
-	// of its own slots have filled, takes the next free slot rather than
-	// go over the limit (the limit holds for what downstream sees).
-	start, _ := window(now, src.RateWindow)
-	var admitted int
-	err = tx.QueryRow(ctx, `
-		INSERT INTO event_source_windows (source, window_start, admitted)
-		VALUES ($1, $2, 1)
-		ON CONFLICT (source, window_start) DO UPDATE SET admitted = event_source_windows.admitted + 1
-		WHERE event_source_windows.admitted < $3
-		RETURNING admitted`, source, start, *src.RateLimit).Scan(&admitted)
-	switch {
-	case errors.Is(err, pgx.ErrNoRows):
+	queued, err := holdersWaiting(ctx, tx, source, now)
+	if err != nil {
+		return Verdict{}, err
+	}
+	if queued {
 		return slot(ctx, tx, v, src, id, now)
-	case err != nil:
-		return Verdict{}, fmt.Errorf("count event in rate window: %w", err)
+	}
+	start, _ := window(now, src.RateWindow)
+	counted, _, err := countIn(ctx, tx, source, start, *src.RateLimit, 0)
+	if err != nil {
+		return Verdict{}, err
+	}
+	if !counted {
+		return slot(ctx, tx, v, src, id, now)
 	}
 	v.Admitted = true
 	return v, nil
@@ -199,7 +194,7 @@ func slot(ctx context.Context, tx pgx.Tx, v Verdict, src Source, id string, now 
 	at := start.Add(time.Duration(taken-1) * spacing(src.RateWindow, limit)).UTC()
 	_, err = tx.Exec(ctx, `
 		INSERT INTO event_source_holds (event_id, source, slot_at) VALUES ($1, $2, $3)
-		ON CONFLICT (event_id) DO UPDATE SET source = EXCLUDED.source, slot_at = EXCLUDED.slot_at`,
+		ON CONFLICT (event_id) DO UPDATE SET source = EXCLUDED.source, slot_at = EXCLUDED.slot_at, waits_until = NULL`,
 		id, src.Source, at)
 	if err != nil {
 		return Verdict{}, fmt.Errorf("hold event source slot: %w", err)

@@ -65,6 +65,19 @@ func (b *bundle) gateDue(t *testing.T, source, id string, dueAt time.Time) ingre
 	return v
 }
 
+// gateDueErr is gateDue for a due that may be handed back: it returns
+// GateDue's error, and rolls back on one as the service does.
+func (b *bundle) gateDueErr(t *testing.T, source, id string, dueAt time.Time) (ingressstore.Verdict, error) {
+	t.Helper()
+	var v ingressstore.Verdict
+	err := pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error {
+		var err error
+		v, err = ingressstore.GateDue(b.ctx, tx, source, "invoice.paid", id, dueAt)
+		return err
+	})
+	return v, err
+}
+
 var eventSeq atomic.Int64
 
 func (b *bundle) insertEvent(t *testing.T, id, source string) {
@@ -197,10 +210,11 @@ func TestGateSlotsAreOrderedAndPaced(t *testing.T) {
 
 // A slot holder keeps its place until its due is evaluated, however late
 // the due arrives: newcomers queue behind it after its slot time has
-// passed, and it does not queue behind them. Late into a window other
-// holders have filled, it takes the next slot: the limit holds for the
-// admissions downstream sees. A due brought forward before its slot, or a
-// paused holder, gives the slot up.
+// passed, and it does not queue behind them. Late into a full window whose
+// next free turn is far (an hour here), it is held again for that turn in
+// the same place: the limit holds for the admissions downstream sees. A
+// due brought forward before its slot, or a paused holder, gives the slot
+// up.
 func TestGateSlotHolderKeepsItsPlaceWhenLate(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -233,12 +247,21 @@ func TestGateSlotHolderKeepsItsPlaceWhenLate(t *testing.T) {
 	// A second due of the same holder is a newcomer: it holds no slot any more.
 	require.False(t, b.gateDue(t, "late", holder, holderAt).Admitted)
 
-	// Late into a full window: the next free slot, never over the limit.
+	// Late into a full window, one holder (early) ahead of it: its turn is
+	// two windows on, an hour away, so it is held again for that turn and
+	// keeps its place in line.
 	_, err = b.pool.Exec(b.ctx, `UPDATE event_source_windows SET admitted = 1`)
 	require.NoError(t, err)
+	var placeBefore time.Time
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT slot_at FROM event_source_holds WHERE event_id = $1`, newcomer).Scan(&placeBefore))
 	vl := b.gateDue(t, "late", newcomer, vn.RetryAt)
 	require.False(t, vl.Admitted, "a full window admits no late holder")
 	require.Equal(t, ingressstore.ReasonSourceThrottled, vl.Reason)
+	require.Contains(t, vl.Detail, "1 held events ahead")
+	require.True(t, vl.Now.Truncate(time.Hour).Add(2*time.Hour).Equal(vl.RetryAt), "behind the one ahead, in the window after next: %s", vl.RetryAt)
+	var placeAfter time.Time
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT slot_at FROM event_source_holds WHERE event_id = $1`, newcomer).Scan(&placeAfter))
+	require.True(t, placeAfter.Equal(placeBefore), "held again in the same place")
 	newcomerAt := slotAt(newcomer, 0)
 
 	// A due brought forward before its slot queues as a newcomer.
@@ -259,6 +282,112 @@ func TestGateSlotHolderKeepsItsPlaceWhenLate(t *testing.T) {
 	var holds int
 	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM event_source_holds`).Scan(&holds))
 	require.Zero(t, holds, "no holds left")
+}
+
+// Holders whose dues come late keep their line: a holder is admitted only
+// when the window has room for it behind every holder still ahead of it;
+// otherwise its due is handed back (a WaitError, the transaction rolled
+// back, the hold untouched) until its turn, in line order, never over the
+// limit.
+func TestGateLateHoldersWaitForTheirTurnInLine(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	const window = 20 * time.Second
+	_, err := ingressstore.PutSource(b.ctx, b.pool, ingressstore.SourceConfig{Source: "line", RateLimit: 1, RateWindow: window})
+	require.NoError(t, err)
+	require.True(t, b.gate(t, "line", "invoice.paid").Admitted)
+	first, v1 := b.gateID(t, "line", "invoice.paid")
+	second, v2 := b.gateID(t, "line", "invoice.paid")
+	require.False(t, v1.Admitted)
+	require.False(t, v2.Admitted)
+
+	// Both slots have passed (their dues came late).
+	_, err = b.pool.Exec(b.ctx, `UPDATE event_source_holds SET slot_at = slot_at - interval '2 minutes'`)
+	require.NoError(t, err)
+	place := func(id string) time.Time {
+		var at time.Time
+		require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT slot_at FROM event_source_holds WHERE event_id = $1`, id).Scan(&at))
+		return at
+	}
+	secondAt, firstAt := place(second), place(first)
+	// fill sets the current window and the next two to n admissions, so a
+	// window that turns during the test changes nothing.
+	fill := func(n int) {
+		_, err := b.pool.Exec(b.ctx, `
+			INSERT INTO event_source_windows (source, window_start, admitted)
+			SELECT 'line', to_timestamp(floor(extract(epoch FROM now()) / 20) * 20 + k * 20), $1 FROM generate_series(0, 2) k
+			ON CONFLICT (source, window_start) DO UPDATE SET admitted = EXCLUDED.admitted`, n)
+		require.NoError(t, err)
+	}
+	waits := func(id string, dueAt time.Time, ahead int) {
+		t.Helper()
+		_, err := b.gateDueErr(t, "line", id, dueAt)
+		var wait *ingressstore.WaitError
+		require.ErrorAs(t, err, &wait)
+		require.Equal(t, ahead, wait.Ahead)
+		require.WithinRange(t, wait.Until, time.Now().Add(-time.Second), time.Now().Add(3*window), "a turn within the next windows")
+	}
+
+	// A full window: the second waits, behind the first.
+	fill(1)
+	waits(second, v2.RetryAt, 1)
+	require.True(t, place(second).Equal(secondAt), "waiting rolls back: the hold keeps its place")
+	// A window with room, but the first still ahead: the second waits for
+	// it rather than pass it.
+	fill(0)
+	waits(second, v2.RetryAt, 1)
+	require.True(t, place(first).Equal(firstAt))
+
+	// The head of the line is admitted; in a full window the second, now
+	// first in line, waits for the next.
+	v, err := b.gateDueErr(t, "line", first, v1.RetryAt)
+	require.NoError(t, err)
+	require.True(t, v.Admitted, "the head of the line is admitted")
+	fill(1)
+	waits(second, v2.RetryAt, 0)
+
+	// Its turn: admitted, and the line is empty.
+	fill(0)
+	v, err = b.gateDueErr(t, "line", second, v2.RetryAt)
+	require.NoError(t, err)
+	require.True(t, v.Admitted)
+	var holds int
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM event_source_holds`).Scan(&holds))
+	require.Zero(t, holds)
+}
+
+// A holder whose turn is handed back (MarkWaiting) is not passed by the
+// holders behind it, even where the window would have room for both: they
+// wait until right after its turn.
+func TestGateHoldersDoNotPassAWaitingHolder(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	_, err := ingressstore.PutSource(b.ctx, b.pool, ingressstore.SourceConfig{Source: "pass", RateLimit: 5, RateWindow: 20 * time.Second})
+	require.NoError(t, err)
+	for range 5 {
+		require.True(t, b.gate(t, "pass", "invoice.paid").Admitted)
+	}
+	first, v1 := b.gateID(t, "pass", "invoice.paid")
+	second, v2 := b.gateID(t, "pass", "invoice.paid")
+	_, err = b.pool.Exec(b.ctx, `UPDATE event_source_holds SET slot_at = slot_at - interval '2 minutes'`)
+	require.NoError(t, err)
+	_, err = b.pool.Exec(b.ctx, `DELETE FROM event_source_windows`)
+	require.NoError(t, err)
+
+	until := time.Now().Add(5 * time.Second).Truncate(time.Microsecond)
+	require.NoError(t, ingressstore.MarkWaiting(b.ctx, b.pool, first, until))
+	_, err = b.gateDueErr(t, "pass", second, v2.RetryAt)
+	var wait *ingressstore.WaitError
+	require.ErrorAs(t, err, &wait, "room in the window, but the one ahead waits")
+	require.Equal(t, 1, wait.Ahead)
+	require.False(t, wait.Until.Before(until), "right after the waiting holder's turn: %s", wait.Until)
+
+	v, err := b.gateDueErr(t, "pass", first, v1.RetryAt)
+	require.NoError(t, err)
+	require.True(t, v.Admitted)
+	v, err = b.gateDueErr(t, "pass", second, v2.RetryAt)
+	require.NoError(t, err)
+	require.True(t, v.Admitted, "nobody ahead any more")
 }
 
 func TestGateRejectedTransactionDoesNotCount(t *testing.T) {

@@ -6,27 +6,29 @@ import (
 	"time"
 )
 
-// RecordRelease remembers that the holds of kind under holdKey lifted at
-// at (the latest release wins). A hold decided before that time but
-// applied after the release is then released as it is applied (see
-// ReleasedAfter): the release fact cannot reach a row that did not exist
-// yet.
-func RecordRelease(ctx context.Context, q Querier, kind, holdKey string, at time.Time) error {
-	_, err := q.Exec(ctx, `INSERT INTO retry_hold_releases (kind, hold_key, released_at) VALUES ($1, $2, $3)
-ON CONFLICT (kind, hold_key) DO UPDATE SET released_at = greatest(retry_hold_releases.released_at, EXCLUDED.released_at)`,
-		kind, holdKey, at)
+// RecordRelease remembers that the holds of kind under holdKey, of
+// holdReason ("" for every reason), lifted at at (the latest release wins).
+// A hold decided before that time but applied after the release is then
+// released as it is applied (see ReleasedAfter): the release fact cannot
+// reach a row that did not exist yet.
+func RecordRelease(ctx context.Context, q Querier, kind, holdKey, holdReason string, at time.Time) error {
+	_, err := q.Exec(ctx, `INSERT INTO retry_hold_releases (kind, hold_key, hold_reason, released_at) VALUES ($1, $2, $3, $4)
+ON CONFLICT (kind, hold_key, hold_reason) DO UPDATE SET released_at = greatest(retry_hold_releases.released_at, EXCLUDED.released_at)`,
+		kind, holdKey, holdReason, at)
 	if err != nil {
 		return fmt.Errorf("record release of %s/%s: %w", kind, holdKey, err)
 	}
 	return nil
 }
 
-// ReleasedAfter reports whether the holds of kind under holdKey were
-// released at or after heldAt.
-func ReleasedAfter(ctx context.Context, q Querier, kind, holdKey string, heldAt time.Time) (bool, error) {
+// ReleasedAfter reports whether the holds of kind under holdKey and of
+// holdReason were released at or after heldAt, by a release of that
+// reason or of every reason. A release of another reason (a freed
+// concurrency slot, for a throttle hold) does not count.
+func ReleasedAfter(ctx context.Context, q Querier, kind, holdKey, holdReason string, heldAt time.Time) (bool, error) {
 	var released bool
 	err := q.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM retry_hold_releases
-WHERE kind = $1 AND hold_key = $2 AND released_at >= $3)`, kind, holdKey, heldAt).Scan(&released)
+WHERE kind = $1 AND hold_key = $2 AND hold_reason IN ('', $3) AND released_at >= $4)`, kind, holdKey, holdReason, heldAt).Scan(&released)
 	if err != nil {
 		return false, fmt.Errorf("read release of %s/%s: %w", kind, holdKey, err)
 	}

@@ -352,3 +352,29 @@ func TestPolicies(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, all, 9)
 }
+
+// A release counts for the holds of its reason, and a release of every
+// reason ("") for all of them: a freed concurrency slot does not release a
+// throttle hold of the same key.
+func TestReleasedAfterIsPerHoldReason(t *testing.T) {
+	t.Parallel()
+	ctx, pool := setup(t)
+	heldAt := time.Date(2026, 11, 25, 12, 0, 0, 0, time.UTC)
+	released := func(reason string) bool {
+		t.Helper()
+		ok, err := retrystore.ReleasedAfter(ctx, pool, "event_trigger", "trg", reason, heldAt)
+		require.NoError(t, err)
+		return ok
+	}
+	require.NoError(t, retrystore.RecordRelease(ctx, pool, "event_trigger", "trg", "concurrency", heldAt.Add(time.Second)))
+	require.True(t, released("concurrency"))
+	require.False(t, released("throttle"), "a freed slot is not a throttle release")
+
+	// An older release of every reason changes nothing; a later one
+	// releases every reason.
+	require.NoError(t, retrystore.RecordRelease(ctx, pool, "event_trigger", "trg", "", heldAt.Add(-time.Second)))
+	require.False(t, released("throttle"))
+	require.NoError(t, retrystore.RecordRelease(ctx, pool, "event_trigger", "trg", "", heldAt))
+	require.True(t, released("throttle"))
+	require.True(t, released("pause"))
+}

@@ -348,3 +348,38 @@ func TestE2EThrottledBurstIsAdmittedInOrderOneDueEach(t *testing.T) {
 	require.LessOrEqual(t, float64(dues), 1.1*float64(held), "%d dues for %d held events", dues, held)
 	require.Zero(t, b.count(t, `SELECT count(*) FROM retries WHERE kind = 'event' AND (state = 'exhausted' OR retry_count > 0)`))
 }
+
+// Held events whose dues all come late (the scheduler is down while their
+// slots pass, as after a crash) keep their place in line: when it comes
+// back they are admitted in arrival order, at most the limit per window,
+// and a due that finds its window full waits for its turn instead of
+// being held again (one due each, none at the back of the line).
+func TestE2ELateHoldersKeepTheirPlace(t *testing.T) {
+	t.Parallel()
+	b := setup(t, func(c *ingress.Config) { c.Concurrency = 1 })
+	const limit, n = 20, 60
+	b.putSource(t, "late", map[string]any{"rate_limit": limit, "rate_window": "1s"})
+	all := ids("l", n)
+	for _, id := range all {
+		b.post(t, event(id, "late", "tick.happened"))
+	}
+	require.Eventually(t, func() bool {
+		return b.count(t, `SELECT count(*) FROM workflow_events WHERE source = 'late' AND status = 'deferred'`) == n-limit
+	}, eventually, 50*time.Millisecond)
+	// No scheduler yet: every slot passes with its due not sent.
+	require.Eventually(t, func() bool {
+		return b.count(t, `SELECT count(*) FROM event_source_holds WHERE slot_at > now() - interval '500 milliseconds'`) == 0
+	}, eventually, 100*time.Millisecond)
+
+	b.withScheduler(t, 50*time.Millisecond, 100*time.Millisecond, 2)
+	b.requireAdmittedOnce(t, all...)
+	var order []string
+	for _, m := range streamMsgs(t, b.ctx, b.js, contract.StreamEvents, "events.late.") {
+		order = append(order, m.Header.Get(nats.MsgIdHdr))
+	}
+	require.Equal(t, all, order, "admitted in arrival order")
+	require.Zero(t, b.count(t, `SELECT count(*) FROM event_source_windows WHERE source = 'late' AND admitted > $1`, limit))
+	dues := len(streamMsgs(t, b.ctx, b.js, contract.StreamRetries, "retry.event.due."))
+	require.LessOrEqual(t, dues, n-limit, "one due per held event: waiting for a turn is not a new hold")
+	require.Zero(t, b.count(t, `SELECT count(*) FROM retries WHERE kind = 'event' AND (state = 'exhausted' OR retry_count > 0)`))
+}

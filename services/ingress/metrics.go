@@ -21,6 +21,7 @@ const (
 	retryScheduled   = "scheduled"
 	retryRescheduled = "rescheduled"
 	retryDue         = "due"
+	retryWaited      = "waited"
 	retryCompleted   = "completed"
 	retryCancelled   = "cancelled"
 	retryExhausted   = "exhausted"
@@ -62,7 +63,7 @@ func newMetrics(reg prometheus.Registerer, maxSources int) (*metrics, error) {
 		}, []string{"source", "reason"}),
 		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Subsystem: sub, Name: "retries_total",
-			Help: "Event-ingress retry lifecycle per source: scheduled, rescheduled, due, completed (admitted on a retry), cancelled, exhausted.",
+			Help: "Event-ingress retry lifecycle per source: scheduled, rescheduled, due, waited (a throttled event's due handed back until its turn), completed (admitted on a retry), cancelled, exhausted.",
 		}, []string{"source", "event"}),
 		malformed: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Subsystem: sub, Name: "malformed_total",

@@ -108,6 +108,17 @@ func (s *Service) handleDue(ctx context.Context, msg jetstream.Msg) error {
 		}
 		return err
 	})
+	var turn *ingressstore.WaitError
+	if errors.As(err, &turn) {
+		// Rolled back: the hold keeps its place, and the same due comes
+		// back at the holder's turn (no new due, nothing to tell the
+		// scheduler).
+		s.metrics.retry(due.Source, retryWaited)
+		if err := ingressstore.MarkWaiting(ctx, s.cfg.Pool, due.ID, turn.Until); err != nil {
+			return err
+		}
+		return durable.NakAfter(max(turn.Until.Sub(s.cfg.Now()), time.Millisecond))
+	}
 	if err != nil {
 		return fmt.Errorf("handle due %s: %w", msgID, err)
 	}

@@ -69,7 +69,7 @@ func holdOf(ctx context.Context, q retrystore.Querier, r *retrystore.Retry, hd *
 		h.Until = *hd.Until
 	}
 	if hd.HoldKey != "" {
-		released, err := retrystore.ReleasedAfter(ctx, q, r.Kind, hd.HoldKey, heldAt)
+		released, err := retrystore.ReleasedAfter(ctx, q, r.Kind, hd.HoldKey, hd.Reason, heldAt)
 		if err != nil {
 			return nil, err
 		}
@@ -160,7 +160,7 @@ func (s *Scheduler) handleRelease(ctx context.Context, in inbound) {
 		// that may release one more than the count: it looks again and
 		// waits again, which costs a due and no retry, where missing it
 		// would leave it waiting for its backoff.
-		if err := retrystore.RecordRelease(ctx, tx, rd.Kind, rd.HoldKey, rd.ReleasedAt); err != nil {
+		if err := retrystore.RecordRelease(ctx, tx, rd.Kind, rd.HoldKey, rd.HoldReason, rd.ReleasedAt); err != nil {
 			return err
 		}
 		if rel, err = retrystore.ReleaseHolds(ctx, tx, rd.Kind, rd.HoldKey, rd.Reason, in.f.msgID, rd.HoldReason, rd.Count); err != nil {

@@ -244,7 +244,7 @@ func (rb *rebuilder) apply(ctx context.Context, tx pgx.Tx, f fact) error {
 		// that may release one more than the count: it looks again and
 		// waits again, which costs a due and no retry, where missing it
 		// would leave it waiting for its backoff.
-		if err := retrystore.RecordRelease(ctx, tx, rd.Kind, rd.HoldKey, rd.ReleasedAt); err != nil {
+		if err := retrystore.RecordRelease(ctx, tx, rd.Kind, rd.HoldKey, rd.HoldReason, rd.ReleasedAt); err != nil {
 			return err
 		}
 		if _, err := retrystore.ReleaseHolds(ctx, tx, rd.Kind, rd.HoldKey, rd.Reason, f.msgID, rd.HoldReason, rd.Count); err != nil {
