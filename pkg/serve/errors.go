@@ -9,8 +9,9 @@ import (
 )
 
 var (
-	// ErrNotFound is wrapped by handlers for a missing resource (404).
-	ErrNotFound = errors.New("not found")
+	// ErrNotFound is wrapped by handlers for a missing resource (404). It
+	// is contract.ErrNotFound, which the stores return too.
+	ErrNotFound = contract.ErrNotFound
 	// ErrConflict is wrapped when the request clashes with the resource's
 	// state, e.g. retrying a retry that is still pending (409).
 	ErrConflict = errors.New("conflict")

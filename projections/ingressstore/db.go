@@ -1,28 +1,13 @@
 package ingressstore
 
-import (
-	"context"
-	"errors"
-
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
-)
+import "github.com/retryd/retryd/projections/pgdb"
 
 // DB is what the store needs from a connection: pgx.Tx, *pgx.Conn and
 // *pgxpool.Pool satisfy it.
-type DB interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
+type DB = pgdb.DB
 
 // ErrNotFound is returned when the event, source or retry row does not
-// exist.
-var ErrNotFound = errors.New("not found")
+// exist. It is pgdb.ErrNotFound (contract.ErrNotFound) under this name.
+var ErrNotFound = pgdb.ErrNotFound
 
-func notFound(err error) error {
-	if errors.Is(err, pgx.ErrNoRows) {
-		return ErrNotFound
-	}
-	return err
-}
+var notFound = pgdb.NotFound

@@ -384,12 +384,12 @@ func (a *API) releaseOne(ctx context.Context, id, reason string, op jobstore.Ope
 		more = true
 		msg := ""
 		state = jobstore.ItemReleased
-		switch rerr := a.cfg.Retry.RetryNow(ctx, contract.KindJob, jobID, truncate(reason, contract.MaxMessageLen), op.RequestedBy, op.ResetAttempts); {
+		switch rerr := a.cfg.Retry.RetryNow(ctx, contract.KindJob, jobID, pgtext.Truncate(reason, contract.MaxMessageLen), op.RequestedBy, op.ResetAttempts); {
 		case rerr == nil:
 		case errors.Is(rerr, serve.ErrNotFound), errors.Is(rerr, serve.ErrConflict):
-			state, msg = jobstore.ItemSkipped, truncate(rerr.Error(), 512)
+			state, msg = jobstore.ItemSkipped, pgtext.Truncate(rerr.Error(), 512)
 		case errors.Is(rerr, contract.ErrInvalid):
-			state, msg = jobstore.ItemFailed, truncate(rerr.Error(), 512)
+			state, msg = jobstore.ItemFailed, pgtext.Truncate(rerr.Error(), 512)
 		default:
 			return fmt.Errorf("retry job %s: %w", jobID, rerr)
 		}

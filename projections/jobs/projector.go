@@ -450,17 +450,6 @@ func decode(stream string, m jetstream.Msg) (decoded, error) {
 	return d, nil
 }
 
-// truncate cuts s to at most n bytes on a rune boundary.
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	for n > 0 && s[n]&0xC0 == 0x80 {
-		n--
-	}
-	return s[:n]
-}
-
 // pruneInbox deletes the projection's inbox claims older than
 // InboxRetention, at start and hourly; older redeliveries are caught by the
 // fold's ordering guards.

@@ -16,19 +16,12 @@
 package jobstore
 
 import (
-	"context"
-	"errors"
-
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/retryd/retryd/projections/pgdb"
 )
 
 // Querier is a *pgxpool.Pool, a *pgx.Conn or a pgx.Tx.
-type Querier interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
+type Querier = pgdb.DB
 
 // ErrNotFound is returned for a job or an operation that does not exist.
-var ErrNotFound = errors.New("not found")
+// It is pgdb.ErrNotFound.
+var ErrNotFound = pgdb.ErrNotFound

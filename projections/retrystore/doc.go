@@ -13,29 +13,23 @@
 package retrystore
 
 import (
-	"context"
 	"errors"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/retryd/retryd/projections/pgdb"
 )
 
 // Querier is what the functions of this package need: a *pgxpool.Pool, a
 // *pgx.Conn or a pgx.Tx.
-type Querier interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
+type Querier = pgdb.DB
 
 // Copier is a Querier that can also COPY rows in (a pool, a connection or
 // a transaction).
-type Copier interface {
-	Querier
-	CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, rows pgx.CopyFromSource) (int64, error)
-}
+type Copier = pgdb.Copier
 
-// ErrNotFound is returned when a retry or a policy does not exist.
-var ErrNotFound = errors.New("not found")
+// ErrNotFound is returned when a retry or a policy does not exist. It is
+// pgdb.ErrNotFound.
+var ErrNotFound = pgdb.ErrNotFound
 
 func isNoRows(err error) bool { return errors.Is(err, pgx.ErrNoRows) }

@@ -6,32 +6,22 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/retryd/retryd/projections/pgdb"
 )
 
 // DB is what the store needs from a connection: pgx.Tx, *pgx.Conn and
 // *pgxpool.Pool satisfy it.
-type DB interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
+type DB = pgdb.DB
 
 var (
 	// ErrNotFound is returned when a trigger, delivery or run does not
-	// exist (or the trigger was deleted).
-	ErrNotFound = errors.New("not found")
+	// exist (or the trigger was deleted). It is pgdb.ErrNotFound.
+	ErrNotFound = pgdb.ErrNotFound
 	// ErrConflict is returned when a trigger id is already taken.
 	ErrConflict = errors.New("already exists")
 )
 
-func notFound(err error) error {
-	if errors.Is(err, pgx.ErrNoRows) {
-		return ErrNotFound
-	}
-	return err
-}
+var notFound = pgdb.NotFound
 
 // Now reads the database clock. Launch times and throttle windows use it,
 // not the clocks of the service instances, so instances with skewed clocks

@@ -1,0 +1,41 @@
+package pgdb_test
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/retryd/retryd/pkg/contract"
+	"github.com/retryd/retryd/pkg/serve"
+	"github.com/retryd/retryd/projections/ingressstore"
+	"github.com/retryd/retryd/projections/jobstore"
+	"github.com/retryd/retryd/projections/pgdb"
+	"github.com/retryd/retryd/projections/retrystore"
+	"github.com/retryd/retryd/projections/triggerstore"
+)
+
+// Every store's not-found error is the one contract.ErrNotFound, so a
+// handler can pass a store's error on and the client gets a 404.
+func TestOneNotFound(t *testing.T) {
+	t.Parallel()
+	for name, err := range map[string]error{
+		"ingressstore": ingressstore.ErrNotFound, "triggerstore": triggerstore.ErrNotFound,
+		"retrystore": retrystore.ErrNotFound, "jobstore": jobstore.ErrNotFound, "serve": serve.ErrNotFound,
+	} {
+		require.Same(t, contract.ErrNotFound, err, name)
+	}
+
+	require.ErrorIs(t, pgdb.NotFound(fmt.Errorf("get: %w", pgx.ErrNoRows)), contract.ErrNotFound)
+	other := errors.New("connection refused")
+	require.Same(t, other, pgdb.NotFound(other))
+	require.NoError(t, pgdb.NotFound(nil))
+
+	rec := httptest.NewRecorder()
+	serve.WriteError(rec, fmt.Errorf("get trigger %q: %w", "t1", triggerstore.ErrNotFound))
+	require.Equal(t, http.StatusNotFound, rec.Code)
+}
