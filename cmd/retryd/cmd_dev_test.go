@@ -17,8 +17,8 @@ import (
 	"github.com/retryd/retryd/migrations/pgtest"
 	"github.com/retryd/retryd/pkg/dashboard"
 	"github.com/retryd/retryd/pkg/serve"
-	"github.com/retryd/retryd/projections/jobs"
 	"github.com/retryd/retryd/services/ingress"
+	"github.com/retryd/retryd/services/jobs"
 	"github.com/retryd/retryd/services/scheduler"
 	"github.com/retryd/retryd/services/triggers"
 )

@@ -27,9 +27,9 @@ import (
 	"github.com/retryd/retryd/pkg/natsconn"
 	"github.com/retryd/retryd/pkg/streams"
 	"github.com/retryd/retryd/pkg/worker"
-	"github.com/retryd/retryd/projections/jobs"
 	"github.com/retryd/retryd/projections/retrystore"
 	"github.com/retryd/retryd/services/ingress"
+	"github.com/retryd/retryd/services/jobs"
 	"github.com/retryd/retryd/services/scheduler"
 	"github.com/retryd/retryd/services/triggers"
 )

@@ -12,6 +12,7 @@ require (
 	github.com/retryd/retryd/pkg v0.0.0-00010101000000-000000000000
 	github.com/retryd/retryd/projections v0.0.0-00010101000000-000000000000
 	github.com/retryd/retryd/services/ingress v0.0.0-00010101000000-000000000000
+	github.com/retryd/retryd/services/jobs v0.0.0-00010101000000-000000000000
 	github.com/retryd/retryd/services/scheduler v0.0.0-00010101000000-000000000000
 	github.com/retryd/retryd/services/triggers v0.0.0-00010101000000-000000000000
 	github.com/rs/zerolog v1.35.1
@@ -94,3 +95,5 @@ replace github.com/retryd/retryd/services/ingress => ../../services/ingress
 replace github.com/retryd/retryd/services/triggers => ../../services/triggers
 
 replace github.com/retryd/retryd/services/scheduler => ../../services/scheduler
+
+replace github.com/retryd/retryd/services/jobs => ../../services/jobs

@@ -26,9 +26,9 @@ import (
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/pkg/natstest"
 	"github.com/retryd/retryd/pkg/worker"
-	"github.com/retryd/retryd/projections/jobs"
 	"github.com/retryd/retryd/projections/jobstore"
 	"github.com/retryd/retryd/projections/retrystore"
+	"github.com/retryd/retryd/services/jobs"
 	"github.com/retryd/retryd/services/scheduler"
 )
 

@@ -15,6 +15,17 @@ import (
 // re-emits a due nobody answered within its RedueAfter (5 minutes).
 const maxTurnWait = time.Minute
 
+// A holder waiting for its turn is waited for until turnLate after that
+// turn: its due comes back a little after the turn (the redelivery's own
+// latency), and the holders behind it must not pass it then. One whose due
+// does not come by turnLate (its ingress died; the due returns after the
+// ack wait) is no longer waited for. A holder behind one that is late for
+// its turn looks again every turnRecheck.
+const (
+	turnLate    = 5 * time.Second
+	turnRecheck = 20 * time.Millisecond
+)
+
 // WaitError is GateDue's answer to a slot holder whose turn has not come:
 // holders ahead of it in line still wait, or this window is full. The
 // caller rolls back (the hold keeps its place) and hands the due back to
@@ -22,6 +33,9 @@ const maxTurnWait = time.Minute
 // a new one: waiting costs the scheduler nothing.
 type WaitError struct {
 	Until time.Time
+	// Now is the database time the turn was computed at: wait
+	// Until.Sub(Now), never against a local clock (which may be skewed).
+	Now time.Time
 	// Ahead is how many holders of the source are before this one in line.
 	Ahead int
 }
@@ -57,11 +71,12 @@ func ownTurn(ctx context.Context, tx pgx.Tx, v Verdict, src Source, id string, s
 	}
 	at := turnAt(next, src.RateWindow, limit, max(ahead-max(limit-admitted, 0), 0))
 	if !waiting.IsZero() {
-		// Behind a holder waiting for its turn: right after it.
-		at = maxTime(at, waiting.Add(turnGap(src.RateWindow, limit)))
+		// Behind a holder waiting for its turn: right after it, and not
+		// before it has had a moment to come.
+		at = maxTime(at, maxTime(waiting.Add(turnGap(src.RateWindow, limit)), now.Add(turnRecheck)))
 	}
 	if at.Sub(now) <= maxTurnWait {
-		return Verdict{}, &WaitError{Until: at, Ahead: ahead}
+		return Verdict{}, &WaitError{Until: at, Now: now, Ahead: ahead}
 	}
 	if _, err := tx.Exec(ctx, `INSERT INTO event_source_holds (event_id, source, slot_at) VALUES ($1, $2, $3)`,
 		id, src.Source, slotAt); err != nil {
@@ -98,7 +113,8 @@ func maxTime(a, b time.Time) time.Time {
 
 // holdersAhead counts the holders of source in line before the one at
 // slotAt: their slots are earlier and they have not been admitted. It also
-// returns the latest turn one of them waits for (zero when none waits).
+// returns the latest turn one of them waits for, or waited for less than
+// turnLate ago (zero when none does).
 // A holder past holderGrace no longer counts (its due may be lost; the
 // scheduler's re-emission still finds its row).
 func holdersAhead(ctx context.Context, tx pgx.Tx, source string, slotAt, now time.Time) (int, time.Time, error) {
@@ -107,7 +123,7 @@ func holdersAhead(ctx context.Context, tx pgx.Tx, source string, slotAt, now tim
 	err := tx.QueryRow(ctx, `
 		SELECT count(*), max(waits_until) FILTER (WHERE waits_until > $4)
 		FROM event_source_holds WHERE source = $1 AND slot_at > $2 AND slot_at < $3`,
-		source, now.Add(-holderGrace), slotAt, now).Scan(&n, &waiting)
+		source, now.Add(-holderGrace), slotAt, now.Add(-turnLate)).Scan(&n, &waiting)
 	if err != nil {
 		return 0, time.Time{}, fmt.Errorf("count holders ahead: %w", err)
 	}

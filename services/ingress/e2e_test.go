@@ -353,10 +353,24 @@ func TestE2EThrottledBurstIsAdmittedInOrderOneDueEach(t *testing.T) {
 // slots pass, as after a crash) keep their place in line: when it comes
 // back they are admitted in arrival order, at most the limit per window,
 // and a due that finds its window full waits for its turn instead of
-// being held again (one due each, none at the back of the line).
+// being held again (one due each, none at the back of the line). The wait
+// is measured on the database clock: with the service's clock 5 minutes
+// behind it, dues still come back at their turn, not 5 minutes later.
 func TestE2ELateHoldersKeepTheirPlace(t *testing.T) {
 	t.Parallel()
-	b := setup(t, func(c *ingress.Config) { c.Concurrency = 1 })
+	for name, skew := range map[string]time.Duration{"clocks agree": 0, "service clock 5m behind": -5 * time.Minute} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			testLateHoldersKeepTheirPlace(t, skew)
+		})
+	}
+}
+
+func testLateHoldersKeepTheirPlace(t *testing.T, skew time.Duration) {
+	b := setup(t, func(c *ingress.Config) {
+		c.Concurrency = 1
+		c.Now = func() time.Time { return time.Now().Add(skew) }
+	})
 	const limit, n = 20, 60
 	b.putSource(t, "late", map[string]any{"rate_limit": limit, "rate_window": "1s"})
 	all := ids("l", n)

@@ -117,7 +117,7 @@ func (s *Service) handleDue(ctx context.Context, msg jetstream.Msg) error {
 		if err := ingressstore.MarkWaiting(ctx, s.cfg.Pool, due.ID, turn.Until); err != nil {
 			return err
 		}
-		return durable.NakAfter(max(turn.Until.Sub(s.cfg.Now()), time.Millisecond))
+		return durable.NakAfter(max(turn.Until.Sub(turn.Now), time.Millisecond))
 	}
 	if err != nil {
 		return fmt.Errorf("handle due %s: %w", msgID, err)

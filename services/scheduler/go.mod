@@ -10,6 +10,7 @@ require (
 	github.com/retryd/retryd/migrations v0.0.0-00010101000000-000000000000
 	github.com/retryd/retryd/pkg v0.0.0-00010101000000-000000000000
 	github.com/retryd/retryd/projections v0.0.0-00010101000000-000000000000
+	github.com/retryd/retryd/services/jobs v0.0.0-00010101000000-000000000000
 	github.com/rs/zerolog v1.35.1
 	github.com/stretchr/testify v1.12.1
 	go.opentelemetry.io/otel v1.47.0
@@ -72,3 +73,5 @@ replace github.com/retryd/retryd/pkg => ../../pkg
 replace github.com/retryd/retryd/migrations => ../../migrations
 
 replace github.com/retryd/retryd/projections => ../../projections
+
+replace github.com/retryd/retryd/services/jobs => ../jobs

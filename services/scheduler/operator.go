@@ -10,7 +10,7 @@ import (
 )
 
 // RetryController adapts the scheduler to the jobs API's RetryController
-// (projections/jobs), so manual retries and cancels of jobs are the
+// (services/jobs), so manual retries and cancels of jobs are the
 // scheduler's lifecycle events like any other operator action.
 type RetryController struct{ S *Scheduler }
 

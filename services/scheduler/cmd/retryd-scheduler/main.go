@@ -60,7 +60,7 @@ import (
 	"github.com/retryd/retryd/pkg/natsconn"
 	"github.com/retryd/retryd/pkg/serve"
 	"github.com/retryd/retryd/pkg/telemetry"
-	"github.com/retryd/retryd/projections/jobs"
+	"github.com/retryd/retryd/services/jobs"
 	"github.com/retryd/retryd/services/scheduler"
 )
 

@@ -20,8 +20,8 @@ import (
 	"github.com/retryd/retryd/migrations/pgtest"
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/pkg/natstest"
-	"github.com/retryd/retryd/projections/jobs"
 	"github.com/retryd/retryd/projections/jobstore"
+	"github.com/retryd/retryd/services/jobs"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }

@@ -15,8 +15,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/retryd/retryd/pkg/serve"
-	"github.com/retryd/retryd/projections/jobs"
 	"github.com/retryd/retryd/projections/jobstore"
+	"github.com/retryd/retryd/services/jobs"
 )
 
 // recorder is a RetryController that records the calls it gets and
