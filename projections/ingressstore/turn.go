@@ -69,15 +69,11 @@ func ownTurn(ctx context.Context, tx pgx.Tx, v Verdict, src Source, id string, s
 		v.Admitted = true
 		return v, nil
 	}
-	var at time.Time
-	if waiting.IsZero() {
-		at = turnAt(next, src.RateWindow, limit, max(ahead-max(limit-admitted, 0), 0))
-	} else {
-		// Behind a holder waiting for its turn: look again right after
-		// it, and not before it has had a moment to come. Not at the next
-		// window: the one ahead is often late for a turn in this window,
-		// which may still have room for both.
-		at = maxTime(waiting.Add(turnGap(src.RateWindow, limit)), now.Add(turnRecheck))
+	at := turnAt(next, src.RateWindow, limit, max(ahead-max(limit-admitted, 0), 0))
+	if !waiting.IsZero() {
+		// Behind a holder waiting for its turn: right after it, and not
+		// before it has had a moment to come.
+		at = maxTime(at, maxTime(waiting.Add(turnGap(src.RateWindow, limit)), now.Add(turnRecheck)))
 	}
 	if at.Sub(now) <= maxTurnWait {
 		return Verdict{}, &WaitError{Until: at, Now: now, Ahead: ahead}
