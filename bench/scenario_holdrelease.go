@@ -47,6 +47,12 @@ type holdReleaseResult struct {
 	// numbers); maxBehind is the farthest one event came after its place.
 	outOfPlace, maxBehind int
 	fullest               int // most admissions in one rate window (paced phase)
+	// waitsPerEvent is dues handed back to wait for their turn per event;
+	// dueLate and admitLate are the p99 of how long after its release
+	// time (its slot, when paced) an event's due was emitted and the
+	// event admitted.
+	waitsPerEvent      float64
+	dueLate, admitLate time.Duration
 }
 
 // throttleFIFOResult is the acceptance run of ordered, paced release
@@ -93,11 +99,11 @@ func runHoldRelease(ctx context.Context, env Env) error {
 	}()
 	h := svc.Handler()
 
-	unlimited, err := holdReleasePhase(ctx, env, r, h, "hold-free", n, 0)
+	unlimited, err := holdReleasePhase(ctx, env, r, h, reg, "hold-free", n, 0)
 	if err != nil {
 		return fmt.Errorf("unlimited: %w", err)
 	}
-	paced, err := holdReleasePhase(ctx, env, r, h, "hold-paced", n, rate)
+	paced, err := holdReleasePhase(ctx, env, r, h, reg, "hold-paced", n, rate)
 	if err != nil {
 		return fmt.Errorf("rate limited: %w", err)
 	}
@@ -107,7 +113,8 @@ func runHoldRelease(ctx context.Context, env Env) error {
 		return fmt.Errorf("throttled burst: %w", err)
 	}
 
-	t := newTable("release", "events", "held in", "all admitted in", "admissions/s", "steady/s", "out of place", "max behind", "fullest window")
+	t := newTable("release", "events", "held in", "all admitted in", "admissions/s", "steady/s", "out of place", "max behind", "fullest window",
+		"handed back/event", "due late p99", "admitted late p99")
 	for _, p := range []struct {
 		name string
 		res  holdReleaseResult
@@ -118,12 +125,16 @@ func runHoldRelease(ctx context.Context, env Env) error {
 		}
 		t.row(p.name, count(p.res.n), p.res.held.Round(100*time.Millisecond).String(), ms(p.res.admitted),
 			fmt.Sprintf("%.0f", p.res.rate), fmt.Sprintf("%.0f", p.res.steady),
-			strconv.Itoa(p.res.outOfPlace), strconv.Itoa(p.res.maxBehind), fullest)
+			strconv.Itoa(p.res.outOfPlace), strconv.Itoa(p.res.maxBehind), fullest,
+			fmt.Sprintf("%.2f", p.res.waitsPerEvent), ms(p.res.dueLate), ms(p.res.admitLate))
 		params := map[string]any{"n": p.res.n, "phase": p.name}
 		env.rec.addDuration("hold-release", "retryd", "admitted", p.res.admitted, params)
 		env.rec.add("hold-release", "retryd", "rate", p.res.rate, "events/s", params)
 		env.rec.add("hold-release", "retryd", "steady_rate", p.res.steady, "events/s", params)
 		env.rec.add("hold-release", "retryd", "out_of_place", float64(p.res.outOfPlace), "events", params)
+		env.rec.add("hold-release", "retryd", "waits_per_event", p.res.waitsPerEvent, "waits", params)
+		env.rec.addDuration("hold-release", "retryd", "due_late_p99", p.res.dueLate, params)
+		env.rec.addDuration("hold-release", "retryd", "admitted_late_p99", p.res.admitLate, params)
 	}
 	fmt.Fprintln(env.Out)
 	t.print(env.Out)
@@ -153,7 +164,7 @@ func runHoldRelease(ctx context.Context, env Env) error {
 // second), sends n events to ingest.<source> with sequence numbers, waits
 // until the scheduler holds every one, resumes the source and waits until
 // every event is admitted.
-func holdReleasePhase(ctx context.Context, env Env, r *retrydSys, h http.Handler, source string, n, limit int) (holdReleaseResult, error) {
+func holdReleasePhase(ctx context.Context, env Env, r *retrydSys, h http.Handler, reg prometheus.Gatherer, source string, n, limit int) (holdReleaseResult, error) {
 	res := holdReleaseResult{n: n}
 	if limit > 0 {
 		body := map[string]any{"rate_limit": limit, "rate_window": "1s"}
@@ -183,7 +194,35 @@ func holdReleasePhase(ctx context.Context, env Env, r *retrydSys, h http.Handler
 		return res, fmt.Errorf("wait for %d admissions: %w", n, err)
 	}
 	res.admitted = time.Since(resumed)
+	waited, err := counterValue(reg, "retryd_ingress_retries_total", map[string]string{"source": source, "event": "waited"})
+	if err != nil {
+		return res, err
+	}
+	res.waitsPerEvent = waited / float64(n)
+	if err := holdReleaseLateness(ctx, r, source, &res); err != nil {
+		return res, err
+	}
 	return res, holdReleaseOrder(ctx, r, source, limit, &res)
+}
+
+// holdReleaseLateness reads, from the history, the p99 of how late after
+// the time the release gave it each event's due was emitted and the event
+// admitted.
+func holdReleaseLateness(ctx context.Context, r *retrydSys, source string, res *holdReleaseResult) error {
+	var dueMS, admitMS float64
+	err := r.db.pool.QueryRow(ctx, `
+		SELECT coalesce(percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM d.at - h.next_attempt_at)), 0) * 1000,
+		       coalesce(percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM e.admitted_at - h.next_attempt_at)), 0) * 1000
+		FROM retry_history h
+		JOIN retry_history d ON d.kind = h.kind AND d.item_id = h.item_id AND d.event = 'due' AND d.attempt = h.attempt
+		JOIN workflow_events e ON e.event_id = h.item_id
+		WHERE h.kind = 'event' AND h.source = $1 AND h.decided_by = 'resume'`, source).Scan(&dueMS, &admitMS)
+	if err != nil {
+		return fmt.Errorf("read release lateness: %w", err)
+	}
+	res.dueLate = time.Duration(dueMS * float64(time.Millisecond))
+	res.admitLate = time.Duration(admitMS * float64(time.Millisecond))
+	return nil
 }
 
 // holdReleaseOrder reads the admissions back in admitted_at order and

@@ -59,8 +59,9 @@ type HeldData struct {
 // ReleasedData is published by an owner on retry.<kind>.released.<hold_key>
 // when what held items under HoldKey lifted early (an operator resumed a
 // paused source or changed its rate limit). The scheduler makes every item
-// it holds under the key due at once, in the order they were first held;
-// the owner looks at each again and holds it again if it must.
+// it holds under the key due, in the order they were first held: at once,
+// or at its slot of Pace; the owner looks at each again and holds it again
+// if it must.
 type ReleasedData struct {
 	Kind    string `json:"kind"`
 	HoldKey string `json:"hold_key"`
@@ -81,6 +82,10 @@ type ReleasedData struct {
 	// ReleasedAt (e.g. the run whose end freed a slot), so the same
 	// release published twice is stored once.
 	ReleaseID string `json:"release_id,omitempty"`
+	// Pace, when set, spreads the release over the owner's rate windows:
+	// the items come due one by one at their slots (see ReleasePace)
+	// instead of all at once.
+	Pace *ReleasePace `json:"pace,omitempty"`
 }
 
 func (d HeldData) itemKey() (string, string, int) { return d.Kind, d.ID, d.Attempt }
@@ -152,6 +157,12 @@ func (d ReleasedData) Validate() error {
 	}
 	if d.ReleasedAt.IsZero() {
 		return fieldErr("data.released_at", "is required")
+	}
+	if d.Pace != nil {
+		if d.Count != 0 {
+			return fieldErr("data.pace", "cannot be set with data.count: a paced release releases every hold of the key")
+		}
+		return d.Pace.Validate()
 	}
 	return nil
 }

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/retryd/retryd/pkg/contract"
 )
 
 // Reasons the gate defers an event; they travel as FailedData.Reason and
@@ -33,6 +35,9 @@ type Verdict struct {
 	RetryAt time.Time
 	// Now is the database time the decision was taken at.
 	Now time.Time
+	// count is the admission to count in the source's rate window
+	// (CountAdmission); nil when the source has no limit.
+	count *admission
 }
 
 // holderGrace is how long a slot holder keeps newcomers queued behind it
@@ -43,10 +48,11 @@ type Verdict struct {
 const holderGrace = 6 * time.Minute
 
 // Gate evaluates source for one event (id, type typ) arriving at the gate
-// for the first time and, when it admits, counts the event in the
-// source's current rate window. While throttled events hold slots (see
-// slot), a newcomer queues behind them even if the current window has
-// room: events are admitted in arrival order.
+// for the first time. While throttled events hold slots (see slot), a
+// newcomer queues behind them even if the current window has room: events
+// are admitted in arrival order. The caller counts an admission in the
+// source's current rate window with CountAdmission, last before it
+// commits.
 //
 // The source row is locked FOR SHARE until tx ends, so a pause or a limit
 // change commits either before this decision (and is seen) or after it;
@@ -55,24 +61,25 @@ const holderGrace = 6 * time.Minute
 // window. Windows are fixed: rate_window_ms long, aligned on the Unix epoch,
 // measured on the database clock so every instance agrees on them.
 func Gate(ctx context.Context, tx pgx.Tx, source, typ, id string) (Verdict, error) {
-	return gate(ctx, tx, source, typ, id, nil)
+	return gate(ctx, tx, source, typ, id, false)
 }
 
-// GateDue is Gate for an event coming back from a hold, with the time its
-// due was scheduled for. An event that holds a slot at or before dueAt
-// owns that slot: it keeps its place in the line of holders (see ownTurn),
-// and a due that comes late does not lose it. Any other due (a pause's
-// end, a release, a due brought forward) is a newcomer and queues behind
-// the slot holders.
+// GateDue is Gate for an event coming back from a hold. An event that
+// holds a slot owns it: it keeps its place in the line of holders (see
+// ownTurn), whether its due comes late (it does not lose its place) or
+// early (a release's due for a hold applied after the release; an
+// operator's retry-now): it does not pass the holders ahead of it. An
+// event without a slot (a pause's end, a release without a pace) is a
+// newcomer and queues behind the slot holders.
 //
 // GateDue returns a *WaitError when the holder's turn is a short while
 // away: the caller rolls tx back (the hold stays as it was) and hands the
 // due back to be delivered at WaitError.Until.
-func GateDue(ctx context.Context, tx pgx.Tx, source, typ, id string, dueAt time.Time) (Verdict, error) {
-	return gate(ctx, tx, source, typ, id, &dueAt)
+func GateDue(ctx context.Context, tx pgx.Tx, source, typ, id string) (Verdict, error) {
+	return gate(ctx, tx, source, typ, id, true)
 }
 
-func gate(ctx context.Context, tx pgx.Tx, source, typ, id string, dueAt *time.Time) (Verdict, error) {
+func gate(ctx context.Context, tx pgx.Tx, source, typ, id string, due bool) (Verdict, error) {
 	var now time.Time
 	src, err := scanSource(tx.QueryRow(ctx, `SELECT `+sourceColumns+`, now() FROM event_sources s WHERE s.source = $1 FOR SHARE`, source), &now)
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -87,7 +94,7 @@ func gate(ctx context.Context, tx pgx.Tx, source, typ, id string, dueAt *time.Ti
 	}
 	owner := false
 	var slotAt time.Time
-	if dueAt != nil {
+	if due {
 		// The hold ends here whatever the verdict: a paused holder waits
 		// for the resume's release, which queues it again. (A WaitError
 		// rolls the transaction back, and with it this delete.)
@@ -97,7 +104,7 @@ func gate(ctx context.Context, tx pgx.Tx, source, typ, id string, dueAt *time.Ti
 		case err != nil:
 			return Verdict{}, fmt.Errorf("end slot hold: %w", err)
 		default:
-			owner = !dueAt.Truncate(time.Microsecond).Before(slotAt)
+			owner = true
 		}
 	}
 	v := Verdict{Now: now}
@@ -125,25 +132,21 @@ func gate(ctx context.Context, tx pgx.Tx, source, typ, id string, dueAt *time.Ti
 		return slot(ctx, tx, v, src, id, now)
 	}
 	start, _ := window(now, src.RateWindow)
-	counted, _, err := countIn(ctx, tx, source, start, *src.RateLimit, 0)
+	admitted, err := windowAdmitted(ctx, tx, source, start)
 	if err != nil {
 		return Verdict{}, err
 	}
-	if !counted {
+	if admitted >= *src.RateLimit {
 		return slot(ctx, tx, v, src, id, now)
 	}
 	v.Admitted = true
+	v.count = &admission{source: source, start: start, limit: *src.RateLimit}
 	return v, nil
 }
 
-// spacing is the time between two slots of a window: rate_window /
-// rate_limit in whole microseconds, at least one. Slots are then exact in
-// the database's precision: a due that comes back at its slot carries the
-// time the scheduler stored, and must not look a fraction early (it would
-// queue behind the slots instead of owning one).
-func spacing(w time.Duration, limit int) time.Duration {
-	return max((w / time.Duration(max(limit, 1))).Truncate(time.Microsecond), time.Microsecond)
-}
+// spacing is the time between two slots of a window (whole
+// microseconds; see contract.SlotSpacing).
+func spacing(w time.Duration, limit int) time.Duration { return contract.SlotSpacing(w, limit) }
 
 // holdersWaiting reports whether throttled events of source still hold
 // slots whose dues have not been evaluated: then a newcomer queues behind

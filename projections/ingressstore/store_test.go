@@ -46,34 +46,40 @@ func (b *bundle) gateID(t *testing.T, source, typ string) (string, ingressstore.
 	var v ingressstore.Verdict
 	err := pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error {
 		var err error
-		v, err = ingressstore.Gate(b.ctx, tx, source, typ, id)
-		return err
+		if v, err = ingressstore.Gate(b.ctx, tx, source, typ, id); err != nil {
+			return err
+		}
+		return ingressstore.CountAdmission(b.ctx, tx, v)
 	})
 	require.NoError(t, err)
 	return id, v
 }
 
-// gateDue runs GateDue for event id's due scheduled at dueAt.
-func (b *bundle) gateDue(t *testing.T, source, id string, dueAt time.Time) ingressstore.Verdict {
+// gateDue runs GateDue for event id's due.
+func (b *bundle) gateDue(t *testing.T, source, id string) ingressstore.Verdict {
 	t.Helper()
 	var v ingressstore.Verdict
 	require.NoError(t, pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error {
 		var err error
-		v, err = ingressstore.GateDue(b.ctx, tx, source, "invoice.paid", id, dueAt)
-		return err
+		if v, err = ingressstore.GateDue(b.ctx, tx, source, "invoice.paid", id); err != nil {
+			return err
+		}
+		return ingressstore.CountAdmission(b.ctx, tx, v)
 	}))
 	return v
 }
 
 // gateDueErr is gateDue for a due that may be handed back: it returns
 // GateDue's error, and rolls back on one as the service does.
-func (b *bundle) gateDueErr(t *testing.T, source, id string, dueAt time.Time) (ingressstore.Verdict, error) {
+func (b *bundle) gateDueErr(t *testing.T, source, id string) (ingressstore.Verdict, error) {
 	t.Helper()
 	var v ingressstore.Verdict
 	err := pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error {
 		var err error
-		v, err = ingressstore.GateDue(b.ctx, tx, source, "invoice.paid", id, dueAt)
-		return err
+		if v, err = ingressstore.GateDue(b.ctx, tx, source, "invoice.paid", id); err != nil {
+			return err
+		}
+		return ingressstore.CountAdmission(b.ctx, tx, v)
 	})
 	return v, err
 }
@@ -200,7 +206,7 @@ func TestGateSlotsAreOrderedAndPaced(t *testing.T) {
 	require.NoError(t, err)
 	require.False(t, b.gate(t, "paced", "invoice.paid").Admitted)
 	// The first held event, back at its slot, is admitted.
-	require.True(t, b.gateDue(t, "paced", ids[0], first.RetryAt).Admitted)
+	require.True(t, b.gateDue(t, "paced", ids[0]).Admitted)
 
 	// A limit change drops the slots: the next event is admitted again.
 	_, err = ingressstore.PutSource(b.ctx, b.pool, ingressstore.SourceConfig{Source: "paced", RateLimit: 5, RateWindow: time.Hour})
@@ -234,7 +240,8 @@ func TestGateSlotHolderKeepsItsPlaceWhenLate(t *testing.T) {
 			WHERE event_id = $1 RETURNING slot_at`, id, ago.Milliseconds()).Scan(&at))
 		return at
 	}
-	holderAt, earlyAt := slotAt(holder, 2*time.Minute), slotAt(early, time.Minute)
+	slotAt(holder, 2*time.Minute)
+	earlyAt := slotAt(early, time.Minute)
 	_, err = b.pool.Exec(b.ctx, `UPDATE event_source_windows SET admitted = 0`)
 	require.NoError(t, err)
 	newcomer, vn := b.gateID(t, "late", "invoice.paid")
@@ -243,9 +250,9 @@ func TestGateSlotHolderKeepsItsPlaceWhenLate(t *testing.T) {
 
 	// The late holder is admitted in a window with room, ahead of the
 	// newcomer queued behind it.
-	require.True(t, b.gateDue(t, "late", holder, holderAt).Admitted, "a late holder owns its slot")
+	require.True(t, b.gateDue(t, "late", holder).Admitted, "a late holder owns its slot")
 	// A second due of the same holder is a newcomer: it holds no slot any more.
-	require.False(t, b.gateDue(t, "late", holder, holderAt).Admitted)
+	require.False(t, b.gateDue(t, "late", holder).Admitted)
 
 	// Late into a full window, one holder (early) ahead of it: its turn is
 	// two windows on, an hour away, so it is held again for that turn and
@@ -254,7 +261,7 @@ func TestGateSlotHolderKeepsItsPlaceWhenLate(t *testing.T) {
 	require.NoError(t, err)
 	var placeBefore time.Time
 	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT slot_at FROM event_source_holds WHERE event_id = $1`, newcomer).Scan(&placeBefore))
-	vl := b.gateDue(t, "late", newcomer, vn.RetryAt)
+	vl := b.gateDue(t, "late", newcomer)
 	require.False(t, vl.Admitted, "a full window admits no late holder")
 	require.Equal(t, ingressstore.ReasonSourceThrottled, vl.Reason)
 	require.Contains(t, vl.Detail, "1 held events ahead")
@@ -262,17 +269,22 @@ func TestGateSlotHolderKeepsItsPlaceWhenLate(t *testing.T) {
 	var placeAfter time.Time
 	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT slot_at FROM event_source_holds WHERE event_id = $1`, newcomer).Scan(&placeAfter))
 	require.True(t, placeAfter.Equal(placeBefore), "held again in the same place")
-	newcomerAt := slotAt(newcomer, 0)
+	slotAt(newcomer, 0)
 
-	// A due brought forward before its slot queues as a newcomer.
-	vb := b.gateDue(t, "late", early, earlyAt.Add(-time.Second))
+	// A due brought forward before its slot keeps its place: the window
+	// is full, so it is held again for the next one, ahead of the
+	// newcomer behind it.
+	vb := b.gateDue(t, "late", early)
 	require.False(t, vb.Admitted)
-	require.True(t, vb.RetryAt.After(vn.RetryAt), "a due brought forward goes to the tail")
+	require.True(t, vb.RetryAt.Before(vl.RetryAt), "a due brought forward keeps its place ahead of %s: %s", vl.RetryAt, vb.RetryAt)
+	var earlyPlace time.Time
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT slot_at FROM event_source_holds WHERE event_id = $1`, early).Scan(&earlyPlace))
+	require.True(t, earlyPlace.Equal(earlyAt), "held again in the same place")
 
 	// A paused holder gives its slot up; an event that leaves deferred too.
 	_, err = ingressstore.PauseSource(b.ctx, b.pool, "late", nil, "", "test")
 	require.NoError(t, err)
-	vp := b.gateDue(t, "late", newcomer, newcomerAt)
+	vp := b.gateDue(t, "late", newcomer)
 	require.Equal(t, ingressstore.ReasonSourcePaused, vp.Reason)
 	for _, id := range []string{early, holder} {
 		b.insertEvent(t, id, "late")
@@ -319,9 +331,9 @@ func TestGateLateHoldersWaitForTheirTurnInLine(t *testing.T) {
 			ON CONFLICT (source, window_start) DO UPDATE SET admitted = EXCLUDED.admitted`, n)
 		require.NoError(t, err)
 	}
-	waits := func(id string, dueAt time.Time, ahead int) {
+	waits := func(id string, ahead int) {
 		t.Helper()
-		_, err := b.gateDueErr(t, "line", id, dueAt)
+		_, err := b.gateDueErr(t, "line", id)
 		var wait *ingressstore.WaitError
 		require.ErrorAs(t, err, &wait)
 		require.Equal(t, ahead, wait.Ahead)
@@ -330,25 +342,25 @@ func TestGateLateHoldersWaitForTheirTurnInLine(t *testing.T) {
 
 	// A full window: the second waits, behind the first.
 	fill(1)
-	waits(second, v2.RetryAt, 1)
+	waits(second, 1)
 	require.True(t, place(second).Equal(secondAt), "waiting rolls back: the hold keeps its place")
 	// A window with room, but the first still ahead: the second waits for
 	// it rather than pass it.
 	fill(0)
-	waits(second, v2.RetryAt, 1)
+	waits(second, 1)
 	require.True(t, place(first).Equal(firstAt))
 
 	// The head of the line is admitted; in a full window the second, now
 	// first in line, waits for the next.
-	v, err := b.gateDueErr(t, "line", first, v1.RetryAt)
+	v, err := b.gateDueErr(t, "line", first)
 	require.NoError(t, err)
 	require.True(t, v.Admitted, "the head of the line is admitted")
 	fill(1)
-	waits(second, v2.RetryAt, 0)
+	waits(second, 0)
 
 	// Its turn: admitted, and the line is empty.
 	fill(0)
-	v, err = b.gateDueErr(t, "line", second, v2.RetryAt)
+	v, err = b.gateDueErr(t, "line", second)
 	require.NoError(t, err)
 	require.True(t, v.Admitted)
 	var holds int
@@ -367,8 +379,8 @@ func TestGateHoldersDoNotPassAWaitingHolder(t *testing.T) {
 	for range 5 {
 		require.True(t, b.gate(t, "pass", "invoice.paid").Admitted)
 	}
-	first, v1 := b.gateID(t, "pass", "invoice.paid")
-	second, v2 := b.gateID(t, "pass", "invoice.paid")
+	first, _ := b.gateID(t, "pass", "invoice.paid")
+	second, _ := b.gateID(t, "pass", "invoice.paid")
 	_, err = b.pool.Exec(b.ctx, `UPDATE event_source_holds SET slot_at = slot_at - interval '2 minutes'`)
 	require.NoError(t, err)
 	_, err = b.pool.Exec(b.ctx, `DELETE FROM event_source_windows`)
@@ -376,16 +388,16 @@ func TestGateHoldersDoNotPassAWaitingHolder(t *testing.T) {
 
 	until := time.Now().Add(5 * time.Second).Truncate(time.Microsecond)
 	require.NoError(t, ingressstore.MarkWaiting(b.ctx, b.pool, first, until))
-	_, err = b.gateDueErr(t, "pass", second, v2.RetryAt)
+	_, err = b.gateDueErr(t, "pass", second)
 	var wait *ingressstore.WaitError
 	require.ErrorAs(t, err, &wait, "room in the window, but the one ahead waits")
 	require.Equal(t, 1, wait.Ahead)
 	require.False(t, wait.Until.Before(until), "right after the waiting holder's turn: %s", wait.Until)
 
-	v, err := b.gateDueErr(t, "pass", first, v1.RetryAt)
+	v, err := b.gateDueErr(t, "pass", first)
 	require.NoError(t, err)
 	require.True(t, v.Admitted)
-	v, err = b.gateDueErr(t, "pass", second, v2.RetryAt)
+	v, err = b.gateDueErr(t, "pass", second)
 	require.NoError(t, err)
 	require.True(t, v.Admitted, "nobody ahead any more")
 }
@@ -404,6 +416,35 @@ func TestGateRejectedTransactionDoesNotCount(t *testing.T) {
 
 	require.True(t, b.gate(t, "billing", "invoice.paid").Admitted, "the rolled back admission freed its slot")
 	require.False(t, b.gate(t, "billing", "invoice.paid").Admitted)
+}
+
+// Two gates that decide at once for the last room of a window: both
+// admit, and the count each makes last before its commit lets one through
+// and tells the other the window filled (it rolls back and looks again).
+func TestGateRaceForTheLastRoomCountsOne(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	_, err := ingressstore.PutSource(b.ctx, b.pool, ingressstore.SourceConfig{Source: "race", RateLimit: 1, RateWindow: time.Hour})
+	require.NoError(t, err)
+	var txs []pgx.Tx
+	var verdicts []ingressstore.Verdict
+	for _, id := range []string{"ev-a", "ev-b"} {
+		tx, err := b.pool.Begin(b.ctx)
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+		v, err := ingressstore.Gate(b.ctx, tx, "race", "invoice.paid", id)
+		require.NoError(t, err)
+		require.True(t, v.Admitted, "each sees room")
+		txs, verdicts = append(txs, tx), append(verdicts, v)
+	}
+	require.NoError(t, ingressstore.CountAdmission(b.ctx, txs[0], verdicts[0]))
+	require.NoError(t, txs[0].Commit(b.ctx))
+	err = ingressstore.CountAdmission(b.ctx, txs[1], verdicts[1])
+	require.ErrorIs(t, err, ingressstore.ErrWindowFilled)
+	require.NoError(t, txs[1].Rollback(b.ctx))
+	var admitted int
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT sum(admitted) FROM event_source_windows WHERE source = 'race'`).Scan(&admitted))
+	require.Equal(t, 1, admitted)
 }
 
 func TestGatePause(t *testing.T) {

@@ -15,14 +15,18 @@ import (
 // re-emits a due nobody answered within its RedueAfter (5 minutes).
 const maxTurnWait = time.Minute
 
-// A holder waiting for its turn is waited for until turnLate after that
-// turn: its due comes back a little after the turn (the redelivery's own
-// latency), and the holders behind it must not pass it then. One whose due
-// does not come by turnLate (its ingress died; the due returns after the
-// ack wait) is no longer waited for. A holder behind one that is late for
-// its turn looks again every turnRecheck.
+// A holder waiting for its turn (its due handed back) blocks the holders
+// behind it until turnLate after that turn: its redelivery comes a few
+// milliseconds either side of the turn, and the holders behind it must not
+// pass it then. While the window has room for it and them, they look
+// again right after it, at least turnRecheck later, not at the next
+// window. One whose due does not come by turnLate (its ingress died; the
+// due returns after the ack wait) is a holder ahead like any other: the
+// room it needs is kept, and the line goes on without it. (Waiting for it
+// up to 5 s, and at the next window, let one late holder hold the whole
+// line: a paced release admitted one or two events a window.)
 const (
-	turnLate    = 5 * time.Second
+	turnLate    = 100 * time.Millisecond
 	turnRecheck = 20 * time.Millisecond
 )
 
@@ -38,6 +42,12 @@ type WaitError struct {
 	Now time.Time
 	// Ahead is how many holders of the source are before this one in line.
 	Ahead int
+	// Behind is true when the window has room for this holder and it
+	// waits only behind a holder ahead of it that waits for its turn. The
+	// caller then does not mark it waiting (MarkWaiting): the holders
+	// after it wait for the one it waits for, each by its place in line,
+	// rather than for each other in a chain.
+	Behind bool
 }
 
 func (e *WaitError) Error() string {
@@ -58,22 +68,27 @@ func ownTurn(ctx context.Context, tx pgx.Tx, v Verdict, src Source, id string, s
 		return Verdict{}, err
 	}
 	start, next := window(now, src.RateWindow)
-	var counted bool
-	var admitted int
-	if waiting.IsZero() {
-		if counted, admitted, err = countIn(ctx, tx, src.Source, start, limit, ahead); err != nil {
-			return Verdict{}, err
-		}
+	admitted, err := windowAdmitted(ctx, tx, src.Source, start)
+	if err != nil {
+		return Verdict{}, err
 	}
-	if counted {
+	fits := admitted+ahead < limit
+	if fits && waiting.IsZero() {
 		v.Admitted = true
+		v.count = &admission{source: src.Source, start: start, limit: limit, ahead: ahead}
 		return v, nil
 	}
-	at := turnAt(next, src.RateWindow, limit, max(ahead-max(limit-admitted, 0), 0))
+	gap := turnGap(src.RateWindow, limit)
+	if fits {
+		// Room for it, behind a holder waiting for its turn: after that
+		// turn, by its place in line, and not before the waiting one has
+		// had a moment to come.
+		at := maxTime(waiting, now.Add(turnRecheck)).Add(time.Duration(ahead) * gap)
+		return Verdict{}, &WaitError{Until: at, Now: now, Ahead: ahead, Behind: true}
+	}
+	at := turnAt(next, src.RateWindow, limit, ahead-max(limit-admitted, 0))
 	if !waiting.IsZero() {
-		// Behind a holder waiting for its turn: right after it, and not
-		// before it has had a moment to come.
-		at = maxTime(at, maxTime(waiting.Add(turnGap(src.RateWindow, limit)), now.Add(turnRecheck)))
+		at = maxTime(at, maxTime(waiting.Add(gap), now.Add(turnRecheck)))
 	}
 	if at.Sub(now) <= maxTurnWait {
 		return Verdict{}, &WaitError{Until: at, Now: now, Ahead: ahead}
@@ -145,30 +160,56 @@ func MarkWaiting(ctx context.Context, db DB, id string, until time.Time) error {
 	return nil
 }
 
-// countIn counts one admission in source's rate window at start if the
-// window has room for it behind ahead others; it reports whether it did,
-// and else how many the window has admitted. The guarded upsert keeps
-// instances that evaluate the same source at once within the limit.
-func countIn(ctx context.Context, tx pgx.Tx, source string, start time.Time, limit, ahead int) (bool, int, error) {
-	var admitted int
-	if ahead < limit {
-		err := tx.QueryRow(ctx, `
-			INSERT INTO event_source_windows (source, window_start, admitted)
-			VALUES ($1, $2, 1)
-			ON CONFLICT (source, window_start) DO UPDATE SET admitted = event_source_windows.admitted + 1
-			WHERE event_source_windows.admitted + $4 < $3
-			RETURNING admitted`, source, start, limit, ahead).Scan(&admitted)
-		switch {
-		case err == nil:
-			return true, admitted, nil
-		case !errors.Is(err, pgx.ErrNoRows):
-			return false, 0, fmt.Errorf("count event in rate window: %w", err)
-		}
+// admission is an admission the gate decided and the caller counts in a
+// rate window when it commits (CountAdmission).
+type admission struct {
+	source       string
+	start        time.Time
+	limit, ahead int
+}
+
+// ErrWindowFilled is CountAdmission's answer when the rate window filled
+// between the gate's decision and the count (another gate of the source
+// admitted meanwhile). The caller rolls back and evaluates the event
+// again shortly; nothing was admitted.
+var ErrWindowFilled = errors.New("rate window filled while the gate decided")
+
+// CountAdmission counts admitted verdict v in its source's rate window;
+// nothing to do for a source without a rate limit. Call it last in the
+// transaction, right before the commit: the window's row is then locked
+// for the commit only, and the gates of one source do not queue behind
+// each other's writes. The guarded upsert keeps instances that evaluate
+// the same source at once within the limit: when the window has no room
+// left behind the holders ahead of the event, it returns ErrWindowFilled.
+func CountAdmission(ctx context.Context, tx pgx.Tx, v Verdict) error {
+	a := v.count
+	if !v.Admitted || a == nil {
+		return nil
 	}
+	var admitted int
+	err := tx.QueryRow(ctx, `
+		INSERT INTO event_source_windows (source, window_start, admitted)
+		VALUES ($1, $2, 1)
+		ON CONFLICT (source, window_start) DO UPDATE SET admitted = event_source_windows.admitted + 1
+		WHERE event_source_windows.admitted + $4 < $3
+		RETURNING admitted`, a.source, a.start, a.limit, a.ahead).Scan(&admitted)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return fmt.Errorf("count event in rate window of %s: %w", a.source, ErrWindowFilled)
+	case err != nil:
+		return fmt.Errorf("count event in rate window: %w", err)
+	}
+	return nil
+}
+
+// windowAdmitted reads how many events source's rate window at start has
+// admitted (without a lock: CountAdmission checks again).
+func windowAdmitted(ctx context.Context, tx pgx.Tx, source string, start time.Time) (int, error) {
+	var admitted int
 	err := tx.QueryRow(ctx, `SELECT coalesce((SELECT admitted FROM event_source_windows WHERE source = $1 AND window_start = $2), 0)`,
 		source, start).Scan(&admitted)
 	if err != nil {
-		return false, 0, fmt.Errorf("read rate window: %w", err)
+		return 0, fmt.Errorf("read rate window: %w", err)
 	}
-	return false, admitted, nil
+	return admitted, nil
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/retryd/retryd/pkg/contract"
 )
 
 // RecordRelease remembers that the holds of kind under holdKey, of
@@ -38,36 +40,61 @@ WHERE kind = $1 AND hold_key = $2 AND hold_reason IN ('', $3) AND released_at >=
 // Released is what ReleaseHolds did.
 type Released struct {
 	Rows int64
-	// Last is the next_attempt_at of the last row released (zero when
-	// none was).
-	Last time.Time
+	// First and Last are the earliest and the latest next_attempt_at of
+	// the rows released (zero when none was).
+	First, Last time.Time
 }
 
-// ReleaseHolds makes every scheduled row of kind held under holdKey come
-// due now, in one statement: rows are ordered by when
-// their hold began (then by id) and get next_attempt_at now() plus their
-// rank in microseconds, so the due loop emits them in arrival order. Each
-// gets a rescheduled history entry decided by "resume" under msgID. Rows
-// already due by now (released before, or their pause ended) are left
-// alone. q must be a transaction.
+// ReleaseHolds carries out release rd (msgID is its message id): every
+// scheduled row of rd.Kind held under rd.HoldKey comes due, in one
+// statement. Rows are ranked by when their hold began (then by when they
+// were created, then by id). Without a pace they get next_attempt_at now()
+// plus their rank in microseconds, so the due loop emits them in arrival
+// order; rows already due by now (released before, or their pause ended)
+// are left alone. With rd.Pace the row of rank i gets rd.Pace.DueAt(i),
+// due or not, so the release runs at the owner's rate, one due per item.
+// Only holds that began at or before rd.ReleasedAt are released: a release
+// fact the scheduler applies after holds the owner decided after it (the
+// owner's facts race on RETRIES) must not bring those back early.
+// Each row gets a rescheduled history entry decided by "resume". q must be
+// a transaction.
 //
-// holdReason, when not empty, releases only holds of that reason; limit,
-// when above 0, releases at most that many, those held longest first.
-func ReleaseHolds(ctx context.Context, q Querier, kind, holdKey, reason, msgID, holdReason string, limit int) (Released, error) {
+// rd.HoldReason, when not empty, releases only holds of that reason;
+// rd.Count, when above 0, releases at most that many, those held longest
+// first.
+func ReleaseHolds(ctx context.Context, q Querier, msgID string, rd contract.ReleasedData) (Released, error) {
 	var out Released
-	var last *time.Time
+	var first, last *time.Time
+	var from *time.Time
+	var skip, limit int
+	windowUS, spacingUS, quantumUS := int64(0), int64(1), int64(1)
+	if p := rd.Pace; p != nil {
+		from, skip, limit = &p.From, p.Skip, p.Limit
+		windowUS, spacingUS = p.Window().Microseconds(), contract.SlotSpacing(p.Window(), p.Limit).Microseconds()
+		quantumUS = min(contract.PaceQuantum, p.Window()).Microseconds()
+	}
 	err := q.QueryRow(ctx, `
 WITH held AS (
 	SELECT kind, item_id, held_since, created_at FROM retries
 	WHERE kind = $1 AND hold_key = $2 AND held_since IS NOT NULL AND state = 'scheduled'
-	  AND next_attempt_at > now() AND ($5 = '' OR hold_reason = $5)
+	  AND ($7::timestamptz IS NOT NULL OR next_attempt_at > now()) AND ($5 = '' OR hold_reason = $5)
+	  AND held_since <= $13
 	ORDER BY held_since, created_at, item_id
 	LIMIT nullif($6::int, 0)
 	FOR UPDATE
-), ranked AS (
+), numbered AS (
 	SELECT kind, item_id, row_number() OVER (ORDER BY held_since NULLS LAST, created_at, item_id) AS n FROM held
+), ranked AS (
+	-- contract.ReleasePace.DueAt in microseconds: the window, the
+	-- quantum of the window holding the slot, the slot's place in it.
+	SELECT kind, item_id, n, (g / $9::bigint) AS w, (g % $9::bigint) AS pos,
+		(g % $9::bigint) * $11::bigint / $12::bigint * $12::bigint AS bucket
+	FROM (SELECT kind, item_id, n, $8::bigint + n - 1 AS g FROM numbered) x
 ), upd AS (
-	UPDATE retries r SET next_attempt_at = now() + ranked.n * interval '1 microsecond', updated_at = now()
+	UPDATE retries r SET next_attempt_at = CASE WHEN $7::timestamptz IS NULL THEN now() + ranked.n * interval '1 microsecond'
+		ELSE $7::timestamptz + (ranked.w * $10::bigint + ranked.bucket + ranked.pos - (ranked.bucket + $11::bigint - 1) / $11::bigint)
+			* interval '1 microsecond' END,
+		updated_at = now()
 	FROM ranked
 	WHERE r.kind = ranked.kind AND r.item_id = ranked.item_id
 	RETURNING r.kind, r.item_id, r.attempt, r.job_type, r.source, r.policy_name, r.policy_version,
@@ -75,19 +102,24 @@ WITH held AS (
 ), hist AS (
 	INSERT INTO retry_history (kind, item_id, attempt, event, job_type, source, delay_ms, decided_by,
 		policy_name, policy_version, next_attempt_at, detail, msg_id, at)
-	SELECT kind, item_id, attempt, 'rescheduled', job_type, source, 0, 'resume', policy_name, policy_version,
+	SELECT kind, item_id, attempt, 'rescheduled', job_type, source,
+		greatest(0, floor(extract(epoch FROM next_attempt_at - now()) * 1000))::bigint, 'resume', policy_name, policy_version,
 		next_attempt_at, jsonb_build_object('decided_by', 'resume', 'hold_key', $2::text, 'hold_reason', hold_reason,
 			'held_since', held_since, 'retry_count', retry_count, 'max_retries', max_retries,
-			'note', 'released by a release fact ('||$4::text||')'),
+			'note', 'released by a release fact ('||$4::text||')'
+				|| CASE WHEN $7::timestamptz IS NULL THEN '' ELSE ', at its slot of '||$9::bigint||' per '||($10::bigint / 1000)||'ms' END)
+			|| CASE WHEN $7::timestamptz IS NULL THEN '{}'::jsonb ELSE jsonb_build_object('pace', jsonb_build_object('limit', $9::bigint, 'window_ms', $10::bigint / 1000)) END,
 		$3, now()
 	FROM upd
 )
-SELECT count(*), max(next_attempt_at) FROM upd`, kind, holdKey, msgID, reason, holdReason, limit).Scan(&out.Rows, &last)
+SELECT count(*), min(next_attempt_at), max(next_attempt_at) FROM upd`,
+		rd.Kind, rd.HoldKey, msgID, rd.Reason, rd.HoldReason, rd.Count, from, skip, max(limit, 1), windowUS, spacingUS, quantumUS, rd.ReleasedAt).
+		Scan(&out.Rows, &first, &last)
 	if err != nil {
-		return Released{}, fmt.Errorf("release holds of %s/%s: %w", kind, holdKey, err)
+		return Released{}, fmt.Errorf("release holds of %s/%s: %w", rd.Kind, rd.HoldKey, err)
 	}
-	if last != nil {
-		out.Last = *last
+	if first != nil {
+		out.First, out.Last = *first, *last
 	}
 	return out, nil
 }

@@ -23,7 +23,7 @@ const (
 	DefaultPublishTimeout    = 10 * time.Second
 	DefaultSourceCacheTTL    = time.Second
 	DefaultAckWait           = 30 * time.Second
-	DefaultConcurrency       = 4
+	DefaultConcurrency       = 8
 	DefaultRelayInterval     = time.Second
 	DefaultReconcileInterval = 30 * time.Second
 	DefaultReconcileAfter    = 3 * time.Minute

@@ -57,6 +57,10 @@ func (s *Service) handleIngest(ctx context.Context, msg jetstream.Msg) error {
 		s.metrics.gate.WithLabelValues(source, decisionRejected).Inc()
 		// Counted as a gate rejection, not as malformed input.
 		return durable.Reject(fmt.Errorf("type: %w", err))
+	case errors.Is(err, ingressstore.ErrWindowFilled):
+		// Rolled back: the event is evaluated again in a moment and
+		// queues behind the window's admissions.
+		return durable.NakAfter(windowFilledRetry)
 	case err != nil:
 		return fmt.Errorf("gate event %s: %w", ev.ID, err)
 	case duplicate:
@@ -140,7 +144,12 @@ func (s *Service) apply(ctx context.Context, tx pgx.Tx, ev ingressstore.Event, a
 			}
 			msgs = append(msgs, m)
 		}
-		return outbox.Insert(ctx, tx, OutboxOwner, msgs...)
+		if err := outbox.Insert(ctx, tx, OutboxOwner, msgs...); err != nil {
+			return err
+		}
+		// Last: the source's rate window row stays locked until the
+		// commit, and only for the commit.
+		return ingressstore.CountAdmission(ctx, tx, v)
 	}
 	if _, err := ingressstore.SetEventStatus(ctx, tx, ev.ID, ingressstore.StatusDeferred, ingressstore.StatusReceived, ingressstore.StatusDeferred); err != nil {
 		return err

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
@@ -220,9 +221,10 @@ func TestDueEdgeCases(t *testing.T) {
 	}, eventually, 20*time.Millisecond)
 }
 
-// A released event's due is a newcomer to the slots: in a window with
-// room it still queues behind the held events whose slots are to come, and
-// only an event due at its own slot takes the room ahead of the queue.
+// A resume under a rate limit lines the held events up in arrival order
+// (ingressstore.PaceRelease): a released event's due that comes early, in
+// a window with room, still waits behind the held events ahead of it, and
+// the event whose turn it is takes the room.
 func TestReleasedDueQueuesBehindWaitingSlots(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -253,7 +255,13 @@ func TestReleasedDueQueuesBehindWaitingSlots(t *testing.T) {
 	require.Equal(t, "deferred", b.status(t, "paused"), "a released event must not take the room of an event waiting for its slot")
 	released := b.lifecycle(t, "paused")[contract.Held][1].Held
 	require.Equal(t, "throttle", released.Reason)
-	require.True(t, released.Until.After(slotAt), "the released event's slot %s must follow the waiting event's %s", released.Until, slotAt)
+	require.False(t, released.Until.Before(slotAt), "the released event's turn %s must not come before the waiting event's slot %s", released.Until, slotAt)
+	var line []string
+	rows, err := b.pool.Query(b.ctx, `SELECT event_id FROM event_source_holds WHERE source = 'shop' ORDER BY slot_at`)
+	require.NoError(t, err)
+	line, err = pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	require.Equal(t, []string{"waiting", "paused"}, line, "the resume lined both up in arrival order")
 
 	// The event due at its slot owns the room.
 	b.publishDueAt(t, "waiting", "shop", 2, slotAt)

@@ -236,8 +236,9 @@ func (s *Service) pauseSource(w http.ResponseWriter, r *http.Request) {
 
 // resumeSource ends a source's pause and, in the same transaction, puts
 // retry.event.released.<source> in the outbox: the scheduler then makes
-// every event the pause holds due at once, in arrival order, instead of
-// at the pause's end or its max_hold.
+// every event the pause holds due, in arrival order (at once, or paced at
+// the source's rate limit), instead of at the pause's end or its
+// max_hold.
 func (s *Service) resumeSource(w http.ResponseWriter, r *http.Request) {
 	source, err := sourceParam(r)
 	if err != nil {
@@ -269,12 +270,24 @@ func (s *Service) resumeSource(w http.ResponseWriter, r *http.Request) {
 // so it is later than any gate decision made under the old settings (the
 // gate holds the source row FOR SHARE while it decides): the scheduler
 // releases such a hold even if it arrives after the release.
+//
+// Under a rate limit the held events get their slots first and the
+// release carries the pace (ingressstore.PaceRelease): each comes back
+// once, at its turn, and newcomers queue behind them.
 func (s *Service) release(ctx context.Context, tx pgx.Tx, source, reason string) error {
+	pace, paced, err := ingressstore.PaceRelease(ctx, tx, source)
+	if err != nil {
+		return err
+	}
 	var at time.Time
 	if err := tx.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&at); err != nil {
 		return fmt.Errorf("read database clock: %w", err)
 	}
-	m, err := releasedMsg(source, reason, updatedByAPI, at, s.cfg.Now())
+	if pace != nil {
+		s.log.Info().Str("source", source).Int64("events", paced).Int("rate_limit", pace.Limit).
+			Time("from", pace.From).Msg("release paced at the source's rate limit")
+	}
+	m, err := releasedMsg(source, reason, updatedByAPI, at, pace, s.cfg.Now())
 	if err != nil {
 		return err
 	}

@@ -26,6 +26,11 @@ const (
 	unconfirmedDelay      = time.Second
 )
 
+// windowFilledRetry is when a message whose admission lost the race for
+// the last room of a rate window (ingressstore.ErrWindowFilled) is
+// evaluated again: at once, as it rolled back and holds nothing.
+const windowFilledRetry = time.Millisecond
+
 // Values of CancelledData.By and reasons ingress cancels with.
 const (
 	cancelledByIngress     = "ingress"
@@ -114,10 +119,15 @@ func (s *Service) handleDue(ctx context.Context, msg jetstream.Msg) error {
 		// back at the holder's turn (no new due, nothing to tell the
 		// scheduler).
 		s.metrics.retry(due.Source, retryWaited)
-		if err := ingressstore.MarkWaiting(ctx, s.cfg.Pool, due.ID, turn.Until); err != nil {
-			return err
+		if !turn.Behind {
+			if err := ingressstore.MarkWaiting(ctx, s.cfg.Pool, due.ID, turn.Until); err != nil {
+				return err
+			}
 		}
 		return durable.NakAfter(max(turn.Until.Sub(turn.Now), time.Millisecond))
+	}
+	if errors.Is(err, ingressstore.ErrWindowFilled) {
+		return durable.NakAfter(windowFilledRetry)
 	}
 	if err != nil {
 		return fmt.Errorf("handle due %s: %w", msgID, err)
@@ -290,7 +300,7 @@ func (s *Service) dueForDeferredEvent(ctx context.Context, tx pgx.Tx, due *contr
 	default:
 		last = r.Attempts
 	}
-	v, err := ingressstore.GateDue(ctx, tx, ev.Source, ev.Type, ev.ID, due.NextAttemptAt)
+	v, err := ingressstore.GateDue(ctx, tx, ev.Source, ev.Type, ev.ID)
 	if errors.Is(err, ingressstore.ErrTypeNotAllowed) {
 		out.result = dueTypeCancelled
 		return out, s.cancelDeferral(ctx, tx, ev, last, cancelledByIngress, reasonTypeNotAllowed+": "+err.Error())

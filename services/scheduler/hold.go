@@ -163,7 +163,7 @@ func (s *Scheduler) handleRelease(ctx context.Context, in inbound) {
 		if err := retrystore.RecordRelease(ctx, tx, rd.Kind, rd.HoldKey, rd.HoldReason, rd.ReleasedAt); err != nil {
 			return err
 		}
-		if rel, err = retrystore.ReleaseHolds(ctx, tx, rd.Kind, rd.HoldKey, rd.Reason, in.f.msgID, rd.HoldReason, rd.Count); err != nil {
+		if rel, err = retrystore.ReleaseHolds(ctx, tx, in.f.msgID, *rd); err != nil {
 			return err
 		}
 		if err := tx.Commit(ctx); err != nil {
@@ -184,7 +184,7 @@ func (s *Scheduler) handleRelease(ctx context.Context, in inbound) {
 	case duplicate:
 		s.metrics.duplicate.WithLabelValues(Owner).Inc()
 	case rel.Rows > 0:
-		s.wakeDueLoop(rel.Last.UnixNano())
+		s.wakeDueLoop(rel.First.UnixNano())
 		s.log.Info().Str("kind", rd.Kind).Str("hold_key", rd.HoldKey).Int64("released", rel.Rows).
 			Str("reason", rd.Reason).Msg("holds released")
 	default:

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
 	"github.com/retryd/retryd/pkg/contract"
@@ -252,4 +253,77 @@ func TestReleaseLiftsPauseHoldsInOrder(t *testing.T) {
 	row, err := retrystore.Get(b.ctx, b.pool, "rel", "other")
 	require.NoError(t, err)
 	require.Equal(t, retrystore.StateScheduled, row.State)
+}
+
+// A paced release brings each held item back at its slot of the owner's
+// rate limit, in the order first held: one due per item, never more than
+// the limit in a window, and a held row whose time had come is paced too.
+func TestPacedReleaseBringsEachHoldBackAtItsSlot(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.start(t)
+	b.policy(t, "pace", "", 2, 10, 100)
+	const n = 12
+	for i := range n {
+		hd := held("pace", fmt.Sprintf("p%02d", i), 1, contract.HoldPause, nil)
+		hd.HoldKey = "shop"
+		b.publish(t, contract.Held, hd)
+		b.waitRow(t, "pace", hd.ID, inState(retrystore.StateScheduled, 2))
+	}
+	// 4 per 200 ms from the next whole second, one slot of its first
+	// window taken: 12 items over 4 windows, at the start of the 10 ms
+	// that hold their slots.
+	from := time.Now().Truncate(time.Second).Add(time.Second)
+	pace := &contract.ReleasePace{From: from, Skip: 1, Limit: 4, WindowMS: 200}
+	b.publish(t, contract.Released, contract.ReleasedData{Kind: "pace", HoldKey: "shop", Reason: contract.ReleaseResume,
+		By: "test", ReleasedAt: time.Now(), Pace: pace})
+
+	for i := range n {
+		id := fmt.Sprintf("p%02d", i)
+		r := b.waitRow(t, "pace", id, func(r retrystore.Retry) bool {
+			return r.NextAttemptAt != nil && r.NextAttemptAt.Equal(pace.DueAt(i))
+		})
+		require.Zero(t, r.RetryCount, "%s: a release spends no retry", id)
+	}
+	var dues []jetstream.Msg
+	require.Eventually(t, func() bool {
+		dues = b.streamMsgs(t, "retry.pace.due.*")
+		return len(dues) == n
+	}, waitFor, 10*time.Millisecond)
+	for i, m := range dues {
+		d := decodeDue(t, m)
+		require.Equal(t, fmt.Sprintf("p%02d", i), d.ID, "due in the order first held")
+		md, err := m.Metadata()
+		require.NoError(t, err)
+		require.False(t, md.Timestamp.Before(pace.DueAt(i)), "%s published at %s, before its time %s", d.ID, md.Timestamp, pace.DueAt(i))
+	}
+	h := b.history(t, "pace", "p05")
+	require.Equal(t, contract.DecidedByResume, h[2].DecidedBy)
+	require.Contains(t, string(h[2].Detail), "at its slot of 4 per 200ms")
+	b.waitQuiet(t)
+	require.Len(t, b.streamMsgs(t, "retry.pace.due.*"), n, "one due per item")
+}
+
+// A release fact the scheduler applies after a hold the owner decided
+// after the release (the facts race on RETRIES) leaves that hold alone:
+// only holds that began at or before released_at come due.
+func TestReleaseLeavesHoldsDecidedAfterIt(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.start(t)
+	b.policy(t, "after", "", 2, 10, 100)
+	releasedAt := time.Now()
+	time.Sleep(2 * time.Millisecond) // the hold's envelope time is later than the release
+	hd := held("after", "later", 1, contract.HoldThrottle, at(time.Hour))
+	hd.HoldKey = "shop"
+	b.publish(t, contract.Held, hd)
+	b.waitRow(t, "after", "later", inState(retrystore.StateScheduled, 2))
+	b.publish(t, contract.Released, contract.ReleasedData{Kind: "after", HoldKey: "shop", Reason: contract.ReleaseLimitChanged,
+		By: "test", ReleasedAt: releasedAt})
+	b.waitQuiet(t)
+	row, err := retrystore.Get(b.ctx, b.pool, "after", "later")
+	require.NoError(t, err)
+	require.Equal(t, retrystore.StateScheduled, row.State)
+	require.True(t, row.NextAttemptAt.After(time.Now().Add(50*time.Minute)), "still held until its own time: %s", row.NextAttemptAt)
+	require.Empty(t, b.streamMsgs(t, "retry.after.due.*"))
 }

@@ -1,0 +1,98 @@
+package ingressstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/retryd/retryd/pkg/contract"
+)
+
+// PaceRelease gives every deferred event of source a slot of its rate
+// limit, in arrival order, for a release (a resume, a limit change) inside
+// tx, after the change to the source's row. It returns the pace to send
+// with the release, so the scheduler brings each event back once, at its
+// slot, instead of all at once: a release of 100,000 held events then runs
+// at the limit, and no window edge wakes them all. Events that held slots
+// of the old settings take new ones, in the same line.
+//
+// The line starts at the first slot of the current window not yet passed
+// or taken. Arrival order is when the event was first deferred (the
+// scheduler ranks by the same time, held_since). Newcomers queue behind
+// the line (see Gate). Nil, 0 when the source is paused or has no rate
+// limit: the release is then not paced.
+func PaceRelease(ctx context.Context, tx pgx.Tx, source string) (*contract.ReleasePace, int64, error) {
+	var now time.Time
+	src, err := scanSource(tx.QueryRow(ctx, `SELECT `+sourceColumns+`, now() FROM event_sources s WHERE s.source = $1`, source), &now)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, 0, nil
+	}
+	if err != nil {
+		return nil, 0, fmt.Errorf("read event source: %w", err)
+	}
+	if _, err := tx.Exec(ctx, `WITH holds AS (DELETE FROM event_source_holds WHERE source = $1)
+		DELETE FROM event_source_slots WHERE source = $1`, source); err != nil {
+		return nil, 0, fmt.Errorf("end slot holds: %w", err)
+	}
+	if src.PausedAt(now) || src.RateLimit == nil || src.RateWindow <= 0 {
+		return nil, 0, nil
+	}
+	pace, err := firstFreeSlot(ctx, tx, src, now)
+	if err != nil {
+		return nil, 0, err
+	}
+	spacingUS := contract.SlotSpacing(pace.Window(), pace.Limit).Microseconds()
+	var n int64
+	err = tx.QueryRow(ctx, `
+		WITH line AS (
+			SELECT e.event_id, row_number() OVER (ORDER BY coalesce(r.created_at, e.received_at), e.event_id) - 1 AS i
+			FROM workflow_events e LEFT JOIN event_ingress_retries r ON r.event_id = e.event_id
+			WHERE e.source = $1 AND e.status = 'deferred'
+		), ins AS (
+			INSERT INTO event_source_holds (event_id, source, slot_at)
+			SELECT event_id, $1, $2::timestamptz + ((($3::bigint + i) / $4::bigint) * $5::bigint
+				+ (($3::bigint + i) % $4::bigint) * $6::bigint) * interval '1 microsecond'
+			FROM line
+			RETURNING 1
+		)
+		SELECT count(*) FROM ins`,
+		source, pace.From, pace.Skip, pace.Limit, pace.Window().Microseconds(), spacingUS).Scan(&n)
+	if err != nil {
+		return nil, 0, fmt.Errorf("give held events slots: %w", err)
+	}
+	if n == 0 {
+		return nil, 0, nil
+	}
+	// The tail of the line, where newcomers take their slots.
+	g := int64(pace.Skip) + n - 1
+	tail := pace.From.Add(time.Duration(g/int64(pace.Limit)) * pace.Window())
+	if _, err := tx.Exec(ctx, `INSERT INTO event_source_slots (source, window_start, taken) VALUES ($1, $2, $3)`,
+		source, tail, g%int64(pace.Limit)+1); err != nil {
+		return nil, 0, fmt.Errorf("set event source slots: %w", err)
+	}
+	return pace, n, nil
+}
+
+// firstFreeSlot is where a release's line starts: in the current window,
+// after its admissions so far and after the slots whose time has passed;
+// in the next window when none is left.
+func firstFreeSlot(ctx context.Context, tx pgx.Tx, src Source, now time.Time) (*contract.ReleasePace, error) {
+	limit := *src.RateLimit
+	start, next := window(now, src.RateWindow)
+	var admitted int
+	err := tx.QueryRow(ctx, `SELECT coalesce((SELECT admitted FROM event_source_windows WHERE source = $1 AND window_start = $2), 0)`,
+		src.Source, start).Scan(&admitted)
+	if err != nil {
+		return nil, fmt.Errorf("read rate window: %w", err)
+	}
+	sp := contract.SlotSpacing(src.RateWindow, limit)
+	passed := int((now.Sub(start) + sp - 1) / sp)
+	p := &contract.ReleasePace{From: start, Skip: max(admitted, passed), Limit: limit, WindowMS: src.RateWindow.Milliseconds()}
+	if p.Skip >= limit {
+		p.From, p.Skip = next, 0
+	}
+	return p, nil
+}

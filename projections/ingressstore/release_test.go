@@ -1,0 +1,97 @@
+package ingressstore_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/retryd/retryd/pkg/contract"
+	"github.com/retryd/retryd/projections/ingressstore"
+)
+
+// A release under a rate limit gives every deferred event a slot, in the
+// order they were first deferred, from the first free slot of the current
+// window; the pace it returns names the same slots; newcomers queue behind
+// the line.
+func TestPaceReleaseGivesHeldEventsSlotsInArrivalOrder(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	_, err := ingressstore.PauseSource(b.ctx, b.pool, "line", nil, "", "test")
+	require.NoError(t, err)
+	_, err = ingressstore.PutSource(b.ctx, b.pool, ingressstore.SourceConfig{Source: "line", RateLimit: 4, RateWindow: time.Hour})
+	require.NoError(t, err)
+	// Deferred in the order d0..d9, though their ids sort the other way.
+	var held []string
+	for i := range 10 {
+		id := "d" + string(rune('9'-i))
+		b.insertEvent(t, id, "line")
+		_, err := ingressstore.SetEventStatus(b.ctx, b.pool, id, ingressstore.StatusDeferred)
+		require.NoError(t, err)
+		require.NoError(t, ingressstore.RecordDeferral(b.ctx, b.pool, ingressstore.Deferral{
+			EventID: id, Source: "line", Attempt: 1, Reason: ingressstore.ReasonSourcePaused}))
+		held = append(held, id)
+	}
+	// One admission in the current window before the pause.
+	_, err = b.pool.Exec(b.ctx, `INSERT INTO event_source_windows (source, window_start, admitted)
+		VALUES ('line', date_trunc('hour', now()), 1)`)
+	require.NoError(t, err)
+
+	var pace *contract.ReleasePace
+	var n int64
+	require.NoError(t, pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error {
+		if _, err := ingressstore.ResumeSource(b.ctx, tx, "line", "test"); err != nil {
+			return err
+		}
+		pace, n, err = ingressstore.PaceRelease(b.ctx, tx, "line")
+		return err
+	}))
+	require.NotNil(t, pace)
+	require.EqualValues(t, len(held), n)
+	require.NoError(t, pace.Validate())
+	require.Equal(t, 4, pace.Limit)
+	require.EqualValues(t, time.Hour.Milliseconds(), pace.WindowMS)
+
+	rows, err := b.pool.Query(b.ctx, `SELECT event_id, slot_at FROM event_source_holds WHERE source = 'line' ORDER BY slot_at`)
+	require.NoError(t, err)
+	type hold struct {
+		ID string
+		At time.Time
+	}
+	holds, err := pgx.CollectRows(rows, pgx.RowToStructByPos[hold])
+	require.NoError(t, err)
+	require.Len(t, holds, len(held))
+	perWindow := map[time.Time]int{}
+	for i, h := range holds {
+		require.Equal(t, held[i], h.ID, "slot %d in arrival order", i)
+		require.True(t, pace.SlotAt(i).Equal(h.At), "slot %d: store %s, pace %s", i, h.At, pace.SlotAt(i))
+		perWindow[h.At.Truncate(time.Hour)]++
+	}
+	now := time.Now()
+	require.False(t, holds[0].At.Before(now.Truncate(time.Hour)), "not before the current window")
+	for w, c := range perWindow {
+		if w.Equal(pace.From) {
+			c += pace.Skip
+		}
+		require.LessOrEqual(t, c, 4, "window %s", w)
+	}
+
+	// A newcomer queues behind the line: its slot follows the last one.
+	v := b.gate(t, "line", "invoice.paid")
+	require.False(t, v.Admitted)
+	require.True(t, v.RetryAt.After(holds[len(holds)-1].At), "newcomer at %s, line ends at %s", v.RetryAt, holds[len(holds)-1].At)
+
+	// No limit, no pace (and no slots).
+	_, err = ingressstore.PutSource(b.ctx, b.pool, ingressstore.SourceConfig{Source: "line"})
+	require.NoError(t, err)
+	require.NoError(t, pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error {
+		pace, n, err = ingressstore.PaceRelease(b.ctx, tx, "line")
+		return err
+	}))
+	require.Nil(t, pace)
+	require.Zero(t, n)
+	var left int
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM event_source_holds WHERE source = 'line'`).Scan(&left))
+	require.Zero(t, left)
+}
