@@ -373,3 +373,48 @@ func TestReleasedByIDRoundTrip(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, d, *got.Released)
 }
+
+func TestCheckLifecycleHeaders(t *testing.T) {
+	t.Parallel()
+	msg, err := contract.NewLifecycleMsg("test", contract.Failed, contract.FailedData{Kind: "job", ID: "j1", Attempt: 2,
+		Error: contract.ErrorInfo{Class: "timeout", Message: "slow"}}, time.Now())
+	require.NoError(t, err)
+	lc, err := contract.DecodeLifecycle(msg.Subject, msg.Data)
+	require.NoError(t, err)
+	require.NoError(t, contract.CheckLifecycleHeaders(msg.Header, lc))
+
+	for name, tc := range map[string]struct {
+		spoil func(nats.Header)
+		field string
+	}{
+		"no msg id":       {func(h nats.Header) { h.Del(contract.HeaderMsgID) }, "header Nats-Msg-Id"},
+		"other msg id":    {func(h nats.Header) { h.Set(contract.HeaderMsgID, "job-failed:j1:3") }, "header Nats-Msg-Id"},
+		"attempt differs": {func(h nats.Header) { h.Set(contract.HeaderAttempt, "3") }, "header Retryd-Attempt"},
+		"kind differs":    {func(h nats.Header) { h.Set(contract.HeaderKind, "event") }, "header Retryd-Kind"},
+		"item differs":    {func(h nats.Header) { h.Set(contract.HeaderItemID, "j2") }, "header Retryd-Item-Id"},
+		"event differs":   {func(h nats.Header) { h.Set(contract.HeaderEvent, "held") }, "header Retryd-Event"},
+		"event twice":     {func(h nats.Header) { h.Add(contract.HeaderEvent, "failed") }, "header Retryd-Event"},
+	} {
+		h := nats.Header{}
+		for k, v := range msg.Header {
+			h[k] = append([]string(nil), v...)
+		}
+		tc.spoil(h)
+		err := contract.CheckLifecycleHeaders(h, lc)
+		require.ErrorIs(t, err, contract.ErrInvalid, name)
+		var fe *contract.FieldError
+		require.ErrorAs(t, err, &fe, name)
+		require.Equal(t, tc.field, fe.Field, name)
+		require.NotContains(t, err.Error(), "j1:3", "%s: the reason names the header, not its value", name)
+	}
+
+	// Optional headers may be left out; a release's item is its hold key.
+	h := nats.Header{contract.HeaderMsgID: {lc.Envelope.ID}}
+	require.NoError(t, contract.CheckLifecycleHeaders(h, lc))
+	rel, err := contract.NewLifecycleMsg("test", contract.Released, contract.ReleasedData{Kind: "event", HoldKey: "shop",
+		Reason: contract.ReleaseResume, ReleasedAt: time.Now()}, time.Now())
+	require.NoError(t, err)
+	rlc, err := contract.DecodeLifecycle(rel.Subject, rel.Data)
+	require.NoError(t, err)
+	require.NoError(t, contract.CheckLifecycleHeaders(rel.Header, rlc))
+}

@@ -379,9 +379,13 @@ func testLateHoldersKeepTheirPlace(t *testing.T, skew time.Duration) {
 	for _, id := range all {
 		b.post(t, event(id, "late", "tick.happened"))
 	}
+	// The first window admits the limit (more when the gate is slow
+	// enough that the window turns before the first event is held: every
+	// later one then queues behind it).
 	require.Eventually(t, func() bool {
-		return b.count(t, `SELECT count(*) FROM workflow_events WHERE source = 'late' AND status = 'deferred'`) == n-limit
+		return b.count(t, `SELECT count(*) FROM workflow_events WHERE source = 'late' AND status IN ('admitted', 'deferred')`) == n
 	}, eventually, 50*time.Millisecond)
+	require.Positive(t, b.count(t, `SELECT count(*) FROM workflow_events WHERE source = 'late' AND status = 'deferred'`))
 	// No scheduler yet: every slot passes with its due not sent.
 	require.Eventually(t, func() bool {
 		return b.count(t, `SELECT count(*) FROM event_source_holds WHERE slot_at > now() - interval '500 milliseconds'`) == 0
@@ -393,7 +397,13 @@ func testLateHoldersKeepTheirPlace(t *testing.T, skew time.Duration) {
 	for _, m := range streamMsgs(t, b.ctx, b.js, contract.StreamEvents, "events.late.") {
 		order = append(order, m.Header.Get(nats.MsgIdHdr))
 	}
-	require.Equal(t, all, order, "admitted in arrival order")
+	// In arrival order: exactly on a machine that keeps up; when a due
+	// handed back to wait comes back more than 100 ms late the line goes
+	// on without it (docs/ingress.md), which moves it by less than a
+	// window's worth of places (at most 15 with eight copies of this test
+	// at once on 2 cores). A holder sent to the back of the line would be
+	// up to 40 places off.
+	requireNearOrder(t, "l-", order, limit)
 	require.Zero(t, b.count(t, `SELECT count(*) FROM event_source_windows WHERE source = 'late' AND admitted > $1`, limit))
 	dues := len(streamMsgs(t, b.ctx, b.js, contract.StreamRetries, "retry.event.due."))
 	require.LessOrEqual(t, dues, n-limit, "one due per held event: waiting for a turn is not a new hold")
@@ -434,11 +444,7 @@ func TestE2EResumeUnderALimitIsPacedInArrivalOrder(t *testing.T) {
 	// due handed back to wait for its turn comes back more than 100 ms
 	// late (docs/ingress.md): then the line goes on without it, and it
 	// lands a few places late.
-	for i, id := range order[:n] {
-		seq, err := strconv.Atoi(strings.TrimPrefix(id, "r-"))
-		require.NoError(t, err)
-		require.InDelta(t, i, seq, 10, "%s admitted %d places from its place in line: %v", id, seq-i, order)
-	}
+	requireNearOrder(t, "r-", order[:n], limit/2)
 	require.Zero(t, b.count(t, `SELECT count(*) FROM event_source_windows WHERE source = 'paced' AND admitted > $1`, limit))
 	// 100 events at 20 per 200 ms: five windows or so, not one.
 	windows := b.count(t, `SELECT count(DISTINCT date_bin('200 milliseconds', admitted_at, 'epoch'::timestamptz)) FROM workflow_events WHERE source = 'paced'`)
@@ -452,4 +458,15 @@ func TestE2EResumeUnderALimitIsPacedInArrivalOrder(t *testing.T) {
 	require.Zero(t, b.count(t, `SELECT count(*) FROM retries WHERE kind = 'event' AND (state = 'exhausted' OR retry_count > 0)`))
 	require.Equal(t, n, b.count(t, `SELECT count(*) FROM retry_history WHERE kind = 'event' AND decided_by = 'resume' AND (detail->'pace'->>'limit')::int = 20`),
 		"each release at its slot is in the history")
+}
+
+// requireNearOrder checks that ids (prefix + sequence number) were
+// admitted each within slack places of its place in arrival order.
+func requireNearOrder(t *testing.T, prefix string, ids []string, slack int) {
+	t.Helper()
+	for i, id := range ids {
+		seq, err := strconv.Atoi(strings.TrimPrefix(id, prefix))
+		require.NoError(t, err, id)
+		require.InDelta(t, i, seq, float64(slack), "%s admitted %d places from its place in line: %v", id, i-seq, ids)
+	}
 }

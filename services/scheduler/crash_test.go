@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/require"
 
 	"github.com/retryd/retryd/pkg/contract"
@@ -35,12 +34,8 @@ func TestDuplicateFailedChangesNothing(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, again.Duplicate, "inside the window JetStream drops it")
 
-	// Past the window the same fact is stored again: publish it without
-	// the header, as a new stream message with the same envelope id.
-	copyMsg := nats.NewMsg(msg.Subject)
-	copyMsg.Data = msg.Data
-	third, err := b.js.PublishMsg(b.ctx, copyMsg)
-	require.NoError(t, err)
+	// Past the window the same fact is stored again.
+	third := b.storeAgain(t, msg)
 	require.Greater(t, third.Sequence, first.Sequence)
 
 	require.Eventually(t, func() bool {

@@ -215,8 +215,7 @@ func TestSucceededClosesAndStaleFactsAreIgnored(t *testing.T) {
 	// first failure under another message id (so neither JetStream nor
 	// the inbox knows it): the state guards make both stale.
 	b.publish(t, contract.Failed, failed("ok", "a", 2, "network"))
-	replay := lifecycleMsg(t, contract.Failed, failed("ok", "a", 1, "timeout"))
-	replay.Header.Set(contract.HeaderMsgID, "owner-own-id-1")
+	replay := withEnvelopeID(t, lifecycleMsg(t, contract.Failed, failed("ok", "a", 1, "timeout")), "owner-own-id-1")
 	_, err := b.js.PublishMsg(b.ctx, replay)
 	require.NoError(t, err)
 	b.publish(t, contract.Succeeded, contract.SucceededData{Kind: "ok", ID: "never-failed", Attempt: 1})
@@ -297,9 +296,9 @@ func TestFactsOfOneItemInOneBatch(t *testing.T) {
 	}, waitFor, 10*time.Millisecond)
 }
 
-// The same fact twice in one policy-stage batch (a republish without its
-// Nats-Msg-Id header is identified by its envelope id, which is the same):
-// the second copy changes nothing and counts as a duplicate.
+// The same fact twice in one policy-stage batch (republished past the
+// duplicate window, so JetStream stores it twice): the second copy
+// changes nothing and counts as a duplicate.
 func TestDuplicateInOneBatch(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -308,9 +307,7 @@ func TestDuplicateInOneBatch(t *testing.T) {
 	msg := lifecycleMsg(t, contract.Failed, failed("twice", "x", 1, "timeout"))
 	_, err := b.js.PublishMsg(b.ctx, msg)
 	require.NoError(t, err)
-	msg.Header.Del(contract.HeaderMsgID) // stored again: no id for JetStream to dedupe
-	_, err = b.js.PublishMsg(b.ctx, msg)
-	require.NoError(t, err)
+	b.storeAgain(t, msg)
 	s := b.start(t)
 
 	b.waitRow(t, "twice", "x", inState(retrystore.StateScheduled, 2))

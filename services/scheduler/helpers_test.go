@@ -274,3 +274,41 @@ func shrinkDuplicateWindow(t *testing.T, b *bundle) {
 	_, err = b.js.UpdateStream(b.ctx, cfg)
 	require.NoError(t, err)
 }
+
+// storeAgain stores msg on RETRIES once more, as JetStream does for a
+// fact republished past its duplicate window (same headers, same body): the
+// window is cut to 100 ms and msg republished until it is stored anew.
+func (b *bundle) storeAgain(t *testing.T, msg *nats.Msg) *jetstream.PubAck {
+	t.Helper()
+	st, err := b.js.Stream(b.ctx, contract.StreamRetries)
+	require.NoError(t, err)
+	cfg := st.CachedInfo().Config
+	cfg.Duplicates = 100 * time.Millisecond
+	_, err = b.js.UpdateStream(b.ctx, cfg)
+	require.NoError(t, err)
+	var ack *jetstream.PubAck
+	require.Eventually(t, func() bool {
+		ack, err = b.js.PublishMsg(b.ctx, msg)
+		require.NoError(t, err)
+		return !ack.Duplicate
+	}, waitFor, 20*time.Millisecond, "stored again past the duplicate window")
+	return ack
+}
+
+// withEnvelopeID is msg with its envelope id and Nats-Msg-Id set to id: a
+// fact as an owner that names its own ids publishes it.
+func withEnvelopeID(t *testing.T, msg *nats.Msg, id string) *nats.Msg {
+	t.Helper()
+	env, err := contract.DecodeEnvelope(msg.Data)
+	require.NoError(t, err)
+	env.ID = id
+	body, err := env.Marshal()
+	require.NoError(t, err)
+	out := nats.NewMsg(msg.Subject)
+	out.Data = body
+	for k, v := range msg.Header {
+		out.Header[k] = append([]string(nil), v...)
+	}
+	out.Header.Set(contract.HeaderMsgID, id)
+	return out
+}

@@ -140,10 +140,7 @@ func TestDuplicateHoldChangesNothing(t *testing.T) {
 	again, err := b.js.PublishMsg(b.ctx, msg)
 	require.NoError(t, err)
 	require.True(t, again.Duplicate)
-	copyMsg := nats.NewMsg(msg.Subject)
-	copyMsg.Data = msg.Data
-	_, err = b.js.PublishMsg(b.ctx, copyMsg)
-	require.NoError(t, err)
+	b.storeAgain(t, msg)
 
 	require.Eventually(t, func() bool {
 		return metric(t, s.reg, "retryd_scheduler_duplicate_total", "consumer", "scheduler") == 1

@@ -99,18 +99,16 @@ func (s *Scheduler) decode(m jetstream.Msg) (inbound, bool) {
 			err = fmt.Errorf("event %q is not consumed by the scheduler (failed, held, released, succeeded, cancelled)", ev.Event)
 		}
 	}
+	if err == nil {
+		// A fact must carry the id it is deduplicated on, and its Retryd-*
+		// headers must not say something the body does not.
+		err = contract.CheckLifecycleHeaders(m.Headers(), ev)
+	}
 	if err != nil {
 		s.terminate(m, contract.LogReason(err))
 		return inbound{}, false
 	}
-	msgID := ""
-	if h := m.Headers(); h != nil {
-		msgID = h.Get(contract.HeaderMsgID)
-	}
-	if msgID == "" {
-		msgID = ev.Envelope.ID
-	}
-	return inbound{msg: m, f: newFact(ev, msgID)}, true
+	return inbound{msg: m, f: newFact(ev, ev.Envelope.ID)}, true
 }
 
 // terminate ends a message that can never be applied, with a reason that

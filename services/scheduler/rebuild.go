@@ -185,14 +185,14 @@ func (rb *rebuilder) replay(ctx context.Context, js jetstream.JetStream, last ui
 
 func decodeReplay(m jetstream.Msg) (inbound, bool) {
 	ev, err := contract.DecodeLifecycle(m.Subject(), m.Data())
+	if err == nil {
+		// What the live consumer terminates, a rebuild skips.
+		err = contract.CheckLifecycleHeaders(m.Headers(), ev)
+	}
 	if err != nil {
 		return inbound{}, false
 	}
-	msgID := m.Headers().Get(contract.HeaderMsgID)
-	if msgID == "" {
-		msgID = ev.Envelope.ID
-	}
-	return inbound{msg: m, f: newFact(ev, msgID)}, true
+	return inbound{msg: m, f: newFact(ev, ev.Envelope.ID)}, true
 }
 
 func (rb *rebuilder) applyBatch(ctx context.Context, items []inbound) error {

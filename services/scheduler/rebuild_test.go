@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/require"
 
 	"github.com/retryd/retryd/migrations/pgtest"
@@ -105,10 +104,7 @@ func TestRebuildEqualsOriginal(t *testing.T) {
 	dup := lifecycleMsg(t, contract.Failed, failed("rb-slow", "dup", 1, "timeout"))
 	_, err = b.js.PublishMsg(b.ctx, dup)
 	require.NoError(t, err)
-	copyMsg := nats.NewMsg(dup.Subject)
-	copyMsg.Data = dup.Data
-	_, err = b.js.PublishMsg(b.ctx, copyMsg)
-	require.NoError(t, err)
+	b.storeAgain(t, dup)
 	b.publish(t, contract.Failed, contract.FailedData{Kind: "rb-slow", ID: "th", Attempt: 1, Reason: "source_throttled",
 		Error: contract.ErrorInfo{Class: "rate_limit", Message: "slow down"}, RetryAfter: contract.RetryAfterDuration(20 * time.Minute),
 		Payload: []byte(`{"event":"e1"}`), Metadata: map[string]string{"source": "crm"}})
