@@ -230,11 +230,38 @@ func applySucceeded(row *retrystore.Retry, f fact) change {
 		return staleChange()
 	}
 	r := *row
+	var history []retrystore.HistoryEntry
+	if h, ok := lateDue(row, sd.Attempt, f.at); ok {
+		r.DueEmissions, r.DueAt = 1, r.NextAttemptAt
+		history = append(history, h)
+	}
 	at := f.at
 	r.State = retrystore.StateSucceeded
 	r.Attempt = max(r.Attempt, sd.Attempt)
 	r.ResolvedAt = &at
-	return change{row: &r, history: []retrystore.HistoryEntry{entry(&r, sd.Attempt, contract.Succeeded, f.msgID, f.at)}, outcome: contract.Succeeded}
+	history = append(history, entry(&r, sd.Attempt, contract.Succeeded, f.msgID, f.at))
+	return change{row: &r, history: history, outcome: contract.Succeeded}
+}
+
+// lateDue is the history entry of the due of attempt when the owner
+// answers attempt (succeeded, failed, held) while row r still waits for it
+// with no due recorded, its time passed when the owner answered
+// (answeredAt, the fact's time): the due loop published the due and died
+// before its commit (the claim rolled back), and the owner's answer came
+// before the re-send. An owner runs an attempt after the first only on its
+// due, so the due is on the stream; the history records it, once, under
+// its Nats-Msg-Id, at the time it was due. An answer from before that
+// time (an owner that did not wait for its due) records none.
+func lateDue(r *retrystore.Retry, attempt int, answeredAt time.Time) (retrystore.HistoryEntry, bool) {
+	if r == nil || r.State != retrystore.StateScheduled || r.Attempt != attempt || attempt < 2 ||
+		r.DueEmissions > 0 || r.NextAttemptAt == nil || answeredAt.Before(*r.NextAttemptAt) {
+		return retrystore.HistoryEntry{}, false
+	}
+	h := entry(r, attempt, contract.Due, contract.DueMsgID(r.Kind, r.ItemID, attempt), *r.NextAttemptAt)
+	h.NextAttemptAt = r.NextAttemptAt
+	h.Detail, _ = json.Marshal(map[string]any{"emission": 1,
+		"note": "recorded when the owner answered: the due's commit did not happen (the scheduler died after publishing it)"})
+	return h, true
 }
 
 // applyCancelled closes a pending row, or creates a cancelled one for an

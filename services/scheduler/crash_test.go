@@ -182,3 +182,40 @@ func TestTwoSchedulersEmitEachDueOnce(t *testing.T) {
 		require.Equal(t, 1, r.DueEmissions)
 	}
 }
+
+// The process dies after publishing a due and before its commit, and the
+// owner's answer to that due comes before any re-send: history still
+// equals the stream. The due it answered counts in due_emissions and has
+// its history row (under its Nats-Msg-Id), for a success and for a
+// failure alike.
+func TestOwnerAnswerBeforeTheDueCommitKeepsTheDueInHistory(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.policy(t, "late", "", 3, 10, 10)
+	crash := func(c *scheduler.Config) {
+		c.Hooks.BeforeDueCommit = func(context.Context, []retrystore.Key) error { return errCrash }
+	}
+	a := b.start(t, crash)
+	for _, id := range []string{"ok", "bad"} {
+		b.publish(t, contract.Failed, failed("late", id, 1, "timeout"))
+	}
+	require.Eventually(t, func() bool { return len(b.streamMsgs(t, "retry.late.due.*")) == 2 }, waitFor, 10*time.Millisecond)
+	stopCtx, cancel := context.WithTimeout(b.ctx, 20*time.Second)
+	defer cancel()
+	require.NoError(t, a.Stop(stopCtx))
+
+	// The owners answer the dues they got; the next scheduler still
+	// cannot commit a due (so no re-send overtakes the answers).
+	b.publish(t, contract.Succeeded, contract.SucceededData{Kind: "late", ID: "ok", Attempt: 2})
+	b.publish(t, contract.Failed, failed("late", "bad", 2, "timeout"))
+	b.start(t, crash)
+
+	row := b.waitRow(t, "late", "ok", func(r retrystore.Retry) bool { return r.State == retrystore.StateSucceeded })
+	require.Equal(t, 1, row.DueEmissions, "the due the owner answered counts")
+	require.Equal(t, []string{"failed:1", "scheduled:2", "due:2", "succeeded:2"}, events(b.history(t, "late", "ok")))
+	h := b.history(t, "late", "ok")[2]
+	require.Equal(t, contract.DueMsgID("late", "ok", 2), h.MsgID, "under the id of the due on the stream")
+
+	b.waitRow(t, "late", "bad", inState(retrystore.StateScheduled, 3))
+	require.Equal(t, []string{"failed:1", "scheduled:2", "due:2", "failed:2", "rescheduled:3"}, events(b.history(t, "late", "bad")))
+}

@@ -49,12 +49,16 @@ func (s *Scheduler) applyHeld(ctx context.Context, tx pgx.Tx, d *decider, row *r
 	if !acceptsFailure(row, hd.Attempt) {
 		return staleChange(), nil
 	}
+	var history []retrystore.HistoryEntry
+	if due, ok := lateDue(row, hd.Attempt, f.at); ok {
+		history = append(history, due)
+	}
 	r, h := recordHold(row, f, hd)
 	hold, err := holdOf(ctx, tx, &r, hd, f.at)
 	if err != nil {
 		return change{}, err
 	}
-	return d.decide(ctx, tx, r, failure{hold: hold, message: hd.Detail}, []retrystore.HistoryEntry{h}, now)
+	return d.decide(ctx, tx, r, failure{hold: hold, message: hd.Detail}, append(history, h), now)
 }
 
 // holdOf is the policy's view of hold hd of row r, decided at heldAt. A

@@ -445,9 +445,13 @@ func (s *Scheduler) applyFailed(ctx context.Context, tx pgx.Tx, d *decider, row 
 		return staleChange(), nil
 	}
 	class := classify(s.cfg.Classifier, fd.Error)
+	var history []retrystore.HistoryEntry
+	if due, ok := lateDue(row, fd.Attempt, f.at); ok {
+		history = append(history, due)
+	}
 	r, h := recordFailure(row, f, string(class))
 	return d.decide(ctx, tx, r, failure{class: class, message: fd.Error.Message, retryAfter: fd.RetryAfter, nonRetryable: fd.Error.NonRetryable},
-		[]retrystore.HistoryEntry{h}, now)
+		append(history, h), now)
 }
 
 // lockRow reads and locks the row of an item; nil when it has none.
