@@ -53,9 +53,12 @@ type Released struct {
 // order; rows already due by now (released before, or their pause ended)
 // are left alone. With rd.Pace the row of rank i gets rd.Pace.DueAt(i),
 // due or not, so the release runs at the owner's rate, one due per item.
-// Only holds that began at or before rd.ReleasedAt are released: a release
-// fact the scheduler applies after holds the owner decided after it (the
-// owner's facts race on RETRIES) must not bring those back early.
+// A release of every hold (rd.Count 0) brings back only holds that began
+// at or before rd.ReleasedAt: a release fact the scheduler applies after
+// holds the owner decided after it (the owner's facts race on RETRIES)
+// must not bring those back early. A partial release (a freed slot) takes
+// the holds that waited longest, whenever they began: the one it frees a
+// slot for may have been held a moment after the run ended.
 // Each row gets a rescheduled history entry decided by "resume". q must be
 // a transaction.
 //
@@ -78,7 +81,7 @@ WITH held AS (
 	SELECT kind, item_id, held_since, created_at FROM retries
 	WHERE kind = $1 AND hold_key = $2 AND held_since IS NOT NULL AND state = 'scheduled'
 	  AND ($7::timestamptz IS NOT NULL OR next_attempt_at > now()) AND ($5 = '' OR hold_reason = $5)
-	  AND held_since <= $13
+	  AND ($6::int > 0 OR held_since <= $13)
 	ORDER BY held_since, created_at, item_id
 	LIMIT nullif($6::int, 0)
 	FOR UPDATE
