@@ -144,10 +144,6 @@ func gate(ctx context.Context, tx pgx.Tx, source, typ, id string, due bool) (Ver
 	return v, nil
 }
 
-// spacing is the time between two slots of a window (whole
-// microseconds; see contract.SlotSpacing).
-func spacing(w time.Duration, limit int) time.Duration { return contract.SlotSpacing(w, limit) }
-
 // holdersWaiting reports whether throttled events of source still hold
 // slots whose dues have not been evaluated: then a newcomer queues behind
 // them.
@@ -194,7 +190,7 @@ func slot(ctx context.Context, tx pgx.Tx, v Verdict, src Source, id string, now 
 	if err != nil {
 		return Verdict{}, fmt.Errorf("take event source slot: %w", err)
 	}
-	at := start.Add(time.Duration(taken-1) * spacing(src.RateWindow, limit)).UTC()
+	at := start.Add(time.Duration(taken-1) * contract.SlotSpacing(src.RateWindow, limit)).UTC()
 	_, err = tx.Exec(ctx, `
 		INSERT INTO event_source_holds (event_id, source, slot_at) VALUES ($1, $2, $3)
 		ON CONFLICT (event_id) DO UPDATE SET source = EXCLUDED.source, slot_at = EXCLUDED.slot_at, waits_until = NULL`,

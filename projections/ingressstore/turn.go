@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/retryd/retryd/pkg/contract"
 )
 
 // maxTurnWait is the longest a slot holder's due is handed back to wait
@@ -116,7 +118,7 @@ func turnAt(next time.Time, w time.Duration, limit, p int) time.Time {
 // turnGap is the time between two turns in line within a window: the
 // slot spacing, at most a millisecond.
 func turnGap(w time.Duration, limit int) time.Duration {
-	return min(spacing(w, limit), time.Millisecond)
+	return min(contract.SlotSpacing(w, limit), time.Millisecond)
 }
 
 func maxTime(a, b time.Time) time.Time {
