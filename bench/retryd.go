@@ -74,6 +74,8 @@ type retrydSys struct {
 	owner *nats.Conn
 	ojs   jetstream.JetStream
 	pub   *asyncPublisher
+	// logged counts the in-process scheduler's warnings and errors.
+	logged logCount
 }
 
 // startRetryd starts NATS, the database and, unless noScheduler, the
@@ -114,7 +116,7 @@ func (r *retrydSys) startScheduler(ctx context.Context) error {
 	}
 	r.schNC = nc
 	s, err := scheduler.New(scheduler.Config{
-		Pool: r.db.pool, JS: js, Logger: zerolog.Nop(), Registerer: prometheus.NewRegistry(),
+		Pool: r.db.pool, JS: js, Logger: r.logged.logger(), Registerer: prometheus.NewRegistry(),
 		BatchSize:     envInt("RETRYD_SCHEDULER_BATCH_SIZE"),
 		ConsumeBatch:  envInt("RETRYD_SCHEDULER_CONSUME_BATCH"),
 		MaxAckPending: envInt("RETRYD_SCHEDULER_MAX_ACK_PENDING"),
@@ -143,6 +145,7 @@ func (r *retrydSys) close(ctx context.Context) {
 		stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 		_ = r.sched.Stop(stopCtx)
 		cancel()
+		fmt.Fprintf(r.env.Out, "retryd scheduler (in process): %s\n", &r.logged)
 	}
 	if r.pub != nil {
 		r.pub.close()

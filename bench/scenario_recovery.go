@@ -7,6 +7,9 @@ import (
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/retryd/retryd/pkg/contract"
+	"github.com/retryd/retryd/services/scheduler"
 )
 
 func init() {
@@ -97,9 +100,22 @@ func runRecovery(ctx context.Context, env Env) error {
 	readyAt := time.Now()
 
 	led := newLedger()
+	// decided is when each probe failure was decided: its due time minus
+	// the probe policy's fixed delay, by the database clock.
+	var (
+		decidedMu sync.Mutex
+		decided   = map[string]time.Time{}
+	)
 	own := func(kind string) (func(), error) {
 		return r.ownDue(ctx, kind, func(ev dueEvent) {
 			led.add(kind, ev)
+			if kind == kindProbe {
+				decidedMu.Lock()
+				if _, ok := decided[ev.data.ID]; !ok {
+					decided[ev.data.ID] = ev.data.NextAttemptAt.Add(-probeDelay)
+				}
+				decidedMu.Unlock()
+			}
 			if !ev.redelivery {
 				_ = r.publishSucceeded(ctx, kind, ev.data.ID, ev.data.Attempt, nil)
 			}
@@ -124,23 +140,25 @@ func runRecovery(ctx context.Context, env Env) error {
 		pubErrors int
 		seq       int64
 	)
+	// report publishes a probe failure and records its id once stored.
+	report := func(id string) error {
+		return r.publishFailed(ctx, kindProbe, id, func(err error) {
+			idsMu.Lock()
+			defer idsMu.Unlock()
+			if err != nil {
+				pubErrors++
+				return
+			}
+			probeIDs = append(probeIDs, id)
+		})
+	}
 	total := 2*s.RecoverSteady + s.RecoverDown
 	probeDone := make(chan error, 1)
 	go func() {
 		_, err := pace(ctx, s.Probe.rate, total, func(n int) error {
 			for range n {
 				seq++
-				id := itemID("p", time.Now(), seq)
-				err := r.publishFailed(ctx, kindProbe, id, func(err error) {
-					idsMu.Lock()
-					defer idsMu.Unlock()
-					if err != nil {
-						pubErrors++
-						return
-					}
-					probeIDs = append(probeIDs, id)
-				})
-				if err != nil {
+				if err := report(itemID("p", time.Now(), seq)); err != nil {
 					return err
 				}
 			}
@@ -153,6 +171,15 @@ func runRecovery(ctx context.Context, env Env) error {
 	}
 	var pendingAtKill int64
 	_ = r.db.pool.QueryRow(ctx, "SELECT count(*) FROM retries WHERE state = 'scheduled'").Scan(&pendingAtKill)
+	// A burst just before the kill: the scheduler is handed as many facts
+	// as it may hold, which a kill leaves unacked. Before the short ack
+	// wait, they and every fact behind them waited 30 s.
+	for i := range killBurst {
+		if err := report(itemID("k", time.Now(), int64(i))); err != nil {
+			return err
+		}
+	}
+	heldAtKill := r.waitHeld(ctx, scheduler.DefaultConsumeBatch, 5*time.Second)
 	killAt := time.Now()
 	proc.kill9()
 	if err := sleepCtx(ctx, s.RecoverDown); err != nil {
@@ -217,21 +244,29 @@ func runRecovery(ctx context.Context, env Env) error {
 	steady, worstAfter := steadyAfter(rs, restartAt, probeEnd, latenessTarget)
 	pre := summarize(before)
 	dups := led.duplicates()
+	around, fromRestart := decisionDelays(want, decided, &decidedMu, killAt, restartAt)
 
 	params := map[string]any{"pending": bg.n}
 	env.rec.addDuration("recovery", "retryd", "first_due_after_restart", first, params)
 	env.rec.addDuration("recovery", "retryd", "steady_after_restart", steady, params)
+	env.rec.addDuration("recovery", "retryd", "decision_p99_around_kill", around.P99, params)
+	env.rec.addDuration("recovery", "retryd", "decision_p99_from_restart", fromRestart.P99, params)
 	env.rec.add("recovery", "retryd", "lost", float64(lostProbe+lostBG), "items", params)
 	env.rec.add("recovery", "retryd", "duplicates", float64(dups), "items", params)
 
 	t := newTable("figure", "value")
 	t.row("pending at kill (state scheduled)", fmt.Sprint(pendingAtKill))
+	t.row(fmt.Sprintf("facts the killed process held unacked (after a burst of %d)", killBurst), fmt.Sprint(heldAtKill))
 	t.row("down for", s.RecoverDown.String())
 	t.row("restart to /readyz", ms(readyIn))
 	t.row("restart to first due (due after the kill)", ms(first))
 	t.row("restart to steady lateness (p99 < 100 ms in every later 250 ms window)", fmtSteady(steady))
 	t.row("worst lateness after restart", ms(worstAfter))
 	t.row("p99 lateness before the kill", ms(pre.P99))
+	t.row(fmt.Sprintf("failures reported %s around the kill (%d): report to decision p50 / p99", aroundKill, around.N),
+		ms(around.P50)+" / "+ms(around.P99))
+	t.row("  the same, counted from the restart for those reported while down: p50 / p99 (target p99 < 3 s)",
+		ms(fromRestart.P50)+" / "+ms(fromRestart.P99))
 	t.row("probe items reported / lost", fmt.Sprintf("%d / %d", len(want), lostProbe))
 	t.row("background due by the end / lost", fmt.Sprintf("%d / %d", bgDue, lostBG))
 	t.row("duplicate due events (distinct messages, same id+attempt)", fmt.Sprint(dups))
@@ -242,6 +277,64 @@ func runRecovery(ctx context.Context, env Env) error {
 	fmt.Fprintf(env.Out, "lost %d, duplicates %d (target 0 and 0): %s\n", lostProbe+lostBG, dups, verdict(lostProbe+lostBG == 0 && dups == 0))
 	fmt.Fprintf(env.Out, "durability: %s\n", r.durability(ctx))
 	return nil
+}
+
+// killBurst is how many failures are reported at once just before the
+// kill.
+const killBurst = 5000
+
+// waitHeld waits until the scheduler's consumer has at least n facts out
+// unacked, or timeout, and returns how many it has.
+func (r *retrydSys) waitHeld(ctx context.Context, n int, timeout time.Duration) int {
+	held := 0
+	waitFor(ctx, timeout, func() bool {
+		cons, err := r.ojs.Consumer(ctx, contract.StreamRetries, scheduler.ConsumerName)
+		if err != nil {
+			return false
+		}
+		info, err := cons.Info(ctx)
+		if err != nil {
+			return false
+		}
+		held = info.NumAckPending
+		return held >= n
+	})
+	return held
+}
+
+// aroundKill is the span, centred on the kill, whose failures measure how
+// soon new facts are decided again.
+const aroundKill = 10 * time.Second
+
+// decisionDelays returns, for the probe failures reported within
+// aroundKill of the kill, the delay from report to decision, and the same
+// delay counted from the restart for failures reported before it (the
+// time it was down is not its fault). A fact the killed process held and
+// never acked shows as a long delay here.
+func decisionDelays(ids []string, decided map[string]time.Time, mu *sync.Mutex, killAt, restartAt time.Time) (around, fromRestart summary) {
+	mu.Lock()
+	defer mu.Unlock()
+	var a, u []time.Duration
+	for _, id := range ids {
+		at := itemTime(id)
+		if at.Before(killAt.Add(-aroundKill/2)) || at.After(killAt.Add(aroundKill/2)) {
+			continue
+		}
+		d, ok := decided[id]
+		if !ok {
+			continue // counted as lost above
+		}
+		a = append(a, d.Sub(at))
+		u = append(u, d.Sub(maxTime(at, restartAt)))
+	}
+	return summarize(a), summarize(u)
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }
 
 // steadyAfter finds the first 250 ms window after restart from which every

@@ -144,11 +144,11 @@ func (s *System) ConnectDB(url string) {
 // serviceEnv holds the settings that make the services recover quickly
 // in tests: short ack waits (a killed process's messages come back after
 // seconds, not 30 s), frequent reconciliation and relay polls. Every value
-// is within what the services validate.
+// is within what the services validate. The scheduler runs its default
+// ack wait (2 s): its recovery after a kill is what the suite checks.
 var serviceEnv = map[string][]string{
 	Scheduler: {
 		"RETRYD_MIGRATE=true",
-		"RETRYD_SCHEDULER_ACK_WAIT=3s",
 		"RETRYD_SCHEDULER_MAX_IDLE=200ms",
 		"RETRYD_SCHEDULER_RECONCILE_INTERVAL=1s",
 		"RETRYD_SCHEDULER_RELAY_INTERVAL=200ms",

@@ -370,7 +370,9 @@ func (r *Relay) publish(ctx context.Context, batch []row) (acked []int64, dups i
 			fail(x, fmt.Errorf("decode stored headers: %w", err))
 			continue
 		}
-		f, err := r.cfg.JS.PublishMsgAsync(msg)
+		// Past the connection's cap on outstanding publishes, wait for
+		// PubAcks instead of failing the rest of the batch.
+		f, err := r.cfg.JS.PublishMsgAsync(msg, jetstream.WithStallWait(r.cfg.AckTimeout))
 		if err != nil {
 			fail(x, err)
 			continue

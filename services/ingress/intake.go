@@ -252,7 +252,7 @@ func (s *Service) postBatch(w http.ResponseWriter, r *http.Request) {
 	for i, msg := range msgs {
 		results[i].ID = msg.Header.Get(contract.HeaderMsgID)
 		tracing.Inject(ctx, msg.Header)
-		f, err := s.cfg.JS.PublishMsgAsync(msg, jetstream.WithExpectStream(contract.StreamIngest))
+		f, err := s.cfg.JS.PublishMsgAsync(msg, jetstream.WithExpectStream(contract.StreamIngest), jetstream.WithStallWait(s.cfg.PublishTimeout))
 		if err != nil {
 			failed = true
 			results[i].Error = s.publishFailed(sources[i], results[i].ID, err)

@@ -364,8 +364,22 @@ func TestProjectorRecreatesDeletedConsumers(t *testing.T) {
 		Error: contract.ErrorInfo{Class: "timeout", Message: "slow"}}, t0.Add(time.Second))
 	b.eventually(t, "after", func(j jobstore.Job) bool { return j.LastErrorClass == "timeout" && j.LastAttemptAt != nil },
 		"both streams are folded again")
-	require.Eventually(t, func() bool { return metric(t, b.reg, "retryd_jobs_duplicates_total", "RETRIES") >= 1 }, wait, 10*time.Millisecond,
-		"the replayed fact was recognised")
+	// The recreated consumer starts at the beginning of the stream: its
+	// second delivery is the stream's second message. (The replayed
+	// first one is dropped by the inbox, or, when the old consumer's ack
+	// is still in flight, taken by the new consumer of the same name as
+	// an ack of its own delivery: either way it is not applied twice.)
+	info, err := b.js.Consumer(b.ctx, contract.StreamRetries, jobs.ProjectionDurable)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		ci, err := info.Info(b.ctx)
+		require.NoError(t, err)
+		return ci.Delivered.Consumer >= 2 && ci.AckFloor.Stream >= 2
+	}, wait, 10*time.Millisecond)
+	ci, err := info.Info(b.ctx)
+	require.NoError(t, err)
+	require.Equal(t, ci.Delivered.Stream, ci.Delivered.Consumer, "replayed from the first message")
+	require.EqualValues(t, 2, metric(t, b.reg, "retryd_jobs_applied_total", "RETRIES"), "before and after, each applied once")
 }
 
 // The projection prunes its own old inbox claims at start and keeps

@@ -24,8 +24,8 @@ const (
 	DefaultBatchSize         = 1000
 	DefaultEmitters          = 4
 	DefaultConsumeBatch      = 500
-	DefaultMaxAckPending     = 1000
-	DefaultAckWait           = 30 * time.Second
+	DefaultMaxAckPending     = 5000
+	DefaultAckWait           = 2 * time.Second
 	DefaultMaxIdle           = time.Second
 	DefaultRedueAfter        = 5 * time.Minute
 	DefaultReconcileInterval = 30 * time.Second
@@ -62,10 +62,16 @@ type Config struct {
 	// stage transaction.
 	ConsumeBatch int
 	// MaxAckPending bounds the messages the durable consumer hands out
-	// without an ack (across all instances).
+	// without an ack (across all instances). One instance holds at most
+	// three ConsumeBatch (the client's pull buffer, the stage's queue and
+	// the batch being applied), so the default leaves room for a restarted
+	// or surviving instance to take new facts while a killed instance's
+	// share waits out AckWait.
 	MaxAckPending int
-	// AckWait is how long JetStream waits for an ack before redelivering
-	// (a crashed instance's messages go to another one after it).
+	// AckWait is how long JetStream waits for an ack before redelivering:
+	// a killed instance's facts are decided by another one after it.
+	// Facts an instance is still working on are kept by in-progress acks
+	// every AckWait/3, so a slow batch is not redelivered.
 	AckWait time.Duration
 	// MaxIdle caps the due loop's sleep, which otherwise lasts until the
 	// earliest next_attempt_at. It bounds how late a retry scheduled by

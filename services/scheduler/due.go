@@ -378,7 +378,10 @@ func (s *Scheduler) publishDue(ctx context.Context, items []*dueItem, now, selec
 		_, it.span = tracing.StartPublish(tracing.WithTraceparent(ctx, r.TraceContext), msg, attribute.String("retryd.kind", r.Kind),
 			attribute.String("retryd.id", r.ItemID), attribute.Int("retryd.attempt", r.Attempt), attribute.Bool("retryd.redue", it.redue))
 		it.late = it.row.Lateness + time.Since(selected)
-		it.ack, err = s.cfg.JS.PublishMsgAsync(msg)
+		// Past the connection's cap on outstanding publishes, wait for
+		// PubAcks instead of failing: a server that fsyncs every write
+		// sets the pace.
+		it.ack, err = s.cfg.JS.PublishMsgAsync(msg, jetstream.WithStallWait(publishTimeout))
 		if err != nil {
 			s.log.Warn().Err(err).Str("kind", r.Kind).Str("id", r.ItemID).Msg("publish due event")
 			it.ack = nil

@@ -22,6 +22,7 @@ type metrics struct {
 	outboxLag            prometheus.Gauge
 	policyLag            prometheus.Gauge
 	busy                 prometheus.Counter
+	inProgress           prometheus.Counter
 
 	malformed, duplicate, stale, errors *prometheus.CounterVec
 }
@@ -67,6 +68,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Namespace: "retryd", Subsystem: "scheduler", Name: "busy_total",
 			Help: "Facts handed back (redelivered after 5s) because another transaction held their item: a peer instance mid-batch, or frozen.",
 		}),
+		inProgress: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "retryd", Subsystem: "scheduler", Name: "in_progress_acks_total",
+			Help: "In-progress acks sent for facts held longer than a third of the ack wait (a slow batch), so that the short ack wait redelivers only a dead instance's facts.",
+		}),
 		malformed: counter("malformed_total", "Messages terminated because they could not be decoded.", "consumer"),
 		duplicate: counter("duplicate_total", "Messages already applied (inbox hit), acked without effect.", "consumer"),
 		stale:     counter("stale_total", "Facts ignored because the row moved past them (old attempt or terminal state).", "kind", "event"),
@@ -74,7 +79,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	}
 	cs := []prometheus.Collector{
 		m.scheduled, m.rescheduled, m.due, m.succeeded, m.exhausted, m.cancelled, m.redue, m.dueDuplicates,
-		m.lateness, m.pending, m.outboxPending, m.outboxLag, m.malformed, m.duplicate, m.stale, m.errors, m.policyLag, m.busy,
+		m.lateness, m.pending, m.outboxPending, m.outboxLag, m.malformed, m.duplicate, m.stale, m.errors, m.policyLag, m.busy, m.inProgress,
 	}
 	for i, c := range cs {
 		got, err := promreg.Register(reg, c)

@@ -61,6 +61,7 @@ func (s *Scheduler) runPolicyStage(ctx context.Context) {
 				select {
 				case m := <-s.inbound:
 					s.handleBatch(ctx, []jetstream.Msg{m})
+					s.inHand.done([]jetstream.Msg{m})
 				default:
 					return
 				}
@@ -77,15 +78,18 @@ func (s *Scheduler) runPolicyStage(ctx context.Context) {
 			}
 		}
 		s.handleBatch(ctx, batch)
+		s.inHand.done(batch)
 	}
 }
 
 // onMessage is the consume callback: it hands the message to the worker,
 // which bounds how many wait (back pressure on the pull).
 func (s *Scheduler) onMessage(m jetstream.Msg) {
+	s.inHand.add(m)
 	select {
 	case s.inbound <- m:
 	case <-s.abort:
+		s.inHand.done([]jetstream.Msg{m})
 	}
 }
 
@@ -189,6 +193,27 @@ func (s *Scheduler) handleBatch(ctx context.Context, msgs []jetstream.Msg) {
 	if len(items) == 0 {
 		return
 	}
+	// A message delivered before and not acked may be the one that failed
+	// its batch, so redelivered messages are applied in a batch of their
+	// own: a poison fact then fails only that batch (which falls back to
+	// one transaction per message) and never a batch of fresh facts. They
+	// are not applied one by one up front: after a kill, the dead
+	// instance's whole share comes back at once.
+	if len(items) > 1 {
+		var fresh, again []jetstream.Msg
+		for _, in := range items {
+			if md, mdErr := in.msg.Metadata(); mdErr == nil && md.NumDelivered > 1 {
+				again = append(again, in.msg)
+				continue
+			}
+			fresh = append(fresh, in.msg)
+		}
+		if len(again) > 0 && len(fresh) > 0 {
+			s.handleBatch(ctx, again)
+			s.handleBatch(ctx, fresh)
+			return
+		}
+	}
 	var err error
 	defer traceBatch(ctx, items, &err)()
 	// Same order for every transaction touching the same items makes
@@ -197,24 +222,6 @@ func (s *Scheduler) handleBatch(ctx context.Context, msgs []jetstream.Msg) {
 	slices.SortStableFunc(items, func(a, b inbound) int {
 		return cmp.Or(cmp.Compare(a.f.ev.Kind, b.f.ev.Kind), cmp.Compare(a.f.ev.ID, b.f.ev.ID))
 	})
-	// A message delivered before and not acked may be the one that failed
-	// its batch: it is applied in a transaction of its own, so a poison
-	// fact fails alone instead of sending every batch it lands in to the
-	// one-by-one path.
-	if len(items) > 1 {
-		fresh := items[:0:0]
-		for _, in := range items {
-			if md, mdErr := in.msg.Metadata(); mdErr == nil && md.NumDelivered > 1 {
-				s.handleBatch(ctx, []jetstream.Msg{in.msg})
-				continue
-			}
-			fresh = append(fresh, in)
-		}
-		if len(fresh) == 0 {
-			return
-		}
-		items = fresh
-	}
 	var results []applied
 	results, err = s.applyBatch(ctx, items)
 	if err != nil && len(items) > 1 {

@@ -119,14 +119,19 @@ func (s *Scheduler) ensureConsumer(ctx context.Context) error {
 		s.consumer.Stop()
 	}
 	cc, err := cons.Consume(s.onMessage,
-		jetstream.PullMaxMessages(min(2*s.cfg.ConsumeBatch, s.cfg.MaxAckPending)),
+		jetstream.PullMaxMessages(min(s.cfg.ConsumeBatch, s.cfg.MaxAckPending)),
 		jetstream.ConsumeErrHandler(s.onConsumeError))
 	if err != nil {
 		s.consumer = nil
 		return fmt.Errorf("consume %s: %w", ConsumerName, err)
 	}
-	s.consumer = cc
-	if missing {
+	first := !s.consumed
+	s.consumer, s.consumed = cc, true
+	switch {
+	case missing && first:
+		// A new deployment: nothing was lost.
+		s.log.Info().Str("consumer", ConsumerName).Msg("consumer created")
+	case missing:
 		s.log.Warn().Str("consumer", ConsumerName).Msg("consumer was missing and has been created")
 	}
 	return nil

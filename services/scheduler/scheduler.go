@@ -52,6 +52,9 @@ type Scheduler struct {
 	// inbound carries messages from the consume callback to the policy
 	// stage worker.
 	inbound chan jetstream.Msg
+	// inHand is every message handed to this instance and not finished
+	// with; runProgressLoop keeps them from redelivery.
+	inHand *inHand
 	// lag is how far the policy stage is behind RETRIES (backlog.go).
 	lag *applyLag
 
@@ -60,6 +63,9 @@ type Scheduler struct {
 	stopped  bool
 	stopErr  error
 	consumer jetstream.ConsumeContext
+	// consumed is set once a consumer ran: a consumer missing after that
+	// was deleted.
+	consumed bool
 	// abort unblocks the consume callback when Stop gives up waiting.
 	abort      chan struct{}
 	cancel     context.CancelFunc
@@ -89,6 +95,7 @@ func New(cfg Config) (*Scheduler, error) {
 		wake:         make(chan struct{}, 1),
 		reconcileNow: make(chan struct{}, 1),
 		inbound:      make(chan jetstream.Msg, cfg.ConsumeBatch),
+		inHand:       newInHand(),
 		lag:          newApplyLag(time.Now()),
 		abort:        make(chan struct{}),
 		workerDone:   make(chan struct{}),
@@ -129,7 +136,9 @@ func (s *Scheduler) Start(ctx context.Context) error {
 	s.goLoop(func() { s.runDueLoop(runCtx) })
 	s.goLoop(func() { s.runReconcileLoop(runCtx) })
 	s.goLoop(func() { s.runMetricsLoop(runCtx) })
-	s.log.Info().Int("batch_size", s.cfg.BatchSize).Dur("max_idle", s.cfg.MaxIdle).
+	s.goLoop(func() { s.runProgressLoop(runCtx) })
+	s.log.Info().Int("batch_size", s.cfg.BatchSize).Int("consume_batch", s.cfg.ConsumeBatch).
+		Int("max_ack_pending", s.cfg.MaxAckPending).Dur("ack_wait", s.cfg.AckWait).Dur("max_idle", s.cfg.MaxIdle).
 		Dur("redue_after", s.cfg.RedueAfter).Msg("scheduler started")
 	return nil
 }
