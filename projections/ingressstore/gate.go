@@ -111,10 +111,29 @@ func gate(ctx context.Context, tx pgx.Tx, source, typ, id string, due bool) (Ver
 	if src.PausedAt(now) {
 		v.Reason = ReasonSourcePaused
 		v.Detail = "source is paused"
-		if src.PausedUntil != nil {
-			v.RetryAt = src.PausedUntil.UTC()
-			v.Detail += " until " + v.RetryAt.Format(time.RFC3339)
+		if src.PausedUntil == nil {
+			return v, nil
 		}
+		v.RetryAt = src.PausedUntil.UTC()
+		v.Detail += " until " + v.RetryAt.Format(time.RFC3339)
+		if src.RateLimit == nil || src.RateWindow <= 0 {
+			return v, nil
+		}
+		// A pause that ends by itself under a rate limit: the event
+		// takes its slot of the limit from the pause's end, in arrival
+		// order, so the end brings the line back paced, one due per
+		// event, instead of all at once (see PaceRelease for a resume).
+		from, err := firstFreeSlot(ctx, tx, src, *src.PausedUntil)
+		if err != nil {
+			return Verdict{}, err
+		}
+		sv, err := takeSlot(ctx, tx, src, id, from.From, from.Skip)
+		if err != nil {
+			return Verdict{}, err
+		}
+		v.RetryAt = sv.at
+		v.Detail += fmt.Sprintf(", then the rate limit of %d per %s: slot %d of the window at %s", *src.RateLimit,
+			src.RateWindow, sv.taken, sv.window.UTC().Format(time.RFC3339Nano))
 		return v, nil
 	}
 	if src.RateLimit == nil || src.RateWindow <= 0 {
@@ -175,34 +194,54 @@ func dropHold(ctx context.Context, db DB, id string) error {
 // evaluated; while any event holds one, newcomers queue behind.
 func slot(ctx context.Context, tx pgx.Tx, v Verdict, src Source, id string, now time.Time) (Verdict, error) {
 	_, next := window(now, src.RateWindow)
+	sv, err := takeSlot(ctx, tx, src, id, next, 0)
+	if err != nil {
+		return Verdict{}, err
+	}
+	v.Reason = ReasonSourceThrottled
+	v.RetryAt = sv.at
+	v.Detail = fmt.Sprintf("rate limit of %d per %s reached: slot %d of the window at %s", *src.RateLimit, src.RateWindow, sv.taken,
+		sv.window.UTC().Format(time.RFC3339Nano))
+	return v, nil
+}
+
+// slotTaken is a slot given to an event: its time, its window and its
+// place in that window (from 1).
+type slotTaken struct {
+	at, window time.Time
+	taken      int
+}
+
+// takeSlot moves the tail of the source's line one slot forward and gives
+// that slot to event id. The line never starts before slot skip of the
+// window at floor: a tail behind it restarts there.
+func takeSlot(ctx context.Context, tx pgx.Tx, src Source, id string, floor time.Time, skip int) (slotTaken, error) {
 	limit := *src.RateLimit
-	var start time.Time
-	var taken int
+	var sv slotTaken
 	err := tx.QueryRow(ctx, `
-		INSERT INTO event_source_slots AS s (source, window_start, taken) VALUES ($1, $2, 1)
+		INSERT INTO event_source_slots AS s (source, window_start, taken) VALUES ($1, $2, $5::int + 1)
 		ON CONFLICT (source) DO UPDATE SET
 			window_start = CASE
-				WHEN s.window_start < $2 THEN $2
+				WHEN s.window_start < $2 OR (s.window_start = $2 AND s.taken < $5) THEN $2
 				WHEN s.taken >= $3 THEN s.window_start + $4::bigint * interval '1 millisecond'
 				ELSE s.window_start END,
-			taken = CASE WHEN s.window_start < $2 OR s.taken >= $3 THEN 1 ELSE s.taken + 1 END
-		RETURNING window_start, taken`, src.Source, next, limit, src.RateWindow.Milliseconds()).Scan(&start, &taken)
+			taken = CASE
+				WHEN s.window_start < $2 OR (s.window_start = $2 AND s.taken < $5) THEN $5::int + 1
+				WHEN s.taken >= $3 THEN 1
+				ELSE s.taken + 1 END
+		RETURNING window_start, taken`, src.Source, floor, limit, src.RateWindow.Milliseconds(), skip).Scan(&sv.window, &sv.taken)
 	if err != nil {
-		return Verdict{}, fmt.Errorf("take event source slot: %w", err)
+		return slotTaken{}, fmt.Errorf("take event source slot: %w", err)
 	}
-	at := start.Add(time.Duration(taken-1) * contract.SlotSpacing(src.RateWindow, limit)).UTC()
+	sv.at = sv.window.Add(time.Duration(sv.taken-1) * contract.SlotSpacing(src.RateWindow, limit)).UTC()
 	_, err = tx.Exec(ctx, `
 		INSERT INTO event_source_holds (event_id, source, slot_at) VALUES ($1, $2, $3)
 		ON CONFLICT (event_id) DO UPDATE SET source = EXCLUDED.source, slot_at = EXCLUDED.slot_at, waits_until = NULL`,
-		id, src.Source, at)
+		id, src.Source, sv.at)
 	if err != nil {
-		return Verdict{}, fmt.Errorf("hold event source slot: %w", err)
+		return slotTaken{}, fmt.Errorf("hold event source slot: %w", err)
 	}
-	v.Reason = ReasonSourceThrottled
-	v.RetryAt = at
-	v.Detail = fmt.Sprintf("rate limit of %d per %s reached: slot %d of the window at %s", limit, src.RateWindow, taken,
-		start.UTC().Format(time.RFC3339Nano))
-	return v, nil
+	return sv, nil
 }
 
 // window returns the fixed window of length d that holds now, aligned on

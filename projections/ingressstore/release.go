@@ -22,8 +22,8 @@ import (
 // The line starts at the first slot of the current window not yet passed
 // or taken. Arrival order is when the event was first deferred (the
 // scheduler ranks by the same time, held_since). Newcomers queue behind
-// the line (see Gate). Nil, 0 when the source is paused or has no rate
-// limit: the release is then not paced.
+// the line (see Gate). Nil, 0 when the source is paused with no end or
+// has no rate limit: the release is then not paced.
 func PaceRelease(ctx context.Context, tx pgx.Tx, source string) (*contract.ReleasePace, int64, error) {
 	var now time.Time
 	src, err := scanSource(tx.QueryRow(ctx, `SELECT `+sourceColumns+`, now() FROM event_sources s WHERE s.source = $1`, source), &now)
@@ -37,10 +37,17 @@ func PaceRelease(ctx context.Context, tx pgx.Tx, source string) (*contract.Relea
 		DELETE FROM event_source_slots WHERE source = $1`, source); err != nil {
 		return nil, 0, fmt.Errorf("end slot holds: %w", err)
 	}
-	if src.PausedAt(now) || src.RateLimit == nil || src.RateWindow <= 0 {
+	if src.RateLimit == nil || src.RateWindow <= 0 || (src.PausedAt(now) && src.PausedUntil == nil) {
 		return nil, 0, nil
 	}
-	pace, err := firstFreeSlot(ctx, tx, src, now)
+	// Still paused until a time (the limit changed during the pause): the
+	// line starts at the pause's end, where the gate gives slots to the
+	// events deferred meanwhile.
+	lineAt := now
+	if src.PausedAt(now) {
+		lineAt = *src.PausedUntil
+	}
+	pace, err := firstFreeSlot(ctx, tx, src, lineAt)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -76,9 +83,9 @@ func PaceRelease(ctx context.Context, tx pgx.Tx, source string) (*contract.Relea
 	return pace, n, nil
 }
 
-// firstFreeSlot is where a release's line starts: in the current window,
+// firstFreeSlot is where a line starting at now begins: in now's window,
 // after its admissions so far and after the slots whose time has passed;
-// in the next window when none is left.
+// in the next window when none is left. (now may be a pause's end.)
 func firstFreeSlot(ctx context.Context, tx pgx.Tx, src Source, now time.Time) (*contract.ReleasePace, error) {
 	limit := *src.RateLimit
 	start, next := window(now, src.RateWindow)

@@ -95,3 +95,41 @@ func TestPaceReleaseGivesHeldEventsSlotsInArrivalOrder(t *testing.T) {
 	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM event_source_holds WHERE source = 'line'`).Scan(&left))
 	require.Zero(t, left)
 }
+
+// A limit changed while a pause with an until lasts paces the line from
+// the pause's end, not from now, and the gate goes on from there.
+func TestPaceReleaseDuringAPauseUntilStartsAtItsEnd(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	until := time.Now().Add(2 * time.Hour).UTC()
+	_, err := ingressstore.PauseSource(b.ctx, b.pool, "later", &until, "", "test")
+	require.NoError(t, err)
+	_, err = ingressstore.PutSource(b.ctx, b.pool, ingressstore.SourceConfig{Source: "later", RateLimit: 2, RateWindow: time.Minute})
+	require.NoError(t, err)
+	for _, id := range []string{"p0", "p1", "p2"} {
+		b.insertEvent(t, id, "later")
+		_, err := ingressstore.SetEventStatus(b.ctx, b.pool, id, ingressstore.StatusDeferred)
+		require.NoError(t, err)
+		require.NoError(t, ingressstore.RecordDeferral(b.ctx, b.pool, ingressstore.Deferral{
+			EventID: id, Source: "later", Attempt: 1, Reason: ingressstore.ReasonSourcePaused}))
+	}
+	var pace *contract.ReleasePace
+	require.NoError(t, pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error {
+		pace, _, err = ingressstore.PaceRelease(b.ctx, tx, "later")
+		return err
+	}))
+	require.NotNil(t, pace, "paced from the pause's end")
+	require.False(t, pace.SlotAt(0).Before(until), "first slot %s is not before the end %s", pace.SlotAt(0), until)
+	require.Less(t, pace.SlotAt(0).Sub(until), time.Minute/2, "and at the first slot after it")
+
+	// An event deferred now by the pause queues behind the three.
+	b.insertEvent(t, "p3", "later")
+	var v ingressstore.Verdict
+	require.NoError(t, pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error {
+		v, err = ingressstore.Gate(b.ctx, tx, "later", "t", "p3")
+		return err
+	}))
+	require.False(t, v.Admitted)
+	require.Equal(t, ingressstore.ReasonSourcePaused, v.Reason)
+	require.True(t, pace.SlotAt(3).Equal(v.RetryAt), "the fourth slot of the line: %s, gate %s", pace.SlotAt(3), v.RetryAt)
+}

@@ -470,3 +470,40 @@ func requireNearOrder(t *testing.T, prefix string, ids []string, slack int) {
 		require.InDelta(t, i, seq, float64(slack), "%s admitted %d places from its place in line: %v", id, i-seq, ids)
 	}
 }
+
+// A pause with an until under a rate limit ends paced: each event held by
+// the pause takes its slot of the limit from the pause's end, in arrival
+// order, and comes back once, at its slot. None is admitted before the
+// end.
+func TestE2EPauseUntilUnderALimitEndsPacedInArrivalOrder(t *testing.T) {
+	t.Parallel()
+	b := setup(t, func(c *ingress.Config) { c.Concurrency = 1 })
+	b.withScheduler(t, 50*time.Millisecond, 100*time.Millisecond, 2)
+	const limit, n = 20, 100
+	b.putSource(t, "until", map[string]any{"rate_limit": limit, "rate_window": "200ms"})
+	until := time.Now().Add(2 * time.Second).UTC().Truncate(time.Millisecond)
+	require.Equal(t, http.StatusOK, b.do(t, http.MethodPost, "/v1/sources/until/pause",
+		map[string]any{"reason": "upgrade", "until": until.Format(time.RFC3339Nano)}, nil))
+	all := ids("u", n)
+	for _, id := range all {
+		b.post(t, event(id, "until", "tick.happened"))
+	}
+	b.requireAdmittedOnce(t, all...)
+
+	require.Zero(t, b.count(t, `SELECT count(*) FROM workflow_events WHERE source = 'until' AND admitted_at < $1`, until),
+		"none admitted before the pause's end")
+	var order []string
+	for _, m := range streamMsgs(t, b.ctx, b.js, contract.StreamEvents, "events.until.") {
+		order = append(order, m.Header.Get(nats.MsgIdHdr))
+	}
+	require.Len(t, order, n)
+	requireNearOrder(t, "u-", order, limit/2)
+	require.Zero(t, b.count(t, `SELECT count(*) FROM event_source_windows WHERE source = 'until' AND admitted > $1`, limit))
+	windows := b.count(t, `SELECT count(DISTINCT date_bin('200 milliseconds', admitted_at, 'epoch'::timestamptz)) FROM workflow_events WHERE source = 'until'`)
+	require.GreaterOrEqual(t, windows, n/limit, "paced over the windows")
+	dues := len(streamMsgs(t, b.ctx, b.js, contract.StreamRetries, "retry.event.due."))
+	require.LessOrEqual(t, float64(dues), 1.1*float64(n), "one due per held event, not one per window: %d dues", dues)
+	require.Zero(t, b.count(t, `SELECT count(*) FROM retries WHERE kind = 'event' AND (state = 'exhausted' OR retry_count > 0)`))
+	require.Equal(t, n, b.count(t, `SELECT count(*) FROM retries WHERE kind = 'event' AND hold_reason = 'pause' AND state = 'succeeded'`),
+		"each was held by the pause")
+}

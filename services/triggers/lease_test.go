@@ -195,6 +195,9 @@ func TestHeartbeatsThatChangeNothing(t *testing.T) {
 	_, err := b.js.PublishMsg(b.ctx, hb)
 	require.NoError(t, err)
 	b.republish(t, hb)
+	// The consumer's pending count can lag a publish by a moment: wait
+	// for the two stored heartbeats, then for the consumer to be idle.
+	require.Eventually(t, func() bool { return counter(t, b.svc.metrics.heartbeats, heartbeatExtended) >= 2 }, eventually, tick)
 	b.settled(t, contract.StreamRuns, ConsumerRuns)
 	require.Equal(t, 2.0, counter(t, b.svc.metrics.heartbeats, heartbeatExtended), "the duplicate window dropped one")
 	r := b.run(t, d0.RunID)
