@@ -228,10 +228,13 @@ func jsonReason(err error) string {
 	var syntaxErr *json.SyntaxError
 	switch {
 	case errors.As(err, &typeErr):
+		// Value is the JSON kind, followed by the literal for a number
+		// ("number 1.5"): the kind alone says what is wrong.
+		got, _, _ := strings.Cut(typeErr.Value, " ")
 		if typeErr.Field != "" {
-			return fmt.Sprintf("field %q must be %s, got %s", typeErr.Field, typeName(typeErr.Type.String()), typeErr.Value)
+			return fmt.Sprintf("field %q must be %s, got %s", typeErr.Field, typeName(typeErr.Type.String()), got)
 		}
-		return fmt.Sprintf("expected %s, got %s", typeName(typeErr.Type.String()), typeErr.Value)
+		return fmt.Sprintf("expected %s, got %s", typeName(typeErr.Type.String()), got)
 	case errors.As(err, &syntaxErr):
 		return fmt.Sprintf("syntax error at byte %d: %s", syntaxErr.Offset, syntaxErr.Error())
 	case errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, io.EOF):

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"strings"
 	"unicode/utf8"
 )
 
@@ -51,18 +52,40 @@ func tooLarge(field string, size, limit int) error {
 // quoted matches a Go-quoted value inside an error text.
 var quoted = regexp.MustCompile(`"(?:[^"\\]|\\.)*"`)
 
+// fieldName is what a field path of the contract looks like: JSON names
+// and dots, at most 64 bytes. An unknown field's name comes from the
+// input and may be anything; only names of this shape are kept.
+var fieldName = regexp.MustCompile(`^"[a-z][a-z0-9_.]{0,63}"$`)
+
+func knownField(q string) bool { return fieldName.MatchString(q) }
+
 // maxLogReason bounds the reason logged or sent with a termination.
 const maxLogReason = 256
 
 // LogReason is err's text made safe for logs and for the reason of a
 // terminated NATS message: every quoted value is replaced by "…", since a
 // decoding error quotes the bad input, and input that is bad may be a
-// secret in the wrong place. The field and the rule broken stay readable.
+// secret in the wrong place. The field and the rule broken stay readable:
+// a quoted name right after the word field is the contract's own field
+// name (from the decoder, never from the input's values), and is kept.
 func LogReason(err error) string {
 	if err == nil {
 		return ""
 	}
-	s := quoted.ReplaceAllLiteralString(err.Error(), `"…"`)
+	text := err.Error()
+	var b strings.Builder
+	last := 0
+	for _, m := range quoted.FindAllStringIndex(text, -1) {
+		b.WriteString(text[last:m[0]])
+		if strings.HasSuffix(text[:m[0]], "field ") && knownField(text[m[0]:m[1]]) {
+			b.WriteString(text[m[0]:m[1]])
+		} else {
+			b.WriteString(`"…"`)
+		}
+		last = m[1]
+	}
+	b.WriteString(text[last:])
+	s := b.String()
 	if len(s) <= maxLogReason {
 		return s
 	}

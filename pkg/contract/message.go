@@ -202,7 +202,7 @@ func DecodeLifecycle(subject string, body []byte) (LifecycleEvent, error) {
 	}
 	kind, id, _ := data.itemKey()
 	if kind != parts.Kind || id != parts.ID {
-		return LifecycleEvent{}, fieldErr("data", fmt.Sprintf("kind/id %s/%s does not match subject %s/%s", kind, id, parts.Kind, parts.ID))
+		return LifecycleEvent{}, fieldErr("data", fmt.Sprintf("kind/id %q/%q does not match subject %q/%q", kind, id, parts.Kind, parts.ID))
 	}
 	return out, nil
 }
