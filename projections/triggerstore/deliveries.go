@@ -372,3 +372,69 @@ func TouchDelivery(ctx context.Context, db DB, id string) error {
 	}
 	return nil
 }
+
+// ThrottleLineGrace is how long a throttled delivery whose slot has passed
+// still counts as waiting in line: its due is on its way or being
+// evaluated. A delivery stuck longer (the scheduler is down) no longer
+// holds the line up.
+const ThrottleLineGrace = time.Minute
+
+// ThrottleSlot is the slot the next delivery in the throttle line of a
+// trigger and key gets at now, with a sliding window of limit launches:
+// the launches of the window and the slots already given out form one
+// sequence, and the next slot is when the limit-th latest of them leaves
+// the window, after the last slot given out (arrival order) and not
+// before now. waiting reports whether deliveries still wait for their
+// slots: a fresh delivery then queues behind them even when the window
+// has room. The delivery excludeID (the one deciding) is left out.
+// The caller holds the trigger's lock (LockTrigger), so slots are given
+// out one at a time.
+func ThrottleSlot(ctx context.Context, db DB, triggerID, key string, now time.Time, window time.Duration, limit int, excludeID string) (slot time.Time, waiting bool, err error) {
+	var limitTh, last *time.Time
+	err = db.QueryRow(ctx, `
+		WITH seq AS (
+			(SELECT launched_at AS at, false AS planned FROM workflow_trigger_deliveries
+			 WHERE trigger_id = $1 AND throttle_key = $2 AND status = 'launched'
+			   AND launched_at > $3 AND delivery_id <> $6
+			 ORDER BY launched_at DESC LIMIT $5)
+			UNION ALL
+			(SELECT next_attempt_at, true FROM workflow_trigger_deliveries
+			 WHERE trigger_id = $1 AND throttle_key = $2 AND status = 'throttled'
+			   AND next_attempt_at > $4 AND delivery_id <> $6
+			 ORDER BY next_attempt_at DESC LIMIT $5)
+		)
+		SELECT (SELECT at FROM seq ORDER BY at DESC OFFSET $5 - 1 LIMIT 1),
+		       (SELECT max(at) FROM seq WHERE planned)`,
+		triggerID, key, now.Add(-window), now.Add(-ThrottleLineGrace), limit, excludeID).Scan(&limitTh, &last)
+	if err != nil {
+		return time.Time{}, false, fmt.Errorf("read throttle line: %w", err)
+	}
+	slot = now
+	if limitTh != nil && limitTh.Add(window).After(slot) {
+		slot = limitTh.Add(window)
+	}
+	// Strictly after the last slot given out (a microsecond, the
+	// database's resolution), so that the line has one order even when
+	// the window lets several go at the same moment.
+	if last != nil && !slot.After(*last) {
+		slot = last.Add(time.Microsecond)
+	}
+	return slot.UTC().Truncate(time.Microsecond), last != nil, nil
+}
+
+// ThrottleHoldersAhead counts the throttled deliveries of a trigger and key
+// whose slot comes before delivery id's and came in (since, now]: the
+// ones waiting for their turn ahead of it.
+func ThrottleHoldersAhead(ctx context.Context, db DB, triggerID, key, id string, since, now time.Time) (int, error) {
+	var n int
+	err := db.QueryRow(ctx, `
+		SELECT count(*) FROM workflow_trigger_deliveries d
+		WHERE d.trigger_id = $1 AND d.throttle_key = $2 AND d.status = 'throttled' AND d.delivery_id <> $3
+		  AND d.next_attempt_at > $4 AND d.next_attempt_at <= $5
+		  AND d.next_attempt_at < (SELECT next_attempt_at FROM workflow_trigger_deliveries WHERE delivery_id = $3)`,
+		triggerID, key, id, since, now).Scan(&n)
+	if err != nil {
+		return 0, fmt.Errorf("count throttle holders ahead: %w", err)
+	}
+	return n, nil
+}

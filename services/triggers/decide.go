@@ -77,6 +77,10 @@ type decision struct {
 	// releaseWaiting: a slot is free but older deliveries wait for one;
 	// this delivery queues and the oldest waiting one is released.
 	releaseWaiting bool
+	// waitUntil is set when a held delivery came back at its slot and the
+	// window is still full for a moment (launches ahead of it ran late):
+	// it keeps its place and looks again then, without a new hold.
+	waitUntil time.Time
 	// launchAt is the database clock read after the in-flight count that
 	// allowed a launch under max concurrency: a run that finished between
 	// the decision's first clock read and the count must not appear to
@@ -141,11 +145,27 @@ func (s *Service) decide(ctx context.Context, tx pgx.Tx, t triggerstore.Trigger,
 		if err != nil {
 			return decision{}, err
 		}
-		if full {
-			reset := at.Add(t.ThrottleWindow)
-			return decision{status: triggerstore.StatusThrottled, reason: ReasonThrottled, key: key, retryAfter: reset, meta: map[string]any{
+		if !fresh {
+			roomAt := now
+			if full {
+				roomAt = at.Add(t.ThrottleWindow)
+			}
+			if until, ok, err := throttleTurn(ctx, tx, t, key, deliveryID, roomAt, now); err != nil || ok {
+				return decision{waitUntil: until}, err
+			}
+		}
+		slot, waiting, err := triggerstore.ThrottleSlot(ctx, tx, t.ID, key, now, t.ThrottleWindow, t.ThrottleLimit, deliveryID)
+		if err != nil {
+			return decision{}, err
+		}
+		// A full window holds the delivery; so does a line of held
+		// deliveries for a fresh one, which would otherwise take the room
+		// a held one's slot was given for. Each held delivery gets its own
+		// slot, in arrival order, so the window's edge wakes one, not all.
+		if full || (fresh && waiting) {
+			return decision{status: triggerstore.StatusThrottled, reason: ReasonThrottled, key: key, retryAfter: slot, meta: map[string]any{
 				"reason": ReasonThrottled, "limit": t.ThrottleLimit, "window_ms": t.ThrottleWindow.Milliseconds(),
-				"window_reset": reset.UTC().Format(time.RFC3339Nano), "trigger_version": t.Version,
+				"window_reset": slot.UTC().Format(time.RFC3339Nano), "slot": slot.UTC().Format(time.RFC3339Nano), "trigger_version": t.Version,
 			}}, nil
 		}
 	}
@@ -176,6 +196,39 @@ func (s *Service) decide(ctx context.Context, tx pgx.Tx, t triggerstore.Trigger,
 		launch.launchAt = at
 	}
 	return launch, nil
+}
+
+// throttleTurnGap spaces the looks of holders waiting for room, by their
+// place in line: more than the jitter of a redelivery's delay.
+const throttleTurnGap = 3 * time.Millisecond
+
+// throttleTurnLate is how long past its slot a held delivery is waited for
+// by the ones behind it. One whose due is later than that (lost with a
+// killed process, or slow) no longer holds the line up.
+const throttleTurnLate = 250 * time.Millisecond
+
+// maxThrottleWait bounds how long a held delivery waits in place for room
+// at its slot; past it, it is held again with a new slot.
+const maxThrottleWait = 5 * time.Second
+
+// throttleTurn decides whether held delivery id, back at its slot, waits
+// in place: for the room that frees at roomAt (now when the window has
+// room), since the launches its slot counted on ran a little after their
+// own slots; and behind the holders ahead of it whose slots came less than
+// throttleTurnLate ago, which look first, throttleTurnGap apart, so the
+// line keeps its order.
+func throttleTurn(ctx context.Context, tx pgx.Tx, t triggerstore.Trigger, key, id string, roomAt, now time.Time) (time.Time, bool, error) {
+	if roomAt.Sub(now) > maxThrottleWait {
+		return time.Time{}, false, nil
+	}
+	ahead, err := triggerstore.ThrottleHoldersAhead(ctx, tx, t.ID, key, id, now.Add(-throttleTurnLate), now)
+	if err != nil {
+		return time.Time{}, false, err
+	}
+	if ahead == 0 && !roomAt.After(now) {
+		return time.Time{}, false, nil // its turn, and room: decide now
+	}
+	return roomAt.Add(time.Duration(ahead) * throttleTurnGap), true, nil
 }
 
 // settle applies a decision for attempt (1 = the event's first offer) to
@@ -234,7 +287,8 @@ func settle(d *triggerstore.Delivery, t triggerstore.Trigger, o offer, dec decis
 			d.NextAttemptAt = &dec.retryAfter
 			until := dec.retryAfter.UTC()
 			hd.Reason, hd.Until = contract.HoldThrottle, &until
-			hd.Detail = fmt.Sprintf("trigger throttled: %d launches per %s", t.ThrottleLimit, t.ThrottleWindow)
+			hd.Detail = fmt.Sprintf("trigger throttled: %d launches per %s; its slot in line at %s", t.ThrottleLimit, t.ThrottleWindow,
+				until.Format(time.RFC3339Nano))
 		}
 		if o.raw != nil {
 			p, err := json.Marshal(retryPayload{Event: o.raw})

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sort"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -394,4 +395,46 @@ func TestRunTimeoutFreesTheSlot(t *testing.T) {
 	run, err = triggerstore.GetRun(b.ctx, b.pool, d0.RunID)
 	require.NoError(t, err)
 	require.Equal(t, triggerstore.RunFailed, run.Status)
+}
+
+// A burst far over a throttle waits in a line: each held delivery gets its
+// own slot of the sliding window, in arrival order, and comes back once,
+// at its slot. The window's edge wakes one delivery, not every held one.
+func TestThrottleLineReleasesInArrivalOrderOneDueEach(t *testing.T) {
+	t.Parallel()
+	// One event at a time: the order events reach the trigger is the
+	// order they were published.
+	b := setup(t, true, func(c *Config) { c.Concurrency = 1 })
+	b.startScheduler(t)
+	ex := b.startExecutor(t, 10*time.Millisecond)
+	const n, m, window = 4, 40, 400 * time.Millisecond
+	tr := b.createTrigger(t, TriggerInput{ID: "line", Name: "line", Source: "shop", EventType: "order.placed",
+		Throttle: &ThrottleInput{Limit: intp(n), Window: window.String()}, Workflow: "fulfil"})
+	for i := range m {
+		b.publishEvent(t, "shop", "order.placed", fmt.Sprintf("line-%02d", i), map[string]any{"i": i})
+	}
+	b.requireAllLaunchedOnce(t, tr.ID, m, ex)
+
+	ds := launches(t, b, tr.ID)
+	var order []string
+	for i, d := range ds {
+		order = append(order, d.EventID)
+		if i >= n {
+			require.GreaterOrEqual(t, d.LaunchedAt.Sub(*ds[i-n].LaunchedAt), window,
+				"launch %d: at most %d in any window of %s", i, n, window)
+		}
+	}
+	for i, id := range order {
+		seq, err := strconv.Atoi(strings.TrimPrefix(id, "line-"))
+		require.NoError(t, err)
+		require.InDelta(t, i, seq, n, "%s launched %d places from its place in line: %v", id, i-seq, order)
+	}
+	held := m - n
+	dues := len(b.lifecycle(t, contract.Due))
+	t.Logf("order %v; %d dues for %d held; %.0f waits in place", order, dues, held, counter(t, b.svc.metrics.throttleWaits, tr.ID))
+	require.LessOrEqual(t, float64(dues), 1.1*float64(held), "one due per held delivery, not one per window edge: %d dues", dues)
+	var spent int
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM retries
+		WHERE kind = 'event-trigger' AND (state = 'exhausted' OR retry_count > 0)`).Scan(&spent))
+	require.Zero(t, spent, "none exhausted, no retry spent")
 }

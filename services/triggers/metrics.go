@@ -15,6 +15,7 @@ type metrics struct {
 	launched           *prometheus.CounterVec
 	filtered           *prometheus.CounterVec
 	throttled          *prometheus.CounterVec
+	throttleWaits      *prometheus.CounterVec
 	concurrencyLimited *prometheus.CounterVec
 	retried            *prometheus.CounterVec
 	retrySucceeded     *prometheus.CounterVec
@@ -36,6 +37,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		launched:           counter("launched_total", "Deliveries that launched a run (first attempt or retry).", "trigger_id"),
 		filtered:           counter("filtered_total", "Deliveries the predicate filtered out, by reason (predicate_false, predicate_error, throttle_key_error).", "trigger_id", "reason"),
 		throttled:          counter("throttled_total", "Delivery attempts held back by the trigger's throttle and queued for a retry.", "trigger_id"),
+		throttleWaits:      counter("throttle_waits_total", "Due events of throttled deliveries handed back to wait a moment in place, at the head of the line, for the window's room (not a new hold).", "trigger_id"),
 		concurrencyLimited: counter("concurrency_limited_total", "Delivery attempts held back by max concurrency and queued for a retry.", "trigger_id"),
 		retried:            counter("retried_total", "Retry attempts of held deliveries (due events handled).", "trigger_id"),
 		retrySucceeded:     counter("retry_succeeded_total", "Held deliveries that launched on a retry.", "trigger_id"),
@@ -49,7 +51,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		reconciled: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "retryd", Subsystem: "triggers", Name: "reconciled_total",
 			Help: "Failed events published again for held deliveries the scheduler never confirmed."}),
 	}
-	for _, c := range []prometheus.Collector{m.launched, m.filtered, m.throttled, m.concurrencyLimited, m.retried,
+	for _, c := range []prometheus.Collector{m.launched, m.filtered, m.throttled, m.throttleWaits, m.concurrencyLimited, m.retried,
 		m.retrySucceeded, m.exhausted, m.cancelled, m.runsFinished, m.heartbeats, m.malformed, m.duplicates, m.errors, m.reconciled} {
 		if err := reg.Register(c); err != nil {
 			return nil, err

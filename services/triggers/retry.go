@@ -5,12 +5,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/retryd/retryd/pkg/contract"
+	"github.com/retryd/retryd/pkg/durable"
 	"github.com/retryd/retryd/projections/inbox"
 	"github.com/retryd/retryd/projections/outbox"
 	"github.com/retryd/retryd/projections/pgtext"
@@ -20,6 +22,14 @@ import (
 // errSkipDue rolls back a due's transaction that must change nothing and
 // must not be remembered as applied.
 var errSkipDue = errors.New("due for a resolved delivery")
+
+// throttleWait rolls a due back: its delivery waits in place, at the head
+// of the throttle line, until the window has room.
+type throttleWait struct{ until, now time.Time }
+
+func (w *throttleWait) Error() string {
+	return "throttle window full until " + w.until.Format(time.RFC3339Nano)
+}
 
 // msgID is the message's Nats-Msg-Id, or the envelope id that the
 // contract builders set to the same value.
@@ -136,6 +146,10 @@ func (s *Service) handleDue(ctx context.Context, msg jetstream.Msg) error {
 			if dec, err = s.decide(ctx, tx, t, o, d.ID, now, false); err != nil {
 				return err
 			}
+			if !dec.waitUntil.IsZero() {
+				// Rolled back, claim included: the same due comes back.
+				return &throttleWait{until: dec.waitUntil, now: now}
+			}
 			run, msgs, err = settle(&d, t, o, dec, due.Attempt, now)
 		}
 		if err != nil {
@@ -153,6 +167,10 @@ func (s *Service) handleDue(ctx context.Context, msg jetstream.Msg) error {
 		res.delivery = d
 		return s.fail("retry.before-commit")
 	})
+	if w, ok := errors.AsType[*throttleWait](err); ok {
+		s.metrics.throttleWaits.WithLabelValues(first.TriggerID).Inc()
+		return durable.NakAfter(max(w.until.Sub(w.now), time.Millisecond))
+	}
 	if errors.Is(err, errSkipDue) {
 		s.log.Info().Str("delivery_id", due.ID).Int("attempt", due.Attempt).Msg("due for a resolved delivery ignored")
 		s.metrics.duplicates.WithLabelValues(ConsumerRetry).Inc()
