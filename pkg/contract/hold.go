@@ -54,6 +54,11 @@ type HeldData struct {
 	Payload    json.RawMessage   `json:"payload,omitempty"`
 	Checkpoint json.RawMessage   `json:"checkpoint,omitempty"`
 	Metadata   map[string]string `json:"metadata,omitempty"`
+	// MaxRetries, RetryEnabled and TimeoutMS are a held job's overrides,
+	// kept for its next run as a failed event's are.
+	MaxRetries   *int  `json:"max_retries,omitempty"`
+	RetryEnabled *bool `json:"retry_enabled,omitempty"`
+	TimeoutMS    int64 `json:"timeout_ms,omitempty"`
 }
 
 // ReleasedData is published by an owner on retry.<kind>.released.<hold_key>
@@ -115,6 +120,9 @@ func (d HeldData) Validate() error {
 		return fieldErr("data.detail", fmt.Sprintf("is longer than %d bytes", MaxMessageLen))
 	}
 	if err := validateOptionalTokens(d.JobType, d.Source); err != nil {
+		return err
+	}
+	if err := validateOverrides(d.MaxRetries, d.TimeoutMS); err != nil {
 		return err
 	}
 	if err := checkRaw("data.payload", d.Payload); err != nil {

@@ -25,6 +25,21 @@ type JobData struct {
 	Metadata     map[string]string `json:"metadata,omitempty"`
 }
 
+// MaxTimeoutMS is the longest timeout_ms a job may ask for: 24 hours.
+const MaxTimeoutMS = int64(24 * time.Hour / time.Millisecond)
+
+// validateOverrides checks a job's overrides of its policy and timeout,
+// which ride on jobs, failed, held and due events alike.
+func validateOverrides(maxRetries *int, timeoutMS int64) error {
+	if maxRetries != nil && (*maxRetries < 0 || *maxRetries > 1000) {
+		return fieldErr("data.max_retries", fmt.Sprintf("must be between 0 and 1000, got %d", *maxRetries))
+	}
+	if timeoutMS < 0 || timeoutMS > MaxTimeoutMS {
+		return fieldErr("data.timeout_ms", "must be between 0 and 24 hours")
+	}
+	return nil
+}
+
 // JobMsgID is the Nats-Msg-Id of a job message. The first run uses
 // "job:<id>:1"; runs routed from a due event reuse the due's id
 // ("job-retry:<id>:<attempt>") so a due routed twice runs once.
@@ -46,11 +61,8 @@ func (d JobData) Validate() error {
 	if err := ValidateAttempt("data.attempt", d.Attempt); err != nil {
 		return err
 	}
-	if d.MaxRetries != nil && (*d.MaxRetries < 0 || *d.MaxRetries > 1000) {
-		return fieldErr("data.max_retries", fmt.Sprintf("must be between 0 and 1000, got %d", *d.MaxRetries))
-	}
-	if d.TimeoutMS < 0 || d.TimeoutMS > int64(24*time.Hour/time.Millisecond) {
-		return fieldErr("data.timeout_ms", "must be between 0 and 24 hours")
+	if err := validateOverrides(d.MaxRetries, d.TimeoutMS); err != nil {
+		return err
 	}
 	if err := checkRaw("data.payload", d.Payload); err != nil {
 		return err

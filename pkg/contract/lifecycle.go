@@ -31,9 +31,12 @@ type FailedData struct {
 	RetryAfter *RetryAfter `json:"retry_after,omitempty"`
 	JobType    string      `json:"job_type,omitempty"`
 	Source     string      `json:"source,omitempty"`
-	// MaxRetries and RetryEnabled are job-level overrides of the policy.
+	// MaxRetries and RetryEnabled are job-level overrides of the policy;
+	// TimeoutMS is the job's own timeout. The scheduler keeps all three
+	// and sends them back on the due.
 	MaxRetries   *int              `json:"max_retries,omitempty"`
 	RetryEnabled *bool             `json:"retry_enabled,omitempty"`
+	TimeoutMS    int64             `json:"timeout_ms,omitempty"`
 	Payload      json.RawMessage   `json:"payload,omitempty"`
 	Checkpoint   json.RawMessage   `json:"checkpoint,omitempty"`
 	Metadata     map[string]string `json:"metadata,omitempty"`
@@ -131,6 +134,12 @@ type DueData struct {
 	Payload       json.RawMessage   `json:"payload,omitempty"`
 	Checkpoint    json.RawMessage   `json:"checkpoint,omitempty"`
 	Metadata      map[string]string `json:"metadata,omitempty"`
+	// MaxRetries, RetryEnabled and TimeoutMS are the job's overrides, as
+	// its last failed or held event carried them, so the job that runs
+	// again has them (no round trip through metadata).
+	MaxRetries   *int  `json:"max_retries,omitempty"`
+	RetryEnabled *bool `json:"retry_enabled,omitempty"`
+	TimeoutMS    int64 `json:"timeout_ms,omitempty"`
 }
 
 // Values of ExhaustedData.Reason.
@@ -231,8 +240,8 @@ func (d FailedData) Validate() error {
 	if err := validateOptionalTokens(d.JobType, d.Source); err != nil {
 		return err
 	}
-	if d.MaxRetries != nil && (*d.MaxRetries < 0 || *d.MaxRetries > 1000) {
-		return fieldErr("data.max_retries", fmt.Sprintf("must be between 0 and 1000, got %d", *d.MaxRetries))
+	if err := validateOverrides(d.MaxRetries, d.TimeoutMS); err != nil {
+		return err
 	}
 	if err := checkRaw("data.payload", d.Payload); err != nil {
 		return err
@@ -268,6 +277,9 @@ func (d DueData) Validate() error {
 		return err
 	}
 	if err := validateOptionalTokens(d.JobType, d.Source); err != nil {
+		return err
+	}
+	if err := validateOverrides(d.MaxRetries, d.TimeoutMS); err != nil {
 		return err
 	}
 	if err := checkRaw("data.payload", d.Payload); err != nil {

@@ -139,23 +139,26 @@ func AsHold(err error) (*HoldError, bool) {
 }
 
 // heldMsg is the held event of an attempt whose handler returned h. It
-// carries what a failure would (payload, checkpoint, metadata with the
+// carries what a failure would (payload, checkpoint, metadata and the
 // job's overrides), since the scheduler hands them back on the due event.
 func (w *Worker) heldMsg(d contract.JobData, checkpoint json.RawMessage, h *HoldError, log *slog.Logger) (*outcomeMsg, error) {
 	now := w.cfg.Now()
 	until := now.Add(h.After).UTC()
 	hd := contract.HeldData{
-		Kind:       contract.KindJob,
-		ID:         d.ID,
-		Attempt:    d.Attempt,
-		Reason:     h.reason(),
-		Until:      &until,
-		HoldKey:    h.Key,
-		Detail:     reportable(h.Detail),
-		JobType:    d.JobType,
-		Payload:    d.Payload,
-		Checkpoint: checkpoint,
-		Metadata:   withOverrides(d),
+		Kind:         contract.KindJob,
+		ID:           d.ID,
+		Attempt:      d.Attempt,
+		Reason:       h.reason(),
+		Until:        &until,
+		HoldKey:      h.Key,
+		Detail:       reportable(h.Detail),
+		JobType:      d.JobType,
+		Payload:      d.Payload,
+		Checkpoint:   checkpoint,
+		Metadata:     d.Metadata,
+		MaxRetries:   d.MaxRetries,
+		RetryEnabled: d.RetryEnabled,
+		TimeoutMS:    d.TimeoutMS,
 	}
 	msg, err := contract.NewLifecycleMsg(w.cfg.Source, contract.Held, hd, now)
 	if errors.Is(err, contract.ErrTooLarge) && len(checkpoint) > 0 {

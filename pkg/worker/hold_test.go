@@ -66,9 +66,10 @@ func TestHoldPublishesHeldNotFailed(t *testing.T) {
 	require.Equal(t, "sync_tenant", h.JobType)
 	require.JSONEq(t, `{"tenant":"t1"}`, string(h.Payload))
 	require.JSONEq(t, `{"step":"fetch"}`, string(h.Checkpoint))
-	require.Equal(t, map[string]string{
-		"tenant": "t1", worker.MetaMaxRetries: "3", worker.MetaRetryEnabled: "true", worker.MetaTimeoutMS: "60000",
-	}, h.Metadata, "the overrides come back on the due, as after a failure")
+	require.Equal(t, map[string]string{"tenant": "t1"}, h.Metadata)
+	require.Equal(t, 3, *h.MaxRetries, "the overrides come back on the due, as after a failure")
+	require.True(t, *h.RetryEnabled)
+	require.EqualValues(t, 60_000, h.TimeoutMS)
 	b.settled(t, contract.StreamJobs, worker.ConsumerName("sync_tenant"))
 	b.noOutcome(t)
 	require.Equal(t, 1.0, metric(t, b.reg, "retryd_worker_attempts_total", "sync_tenant", "held"))

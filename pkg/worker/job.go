@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
+	"time"
 
 	"github.com/retryd/retryd/pkg/contract"
 )
@@ -37,6 +38,9 @@ type Job struct {
 	// retry policy, when the job was enqueued with them.
 	MaxRetries   *int
 	RetryEnabled *bool
+	// Timeout is the job's own timeout (its timeout_ms), zero when it runs
+	// under the worker's timeout for its type. ctx ends when it passes.
+	Timeout time.Duration
 
 	mu sync.Mutex
 }
@@ -51,6 +55,7 @@ func newJob(d contract.JobData) *Job {
 		Metadata:     d.Metadata,
 		MaxRetries:   d.MaxRetries,
 		RetryEnabled: d.RetryEnabled,
+		Timeout:      time.Duration(d.TimeoutMS) * time.Millisecond,
 	}
 }
 

@@ -15,10 +15,13 @@ import (
 	"github.com/retryd/retryd/pkg/errclass"
 )
 
-// Reserved metadata keys. The worker copies a job's overrides into the
-// metadata of its failure so that they come back on the due event (which
-// has no fields for them) and the due router restores them on the retried
-// job.
+// Reserved metadata keys that carried a job's overrides through its
+// failure and back on the due event before due events had fields for them.
+//
+// Deprecated: the worker sends the overrides as fields of the failed and
+// held events, and the scheduler gives them back as fields of the due. The
+// due router still reads these keys from dues that a scheduler older than
+// that emitted; they will go in a later release.
 const (
 	MetaMaxRetries   = "retryd.max_retries"
 	MetaRetryEnabled = "retryd.retry_enabled"
@@ -110,9 +113,10 @@ func (w *Worker) failedMsg(d contract.JobData, checkpoint json.RawMessage, res a
 		JobType:      d.JobType,
 		MaxRetries:   d.MaxRetries,
 		RetryEnabled: d.RetryEnabled,
+		TimeoutMS:    d.TimeoutMS,
 		Payload:      d.Payload,
 		Checkpoint:   checkpoint,
-		Metadata:     withOverrides(d),
+		Metadata:     d.Metadata,
 	}
 	msg, err := contract.NewLifecycleMsg(w.cfg.Source, contract.Failed, fd, w.cfg.Now())
 	if errors.Is(err, contract.ErrTooLarge) && len(checkpoint) > 0 {
@@ -128,37 +132,9 @@ func (w *Worker) failedMsg(d contract.JobData, checkpoint json.RawMessage, res a
 	return &outcomeMsg{msg: msg, event: string(contract.Failed), class: string(f.class)}, nil
 }
 
-// withOverrides returns the job's metadata plus its overrides under the
-// reserved keys, leaving the metadata alone when there is no room.
-func withOverrides(d contract.JobData) map[string]string {
-	extra := map[string]string{}
-	if d.MaxRetries != nil {
-		extra[MetaMaxRetries] = strconv.Itoa(*d.MaxRetries)
-	}
-	if d.RetryEnabled != nil {
-		extra[MetaRetryEnabled] = strconv.FormatBool(*d.RetryEnabled)
-	}
-	if d.TimeoutMS > 0 {
-		extra[MetaTimeoutMS] = strconv.FormatInt(d.TimeoutMS, 10)
-	}
-	if len(extra) == 0 {
-		return d.Metadata
-	}
-	md := make(map[string]string, len(d.Metadata)+len(extra))
-	for k, v := range d.Metadata {
-		md[k] = v
-	}
-	for k, v := range extra {
-		md[k] = v
-	}
-	if len(md) > 32 {
-		return d.Metadata
-	}
-	return md
-}
-
-// restoreOverrides moves the reserved metadata keys of a due event back
-// into the job's fields. Values that do not parse are dropped.
+// restoreOverrides moves the reserved metadata keys of a due event that
+// an older scheduler emitted back into the job's fields, where the due did
+// not set them. Values that do not parse are dropped.
 func restoreOverrides(d *contract.JobData) {
 	if len(d.Metadata) == 0 {
 		return
@@ -167,15 +143,15 @@ func restoreOverrides(d *contract.JobData) {
 	for k, v := range d.Metadata {
 		switch k {
 		case MetaMaxRetries:
-			if n, err := strconv.Atoi(v); err == nil && n >= 0 && n <= 1000 {
+			if n, err := strconv.Atoi(v); err == nil && n >= 0 && n <= 1000 && d.MaxRetries == nil {
 				d.MaxRetries = &n
 			}
 		case MetaRetryEnabled:
-			if b, err := strconv.ParseBool(v); err == nil {
+			if b, err := strconv.ParseBool(v); err == nil && d.RetryEnabled == nil {
 				d.RetryEnabled = &b
 			}
 		case MetaTimeoutMS:
-			if n, err := strconv.ParseInt(v, 10, 64); err == nil && n > 0 && n <= int64(24*time.Hour/time.Millisecond) {
+			if n, err := strconv.ParseInt(v, 10, 64); err == nil && n > 0 && n <= contract.MaxTimeoutMS && d.TimeoutMS == 0 {
 				d.TimeoutMS = n
 			}
 		default:

@@ -78,12 +78,15 @@ func dueToJob(msg jetstream.Msg) (contract.JobData, error) {
 		return contract.JobData{}, &contract.FieldError{Field: contract.HeaderMsgID, Reason: fmt.Sprintf("%q does not match the due's id and attempt", id), Err: contract.ErrInvalid}
 	}
 	data := contract.JobData{
-		ID:         d.ID,
-		JobType:    d.JobType,
-		Attempt:    d.Attempt,
-		Payload:    d.Payload,
-		Checkpoint: d.Checkpoint,
-		Metadata:   d.Metadata,
+		ID:           d.ID,
+		JobType:      d.JobType,
+		Attempt:      d.Attempt,
+		Payload:      d.Payload,
+		Checkpoint:   d.Checkpoint,
+		Metadata:     d.Metadata,
+		MaxRetries:   d.MaxRetries,
+		RetryEnabled: d.RetryEnabled,
+		TimeoutMS:    d.TimeoutMS,
 	}
 	restoreOverrides(&data)
 	if err := data.Validate(); err != nil {

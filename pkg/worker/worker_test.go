@@ -237,9 +237,8 @@ func TestFailedCarriesPayloadCheckpointAndOverrides(t *testing.T) {
 	require.JSONEq(t, `{"step":"fetch","rows":10}`, string(f.Checkpoint))
 	require.Equal(t, 7, *f.MaxRetries)
 	require.True(t, *f.RetryEnabled)
-	require.Equal(t, map[string]string{
-		"tenant": "t1", worker.MetaMaxRetries: "7", worker.MetaRetryEnabled: "true", worker.MetaTimeoutMS: "60000",
-	}, f.Metadata)
+	require.EqualValues(t, 60_000, f.TimeoutMS)
+	require.Equal(t, map[string]string{"tenant": "t1"}, f.Metadata, "the overrides are fields, not metadata")
 	require.Equal(t, contract.LifecycleMsgID(contract.KindJob, contract.Failed, id, 1), ev.Envelope.ID)
 	b.settled(t, contract.StreamJobs, "worker-enrich")
 }
@@ -285,7 +284,7 @@ func TestDueIsRoutedAndResumesFromCheckpoint(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, ok)
 	require.Equal(t, "two", cp.Step)
-	require.Equal(t, 2, *job.MaxRetries)
+	require.Equal(t, 2, *job.MaxRetries, "a due from an older scheduler: the override in metadata")
 	require.Nil(t, job.RetryEnabled, "an override that does not parse is dropped")
 	require.Equal(t, map[string]string{"tenant": "t1"}, job.Metadata)
 
@@ -306,6 +305,37 @@ func TestDueIsRoutedAndResumesFromCheckpoint(t *testing.T) {
 	require.True(t, ack.Duplicate)
 	b.settled(t, contract.StreamRetries, worker.DueRouterDurable)
 	require.Equal(t, 1.0, metric(t, b.reg, "retryd_worker_routed_total"))
+}
+
+// A due carries the job's overrides as fields; a stray reserved metadata
+// key (what dues of older schedulers carried) does not override them.
+func TestDueWithOverrideFieldsIsRouted(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	jobs := make(chan *worker.Job, 1)
+	b.newWorker(t, worker.Config{}, map[string]worker.Handler{
+		"steps": func(_ context.Context, job *worker.Job) error {
+			jobs <- job
+			return nil
+		},
+	})
+	var job *worker.Job
+	maxRetries, disabled := 4, false
+	publishDue(t, b.js, contract.DueData{
+		Kind: contract.KindJob, ID: "job-2", Attempt: 2, NextAttemptAt: time.Now(), JobType: "steps",
+		MaxRetries: &maxRetries, RetryEnabled: &disabled, TimeoutMS: 2500,
+		Metadata: map[string]string{"tenant": "t2", worker.MetaMaxRetries: "9"},
+	})
+	select {
+	case job = <-jobs:
+	case <-time.After(wait):
+		t.Fatal("routed job never ran")
+	}
+	require.Equal(t, "job-2", job.ID)
+	require.Equal(t, 4, *job.MaxRetries)
+	require.False(t, *job.RetryEnabled)
+	require.Equal(t, 2500*time.Millisecond, job.Timeout)
+	require.Equal(t, map[string]string{"tenant": "t2"}, job.Metadata)
 }
 
 func TestMalformedMessagesAreTerminated(t *testing.T) {

@@ -62,28 +62,31 @@ type Retry struct {
 	RetryCount int `json:"retry_count"`
 	// BudgetBase is raised by a manual retry that resets the budget, so
 	// attempts keep growing (and due ids stay unique).
-	BudgetBase         int               `json:"budget_base"`
-	MaxRetries         int               `json:"max_retries"`
-	RetryEnabled       bool              `json:"retry_enabled"`
-	MaxRetriesOverride *int              `json:"max_retries_override,omitempty"`
-	JobType            string            `json:"job_type,omitempty"`
-	Source             string            `json:"source,omitempty"`
-	PolicyName         string            `json:"policy_name"`
-	PolicyVersion      int               `json:"policy_version"`
-	NextAttemptAt      *time.Time        `json:"next_attempt_at,omitempty"`
-	DueAt              *time.Time        `json:"due_at,omitempty"`
-	DueEmissions       int               `json:"due_emissions"`
-	LastErrorClass     string            `json:"last_error_class,omitempty"`
-	LastErrorMessage   string            `json:"last_error_message,omitempty"`
-	LastErrorAt        *time.Time        `json:"last_error_at,omitempty"`
-	LastReason         string            `json:"last_reason,omitempty"`
-	ExhaustedReason    string            `json:"exhausted_reason,omitempty"`
-	Payload            json.RawMessage   `json:"payload,omitempty"`
-	Checkpoint         json.RawMessage   `json:"checkpoint,omitempty"`
-	Metadata           map[string]string `json:"metadata,omitempty"`
-	CreatedAt          time.Time         `json:"created_at"`
-	UpdatedAt          time.Time         `json:"updated_at"`
-	ResolvedAt         *time.Time        `json:"resolved_at,omitempty"`
+	BudgetBase         int  `json:"budget_base"`
+	MaxRetries         int  `json:"max_retries"`
+	RetryEnabled       bool `json:"retry_enabled"`
+	MaxRetriesOverride *int `json:"max_retries_override,omitempty"`
+	// TimeoutMS is the job's own timeout (migration 00104), given back on
+	// its due with MaxRetriesOverride and RetryEnabled.
+	TimeoutMS        *int64            `json:"timeout_ms,omitempty"`
+	JobType          string            `json:"job_type,omitempty"`
+	Source           string            `json:"source,omitempty"`
+	PolicyName       string            `json:"policy_name"`
+	PolicyVersion    int               `json:"policy_version"`
+	NextAttemptAt    *time.Time        `json:"next_attempt_at,omitempty"`
+	DueAt            *time.Time        `json:"due_at,omitempty"`
+	DueEmissions     int               `json:"due_emissions"`
+	LastErrorClass   string            `json:"last_error_class,omitempty"`
+	LastErrorMessage string            `json:"last_error_message,omitempty"`
+	LastErrorAt      *time.Time        `json:"last_error_at,omitempty"`
+	LastReason       string            `json:"last_reason,omitempty"`
+	ExhaustedReason  string            `json:"exhausted_reason,omitempty"`
+	Payload          json.RawMessage   `json:"payload,omitempty"`
+	Checkpoint       json.RawMessage   `json:"checkpoint,omitempty"`
+	Metadata         map[string]string `json:"metadata,omitempty"`
+	CreatedAt        time.Time         `json:"created_at"`
+	UpdatedAt        time.Time         `json:"updated_at"`
+	ResolvedAt       *time.Time        `json:"resolved_at,omitempty"`
 	// TraceContext is the W3C traceparent of the decision that scheduled
 	// the attempt; the due event continues its trace. Empty without
 	// tracing.
@@ -109,7 +112,7 @@ const retryColumns = `kind, item_id, state, attempt, retry_count, budget_base, m
 	retry_enabled, max_retries_override, job_type, source, policy_name, policy_version,
 	next_attempt_at, due_at, due_emissions, last_error_class, last_error_message, last_error_at,
 	last_reason, exhausted_reason, payload, checkpoint, metadata, created_at, updated_at, resolved_at,
-	trace_context, held_since, hold_reason, hold_key`
+	trace_context, held_since, hold_reason, hold_key, timeout_ms`
 
 func scanRetry(row pgx.Row, extra ...any) (Retry, error) {
 	var r Retry
@@ -120,7 +123,7 @@ func scanRetry(row pgx.Row, extra ...any) (Retry, error) {
 		&r.RetryEnabled, &r.MaxRetriesOverride, &r.JobType, &r.Source, &r.PolicyName, &r.PolicyVersion,
 		&r.NextAttemptAt, &r.DueAt, &r.DueEmissions, &r.LastErrorClass, &r.LastErrorMessage, &r.LastErrorAt,
 		&r.LastReason, &r.ExhaustedReason, (*[]byte)(&r.Payload), (*[]byte)(&r.Checkpoint), &metadata,
-		&r.CreatedAt, &r.UpdatedAt, &r.ResolvedAt, &r.TraceContext, &r.HeldSince, &r.HoldReason, &r.HoldKey,
+		&r.CreatedAt, &r.UpdatedAt, &r.ResolvedAt, &r.TraceContext, &r.HeldSince, &r.HoldReason, &r.HoldKey, &r.TimeoutMS,
 	}
 	if err := row.Scan(append(dest, extra...)...); err != nil {
 		return Retry{}, err
@@ -217,9 +220,9 @@ INSERT INTO retries (kind, item_id, state, attempt, retry_count, budget_base, ma
 	retry_enabled, max_retries_override, job_type, source, policy_name, policy_version,
 	next_attempt_at, due_at, due_emissions, last_error_class, last_error_message, last_error_at,
 	last_reason, exhausted_reason, payload, checkpoint, metadata, resolved_at, trace_context,
-	held_since, hold_reason, hold_key)
+	held_since, hold_reason, hold_key, timeout_ms)
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19,
-	$20, $21, $22, $23, $24, $25, $26, $27, $28, $29)
+	$20, $21, $22, $23, $24, $25, $26, $27, $28, $29, $30)
 ON CONFLICT (kind, item_id) DO UPDATE SET
 	state = EXCLUDED.state, attempt = EXCLUDED.attempt, retry_count = EXCLUDED.retry_count,
 	budget_base = EXCLUDED.budget_base, max_retries = EXCLUDED.max_retries,
@@ -233,7 +236,7 @@ ON CONFLICT (kind, item_id) DO UPDATE SET
 	checkpoint = EXCLUDED.checkpoint, metadata = EXCLUDED.metadata,
 	resolved_at = EXCLUDED.resolved_at, trace_context = EXCLUDED.trace_context,
 	held_since = EXCLUDED.held_since, hold_reason = EXCLUDED.hold_reason, hold_key = EXCLUDED.hold_key,
-	updated_at = now()
+	timeout_ms = EXCLUDED.timeout_ms, updated_at = now()
 RETURNING ` + retryColumns
 
 func saveArgs(r Retry) ([]any, error) {
@@ -252,7 +255,7 @@ func saveArgs(r Retry) ([]any, error) {
 		r.RetryEnabled, r.MaxRetriesOverride, r.JobType, r.Source, r.PolicyName, r.PolicyVersion,
 		r.NextAttemptAt, r.DueAt, r.DueEmissions, r.LastErrorClass, r.LastErrorMessage, r.LastErrorAt,
 		r.LastReason, r.ExhaustedReason, rawOrNil(r.Payload), rawOrNil(r.Checkpoint), mdJSON, r.ResolvedAt, r.TraceContext,
-		r.HeldSince, r.HoldReason, r.HoldKey}, nil
+		r.HeldSince, r.HoldReason, r.HoldKey, r.TimeoutMS}, nil
 }
 
 // GetManyForUpdate reads and locks the rows of keys, in key order (the

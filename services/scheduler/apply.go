@@ -79,6 +79,21 @@ func acceptsFailure(row *retrystore.Retry, attempt int) bool {
 	return row == nil || (pending(row) && row.Attempt == attempt)
 }
 
+// keepOverrides copies a job's overrides, as a failed or held event
+// carries them, into the row: its due gives them back.
+func keepOverrides(r *retrystore.Retry, maxRetries *int, retryEnabled *bool, timeoutMS int64) {
+	if maxRetries != nil {
+		v := *maxRetries
+		r.MaxRetriesOverride = &v
+	}
+	if retryEnabled != nil {
+		r.RetryEnabled = *retryEnabled
+	}
+	if timeoutMS > 0 {
+		r.TimeoutMS = &timeoutMS
+	}
+}
+
 // recordFailure copies a failure into the row and returns the failed
 // history entry. The row is left awaiting its decision.
 func recordFailure(row *retrystore.Retry, f fact, class string) (retrystore.Retry, retrystore.HistoryEntry) {
@@ -93,13 +108,7 @@ func recordFailure(row *retrystore.Retry, f fact, class string) (retrystore.Retr
 	if fd.Source != "" {
 		r.Source = fd.Source
 	}
-	if fd.MaxRetries != nil {
-		v := *fd.MaxRetries
-		r.MaxRetriesOverride = &v
-	}
-	if fd.RetryEnabled != nil {
-		r.RetryEnabled = *fd.RetryEnabled
-	}
+	keepOverrides(&r, fd.MaxRetries, fd.RetryEnabled, fd.TimeoutMS)
 	if len(fd.Payload) > 0 {
 		r.Payload = fd.Payload
 	}

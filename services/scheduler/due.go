@@ -363,10 +363,18 @@ func (s *Scheduler) publishDue(ctx context.Context, items []*dueItem, now, selec
 		if r.NextAttemptAt != nil {
 			next = *r.NextAttemptAt
 		}
-		msg, err := contract.NewLifecycleMsg(source, contract.Due, &contract.DueData{
+		dd := &contract.DueData{
 			Kind: r.Kind, ID: r.ItemID, Attempt: r.Attempt, NextAttemptAt: next,
 			JobType: r.JobType, Source: r.Source, Payload: r.Payload, Checkpoint: r.Checkpoint, Metadata: r.Metadata,
-		}, now)
+			MaxRetries: r.MaxRetriesOverride,
+		}
+		if !r.RetryEnabled {
+			dd.RetryEnabled = &r.RetryEnabled
+		}
+		if r.TimeoutMS != nil {
+			dd.TimeoutMS = *r.TimeoutMS
+		}
+		msg, err := contract.NewLifecycleMsg(source, contract.Due, dd, now)
 		if err != nil {
 			it.buildErr = err
 			s.metrics.errors.WithLabelValues("due").Inc()
