@@ -451,3 +451,56 @@ func TestKeptEventsLiveWhileADeliveryNeedsThem(t *testing.T) {
 	_, err = triggerstore.GetEvent(b.ctx, b.pool, "e-held")
 	require.NoError(t, err)
 }
+
+// The throttle line: launches in the window and slots given out form one
+// sequence; the next slot is when the limit-th latest of them leaves the
+// window, after the last slot, never before now.
+func TestThrottleSlotLine(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	now := time.Now().UTC().Truncate(time.Millisecond)
+	const window, limit = 10 * time.Second, 2
+	hold := func(id string, slot time.Time) {
+		t.Helper()
+		d := delivery(id, "ev-"+id, triggerstore.StatusThrottled)
+		d.ThrottleKey, d.NextAttemptAt = "k", &slot
+		_, err := triggerstore.InsertDelivery(b.ctx, b.pool, d)
+		require.NoError(t, err)
+	}
+	slot, waiting, err := triggerstore.ThrottleSlot(b.ctx, b.pool, "t1", "k", now, window, limit, "new")
+	require.NoError(t, err)
+	require.False(t, waiting)
+	require.True(t, slot.Equal(now), "nothing in the window: now, got %s", slot)
+
+	launch(t, b, "L1", "k", now.Add(-4*time.Second))
+	launch(t, b, "L2", "k", now.Add(-1*time.Second))
+	slot, waiting, err = triggerstore.ThrottleSlot(b.ctx, b.pool, "t1", "k", now, window, limit, "new")
+	require.NoError(t, err)
+	require.False(t, waiting)
+	require.True(t, slot.Equal(now.Add(6*time.Second)), "L1 leaves the window first: got %s", slot)
+
+	hold("H1", now.Add(6*time.Second))
+	slot, waiting, err = triggerstore.ThrottleSlot(b.ctx, b.pool, "t1", "k", now, window, limit, "new")
+	require.NoError(t, err)
+	require.True(t, waiting, "H1 waits in line")
+	require.True(t, slot.Equal(now.Add(9*time.Second)), "then L2 leaves it: got %s", slot)
+
+	hold("H2", now.Add(9*time.Second))
+	slot, _, err = triggerstore.ThrottleSlot(b.ctx, b.pool, "t1", "k", now, window, limit, "new")
+	require.NoError(t, err)
+	require.True(t, slot.Equal(now.Add(16*time.Second)), "then H1's own launch, a window after its slot: got %s", slot)
+
+	slot, _, err = triggerstore.ThrottleSlot(b.ctx, b.pool, "t1", "k", now, window, limit, "H2")
+	require.NoError(t, err)
+	require.True(t, slot.Equal(now.Add(9*time.Second)), "H2 deciding again is not behind itself: got %s", slot)
+
+	hold("H3", now.Add(16*time.Second))
+	hold("H4", now.Add(16*time.Second))
+	slot, _, err = triggerstore.ThrottleSlot(b.ctx, b.pool, "t1", "k", now, window, 5, "new")
+	require.NoError(t, err)
+	require.True(t, slot.Equal(now.Add(16*time.Second+time.Microsecond)), "strictly after the last slot: got %s", slot)
+
+	n, err := triggerstore.ThrottleHoldersAhead(b.ctx, b.pool, "t1", "k", "H2", now.Add(-time.Minute), now.Add(20*time.Second))
+	require.NoError(t, err)
+	require.Equal(t, 1, n, "H1 is ahead of H2")
+}
