@@ -77,7 +77,8 @@ func LogReason(err error) string {
 	last := 0
 	for _, m := range quoted.FindAllStringIndex(text, -1) {
 		b.WriteString(text[last:m[0]])
-		if strings.HasSuffix(text[:m[0]], "field ") && knownField(text[m[0]:m[1]]) {
+		// "unknown field" names a key of the input: redacted like a value.
+		if strings.HasSuffix(text[:m[0]], "field ") && !strings.HasSuffix(text[:m[0]], "unknown field ") && knownField(text[m[0]:m[1]]) {
 			b.WriteString(text[m[0]:m[1]])
 		} else {
 			b.WriteString(`"…"`)

@@ -27,6 +27,8 @@ func TestLogReasonNamesTheFieldNeverTheValue(t *testing.T) {
 			`field "attempt" must be an integer, got number`, "1.2345"},
 		{"kind and id differ from the subject", "retry.event.failed.e1", `{"kind":"event","id":"pa55word","attempt":1}`,
 			`does not match subject`, "pa55word"},
+		{"an unknown field's name comes from the input", "retry.event.failed.e1", `{"kind":"event","id":"e1","attempt":1,"sk_live_abc123":1}`,
+			`unknown field "…"`, "sk_live_abc123"},
 	}
 	for _, tc := range cases {
 		_, err := contract.DecodeLifecycle(tc.subject, envelope(tc.data))

@@ -364,17 +364,25 @@ func (r *Relay) publish(ctx context.Context, batch []row) (acked []int64, dups i
 		failedErrs = append(failedErrs, err)
 	}
 	futures := make([]jetstream.PubAckFuture, len(batch))
+	// One deadline for the batch: past the connection's cap on outstanding
+	// publishes a publish waits for PubAcks instead of failing, and once
+	// one gives up the rest of the batch waits for the next pass.
+	deadline := time.Now().Add(r.cfg.AckTimeout)
+	stalled := false
 	for i, x := range batch {
+		if stalled {
+			fail(x, jetstream.ErrTooManyStalledMsgs)
+			continue
+		}
 		msg := &nats.Msg{Subject: x.subject, Data: x.payload}
 		if err := json.Unmarshal(x.headers, &msg.Header); err != nil {
 			fail(x, fmt.Errorf("decode stored headers: %w", err))
 			continue
 		}
-		// Past the connection's cap on outstanding publishes, wait for
-		// PubAcks instead of failing the rest of the batch.
-		f, err := r.cfg.JS.PublishMsgAsync(msg, jetstream.WithStallWait(r.cfg.AckTimeout))
+		f, err := r.cfg.JS.PublishMsgAsync(msg, jetstream.WithStallWait(max(time.Until(deadline), time.Millisecond)))
 		if err != nil {
 			fail(x, err)
+			stalled = errors.Is(err, jetstream.ErrTooManyStalledMsgs)
 			continue
 		}
 		futures[i] = f

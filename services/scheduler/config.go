@@ -70,8 +70,10 @@ type Config struct {
 	MaxAckPending int
 	// AckWait is how long JetStream waits for an ack before redelivering:
 	// a killed instance's facts are decided by another one after it.
-	// Facts an instance is still working on are kept by in-progress acks
-	// every AckWait/3, so a slow batch is not redelivered.
+	// Facts an instance was handed are kept by in-progress acks every
+	// AckWait/4, so a slow batch is not redelivered; facts still in the
+	// client's pull buffer during a stall longer than AckWait can be (the
+	// inbox makes each copy a duplicate).
 	AckWait time.Duration
 	// MaxIdle caps the due loop's sleep, which otherwise lasts until the
 	// earliest next_attempt_at. It bounds how late a retry scheduled by

@@ -357,7 +357,17 @@ func (s *Scheduler) emitDue(ctx context.Context, b *burst) (int, error) {
 // in the order it was given, so the stream stores the batches in turn
 // while their fsyncs and acks overlap.
 func (s *Scheduler) publishDue(ctx context.Context, items []*dueItem, now, selected time.Time, order *turn) {
+	// One deadline for the whole batch: past the connection's cap on
+	// outstanding publishes a publish waits for PubAcks (a server that
+	// fsyncs every write sets the pace), but the claim's row locks are
+	// held meanwhile, so the batch as a whole waits at most publishTimeout.
+	// Rows not handed over stay scheduled for the next pass.
+	deadline := time.Now().Add(publishTimeout)
+	stalled := false
 	for _, it := range items {
+		if stalled {
+			continue
+		}
 		r := it.row.Retry
 		var next time.Time
 		if r.NextAttemptAt != nil {
@@ -386,13 +396,11 @@ func (s *Scheduler) publishDue(ctx context.Context, items []*dueItem, now, selec
 		_, it.span = tracing.StartPublish(tracing.WithTraceparent(ctx, r.TraceContext), msg, attribute.String("retryd.kind", r.Kind),
 			attribute.String("retryd.id", r.ItemID), attribute.Int("retryd.attempt", r.Attempt), attribute.Bool("retryd.redue", it.redue))
 		it.late = it.row.Lateness + time.Since(selected)
-		// Past the connection's cap on outstanding publishes, wait for
-		// PubAcks instead of failing: a server that fsyncs every write
-		// sets the pace.
-		it.ack, err = s.cfg.JS.PublishMsgAsync(msg, jetstream.WithStallWait(publishTimeout))
+		it.ack, err = s.cfg.JS.PublishMsgAsync(msg, jetstream.WithStallWait(max(time.Until(deadline), time.Millisecond)))
 		if err != nil {
 			s.log.Warn().Err(err).Str("kind", r.Kind).Str("id", r.ItemID).Msg("publish due event")
 			it.ack = nil
+			stalled = errors.Is(err, jetstream.ErrTooManyStalledMsgs)
 		}
 	}
 	order.end(ctx)

@@ -12,9 +12,11 @@ import (
 // with. The ack wait is short so that the messages of a killed instance go
 // to another one within seconds; the messages still here are kept from
 // being redelivered meanwhile by an in-progress ack, sent once they have
-// been here a third of the ack wait (a batch waiting on a lock, a slow
+// been here a quarter of the ack wait (a batch waiting on a lock, a slow
 // database). A healthy stage acks within milliseconds, so most messages
-// never need one.
+// never need one. Messages still in the client's pull buffer are not here
+// yet: during a stall longer than the ack wait they can come back, and the
+// inbox makes each copy a duplicate.
 type inHand struct {
 	mu   sync.Mutex
 	msgs map[jetstream.Msg]time.Time
@@ -53,10 +55,13 @@ func (h *inHand) stale(cutoff, now time.Time) []jetstream.Msg {
 	return out
 }
 
-// runProgressLoop sends the in-progress acks of inHand every third of the
-// ack wait.
+// runProgressLoop sends the in-progress acks of inHand every quarter of
+// the ack wait, for each message here for at least that long. The server's
+// clock of a message started when it reached the client's pull buffer, a
+// little before it was handed over here, so a message gets its first
+// in-progress ack at most half the ack wait after it was handed over.
 func (s *Scheduler) runProgressLoop(ctx context.Context) {
-	every := s.cfg.AckWait / 3
+	every := s.cfg.AckWait / 4
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {

@@ -70,7 +70,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}),
 		inProgress: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: "retryd", Subsystem: "scheduler", Name: "in_progress_acks_total",
-			Help: "In-progress acks sent for facts held longer than a third of the ack wait (a slow batch), so that the short ack wait redelivers only a dead instance's facts.",
+			Help: "In-progress acks sent for facts held longer than a quarter of the ack wait (a slow batch), so that the short ack wait redelivers only a dead instance's facts.",
 		}),
 		malformed: counter("malformed_total", "Messages terminated because they could not be decoded.", "consumer"),
 		duplicate: counter("duplicate_total", "Messages already applied (inbox hit), acked without effect.", "consumer"),

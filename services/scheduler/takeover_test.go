@@ -89,10 +89,11 @@ func TestSlowBatchIsNotRedelivered(t *testing.T) {
 			if !slowed.CompareAndSwap(false, true) {
 				return nil
 			}
-			// Hold the first batch until four in-progress acks went out
-			// (at least 4/3 of the ack wait), polling, not sleeping.
+			// Hold the first batch until six in-progress acks went out
+			// (a quarter of the ack wait apart: 1.5 ack waits), polling,
+			// not sleeping.
 			deadline := time.Now().Add(waitFor)
-			for metric(t, inst.Load().reg, "retryd_scheduler_in_progress_acks_total") < 4 {
+			for metric(t, inst.Load().reg, "retryd_scheduler_in_progress_acks_total") < 6 {
 				if time.Now().After(deadline) {
 					return fmt.Errorf("no in-progress acks: %w", errCrash)
 				}
@@ -120,7 +121,7 @@ func TestSlowBatchIsNotRedelivered(t *testing.T) {
 		require.NoError(t, err)
 		return ci.NumAckPending == 0
 	}, waitFor, 10*time.Millisecond)
-	require.GreaterOrEqual(t, metric(t, started.reg, "retryd_scheduler_in_progress_acks_total"), 4.0)
+	require.GreaterOrEqual(t, metric(t, started.reg, "retryd_scheduler_in_progress_acks_total"), 6.0)
 	require.Zero(t, metric(t, started.reg, "retryd_scheduler_duplicate_total", "consumer", "scheduler"),
 		"no fact of the slow batch came back")
 }

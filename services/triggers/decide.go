@@ -203,9 +203,15 @@ func (s *Service) decide(ctx context.Context, tx pgx.Tx, t triggerstore.Trigger,
 const throttleTurnGap = 3 * time.Millisecond
 
 // throttleTurnLate is how long past its slot a held delivery is waited for
-// by the ones behind it. One whose due is later than that (lost with a
-// killed process, or slow) no longer holds the line up.
-const throttleTurnLate = 250 * time.Millisecond
+// by the ones behind it: long enough to cover one waiting in place for
+// room. One whose due is later than that (lost with a killed process, or
+// slow) no longer holds the line up.
+const throttleTurnLate = time.Second
+
+// throttleBehind is the least a holder waits behind holders ahead of it
+// when the window has room: their redeliveries take a few milliseconds,
+// and a shorter wait would only spin on the trigger's lock.
+const throttleBehind = 25 * time.Millisecond
 
 // maxThrottleWait bounds how long a held delivery waits in place for room
 // at its slot; past it, it is held again with a new slot.
@@ -225,8 +231,11 @@ func throttleTurn(ctx context.Context, tx pgx.Tx, t triggerstore.Trigger, key, i
 	if err != nil {
 		return time.Time{}, false, err
 	}
-	if ahead == 0 && !roomAt.After(now) {
-		return time.Time{}, false, nil // its turn, and room: decide now
+	if !roomAt.After(now) {
+		if ahead == 0 {
+			return time.Time{}, false, nil // its turn, and room: decide now
+		}
+		roomAt = now.Add(throttleBehind)
 	}
 	return roomAt.Add(time.Duration(ahead) * throttleTurnGap), true, nil
 }
