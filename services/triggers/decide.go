@@ -141,32 +141,8 @@ func (s *Service) decide(ctx context.Context, tx pgx.Tx, t triggerstore.Trigger,
 				return decision{status: triggerstore.StatusFiltered, reason: ReasonThrottleKeyError}, nil
 			}
 		}
-		at, full, err := triggerstore.NthRecentLaunch(ctx, tx, t.ID, key, now.Add(-t.ThrottleWindow), t.ThrottleLimit, deliveryID)
-		if err != nil {
-			return decision{}, err
-		}
-		if !fresh {
-			roomAt := now
-			if full {
-				roomAt = at.Add(t.ThrottleWindow)
-			}
-			if until, ok, err := throttleTurn(ctx, tx, t, key, deliveryID, roomAt, now); err != nil || ok {
-				return decision{waitUntil: until}, err
-			}
-		}
-		slot, waiting, err := triggerstore.ThrottleSlot(ctx, tx, t.ID, key, now, t.ThrottleWindow, t.ThrottleLimit, deliveryID)
-		if err != nil {
-			return decision{}, err
-		}
-		// A full window holds the delivery; so does a line of held
-		// deliveries for a fresh one, which would otherwise take the room
-		// a held one's slot was given for. Each held delivery gets its own
-		// slot, in arrival order, so the window's edge wakes one, not all.
-		if full || (fresh && waiting) {
-			return decision{status: triggerstore.StatusThrottled, reason: ReasonThrottled, key: key, retryAfter: slot, meta: map[string]any{
-				"reason": ReasonThrottled, "limit": t.ThrottleLimit, "window_ms": t.ThrottleWindow.Milliseconds(),
-				"window_reset": slot.UTC().Format(time.RFC3339Nano), "slot": slot.UTC().Format(time.RFC3339Nano), "trigger_version": t.Version,
-			}}, nil
+		if dec, held, err := throttle(ctx, tx, t, key, deliveryID, now, fresh); err != nil || held {
+			return dec, err
 		}
 	}
 	if t.MaxConcurrency > 0 {
@@ -196,6 +172,40 @@ func (s *Service) decide(ctx context.Context, tx pgx.Tx, t triggerstore.Trigger,
 		launch.launchAt = at
 	}
 	return launch, nil
+}
+
+// throttle applies a trigger's throttle to one delivery: held reports
+// whether dec (a throttle hold, or a wait in place) is the decision. A full
+// window holds the delivery; so does a line of held deliveries for a fresh
+// one, which would otherwise take the room a held one's slot was given
+// for. Each held delivery gets its own slot, in arrival order, so the
+// window's edge wakes one, not all.
+func throttle(ctx context.Context, tx pgx.Tx, t triggerstore.Trigger, key, deliveryID string, now time.Time, fresh bool) (dec decision, held bool, err error) {
+	at, full, err := triggerstore.NthRecentLaunch(ctx, tx, t.ID, key, now.Add(-t.ThrottleWindow), t.ThrottleLimit, deliveryID)
+	if err != nil {
+		return decision{}, false, err
+	}
+	if !fresh {
+		roomAt := now
+		if full {
+			roomAt = at.Add(t.ThrottleWindow)
+		}
+		until, wait, err := throttleTurn(ctx, tx, t, key, deliveryID, roomAt, now)
+		if err != nil || wait {
+			return decision{waitUntil: until}, wait, err
+		}
+		if !full {
+			return decision{}, false, nil // its turn, and room: no need to read the line
+		}
+	}
+	slot, waiting, err := triggerstore.ThrottleSlot(ctx, tx, t.ID, key, now, t.ThrottleWindow, t.ThrottleLimit, deliveryID)
+	if err != nil || !(full || waiting) {
+		return decision{}, false, err
+	}
+	return decision{status: triggerstore.StatusThrottled, reason: ReasonThrottled, key: key, retryAfter: slot, meta: map[string]any{
+		"reason": ReasonThrottled, "limit": t.ThrottleLimit, "window_ms": t.ThrottleWindow.Milliseconds(),
+		"window_reset": slot.UTC().Format(time.RFC3339Nano), "slot": slot.UTC().Format(time.RFC3339Nano), "trigger_version": t.Version,
+	}}, true, nil
 }
 
 // throttleTurnGap spaces the looks of holders waiting for room, by their

@@ -438,3 +438,27 @@ func TestThrottleLineReleasesInArrivalOrderOneDueEach(t *testing.T) {
 		WHERE kind = 'event-trigger' AND (state = 'exhausted' OR retry_count > 0)`).Scan(&spent))
 	require.Zero(t, spent, "none exhausted, no retry spent")
 }
+
+// Every due of a throttle line arrives twice (a copy JetStream's window
+// cannot catch): a copy that comes while its delivery waits in place, or
+// after it launched, launches nothing more, and the window still holds.
+func TestThrottleLineWithDuplicatedDues(t *testing.T) {
+	t.Parallel()
+	b := setup(t, true)
+	b.startScheduler(t)
+	ex := b.startExecutor(t, 10*time.Millisecond)
+	copies := b.duplicate(t, contract.RetryFilter(contract.KindEventTrigger, contract.Due))
+	const n, m, window = 3, 15, 300 * time.Millisecond
+	tr := b.createTrigger(t, TriggerInput{ID: "twice", Name: "twice", Source: "shop", EventType: "order.placed",
+		Throttle: &ThrottleInput{Limit: intp(n), Window: window.String()}, Workflow: "fulfil"})
+	for i := range m {
+		b.publishEvent(t, "shop", "order.placed", fmt.Sprintf("twice-%02d", i), map[string]any{"i": i})
+	}
+	b.requireAllLaunchedOnce(t, tr.ID, m, ex)
+	require.Positive(t, copies.Load(), "dues were duplicated")
+	ds := launches(t, b, tr.ID)
+	for i := n; i < len(ds); i++ {
+		require.GreaterOrEqual(t, ds[i].LaunchedAt.Sub(*ds[i-n].LaunchedAt), window,
+			"launch %d: at most %d in any window of %s", i, n, window)
+	}
+}
