@@ -3,6 +3,7 @@ module github.com/retryd/retryd/bench
 go 1.26.0
 
 require (
+	github.com/retryd/retryd/internal v0.0.0-00010101000000-000000000000
 	github.com/retryd/retryd/migrations v0.0.0-00010101000000-000000000000
 	github.com/retryd/retryd/pkg v0.0.0-00010101000000-000000000000
 	github.com/retryd/retryd/services/scheduler v0.0.0-00010101000000-000000000000
@@ -86,3 +87,5 @@ replace github.com/retryd/retryd/projections => ../projections
 replace github.com/retryd/retryd/services/scheduler => ../services/scheduler
 
 replace github.com/retryd/retryd/services/ingress => ../services/ingress
+
+replace github.com/retryd/retryd/internal => ../internal

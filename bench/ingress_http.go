@@ -17,8 +17,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
+	"github.com/retryd/retryd/internal/streams"
 	"github.com/retryd/retryd/pkg/contract"
-	"github.com/retryd/retryd/pkg/streams"
 	"github.com/retryd/retryd/services/ingress"
 )
 

@@ -15,9 +15,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
+	"github.com/retryd/retryd/internal/streams"
 	"github.com/retryd/retryd/migrations"
 	"github.com/retryd/retryd/pkg/contract"
-	"github.com/retryd/retryd/pkg/streams"
 	"github.com/retryd/retryd/services/scheduler"
 )
 

@@ -2,7 +2,10 @@ module github.com/retryd/retryd/examples
 
 go 1.26.0
 
-require github.com/retryd/retryd/pkg v0.0.0-00010101000000-000000000000
+require (
+	github.com/retryd/retryd/internal v0.0.0-00010101000000-000000000000
+	github.com/retryd/retryd/pkg v0.0.0-00010101000000-000000000000
+)
 
 require (
 	github.com/beorn7/perks v1.0.1 // indirect
@@ -69,3 +72,5 @@ replace github.com/retryd/retryd/projections => ../projections
 replace github.com/retryd/retryd/migrations => ../migrations
 
 replace github.com/retryd/retryd/services/jobs => ../services/jobs
+
+replace github.com/retryd/retryd/internal => ../internal

@@ -18,8 +18,8 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/retryd/retryd/faults/harness"
+	"github.com/retryd/retryd/internal/streams"
 	"github.com/retryd/retryd/migrations"
-	"github.com/retryd/retryd/pkg/streams"
 )
 
 // deployFile is a file of the deploy directory (the module sits at

@@ -5,8 +5,8 @@ import (
 	"time"
 
 	"github.com/retryd/retryd/faults/harness"
+	"github.com/retryd/retryd/internal/streams"
 	"github.com/retryd/retryd/pkg/contract"
-	"github.com/retryd/retryd/pkg/streams"
 )
 
 // Scenario 13: a three-node JetStream cluster with R3 streams; the leader

@@ -20,7 +20,7 @@ import (
 const msgsPerRelease = 6
 
 // dueInFlight is how many dues one ingress instance with
-// RETRYD_INGRESS_CONCURRENCY=1 holds unacknowledged at once (pkg/durable
+// RETRYD_INGRESS_CONCURRENCY=1 holds unacknowledged at once (internal/durable
 // pulls 8 messages ahead per worker). A kill -9 sends those back after the
 // ack wait, behind dues delivered later: they are the reordering a kill of
 // ingress may cause in how the gate hands out slots.

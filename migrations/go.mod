@@ -25,3 +25,5 @@ require (
 )
 
 replace github.com/retryd/retryd/pkg => ../pkg
+
+replace github.com/retryd/retryd/internal => ../internal

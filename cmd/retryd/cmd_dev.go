@@ -17,8 +17,8 @@ import (
 
 	"github.com/retryd/retryd/cmd/retryd/internal/demo"
 	"github.com/retryd/retryd/cmd/retryd/internal/devstack"
+	"github.com/retryd/retryd/internal/dashboard"
 	"github.com/retryd/retryd/migrations/pgcluster"
-	"github.com/retryd/retryd/pkg/dashboard"
 )
 
 // devStopTimeout bounds the graceful stop of `retryd dev`.

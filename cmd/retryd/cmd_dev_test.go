@@ -14,9 +14,9 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/retryd/retryd/internal/dashboard"
+	"github.com/retryd/retryd/internal/serve"
 	"github.com/retryd/retryd/migrations/pgtest"
-	"github.com/retryd/retryd/pkg/dashboard"
-	"github.com/retryd/retryd/pkg/serve"
 	"github.com/retryd/retryd/services/ingress"
 	"github.com/retryd/retryd/services/jobs"
 	"github.com/retryd/retryd/services/scheduler"

@@ -17,8 +17,8 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/spf13/cobra"
 
-	"github.com/retryd/retryd/pkg/dashboard"
-	"github.com/retryd/retryd/pkg/serve"
+	"github.com/retryd/retryd/internal/dashboard"
+	"github.com/retryd/retryd/internal/serve"
 	"github.com/retryd/retryd/services/ingress"
 	"github.com/retryd/retryd/services/jobs"
 	schedulersvc "github.com/retryd/retryd/services/scheduler"

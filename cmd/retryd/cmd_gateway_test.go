@@ -11,9 +11,9 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
 
+	"github.com/retryd/retryd/internal/dashboard"
+	"github.com/retryd/retryd/internal/serve"
 	"github.com/retryd/retryd/pkg/contract"
-	"github.com/retryd/retryd/pkg/dashboard"
-	"github.com/retryd/retryd/pkg/serve"
 )
 
 func TestGateway(t *testing.T) {

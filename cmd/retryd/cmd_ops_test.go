@@ -9,9 +9,9 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/retryd/retryd/internal/streams"
 	"github.com/retryd/retryd/migrations"
 	"github.com/retryd/retryd/migrations/pgtest"
-	"github.com/retryd/retryd/pkg/streams"
 )
 
 func TestSimulate(t *testing.T) {

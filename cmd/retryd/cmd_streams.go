@@ -13,8 +13,8 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/spf13/cobra"
 
-	"github.com/retryd/retryd/pkg/natsconn"
-	"github.com/retryd/retryd/pkg/streams"
+	"github.com/retryd/retryd/internal/natsconn"
+	"github.com/retryd/retryd/internal/streams"
 )
 
 func newStreamsCmd(g *globals) *cobra.Command {

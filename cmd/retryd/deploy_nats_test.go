@@ -21,11 +21,11 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/retryd/retryd/cmd/retryd/internal/devcerts"
+	"github.com/retryd/retryd/internal/natsconn"
+	"github.com/retryd/retryd/internal/streams"
 	"github.com/retryd/retryd/migrations/pgtest"
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/pkg/errclass"
-	"github.com/retryd/retryd/pkg/natsconn"
-	"github.com/retryd/retryd/pkg/streams"
 	"github.com/retryd/retryd/pkg/worker"
 	"github.com/retryd/retryd/projections/retrystore"
 	"github.com/retryd/retryd/services/ingress"

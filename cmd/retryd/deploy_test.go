@@ -15,7 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.yaml.in/yaml/v3"
 
-	"github.com/retryd/retryd/pkg/natsconn"
+	"github.com/retryd/retryd/internal/natsconn"
 )
 
 const deployDir = "../../deploy"
@@ -297,7 +297,7 @@ func checkDeployment(t *testing.T, doc map[string]any, name string, secrets map[
 
 // TestOperationsDocCoversEnvironment keeps docs/operations.md's
 // configuration reference complete: every variable a service binary or
-// pkg/natsconn reads is documented.
+// internal/natsconn reads is documented.
 func TestOperationsDocCoversEnvironment(t *testing.T) {
 	t.Parallel()
 	doc, err := os.ReadFile("../../docs/operations.md")
@@ -306,7 +306,7 @@ func TestOperationsDocCoversEnvironment(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, mains, 3)
 	vars := map[string]bool{}
-	for _, f := range append(mains, "../../pkg/natsconn/natsconn.go", "root.go") {
+	for _, f := range append(mains, "../../internal/natsconn/natsconn.go", "root.go") {
 		src, err := os.ReadFile(f)
 		require.NoError(t, err)
 		for _, m := range regexp.MustCompile(`"((?:RETRYD|NATS|DATABASE)_[A-Z_]+)"`).FindAllStringSubmatch(string(src), -1) {

@@ -8,6 +8,7 @@ require (
 	github.com/nats-io/nats-server/v2 v2.15.2
 	github.com/nats-io/nats.go v1.55.0
 	github.com/prometheus/client_golang v1.25.0
+	github.com/retryd/retryd/internal v0.0.0-00010101000000-000000000000
 	github.com/retryd/retryd/migrations v0.0.0-00010101000000-000000000000
 	github.com/retryd/retryd/pkg v0.0.0-00010101000000-000000000000
 	github.com/retryd/retryd/projections v0.0.0-00010101000000-000000000000
@@ -97,3 +98,5 @@ replace github.com/retryd/retryd/services/triggers => ../../services/triggers
 replace github.com/retryd/retryd/services/scheduler => ../../services/scheduler
 
 replace github.com/retryd/retryd/services/jobs => ../../services/jobs
+
+replace github.com/retryd/retryd/internal => ../../internal

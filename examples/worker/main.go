@@ -30,10 +30,10 @@ import (
 	"github.com/rs/zerolog"
 	slogzerolog "github.com/samber/slog-zerolog/v2"
 
+	"github.com/retryd/retryd/internal/natsconn"
+	"github.com/retryd/retryd/internal/serve"
+	"github.com/retryd/retryd/internal/streams"
 	"github.com/retryd/retryd/pkg/contract"
-	"github.com/retryd/retryd/pkg/natsconn"
-	"github.com/retryd/retryd/pkg/serve"
-	"github.com/retryd/retryd/pkg/streams"
 	"github.com/retryd/retryd/pkg/worker"
 )
 

@@ -9,8 +9,8 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
 
+	"github.com/retryd/retryd/internal/natstest"
 	"github.com/retryd/retryd/pkg/contract"
-	"github.com/retryd/retryd/pkg/natstest"
 )
 
 // The example runs against a server, enqueues its samples and reports

@@ -7,8 +7,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/retryd/retryd/internal/serve"
 	"github.com/retryd/retryd/pkg/contract"
-	"github.com/retryd/retryd/pkg/serve"
 	"github.com/retryd/retryd/services/scheduler"
 )
 

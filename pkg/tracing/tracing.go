@@ -8,7 +8,7 @@
 // propagator), never the SDK or an exporter: the worker SDK imports it,
 // and a program that embeds a worker decides how, or whether, spans are
 // exported. retryd's own binaries install an exporter with
-// pkg/telemetry.Setup. Until something is installed the global no-op
+// internal/telemetry.Setup. Until something is installed the global no-op
 // provider and propagator stay, spans cost nothing and no header is
 // written.
 package tracing

@@ -15,8 +15,8 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/retryd/retryd/pkg/natstest"
-	"github.com/retryd/retryd/pkg/telemetry/telemetrytest"
+	"github.com/retryd/retryd/internal/natstest"
+	"github.com/retryd/retryd/internal/telemetry/telemetrytest"
 	"github.com/retryd/retryd/pkg/tracing"
 )
 

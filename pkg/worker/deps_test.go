@@ -37,8 +37,10 @@ func heavyDependency(path string) string {
 		return "gRPC"
 	case under("github.com/rs/zerolog"):
 		return "zerolog; the SDK logs through log/slog"
-	case under("github.com/retryd/retryd/pkg/natstest"), under("testing"):
+	case under("github.com/retryd/retryd/internal/natstest"), under("testing"):
 		return "test support"
+	case under("github.com/retryd/retryd/internal"):
+		return "a retryd internal package; the SDK module stands alone"
 	}
 	return ""
 }
@@ -78,4 +80,23 @@ func TestSDKDependenciesStayLight(t *testing.T) {
 		}
 	}
 	require.Empty(t, heavy, "the SDK packages must depend on nats.go and the OpenTelemetry API, nothing heavier:\n%s", strings.Join(heavy, "\n"))
+}
+
+// TestPublicPackagesAreTheSDK fails when a package is added to the pkg
+// module without being made supported API (docs/worker-sdk.md, "SDK
+// stability"): plumbing goes under internal/ instead.
+func TestPublicPackagesAreTheSDK(t *testing.T) {
+	t.Parallel()
+	goCmd, err := exec.LookPath("go")
+	require.NoError(t, err, "the check runs go list")
+	out, err := exec.Command(goCmd, "list", "github.com/retryd/retryd/pkg/...").CombinedOutput()
+	require.NoError(t, err, "go list: %s", out)
+	var got []string
+	for line := range strings.Lines(string(out)) {
+		if p := strings.TrimSpace(line); p != "" {
+			got = append(got, p)
+		}
+	}
+	want := append([]string{"github.com/retryd/retryd/pkg/tracing"}, sdkPackages...)
+	require.ElementsMatch(t, want, got, "pkg holds exactly the supported SDK packages")
 }

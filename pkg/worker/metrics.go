@@ -1,9 +1,10 @@
 package worker
 
 import (
-	"github.com/prometheus/client_golang/prometheus"
+	"errors"
+	"fmt"
 
-	"github.com/retryd/retryd/pkg/promreg"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 type metrics struct {
@@ -64,37 +65,59 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}),
 	}
 	var err error
-	m.attempts, err = promreg.Register(reg, m.attempts)
+	m.attempts, err = register(reg, m.attempts)
 	if err != nil {
 		return nil, err
 	}
-	m.duration, err = promreg.Register(reg, m.duration)
+	m.duration, err = register(reg, m.duration)
 	if err != nil {
 		return nil, err
 	}
-	m.inflight, err = promreg.Register(reg, m.inflight)
+	m.inflight, err = register(reg, m.inflight)
 	if err != nil {
 		return nil, err
 	}
-	m.malformed, err = promreg.Register(reg, m.malformed)
+	m.malformed, err = register(reg, m.malformed)
 	if err != nil {
 		return nil, err
 	}
-	m.routed, err = promreg.Register(reg, m.routed)
+	m.routed, err = register(reg, m.routed)
 	if err != nil {
 		return nil, err
 	}
-	m.publishRetries, err = promreg.Register(reg, m.publishRetries)
+	m.publishRetries, err = register(reg, m.publishRetries)
 	if err != nil {
 		return nil, err
 	}
-	m.recreated, err = promreg.Register(reg, m.recreated)
+	m.recreated, err = register(reg, m.recreated)
 	if err != nil {
 		return nil, err
 	}
-	m.replaySkipped, err = promreg.Register(reg, m.replaySkipped)
+	m.replaySkipped, err = register(reg, m.replaySkipped)
 	if err != nil {
 		return nil, err
 	}
 	return m, nil
+}
+
+// register registers c with reg, or returns the collector of the same type
+// already registered under its name, so that several workers in one
+// process count into the same series. It repeats the services' internal
+// promreg.Register on purpose: the SDK module does not import retryd's
+// internal packages (see CONTRIBUTING.md, deliberate duplicates).
+func register[C prometheus.Collector](reg prometheus.Registerer, c C) (C, error) {
+	if reg == nil {
+		return c, nil
+	}
+	err := reg.Register(c)
+	if err == nil {
+		return c, nil
+	}
+	var are prometheus.AlreadyRegisteredError
+	if errors.As(err, &are) {
+		if existing, ok := are.ExistingCollector.(C); ok {
+			return existing, nil
+		}
+	}
+	return c, fmt.Errorf("register metric: %w", err)
 }

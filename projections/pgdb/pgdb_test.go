@@ -10,8 +10,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/retryd/retryd/internal/serve"
 	"github.com/retryd/retryd/pkg/contract"
-	"github.com/retryd/retryd/pkg/serve"
 	"github.com/retryd/retryd/projections/ingressstore"
 	"github.com/retryd/retryd/projections/jobstore"
 	"github.com/retryd/retryd/projections/pgdb"

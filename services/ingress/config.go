@@ -10,9 +10,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
+	"github.com/retryd/retryd/internal/serve"
+	"github.com/retryd/retryd/internal/streams"
 	"github.com/retryd/retryd/pkg/errclass"
-	"github.com/retryd/retryd/pkg/serve"
-	"github.com/retryd/retryd/pkg/streams"
 )
 
 // Defaults of Config.

@@ -3,6 +3,7 @@ module github.com/retryd/retryd/services/ingress
 go 1.26.0
 
 require (
+	github.com/retryd/retryd/internal v0.0.0-00010101000000-000000000000
 	github.com/retryd/retryd/migrations v0.0.0-00010101000000-000000000000
 	github.com/retryd/retryd/pkg v0.0.0-00010101000000-000000000000
 	github.com/retryd/retryd/projections v0.0.0-00010101000000-000000000000
@@ -78,3 +79,5 @@ replace github.com/retryd/retryd/migrations => ../../migrations
 replace github.com/retryd/retryd/projections => ../../projections
 
 replace github.com/retryd/retryd/services/scheduler => ../scheduler
+
+replace github.com/retryd/retryd/internal => ../../internal

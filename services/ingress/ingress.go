@@ -11,8 +11,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
+	"github.com/retryd/retryd/internal/durable"
 	"github.com/retryd/retryd/pkg/contract"
-	"github.com/retryd/retryd/pkg/durable"
 	"github.com/retryd/retryd/pkg/tracing"
 	"github.com/retryd/retryd/projections/outbox"
 )
@@ -80,7 +80,7 @@ func New(cfg Config) (*Service, error) {
 }
 
 // Handler serves the intake and operator API (/v1/...). Mount it next to
-// pkg/serve's /healthz, /readyz and /metrics.
+// internal/serve's /healthz, /readyz and /metrics.
 func (s *Service) Handler() http.Handler { return s.handler }
 
 func (s *Service) consumerSpecs() []durable.Spec {

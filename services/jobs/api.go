@@ -16,8 +16,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
+	"github.com/retryd/retryd/internal/serve"
 	"github.com/retryd/retryd/pkg/contract"
-	"github.com/retryd/retryd/pkg/serve"
 	"github.com/retryd/retryd/projections/jobstore"
 	"github.com/retryd/retryd/projections/pgtext"
 	"github.com/retryd/retryd/projections/retrystore"

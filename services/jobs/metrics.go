@@ -3,7 +3,7 @@ package jobs
 import (
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/retryd/retryd/pkg/promreg"
+	"github.com/retryd/retryd/internal/promreg"
 )
 
 type projectorMetrics struct {

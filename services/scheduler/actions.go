@@ -9,8 +9,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go"
 
+	"github.com/retryd/retryd/internal/serve"
 	"github.com/retryd/retryd/pkg/contract"
-	"github.com/retryd/retryd/pkg/serve"
 	"github.com/retryd/retryd/projections/inbox"
 	"github.com/retryd/retryd/projections/retrystore"
 )

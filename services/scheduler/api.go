@@ -7,8 +7,8 @@ import (
 	"net/url"
 	"strconv"
 
+	"github.com/retryd/retryd/internal/serve"
 	"github.com/retryd/retryd/pkg/contract"
-	"github.com/retryd/retryd/pkg/serve"
 	"github.com/retryd/retryd/projections/retrystore"
 )
 
@@ -40,7 +40,7 @@ var endpoints = []serve.Endpoint[*Scheduler]{
 func Routes() []serve.Route { return serve.Routes(endpoints) }
 
 // Handler returns the operator API (Routes lists it); mount it next to
-// pkg/serve's health and metrics endpoints.
+// internal/serve's health and metrics endpoints.
 func (s *Scheduler) Handler() http.Handler {
 	mux := http.NewServeMux()
 	serve.Mount(mux, s, endpoints)

@@ -13,9 +13,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
+	"github.com/retryd/retryd/internal/streams"
 	"github.com/retryd/retryd/pkg/backoff"
 	"github.com/retryd/retryd/pkg/errclass"
-	"github.com/retryd/retryd/pkg/streams"
 	"github.com/retryd/retryd/projections/retrystore"
 )
 

@@ -11,12 +11,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
-	"github.com/retryd/retryd/pkg/serve"
+	"github.com/retryd/retryd/internal/serve"
 	"github.com/retryd/retryd/services/scheduler"
 )
 
 // Running the scheduler inside your own process: the API is mounted next
-// to pkg/serve's /healthz, /readyz and /metrics.
+// to internal/serve's /healthz, /readyz and /metrics.
 func Example() {
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))

@@ -7,8 +7,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/retryd/retryd/internal/promreg"
 	"github.com/retryd/retryd/pkg/contract"
-	"github.com/retryd/retryd/pkg/promreg"
 	"github.com/retryd/retryd/projections/retrystore"
 )
 

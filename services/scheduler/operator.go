@@ -6,7 +6,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/retryd/retryd/pkg/dashboard"
+	"github.com/retryd/retryd/internal/dashboard"
 )
 
 // RetryController adapts the scheduler to the jobs API's RetryController

@@ -16,9 +16,9 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/retryd/retryd/internal/telemetry"
+	"github.com/retryd/retryd/internal/telemetry/telemetrytest"
 	"github.com/retryd/retryd/pkg/contract"
-	"github.com/retryd/retryd/pkg/telemetry"
-	"github.com/retryd/retryd/pkg/telemetry/telemetrytest"
 	"github.com/retryd/retryd/projections/retrystore"
 )
 

@@ -10,8 +10,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
-	"github.com/retryd/retryd/pkg/serve"
-	"github.com/retryd/retryd/pkg/streams"
+	"github.com/retryd/retryd/internal/serve"
+	"github.com/retryd/retryd/internal/streams"
 )
 
 // Durable consumer names (docs/design.md).

@@ -8,6 +8,7 @@ require (
 	github.com/nats-io/nats-server/v2 v2.15.2
 	github.com/nats-io/nats.go v1.55.0
 	github.com/prometheus/client_golang v1.25.0
+	github.com/retryd/retryd/internal v0.0.0-00010101000000-000000000000
 	github.com/retryd/retryd/migrations v0.0.0-00010101000000-000000000000
 	github.com/retryd/retryd/pkg v0.0.0-00010101000000-000000000000
 	github.com/retryd/retryd/projections v0.0.0-00010101000000-000000000000
@@ -80,3 +81,5 @@ replace github.com/retryd/retryd/migrations => ../../migrations
 replace github.com/retryd/retryd/projections => ../../projections
 
 replace github.com/retryd/retryd/services/scheduler => ../scheduler
+
+replace github.com/retryd/retryd/internal => ../../internal

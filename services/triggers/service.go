@@ -10,8 +10,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
+	"github.com/retryd/retryd/internal/durable"
 	"github.com/retryd/retryd/pkg/contract"
-	"github.com/retryd/retryd/pkg/durable"
 	"github.com/retryd/retryd/pkg/tracing"
 	"github.com/retryd/retryd/projections/outbox"
 )

@@ -15,7 +15,7 @@
 // inserted with ON CONFLICT DO NOTHING, so an attempt delivered twice has
 // its effect once, and fault_job_runs keeps every execution.
 //
-// Environment: NATS_URL (and the other pkg/natsconn variables),
+// Environment: NATS_URL (and the other internal/natsconn variables),
 // DATABASE_URL, RETRYD_HTTP_ADDR (/readyz), FAULTWORKER_TYPES (comma
 // separated job types), FAULTWORKER_CONCURRENCY (default 4),
 // FAULTWORKER_ACK_WAIT (default 30s), FAULTWORKER_ROUTER (default true).
@@ -37,9 +37,9 @@ import (
 	"github.com/rs/zerolog"
 	slogzerolog "github.com/samber/slog-zerolog/v2"
 
+	"github.com/retryd/retryd/internal/natsconn"
+	"github.com/retryd/retryd/internal/serve"
 	"github.com/retryd/retryd/pkg/errclass"
-	"github.com/retryd/retryd/pkg/natsconn"
-	"github.com/retryd/retryd/pkg/serve"
 	"github.com/retryd/retryd/pkg/worker"
 )
 

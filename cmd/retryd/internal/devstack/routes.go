@@ -3,8 +3,8 @@ package devstack
 import (
 	"net/http"
 
-	"github.com/retryd/retryd/pkg/dashboard"
-	"github.com/retryd/retryd/pkg/serve"
+	"github.com/retryd/retryd/internal/dashboard"
+	"github.com/retryd/retryd/internal/serve"
 	"github.com/retryd/retryd/services/ingress"
 	"github.com/retryd/retryd/services/jobs"
 	"github.com/retryd/retryd/services/scheduler"

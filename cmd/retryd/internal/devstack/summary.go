@@ -3,7 +3,7 @@ package devstack
 import (
 	"context"
 
-	"github.com/retryd/retryd/pkg/dashboard"
+	"github.com/retryd/retryd/internal/dashboard"
 	"github.com/retryd/retryd/services/scheduler"
 )
 

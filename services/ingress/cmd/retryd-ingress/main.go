@@ -4,7 +4,7 @@
 // Configuration is read from the environment:
 //
 //	DATABASE_URL                        Postgres URL (required)
-//	NATS_URL, NATS_CREDS, NATS_NKEY,    NATS connection (see pkg/natsconn)
+//	NATS_URL, NATS_CREDS, NATS_NKEY,    NATS connection (see internal/natsconn)
 //	NATS_USER, NATS_PASSWORD, NATS_TOKEN,
 //	NATS_TLS_CERT, NATS_TLS_KEY, NATS_TLS_CA
 //	RETRYD_HTTP_ADDR                    listen address (default :8081)
@@ -34,14 +34,14 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/retryd/retryd/internal/backends"
+	"github.com/retryd/retryd/internal/envvar"
+	"github.com/retryd/retryd/internal/natsconn"
+	"github.com/retryd/retryd/internal/serve"
+	"github.com/retryd/retryd/internal/streams"
+	"github.com/retryd/retryd/internal/telemetry"
 	"github.com/retryd/retryd/migrations"
-	"github.com/retryd/retryd/pkg/backends"
-	"github.com/retryd/retryd/pkg/envvar"
 	"github.com/retryd/retryd/pkg/errclass"
-	"github.com/retryd/retryd/pkg/natsconn"
-	"github.com/retryd/retryd/pkg/serve"
-	"github.com/retryd/retryd/pkg/streams"
-	"github.com/retryd/retryd/pkg/telemetry"
 	"github.com/retryd/retryd/services/ingress"
 )
 

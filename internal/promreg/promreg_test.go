@@ -6,7 +6,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
-	"github.com/retryd/retryd/pkg/promreg"
+	"github.com/retryd/retryd/internal/promreg"
 )
 
 func TestRegisterSharesExistingCollector(t *testing.T) {

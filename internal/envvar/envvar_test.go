@@ -6,7 +6,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/retryd/retryd/pkg/envvar"
+	"github.com/retryd/retryd/internal/envvar"
 )
 
 func TestReaderCollectsEveryError(t *testing.T) {

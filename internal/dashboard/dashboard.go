@@ -25,7 +25,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/retryd/retryd/pkg/serve"
+	"github.com/retryd/retryd/internal/serve"
 )
 
 //go:embed static

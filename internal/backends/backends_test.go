@@ -7,11 +7,11 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
 
-	"github.com/retryd/retryd/pkg/backends"
+	"github.com/retryd/retryd/internal/backends"
+	"github.com/retryd/retryd/internal/natsconn"
+	"github.com/retryd/retryd/internal/natstest"
+	"github.com/retryd/retryd/internal/streams"
 	"github.com/retryd/retryd/pkg/contract"
-	"github.com/retryd/retryd/pkg/natsconn"
-	"github.com/retryd/retryd/pkg/natstest"
-	"github.com/retryd/retryd/pkg/streams"
 )
 
 func TestOpen(t *testing.T) {

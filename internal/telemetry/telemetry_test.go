@@ -20,8 +20,8 @@ import (
 	coltrace "go.opentelemetry.io/proto/otlp/collector/trace/v1"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/retryd/retryd/pkg/telemetry"
-	"github.com/retryd/retryd/pkg/telemetry/telemetrytest"
+	"github.com/retryd/retryd/internal/telemetry"
+	"github.com/retryd/retryd/internal/telemetry/telemetrytest"
 	"github.com/retryd/retryd/pkg/tracing"
 )
 

@@ -9,7 +9,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/retryd/retryd/pkg/streams"
+	"github.com/retryd/retryd/internal/streams"
 )
 
 // Connect connects to srv and returns the connection and a JetStream

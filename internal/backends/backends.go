@@ -14,9 +14,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
-	"github.com/retryd/retryd/pkg/natsconn"
-	"github.com/retryd/retryd/pkg/serve"
-	"github.com/retryd/retryd/pkg/streams"
+	"github.com/retryd/retryd/internal/natsconn"
+	"github.com/retryd/retryd/internal/serve"
+	"github.com/retryd/retryd/internal/streams"
 )
 
 // Options says what to open.

@@ -1,6 +1,6 @@
 // Command exportgen writes deploy/streams: the stream configurations for a
 // single server (<dir>/*.json) and for a three-node cluster
-// (<dir>/r3/*.json). Run it with `go generate ./pkg/streams`.
+// (<dir>/r3/*.json). Run it with `go generate ./internal/streams`.
 package main
 
 import (
@@ -9,7 +9,7 @@ import (
 	"os"
 	"path/filepath"
 
-	"github.com/retryd/retryd/pkg/streams"
+	"github.com/retryd/retryd/internal/streams"
 )
 
 func main() {

@@ -9,8 +9,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
+	"github.com/retryd/retryd/internal/natstest"
 	"github.com/retryd/retryd/pkg/contract"
-	"github.com/retryd/retryd/pkg/natstest"
 )
 
 func TestRunServerEnsureStreamsPublish(t *testing.T) {

@@ -14,8 +14,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
-	"github.com/retryd/retryd/pkg/natstest"
-	"github.com/retryd/retryd/pkg/streams"
+	"github.com/retryd/retryd/internal/natstest"
+	"github.com/retryd/retryd/internal/streams"
 )
 
 // deployDir is deploy/streams at the repository root.
@@ -25,7 +25,7 @@ const deployDir = "../../deploy/streams"
 // Export writes, e.g. after a change to Configs.
 func TestDeployFilesAreCurrent(t *testing.T) {
 	t.Parallel()
-	const regen = "deploy/streams is stale: regenerate it with `go generate ./pkg/streams` from the repository root"
+	const regen = "deploy/streams is stale: regenerate it with `go generate ./internal/streams` from the repository root"
 	for _, d := range streams.DeployDirs {
 		want := t.TempDir()
 		require.NoError(t, streams.Export(want, d.Options))

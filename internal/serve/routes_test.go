@@ -8,7 +8,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/retryd/retryd/pkg/serve"
+	"github.com/retryd/retryd/internal/serve"
 )
 
 type greeter struct{ name string }

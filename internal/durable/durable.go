@@ -43,8 +43,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
+	"github.com/retryd/retryd/internal/streams"
 	"github.com/retryd/retryd/pkg/contract"
-	"github.com/retryd/retryd/pkg/streams"
 )
 
 // ErrAbandon, wrapped by a handler's error, leaves the message unacked as

@@ -14,7 +14,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/retryd/retryd/pkg/dashboard"
+	"github.com/retryd/retryd/internal/dashboard"
 )
 
 func get(t *testing.T, h http.Handler, path string) *httptest.ResponseRecorder {

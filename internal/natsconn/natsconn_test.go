@@ -26,8 +26,8 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
 
-	"github.com/retryd/retryd/pkg/natsconn"
-	"github.com/retryd/retryd/pkg/natstest"
+	"github.com/retryd/retryd/internal/natsconn"
+	"github.com/retryd/retryd/internal/natstest"
 )
 
 func ctx(t *testing.T) context.Context {

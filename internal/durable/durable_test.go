@@ -16,10 +16,10 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
 
+	"github.com/retryd/retryd/internal/durable"
+	"github.com/retryd/retryd/internal/natstest"
+	"github.com/retryd/retryd/internal/streams"
 	"github.com/retryd/retryd/pkg/contract"
-	"github.com/retryd/retryd/pkg/durable"
-	"github.com/retryd/retryd/pkg/natstest"
-	"github.com/retryd/retryd/pkg/streams"
 )
 
 const wait = 15 * time.Second
