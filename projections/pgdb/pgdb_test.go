@@ -12,19 +12,17 @@ import (
 
 	"github.com/retryd/retryd/internal/serve"
 	"github.com/retryd/retryd/pkg/contract"
-	"github.com/retryd/retryd/projections/ingressstore"
 	"github.com/retryd/retryd/projections/jobstore"
 	"github.com/retryd/retryd/projections/pgdb"
 	"github.com/retryd/retryd/projections/retrystore"
-	"github.com/retryd/retryd/projections/triggerstore"
 )
 
 // Every store's not-found error is the one contract.ErrNotFound, so a
-// handler can pass a store's error on and the client gets a 404.
+// handler can pass a store's error on and the client gets a 404. (The
+// stores the services own internally check theirs in their own tests.)
 func TestOneNotFound(t *testing.T) {
 	t.Parallel()
 	for name, err := range map[string]error{
-		"ingressstore": ingressstore.ErrNotFound, "triggerstore": triggerstore.ErrNotFound,
 		"retrystore": retrystore.ErrNotFound, "jobstore": jobstore.ErrNotFound, "serve": serve.ErrNotFound,
 	} {
 		require.Same(t, contract.ErrNotFound, err, name)
@@ -36,6 +34,6 @@ func TestOneNotFound(t *testing.T) {
 	require.NoError(t, pgdb.NotFound(nil))
 
 	rec := httptest.NewRecorder()
-	serve.WriteError(rec, fmt.Errorf("get trigger %q: %w", "t1", triggerstore.ErrNotFound))
+	serve.WriteError(rec, fmt.Errorf("get retry %q: %w", "r1", retrystore.ErrNotFound))
 	require.Equal(t, http.StatusNotFound, rec.Code)
 }

@@ -14,8 +14,8 @@ import (
 	"github.com/retryd/retryd/internal/durable"
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/projections/inbox"
-	"github.com/retryd/retryd/projections/ingressstore"
 	"github.com/retryd/retryd/projections/outbox"
+	"github.com/retryd/retryd/services/ingress/internal/ingressstore"
 )
 
 // handleIngest is the gate: one event from INGEST, stored once and admitted

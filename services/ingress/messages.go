@@ -7,7 +7,7 @@ import (
 
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/pkg/errclass"
-	"github.com/retryd/retryd/projections/ingressstore"
+	"github.com/retryd/retryd/services/ingress/internal/ingressstore"
 )
 
 // eventMsg is the admitted event on events.<source>.<type>; its

@@ -11,9 +11,9 @@ import (
 
 	"github.com/retryd/retryd/internal/serve"
 	"github.com/retryd/retryd/pkg/contract"
-	"github.com/retryd/retryd/projections/ingressstore"
 	"github.com/retryd/retryd/projections/outbox"
 	"github.com/retryd/retryd/projections/pgtext"
+	"github.com/retryd/retryd/services/ingress/internal/ingressstore"
 )
 
 // maxOperatorBody caps the body of operator requests.

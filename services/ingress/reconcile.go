@@ -9,8 +9,8 @@ import (
 
 	"github.com/retryd/retryd/pkg/errclass"
 	"github.com/retryd/retryd/projections/inbox"
-	"github.com/retryd/retryd/projections/ingressstore"
 	"github.com/retryd/retryd/projections/outbox"
+	"github.com/retryd/retryd/services/ingress/internal/ingressstore"
 )
 
 // reconcileBatch is how many deferrals one reconciliation transaction

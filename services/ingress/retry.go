@@ -13,8 +13,8 @@ import (
 	"github.com/retryd/retryd/internal/durable"
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/projections/inbox"
-	"github.com/retryd/retryd/projections/ingressstore"
 	"github.com/retryd/retryd/projections/outbox"
+	"github.com/retryd/retryd/services/ingress/internal/ingressstore"
 )
 
 // A due for an ended deferral that does not know its attempt is handed back

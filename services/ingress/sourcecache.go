@@ -6,7 +6,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/retryd/retryd/projections/ingressstore"
+	"github.com/retryd/retryd/services/ingress/internal/ingressstore"
 )
 
 // maxCachedSources bounds the intake cache; it is emptied when full.

@@ -10,7 +10,7 @@ import (
 
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/projections/inbox"
-	"github.com/retryd/retryd/projections/ingressstore"
+	"github.com/retryd/retryd/services/ingress/internal/ingressstore"
 )
 
 // handleRetryState keeps event_ingress_retries and the event's status in

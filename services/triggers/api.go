@@ -11,7 +11,7 @@ import (
 
 	"github.com/retryd/retryd/internal/serve"
 	"github.com/retryd/retryd/pkg/contract"
-	"github.com/retryd/retryd/projections/triggerstore"
+	"github.com/retryd/retryd/services/triggers/internal/triggerstore"
 )
 
 // endpoints is the trigger API. Each description is what GET /v1/ says

@@ -9,7 +9,7 @@ import (
 	"cel.dev/cel-go/cel"
 
 	"github.com/retryd/retryd/pkg/contract"
-	"github.com/retryd/retryd/projections/triggerstore"
+	"github.com/retryd/retryd/services/triggers/internal/triggerstore"
 )
 
 // Limits on trigger definitions.

@@ -11,7 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/retryd/retryd/pkg/contract"
-	"github.com/retryd/retryd/projections/triggerstore"
+	"github.com/retryd/retryd/services/triggers/internal/triggerstore"
 )
 
 func TestDeliveriesLaunchFilterAndSurviveRedelivery(t *testing.T) {

@@ -16,8 +16,8 @@ import (
 
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/projections/outbox"
-	"github.com/retryd/retryd/projections/triggerstore"
 	"github.com/retryd/retryd/services/scheduler"
+	"github.com/retryd/retryd/services/triggers/internal/triggerstore"
 )
 
 // startScheduler runs the real scheduler in-process with a fast

@@ -27,7 +27,7 @@ import (
 	"github.com/retryd/retryd/internal/natstest"
 	"github.com/retryd/retryd/migrations/pgtest"
 	"github.com/retryd/retryd/pkg/contract"
-	"github.com/retryd/retryd/projections/triggerstore"
+	"github.com/retryd/retryd/services/triggers/internal/triggerstore"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }

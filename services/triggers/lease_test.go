@@ -9,7 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/retryd/retryd/pkg/contract"
-	"github.com/retryd/retryd/projections/triggerstore"
+	"github.com/retryd/retryd/services/triggers/internal/triggerstore"
 )
 
 // publishHeartbeat publishes a heartbeat for a run, as an executor would.

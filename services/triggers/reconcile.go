@@ -12,7 +12,7 @@ import (
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/projections/inbox"
 	"github.com/retryd/retryd/projections/outbox"
-	"github.com/retryd/retryd/projections/triggerstore"
+	"github.com/retryd/retryd/services/triggers/internal/triggerstore"
 )
 
 // reconcileBatch bounds the deliveries one reconcile pass republishes.

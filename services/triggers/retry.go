@@ -16,7 +16,7 @@ import (
 	"github.com/retryd/retryd/projections/inbox"
 	"github.com/retryd/retryd/projections/outbox"
 	"github.com/retryd/retryd/projections/pgtext"
-	"github.com/retryd/retryd/projections/triggerstore"
+	"github.com/retryd/retryd/services/triggers/internal/triggerstore"
 )
 
 // errSkipDue rolls back a due's transaction that must change nothing and

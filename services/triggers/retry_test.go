@@ -15,7 +15,7 @@ import (
 	"github.com/retryd/retryd/internal/natstest"
 	"github.com/retryd/retryd/internal/streams"
 	"github.com/retryd/retryd/pkg/contract"
-	"github.com/retryd/retryd/projections/triggerstore"
+	"github.com/retryd/retryd/services/triggers/internal/triggerstore"
 )
 
 func TestConcurrencyLimitAndRelease(t *testing.T) {

@@ -11,10 +11,18 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/retryd/retryd/migrations/pgtest"
-	"github.com/retryd/retryd/projections/triggerstore"
+	"github.com/retryd/retryd/pkg/contract"
+	"github.com/retryd/retryd/services/triggers/internal/triggerstore"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
+
+// The store's not-found error is the one contract.ErrNotFound, so the
+// service's handlers answer 404 for it (see projections/pgdb).
+func TestNotFoundIsTheContractsOne(t *testing.T) {
+	t.Parallel()
+	require.Same(t, contract.ErrNotFound, triggerstore.ErrNotFound)
+}
 
 type bundle struct {
 	ctx  context.Context

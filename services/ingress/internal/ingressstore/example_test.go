@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/retryd/retryd/projections/ingressstore"
+	"github.com/retryd/retryd/services/ingress/internal/ingressstore"
 )
 
 // A pause with an end stops by itself: the gate admits again from

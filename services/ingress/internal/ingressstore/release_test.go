@@ -8,7 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/retryd/retryd/pkg/contract"
-	"github.com/retryd/retryd/projections/ingressstore"
+	"github.com/retryd/retryd/services/ingress/internal/ingressstore"
 )
 
 // A release under a rate limit gives every deferred event a slot, in the
