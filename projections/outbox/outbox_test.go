@@ -259,7 +259,7 @@ func TestCrashAfterPublishBeforeDelete(t *testing.T) {
 	b := setup(t)
 	crashed := b.relay(t, func(c *RelayConfig) { c.Batch = 8 })
 	errCrash := errors.New("killed after publish")
-	crashed.failpoint = func() error { return errCrash }
+	crashed.failpoint = func(context.Context, string) error { return errCrash }
 	b.insert(t, owner, 0, 20)
 
 	_, err := crashed.Flush(context.Background())

@@ -14,6 +14,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
+
+	"github.com/retryd/retryd/internal/failpoint"
 )
 
 // RelayConfig configures a Relay. Pool, JS and Owner are required.
@@ -94,11 +96,14 @@ type Relay struct {
 	done   chan struct{}
 	cancel context.CancelFunc
 
-	// failpoint, when set by a test, runs after a batch was published and
-	// before its rows are deleted; an error makes the relay behave as if
-	// it crashed there (the transaction rolls back, the rows stay).
-	failpoint func() error
+	// failpoint, when set by a test, runs at failpointPublished: after a
+	// batch was published and before its rows are deleted; an error makes
+	// the relay behave as if it crashed there (the transaction rolls back,
+	// the rows stay).
+	failpoint failpoint.Func
 }
+
+const failpointPublished = "outbox.published"
 
 // NewRelay checks cfg, fills defaults and registers the metrics.
 func NewRelay(cfg RelayConfig) (*Relay, error) {
@@ -315,10 +320,8 @@ func (r *Relay) publishBatch(ctx context.Context, exclude []int64) (batchResult,
 	if ctx.Err() != nil {
 		return res, fmt.Errorf("publish outbox batch: %w", ctx.Err())
 	}
-	if r.failpoint != nil {
-		if err := r.failpoint(); err != nil {
-			return res, err
-		}
+	if err := r.failpoint.At(ctx, failpointPublished); err != nil {
+		return res, err
 	}
 	if len(acked) > 0 {
 		if _, err := tx.Exec(ctx, "DELETE FROM outbox WHERE id = ANY($1)", acked); err != nil {

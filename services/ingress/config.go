@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
+	"github.com/retryd/retryd/internal/failpoint"
 	"github.com/retryd/retryd/internal/serve"
 	"github.com/retryd/retryd/internal/streams"
 	"github.com/retryd/retryd/pkg/errclass"
@@ -112,7 +113,7 @@ type Config struct {
 	// Failpoint is for tests: when set it is called at the Failpoint*
 	// places, and a non-nil error stops the handler there as if the process
 	// died (no relay wake-up, no ack).
-	Failpoint func(point string) error
+	Failpoint failpoint.Func
 	// Now is the clock for intake times; nil is time.Now.
 	Now func() time.Time
 }

@@ -1,6 +1,7 @@
 package ingress_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/http"
@@ -32,7 +33,7 @@ func (b *bundle) crashAt(t *testing.T, point string) (svc *ingress.Service, http
 	reg := prometheus.NewRegistry()
 	cfg := testConfig(t, b.pool, js, reg)
 	cfg.RelayInterval = time.Hour
-	cfg.Failpoint = func(p string) error {
+	cfg.Failpoint = func(_ context.Context, p string) error {
 		if p == point {
 			return errKilled
 		}

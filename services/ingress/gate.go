@@ -68,7 +68,7 @@ func (s *Service) handleIngest(ctx context.Context, msg jetstream.Msg) error {
 		s.log.Debug().Str("source", ev.Source).Str("event_id", ev.ID).Msg("event already stored")
 		return nil
 	}
-	if err := s.failpoint(FailpointGateCommitted); err != nil {
+	if err := s.cfg.Failpoint.At(ctx, FailpointGateCommitted); err != nil {
 		return err
 	}
 	s.relay.Kick()

@@ -182,25 +182,6 @@ func (s *Service) stopLocked(ctx context.Context) error {
 	return nil
 }
 
-// failpoint consults Config.Failpoint.
-func (s *Service) failpoint(point string) error {
-	if s.cfg.Failpoint == nil {
-		return nil
-	}
-	if err := s.cfg.Failpoint(point); err != nil {
-		return &failpointError{point: point, err: err}
-	}
-	return nil
-}
-
-type failpointError struct {
-	point string
-	err   error
-}
-
-func (e *failpointError) Error() string   { return "failpoint " + e.point + ": " + e.err.Error() }
-func (e *failpointError) Unwrap() []error { return []error{e.err, durable.ErrAbandon} }
-
 // inTx runs fn in a transaction.
 func (s *Service) inTx(ctx context.Context, fn func(tx pgx.Tx) error) error {
 	return pgx.BeginFunc(ctx, s.cfg.Pool, fn)

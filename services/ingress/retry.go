@@ -138,7 +138,7 @@ func (s *Service) handleDue(ctx context.Context, msg jetstream.Msg) error {
 	case dueUnconfirmed:
 		return durable.NakAfter(unconfirmedDelay)
 	}
-	if err := s.failpoint(FailpointRetryCommitted); err != nil {
+	if err := s.cfg.Failpoint.At(ctx, FailpointRetryCommitted); err != nil {
 		return err
 	}
 	s.relay.Kick()

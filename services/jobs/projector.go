@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
+	"github.com/retryd/retryd/internal/failpoint"
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/pkg/tracing"
 	"github.com/retryd/retryd/projections/inbox"
@@ -70,19 +71,16 @@ type ProjectorConfig struct {
 	// kept in the inbox (pruned hourly); it must outlast redeliveries.
 	// Default 7 days; negative keeps them forever.
 	InboxRetention time.Duration
-	// Hooks are failpoints for tests.
-	Hooks ProjectorHooks
+	// Failpoint is for tests: it is called at FailpointProjectorCommitted,
+	// after a batch's transaction committed and before its messages are
+	// acked. An error leaves them unacked, as if the process died there:
+	// they are redelivered after AckWait and dropped by the inbox.
+	Failpoint failpoint.Func
 }
 
-// ProjectorHooks are failpoints that let tests stop the projector at the
-// worst moment.
-type ProjectorHooks struct {
-	// AfterCommit runs after a batch's transaction committed, before its
-	// messages are acked. An error leaves them unacked, as if the process
-	// died there: they are redelivered after AckWait and dropped by the
-	// inbox.
-	AfterCommit func() error
-}
+// FailpointProjectorCommitted names the one place where
+// ProjectorConfig.Failpoint is consulted.
+const FailpointProjectorCommitted = "projector.committed"
 
 func (c *ProjectorConfig) validate() error {
 	switch {
@@ -393,11 +391,9 @@ func (p *Projector) apply(ctx context.Context, stream string, ds []decoded, log 
 	}
 	p.m.applied.WithLabelValues(stream).Add(float64(applied))
 	p.m.duplicates.WithLabelValues(stream).Add(float64(dups))
-	if hook := p.cfg.Hooks.AfterCommit; hook != nil {
-		if err := hook(); err != nil {
-			log.Warn().Err(err).Msg("after-commit failpoint: leaving the batch unacked")
-			return nil
-		}
+	if err := p.cfg.Failpoint.At(ctx, FailpointProjectorCommitted); err != nil {
+		log.Warn().Err(err).Msg("leaving the batch unacked")
+		return nil
 	}
 	for _, d := range ds {
 		if err := d.msg.Ack(); err != nil {

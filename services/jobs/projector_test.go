@@ -213,11 +213,9 @@ func TestProjectorCrashAfterCommitLosesNothing(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	var crashed atomic.Bool
-	first := b.startProjector(t, jobs.ProjectorConfig{AckWait: time.Second, Hooks: jobs.ProjectorHooks{
-		AfterCommit: func() error {
-			crashed.Store(true)
-			return errors.New("process killed after commit")
-		},
+	first := b.startProjector(t, jobs.ProjectorConfig{AckWait: time.Second, Failpoint: func(context.Context, string) error {
+		crashed.Store(true)
+		return errors.New("process killed after commit")
 	}})
 	t0 := time.Date(2024, 5, 1, 10, 0, 0, 0, time.UTC)
 	b.publishLife(t, "j1", t0)

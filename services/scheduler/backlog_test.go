@@ -24,12 +24,12 @@ func TestRedueWaitsForPolicyStageBacklog(t *testing.T) {
 	var stall atomic.Bool
 	s := b.start(t, func(c *scheduler.Config) {
 		c.ReconcileInterval = time.Hour
-		c.Hooks.AfterCommit = func(context.Context) error {
+		c.Failpoint = failAt(scheduler.FailpointPolicyCommitted, func(context.Context) error {
 			if stall.Load() {
 				return errors.New("stalled by the test")
 			}
 			return nil
-		}
+		})
 	})
 	b.policy(t, "lag", "", 3, 10, 10)
 	shrinkDuplicateWindow(t, b)

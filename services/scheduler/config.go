@@ -1,7 +1,6 @@
 package scheduler
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -13,10 +12,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
+	"github.com/retryd/retryd/internal/failpoint"
 	"github.com/retryd/retryd/internal/streams"
 	"github.com/retryd/retryd/pkg/backoff"
 	"github.com/retryd/retryd/pkg/errclass"
-	"github.com/retryd/retryd/projections/retrystore"
 )
 
 // Defaults of Config.
@@ -113,25 +112,25 @@ type Config struct {
 	// Rand draws backoff jitter; nil means a goroutine-safe default source.
 	Rand backoff.Rand
 
-	// Hooks are failpoints for tests.
-	Hooks Hooks
+	// Failpoint is for tests: when set it is called at the Failpoint*
+	// places, and an error there makes the scheduler behave as if the
+	// process died right there.
+	Failpoint failpoint.Func
 }
 
-// Hooks are failpoints that let tests stop the scheduler at the worst
-// moments. A hook that returns an error makes the scheduler behave as if
-// the process died right there.
-type Hooks struct {
-	// AfterCommit runs after a policy stage transaction committed and
-	// before its outbox is published and its input messages are acked. An
-	// error leaves both undone: the relay of a later process publishes the
-	// outbox and the messages are redelivered to it after AckWait.
-	AfterCommit func(ctx context.Context) error
-	// BeforeDueCommit runs after the due events of keys were published
-	// and acknowledged by JetStream, before the rows are marked due. An
-	// error rolls the transaction back, so the rows are published again
-	// (with the same Nats-Msg-Id) by the next emission.
-	BeforeDueCommit func(ctx context.Context, keys []retrystore.Key) error
-}
+// Failpoints name the places where Config.Failpoint is consulted.
+const (
+	// FailpointPolicyCommitted: a policy stage transaction committed; its
+	// outbox is not published and its input messages are not acked. The
+	// relay of a later process publishes the outbox, and the messages are
+	// redelivered to it after AckWait.
+	FailpointPolicyCommitted = "policy.committed"
+	// FailpointDuesPublished: due events were published and acknowledged
+	// by JetStream, and the rows are not yet marked due. The transaction
+	// rolls back, so the rows are published again (with the same
+	// Nats-Msg-Id) by the next emission.
+	FailpointDuesPublished = "due.published"
+)
 
 // validate fills in defaults and checks every field, naming the field in
 // its errors.

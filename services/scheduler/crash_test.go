@@ -61,12 +61,12 @@ func TestCrashBetweenCommitAndPublish(t *testing.T) {
 	a := b.start(t, func(c *scheduler.Config) {
 		c.RelayInterval = time.Hour // only Kick or reconciliation would publish
 		c.ReconcileInterval = time.Hour
-		c.Hooks.AfterCommit = func(context.Context) error {
+		c.Failpoint = failAt(scheduler.FailpointPolicyCommitted, func(context.Context) error {
 			if once.CompareAndSwap(false, true) {
 				close(crashed)
 			}
 			return errCrash
-		}
+		})
 	})
 	const n = 20
 	for i := range n {
@@ -113,10 +113,10 @@ func TestCrashBetweenDuePublishAndCommit(t *testing.T) {
 	b.policy(t, "dcrash", "", 3, 10, 10)
 	var calls atomic.Int32
 	a := b.start(t, func(c *scheduler.Config) {
-		c.Hooks.BeforeDueCommit = func(context.Context, []retrystore.Key) error {
+		c.Failpoint = failAt(scheduler.FailpointDuesPublished, func(context.Context) error {
 			calls.Add(1)
 			return errCrash
-		}
+		})
 	})
 	const n = 10
 	for i := range n {
@@ -193,7 +193,7 @@ func TestOwnerAnswerBeforeTheDueCommitKeepsTheDueInHistory(t *testing.T) {
 	b := setup(t)
 	b.policy(t, "late", "", 3, 10, 10)
 	crash := func(c *scheduler.Config) {
-		c.Hooks.BeforeDueCommit = func(context.Context, []retrystore.Key) error { return errCrash }
+		c.Failpoint = failAt(scheduler.FailpointDuesPublished, func(context.Context) error { return errCrash })
 	}
 	a := b.start(t, crash)
 	for _, id := range []string{"ok", "bad"} {

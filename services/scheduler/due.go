@@ -304,7 +304,6 @@ func (s *Scheduler) emitDue(ctx context.Context, b *burst) (int, error) {
 	}
 	s.publishDue(ctx, items, now, time.Now(), order)
 
-	keys := make([]retrystore.Key, 0, len(items))
 	history := make([]retrystore.HistoryEntry, 0, len(items))
 	var unpublished, unbuildable []retrystore.DueRow
 	var reasons []string
@@ -318,13 +317,10 @@ func (s *Scheduler) emitDue(ctx context.Context, b *burst) (int, error) {
 			unpublished = append(unpublished, it.row)
 			continue
 		}
-		keys = append(keys, it.row.Key())
 		history = append(history, dueEntry(&it.row.Retry, it.msg.Header.Get(contract.HeaderMsgID), now))
 	}
-	if hook := s.cfg.Hooks.BeforeDueCommit; hook != nil {
-		if err := hook(ctx, keys); err != nil {
-			return 0, fmt.Errorf("failpoint before due commit: %w", err)
-		}
+	if err := s.cfg.Failpoint.At(ctx, FailpointDuesPublished); err != nil {
+		return 0, err
 	}
 	if err := retrystore.ReleaseDue(ctx, tx, unpublished); err != nil {
 		return 0, err

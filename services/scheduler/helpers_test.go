@@ -312,3 +312,14 @@ func withEnvelopeID(t *testing.T, msg *nats.Msg, id string) *nats.Msg {
 	out.Header.Set(contract.HeaderMsgID, id)
 	return out
 }
+
+// failAt is a Config.Failpoint that runs fn at point and lets every other
+// point pass.
+func failAt(point string, fn func(ctx context.Context) error) func(context.Context, string) error {
+	return func(ctx context.Context, p string) error {
+		if p != point {
+			return nil
+		}
+		return fn(ctx)
+	}
+}

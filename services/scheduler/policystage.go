@@ -245,11 +245,9 @@ func (s *Scheduler) handleBatch(ctx context.Context, msgs []jetstream.Msg) {
 		_ = items[0].msg.NakWithDelay(nakDelay)
 		return
 	}
-	if hook := s.cfg.Hooks.AfterCommit; hook != nil {
-		if err := hook(ctx); err != nil {
-			s.log.Warn().Err(err).Msg("failpoint after commit: not publishing, not acking")
-			return
-		}
+	if err := s.cfg.Failpoint.At(ctx, FailpointPolicyCommitted); err != nil {
+		s.log.Warn().Err(err).Msg("not publishing, not acking")
+		return
 	}
 	s.afterCommit(results)
 }

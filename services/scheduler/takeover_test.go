@@ -28,13 +28,13 @@ func TestKilledInstanceDoesNotBlindTheNext(t *testing.T) {
 	killed := make(chan struct{})
 	a, err := scheduler.New(scheduler.Config{
 		Pool: b.pool, JS: jsA, Logger: testLogger(), AckWait: time.Minute,
-		Hooks: scheduler.Hooks{AfterCommit: func(ctx context.Context) error {
+		Failpoint: failAt(scheduler.FailpointPolicyCommitted, func(ctx context.Context) error {
 			select { // the process hangs here until it is killed
 			case <-killed:
 			case <-ctx.Done():
 			}
 			return errCrash
-		}},
+		}),
 	})
 	require.NoError(t, err)
 	require.NoError(t, a.Start(b.ctx))
@@ -85,7 +85,7 @@ func TestSlowBatchIsNotRedelivered(t *testing.T) {
 	var slowed atomic.Bool
 	started := b.start(t, func(c *scheduler.Config) {
 		c.AckWait = time.Second
-		c.Hooks.AfterCommit = func(ctx context.Context) error {
+		c.Failpoint = failAt(scheduler.FailpointPolicyCommitted, func(ctx context.Context) error {
 			if !slowed.CompareAndSwap(false, true) {
 				return nil
 			}
@@ -104,7 +104,7 @@ func TestSlowBatchIsNotRedelivered(t *testing.T) {
 				}
 			}
 			return nil
-		}
+		})
 	})
 	inst.Store(&started)
 	b.publish(t, contract.Failed, failed("slow", "s1", 1, "timeout"))

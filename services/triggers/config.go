@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
+	"github.com/retryd/retryd/internal/failpoint"
 	"github.com/retryd/retryd/internal/serve"
 	"github.com/retryd/retryd/internal/streams"
 )
@@ -96,7 +97,7 @@ type Config struct {
 
 	// failpoint, when set (tests only), is called at named points of the
 	// delivery paths; an error there acts as a crash at that point.
-	failpoint func(name string) error
+	failpoint failpoint.Func
 	// noRelay (tests only) leaves outbox rows unpublished, as a process
 	// killed right after its commit would.
 	noRelay bool

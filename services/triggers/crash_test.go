@@ -35,7 +35,7 @@ func TestCrashAfterCommitBeforePublish(t *testing.T) {
 
 	crashed := b.testConfig(t)
 	crashed.noRelay = true
-	crashed.failpoint = func(name string) error {
+	crashed.failpoint = func(_ context.Context, name string) error {
 		if name == "deliver.after-commit" {
 			return fmt.Errorf("killed")
 		}
@@ -77,7 +77,7 @@ func TestCrashBeforeCommit(t *testing.T) {
 		MaxConcurrency: intp(1), Workflow: "fulfil"})
 	var hits atomic.Int32
 	cfg := b.testConfig(t)
-	cfg.failpoint = func(name string) error {
+	cfg.failpoint = func(_ context.Context, name string) error {
 		if (name == "deliver.before-commit" || name == "retry.before-commit") && hits.Add(1)%2 == 1 {
 			return fmt.Errorf("killed")
 		}

@@ -121,12 +121,12 @@ func (s *Service) deliver(ctx context.Context, o offer, triggerID string) error 
 			return err
 		}
 		res.delivery = d
-		return s.fail("deliver.before-commit")
+		return s.cfg.failpoint.At(ctx, failpointDeliverBeforeCommit)
 	})
 	if err != nil {
 		return err
 	}
-	if err := s.fail("deliver.after-commit"); err != nil {
+	if err := s.cfg.failpoint.At(ctx, failpointDeliverAfterCommit); err != nil {
 		return err
 	}
 	s.report(ConsumerEvents, res)

@@ -233,7 +233,7 @@ func TestRedeliveriesAndKillWithScheduler(t *testing.T) {
 	stopped := make(chan struct{})
 	cfgA := b.testConfig(t)
 	cfgA.noRelay = true
-	cfgA.failpoint = func(name string) error {
+	cfgA.failpoint = func(_ context.Context, name string) error {
 		if name == "retry.after-commit" && killed.CompareAndSwap(false, true) {
 			// Killed right after the first retry committed: its run
 			// request or failed event is still in the outbox.

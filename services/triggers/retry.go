@@ -165,7 +165,7 @@ func (s *Service) handleDue(ctx context.Context, msg jetstream.Msg) error {
 			return err
 		}
 		res.delivery = d
-		return s.fail("retry.before-commit")
+		return s.cfg.failpoint.At(ctx, failpointRetryBeforeCommit)
 	})
 	if w, ok := errors.AsType[*throttleWait](err); ok {
 		s.metrics.throttleWaits.WithLabelValues(first.TriggerID).Inc()
@@ -179,7 +179,7 @@ func (s *Service) handleDue(ctx context.Context, msg jetstream.Msg) error {
 	if err != nil {
 		return err
 	}
-	if err := s.fail("retry.after-commit"); err != nil {
+	if err := s.cfg.failpoint.At(ctx, failpointRetryAfterCommit); err != nil {
 		return err
 	}
 	if res.duplicate {

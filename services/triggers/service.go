@@ -43,9 +43,15 @@ type Service struct {
 	loops     sync.WaitGroup
 }
 
-// errCrashed is returned by failpoints: the process "died" at that point,
-// and the message is left unacked.
-var errCrashed = fmt.Errorf("failpoint: crashed: %w", durable.ErrAbandon)
+// Failpoints (Config.failpoint, tests only): the places a crash test can
+// make the process die, before and after the commit of a delivery or of
+// a due.
+const (
+	failpointDeliverBeforeCommit = "deliver.before-commit"
+	failpointDeliverAfterCommit  = "deliver.after-commit"
+	failpointRetryBeforeCommit   = "retry.before-commit"
+	failpointRetryAfterCommit    = "retry.after-commit"
+)
 
 // New checks the configuration and builds the service; Start runs it.
 func New(cfg Config) (*Service, error) {
@@ -187,17 +193,6 @@ func (s *Service) kick() {
 	if s.relay != nil {
 		s.relay.Kick()
 	}
-}
-
-// fail runs a test failpoint.
-func (s *Service) fail(name string) error {
-	if s.cfg.failpoint == nil {
-		return nil
-	}
-	if err := s.cfg.failpoint(name); err != nil {
-		return fmt.Errorf("%s: %w", name, errCrashed)
-	}
-	return nil
 }
 
 // sleepCtx waits d or until ctx ends.
