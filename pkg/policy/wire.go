@@ -71,7 +71,7 @@ func (w wire) policy() Policy {
 
 // MarshalJSON writes the policy in the API's JSON form: the
 // retry_policies columns by name, durations in whole milliseconds
-// (docs/scheduler.md, "HTTP API").
+// (docs/scheduler.md, "The API").
 func (p Policy) MarshalJSON() ([]byte, error) {
 	return json.Marshal(p.wire())
 }

@@ -166,15 +166,15 @@ func (req PolicyRequest) policy(kind, jobType string) (policy.Policy, error) {
 	if p.NonRetryableClasses, err = parseClasses("non_retryable_classes", p.NonRetryableClasses); err != nil {
 		return policy.Policy{}, err
 	}
-	byName := make(map[errclass.Class]policy.ClassBackoff, len(p.ClassBackoff))
+	byClass := make(map[errclass.Class]policy.ClassBackoff, len(p.ClassBackoff))
 	for name, cb := range p.ClassBackoff {
 		cl, err := errclass.Parse(string(name))
 		if err != nil {
 			return policy.Policy{}, invalidField("class_backoff", err.Error())
 		}
-		byName[cl] = cb
+		byClass[cl] = cb
 	}
-	p.ClassBackoff = byName
+	p.ClassBackoff = byClass
 	return p, nil
 }
 
