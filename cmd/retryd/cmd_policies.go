@@ -7,6 +7,10 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+
+	"github.com/retryd/retryd/pkg/backoff"
+	"github.com/retryd/retryd/pkg/errclass"
+	"github.com/retryd/retryd/pkg/policy"
 )
 
 func newPoliciesCmd(g *globals) *cobra.Command {
@@ -49,7 +53,7 @@ func newPoliciesListCmd(g *globals) *cobra.Command {
 				return err
 			}
 			var res struct {
-				Policies []policyView `json:"policies"`
+				Policies []policy.Policy `json:"policies"`
 			}
 			raw, err := c.get(cmd.Context(), "/v1/policies", nil, &res)
 			if err != nil {
@@ -64,22 +68,34 @@ func newPoliciesListCmd(g *globals) *cobra.Command {
 				if jt == "" {
 					jt = "_"
 				}
-				t.row(p.Kind, jt, p.Name, strconv.Itoa(p.Version), strconv.Itoa(p.MaxRetries), msDuration(p.BaseDelayMS),
-					strconv.FormatFloat(p.Multiplier, 'g', -1, 64), msDuration(p.MaxDelayMS), jitter(p), strconv.FormatBool(p.Enabled))
+				t.row(p.Kind, jt, p.Name, strconv.Itoa(p.Version), strconv.Itoa(p.MaxRetries), duration(p.Backoff.Base),
+					strconv.FormatFloat(p.Backoff.Multiplier, 'g', -1, 64), duration(p.Backoff.Max), jitter(p.Backoff), strconv.FormatBool(p.Enabled))
 			}
 			return t.flush()
 		},
 	}
 }
 
-func jitter(p policyView) string {
-	if p.Jitter == "additive" {
-		return "+0.." + msDuration(p.JitterMS)
+func jitter(b backoff.Config) string {
+	if b.Jitter == backoff.JitterAdditive {
+		return "+0.." + duration(b.JitterMax)
 	}
-	return p.Jitter
+	return string(b.Jitter)
 }
 
-func printPolicy(g *globals, p policyView) error {
+// duration is d as the API holds it, in whole milliseconds.
+func duration(d time.Duration) string { return msDuration(d.Milliseconds()) }
+
+// classNames is classes as the API names them.
+func classNames(classes []errclass.Class) []string {
+	out := make([]string, len(classes))
+	for i, c := range classes {
+		out[i] = string(c)
+	}
+	return out
+}
+
+func printPolicy(g *globals, p policy.Policy) error {
 	jt := p.JobType
 	if jt == "" {
 		jt = "_ (the kind's default)"
@@ -91,13 +107,13 @@ func printPolicy(g *globals, p policyView) error {
 		"Version", strconv.Itoa(p.Version),
 		"Enabled", strconv.FormatBool(p.Enabled),
 		"Max retries", strconv.Itoa(p.MaxRetries),
-		"Backoff", fmt.Sprintf("%s x%g, capped at %s", msDuration(p.BaseDelayMS), p.Multiplier, msDuration(p.MaxDelayMS)),
-		"Jitter", jitter(p),
+		"Backoff", fmt.Sprintf("%s x%g, capped at %s", duration(p.Backoff.Base), p.Backoff.Multiplier, duration(p.Backoff.Max)),
+		"Jitter", jitter(p.Backoff),
 		"Class backoff", describeClassBackoff(p),
-		"Max hold", msDuration(p.MaxHoldMS)+" (a throttled, paused or waiting item is exhausted as hold_expired after it; holds use no retry)",
-		"Max retry-after", msDuration(p.MaxRetryAfterMS)+" (a failure's own retry-after hint is honoured up to it)",
-		"Retryable classes", joinOr(p.RetryableClasses, "(class defaults)"),
-		"Non-retryable classes", joinOr(p.NonRetryableClasses, "(class defaults)"),
+		"Max hold", duration(p.MaxHold)+" (a throttled, paused or waiting item is exhausted as hold_expired after it; holds use no retry)",
+		"Max retry-after", duration(p.MaxRetryAfter)+" (a failure's own retry-after hint is honoured up to it)",
+		"Retryable classes", joinOr(classNames(p.RetryableClasses), "(class defaults)"),
+		"Non-retryable classes", joinOr(classNames(p.NonRetryableClasses), "(class defaults)"),
 		"Updated", stamp(&p.UpdatedAt, time.Now())+" by "+p.UpdatedBy,
 	)
 }
@@ -115,7 +131,7 @@ func newPoliciesGetCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			var p policyView
+			var p policy.Policy
 			raw, err := c.get(cmd.Context(), policyPath(kind, jobType), nil, &p)
 			if err != nil {
 				return fmt.Errorf("get policy %s: %w", policyName(kind, jobType), err)
@@ -208,8 +224,9 @@ func (pf *policyFlags) register(cmd *cobra.Command, full bool) {
 	pf.flagsSet = func(name string) bool { return cmd.Flags().Changed(name) }
 }
 
-// apply overrides the fields of p whose flags were given.
-func (pf *policyFlags) apply(cmd *cobra.Command, p *policyView) error {
+// apply overrides the fields of p whose flags were given; durations in
+// whole milliseconds, as the API keeps them.
+func (pf *policyFlags) apply(cmd *cobra.Command, p *policy.Policy) error {
 	set := pf.flagsSet
 	if set("max-retries") {
 		if pf.maxRetries < 0 || pf.maxRetries > 1000 {
@@ -218,13 +235,13 @@ func (pf *policyFlags) apply(cmd *cobra.Command, p *policyView) error {
 		p.MaxRetries = pf.maxRetries
 	}
 	if set("base-delay") {
-		p.BaseDelayMS = pf.baseDelay.Milliseconds()
+		p.Backoff.Base = pf.baseDelay.Truncate(time.Millisecond)
 	}
 	if set("max-delay") {
-		p.MaxDelayMS = pf.maxDelay.Milliseconds()
+		p.Backoff.Max = pf.maxDelay.Truncate(time.Millisecond)
 	}
 	if set("multiplier") {
-		p.Multiplier = pf.multiplier
+		p.Backoff.Multiplier = pf.multiplier
 	}
 	if set("jitter") {
 		switch pf.jitter {
@@ -232,26 +249,26 @@ func (pf *policyFlags) apply(cmd *cobra.Command, p *policyView) error {
 		default:
 			return usageErrorf(cmd, "--jitter %q is not none, full, equal or additive", pf.jitter)
 		}
-		p.Jitter = pf.jitter
+		p.Backoff.Jitter = backoff.Jitter(pf.jitter)
 	}
 	if set("jitter-max") {
-		p.JitterMS = pf.jitterMax.Milliseconds()
+		p.Backoff.JitterMax = pf.jitterMax.Truncate(time.Millisecond)
 	}
 	if set("class-backoff") {
 		cb, err := parseClassBackoff(pf.classBackoff)
 		if err != nil {
 			return usageErrorf(cmd, "--class-backoff: %v", err)
 		}
-		p.ClassBackoff = cb
+		p.ClassBackoff = policy.ClassBackoffsFromMS(cb)
 	}
 	if !pf.withClassFlag {
 		return nil
 	}
 	if set("retryable") {
-		p.RetryableClasses = pf.retryable
+		p.RetryableClasses = classes(pf.retryable)
 	}
 	if set("non-retryable") {
-		p.NonRetryableClasses = pf.nonRetryable
+		p.NonRetryableClasses = classes(pf.nonRetryable)
 	}
 	if set("enabled") {
 		p.Enabled = pf.enabled
@@ -263,13 +280,13 @@ func (pf *policyFlags) apply(cmd *cobra.Command, p *policyView) error {
 		if pf.maxHold < time.Millisecond {
 			return usageErrorf(cmd, "--max-hold must be at least 1ms, got %s", pf.maxHold)
 		}
-		p.MaxHoldMS = pf.maxHold.Milliseconds()
+		p.MaxHold = pf.maxHold.Truncate(time.Millisecond)
 	}
 	if set("max-retry-after") {
 		if pf.maxRetryAfter < time.Millisecond {
 			return usageErrorf(cmd, "--max-retry-after must be at least 1ms, got %s", pf.maxRetryAfter)
 		}
-		p.MaxRetryAfterMS = pf.maxRetryAfter.Milliseconds()
+		p.MaxRetryAfter = pf.maxRetryAfter.Truncate(time.Millisecond)
 	}
 	return nil
 }
@@ -292,9 +309,8 @@ needs --max-retries, --base-delay and --max-delay.`,
 			if err != nil {
 				return err
 			}
-			var cur policyView
+			var cur policy.Policy
 			_, err = c.get(cmd.Context(), policyPath(kind, jobType), nil, &cur)
-			exists := err == nil
 			switch {
 			case isNotFound(err):
 				for _, name := range []string{"max-retries", "base-delay", "max-delay"} {
@@ -302,31 +318,22 @@ needs --max-retries, --base-delay and --max-delay.`,
 						return usageErrorf(cmd, "policy %s does not exist yet: give --max-retries, --base-delay and --max-delay", policyName(kind, jobType))
 					}
 				}
-				cur = policyView{Kind: kind, JobType: jobType, Multiplier: 2, Jitter: "additive", Enabled: true,
-					Name: strings.TrimSuffix(kind+"-"+jobType, "-")}
+				cur = policy.New(kind, jobType)
+				cur.Name = strings.TrimSuffix(kind+"-"+jobType, "-")
 			case err != nil:
 				return fmt.Errorf("read policy %s: %w", policyName(kind, jobType), err)
 			}
 			if err := pf.apply(cmd, &cur); err != nil {
 				return err
 			}
-			body := map[string]any{
-				"name": cur.Name, "max_retries": cur.MaxRetries, "base_delay_ms": cur.BaseDelayMS,
-				"max_delay_ms": cur.MaxDelayMS, "multiplier": cur.Multiplier, "jitter": cur.Jitter,
-				"jitter_ms": cur.JitterMS, "retryable_classes": nonNil(cur.RetryableClasses),
-				"non_retryable_classes": nonNil(cur.NonRetryableClasses), "enabled": cur.Enabled,
-				// Kept as they are unless given (0 for a new policy: the defaults).
-				"max_hold_ms": cur.MaxHoldMS, "max_retry_after_ms": cur.MaxRetryAfterMS,
-				"class_backoff": nonNilClasses(cur.ClassBackoff),
-			}
-			if exists {
-				body["version"] = cur.Version // 409 if someone changed it meanwhile
-			}
-			if pf.by != "" {
-				body["updated_by"] = pf.by
-			}
-			var saved policyView
-			raw, err := c.put(cmd.Context(), policyPath(kind, jobType), body, &saved)
+			// The policy as read goes back with the flags applied: its
+			// version makes the server answer 409 if someone changed it
+			// meanwhile (0 for a new one, with 0 hold limits for the
+			// defaults), and updated_by names who changes it now ("": the
+			// server's default).
+			cur.UpdatedBy = pf.by
+			var saved policy.Policy
+			raw, err := c.put(cmd.Context(), policyPath(kind, jobType), cur, &saved)
 			if err != nil {
 				return fmt.Errorf("set policy %s: %w", policyName(kind, jobType), err)
 			}
@@ -341,16 +348,10 @@ needs --max-retries, --base-delay and --max-delay.`,
 	return cmd
 }
 
-func nonNil(s []string) []string {
-	if s == nil {
-		return []string{}
+func classes(names []string) []errclass.Class {
+	out := make([]errclass.Class, len(names))
+	for i, n := range names {
+		out[i] = errclass.Class(n)
 	}
-	return s
-}
-
-func nonNilClasses(m map[string]classBackoffView) map[string]classBackoffView {
-	if m == nil {
-		return map[string]classBackoffView{}
-	}
-	return m
+	return out
 }

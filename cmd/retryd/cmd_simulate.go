@@ -44,8 +44,7 @@ shows one class only.`,
 			if jobType != "" && kind == "" {
 				return usageErrorf(cmd, "--job-type needs --kind")
 			}
-			p := policyView{Name: "ad-hoc", Version: 1, MaxRetries: 5, BaseDelayMS: 1000, Multiplier: 2,
-				MaxDelayMS: 300_000, Jitter: "additive", JitterMS: 1000, Enabled: true}
+			p := policy.Policy{Name: "ad-hoc", Version: 1, MaxRetries: 5, Backoff: backoff.Default(), Enabled: true}
 			source := "ad-hoc policy"
 			if kind != "" {
 				var err error
@@ -56,13 +55,11 @@ shows one class only.`,
 			if err := pf.apply(cmd, &p); err != nil {
 				return err
 			}
+			// Only the backoff is simulated: the policy's kind, classes and
+			// switch do not change it, and need not be valid here.
 			pol := policy.Policy{
 				Kind: "simulate", Name: p.Name, Version: max(p.Version, 1), MaxRetries: p.MaxRetries, Enabled: true,
-				Backoff: backoff.Config{
-					Base: time.Duration(p.BaseDelayMS) * time.Millisecond, Max: time.Duration(p.MaxDelayMS) * time.Millisecond,
-					Multiplier: p.Multiplier, Jitter: backoff.Jitter(p.Jitter), JitterMax: time.Duration(p.JitterMS) * time.Millisecond,
-				},
-				ClassBackoff: policy.ClassBackoffsFromMS(p.ClassBackoff),
+				Backoff: p.Backoff, ClassBackoff: p.ClassBackoff,
 			}
 			if err := pol.Validate(); err != nil {
 				return usageErrorf(cmd, "the policy to simulate is not valid: %v", err)
@@ -82,17 +79,17 @@ shows one class only.`,
 				steps := policy.SimulateClass(pol, cl, n)
 				source += ", errors of class " + string(cl)
 				if g.json {
-					return writeJSON(g.stdout, simulation(p, source, steps))
+					return writeJSON(g.stdout, simulation(source, steps))
 				}
 				return printSimulation(g, p, source, steps)
 			}
-			out := simulation(p, source, policy.Simulate(pol, n))
+			out := simulation(source, policy.Simulate(pol, n))
 			classes := slices.Sorted(maps.Keys(pol.ClassBackoff))
 			for _, c := range classes {
 				if out.Classes == nil {
 					out.Classes = map[string][]simulatedStep{}
 				}
-				out.Classes[string(c)] = simulation(p, source, policy.SimulateClass(pol, c, n)).Steps
+				out.Classes[string(c)] = simulation(source, policy.SimulateClass(pol, c, n)).Steps
 			}
 			if g.json {
 				return writeJSON(g.stdout, out)
@@ -119,27 +116,27 @@ shows one class only.`,
 
 // effectivePolicy is the policy that governs kind/jobType: the exact one,
 // else the kind's default, else the fallback "*".
-func effectivePolicy(cmd *cobra.Command, g *globals, kind, jobType string) (policyView, string, error) {
+func effectivePolicy(cmd *cobra.Command, g *globals, kind, jobType string) (policy.Policy, string, error) {
 	c, err := g.client()
 	if err != nil {
-		return policyView{}, "", err
+		return policy.Policy{}, "", err
 	}
 	candidates := [][2]string{{kind, jobType}, {kind, ""}, {"*", ""}}
 	if jobType == "" {
 		candidates = candidates[1:]
 	}
 	for _, cand := range candidates {
-		var p policyView
+		var p policy.Policy
 		_, err := c.get(cmd.Context(), policyPath(cand[0], cand[1]), nil, &p)
 		if isNotFound(err) {
 			continue
 		}
 		if err != nil {
-			return policyView{}, "", fmt.Errorf("read policy %s: %w", policyName(cand[0], cand[1]), err)
+			return policy.Policy{}, "", fmt.Errorf("read policy %s: %w", policyName(cand[0], cand[1]), err)
 		}
 		return p, fmt.Sprintf("policy %s (%s v%d)", policyName(cand[0], cand[1]), p.Name, p.Version), nil
 	}
-	return policyView{}, "", fmt.Errorf("no policy governs %s: not even the fallback */_", policyName(kind, jobType))
+	return policy.Policy{}, "", fmt.Errorf("no policy governs %s: not even the fallback */_", policyName(kind, jobType))
 }
 
 type simulatedStep struct {
@@ -159,7 +156,7 @@ type simulationOut struct {
 	Classes map[string][]simulatedStep `json:"classes,omitempty"`
 }
 
-func simulation(_ policyView, source string, steps []policy.Step) simulationOut {
+func simulation(source string, steps []policy.Step) simulationOut {
 	out := simulationOut{Policy: source, Steps: make([]simulatedStep, len(steps))}
 	for i, s := range steps {
 		out.Steps[i] = simulatedStep{
@@ -171,9 +168,9 @@ func simulation(_ policyView, source string, steps []policy.Step) simulationOut 
 	return out
 }
 
-func printSimulation(g *globals, p policyView, source string, steps []policy.Step) error {
+func printSimulation(g *globals, p policy.Policy, source string, steps []policy.Step) error {
 	fmt.Fprintf(g.stdout, "%s: %d retries, %s x%g capped at %s, jitter %s\n\n", source, p.MaxRetries,
-		msDuration(p.BaseDelayMS), p.Multiplier, msDuration(p.MaxDelayMS), jitter(p))
+		duration(p.Backoff.Base), p.Backoff.Multiplier, duration(p.Backoff.Max), jitter(p.Backoff))
 	if err := printSteps(g, steps); err != nil {
 		return err
 	}

@@ -7,6 +7,9 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/retryd/retryd/pkg/errclass"
+	"github.com/retryd/retryd/pkg/policy"
 )
 
 func TestSourcesCommands(t *testing.T) {
@@ -93,13 +96,13 @@ func TestPoliciesCommands(t *testing.T) {
 	require.Contains(t, out, "Policy job/cli_new is now version 1.")
 	out = b.ok(t, "policies", "set", "job", "cli_new", "--max-retries", "4", "--non-retryable", "validation", "--retryable", "permission")
 	require.Contains(t, out, "Policy job/cli_new is now version 2.")
-	var p policyView
+	var p policy.Policy
 	b.okJSON(t, &p, "policies", "get", "job", "cli_new")
 	require.Equal(t, 4, p.MaxRetries)
-	require.EqualValues(t, 1000, p.BaseDelayMS, "flags left out keep their value")
+	require.Equal(t, time.Second, p.Backoff.Base, "flags left out keep their value")
 	require.Equal(t, "cli-new", p.Name)
-	require.Equal(t, []string{"permission"}, p.RetryableClasses)
-	require.Equal(t, []string{"validation"}, p.NonRetryableClasses)
+	require.Equal(t, []errclass.Class{errclass.Permission}, p.RetryableClasses)
+	require.Equal(t, []errclass.Class{errclass.Validation}, p.NonRetryableClasses)
 
 	out = b.ok(t, "policies", "set", "job", "cli_new", "--max-hold", "48h", "--max-retry-after", "2h")
 	require.Regexp(t, `Max hold:\s+2d`, out)

@@ -18,6 +18,7 @@ import (
 
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/pkg/errclass"
+	"github.com/retryd/retryd/pkg/policy"
 	"github.com/retryd/retryd/pkg/worker"
 )
 
@@ -386,13 +387,13 @@ func TestDashboardBrowser(t *testing.T) {
 		chromedp.Click(chromedp.CSS(`[data-test="save-policy"]`)),
 		poll(`document.querySelector('[data-test="policy-editor"] h2')?.textContent.includes("(v2)")`),
 	))
-	var p policyView
+	var p policy.Policy
 	b.okJSON(t, &p, "policies", "get", "job", "dash_email")
 	require.Equal(t, 6, p.MaxRetries)
 	require.Equal(t, 2, p.Version)
-	require.EqualValues(t, 3_600_000, p.BaseDelayMS, "fields not edited are kept")
-	require.EqualValues(t, 30*24*3_600_000, p.MaxHoldMS, "fields not edited are kept")
-	require.EqualValues(t, 24*3_600_000, p.MaxRetryAfterMS, "fields not edited are kept")
+	require.Equal(t, time.Hour, p.Backoff.Base, "fields not edited are kept")
+	require.Equal(t, policy.DefaultMaxHold, p.MaxHold, "fields not edited are kept")
+	require.Equal(t, policy.DefaultMaxRetryAfter, p.MaxRetryAfter, "fields not edited are kept")
 
 	t.Log("give an error class its own backoff, and a max hold")
 	editor := `[data-test="policy-editor"] `
@@ -410,15 +411,15 @@ func TestDashboardBrowser(t *testing.T) {
 	))
 	b.okJSON(t, &p, "policies", "get", "job", "dash_email")
 	require.Equal(t, 3, p.Version)
-	require.EqualValues(t, 3_600_000, p.MaxHoldMS)
+	require.Equal(t, time.Hour, p.MaxHold)
 	require.Len(t, p.ClassBackoff, 1)
-	cb := p.ClassBackoff["timeout"]
-	require.NotNil(t, cb.BaseDelayMS)
-	require.NotNil(t, cb.MaxDelayMS)
-	require.NotNil(t, cb.FirstDelayMS)
-	require.EqualValues(t, 200, *cb.BaseDelayMS)
-	require.EqualValues(t, 2000, *cb.MaxDelayMS)
-	require.EqualValues(t, 0, *cb.FirstDelayMS)
+	cb := p.ClassBackoff[errclass.Timeout]
+	require.NotNil(t, cb.Base)
+	require.NotNil(t, cb.Max)
+	require.NotNil(t, cb.FirstDelay)
+	require.Equal(t, 200*time.Millisecond, *cb.Base)
+	require.Equal(t, 2*time.Second, *cb.Max)
+	require.Equal(t, time.Duration(0), *cb.FirstDelay)
 	require.Nil(t, cb.Multiplier, "fields left blank keep the policy's")
 	// Shown back: the editor is drawn again from the API's answer.
 	require.Equal(t, "200", eval[string](t, ctx, fmt.Sprintf(`document.querySelector(%q).value`, timeout+`input[name="base_delay_ms"]`)))

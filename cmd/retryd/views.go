@@ -2,7 +2,6 @@ package main
 
 import (
 	"encoding/json"
-	"github.com/retryd/retryd/pkg/policy"
 	"time"
 )
 
@@ -74,31 +73,6 @@ type sourceView struct {
 	UpdatedBy    string     `json:"updated_by"`
 	UpdatedAt    time.Time  `json:"updated_at"`
 }
-
-type policyView struct {
-	Kind                string   `json:"kind"`
-	JobType             string   `json:"job_type"`
-	Name                string   `json:"name"`
-	Version             int      `json:"version"`
-	MaxRetries          int      `json:"max_retries"`
-	BaseDelayMS         int64    `json:"base_delay_ms"`
-	Multiplier          float64  `json:"multiplier"`
-	MaxDelayMS          int64    `json:"max_delay_ms"`
-	Jitter              string   `json:"jitter"`
-	JitterMS            int64    `json:"jitter_ms"`
-	RetryableClasses    []string `json:"retryable_classes"`
-	NonRetryableClasses []string `json:"non_retryable_classes"`
-	Enabled             bool     `json:"enabled"`
-	MaxHoldMS           int64    `json:"max_hold_ms"`
-	MaxRetryAfterMS     int64    `json:"max_retry_after_ms"`
-	// ClassBackoff is the policy's backoff per error class; fields left
-	// out keep the policy's.
-	ClassBackoff map[string]classBackoffView `json:"class_backoff,omitempty"`
-	UpdatedBy    string                      `json:"updated_by"`
-	UpdatedAt    time.Time                   `json:"updated_at"`
-}
-
-type classBackoffView = policy.ClassBackoffMS
 
 type policyVersion struct {
 	Version   int             `json:"version"`

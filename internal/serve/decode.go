@@ -112,7 +112,11 @@ func invalid(field, reason string) error {
 func decodeError(err error) error {
 	var typeErr *json.UnmarshalTypeError
 	var syntaxErr *json.SyntaxError
+	var fieldErr *contract.FieldError
 	switch {
+	case errors.As(err, &fieldErr):
+		// A type's UnmarshalJSON that checks its own fields names them.
+		return err
 	case errors.As(err, &typeErr):
 		if typeErr.Field != "" {
 			return invalid(typeErr.Field, fmt.Sprintf("must be %s, got %s", jsonKind(typeErr.Type.String()), typeErr.Value))

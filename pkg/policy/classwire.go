@@ -28,7 +28,7 @@ func ClassBackoffsFromMS(in map[string]ClassBackoffMS) map[errclass.Class]ClassB
 		if v == nil {
 			return nil
 		}
-		d := time.Duration(*v) * time.Millisecond
+		d := FromMS(*v)
 		return &d
 	}
 	out := make(map[errclass.Class]ClassBackoff, len(in))
@@ -40,6 +40,30 @@ func ClassBackoffsFromMS(in map[string]ClassBackoffMS) map[errclass.Class]ClassB
 			pc.Jitter = &j
 		}
 		out[errclass.Class(c)] = pc
+	}
+	return out
+}
+
+// ClassBackoffsToMS is the inverse of ClassBackoffsFromMS, for the API and
+// the database; an empty map, never nil, when there are none, as
+// retry_policies.class_backoff holds '{}'.
+func ClassBackoffsToMS(in map[errclass.Class]ClassBackoff) map[string]ClassBackoffMS {
+	ms := func(d *time.Duration) *int64 {
+		if d == nil {
+			return nil
+		}
+		v := d.Milliseconds()
+		return &v
+	}
+	out := make(map[string]ClassBackoffMS, len(in))
+	for c, cb := range in {
+		w := ClassBackoffMS{BaseDelayMS: ms(cb.Base), MaxDelayMS: ms(cb.Max), Multiplier: cb.Multiplier,
+			JitterMS: ms(cb.JitterMax), FirstDelayMS: ms(cb.FirstDelay)}
+		if cb.Jitter != nil {
+			j := string(*cb.Jitter)
+			w.Jitter = &j
+		}
+		out[string(c)] = w
 	}
 	return out
 }

@@ -28,12 +28,9 @@ var failedAt = time.Date(2025, 3, 4, 10, 0, 0, 0, time.UTC)
 
 // seedDefault is the '*' policy of the foundation migration.
 func seedDefault() policy.Policy {
-	return policy.Policy{
-		Kind: policy.AnyKind, Name: "default", Version: 2, MaxRetries: 3,
-		Backoff:             backoff.Default(),
-		NonRetryableClasses: []errclass.Class{errclass.Authentication, errclass.Permission, errclass.Validation},
-		Enabled:             true,
-	}
+	p := policy.Fallback()
+	p.Version = 2
+	return p
 }
 
 func intp(v int) *int       { return &v }

@@ -32,7 +32,10 @@ const (
 )
 
 // Policy is a retry policy for a kind and, optionally, a job type (a row of
-// retry_policies).
+// retry_policies). It is the one shape of a policy: the scheduler decides
+// with it, the store reads and writes it, and the HTTP API, the CLI and the
+// dashboard exchange it in its JSON form (see MarshalJSON), whose field
+// names are the retry_policies columns.
 type Policy struct {
 	Kind    string
 	JobType string
@@ -57,6 +60,12 @@ type Policy struct {
 	// ClassBackoff gives error classes their own backoff (see
 	// ClassBackoff); a class without an entry uses Backoff.
 	ClassBackoff map[errclass.Class]ClassBackoff
+	// UpdatedBy, CreatedAt and UpdatedAt say who changed a stored policy
+	// last and when; the store sets them, and Decide and Validate ignore
+	// them.
+	UpdatedBy string
+	CreatedAt time.Time
+	UpdatedAt time.Time
 }
 
 func invalid(field, reason string) error {

@@ -5,57 +5,20 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/retryd/retryd/pkg/policy"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/retryd/retryd/pkg/errclass"
+	"github.com/retryd/retryd/pkg/policy"
 )
 
 // Wildcard is the kind of the fallback policy used for kinds without one.
-const Wildcard = "*"
-
-// Defaults of retry_policies.max_hold_ms and max_retry_after_ms.
-const (
-	DefaultMaxHoldMS       = int64(30 * 24 * 60 * 60 * 1000)
-	DefaultMaxRetryAfterMS = int64(24 * 60 * 60 * 1000)
-)
+const Wildcard = policy.AnyKind
 
 // ErrVersionConflict is returned by PutPolicy when the caller expected a
 // version that is no longer current.
 var ErrVersionConflict = errors.New("policy version changed")
-
-// Policy is a row of retry_policies. JobType "" is the kind's default;
-// kind "*" with job type "" is the fallback for every kind.
-type Policy struct {
-	Kind                string   `json:"kind"`
-	JobType             string   `json:"job_type"`
-	Name                string   `json:"name"`
-	Version             int      `json:"version"`
-	MaxRetries          int      `json:"max_retries"`
-	BaseDelayMS         int64    `json:"base_delay_ms"`
-	Multiplier          float64  `json:"multiplier"`
-	MaxDelayMS          int64    `json:"max_delay_ms"`
-	Jitter              string   `json:"jitter"`
-	JitterMS            int64    `json:"jitter_ms"`
-	RetryableClasses    []string `json:"retryable_classes"`
-	NonRetryableClasses []string `json:"non_retryable_classes"`
-	Enabled             bool     `json:"enabled"`
-	// MaxHoldMS bounds how long an item may be held back (throttled,
-	// paused, waiting for a slot) before it is exhausted as hold_expired.
-	MaxHoldMS int64 `json:"max_hold_ms"`
-	// MaxRetryAfterMS bounds a failure's own retry-after hint.
-	MaxRetryAfterMS int64 `json:"max_retry_after_ms"`
-	// ClassBackoff gives error classes their own backoff, by class name.
-	ClassBackoff map[string]ClassBackoff `json:"class_backoff"`
-	UpdatedBy    string                  `json:"updated_by"`
-	CreatedAt    time.Time               `json:"created_at"`
-	UpdatedAt    time.Time               `json:"updated_at"`
-}
-
-// ClassBackoff is one error class's backoff in retry_policies.class_backoff:
-// fields left out keep the policy's; FirstDelayMS is the class's first
-// retry's delay, exactly (0: at once).
-type ClassBackoff = policy.ClassBackoffMS
 
 // PolicyVersion is a row of retry_policy_versions: the policy as it was
 // from Version on.
@@ -72,67 +35,77 @@ const policyColumns = `kind, job_type, name, version, max_retries, base_delay_ms
 	jitter, jitter_ms, retryable_classes, non_retryable_classes, enabled, max_hold_ms, max_retry_after_ms,
 	class_backoff, updated_by, created_at, updated_at`
 
-func scanPolicy(row pgx.Row) (Policy, error) {
-	var p Policy
+// millis scans a bigint column of milliseconds into a Duration: the
+// columns keep milliseconds, policy.Policy durations.
+type millis struct{ d *time.Duration }
+
+func (m millis) Scan(src any) error {
+	ms, ok := src.(int64)
+	if !ok {
+		return fmt.Errorf("scan milliseconds: %T is not a bigint", src)
+	}
+	*m.d = policy.FromMS(ms)
+	return nil
+}
+
+func scanPolicy(row pgx.Row) (policy.Policy, error) {
+	var p policy.Policy
 	var classBackoff []byte
-	err := row.Scan(&p.Kind, &p.JobType, &p.Name, &p.Version, &p.MaxRetries, &p.BaseDelayMS, &p.Multiplier,
-		&p.MaxDelayMS, &p.Jitter, &p.JitterMS, &p.RetryableClasses, &p.NonRetryableClasses, &p.Enabled,
-		&p.MaxHoldMS, &p.MaxRetryAfterMS, &classBackoff, &p.UpdatedBy, &p.CreatedAt, &p.UpdatedAt)
-	if err == nil && len(classBackoff) > 0 {
-		if jerr := json.Unmarshal(classBackoff, &p.ClassBackoff); jerr != nil {
-			return Policy{}, fmt.Errorf("decode class_backoff of policy %s/%s: %w", p.Kind, p.JobType, jerr)
+	b := &p.Backoff
+	err := row.Scan(&p.Kind, &p.JobType, &p.Name, &p.Version, &p.MaxRetries, millis{&b.Base}, &b.Multiplier,
+		millis{&b.Max}, &b.Jitter, millis{&b.JitterMax}, &p.RetryableClasses, &p.NonRetryableClasses, &p.Enabled,
+		millis{&p.MaxHold}, millis{&p.MaxRetryAfter}, &classBackoff, &p.UpdatedBy, &p.CreatedAt, &p.UpdatedAt)
+	if err != nil {
+		return policy.Policy{}, err
+	}
+	var byName map[string]policy.ClassBackoffMS
+	if len(classBackoff) > 0 {
+		if err := json.Unmarshal(classBackoff, &byName); err != nil {
+			return policy.Policy{}, fmt.Errorf("decode class_backoff of policy %s/%s: %w", p.Kind, p.JobType, err)
 		}
 	}
-	if p.ClassBackoff == nil {
-		p.ClassBackoff = map[string]ClassBackoff{}
-	}
-	if p.RetryableClasses == nil {
-		p.RetryableClasses = []string{}
-	}
-	if p.NonRetryableClasses == nil {
-		p.NonRetryableClasses = []string{}
-	}
-	return p, err
+	p.ClassBackoff = policy.ClassBackoffsFromMS(byName)
+	return p, nil
 }
 
 // LookupPolicy returns the policy that governs kind and jobType: the exact
 // (kind, jobType) row, else the kind's default (kind, ""), else the
 // fallback ("*", ""). ErrNotFound means none of them exists.
-func LookupPolicy(ctx context.Context, q Querier, kind, jobType string) (Policy, error) {
+func LookupPolicy(ctx context.Context, q Querier, kind, jobType string) (policy.Policy, error) {
 	row := q.QueryRow(ctx, `SELECT `+policyColumns+` FROM retry_policies
 WHERE (kind = $1 AND job_type IN ($2, '')) OR (kind = '*' AND job_type = '')
 ORDER BY kind = '*', job_type = '' LIMIT 1`, kind, jobType)
 	p, err := scanPolicy(row)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return Policy{}, fmt.Errorf("look up policy %s/%s: %w", kind, jobType, ErrNotFound)
+		return policy.Policy{}, fmt.Errorf("look up policy %s/%s: %w", kind, jobType, ErrNotFound)
 	}
 	if err != nil {
-		return Policy{}, fmt.Errorf("look up policy %s/%s: %w", kind, jobType, err)
+		return policy.Policy{}, fmt.Errorf("look up policy %s/%s: %w", kind, jobType, err)
 	}
 	return p, nil
 }
 
 // GetPolicy returns exactly the (kind, jobType) row.
-func GetPolicy(ctx context.Context, q Querier, kind, jobType string) (Policy, error) {
+func GetPolicy(ctx context.Context, q Querier, kind, jobType string) (policy.Policy, error) {
 	row := q.QueryRow(ctx, `SELECT `+policyColumns+` FROM retry_policies WHERE kind = $1 AND job_type = $2`, kind, jobType)
 	p, err := scanPolicy(row)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return Policy{}, fmt.Errorf("get policy %s/%s: %w", kind, jobType, ErrNotFound)
+		return policy.Policy{}, fmt.Errorf("get policy %s/%s: %w", kind, jobType, ErrNotFound)
 	}
 	if err != nil {
-		return Policy{}, fmt.Errorf("get policy %s/%s: %w", kind, jobType, err)
+		return policy.Policy{}, fmt.Errorf("get policy %s/%s: %w", kind, jobType, err)
 	}
 	return p, nil
 }
 
 // ListPolicies returns every policy ordered by kind and job type.
-func ListPolicies(ctx context.Context, q Querier) ([]Policy, error) {
+func ListPolicies(ctx context.Context, q Querier) ([]policy.Policy, error) {
 	rows, err := q.Query(ctx, `SELECT `+policyColumns+` FROM retry_policies ORDER BY kind, job_type`)
 	if err != nil {
 		return nil, fmt.Errorf("list policies: %w", err)
 	}
 	defer rows.Close()
-	out := []Policy{}
+	out := []policy.Policy{}
 	for rows.Next() {
 		p, err := scanPolicy(rows)
 		if err != nil {
@@ -152,29 +125,21 @@ func ListPolicies(ctx context.Context, q Querier) ([]Policy, error) {
 // version the caller read: 0 skips the check, any other value that is not
 // current returns ErrVersionConflict. Version, CreatedAt and UpdatedAt of
 // p are otherwise ignored.
-func PutPolicy(ctx context.Context, q Querier, p Policy, changedBy string) (Policy, error) {
-	retryable, nonRetryable := p.RetryableClasses, p.NonRetryableClasses
-	if retryable == nil {
-		retryable = []string{}
-	}
-	if nonRetryable == nil {
-		nonRetryable = []string{}
-	}
-	// 0 takes the column defaults (30 days, 24 hours).
-	maxHold, maxRetryAfter := p.MaxHoldMS, p.MaxRetryAfterMS
+func PutPolicy(ctx context.Context, q Querier, p policy.Policy, changedBy string) (policy.Policy, error) {
+	// 0 takes the defaults (30 days, 24 hours), which the columns hold
+	// too.
+	maxHold, maxRetryAfter := p.MaxHold, p.MaxRetryAfter
 	if maxHold <= 0 {
-		maxHold = DefaultMaxHoldMS
+		maxHold = policy.DefaultMaxHold
 	}
 	if maxRetryAfter <= 0 {
-		maxRetryAfter = DefaultMaxRetryAfterMS
+		maxRetryAfter = policy.DefaultMaxRetryAfter
 	}
-	classBackoff, err := json.Marshal(p.ClassBackoff)
+	classBackoff, err := json.Marshal(policy.ClassBackoffsToMS(p.ClassBackoff))
 	if err != nil {
-		return Policy{}, fmt.Errorf("put policy %s/%s: encode class_backoff: %w", p.Kind, p.JobType, err)
+		return policy.Policy{}, fmt.Errorf("put policy %s/%s: encode class_backoff: %w", p.Kind, p.JobType, err)
 	}
-	if p.ClassBackoff == nil {
-		classBackoff = []byte(`{}`)
-	}
+	b := p.Backoff
 	row := q.QueryRow(ctx, `
 WITH up AS (
 	INSERT INTO retry_policies (kind, job_type, name, max_retries, base_delay_ms, multiplier,
@@ -196,16 +161,26 @@ WITH up AS (
 	SELECT kind, job_type, version, to_jsonb(up) - 'created_at' - 'updated_at', $13 FROM up
 )
 SELECT `+policyColumns+` FROM up`,
-		p.Kind, p.JobType, p.Name, p.MaxRetries, p.BaseDelayMS, p.Multiplier, p.MaxDelayMS, p.Jitter,
-		p.JitterMS, retryable, nonRetryable, p.Enabled, changedBy, p.Version, maxHold, maxRetryAfter, string(classBackoff))
+		p.Kind, p.JobType, p.Name, p.MaxRetries, b.Base.Milliseconds(), b.Multiplier, b.Max.Milliseconds(), string(b.Jitter),
+		b.JitterMax.Milliseconds(), classNames(p.RetryableClasses), classNames(p.NonRetryableClasses), p.Enabled, changedBy,
+		p.Version, maxHold.Milliseconds(), maxRetryAfter.Milliseconds(), string(classBackoff))
 	saved, err := scanPolicy(row)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return Policy{}, fmt.Errorf("put policy %s/%s: expected version %d: %w", p.Kind, p.JobType, p.Version, ErrVersionConflict)
+		return policy.Policy{}, fmt.Errorf("put policy %s/%s: expected version %d: %w", p.Kind, p.JobType, p.Version, ErrVersionConflict)
 	}
 	if err != nil {
-		return Policy{}, fmt.Errorf("put policy %s/%s: %w", p.Kind, p.JobType, err)
+		return policy.Policy{}, fmt.Errorf("put policy %s/%s: %w", p.Kind, p.JobType, err)
 	}
 	return saved, nil
+}
+
+// classNames is classes as text[]: empty, never NULL.
+func classNames(classes []errclass.Class) []string {
+	out := make([]string, len(classes))
+	for i, c := range classes {
+		out[i] = string(c)
+	}
+	return out
 }
 
 // PolicyVersions returns every recorded version of a policy, newest first.

@@ -10,6 +10,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/retryd/retryd/migrations/pgtest"
+	"github.com/retryd/retryd/pkg/backoff"
+	"github.com/retryd/retryd/pkg/errclass"
+	"github.com/retryd/retryd/pkg/policy"
 	"github.com/retryd/retryd/projections/retrystore"
 )
 
@@ -310,18 +313,20 @@ func TestPolicies(t *testing.T) {
 	p, err = retrystore.LookupPolicy(ctx, pool, "webhook", "")
 	require.NoError(t, err)
 	require.Equal(t, "default", p.Name)
-	require.Equal(t, []string{"authentication", "permission", "validation"}, p.NonRetryableClasses)
+	require.Equal(t, []errclass.Class{errclass.Authentication, errclass.Permission, errclass.Validation}, p.NonRetryableClasses)
 
 	_, err = retrystore.GetPolicy(ctx, pool, "webhook", "")
 	require.ErrorIs(t, err, retrystore.ErrNotFound)
 
-	created, err := retrystore.PutPolicy(ctx, pool, retrystore.Policy{
-		Kind: "webhook", Name: "webhooks", MaxRetries: 2, BaseDelayMS: 100, Multiplier: 3,
-		MaxDelayMS: 1000, Jitter: "none", Enabled: true,
+	created, err := retrystore.PutPolicy(ctx, pool, policy.Policy{
+		Kind: "webhook", Name: "webhooks", MaxRetries: 2, Enabled: true,
+		Backoff: backoff.Config{Base: 100 * time.Millisecond, Multiplier: 3, Max: time.Second, Jitter: backoff.JitterNone},
 	}, "alice")
 	require.NoError(t, err)
 	require.Equal(t, 1, created.Version)
-	require.Equal(t, []string{}, created.RetryableClasses)
+	require.Empty(t, created.RetryableClasses)
+	require.Equal(t, policy.DefaultMaxHold, created.MaxHold, "0 stores the default")
+	require.Equal(t, 100*time.Millisecond, created.Backoff.Base)
 
 	upd := created
 	upd.MaxRetries = 4
@@ -351,6 +356,36 @@ func TestPolicies(t *testing.T) {
 	all, err := retrystore.ListPolicies(ctx, pool)
 	require.NoError(t, err)
 	require.Len(t, all, 9)
+}
+
+// A policy read back is the policy written, every field of it: the
+// columns and policy.Policy map one to one.
+func TestPolicyRoundTrip(t *testing.T) {
+	t.Parallel()
+	ctx, pool := setup(t)
+	first, limit := time.Duration(0), time.Minute
+	jitter := backoff.JitterNone
+	want := policy.Policy{
+		Kind: "roundtrip", JobType: "every_field", Name: "round-trip", MaxRetries: 7, Enabled: false,
+		Backoff: backoff.Config{Base: 250 * time.Millisecond, Max: 90 * time.Second, Multiplier: 1.5,
+			Jitter: backoff.JitterEqual, JitterMax: 40 * time.Millisecond},
+		RetryableClasses:    []errclass.Class{errclass.Permission},
+		NonRetryableClasses: []errclass.Class{errclass.Validation, errclass.Authentication},
+		MaxHold:             36 * time.Hour, MaxRetryAfter: 3 * time.Hour,
+		ClassBackoff: map[errclass.Class]policy.ClassBackoff{
+			errclass.Timeout:   {FirstDelay: &first},
+			errclass.RateLimit: {Max: &limit, Jitter: &jitter},
+		},
+	}
+	saved, err := retrystore.PutPolicy(ctx, pool, want, "dora")
+	require.NoError(t, err)
+	got, err := retrystore.GetPolicy(ctx, pool, "roundtrip", "every_field")
+	require.NoError(t, err)
+	require.Equal(t, saved, got)
+	require.Equal(t, "dora", got.UpdatedBy)
+	require.False(t, got.CreatedAt.IsZero())
+	want.Version, want.UpdatedBy, want.CreatedAt, want.UpdatedAt = 1, got.UpdatedBy, got.CreatedAt, got.UpdatedAt
+	require.Equal(t, want, got)
 }
 
 // A release counts for the holds of its reason, and a release of every

@@ -5,9 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
+	"time"
 
 	"github.com/retryd/retryd/internal/serve"
-	"github.com/retryd/retryd/pkg/backoff"
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/pkg/errclass"
 	"github.com/retryd/retryd/pkg/policy"
@@ -82,34 +83,33 @@ func (s *Scheduler) handlePolicyVersions(w http.ResponseWriter, r *http.Request)
 	serve.WriteJSON(w, http.StatusOK, map[string]any{"versions": vs})
 }
 
-// PolicyRequest is the body of PUT /v1/policies/{kind}/{job_type}: the
-// whole policy (fields left out take the defaults noted).
+// PolicyRequest is the body of PUT /v1/policies/{kind}/{job_type}: a
+// policy in its JSON form (policy.Policy's, as GET returns it), read over
+// the defaults of a new policy so that fields left out take them:
+// multiplier 2, jitter "additive", enabled true (policy.New), max_hold_ms and
+// max_retry_after_ms 0 (30 days and 24 hours). max_retries, base_delay_ms
+// and max_delay_ms are required. kind and job_type, when given, must be
+// the path's; created_at and updated_at are the store's and ignored;
+// updated_by names who makes the change (default "api"); version, when
+// not 0, must be the current version (409 otherwise).
 type PolicyRequest struct {
-	Name        string   `json:"name"`
-	MaxRetries  *int     `json:"max_retries"`
-	BaseDelayMS *int64   `json:"base_delay_ms"`
-	MaxDelayMS  *int64   `json:"max_delay_ms"`
-	Multiplier  *float64 `json:"multiplier"` // default 2
-	Jitter      string   `json:"jitter"`     // default "additive"
-	JitterMS    int64    `json:"jitter_ms"`
-	// Classes retried or not regardless of their default; names as in
-	// errclass (aliases such as validation_error are accepted).
-	RetryableClasses    []string `json:"retryable_classes"`
-	NonRetryableClasses []string `json:"non_retryable_classes"`
-	Enabled             *bool    `json:"enabled"` // default true
-	// MaxHoldMS bounds how long an item may be held back (throttled,
-	// paused, waiting for a slot) before it is exhausted as hold_expired
-	// (default 30 days). MaxRetryAfterMS bounds a failure's own
-	// retry-after hint (default 24 hours).
-	MaxHoldMS       int64 `json:"max_hold_ms"`
-	MaxRetryAfterMS int64 `json:"max_retry_after_ms"`
-	// ClassBackoff gives error classes (names as in errclass, aliases
-	// accepted) their own backoff; fields left out keep the policy's.
-	ClassBackoff map[string]retrystore.ClassBackoff `json:"class_backoff"`
-	// Version, when set, must be the current version (optimistic
-	// concurrency: 409 if someone changed the policy meanwhile).
-	Version   int    `json:"version"`
-	UpdatedBy string `json:"updated_by"` // default "api"
+	Policy policy.Policy
+}
+
+// UnmarshalJSON reads the body strictly (policy.DecodeBody): a misspelt
+// field is a 400, not a default.
+func (req *PolicyRequest) UnmarshalJSON(data []byte) error {
+	req.Policy = policy.New("", "")
+	set, err := policy.DecodeBody(data, &req.Policy)
+	if err != nil {
+		return err
+	}
+	for _, name := range []string{"max_retries", "base_delay_ms", "max_delay_ms"} {
+		if !slices.Contains(set, name) {
+			return invalidField(name, "is required")
+		}
+	}
+	return nil
 }
 
 func (s *Scheduler) handlePutPolicy(w http.ResponseWriter, r *http.Request) {
@@ -128,7 +128,7 @@ func (s *Scheduler) handlePutPolicy(w http.ResponseWriter, r *http.Request) {
 		serve.WriteError(w, err)
 		return
 	}
-	saved, err := s.PutPolicy(r.Context(), p, req.UpdatedBy)
+	saved, err := s.PutPolicy(r.Context(), p, p.UpdatedBy)
 	if err != nil {
 		serve.WriteError(w, err)
 		return
@@ -140,61 +140,52 @@ func (s *Scheduler) handlePutPolicy(w http.ResponseWriter, r *http.Request) {
 	serve.WriteJSON(w, status, saved)
 }
 
-func (req PolicyRequest) policy(kind, jobType string) (retrystore.Policy, error) {
-	for _, f := range []struct {
-		name    string
-		missing bool
-	}{{"max_retries", req.MaxRetries == nil}, {"base_delay_ms", req.BaseDelayMS == nil}, {"max_delay_ms", req.MaxDelayMS == nil}} {
-		if f.missing {
-			return retrystore.Policy{}, invalidField(f.name, "is required")
-		}
+// policy is the policy to store at kind/jobType: the path's names, the
+// classes by name (aliases such as validation_error are accepted), and
+// the refusals that name the API's own defaults.
+func (req PolicyRequest) policy(kind, jobType string) (policy.Policy, error) {
+	p := req.Policy
+	if p.Kind != "" && p.Kind != kind {
+		return policy.Policy{}, invalidField("kind", fmt.Sprintf("is %q but the path names %q", p.Kind, kind))
 	}
-	p := retrystore.Policy{
-		Kind: kind, JobType: jobType, Name: req.Name, Version: req.Version, MaxRetries: *req.MaxRetries,
-		BaseDelayMS: *req.BaseDelayMS, MaxDelayMS: *req.MaxDelayMS, Multiplier: 2, Jitter: string(backoff.JitterAdditive),
-		JitterMS: req.JitterMS, Enabled: true, MaxHoldMS: req.MaxHoldMS, MaxRetryAfterMS: req.MaxRetryAfterMS,
+	if p.JobType != "" && p.JobType != jobType {
+		return policy.Policy{}, invalidField("job_type", fmt.Sprintf("is %q but the path names %q", p.JobType, jobType))
 	}
-	if req.MaxHoldMS < 0 {
-		return retrystore.Policy{}, invalidField("max_hold_ms", fmt.Sprintf("must be positive (leave it out for 30 days), got %d", req.MaxHoldMS))
+	p.Kind, p.JobType = kind, jobType
+	p.CreatedAt, p.UpdatedAt = time.Time{}, time.Time{}
+	if p.MaxHold < 0 {
+		return policy.Policy{}, invalidField("max_hold_ms", fmt.Sprintf("must be positive (leave it out for 30 days), got %d", p.MaxHold.Milliseconds()))
 	}
-	if req.MaxRetryAfterMS < 0 {
-		return retrystore.Policy{}, invalidField("max_retry_after_ms", fmt.Sprintf("must be positive (leave it out for 24 hours), got %d", req.MaxRetryAfterMS))
-	}
-	if req.Multiplier != nil {
-		p.Multiplier = *req.Multiplier
-	}
-	if req.Jitter != "" {
-		p.Jitter = req.Jitter
-	}
-	if req.Enabled != nil {
-		p.Enabled = *req.Enabled
+	if p.MaxRetryAfter < 0 {
+		return policy.Policy{}, invalidField("max_retry_after_ms", fmt.Sprintf("must be positive (leave it out for 24 hours), got %d", p.MaxRetryAfter.Milliseconds()))
 	}
 	var err error
-	if p.RetryableClasses, err = parseClasses("retryable_classes", req.RetryableClasses); err != nil {
-		return retrystore.Policy{}, err
+	if p.RetryableClasses, err = parseClasses("retryable_classes", p.RetryableClasses); err != nil {
+		return policy.Policy{}, err
 	}
-	if p.NonRetryableClasses, err = parseClasses("non_retryable_classes", req.NonRetryableClasses); err != nil {
-		return retrystore.Policy{}, err
+	if p.NonRetryableClasses, err = parseClasses("non_retryable_classes", p.NonRetryableClasses); err != nil {
+		return policy.Policy{}, err
 	}
-	p.ClassBackoff = make(map[string]retrystore.ClassBackoff, len(req.ClassBackoff))
-	for name, cb := range req.ClassBackoff {
-		cl, err := errclass.Parse(name)
+	byClass := make(map[errclass.Class]policy.ClassBackoff, len(p.ClassBackoff))
+	for name, cb := range p.ClassBackoff {
+		cl, err := errclass.Parse(string(name))
 		if err != nil {
-			return retrystore.Policy{}, invalidField("class_backoff", err.Error())
+			return policy.Policy{}, invalidField("class_backoff", err.Error())
 		}
-		p.ClassBackoff[string(cl)] = cb
+		byClass[cl] = cb
 	}
+	p.ClassBackoff = byClass
 	return p, nil
 }
 
-func parseClasses(field string, in []string) ([]string, error) {
-	out := make([]string, 0, len(in))
+func parseClasses(field string, in []errclass.Class) ([]errclass.Class, error) {
+	out := make([]errclass.Class, 0, len(in))
 	for _, c := range in {
-		cl, err := errclass.Parse(c)
+		cl, err := errclass.Parse(string(c))
 		if err != nil {
 			return nil, invalidField(field, err.Error())
 		}
-		out = append(out, string(cl))
+		out = append(out, cl)
 	}
 	return out, nil
 }
@@ -203,27 +194,24 @@ func parseClasses(field string, in []string) ([]string, error) {
 // version) and records the version. Decisions made after it returns use
 // it. p.Version, when not 0, must be the current version (ErrConflict
 // otherwise).
-func (s *Scheduler) PutPolicy(ctx context.Context, p retrystore.Policy, changedBy string) (retrystore.Policy, error) {
+func (s *Scheduler) PutPolicy(ctx context.Context, p policy.Policy, changedBy string) (policy.Policy, error) {
 	if changedBy == "" {
 		changedBy = "api"
 	}
 	if len(changedBy) > contract.MaxTokenLen {
-		return retrystore.Policy{}, invalidField("updated_by", fmt.Sprintf("is longer than %d characters", contract.MaxTokenLen))
+		return policy.Policy{}, invalidField("updated_by", fmt.Sprintf("is longer than %d characters", contract.MaxTokenLen))
 	}
-	check := toPolicy(p)
+	check := p
 	check.Version = max(p.Version, 1)
-	if p.Kind == retrystore.Wildcard {
-		check.Kind = policy.AnyKind
-	}
 	if err := check.Validate(); err != nil {
-		return retrystore.Policy{}, err
+		return policy.Policy{}, err
 	}
 	saved, err := retrystore.PutPolicy(ctx, s.cfg.Pool, p, changedBy)
 	if errors.Is(err, retrystore.ErrVersionConflict) {
-		return retrystore.Policy{}, fmt.Errorf("%w: %w", ErrConflict, err)
+		return policy.Policy{}, fmt.Errorf("%w: %w", ErrConflict, err)
 	}
 	if err != nil {
-		return retrystore.Policy{}, err
+		return policy.Policy{}, err
 	}
 	s.log.Info().Str("kind", saved.Kind).Str("job_type", saved.JobType).Int("version", saved.Version).
 		Str("by", changedBy).Msg("policy updated")

@@ -192,6 +192,19 @@ func TestPoliciesAPI(t *testing.T) {
 	require.EqualValues(t, 3600000, body["max_hold_ms"])
 	require.EqualValues(t, 60000, body["max_retry_after_ms"])
 
+	// A policy as GET returns it can be put back: kind and job_type match
+	// the path, and the timestamps are the store's.
+	body["updated_by"] = "dave"
+	raw, err := json.Marshal(body)
+	require.NoError(t, err)
+	status, again := api.do("PUT", "/v1/policies/pu/holds", string(raw))
+	require.Equal(t, http.StatusOK, status, again)
+	require.EqualValues(t, 2, again["version"])
+	require.Equal(t, "dave", again["updated_by"])
+	for _, same := range []string{"name", "max_retries", "base_delay_ms", "max_delay_ms", "max_hold_ms", "class_backoff", "created_at"} {
+		require.Equal(t, body[same], again[same], same)
+	}
+
 	for _, bad := range []struct{ path, body, field string }{
 		{"/v1/policies/pu/_", `{"name":"x","base_delay_ms":1,"max_delay_ms":1}`, "max_retries"},
 		{"/v1/policies/pu/_", `{"name":"x","max_retries":1,"base_delay_ms":10,"max_delay_ms":1}`, "max_delay_ms"},
@@ -205,6 +218,12 @@ func TestPoliciesAPI(t *testing.T) {
 		{"/v1/policies/pu/_", `{"name":"x","max_retries":1,"base_delay_ms":1,"max_delay_ms":1,"max_hold_ms":-1}`, "max_hold_ms"},
 		{"/v1/policies/pu/_", `{"name":"x","max_retries":1,"base_delay_ms":1,"max_delay_ms":1,"max_hold_ms":31622400001}`, "max_hold_ms"},
 		{"/v1/policies/pu/_", `{"name":"x","max_retries":1,"base_delay_ms":1,"max_delay_ms":1,"max_retry_after_ms":-5}`, "max_retry_after_ms"},
+		{"/v1/policies/pu/_", `{"name":"x","max_retries":null,"base_delay_ms":1,"max_delay_ms":1}`, "max_retries"},
+		{"/v1/policies/pu/_", `{"name":"x","max_retries":1,"base_delay_ms":1,"max_delay_ms":1,"max_retry":3}`, "max_retry"},
+		{"/v1/policies/pu/_", `{"name":"x","max_retries":"1","base_delay_ms":1,"max_delay_ms":1}`, "max_retries"},
+		{"/v1/policies/pu/_", `{"name":"x\u0000","max_retries":1,"base_delay_ms":1,"max_delay_ms":1}`, "name"},
+		{"/v1/policies/pu/_", `{"kind":"other","name":"x","max_retries":1,"base_delay_ms":1,"max_delay_ms":1}`, "kind"},
+		{"/v1/policies/pu/_", `{"job_type":"other","name":"x","max_retries":1,"base_delay_ms":1,"max_delay_ms":1}`, "job_type"},
 	} {
 		status, body = api.do("PUT", bad.path, bad.body)
 		require.Equal(t, http.StatusBadRequest, status, bad.body)

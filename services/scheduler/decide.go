@@ -16,41 +16,14 @@ import (
 )
 
 // builtinPolicy governs kinds when even the "*" policy row was deleted:
-// the same defaults the migrations install as "*", so deleting that row
-// cannot leave a kind without a policy.
-var builtinPolicy = policy.Policy{
-	Kind: policy.AnyKind, Name: "builtin-default", Version: 1, MaxRetries: 3,
-	Backoff:             backoff.Default(),
-	NonRetryableClasses: []errclass.Class{errclass.Authentication, errclass.Permission, errclass.Validation},
-	Enabled:             true,
-}
-
-// toPolicy converts a stored policy to the decision's type.
-func toPolicy(p retrystore.Policy) policy.Policy {
-	classes := func(in []string) []errclass.Class {
-		out := make([]errclass.Class, len(in))
-		for i, c := range in {
-			out[i] = errclass.Class(c)
-		}
-		return out
-	}
-	return policy.Policy{
-		Kind: p.Kind, JobType: p.JobType, Name: p.Name, Version: p.Version, MaxRetries: p.MaxRetries,
-		Backoff: backoff.Config{
-			Base:       time.Duration(p.BaseDelayMS) * time.Millisecond,
-			Max:        time.Duration(p.MaxDelayMS) * time.Millisecond,
-			Multiplier: p.Multiplier,
-			Jitter:     backoff.Jitter(p.Jitter),
-			JitterMax:  time.Duration(p.JitterMS) * time.Millisecond,
-		},
-		RetryableClasses:    classes(p.RetryableClasses),
-		NonRetryableClasses: classes(p.NonRetryableClasses),
-		Enabled:             p.Enabled,
-		MaxHold:             time.Duration(p.MaxHoldMS) * time.Millisecond,
-		MaxRetryAfter:       time.Duration(p.MaxRetryAfterMS) * time.Millisecond,
-		ClassBackoff:        policy.ClassBackoffsFromMS(p.ClassBackoff),
-	}
-}
+// the fallback the migrations install, under its own name so that its
+// decisions show it, so deleting that row cannot leave a kind without a
+// policy.
+var builtinPolicy = func() policy.Policy {
+	p := policy.Fallback()
+	p.Name = "builtin-default"
+	return p
+}()
 
 // policyCache memoises policy lookups inside one transaction, so a batch
 // of failures of one kind reads the policy once and a policy update is
@@ -62,15 +35,12 @@ func (c policyCache) lookup(ctx context.Context, q retrystore.Querier, kind, job
 	if p, ok := c[key]; ok {
 		return p, nil
 	}
-	stored, err := retrystore.LookupPolicy(ctx, q, kind, jobType)
-	var p policy.Policy
+	p, err := retrystore.LookupPolicy(ctx, q, kind, jobType)
 	switch {
 	case errors.Is(err, retrystore.ErrNotFound):
 		p = builtinPolicy
 	case err != nil:
 		return policy.Policy{}, err
-	default:
-		p = toPolicy(stored)
 	}
 	c[key] = p
 	return p, nil

@@ -11,6 +11,7 @@ import (
 	"github.com/retryd/retryd/internal/streams"
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/pkg/errclass"
+	"github.com/retryd/retryd/pkg/policy"
 	"github.com/retryd/retryd/projections/retrystore"
 	"github.com/retryd/retryd/services/scheduler"
 )
@@ -92,7 +93,7 @@ func TestDecisionReasons(t *testing.T) {
 	hour := int64(time.Hour / time.Millisecond)
 	b.policy(t, "dr", "", 2, hour, 2*hour)
 	b.policy(t, "dr", "strict", 0, hour, 2*hour)
-	b.policy(t, "dr-off", "", 5, hour, 2*hour, func(p *retrystore.Policy) { p.Enabled = false })
+	b.policy(t, "dr-off", "", 5, hour, 2*hour, func(p *policy.Policy) { p.Enabled = false })
 	zero, five, off := 0, 5, false
 
 	type want struct {

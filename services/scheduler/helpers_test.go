@@ -19,7 +19,10 @@ import (
 	"github.com/retryd/retryd/internal/natstest"
 	"github.com/retryd/retryd/internal/streams"
 	"github.com/retryd/retryd/migrations/pgtest"
+	"github.com/retryd/retryd/pkg/backoff"
 	"github.com/retryd/retryd/pkg/contract"
+	"github.com/retryd/retryd/pkg/errclass"
+	"github.com/retryd/retryd/pkg/policy"
 	"github.com/retryd/retryd/projections/retrystore"
 	"github.com/retryd/retryd/services/scheduler"
 )
@@ -85,12 +88,12 @@ func (b *bundle) start(t *testing.T, mods ...func(*scheduler.Config)) instance {
 
 // policy stores a policy with millisecond figures and no jitter unless mod
 // changes them.
-func (b *bundle) policy(t *testing.T, kind, jobType string, maxRetries int, baseMS, maxMS int64, mod ...func(*retrystore.Policy)) retrystore.Policy {
+func (b *bundle) policy(t *testing.T, kind, jobType string, maxRetries int, baseMS, maxMS int64, mod ...func(*policy.Policy)) policy.Policy {
 	t.Helper()
-	p := retrystore.Policy{
-		Kind: kind, JobType: jobType, Name: kind + "-policy", MaxRetries: maxRetries, BaseDelayMS: baseMS,
-		Multiplier: 2, MaxDelayMS: maxMS, Jitter: "none", Enabled: true,
-		NonRetryableClasses: []string{"authentication", "permission", "validation"},
+	p := policy.Policy{
+		Kind: kind, JobType: jobType, Name: kind + "-policy", MaxRetries: maxRetries, Enabled: true,
+		Backoff:             backoff.Config{Base: policy.FromMS(baseMS), Multiplier: 2, Max: policy.FromMS(maxMS), Jitter: backoff.JitterNone},
+		NonRetryableClasses: []errclass.Class{errclass.Authentication, errclass.Permission, errclass.Validation},
 	}
 	for _, m := range mod {
 		m(&p)

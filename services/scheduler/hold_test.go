@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/retryd/retryd/pkg/contract"
+	"github.com/retryd/retryd/pkg/policy"
 	"github.com/retryd/retryd/projections/retrystore"
 )
 
@@ -99,7 +100,7 @@ func TestHoldExpiresAfterMaxHold(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	s := b.start(t)
-	b.policy(t, "hx", "", 2, 10, 100, func(p *retrystore.Policy) { p.MaxHoldMS = 300 })
+	b.policy(t, "hx", "", 2, 10, 100, func(p *policy.Policy) { p.MaxHold = 300 * time.Millisecond })
 
 	b.publish(t, contract.Held, held("hx", "x1", 1, contract.HoldPause, nil))
 	row := b.waitRow(t, "hx", "x1", inState(retrystore.StateDue, 2))

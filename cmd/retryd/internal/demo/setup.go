@@ -5,57 +5,50 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"reflect"
 	"slices"
+	"time"
+
+	"github.com/retryd/retryd/pkg/backoff"
+	"github.com/retryd/retryd/pkg/contract"
+	"github.com/retryd/retryd/pkg/errclass"
+	"github.com/retryd/retryd/pkg/policy"
 )
-
-// policy is a retry policy as the API reads and writes it.
-type policy struct {
-	Kind                string   `json:"kind,omitempty"`
-	JobType             string   `json:"job_type,omitempty"`
-	Name                string   `json:"name"`
-	Version             int      `json:"version,omitempty"`
-	MaxRetries          int      `json:"max_retries"`
-	BaseDelayMS         int64    `json:"base_delay_ms"`
-	Multiplier          float64  `json:"multiplier"`
-	MaxDelayMS          int64    `json:"max_delay_ms"`
-	Jitter              string   `json:"jitter"`
-	JitterMS            int64    `json:"jitter_ms"`
-	RetryableClasses    []string `json:"retryable_classes"`
-	NonRetryableClasses []string `json:"non_retryable_classes"`
-	Enabled             bool     `json:"enabled"`
-}
-
-var nonRetryable = []string{"authentication", "permission", "validation"}
 
 // Policies are the demo's policies: delays of seconds instead of the
 // default policies' minutes and hours, so every path of a retry shows within a minute.
-func Policies() []policy {
-	return []policy{
-		{Kind: "job", JobType: JobSendEmail, Name: "demo-send-email", MaxRetries: 3, BaseDelayMS: 1000, Multiplier: 2,
-			MaxDelayMS: 8000, Jitter: "additive", JitterMS: 500, NonRetryableClasses: nonRetryable},
-		{Kind: "job", JobType: JobSyncCRM, Name: "demo-sync-crm", MaxRetries: 4, BaseDelayMS: 1500, Multiplier: 1.5,
-			MaxDelayMS: 10000, Jitter: "equal", NonRetryableClasses: nonRetryable},
-		{Kind: "job", JobType: JobChargeCard, Name: "demo-charge-card", MaxRetries: 2, BaseDelayMS: 2000, Multiplier: 2,
-			MaxDelayMS: 10000, Jitter: "full", NonRetryableClasses: nonRetryable},
-		{Kind: "event", Name: "demo-event-ingress", MaxRetries: 20, BaseDelayMS: 1000, Multiplier: 1.5,
-			MaxDelayMS: 5000, Jitter: "additive", JitterMS: 300, NonRetryableClasses: nonRetryable},
-		{Kind: "event-trigger", Name: "demo-event-trigger", MaxRetries: 20, BaseDelayMS: 800, Multiplier: 1.5,
-			MaxDelayMS: 4000, Jitter: "additive", JitterMS: 300, NonRetryableClasses: nonRetryable},
+func Policies() []policy.Policy {
+	demo := func(kind, jobType, name string, maxRetries int, b backoff.Config) policy.Policy {
+		p := policy.New(kind, jobType)
+		p.Name, p.MaxRetries, p.Backoff = name, maxRetries, b
+		p.NonRetryableClasses = []errclass.Class{errclass.Authentication, errclass.Permission, errclass.Validation}
+		p.MaxHold, p.MaxRetryAfter = policy.DefaultMaxHold, policy.DefaultMaxRetryAfter
+		return p
+	}
+	ms := func(n int64) time.Duration { return time.Duration(n) * time.Millisecond }
+	return []policy.Policy{
+		demo(contract.KindJob, JobSendEmail, "demo-send-email", 3,
+			backoff.Config{Base: ms(1000), Multiplier: 2, Max: ms(8000), Jitter: backoff.JitterAdditive, JitterMax: ms(500)}),
+		demo(contract.KindJob, JobSyncCRM, "demo-sync-crm", 4,
+			backoff.Config{Base: ms(1500), Multiplier: 1.5, Max: ms(10000), Jitter: backoff.JitterEqual}),
+		demo(contract.KindJob, JobChargeCard, "demo-charge-card", 2,
+			backoff.Config{Base: ms(2000), Multiplier: 2, Max: ms(10000), Jitter: backoff.JitterFull}),
+		demo(contract.KindEvent, "", "demo-event-ingress", 20,
+			backoff.Config{Base: ms(1000), Multiplier: 1.5, Max: ms(5000), Jitter: backoff.JitterAdditive, JitterMax: ms(300)}),
+		demo(contract.KindEventTrigger, "", "demo-event-trigger", 20,
+			backoff.Config{Base: ms(800), Multiplier: 1.5, Max: ms(4000), Jitter: backoff.JitterAdditive, JitterMax: ms(300)}),
 	}
 }
 
-func (p policy) same(o policy) bool {
-	return p.Name == o.Name && p.MaxRetries == o.MaxRetries && p.BaseDelayMS == o.BaseDelayMS &&
-		p.Multiplier == o.Multiplier && p.MaxDelayMS == o.MaxDelayMS && p.Jitter == o.Jitter &&
-		p.JitterMS == o.JitterMS && p.Enabled == o.Enabled &&
-		slices.Equal(sorted(p.RetryableClasses), sorted(o.RetryableClasses)) &&
-		slices.Equal(sorted(p.NonRetryableClasses), sorted(o.NonRetryableClasses))
-}
-
-func sorted(s []string) []string {
-	out := append([]string{}, s...)
-	slices.Sort(out)
-	return out
+// same reports whether the stored policy cur already is want, but for
+// its version and who changed it when, and the order of its classes.
+func same(cur, want policy.Policy) bool {
+	for _, p := range []*policy.Policy{&cur, &want} {
+		p.Version, p.UpdatedBy, p.CreatedAt, p.UpdatedAt = 0, "", time.Time{}, time.Time{}
+		p.RetryableClasses = slices.Sorted(slices.Values(p.RetryableClasses))
+		p.NonRetryableClasses = slices.Sorted(slices.Values(p.NonRetryableClasses))
+	}
+	return reflect.DeepEqual(cur, want)
 }
 
 func isStatus(err error, status int) bool {
@@ -65,15 +58,14 @@ func isStatus(err error, status int) bool {
 
 func (d *Demo) setup(ctx context.Context) error {
 	for _, want := range Policies() {
-		want.Enabled = true
 		path := "/v1/policies/" + want.Kind + "/_"
 		if want.JobType != "" {
 			path = "/v1/policies/" + want.Kind + "/" + want.JobType
 		}
-		var cur policy
+		var cur policy.Policy
 		err := d.api.do(ctx, http.MethodGet, path, nil, &cur)
 		switch {
-		case err == nil && cur.same(want):
+		case err == nil && same(cur, want):
 			continue // unchanged: no new version on every start
 		case err == nil:
 			want.Version = cur.Version
@@ -81,12 +73,7 @@ func (d *Demo) setup(ctx context.Context) error {
 		default:
 			return err
 		}
-		if want.RetryableClasses == nil {
-			want.RetryableClasses = []string{}
-		}
-		body := want
-		body.Kind, body.JobType = "", ""
-		if err := d.api.do(ctx, http.MethodPut, path, body, nil); err != nil {
+		if err := d.api.do(ctx, http.MethodPut, path, want, nil); err != nil {
 			return fmt.Errorf("set policy %s: %w", path, err)
 		}
 	}

@@ -2,13 +2,18 @@ package demo
 
 import (
 	"context"
+	"encoding/json"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
+
+	"github.com/retryd/retryd/pkg/policy"
 )
 
 // fakeSources answers the source API from a map and records the writes.
@@ -66,4 +71,28 @@ func TestScriptedPauseLeavesOperatorPausesAlone(t *testing.T) {
 	d := newFake(t, f)
 	require.NoError(t, d.pauseOnce(context.Background()))
 	require.Empty(t, f.writes)
+}
+
+// A demo policy as the API hands it back (stored, versioned, classes in
+// any order) is the same policy, so a restart writes no new version; and
+// each is valid, so the first start can write it.
+func TestPoliciesReadBackAreTheSame(t *testing.T) {
+	t.Parallel()
+	for _, want := range Policies() {
+		stored := want
+		stored.Version, stored.UpdatedBy, stored.UpdatedAt = 4, "api", time.Now()
+		stored.NonRetryableClasses = slices.Clone(want.NonRetryableClasses)
+		slices.Reverse(stored.NonRetryableClasses)
+		raw, err := json.Marshal(stored)
+		require.NoError(t, err)
+		var cur policy.Policy
+		require.NoError(t, json.Unmarshal(raw, &cur))
+		require.True(t, same(cur, want), "%s: %s", want.Name, raw)
+
+		cur.Backoff.JitterMax += time.Millisecond
+		require.False(t, same(cur, want), "%s: a changed jitter is a change", want.Name)
+
+		want.Version = 1
+		require.NoError(t, want.Validate(), want.Name)
+	}
 }
