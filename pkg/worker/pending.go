@@ -169,14 +169,19 @@ func (p *pendingSet) removeLocked(f *pendingFact) {
 }
 
 // decides reports whether a lifecycle event of an item at attempt a shows
-// that the scheduler read the item's fact of attempt n: the decision
-// (scheduled or rescheduled n+1, exhausted n), a cancel (after which the
-// fact is stale), or anything about a later attempt.
-func decides(ev contract.Lifecycle, a, n int) bool {
+// that the scheduler read the item's fact of attempt n, or never will
+// decide it: the decision (scheduled or rescheduled n+1, exhausted n), a
+// cancel (the scheduler then finds the fact stale), or anything about a
+// later attempt. live is set for an event published after the fact: a
+// cancel then ends the item whatever attempt it names (0 for an item the
+// scheduler had no row for).
+func decides(ev contract.Lifecycle, a, n int, live bool) bool {
 	switch ev {
 	case contract.Released:
 		return false // its id is a hold key
-	case contract.Exhausted, contract.Cancelled:
+	case contract.Cancelled:
+		return live || a >= n
+	case contract.Exhausted:
 		return a >= n
 	}
 	return a > n
@@ -205,7 +210,7 @@ func (p *pendingSet) decided(id string, ev contract.Lifecycle, a int) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	f := p.byID[id]
-	if f == nil || !decides(ev, a, f.attempt) {
+	if f == nil || !decides(ev, a, f.attempt, true) {
 		return
 	}
 	if !f.acked {

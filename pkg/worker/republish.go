@@ -135,7 +135,7 @@ func decisionStored(ctx context.Context, retries jetstream.Stream, f pendingFact
 		if err != nil {
 			return false, fmt.Errorf("read %s: %w", subj, err)
 		}
-		if a, err := strconv.Atoi(m.Header.Get(contract.HeaderAttempt)); err == nil && decides(ev, a, f.attempt) {
+		if a, err := strconv.Atoi(m.Header.Get(contract.HeaderAttempt)); err == nil && decides(ev, a, f.attempt, false) {
 			return true, nil
 		}
 	}
