@@ -77,13 +77,14 @@ func (w *Worker) checkPending(retries jetstream.Stream) {
 // out, deleted) is published again with its Nats-Msg-Id: the scheduler's
 // inbox recognises a copy it has read already.
 func (w *Worker) checkFact(ctx context.Context, retries jetstream.Stream, f pendingFact) error {
-	seq, stored, err := storedCopy(ctx, retries, f)
+	seq, stored, decided, err := storedCopy(ctx, retries, f)
 	if err != nil {
 		return err
 	}
-	decided, err := decisionStored(ctx, retries, f)
-	if err != nil {
-		return err
+	if !decided {
+		if decided, err = decisionStored(ctx, retries, f); err != nil {
+			return err
+		}
 	}
 	if decided || stored {
 		w.pending.checked(f, decided, seq)
@@ -107,19 +108,21 @@ func (w *Worker) checkFact(ctx context.Context, retries jetstream.Stream, f pend
 // storedCopy reports whether a copy of f is in the stream, and its
 // sequence. It reads the last message on f's subject (the worker's
 // permissions allow reading job lifecycle subjects, not any sequence) and
-// compares its Nats-Msg-Id: a message of another attempt is not f's.
-func storedCopy(ctx context.Context, retries jetstream.Stream, f pendingFact) (uint64, bool, error) {
+// compares its Nats-Msg-Id. A message of a later attempt there means f
+// was decided (later is set).
+func storedCopy(ctx context.Context, retries jetstream.Stream, f pendingFact) (seq uint64, stored, later bool, err error) {
 	m, err := retries.GetLastMsgForSubject(ctx, f.subject)
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
-		return 0, false, nil
+		return 0, false, false, nil
 	}
 	if err != nil {
-		return 0, false, fmt.Errorf("read %s: %w", f.subject, err)
+		return 0, false, false, fmt.Errorf("read %s: %w", f.subject, err)
 	}
-	if m.Header.Get(contract.HeaderMsgID) != f.msgID {
-		return 0, false, nil
+	if m.Header.Get(contract.HeaderMsgID) == f.msgID {
+		return m.Sequence, true, false, nil
 	}
-	return m.Sequence, true, nil
+	a, convErr := strconv.Atoi(m.Header.Get(contract.HeaderAttempt))
+	return 0, false, convErr == nil && a > f.attempt, nil
 }
 
 // decisionStored reports whether RETRIES holds a decision of f: it covers
