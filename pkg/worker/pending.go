@@ -252,13 +252,6 @@ func (p *pendingSet) checked(c pendingFact, decided bool, seq uint64) {
 	f.nextCheck = p.now().Add(p.wait)
 }
 
-// len is how many facts wait for their decision.
-func (p *pendingSet) len() int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.order.Len()
-}
-
 // close ends every subscription and the matching, and returns how many
 // facts were still waiting. Later facts are not kept.
 func (p *pendingSet) close() int {
