@@ -90,7 +90,13 @@ func TestNATSConfig(t *testing.T) {
 	}
 	for _, u := range []string{"scheduler", "ingress", "triggers", "worker", "producer", "runner"} {
 		require.Equal(t, "RETRYD", users[u].Account.Name)
-		require.Equal(t, []string{"_INBOX_" + u + ".>"}, users[u].Permissions.Subscribe.Allow, "%s subscribes to its own replies only", u)
+		subs := []string{"_INBOX_" + u + ".>"}
+		if u == "worker" {
+			// Core NATS, no consumer: a worker follows the decisions of
+			// the failures it reported, to keep them until then.
+			subs = append(subs, "retry.job.*.*")
+		}
+		require.Equal(t, subs, users[u].Permissions.Subscribe.Allow, "%s subscribes to its own replies only (a worker: and its jobs' lifecycle)", u)
 		require.NotContains(t, users[u].Permissions.Publish.Allow, ">", u)
 	}
 
@@ -153,7 +159,8 @@ func TestNATSConfig(t *testing.T) {
 	stop("triggers", trig.Stop)
 
 	workerJS := connect("worker")
-	w, err := worker.New(worker.Config{JS: workerJS, Logger: slog.New(slogzerolog.Option{Logger: &log, NoTimestamp: true}.NewZerologHandler()), FetchWait: 200 * time.Millisecond})
+	workerReg := prometheus.NewRegistry()
+	w, err := worker.New(worker.Config{JS: workerJS, Logger: slog.New(slogzerolog.Option{Logger: &log, NoTimestamp: true}.NewZerologHandler()), FetchWait: 200 * time.Millisecond, Registerer: workerReg})
 	require.NoError(t, err)
 	require.NoError(t, w.Handle("perm_job", func(_ context.Context, j *worker.Job) error {
 		if j.Attempt == 1 {
@@ -189,6 +196,18 @@ func TestNATSConfig(t *testing.T) {
 			b.okJSON(t, &a, "analytics")
 			return len(a.JobTypes) == 1 && a.JobTypes[0].Succeeded == 1
 		}, wait, 50*time.Millisecond, "the projection (scheduler user) folds JOBS and RETRIES")
+		// The worker saw the decision of its failure on its subscription
+		// to the job's lifecycle, and keeps nothing.
+		require.Eventually(t, func() bool {
+			families, err := workerReg.Gather()
+			require.NoError(t, err)
+			for _, f := range families {
+				if f.GetName() == "retryd_worker_pending_facts" {
+					return f.GetMetric()[0].GetGauge().GetValue() == 0
+				}
+			}
+			return false
+		}, wait, 20*time.Millisecond, "the worker user follows its jobs' decisions")
 	})
 
 	t.Run("event admitted and delivered, run launched and finished", func(t *testing.T) {
@@ -248,6 +267,8 @@ func TestNATSConfig(t *testing.T) {
 			// kinds' lifecycle messages (their payloads).
 			{"worker", "pub", "$JS.API.DIRECT.GET.RETRIES.retry.event.failed.x"},
 			{"worker", "pub", "$JS.API.STREAM.MSG.GET.RETRIES"},
+			{"worker", "sub", "retry.event.failed.x"},
+			{"worker", "sub", "retry.>"},
 			{"ingress", "pub", "retry.job.failed.x"},
 			{"ingress", "pub", "retry.event-trigger.held.x"},
 			{"triggers", "pub", "retry.event.released.x"},
@@ -282,6 +303,8 @@ func TestNATSConfig(t *testing.T) {
 		require.False(t, denied(t, url, certs.CA, "worker", "pub", "retry.job.released.x"))
 		require.False(t, denied(t, url, certs.CA, "worker", "pub", "$JS.API.DIRECT.GET.RETRIES.retry.job.succeeded.x"))
 		require.False(t, denied(t, url, certs.CA, "worker", "sub", "_INBOX_worker.abc.*"))
+		// It follows the decisions of the failures it reported.
+		require.False(t, denied(t, url, certs.CA, "worker", "sub", "retry.job.*.01JQ7Z3K5W8E4M2V6T0B9XN1CD"))
 		// The workflow engine renews its runs' leases.
 		require.False(t, denied(t, url, certs.CA, "runner", "pub", "runs.x.heartbeat.y"))
 	})

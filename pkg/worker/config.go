@@ -20,6 +20,11 @@ const (
 	DefaultAckWait     = 30 * time.Second
 	DefaultGrace       = 5 * time.Second
 	DefaultFetchWait   = 5 * time.Second
+	// DefaultPendingLimit is how many failed and held facts a worker keeps
+	// until their decision: a few hundred bytes to 1 MiB each.
+	DefaultPendingLimit = 100_000
+	// DefaultRepublishAfter outlasts RETRIES' 2-minute duplicate window.
+	DefaultRepublishAfter = 3 * time.Minute
 	// DueRouterDurable is the durable consumer on RETRIES that turns
 	// retry.job.due.<id> into jobs.<job_type>; every worker process shares it.
 	DueRouterDurable = "worker-due-router"
@@ -62,6 +67,21 @@ type Config struct {
 	// DisableDueRouter turns off the worker-due-router consumer in this
 	// process. At least one process must run it for retries to reach workers.
 	DisableDueRouter bool
+	// PendingLimit caps the failed and held facts this worker keeps, with
+	// a subscription each, until it sees the scheduler's decision, so that
+	// a purge of RETRIES before the scheduler reads one does not lose it.
+	// At the limit the oldest is no longer kept (metric
+	// retryd_worker_pending_evicted_total). -1 keeps none: every fact is
+	// published as before, without a copy. Default 100000.
+	PendingLimit int
+	// RepublishAfter is how long a kept fact waits for its decision before
+	// the worker looks for it on RETRIES: still there, it waits on (the
+	// scheduler will read it); gone, it is published again with its
+	// Nats-Msg-Id. It must be longer than RETRIES' duplicate window, which
+	// Start reads: a purge does not clear the stream's record of the ids
+	// it stored, so a copy inside the window would be dropped. Default
+	// 3 minutes, or the window plus a minute if that is longer.
+	RepublishAfter time.Duration
 	// Registerer receives the worker's metrics. Default: a private registry.
 	Registerer prometheus.Registerer
 	// Now is the clock, for tests. Default time.Now.
@@ -102,7 +122,13 @@ func (c *Config) validate() error {
 	if c.FetchWait == 0 {
 		c.FetchWait = DefaultFetchWait
 	}
-	for name, d := range map[string]time.Duration{"Timeout": c.Timeout, "Grace": c.Grace, "AckWait": c.AckWait, "FetchWait": c.FetchWait} {
+	if c.PendingLimit == 0 {
+		c.PendingLimit = DefaultPendingLimit
+	}
+	if c.PendingLimit < -1 {
+		return fmt.Errorf("Config.PendingLimit must be -1 (keep none) or more than 0, got %d", c.PendingLimit)
+	}
+	for name, d := range map[string]time.Duration{"Timeout": c.Timeout, "Grace": c.Grace, "AckWait": c.AckWait, "FetchWait": c.FetchWait, "RepublishAfter": c.RepublishAfter} {
 		if d < 0 {
 			return fmt.Errorf("Config.%s must not be negative, got %s", name, d)
 		}

@@ -16,6 +16,9 @@ type metrics struct {
 	publishRetries *prometheus.CounterVec // event
 	recreated      prometheus.Counter
 	replaySkipped  prometheus.Counter
+	pending        prometheus.Gauge
+	pendingEvicted prometheus.Counter
+	republished    *prometheus.CounterVec // event
 }
 
 // Values of the outcome label.
@@ -63,6 +66,18 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Namespace: "retryd", Subsystem: "worker", Name: "replay_skipped_total",
 			Help: "Jobs and dues a newly created consumer delivered again that already had an outcome, acked without running.",
 		}),
+		pending: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: "retryd", Subsystem: "worker", Name: "pending_facts",
+			Help: "Failed and held facts kept until the scheduler's decision is seen.",
+		}),
+		pendingEvicted: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "retryd", Subsystem: "worker", Name: "pending_evicted_total",
+			Help: "Kept facts dropped undecided because Config.PendingLimit was reached; a purge before the scheduler reads them loses them.",
+		}),
+		republished: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "retryd", Subsystem: "worker", Name: "republished_total",
+			Help: "Failed and held facts published again because they left RETRIES (a purge) before their decision, by event.",
+		}, []string{"event"}),
 	}
 	var err error
 	m.attempts, err = register(reg, m.attempts)
@@ -94,6 +109,18 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		return nil, err
 	}
 	m.replaySkipped, err = register(reg, m.replaySkipped)
+	if err != nil {
+		return nil, err
+	}
+	m.pending, err = promreg.Register(reg, m.pending)
+	if err != nil {
+		return nil, err
+	}
+	m.pendingEvicted, err = promreg.Register(reg, m.pendingEvicted)
+	if err != nil {
+		return nil, err
+	}
+	m.republished, err = promreg.Register(reg, m.republished)
 	if err != nil {
 		return nil, err
 	}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/pkg/errclass"
@@ -167,7 +168,7 @@ func restoreOverrides(d *contract.JobData) {
 // publish sends msg and waits for the stream's ack, trying again on errors
 // with doubling pauses. It gives up after publishAttempts tries or when the
 // worker is forced to stop.
-func (w *Worker) publish(msg *nats.Msg, event string) error {
+func (w *Worker) publish(msg *nats.Msg, event string) (*jetstream.PubAck, error) {
 	pause := publishPause
 	var err error
 	for i := range publishAttempts {
@@ -176,16 +177,36 @@ func (w *Worker) publish(msg *nats.Msg, event string) error {
 			select {
 			case <-time.After(pause):
 			case <-w.hardCtx.Done():
-				return fmt.Errorf("publish %s: %w (last error: %w)", event, w.hardCtx.Err(), err)
+				return nil, fmt.Errorf("publish %s: %w (last error: %w)", event, w.hardCtx.Err(), err)
 			}
 			pause *= 2
 		}
 		ctx, cancel := context.WithTimeout(w.hardCtx, publishTimeout)
-		_, err = w.cfg.JS.PublishMsg(ctx, msg)
+		ack, pubErr := w.cfg.JS.PublishMsg(ctx, msg)
 		cancel()
-		if err == nil {
-			return nil
+		if pubErr == nil {
+			return ack, nil
+		}
+		err = pubErr
+	}
+	return nil, fmt.Errorf("publish %s: %w", event, err)
+}
+
+// publishOutcome publishes out for the attempt of data. A failed or held
+// fact is kept until the scheduler's decision is seen (see pendingSet),
+// with its subscription in place before the publish.
+func (w *Worker) publishOutcome(data contract.JobData, out *outcomeMsg) error {
+	var kept *pendingFact
+	if ev := contract.Lifecycle(out.event); w.pending != nil && (ev == contract.Failed || ev == contract.Held) {
+		kept = w.pending.track(data.ID, data.Attempt, ev)
+	}
+	ack, err := w.publish(out.msg, out.event)
+	if kept != nil {
+		if err != nil {
+			w.pending.abandon(kept)
+		} else {
+			w.pending.published(kept, out.msg, ack.Sequence)
 		}
 	}
-	return fmt.Errorf("publish %s: %w", event, err)
+	return err
 }

@@ -48,7 +48,7 @@ func (w *Worker) route(p *pull, msg jetstream.Msg) {
 		return
 	}
 	tracing.Inject(tctx, jobMsg.Header) // the job continues the due's trace
-	if err := w.publish(jobMsg, "job"); err != nil {
+	if _, err := w.publish(jobMsg, "job"); err != nil {
 		log.Warn("route due: publish job failed; due redelivered", slog.Any("error", err))
 		_ = msg.NakWithDelay(fetchBackoff)
 		return

@@ -181,7 +181,7 @@ func (w *Worker) process(p *pull, jobType string, h Handler, msg jetstream.Msg) 
 		tracing.Fail(span, res.err)
 	}
 	tracing.Inject(tctx, out.msg.Header) // the scheduler continues this attempt's trace
-	if err := w.publish(out.msg, out.event); err != nil {
+	if err := w.publishOutcome(data, out); err != nil {
 		log.Warn("publish outcome failed; job redelivered for another attempt", slog.Any("error", err), slog.String("event", out.event))
 		_ = msg.NakWithDelay(fetchBackoff)
 		return

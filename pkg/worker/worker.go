@@ -38,6 +38,11 @@ type Worker struct {
 	loops      sync.WaitGroup
 	inflight   sync.WaitGroup
 
+	// pending keeps the failed and held facts until their decision; nil
+	// when Config.PendingLimit is -1. republishAfter is set by Start.
+	pending        *pendingSet
+	republishAfter time.Duration
+
 	stopOnce sync.Once
 	stopped  chan struct{}
 	stopErr  error
@@ -170,6 +175,16 @@ func (w *Worker) Start(ctx context.Context) error {
 		}
 	}
 
+	var retries jetstream.Stream
+	if w.cfg.PendingLimit > 0 {
+		var err error
+		if retries, err = w.keepPending(ctx); err != nil {
+			return err
+		}
+		w.loops.Add(1)
+		go w.republishLoop(retries)
+	}
+
 	for _, t := range types {
 		w.loops.Add(1)
 		go w.consumeJobs(t, w.handlers[t], pulls[t])
@@ -178,8 +193,24 @@ func (w *Worker) Start(ctx context.Context) error {
 		w.loops.Add(1)
 		go w.consumeDues(router)
 	}
-	w.log.Info("worker started", slog.Any("job_types", types), slog.Bool("due_router", router != nil), slog.Int("concurrency", w.cfg.Concurrency))
+	w.log.Info("worker started", slog.Any("job_types", types), slog.Bool("due_router", router != nil), slog.Int("concurrency", w.cfg.Concurrency),
+		slog.Int("pending_limit", w.cfg.PendingLimit), slog.Duration("republish_after", w.republishAfter))
 	return nil
+}
+
+// keepPending sets up the pending set: RepublishAfter is checked against
+// the duplicate window RETRIES has, not the one it should have.
+func (w *Worker) keepPending(ctx context.Context) (jetstream.Stream, error) {
+	retries, err := w.cfg.JS.Stream(ctx, contract.StreamRetries)
+	if err != nil {
+		return nil, fmt.Errorf("start worker: read stream %s: %w", contract.StreamRetries, err)
+	}
+	w.republishAfter, err = republishWindow(w.cfg.RepublishAfter, retries.CachedInfo().Config.Duplicates)
+	if err != nil {
+		return nil, fmt.Errorf("start worker: %w", err)
+	}
+	w.pending = newPendingSet(w.cfg.JS.Conn(), w.cfg.PendingLimit, w.republishAfter, w.cfg.Now, w.log, w.m)
+	return retries, nil
 }
 
 // Stop stops fetching, waits for running handlers to finish and report,
@@ -211,6 +242,13 @@ func (w *Worker) Stop(ctx context.Context) error {
 			}
 		}
 		w.hardCancel()
+		if w.pending != nil {
+			if n := w.pending.close(); n > 0 {
+				// Their facts are on RETRIES for the scheduler to read;
+				// only a purge before it does loses them.
+				w.log.Warn("worker stopped with facts the scheduler has not decided; no longer kept", slog.Int("pending", n))
+			}
+		}
 		w.log.Info("worker stopped")
 	})
 	<-w.stopped

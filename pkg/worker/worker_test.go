@@ -54,7 +54,9 @@ func (b *bundle) newWorker(t *testing.T, cfg worker.Config, handlers map[string]
 	if cfg.Registerer == nil {
 		cfg.Registerer = b.reg
 	}
-	cfg.Logger = slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))
+	}
 	if cfg.FetchWait == 0 {
 		cfg.FetchWait = 200 * time.Millisecond
 	}
