@@ -15,9 +15,9 @@ import (
 	slogzerolog "github.com/samber/slog-zerolog/v2"
 	"github.com/stretchr/testify/require"
 
+	"github.com/retryd/retryd/internal/natstest"
 	"github.com/retryd/retryd/migrations/pgtest"
 	"github.com/retryd/retryd/pkg/contract"
-	"github.com/retryd/retryd/pkg/natstest"
 	"github.com/retryd/retryd/pkg/worker"
 	"github.com/retryd/retryd/services/scheduler"
 )

@@ -112,15 +112,15 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	if err != nil {
 		return nil, err
 	}
-	m.pending, err = promreg.Register(reg, m.pending)
+	m.pending, err = register(reg, m.pending)
 	if err != nil {
 		return nil, err
 	}
-	m.pendingEvicted, err = promreg.Register(reg, m.pendingEvicted)
+	m.pendingEvicted, err = register(reg, m.pendingEvicted)
 	if err != nil {
 		return nil, err
 	}
-	m.republished, err = promreg.Register(reg, m.republished)
+	m.republished, err = register(reg, m.republished)
 	if err != nil {
 		return nil, err
 	}
