@@ -37,6 +37,9 @@ type holdReleaseResult struct {
 	n        int
 	held     time.Duration // publish of the first event until the scheduler holds all n
 	admitted time.Duration // resume until the last admission
+	// closed is resume until the scheduler closed every event's retry
+	// (applied its succeeded); the next phase starts only then.
+	closed time.Duration
 	// rate is admissions per second from the first admission to the last.
 	rate float64
 	// steady is the rate over the whole windows between the first and the
@@ -113,7 +116,7 @@ func runHoldRelease(ctx context.Context, env Env) error {
 		return fmt.Errorf("throttled burst: %w", err)
 	}
 
-	t := newTable("release", "events", "held in", "all admitted in", "admissions/s", "steady/s", "out of place", "max behind", "fullest window",
+	t := newTable("release", "events", "held in", "all admitted in", "closed in", "admissions/s", "steady/s", "out of place", "max behind", "fullest window",
 		"handed back/event", "due late p99", "admitted late p99")
 	for _, p := range []struct {
 		name string
@@ -123,12 +126,13 @@ func runHoldRelease(ctx context.Context, env Env) error {
 		if p.res.fullest > 0 {
 			fullest = strconv.Itoa(p.res.fullest)
 		}
-		t.row(p.name, count(p.res.n), p.res.held.Round(100*time.Millisecond).String(), ms(p.res.admitted),
+		t.row(p.name, count(p.res.n), p.res.held.Round(100*time.Millisecond).String(), ms(p.res.admitted), ms(p.res.closed),
 			fmt.Sprintf("%.0f", p.res.rate), fmt.Sprintf("%.0f", p.res.steady),
 			strconv.Itoa(p.res.outOfPlace), strconv.Itoa(p.res.maxBehind), fullest,
 			fmt.Sprintf("%.2f", p.res.waitsPerEvent), ms(p.res.dueLate), ms(p.res.admitLate))
 		params := map[string]any{"n": p.res.n, "phase": p.name}
 		env.rec.addDuration("hold-release", "retryd", "admitted", p.res.admitted, params)
+		env.rec.addDuration("hold-release", "retryd", "closed", p.res.closed, params)
 		env.rec.add("hold-release", "retryd", "rate", p.res.rate, "events/s", params)
 		env.rec.add("hold-release", "retryd", "steady_rate", p.res.steady, "events/s", params)
 		env.rec.add("hold-release", "retryd", "out_of_place", float64(p.res.outOfPlace), "events", params)
@@ -194,6 +198,11 @@ func holdReleasePhase(ctx context.Context, env Env, r *retrydSys, h http.Handler
 		return res, fmt.Errorf("wait for %d admissions: %w", n, err)
 	}
 	res.admitted = time.Since(resumed)
+	if err := waitCount(ctx, r, n, 30*time.Minute, `SELECT count(*) FROM retries WHERE kind = 'event' AND hold_key = $1
+		AND state = 'succeeded'`, source); err != nil {
+		return res, fmt.Errorf("wait for the scheduler to close %d retries: %w", n, err)
+	}
+	res.closed = time.Since(resumed)
 	waited, err := counterValue(reg, "retryd_ingress_retries_total", map[string]string{"source": source, "event": "waited"})
 	if err != nil {
 		return res, err
@@ -206,15 +215,17 @@ func holdReleasePhase(ctx context.Context, env Env, r *retrydSys, h http.Handler
 }
 
 // holdReleaseLateness reads, from the history, the p99 of how late after
-// the time the release gave it each event's due was emitted and the event
-// admitted.
+// the time the release gave it each event's due was emitted (when one was:
+// ingress admits a release line itself, and the scheduler's due is only a
+// fallback) and the event admitted.
 func holdReleaseLateness(ctx context.Context, r *retrydSys, source string, res *holdReleaseResult) error {
 	var dueMS, admitMS float64
 	err := r.db.pool.QueryRow(ctx, `
 		SELECT coalesce(percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM d.at - h.next_attempt_at)), 0) * 1000,
-		       coalesce(percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM e.admitted_at - h.next_attempt_at)), 0) * 1000
+		       coalesce(percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM e.admitted_at
+		           - coalesce((h.detail->>'owner_admits_at')::timestamptz, h.next_attempt_at))), 0) * 1000
 		FROM retry_history h
-		JOIN retry_history d ON d.kind = h.kind AND d.item_id = h.item_id AND d.event = 'due' AND d.attempt = h.attempt
+		LEFT JOIN retry_history d ON d.kind = h.kind AND d.item_id = h.item_id AND d.event = 'due' AND d.attempt = h.attempt
 		JOIN workflow_events e ON e.event_id = h.item_id
 		WHERE h.kind = 'event' AND h.source = $1 AND h.decided_by = 'resume'`, source).Scan(&dueMS, &admitMS)
 	if err != nil {

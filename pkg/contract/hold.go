@@ -91,6 +91,12 @@ type ReleasedData struct {
 	// the items come due one by one at their slots (see ReleasePace)
 	// instead of all at once.
 	Pace *ReleasePace `json:"pace,omitempty"`
+	// OwnerAdmits, when true, says the owner brings the released items
+	// back itself, in order, each at its time (its slot of Pace, or at
+	// once): the scheduler emits no due for them and closes each row on
+	// the owner's succeeded. It still gives each row a due, its redue
+	// interval after that time, in case the owner never answers.
+	OwnerAdmits bool `json:"owner_admits,omitempty"`
 }
 
 func (d HeldData) itemKey() (string, string, int) { return d.Kind, d.ID, d.Attempt }
@@ -165,6 +171,9 @@ func (d ReleasedData) Validate() error {
 	}
 	if d.ReleasedAt.IsZero() {
 		return fieldErr("data.released_at", "is required")
+	}
+	if d.OwnerAdmits && d.Count != 0 {
+		return fieldErr("data.owner_admits", "cannot be set with data.count: an owner admits a release of every hold of the key")
 	}
 	if d.Pace != nil {
 		if d.Count != 0 {

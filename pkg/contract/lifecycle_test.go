@@ -202,6 +202,7 @@ func TestNewLifecycleMsgRefuses(t *testing.T) {
 		{"pace window too long", contract.Released, contract.ReleasedData{Kind: "event", HoldKey: "shop", Reason: "resume", ReleasedAt: now, Pace: &contract.ReleasePace{From: now, Limit: 5, WindowMS: 1 << 40}}, contract.ErrInvalid, "data.pace.window_ms"},
 		{"pace skips a whole window", contract.Released, contract.ReleasedData{Kind: "event", HoldKey: "shop", Reason: "resume", ReleasedAt: now, Pace: &contract.ReleasePace{From: now, Limit: 5, WindowMS: 1000, Skip: 5}}, contract.ErrInvalid, "data.pace.skip"},
 		{"pace with a count", contract.Released, contract.ReleasedData{Kind: "event", HoldKey: "shop", Reason: "resume", ReleasedAt: now, Count: 1, Pace: &contract.ReleasePace{From: now, Limit: 5, WindowMS: 1000}}, contract.ErrInvalid, "data.pace"},
+		{"owner admits with a count", contract.Released, contract.ReleasedData{Kind: "event", HoldKey: "shop", Reason: "resume", ReleasedAt: now, Count: 1, OwnerAdmits: true}, contract.ErrInvalid, "data.owner_admits"},
 		{"bad source", contract.Failed, contract.FailedData{Kind: "event", ID: "e1", Attempt: 1, Source: "a.b"}, contract.ErrInvalid, "data.source"},
 		{"max retries", contract.Failed, contract.FailedData{Kind: "job", ID: "e1", Attempt: 1, MaxRetries: intPtr(-1)}, contract.ErrInvalid, "data.max_retries"},
 		{"payload not json", contract.Failed, contract.FailedData{Kind: "job", ID: "e1", Attempt: 1, Payload: json.RawMessage(`{`)}, contract.ErrInvalid, "data.payload"},

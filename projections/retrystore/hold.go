@@ -65,7 +65,12 @@ type Released struct {
 // rd.HoldReason, when not empty, releases only holds of that reason;
 // rd.Count, when above 0, releases at most that many, those held longest
 // first.
-func ReleaseHolds(ctx context.Context, q Querier, msgID string, rd contract.ReleasedData) (Released, error) {
+//
+// rd.OwnerAdmits: the owner brings each item back itself at the time
+// computed above and answers with succeeded. Each row's due then comes
+// ownerGrace after that time, only in case the owner never answers, and
+// its history records the owner's time (owner_admits_at).
+func ReleaseHolds(ctx context.Context, q Querier, msgID string, rd contract.ReleasedData, ownerGrace time.Duration) (Released, error) {
 	var out Released
 	var first, last *time.Time
 	var from *time.Time
@@ -75,6 +80,10 @@ func ReleaseHolds(ctx context.Context, q Querier, msgID string, rd contract.Rele
 		from, skip, limit = &p.From, p.Skip, p.Limit
 		windowUS, spacingUS = p.Window().Microseconds(), contract.SlotSpacing(p.Window(), p.Limit).Microseconds()
 		quantumUS = min(contract.PaceQuantum, p.Window()).Microseconds()
+	}
+	var graceUS int64
+	if rd.OwnerAdmits {
+		graceUS = max(ownerGrace, 0).Microseconds()
 	}
 	err := q.QueryRow(ctx, `
 WITH held AS (
@@ -94,7 +103,8 @@ WITH held AS (
 		(g % $9::bigint) * $11::bigint / $12::bigint * $12::bigint AS bucket
 	FROM (SELECT kind, item_id, n, $8::bigint + n - 1 AS g FROM numbered) x
 ), upd AS (
-	UPDATE retries r SET next_attempt_at = CASE WHEN $7::timestamptz IS NULL THEN now() + ranked.n * interval '1 microsecond'
+	UPDATE retries r SET next_attempt_at = $14::bigint * interval '1 microsecond'
+		+ CASE WHEN $7::timestamptz IS NULL THEN now() + ranked.n * interval '1 microsecond'
 		ELSE $7::timestamptz + (ranked.w * $10::bigint + ranked.bucket + ranked.pos - (ranked.bucket + $11::bigint - 1) / $11::bigint)
 			* interval '1 microsecond' END,
 		updated_at = now()
@@ -111,12 +121,15 @@ WITH held AS (
 			'held_since', held_since, 'retry_count', retry_count, 'max_retries', max_retries,
 			'note', 'released by a release fact ('||$4::text||')'
 				|| CASE WHEN $7::timestamptz IS NULL THEN '' ELSE ', at its slot of '||$9::bigint||' per '||($10::bigint / 1000)||'ms' END)
-			|| CASE WHEN $7::timestamptz IS NULL THEN '{}'::jsonb ELSE jsonb_build_object('pace', jsonb_build_object('limit', $9::bigint, 'window_ms', $10::bigint / 1000)) END,
+			|| CASE WHEN $7::timestamptz IS NULL THEN '{}'::jsonb ELSE jsonb_build_object('pace', jsonb_build_object('limit', $9::bigint, 'window_ms', $10::bigint / 1000)) END
+			|| CASE WHEN $14::bigint = 0 THEN '{}'::jsonb ELSE jsonb_build_object('owner_admits_at', next_attempt_at - $14::bigint * interval '1 microsecond',
+				'note', 'released by a release fact ('||$4::text||'); the owner admits it itself, the due is a fallback') END,
 		$3, now()
 	FROM upd
 )
 SELECT count(*), min(next_attempt_at), max(next_attempt_at) FROM upd`,
-		rd.Kind, rd.HoldKey, msgID, rd.Reason, rd.HoldReason, rd.Count, from, skip, max(limit, 1), windowUS, spacingUS, quantumUS, rd.ReleasedAt).
+		rd.Kind, rd.HoldKey, msgID, rd.Reason, rd.HoldReason, rd.Count, from, skip, max(limit, 1), windowUS, spacingUS, quantumUS, rd.ReleasedAt,
+		graceUS).
 		Scan(&out.Rows, &first, &last)
 	if err != nil {
 		return Released{}, fmt.Errorf("release holds of %s/%s: %w", rd.Kind, rd.HoldKey, err)

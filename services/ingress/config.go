@@ -51,6 +51,10 @@ const (
 	FailpointGateCommitted = "gate.committed"
 	// FailpointRetryCommitted: the same after a due event was decided.
 	FailpointRetryCommitted = "retry.committed"
+	// FailpointReleaseCommitted: the releaser committed a batch of a
+	// release line (events admitted, outbox written), before the relay is
+	// woken.
+	FailpointReleaseCommitted = "release.committed"
 )
 
 // Config configures a Service. Zero durations and sizes take the defaults.

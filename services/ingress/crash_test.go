@@ -113,24 +113,25 @@ func TestCrashAfterGateCommitAdmitsOnce(t *testing.T) {
 func TestCrashAfterRetryCommitAdmitsOnce(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	b.putSource(t, "billing", map[string]any{"rate_limit": 1, "rate_window": "1h"})
-	b.post(t, event("first", "billing", "invoice.paid"))
-	b.waitStatus(t, "admitted", "first")
+	// A pause that ends by itself: its end releases nothing, and the
+	// event comes back through its due.
+	until := time.Now().Add(300 * time.Millisecond)
+	require.Equal(t, http.StatusOK, b.do(t, http.MethodPost, "/v1/sources/billing/pause", map[string]any{"until": until}, nil))
 	b.post(t, event("later", "billing", "invoice.paid"))
 	b.waitStatus(t, "deferred", "later")
 	require.NoError(t, b.svc.Stop(b.ctx))
+	time.Sleep(time.Until(until)) // the due comes at the pause's end
 
 	_, _, kill := b.crashAt(t, ingress.FailpointRetryCommitted)
-	b.putSource(t, "billing", map[string]any{})
 	b.publishDue(t, "later", "billing", 2)
 	b.waitStatus(t, "admitted", "later")
-	require.Equal(t, 3, b.outboxRows(t), "the limit change's release, the admission and its succeeded event wait in the outbox: %v", b.outboxSubjects(t))
+	require.Equal(t, 2, b.outboxRows(t), "the admission and its succeeded event wait in the outbox: %v", b.outboxSubjects(t))
 	kill()
 
 	b.start(t, testConfig(t, b.pool, b.js, prometheus.NewRegistry()))
 	require.Eventually(t, func() bool { return b.outboxRows(t) == 0 }, eventually, 20*time.Millisecond)
 	b.drained(t, ingress.ConsumerRetry)
-	require.Equal(t, map[string]int{"first": 1, "later": 1}, b.admittedIDs(t))
+	require.Equal(t, map[string]int{"later": 1}, b.admittedIDs(t))
 	require.Len(t, b.lifecycle(t, "later")[contract.Succeeded], 1)
 }
 
@@ -209,17 +210,23 @@ func TestPurgedIngestAndRepeatedMessagesAdmitOnce(t *testing.T) {
 	b.drained(t, ingress.ConsumerGate)
 	require.EqualValues(t, 4, b.counter(t, "retryd_ingress_gate_total", map[string]string{"source": "billing", "decision": "duplicate"}))
 
-	// The same due delivered twice admits once and reports success once.
-	b.putSource(t, "billing", map[string]any{})
+	// The same due delivered twice admits once and reports success once
+	// (an event of a pause that ended by itself comes back by its due).
+	until := time.Now().Add(300 * time.Millisecond)
+	require.Equal(t, http.StatusOK, b.do(t, http.MethodPost, "/v1/sources/ended/pause", map[string]any{"until": until}, nil))
+	b.post(t, event("p-1", "ended", "invoice.paid"))
+	b.waitStatus(t, "deferred", "p-1")
+	time.Sleep(time.Until(until)) // the due comes at the pause's end
 	b.shrinkDuplicateWindow(t, contract.StreamRetries)
-	due := dueMsg(t, "r-2", "billing", 2)
+	due := dueMsg(t, "p-1", "ended", 2)
 	b.publishStored(t, due)
-	b.waitStatus(t, "admitted", "r-2")
+	b.waitStatus(t, "admitted", "p-1")
 	b.publishStored(t, due)
 	b.drained(t, ingress.ConsumerRetry)
-	require.Len(t, streamMsgs(t, b.ctx, b.js, contract.StreamRetries, "retry.event.due.r-2"), 2, "delivered twice")
-	require.Len(t, b.lifecycle(t, "r-2")[contract.Succeeded], 1)
-	require.Equal(t, map[string]int{"r-0": 1, "r-1": 1, "r-2": 1}, b.admittedIDs(t))
+	require.Len(t, streamMsgs(t, b.ctx, b.js, contract.StreamRetries, "retry.event.due.p-1"), 2, "delivered twice")
+	require.Len(t, b.lifecycle(t, "p-1")[contract.Succeeded], 1)
+	require.Equal(t, map[string]int{"r-0": 1, "r-1": 1, "p-1": 1}, b.admittedIDs(t))
+	require.Equal(t, "deferred", b.status(t, "r-2"))
 	require.Equal(t, "deferred", b.status(t, "r-3"))
 }
 
@@ -290,4 +297,34 @@ func TestDeletedRetriesStreamIsRecreated(t *testing.T) {
 	require.Equal(t, http.StatusOK, b.do(t, http.MethodPost, "/v1/sources/crm/resume", nil, nil))
 	b.publishDue(t, "lost", "crm", 2)
 	b.waitStatus(t, "admitted", "lost")
+}
+
+// The releaser dies after committing a batch of a release line, before
+// its relay publishes it: the next instance publishes the admissions and
+// their succeeded facts, each once, and admits nothing twice.
+func TestCrashAfterReleaseCommitAdmitsOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	require.NoError(t, b.svc.Stop(b.ctx))
+	_, crashHTTP, kill := b.crashAt(t, ingress.FailpointReleaseCommitted)
+	b.http = crashHTTP
+	require.Equal(t, http.StatusOK, b.do(t, http.MethodPost, "/v1/sources/crm/pause", map[string]any{}, nil))
+	ids := []string{"c-0", "c-1", "c-2", "c-3", "c-4"}
+	for _, id := range ids {
+		b.post(t, event(id, "crm", "contact.created"))
+	}
+	b.waitStatus(t, "deferred", ids...)
+	require.Equal(t, http.StatusOK, b.do(t, http.MethodPost, "/v1/sources/crm/resume", nil, nil))
+	b.waitStatus(t, "admitted", ids...)
+	kill()
+
+	b.start(t, testConfig(t, b.pool, b.js, prometheus.NewRegistry()))
+	require.Eventually(t, func() bool { return b.outboxRows(t) == 0 }, eventually, 20*time.Millisecond)
+	want := map[string]int{}
+	for _, id := range ids {
+		want[id] = 1
+		require.Eventually(t, func() bool { return len(b.lifecycle(t, id)[contract.Succeeded]) == 1 }, eventually, 20*time.Millisecond, id)
+	}
+	require.Equal(t, want, b.admittedIDs(t))
+	require.Zero(t, b.count(t, `SELECT count(*) FROM event_source_holds`), "the line is empty")
 }

@@ -222,10 +222,11 @@ func TestDueEdgeCases(t *testing.T) {
 }
 
 // A resume under a rate limit lines the held events up in arrival order
-// (ingressstore.PaceRelease): a released event's due that comes early, in
-// a window with room, still waits behind the held events ahead of it, and
-// the event whose turn it is takes the room.
-func TestReleasedDueQueuesBehindWaitingSlots(t *testing.T) {
+// (ingressstore.PaceRelease), the throttled event ahead of the paused one,
+// and the releaser admits each at its slot: a due for an event in the
+// line changes nothing, and the event behind stays deferred when the one
+// ahead is admitted.
+func TestReleaseLineAdmitsInArrivalOrder(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	b.putSource(t, "shop", map[string]any{"rate_limit": 1, "rate_window": "1h"})
@@ -233,37 +234,45 @@ func TestReleasedDueQueuesBehindWaitingSlots(t *testing.T) {
 	b.waitStatus(t, "admitted", "first")
 	b.post(t, event("waiting", "shop", "order.created"))
 	b.waitStatus(t, "deferred", "waiting")
-	var waitingHeld []contract.LifecycleEvent
-	require.Eventually(t, func() bool {
-		waitingHeld = b.lifecycle(t, "waiting")[contract.Held]
-		return len(waitingHeld) == 1
-	}, eventually, 20*time.Millisecond)
-	slotAt := *waitingHeld[0].Held.Until
-
 	require.Equal(t, http.StatusOK, b.do(t, http.MethodPost, "/v1/sources/shop/pause", map[string]any{}, nil))
 	b.post(t, event("paused", "shop", "order.created"))
 	b.waitStatus(t, "deferred", "paused")
 	require.Equal(t, http.StatusOK, b.do(t, http.MethodPost, "/v1/sources/shop/resume", nil, nil))
-	// As when a new window has begun and "waiting"'s slot in it has not
-	// come yet: the window has room.
-	_, err := b.pool.Exec(b.ctx, `DELETE FROM event_source_windows WHERE source = 'shop'`)
-	require.NoError(t, err)
 
-	b.publishDue(t, "paused", "shop", 2)
-	require.Eventually(t, func() bool { return len(b.lifecycle(t, "paused")[contract.Held]) == 2 }, eventually, 20*time.Millisecond)
-	b.drained(t, ingress.ConsumerRetry)
-	require.Equal(t, "deferred", b.status(t, "paused"), "a released event must not take the room of an event waiting for its slot")
-	released := b.lifecycle(t, "paused")[contract.Held][1].Held
-	require.Equal(t, "throttle", released.Reason)
-	require.False(t, released.Until.Before(slotAt), "the released event's turn %s must not come before the waiting event's slot %s", released.Until, slotAt)
-	var line []string
-	rows, err := b.pool.Query(b.ctx, `SELECT event_id FROM event_source_holds WHERE source = 'shop' ORDER BY slot_at`)
+	rows, err := b.pool.Query(b.ctx, `SELECT event_id FROM event_source_holds WHERE source = 'shop' AND released ORDER BY slot_at`)
 	require.NoError(t, err)
-	line, err = pgx.CollectRows(rows, pgx.RowTo[string])
+	line, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	require.NoError(t, err)
 	require.Equal(t, []string{"waiting", "paused"}, line, "the resume lined both up in arrival order")
+	var resume *contract.ReleasedData
+	require.Eventually(t, func() bool {
+		for _, lc := range b.lifecycle(t, "shop")[contract.Released] {
+			if lc.Released.Reason == contract.ReleaseResume {
+				resume = lc.Released
+			}
+		}
+		return resume != nil
+	}, eventually, 20*time.Millisecond)
+	require.True(t, resume.OwnerAdmits, "the scheduler is told ingress admits them")
+	require.NotNil(t, resume.Pace)
 
-	// The event due at its slot owns the room.
-	b.publishDueAt(t, "waiting", "shop", 2, slotAt)
+	// A due for the event behind (a hold applied after the release) is
+	// left to the line: not evaluated, not held again.
+	b.publishDue(t, "paused", "shop", 2)
+	b.drained(t, ingress.ConsumerRetry)
+	require.Equal(t, "deferred", b.status(t, "paused"))
+	require.Len(t, b.lifecycle(t, "paused")[contract.Held], 1)
+
+	// The first slot comes (the next window, brought forward): the
+	// releaser admits the event ahead, reports it, and only it: the
+	// window's one admission is taken.
+	_, err = b.pool.Exec(b.ctx, `UPDATE event_source_holds SET slot_at = now() WHERE event_id = 'waiting'`)
+	require.NoError(t, err)
+	_, err = b.pool.Exec(b.ctx, `DELETE FROM event_source_windows WHERE source = 'shop'`) // the window is new
+	require.NoError(t, err)
 	b.waitStatus(t, "admitted", "waiting")
+	require.Eventually(t, func() bool { return len(b.lifecycle(t, "waiting")[contract.Succeeded]) == 1 }, eventually, 20*time.Millisecond)
+	require.Equal(t, 2, b.lifecycle(t, "waiting")[contract.Succeeded][0].Succeeded.Attempt)
+	require.Equal(t, "deferred", b.status(t, "paused"), "the event behind waits for its own slot")
+	require.Equal(t, map[string]int{"first": 1, "waiting": 1}, b.admittedIDs(t))
 }

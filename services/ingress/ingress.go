@@ -38,6 +38,8 @@ type Service struct {
 	runCtx  context.Context
 	cancel  context.CancelFunc
 	wg      sync.WaitGroup
+	// releaseKick wakes the releaser (releaseLoop).
+	releaseKick chan struct{}
 }
 
 // New validates cfg, fills its defaults and builds a Service. The HTTP
@@ -68,6 +70,8 @@ func New(cfg Config) (*Service, error) {
 		metrics: m,
 		types:   newTypeCache(cfg.Pool, cfg.SourceCacheTTL, cfg.Now),
 		relay:   relay,
+
+		releaseKick: make(chan struct{}, 1),
 	}
 	s.consumers, err = durable.NewGroup(durable.Config{
 		JS: cfg.JS, Logger: s.log, Streams: cfg.Streams, CheckInterval: cfg.ReconcileInterval, Malformed: m.malformed,
@@ -131,6 +135,7 @@ func (s *Service) Start(ctx context.Context) (err error) {
 		return fmt.Errorf("ingress: %w", err)
 	}
 	s.wg.Go(func() { s.reconcileLoop(s.runCtx) })
+	s.wg.Go(func() { s.releaseLoop(s.runCtx) })
 	s.started = true
 	if s.cfg.Health != nil {
 		s.cfg.Health.SetReady(true)

@@ -81,9 +81,11 @@ func holdReason(reason string) string {
 // releasedMsg is retry.event.released.<source>: the source was resumed,
 // or its limit changed, at at (database clock), so every event it holds is
 // due now, or at its slot of pace when the source has a rate limit.
-func releasedMsg(source, reason, by string, at time.Time, pace *contract.ReleasePace, now time.Time) (*nats.Msg, error) {
+// ownerAdmits says ingress's releaser admits them itself.
+func releasedMsg(source, reason, by string, at time.Time, pace *contract.ReleasePace, ownerAdmits bool, now time.Time) (*nats.Msg, error) {
 	return contract.NewLifecycleMsg(PublisherSource, contract.Released, contract.ReleasedData{
 		Kind: contract.KindEvent, HoldKey: source, Reason: reason, By: by, ReleasedAt: at.UTC(), Pace: pace,
+		OwnerAdmits: ownerAdmits,
 	}, now)
 }
 

@@ -185,6 +185,7 @@ func (s *Service) putSource(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.relay.Kick()
+	s.kickRelease()
 	s.types.forget(source)
 	s.log.Info().Str("source", source).Interface("rate_limit", src.RateLimit).Dur("rate_window", src.RateWindow).
 		Int("allowed_types", len(src.AllowedTypes)).Msg("source gate updated")
@@ -261,6 +262,7 @@ func (s *Service) resumeSource(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.relay.Kick()
+	s.kickRelease()
 	s.log.Info().Str("source", source).Int64("deferred", src.Deferred).Msg("source resumed: held events released")
 	serve.WriteJSON(w, http.StatusOK, sourceView(src))
 }
@@ -271,9 +273,12 @@ func (s *Service) resumeSource(w http.ResponseWriter, r *http.Request) {
 // gate holds the source row FOR SHARE while it decides): the scheduler
 // releases such a hold even if it arrives after the release.
 //
-// Under a rate limit the held events get their slots first and the
-// release carries the pace (ingressstore.PaceRelease): each comes back
-// once, at its turn, and newcomers queue behind them.
+// The held events are put in a release line first
+// (ingressstore.PaceRelease), each at its slot of the rate limit (or at
+// once without one), and the release says so (owner_admits, with the
+// pace): this instance's releaser admits them itself, in order, and the
+// scheduler emits no due for them, only a fallback one if ingress never
+// answers. Newcomers queue behind the line.
 func (s *Service) release(ctx context.Context, tx pgx.Tx, source, reason string) error {
 	pace, paced, err := ingressstore.PaceRelease(ctx, tx, source)
 	if err != nil {
@@ -287,7 +292,7 @@ func (s *Service) release(ctx context.Context, tx pgx.Tx, source, reason string)
 		s.log.Info().Str("source", source).Int64("events", paced).Int("rate_limit", pace.Limit).
 			Time("from", pace.From).Msg("release paced at the source's rate limit")
 	}
-	m, err := releasedMsg(source, reason, updatedByAPI, at, pace, s.cfg.Now())
+	m, err := releasedMsg(source, reason, updatedByAPI, at, pace, paced > 0, s.cfg.Now())
 	if err != nil {
 		return err
 	}

@@ -77,11 +77,14 @@ const (
 	// dueResolved: nothing left to do (no retry row, or a status that
 	// takes no due).
 	dueResolved
+	// dueInReleaseLine: the event waits in a release line, which admits
+	// it at its slot (see releaseLoop); the due changes nothing.
+	dueInReleaseLine
 )
 
 func (r dueResult) String() string {
 	return [...]string{"undecided", "duplicate", "evaluated", "admitted_before", "cancelled_before", "exhausted_before",
-		"unconfirmed", "stale", "missing", "type_cancelled", "resolved"}[r]
+		"unconfirmed", "stale", "missing", "type_cancelled", "resolved", "in_release_line"}[r]
 }
 
 // dueOutcome is what handling a due event did, for metrics and logs after
@@ -299,6 +302,14 @@ func (s *Service) dueForDeferredEvent(ctx context.Context, tx pgx.Tx, due *contr
 		return out, nil
 	default:
 		last = r.Attempts
+	}
+	// A release fact the scheduler applied after this hold's due was
+	// emitted, or a hold applied after its release, brings a due to an
+	// event the releaser admits in its turn: evaluating it here would pass
+	// the line.
+	if in, err := ingressstore.InReleaseLine(ctx, tx, ev.ID, releaseLate); err != nil || in {
+		out.result = dueInReleaseLine
+		return out, err
 	}
 	v, err := ingressstore.GateDue(ctx, tx, ev.Source, ev.Type, ev.ID)
 	if errors.Is(err, ingressstore.ErrTypeNotAllowed) {

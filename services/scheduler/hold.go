@@ -168,7 +168,7 @@ func (s *Scheduler) handleRelease(ctx context.Context, in inbound) {
 		if err := retrystore.RecordRelease(ctx, tx, rd.Kind, rd.HoldKey, rd.HoldReason, rd.ReleasedAt); err != nil {
 			return err
 		}
-		if rel, err = retrystore.ReleaseHolds(ctx, tx, in.f.msgID, *rd); err != nil {
+		if rel, err = retrystore.ReleaseHolds(ctx, tx, in.f.msgID, *rd, s.cfg.RedueAfter); err != nil {
 			return err
 		}
 		if err := tx.Commit(ctx); err != nil {

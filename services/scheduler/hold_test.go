@@ -13,6 +13,7 @@ import (
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/pkg/policy"
 	"github.com/retryd/retryd/projections/retrystore"
+	"github.com/retryd/retryd/services/scheduler"
 )
 
 func held(kind, id string, attempt int, reason string, until *time.Time) contract.HeldData {
@@ -324,4 +325,50 @@ func TestReleaseLeavesHoldsDecidedAfterIt(t *testing.T) {
 	require.Equal(t, retrystore.StateScheduled, row.State)
 	require.True(t, row.NextAttemptAt.After(time.Now().Add(50*time.Minute)), "still held until its own time: %s", row.NextAttemptAt)
 	require.Empty(t, b.streamMsgs(t, "retry.after.due.*"))
+}
+
+// A release whose owner admits the items itself (owner_admits) brings no
+// due at the slot: each row's due is a fallback, RedueAfter after its
+// slot, and the owner's succeeded closes the row before it. An item the
+// owner never answers for still comes back, at its fallback.
+func TestOwnerAdmittedReleaseEmitsOnlyFallbackDues(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.start(t)
+	b.policy(t, "own", "", 2, 10, 100)
+	for _, id := range []string{"o1", "o2"} {
+		hd := held("own", id, 1, contract.HoldPause, nil)
+		hd.HoldKey = "shop"
+		b.publish(t, contract.Held, hd)
+		b.waitRow(t, "own", id, inState(retrystore.StateScheduled, 2))
+	}
+	released := time.Now()
+	b.publish(t, contract.Released, contract.ReleasedData{Kind: "own", HoldKey: "shop", Reason: contract.ReleaseResume,
+		By: "test", ReleasedAt: released, OwnerAdmits: true})
+	for _, id := range []string{"o1", "o2"} {
+		r := b.waitRow(t, "own", id, func(r retrystore.Retry) bool {
+			return r.NextAttemptAt != nil && r.NextAttemptAt.Before(released.Add(time.Hour))
+		})
+		require.WithinDuration(t, released.Add(scheduler.DefaultRedueAfter), *r.NextAttemptAt, 10*time.Second, "%s: a fallback, RedueAfter after its time", id)
+		require.Zero(t, r.RetryCount, id)
+	}
+	h := b.history(t, "own", "o1")
+	require.Equal(t, contract.DecidedByResume, h[len(h)-1].DecidedBy)
+	require.Contains(t, string(h[len(h)-1].Detail), "owner_admits_at")
+
+	// The owner admits o1; o2's answer never comes, and its fallback time
+	// passes (brought forward here).
+	b.publish(t, contract.Succeeded, contract.SucceededData{Kind: "own", ID: "o1", Attempt: 2})
+	b.waitRow(t, "own", "o1", inState(retrystore.StateSucceeded, 2))
+	require.Empty(t, b.streamMsgs(t, "retry.own.due.*"), "no due at the slot")
+	_, err := b.pool.Exec(b.ctx, `UPDATE retries SET next_attempt_at = now() WHERE kind = 'own' AND item_id = 'o2'`)
+	require.NoError(t, err)
+	var dues []jetstream.Msg
+	require.Eventually(t, func() bool {
+		dues = b.streamMsgs(t, "retry.own.due.*")
+		return len(dues) == 1
+	}, waitFor, 10*time.Millisecond, "the fallback due of the item nobody answered for")
+	require.Equal(t, "o2", decodeDue(t, dues[0]).ID)
+	b.waitQuiet(t)
+	require.Len(t, b.streamMsgs(t, "retry.own.due.*"), 1, "no due for the item the owner admitted")
 }

@@ -247,7 +247,7 @@ func (rb *rebuilder) apply(ctx context.Context, tx pgx.Tx, f fact) error {
 		if err := retrystore.RecordRelease(ctx, tx, rd.Kind, rd.HoldKey, rd.HoldReason, rd.ReleasedAt); err != nil {
 			return err
 		}
-		if _, err := retrystore.ReleaseHolds(ctx, tx, f.msgID, *rd); err != nil {
+		if _, err := retrystore.ReleaseHolds(ctx, tx, f.msgID, *rd, DefaultRedueAfter); err != nil {
 			return err
 		}
 		rb.stats.Applied++

@@ -11,19 +11,22 @@ import (
 	"github.com/retryd/retryd/pkg/contract"
 )
 
-// PaceRelease gives every deferred event of source a slot of its rate
-// limit, in arrival order, for a release (a resume, a limit change) inside
-// tx, after the change to the source's row. It returns the pace to send
-// with the release, so the scheduler brings each event back once, at its
-// slot, instead of all at once: a release of 100,000 held events then runs
-// at the limit, and no window edge wakes them all. Events that held slots
-// of the old settings take new ones, in the same line.
+// PaceRelease puts every deferred event of source in the release line,
+// in arrival order, for a release (a resume, a limit change) inside tx,
+// after the change to the source's row: ingress's releaser admits each
+// one itself at its slot (AdmitReleased), and the scheduler, told so by
+// the release (owner_admits), emits no due for them. It returns the pace
+// the slots follow (nil when the source has no rate limit: every slot is
+// now, a microsecond apart) and how many events are in the line; 0 when
+// the source is paused with no end (nothing is released).
 //
+// Under a rate limit each event gets a slot of the limit, so a release of
+// 100,000 held events runs at the limit and no window edge wakes them all.
 // The line starts at the first slot of the current window not yet passed
-// or taken. Arrival order is when the event was first deferred (the
+// or taken. Events that held slots of the old settings take new ones, in
+// the same line. Arrival order is when the event was first deferred (the
 // scheduler ranks by the same time, held_since). Newcomers queue behind
-// the line (see Gate). Nil, 0 when the source is paused with no end or
-// has no rate limit: the release is then not paced.
+// the line (see Gate).
 func PaceRelease(ctx context.Context, tx pgx.Tx, source string) (*contract.ReleasePace, int64, error) {
 	var now time.Time
 	src, err := scanSource(tx.QueryRow(ctx, `SELECT `+sourceColumns+`, now() FROM event_sources s WHERE s.source = $1`, source), &now)
@@ -37,7 +40,7 @@ func PaceRelease(ctx context.Context, tx pgx.Tx, source string) (*contract.Relea
 		DELETE FROM event_source_slots WHERE source = $1`, source); err != nil {
 		return nil, 0, fmt.Errorf("end slot holds: %w", err)
 	}
-	if src.RateLimit == nil || src.RateWindow <= 0 || (src.PausedAt(now) && src.PausedUntil == nil) {
+	if src.PausedAt(now) && src.PausedUntil == nil {
 		return nil, 0, nil
 	}
 	// Still paused until a time (the limit changed during the pause): the
@@ -46,6 +49,10 @@ func PaceRelease(ctx context.Context, tx pgx.Tx, source string) (*contract.Relea
 	lineAt := now
 	if src.PausedAt(now) {
 		lineAt = *src.PausedUntil
+	}
+	if src.RateLimit == nil || src.RateWindow <= 0 {
+		n, err := lineUp(ctx, tx, source, lineAt)
+		return nil, n, err
 	}
 	pace, err := firstFreeSlot(ctx, tx, src, lineAt)
 	if err != nil {
@@ -57,10 +64,10 @@ func PaceRelease(ctx context.Context, tx pgx.Tx, source string) (*contract.Relea
 		WITH line AS (
 			SELECT e.event_id, row_number() OVER (ORDER BY coalesce(r.created_at, e.received_at), e.event_id) - 1 AS i
 			FROM workflow_events e LEFT JOIN event_ingress_retries r ON r.event_id = e.event_id
-			WHERE e.source = $1 AND e.status = 'deferred'
+			WHERE e.source = $1 AND e.status = 'deferred' AND `+allowedType+`
 		), ins AS (
-			INSERT INTO event_source_holds (event_id, source, slot_at)
-			SELECT event_id, $1, $2::timestamptz + ((($3::bigint + i) / $4::bigint) * $5::bigint
+			INSERT INTO event_source_holds (event_id, source, released, slot_at)
+			SELECT event_id, $1, true, $2::timestamptz + ((($3::bigint + i) / $4::bigint) * $5::bigint
 				+ (($3::bigint + i) % $4::bigint) * $6::bigint) * interval '1 microsecond'
 			FROM line
 			RETURNING 1
@@ -81,6 +88,28 @@ func PaceRelease(ctx context.Context, tx pgx.Tx, source string) (*contract.Relea
 		return nil, 0, fmt.Errorf("set event source slots: %w", err)
 	}
 	return pace, n, nil
+}
+
+// allowedType keeps out of a release line the deferred events (e) whose
+// type the source no longer allows: their due (the scheduler's fallback)
+// finds them at the gate, which cancels them. Every change to a source
+// lines its events up again, so the line always follows the source's
+// current types.
+const allowedType = `(SELECT cardinality(s.allowed_types) = 0 OR e.type = ANY(s.allowed_types) FROM event_sources s WHERE s.source = e.source)`
+
+// lineUp puts every deferred event of source, without a rate limit, in
+// the release line: in arrival order, a microsecond apart from at.
+func lineUp(ctx context.Context, tx pgx.Tx, source string, at time.Time) (int64, error) {
+	tag, err := tx.Exec(ctx, `
+		INSERT INTO event_source_holds (event_id, source, released, slot_at)
+		SELECT e.event_id, $1, true, $2::timestamptz + (row_number() OVER (ORDER BY coalesce(r.created_at, e.received_at), e.event_id) - 1)
+			* interval '1 microsecond'
+		FROM workflow_events e LEFT JOIN event_ingress_retries r ON r.event_id = e.event_id
+		WHERE e.source = $1 AND e.status = 'deferred' AND `+allowedType, source, at)
+	if err != nil {
+		return 0, fmt.Errorf("line up held events: %w", err)
+	}
+	return tag.RowsAffected(), nil
 }
 
 // firstFreeSlot is where a line starting at now begins: in now's window,

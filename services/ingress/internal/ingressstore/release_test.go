@@ -82,7 +82,8 @@ func TestPaceReleaseGivesHeldEventsSlotsInArrivalOrder(t *testing.T) {
 	require.False(t, v.Admitted)
 	require.True(t, v.RetryAt.After(holds[len(holds)-1].At), "newcomer at %s, line ends at %s", v.RetryAt, holds[len(holds)-1].At)
 
-	// No limit, no pace (and no slots).
+	// No limit: no pace; every deferred event is in the release line at
+	// once, a microsecond apart, in arrival order.
 	_, err = ingressstore.PutSource(b.ctx, b.pool, ingressstore.SourceConfig{Source: "line"})
 	require.NoError(t, err)
 	require.NoError(t, pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error {
@@ -90,10 +91,12 @@ func TestPaceReleaseGivesHeldEventsSlotsInArrivalOrder(t *testing.T) {
 		return err
 	}))
 	require.Nil(t, pace)
-	require.Zero(t, n)
-	var left int
-	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM event_source_holds WHERE source = 'line'`).Scan(&left))
-	require.Zero(t, left)
+	require.EqualValues(t, len(held), n)
+	rows, err = b.pool.Query(b.ctx, `SELECT event_id FROM event_source_holds WHERE source = 'line' AND released ORDER BY slot_at`)
+	require.NoError(t, err)
+	line, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	require.Equal(t, held, line)
 }
 
 // A limit changed while a pause with an until lasts paces the line from

@@ -1,0 +1,159 @@
+package ingressstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Released is an event AdmitReleased admitted: what its admission
+// publishes (the event, and the succeeded that closes its retry).
+type Released struct {
+	Event
+	// Attempt is the attempt the admission completes (the one the
+	// scheduler's due would have carried); 0 when the event had no retry
+	// row, and then no retry to close.
+	Attempt int
+}
+
+// AdmitReleased admits up to limit events of one release line (see
+// PaceRelease) whose slots have come, oldest slot first: each goes from
+// deferred to admitted, leaves the line, completes its retry, and counts
+// in its source's rate window. The caller publishes them (outbox) in the
+// same transaction, in the order returned, which is the line's.
+//
+// The line is the one with the oldest slot that has come among sources
+// that are not paused and whose current rate window has room; it admits
+// at most that room, so a window never admits more than the limit, even
+// when slots of the window before come a few milliseconds late: those
+// take room in this window, and the line moves back by as much.
+//
+// Holds another transaction has locked (an instance admitting the same
+// line, a due evaluating one of them) are skipped, so instances share a
+// line without waiting for each other; the source row is locked FOR SHARE,
+// so a pause commits either before (and nothing of the source is admitted)
+// or after this transaction.
+func AdmitReleased(ctx context.Context, tx pgx.Tx, limit int) ([]Released, error) {
+	var source string
+	var room int
+	err := tx.QueryRow(ctx, `
+WITH open AS (
+	SELECT s.source, s.rate_limit, s.rate_window_ms, l.slot_at FROM event_sources s
+	CROSS JOIN LATERAL (SELECT h.slot_at FROM event_source_holds h WHERE h.source = s.source AND h.released
+		ORDER BY h.slot_at LIMIT 1) l
+	WHERE l.slot_at <= now() AND NOT (s.paused AND (s.paused_until IS NULL OR s.paused_until > now()))
+	FOR SHARE OF s
+), room AS (
+	SELECT o.source, o.slot_at, CASE WHEN o.rate_limit IS NULL OR coalesce(o.rate_window_ms, 0) <= 0 THEN $1::int
+		ELSE least($1::int, o.rate_limit - coalesce((SELECT w.admitted FROM event_source_windows w WHERE w.source = o.source
+			AND w.window_start = to_timestamp((floor(extract(epoch FROM now()) * 1000)::bigint / o.rate_window_ms * o.rate_window_ms) / 1000.0)), 0))
+		END AS room
+	FROM open o
+)
+SELECT r.source, r.room FROM room r
+WHERE r.room > 0
+ORDER BY r.slot_at
+LIMIT 1`, limit).Scan(&source, &room)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("pick a release line: %w", err)
+	}
+	rows, err := tx.Query(ctx, `
+WITH src AS (
+	SELECT s.source, s.rate_limit, s.rate_window_ms FROM event_sources s WHERE s.source = $1
+), line AS (
+	SELECT h.event_id, h.slot_at FROM event_source_holds h
+	WHERE h.source = $1 AND h.released AND h.slot_at <= now()
+	ORDER BY h.slot_at, h.event_id
+	LIMIT $2
+	FOR UPDATE OF h SKIP LOCKED
+), moved AS (
+	UPDATE workflow_events e SET status = 'admitted', admitted_at = now(), updated_at = now()
+	FROM line WHERE e.event_id = line.event_id AND e.status = 'deferred'
+	RETURNING e.event_id, e.source, e.type, e.status, e.envelope, e.received_at, e.admitted_at, e.updated_at, line.slot_at
+), dropped AS (
+	DELETE FROM event_source_holds h USING line WHERE h.event_id = line.event_id
+), completed AS (
+	UPDATE event_ingress_retries r
+	SET retry_state = 'completed', attempts = greatest(r.scheduled_attempt, r.attempts + 1), next_attempt_at = NULL, updated_at = now()
+	FROM moved WHERE r.event_id = moved.event_id
+	RETURNING r.event_id, r.attempts
+), counted AS (
+	INSERT INTO event_source_windows AS w (source, window_start, admitted)
+	SELECT src.source, to_timestamp((floor(extract(epoch FROM now()) * 1000)::bigint / src.rate_window_ms * src.rate_window_ms) / 1000.0),
+		(SELECT count(*) FROM moved)
+	FROM src
+	WHERE src.rate_limit IS NOT NULL AND src.rate_window_ms > 0 AND EXISTS (SELECT 1 FROM moved)
+	ON CONFLICT (source, window_start) DO UPDATE SET admitted = w.admitted + EXCLUDED.admitted
+)
+SELECT m.event_id, m.source, m.type, m.status, m.envelope, m.received_at, m.admitted_at, m.updated_at, coalesce(c.attempts, 0)
+FROM moved m LEFT JOIN completed c ON c.event_id = m.event_id
+ORDER BY m.slot_at, m.event_id`, source, room)
+	if err != nil {
+		return nil, fmt.Errorf("admit released events of %s: %w", source, err)
+	}
+	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Released, error) {
+		var r Released
+		err := row.Scan(&r.ID, &r.Source, &r.Type, &r.Status, &r.Envelope, &r.ReceivedAt, &r.AdmittedAt, &r.UpdatedAt, &r.Attempt)
+		return r, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("admit released events of %s: %w", source, err)
+	}
+	return out, nil
+}
+
+// NextReleaseSlot is how long until a release line can move next (0 when
+// one can now), on the database clock: at its oldest slot, but not before
+// its paused source's pause ends (never, for a pause without an end) nor
+// while its source's current rate window is full (then at the next
+// window). False when no line can move before a change to a source (which
+// wakes the releaser).
+func NextReleaseSlot(ctx context.Context, db DB) (time.Duration, bool, error) {
+	var us *int64
+	err := db.QueryRow(ctx, `
+		WITH lines AS (
+			SELECT s.source, l.slot_at FROM event_sources s
+			CROSS JOIN LATERAL (SELECT h.slot_at FROM event_source_holds h WHERE h.source = s.source AND h.released
+				ORDER BY h.slot_at LIMIT 1) l
+		), nexts AS (
+			SELECT CASE
+				WHEN s.paused AND s.paused_until IS NULL THEN NULL
+				WHEN s.paused AND s.paused_until > now() THEN greatest(l.slot_at, s.paused_until)
+				WHEN s.rate_limit IS NOT NULL AND s.rate_window_ms > 0 AND coalesce(w.admitted, 0) >= s.rate_limit
+					THEN greatest(l.slot_at, ws.start + s.rate_window_ms * interval '1 millisecond')
+				ELSE l.slot_at END AS next
+			FROM lines l JOIN event_sources s ON s.source = l.source
+			CROSS JOIN LATERAL (SELECT CASE WHEN s.rate_window_ms > 0 THEN to_timestamp((floor(extract(epoch FROM now()) * 1000)::bigint
+				/ s.rate_window_ms * s.rate_window_ms) / 1000.0) END AS start) ws
+			LEFT JOIN event_source_windows w ON w.source = s.source AND w.window_start = ws.start
+		)
+		SELECT CASE WHEN min(next) IS NOT NULL THEN (extract(epoch FROM greatest(min(next) - now(), interval '0')) * 1000000)::bigint END
+		FROM nexts`).Scan(&us)
+	if err != nil {
+		return 0, false, fmt.Errorf("read next release slot: %w", err)
+	}
+	if us == nil {
+		return 0, false, nil
+	}
+	return time.Duration(*us) * time.Microsecond, true, nil
+}
+
+// InReleaseLine reports whether event id waits in a release line for a
+// slot that came less than late ago (or has not come): its releaser admits
+// it, and a due for it has nothing to do. A slot longer past means no
+// releaser is running; the due then evaluates it like any other.
+func InReleaseLine(ctx context.Context, tx pgx.Tx, id string, late time.Duration) (bool, error) {
+	var in bool
+	err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM event_source_holds
+		WHERE event_id = $1 AND released AND slot_at > now() - $2 * interval '1 millisecond')`, id, late.Milliseconds()).Scan(&in)
+	if err != nil {
+		return false, fmt.Errorf("read release line: %w", err)
+	}
+	return in, nil
+}

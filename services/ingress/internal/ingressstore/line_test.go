@@ -1,0 +1,179 @@
+package ingressstore_test
+
+import (
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/retryd/retryd/services/ingress/internal/ingressstore"
+)
+
+const releaseLate = time.Minute
+
+// holdLine defers n events of source (paused) in the order l0, l1, ...,
+// resumes it and lines them up, and returns their ids in arrival order.
+func (b *bundle) holdLine(t *testing.T, source string, n int) []string {
+	t.Helper()
+	_, err := ingressstore.PauseSource(b.ctx, b.pool, source, nil, "", "test")
+	require.NoError(t, err)
+	var ids []string
+	for i := range n {
+		id := fmt.Sprintf("%s-%04d", source, n-i) // ids sort against arrival
+		b.insertEvent(t, id, source)
+		_, err := ingressstore.SetEventStatus(b.ctx, b.pool, id, ingressstore.StatusDeferred)
+		require.NoError(t, err)
+		require.NoError(t, ingressstore.RecordDeferral(b.ctx, b.pool, ingressstore.Deferral{
+			EventID: id, Source: source, Attempt: 1, Reason: ingressstore.ReasonSourcePaused}))
+		ids = append(ids, id)
+	}
+	require.NoError(t, pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error {
+		if _, err := ingressstore.ResumeSource(b.ctx, tx, source, "test"); err != nil {
+			return err
+		}
+		_, got, err := ingressstore.PaceRelease(b.ctx, tx, source)
+		require.EqualValues(t, n, got)
+		return err
+	}))
+	return ids
+}
+
+func (b *bundle) admitReleased(t *testing.T, limit int) []ingressstore.Released {
+	t.Helper()
+	var out []ingressstore.Released
+	require.NoError(t, pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error {
+		var err error
+		out, err = ingressstore.AdmitReleased(b.ctx, tx, limit)
+		return err
+	}))
+	return out
+}
+
+func releasedIDs(rs []ingressstore.Released) []string {
+	ids := make([]string, len(rs))
+	for i, r := range rs {
+		ids[i] = r.ID
+	}
+	return ids
+}
+
+// The line is admitted in arrival order, a batch at a time; each event
+// once, with the attempt its due would have carried, and the line empties.
+func TestAdmitReleasedInArrivalOrder(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ids := b.holdLine(t, "open", 25)
+
+	first := b.admitReleased(t, 10)
+	require.Equal(t, ids[:10], releasedIDs(first))
+	for _, r := range first {
+		require.Equal(t, ingressstore.StatusAdmitted, r.Status)
+		require.Equal(t, 2, r.Attempt, "the first deferral was attempt 1")
+		require.JSONEq(t, `{"id":"`+r.ID+`"}`, string(r.Envelope))
+	}
+	rest := b.admitReleased(t, 100)
+	require.Equal(t, ids[10:], releasedIDs(rest))
+	require.Empty(t, b.admitReleased(t, 100), "each event once")
+
+	var admitted, lined, completed int
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT
+		(SELECT count(*) FROM workflow_events WHERE source = 'open' AND status = 'admitted'),
+		(SELECT count(*) FROM event_source_holds WHERE source = 'open'),
+		(SELECT count(*) FROM event_ingress_retries WHERE source = 'open' AND retry_state = 'completed' AND attempts = 2)`).
+		Scan(&admitted, &lined, &completed))
+	require.Equal(t, 25, admitted)
+	require.Zero(t, lined)
+	require.Equal(t, 25, completed)
+	_, ok, err := ingressstore.NextReleaseSlot(b.ctx, b.pool)
+	require.NoError(t, err)
+	require.False(t, ok, "no line left")
+}
+
+// Two admitters at once (two ingress instances) share the line: every
+// event is admitted by exactly one of them.
+func TestAdmitReleasedConcurrentlyAdmitsEachOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ids := b.holdLine(t, "shared", 200)
+
+	var mu sync.Mutex
+	seen := map[string]int{}
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Go(func() {
+			for {
+				var got []ingressstore.Released
+				err := pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error {
+					var err error
+					got, err = ingressstore.AdmitReleased(b.ctx, tx, 7)
+					return err
+				})
+				if err != nil || len(got) == 0 {
+					return
+				}
+				mu.Lock()
+				for _, r := range got {
+					seen[r.ID]++
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	require.Len(t, seen, len(ids))
+	for id, n := range seen {
+		require.Equal(t, 1, n, id)
+	}
+}
+
+// A paused source's line waits: nothing is admitted, and the releaser is
+// told to look again at the pause's end, not at once.
+func TestAdmitReleasedWaitsForAPause(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.holdLine(t, "paused", 3)
+	_, err := ingressstore.PauseSource(b.ctx, b.pool, "paused", nil, "", "test")
+	require.NoError(t, err)
+
+	require.Empty(t, b.admitReleased(t, 10))
+	_, ok, err := ingressstore.NextReleaseSlot(b.ctx, b.pool)
+	require.NoError(t, err)
+	require.False(t, ok, "a pause without an end: nothing to wake for")
+
+	var in bool
+	require.NoError(t, pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error {
+		in, err = ingressstore.InReleaseLine(b.ctx, tx, "paused-0001", releaseLate)
+		return err
+	}))
+	require.True(t, in, "a due for a lined-up event leaves it to the line")
+}
+
+// A window never admits more than the limit, even from a line whose slots
+// have all come: the rest waits for the next window, and the releaser is
+// told to look again then, not at once.
+func TestAdmitReleasedKeepsTheWindowsLimit(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	_, err := ingressstore.PutSource(b.ctx, b.pool, ingressstore.SourceConfig{Source: "capped", RateLimit: 3, RateWindow: time.Hour})
+	require.NoError(t, err)
+	ids := b.holdLine(t, "capped", 5)
+	// Every slot has come (as when the releaser ran late).
+	_, err = b.pool.Exec(b.ctx, `UPDATE event_source_holds SET slot_at = slot_at - interval '1 day'`)
+	require.NoError(t, err)
+	// One admission of this window already.
+	_, err = b.pool.Exec(b.ctx, `INSERT INTO event_source_windows (source, window_start, admitted) VALUES ('capped', date_trunc('hour', now()), 1)
+		ON CONFLICT (source, window_start) DO UPDATE SET admitted = 1`)
+	require.NoError(t, err)
+
+	got := b.admitReleased(t, 100)
+	require.Equal(t, ids[:2], releasedIDs(got), "two more fill the window of 3")
+	require.Empty(t, b.admitReleased(t, 100))
+	wait, ok, err := ingressstore.NextReleaseSlot(b.ctx, b.pool)
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.Greater(t, wait, time.Duration(0), "the next window, not now")
+	require.LessOrEqual(t, wait, time.Hour)
+}
