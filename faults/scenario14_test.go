@@ -312,12 +312,6 @@ func attemptHistogram(attempts map[string]int) string {
 	return strings.Join(parts, ", ")
 }
 
-// firstPast returns up to most of the sorted ranks at or past head.
-func firstPast(ranks []int, head, most int) []int {
-	i, _ := slices.BinarySearch(ranks, head)
-	return ranks[i:min(len(ranks), i+most)]
-}
-
 // order is how far an observed order is from a reference one.
 type order struct {
 	n int
