@@ -31,9 +31,9 @@ type Released struct {
 // when slots of the window before come a few milliseconds late: those
 // take room in this window, and the line moves back by as much.
 //
-// Holds another transaction has locked (an instance admitting the same
-// line, a due evaluating one of them) are skipped, so instances share a
-// line without waiting for each other; the source row is locked FOR SHARE,
+// Holds or events another transaction has locked (an instance admitting
+// the same line, a due evaluating one of them) are skipped, so instances
+// share a line without waiting for each other; the source row is locked FOR SHARE,
 // so a pause commits either before (and nothing of the source is admitted)
 // or after this transaction.
 func AdmitReleased(ctx context.Context, tx pgx.Tx, limit int) ([]Released, error) {
@@ -67,11 +67,14 @@ LIMIT 1`, limit).Scan(&source, &room)
 WITH src AS (
 	SELECT s.source, s.rate_limit, s.rate_window_ms FROM event_sources s WHERE s.source = $1
 ), line AS (
-	SELECT h.event_id, h.slot_at FROM event_source_holds h
+	-- The event row too, skipped when locked: a due evaluating the event
+	-- holds it, and may delete this hold next (waiting for it here would
+	-- be a deadlock).
+	SELECT h.event_id, h.slot_at FROM event_source_holds h JOIN workflow_events e ON e.event_id = h.event_id
 	WHERE h.source = $1 AND h.released AND h.slot_at <= now()
 	ORDER BY h.slot_at, h.event_id
 	LIMIT $2
-	FOR UPDATE OF h SKIP LOCKED
+	FOR UPDATE OF h, e SKIP LOCKED
 ), moved AS (
 	UPDATE workflow_events e SET status = 'admitted', admitted_at = now(), updated_at = now()
 	FROM line WHERE e.event_id = line.event_id AND e.status = 'deferred'
