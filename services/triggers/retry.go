@@ -41,21 +41,13 @@ func msgID(msg jetstream.Msg, env contract.Envelope) string {
 }
 
 // handleDue retries a held delivery (retry.event-trigger.due.<id>):
-// rehydrate the delivery, its trigger and its event, cancel when the
-// trigger is gone or disabled, otherwise decide again as on the first
-// offer and launch (succeeded), hold again (held attempt n) or filter
-// (cancelled).
+// decode, apply in one transaction (applyDue), then act on the outcome
+// (finishDue).
 func (s *Service) handleDue(ctx context.Context, msg jetstream.Msg) error {
-	ev, err := contract.DecodeLifecycle(msg.Subject(), msg.Data())
+	due, inboxID, err := decodeTriggerDue(msg)
 	if err != nil {
 		return err
 	}
-	if ev.Due == nil || ev.Kind != contract.KindEventTrigger {
-		return invalidField("subject", fmt.Sprintf("%q is not an event-trigger due event", msg.Subject()))
-	}
-	due := *ev.Due
-	inboxID := msgID(msg, ev.Envelope)
-
 	first, err := triggerstore.GetDelivery(ctx, s.cfg.Pool, due.ID)
 	if errors.Is(err, triggerstore.ErrNotFound) {
 		return s.cancelUnknown(ctx, inboxID, due)
@@ -65,110 +57,147 @@ func (s *Service) handleDue(ctx context.Context, msg jetstream.Msg) error {
 	}
 	var res result
 	err = pgx.BeginFunc(ctx, s.cfg.Pool, func(tx pgx.Tx) error {
-		res = result{attempt: due.Attempt}
-		claimed, err := inbox.Claim(ctx, tx, ConsumerRetry, inboxID)
-		if err != nil {
-			return err
-		}
-		if !claimed {
-			res.duplicate = true
-			return nil
-		}
-		// Lock order everywhere: trigger, then delivery.
-		t, err := triggerstore.LockTrigger(ctx, tx, first.TriggerID)
-		missing := errors.Is(err, triggerstore.ErrNotFound)
-		if err != nil && !missing {
-			return err
-		}
-		d, err := triggerstore.LockDelivery(ctx, tx, due.ID)
-		if err != nil {
-			return err
-		}
-		now, err := triggerstore.Now(ctx, tx)
-		if err != nil {
-			return err
-		}
-		if due.Attempt <= d.RetryAttempts {
-			// An attempt already handled (a replay older than the inbox).
-			res.duplicate = true
-			return nil
-		}
-		if d.Status == triggerstore.StatusLaunched {
-			// Launched already: tell the scheduler again so the item
-			// resolves even if it was retried by hand after the launch.
-			res.duplicate = true
-			ok, err := contract.NewLifecycleMsg(EventSource, contract.Succeeded, contract.SucceededData{
-				Kind: contract.KindEventTrigger, ID: d.ID, Attempt: due.Attempt,
-				Metadata: map[string]string{"trigger_id": d.TriggerID, "run_id": d.RunID},
-			}, now)
-			if err != nil {
-				return err
-			}
-			return s.write(ctx, tx, nil, []*nats.Msg{ok})
-		}
-		if !d.Status.Held() && d.ScheduledAttempt < due.Attempt {
-			// Cancelled, exhausted or filtered, and no retry of it was
-			// confirmed: a due emitted before an operator's cancel. Roll
-			// back the claim so that, if this is a manual retry whose
-			// rescheduled event is still on its way, the scheduler's
-			// re-emission of the due is applied.
-			return errSkipDue
-		}
-
-		var msgs []*nats.Msg
-		var run *triggerstore.Run
-		reason := ""
-		switch {
-		case missing || t.Deleted():
-			reason = ReasonTriggerDeleted
-		case !t.Enabled:
-			reason = ReasonTriggerDisabled
-		}
-		var o offer
-		if reason == "" {
-			env, found, err := s.rehydrate(ctx, tx, d, due.Payload)
-			if err != nil {
-				return err
-			}
-			if !found {
-				reason = ReasonEventMissing
-			} else if o, err = newOffer(env); err != nil {
-				return err
-			}
-		}
-		if reason != "" {
-			if !missing {
-				d.TriggerVersion = t.Version
-			}
-			msgs, err = cancelRetry(&d, triggerstore.StatusCancelled, reason, due.Attempt, now)
-		} else {
-			var dec decision
-			if dec, err = s.decide(ctx, tx, t, o, d.ID, now, false); err != nil {
-				return err
-			}
-			if !dec.waitUntil.IsZero() {
-				// Rolled back, claim included: the same due comes back.
-				return &throttleWait{until: dec.waitUntil, now: now}
-			}
-			run, msgs, err = settle(&d, t, o, dec, due.Attempt, now)
-		}
-		if err != nil {
-			return err
-		}
-		if err := triggerstore.SaveOutcome(ctx, tx, d); err != nil {
-			return err
-		}
-		if err := s.keepHeld(ctx, tx, d, o); err != nil {
-			return err
-		}
-		if err := s.write(ctx, tx, run, msgs); err != nil {
-			return err
-		}
-		res.delivery = d
-		return s.cfg.failpoint.At(ctx, failpointRetryBeforeCommit)
+		var err error
+		res, err = s.applyDue(ctx, tx, inboxID, first.TriggerID, due)
+		return err
 	})
+	return s.finishDue(ctx, due, first.TriggerID, res, err)
+}
+
+// decodeTriggerDue validates a message of retry.event-trigger.due.<id>
+// and returns its due and the id its inbox row takes.
+func decodeTriggerDue(msg jetstream.Msg) (contract.DueData, string, error) {
+	ev, err := contract.DecodeLifecycle(msg.Subject(), msg.Data())
+	if err != nil {
+		return contract.DueData{}, "", err
+	}
+	if ev.Due == nil || ev.Kind != contract.KindEventTrigger {
+		return contract.DueData{}, "", invalidField("subject", fmt.Sprintf("%q is not an event-trigger due event", msg.Subject()))
+	}
+	return *ev.Due, msgID(msg, ev.Envelope), nil
+}
+
+// applyDue applies a due inside tx: claim it, lock the trigger and the
+// delivery (in that order, as everywhere), drop replays, answer for a
+// delivery launched already, and otherwise decide again (redecide). It
+// returns errSkipDue or a *throttleWait to roll back without a trace.
+func (s *Service) applyDue(ctx context.Context, tx pgx.Tx, inboxID, triggerID string, due contract.DueData) (result, error) {
+	res := result{attempt: due.Attempt}
+	claimed, err := inbox.Claim(ctx, tx, ConsumerRetry, inboxID)
+	if err != nil || !claimed {
+		res.duplicate = !claimed
+		return res, err
+	}
+	t, err := triggerstore.LockTrigger(ctx, tx, triggerID)
+	missing := errors.Is(err, triggerstore.ErrNotFound)
+	if err != nil && !missing {
+		return res, err
+	}
+	d, err := triggerstore.LockDelivery(ctx, tx, due.ID)
+	if err != nil {
+		return res, err
+	}
+	now, err := triggerstore.Now(ctx, tx)
+	if err != nil {
+		return res, err
+	}
+	switch {
+	case due.Attempt <= d.RetryAttempts:
+		// An attempt already handled (a replay older than the inbox).
+		res.duplicate = true
+		return res, nil
+	case d.Status == triggerstore.StatusLaunched:
+		res.duplicate = true
+		return res, s.answerLaunched(ctx, tx, d, due.Attempt, now)
+	case !d.Status.Held() && d.ScheduledAttempt < due.Attempt:
+		// Cancelled, exhausted or filtered, and no retry of it was
+		// confirmed: a due emitted before an operator's cancel. Roll
+		// back the claim so that, if this is a manual retry whose
+		// rescheduled event is still on its way, the scheduler's
+		// re-emission of the due is applied.
+		return res, errSkipDue
+	}
+	run, msgs, o, err := s.redecide(ctx, tx, t, missing, &d, due, now)
+	if err != nil {
+		return res, err
+	}
+	if err := triggerstore.SaveOutcome(ctx, tx, d); err != nil {
+		return res, err
+	}
+	if err := s.keepHeld(ctx, tx, d, o); err != nil {
+		return res, err
+	}
+	if err := s.write(ctx, tx, run, msgs); err != nil {
+		return res, err
+	}
+	res.delivery = d
+	return res, s.cfg.failpoint.At(ctx, failpointRetryBeforeCommit)
+}
+
+// answerLaunched tells the scheduler again that delivery d launched, so
+// the item resolves even if it was retried by hand after the launch.
+func (s *Service) answerLaunched(ctx context.Context, tx pgx.Tx, d triggerstore.Delivery, attempt int, now time.Time) error {
+	ok, err := contract.NewLifecycleMsg(EventSource, contract.Succeeded, contract.SucceededData{
+		Kind: contract.KindEventTrigger, ID: d.ID, Attempt: attempt,
+		Metadata: map[string]string{"trigger_id": d.TriggerID, "run_id": d.RunID},
+	}, now)
+	if err != nil {
+		return err
+	}
+	return s.write(ctx, tx, nil, []*nats.Msg{ok})
+}
+
+// redecide decides a held delivery again, as on its first offer: cancel
+// it when its trigger is gone or disabled or its event is missing,
+// otherwise launch, hold again or filter. It updates d and returns the
+// run to launch (if any), the messages to write and the offer. A throttle
+// line that is not yet at d's turn returns a *throttleWait.
+func (s *Service) redecide(ctx context.Context, tx pgx.Tx, t triggerstore.Trigger, missing bool, d *triggerstore.Delivery,
+	due contract.DueData, now time.Time) (*triggerstore.Run, []*nats.Msg, offer, error) {
+	var o offer
+	reason := ""
+	switch {
+	case missing || t.Deleted():
+		reason = ReasonTriggerDeleted
+	case !t.Enabled:
+		reason = ReasonTriggerDisabled
+	}
+	if reason == "" {
+		env, found, err := s.rehydrate(ctx, tx, *d, due.Payload)
+		if err != nil {
+			return nil, nil, o, err
+		}
+		if !found {
+			reason = ReasonEventMissing
+		} else if o, err = newOffer(env); err != nil {
+			return nil, nil, o, err
+		}
+	}
+	if reason != "" {
+		if !missing {
+			d.TriggerVersion = t.Version
+		}
+		msgs, err := cancelRetry(d, triggerstore.StatusCancelled, reason, due.Attempt, now)
+		return nil, msgs, o, err
+	}
+	dec, err := s.decide(ctx, tx, t, o, d.ID, now, false)
+	if err != nil {
+		return nil, nil, o, err
+	}
+	if !dec.waitUntil.IsZero() {
+		// Rolled back, claim included: the same due comes back.
+		return nil, nil, o, &throttleWait{until: dec.waitUntil, now: now}
+	}
+	run, msgs, err := settle(d, t, o, dec, due.Attempt, now)
+	return run, msgs, o, err
+}
+
+// finishDue acts on what applyDue did, after its transaction: hand a due
+// waiting for its throttle turn back, drop one for a resolved delivery,
+// and report the rest.
+func (s *Service) finishDue(ctx context.Context, due contract.DueData, triggerID string, res result, err error) error {
 	if w, ok := errors.AsType[*throttleWait](err); ok {
-		s.metrics.throttleWaits.WithLabelValues(first.TriggerID).Inc()
+		s.metrics.throttleWaits.WithLabelValues(triggerID).Inc()
 		return durable.NakAfter(max(w.until.Sub(w.now), time.Millisecond))
 	}
 	if errors.Is(err, errSkipDue) {
