@@ -18,7 +18,12 @@
 // Environment: NATS_URL (and the other internal/natsconn variables),
 // DATABASE_URL, RETRYD_HTTP_ADDR (/readyz), FAULTWORKER_TYPES (comma
 // separated job types), FAULTWORKER_CONCURRENCY (default 4),
-// FAULTWORKER_ACK_WAIT (default 30s), FAULTWORKER_ROUTER (default true).
+// FAULTWORKER_ACK_WAIT (default 30s), FAULTWORKER_ROUTER (default true),
+// FAULTWORKER_REPUBLISH_AFTER (worker.Config.RepublishAfter: a scenario
+// that shrinks RETRIES' duplicate window sees a purged failure published
+// again in seconds, not after the 3-minute default) and
+// FAULTWORKER_PENDING_LIMIT (worker.Config.PendingLimit; -1 keeps no
+// copies, the SDK as it was before it kept its failures).
 package main
 
 import (
@@ -101,11 +106,14 @@ func run(log zerolog.Logger) error {
 
 	concurrency, _ := strconv.Atoi(os.Getenv("FAULTWORKER_CONCURRENCY"))
 	ackWait, _ := time.ParseDuration(os.Getenv("FAULTWORKER_ACK_WAIT"))
+	republishAfter, _ := time.ParseDuration(os.Getenv("FAULTWORKER_REPUBLISH_AFTER"))
+	pendingLimit, _ := strconv.Atoi(os.Getenv("FAULTWORKER_PENDING_LIMIT"))
 	reg := prometheus.NewRegistry()
 	w, err := worker.New(worker.Config{
 		JS: js, Logger: slogger(log), Source: "faults/worker", Concurrency: concurrency, AckWait: ackWait,
 		FetchWait: 500 * time.Millisecond, Registerer: reg,
 		DisableDueRouter: os.Getenv("FAULTWORKER_ROUTER") == "false",
+		RepublishAfter:   republishAfter, PendingLimit: pendingLimit,
 	})
 	if err != nil {
 		return err
