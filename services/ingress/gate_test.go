@@ -108,9 +108,9 @@ func TestThrottledEventIsDeferredAndAdmittedWhenDue(t *testing.T) {
 	require.Eventually(t, func() bool { return len(b.lifecycle(t, "second")[contract.Held]) == 2 }, eventually, 20*time.Millisecond)
 	require.Equal(t, 2, b.lifecycle(t, "second")[contract.Held][1].Held.Attempt)
 
-	// The limit is lifted: attempt 3 admits and reports success.
+	// The limit is lifted: the release line admits it, as attempt 3 (the
+	// one the scheduler confirmed next), and reports success.
 	b.putSource(t, "billing", map[string]any{})
-	b.publishDue(t, "second", "billing", 3)
 	b.waitStatus(t, "admitted", "second")
 	require.Eventually(t, func() bool { return len(b.lifecycle(t, "second")[contract.Succeeded]) == 1 }, eventually, 20*time.Millisecond)
 	sd := b.lifecycle(t, "second")[contract.Succeeded][0].Succeeded
@@ -126,7 +126,7 @@ func TestThrottledEventIsDeferredAndAdmittedWhenDue(t *testing.T) {
 	require.Equal(t, 1, b.admittedIDs(t)["second"])
 
 	require.EqualValues(t, 2, b.counter(t, "retryd_ingress_deferrals_total", map[string]string{"source": "billing", "reason": "source_throttled"}))
-	require.EqualValues(t, 3, b.counter(t, "retryd_ingress_retries_total", map[string]string{"source": "billing", "event": "due"}))
+	require.EqualValues(t, 2, b.counter(t, "retryd_ingress_retries_total", map[string]string{"source": "billing", "event": "due"}))
 	require.EqualValues(t, 1, b.counter(t, "retryd_ingress_retries_total", map[string]string{"source": "billing", "event": "completed"}))
 	require.EqualValues(t, 1, b.counter(t, "retryd_ingress_retries_total", map[string]string{"source": "billing", "event": "scheduled"}))
 }
@@ -257,11 +257,14 @@ func TestReleaseLineAdmitsInArrivalOrder(t *testing.T) {
 	require.NotNil(t, resume.Pace)
 
 	// A due for the event behind (a hold applied after the release) is
-	// left to the line: not evaluated, not held again.
+	// left to the line: handed back, not evaluated, not held again.
 	b.publishDue(t, "paused", "shop", 2)
-	b.drained(t, ingress.ConsumerRetry)
+	require.Eventually(t, func() bool {
+		return b.counter(t, "retryd_ingress_retries_total", map[string]string{"source": "shop", "event": "waited"}) == 1
+	}, eventually, 20*time.Millisecond)
 	require.Equal(t, "deferred", b.status(t, "paused"))
 	require.Len(t, b.lifecycle(t, "paused")[contract.Held], 1)
+	require.Zero(t, b.count(t, `SELECT count(*) FROM inbox WHERE consumer = $1 AND msg_id LIKE '%paused%'`, ingress.ConsumerRetry), "the claim rolled back with the hand-back")
 
 	// The first slot comes (the next window, brought forward): the
 	// releaser admits the event ahead, reports it, and only it: the

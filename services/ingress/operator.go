@@ -278,7 +278,7 @@ func (s *Service) resumeSource(w http.ResponseWriter, r *http.Request) {
 // once without one), and the release says so (owner_admits, with the
 // pace): this instance's releaser admits them itself, in order, and the
 // scheduler emits no due for them, only a fallback one if ingress never
-// answers. Newcomers queue behind the line.
+// answers. Under a rate limit newcomers queue behind the line.
 func (s *Service) release(ctx context.Context, tx pgx.Tx, source, reason string) error {
 	pace, paced, err := ingressstore.PaceRelease(ctx, tx, source)
 	if err != nil {

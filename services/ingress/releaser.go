@@ -30,6 +30,9 @@ const (
 	// releaser before its due (the scheduler's fallback) evaluates it
 	// like any other held event.
 	releaseLate = time.Minute
+	// maxLineWait bounds how long a due for an event in a release line is
+	// handed back for at a time: it looks again at least this often.
+	maxLineWait = time.Minute
 )
 
 // releaseLoop admits the events of release lines at their slots until ctx

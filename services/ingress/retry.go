@@ -77,14 +77,11 @@ const (
 	// dueResolved: nothing left to do (no retry row, or a status that
 	// takes no due).
 	dueResolved
-	// dueInReleaseLine: the event waits in a release line, which admits
-	// it at its slot (see releaseLoop); the due changes nothing.
-	dueInReleaseLine
 )
 
 func (r dueResult) String() string {
 	return [...]string{"undecided", "duplicate", "evaluated", "admitted_before", "cancelled_before", "exhausted_before",
-		"unconfirmed", "stale", "missing", "type_cancelled", "resolved", "in_release_line"}[r]
+		"unconfirmed", "stale", "missing", "type_cancelled", "resolved"}[r]
 }
 
 // dueOutcome is what handling a due event did, for metrics and logs after
@@ -116,6 +113,13 @@ func (s *Service) handleDue(ctx context.Context, msg jetstream.Msg) error {
 		}
 		return err
 	})
+	if line, ok := errors.AsType[*ingressstore.LineError](err); ok {
+		// Rolled back, claim included: the same due comes back once the
+		// releaser had time to admit the event (or the event left the
+		// line), at most a minute from now, each time.
+		s.metrics.retry(due.Source, retryWaited)
+		return durable.NakAfter(min(max(line.Until.Sub(line.Now), time.Millisecond), maxLineWait))
+	}
 	var turn *ingressstore.WaitError
 	if errors.As(err, &turn) {
 		// Rolled back: the hold keeps its place, and the same due comes
@@ -306,9 +310,8 @@ func (s *Service) dueForDeferredEvent(ctx context.Context, tx pgx.Tx, due *contr
 	// A release fact the scheduler applied after this hold's due was
 	// emitted, or a hold applied after its release, brings a due to an
 	// event the releaser admits in its turn: evaluating it here would pass
-	// the line.
-	if in, err := ingressstore.InReleaseLine(ctx, tx, ev.ID, releaseLate); err != nil || in {
-		out.result = dueInReleaseLine
+	// the line. It is handed back (a *LineError rolls the claim back).
+	if err := ingressstore.InReleaseLine(ctx, tx, ev.ID, releaseLate); err != nil {
 		return out, err
 	}
 	v, err := ingressstore.GateDue(ctx, tx, ev.Source, ev.Type, ev.ID)

@@ -39,6 +39,7 @@ type Released struct {
 func AdmitReleased(ctx context.Context, tx pgx.Tx, limit int) ([]Released, error) {
 	var source string
 	var room int
+	var rateLimit, windowMS *int64
 	err := tx.QueryRow(ctx, `
 WITH open AS (
 	SELECT s.source, s.rate_limit, s.rate_window_ms, l.slot_at FROM event_sources s
@@ -47,21 +48,39 @@ WITH open AS (
 	WHERE l.slot_at <= now() AND NOT (s.paused AND (s.paused_until IS NULL OR s.paused_until > now()))
 	FOR SHARE OF s
 ), room AS (
-	SELECT o.source, o.slot_at, CASE WHEN o.rate_limit IS NULL OR coalesce(o.rate_window_ms, 0) <= 0 THEN $1::int
+	SELECT o.source, o.slot_at, o.rate_limit, o.rate_window_ms, CASE WHEN o.rate_limit IS NULL OR coalesce(o.rate_window_ms, 0) <= 0 THEN $1::int
 		ELSE least($1::int, o.rate_limit - coalesce((SELECT w.admitted FROM event_source_windows w WHERE w.source = o.source
 			AND w.window_start = to_timestamp((floor(extract(epoch FROM now()) * 1000)::bigint / o.rate_window_ms * o.rate_window_ms) / 1000.0)), 0))
 		END AS room
 	FROM open o
 )
-SELECT r.source, r.room FROM room r
+SELECT r.source, r.room, r.rate_limit, r.rate_window_ms FROM room r
 WHERE r.room > 0
 ORDER BY r.slot_at
-LIMIT 1`, limit).Scan(&source, &room)
+LIMIT 1`, limit).Scan(&source, &room, &rateLimit, &windowMS)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, nil
 	}
 	if err != nil {
 		return nil, fmt.Errorf("pick a release line: %w", err)
+	}
+	if rateLimit != nil && windowMS != nil && *windowMS > 0 {
+		// The room again, under the window row's lock, held to the commit:
+		// another instance's releaser, or a gate counting an admission,
+		// waits for this batch, so the window never admits more than the
+		// limit.
+		var admitted int64
+		err := tx.QueryRow(ctx, `
+			INSERT INTO event_source_windows AS w (source, window_start, admitted)
+			VALUES ($1, to_timestamp((floor(extract(epoch FROM now()) * 1000)::bigint / $2::bigint * $2::bigint) / 1000.0), 0)
+			ON CONFLICT (source, window_start) DO UPDATE SET admitted = w.admitted
+			RETURNING admitted`, source, *windowMS).Scan(&admitted)
+		if err != nil {
+			return nil, fmt.Errorf("lock rate window of %s: %w", source, err)
+		}
+		if room = min(room, int(*rateLimit-admitted)); room <= 0 {
+			return nil, nil
+		}
 	}
 	rows, err := tx.Query(ctx, `
 WITH src AS (
@@ -108,6 +127,16 @@ ORDER BY m.slot_at, m.event_id`, source, room)
 	if err != nil {
 		return nil, fmt.Errorf("admit released events of %s: %w", source, err)
 	}
+	if len(out) == 0 {
+		// Nothing taken although the line's head has come: its events are
+		// locked by dues (they are let go in a moment), or a hold outlived
+		// its event's deferral. Those go, so they cannot hold the line.
+		if _, err := tx.Exec(ctx, `DELETE FROM event_source_holds h
+			WHERE h.source = $1 AND h.released AND h.slot_at <= now()
+			  AND NOT EXISTS (SELECT 1 FROM workflow_events e WHERE e.event_id = h.event_id AND e.status = 'deferred')`, source); err != nil {
+			return nil, fmt.Errorf("drop stale holds of %s: %w", source, err)
+		}
+	}
 	return out, nil
 }
 
@@ -147,16 +176,34 @@ func NextReleaseSlot(ctx context.Context, db DB) (time.Duration, bool, error) {
 	return time.Duration(*us) * time.Microsecond, true, nil
 }
 
-// InReleaseLine reports whether event id waits in a release line for a
-// slot that came less than late ago (or has not come): its releaser admits
-// it, and a due for it has nothing to do. A slot longer past means no
-// releaser is running; the due then evaluates it like any other.
-func InReleaseLine(ctx context.Context, tx pgx.Tx, id string, late time.Duration) (bool, error) {
-	var in bool
-	err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM event_source_holds
-		WHERE event_id = $1 AND released AND slot_at > now() - $2 * interval '1 millisecond')`, id, late.Milliseconds()).Scan(&in)
-	if err != nil {
-		return false, fmt.Errorf("read release line: %w", err)
+// LineError is what InReleaseLine returns for an event that waits in a
+// release line: its releaser admits it, so a due for it rolls back (no
+// inbox claim, no trace) and comes back at Until, when the event is
+// admitted or, if it left the line (its type no longer allowed, a pause
+// long enough for the prune), evaluated like any other.
+type LineError struct {
+	// Until is late after the event's slot; Now the database time it was
+	// computed at (wait Until.Sub(Now), never against a local clock).
+	Until, Now time.Time
+}
+
+func (e *LineError) Error() string {
+	return "event waits in a release line until " + e.Until.UTC().Format(time.RFC3339Nano)
+}
+
+// InReleaseLine returns a *LineError when event id waits in a release line
+// for a slot that came less than late ago (or has not come), and nil
+// otherwise. A slot longer past means no releaser is running; the due then
+// evaluates the event like any other.
+func InReleaseLine(ctx context.Context, tx pgx.Tx, id string, late time.Duration) error {
+	var until, now time.Time
+	err := tx.QueryRow(ctx, `SELECT slot_at + $2 * interval '1 millisecond', now() FROM event_source_holds
+		WHERE event_id = $1 AND released AND slot_at > now() - $2 * interval '1 millisecond'`, id, late.Milliseconds()).Scan(&until, &now)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return nil
+	case err != nil:
+		return fmt.Errorf("read release line: %w", err)
 	}
-	return in, nil
+	return &LineError{Until: until, Now: now}
 }

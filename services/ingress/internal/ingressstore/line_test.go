@@ -143,12 +143,16 @@ func TestAdmitReleasedWaitsForAPause(t *testing.T) {
 	require.NoError(t, err)
 	require.False(t, ok, "a pause without an end: nothing to wake for")
 
-	var in bool
+	var inLine, outside error
 	require.NoError(t, pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error {
-		in, err = ingressstore.InReleaseLine(b.ctx, tx, "paused-0001", releaseLate)
-		return err
+		inLine = ingressstore.InReleaseLine(b.ctx, tx, "paused-0001", releaseLate)
+		outside = ingressstore.InReleaseLine(b.ctx, tx, "not-lined-up", releaseLate)
+		return nil
 	}))
-	require.True(t, in, "a due for a lined-up event leaves it to the line")
+	var le *ingressstore.LineError
+	require.ErrorAs(t, inLine, &le, "a due for a lined-up event is handed back to the line")
+	require.True(t, le.Until.After(le.Now), "until the slot plus the grace")
+	require.NoError(t, outside)
 }
 
 // A window never admits more than the limit, even from a line whose slots

@@ -25,8 +25,9 @@ import (
 // The line starts at the first slot of the current window not yet passed
 // or taken. Events that held slots of the old settings take new ones, in
 // the same line. Arrival order is when the event was first deferred (the
-// scheduler ranks by the same time, held_since). Newcomers queue behind
-// the line (see Gate).
+// scheduler ranks by the same time, held_since). Under a rate limit
+// newcomers queue behind the line (see Gate); without one the gate admits
+// them at once.
 func PaceRelease(ctx context.Context, tx pgx.Tx, source string) (*contract.ReleasePace, int64, error) {
 	var now time.Time
 	src, err := scanSource(tx.QueryRow(ctx, `SELECT `+sourceColumns+`, now() FROM event_sources s WHERE s.source = $1`, source), &now)
