@@ -288,9 +288,12 @@ func (s *Service) release(ctx context.Context, tx pgx.Tx, source, reason string)
 	if err := tx.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&at); err != nil {
 		return fmt.Errorf("read database clock: %w", err)
 	}
-	if pace != nil {
+	switch {
+	case pace != nil:
 		s.log.Info().Str("source", source).Int64("events", paced).Int("rate_limit", pace.Limit).
 			Time("from", pace.From).Msg("release paced at the source's rate limit")
+	case paced > 0:
+		s.log.Info().Str("source", source).Int64("events", paced).Msg("release: held events lined up for admission")
 	}
 	m, err := releasedMsg(source, reason, updatedByAPI, at, pace, paced > 0, s.cfg.Now())
 	if err != nil {

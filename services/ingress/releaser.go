@@ -26,10 +26,6 @@ const (
 	// releasePoll is how often an idle releaser looks for a line another
 	// instance's release started.
 	releasePoll = time.Second
-	// releaseLate is how long past its slot a line's event waits for a
-	// releaser before its due (the scheduler's fallback) evaluates it
-	// like any other held event.
-	releaseLate = time.Minute
 	// maxLineWait bounds how long a due for an event in a release line is
 	// handed back for at a time: it looks again at least this often.
 	maxLineWait = time.Minute
@@ -134,8 +130,9 @@ func (s *Service) admitReleased(ctx context.Context) (int, error) {
 	return len(batch), nil
 }
 
-// reportReleased counts a committed batch and logs it: one line per
-// source and batch at info, each event at debug.
+// reportReleased counts a committed batch and logs it at debug: a paced
+// release commits a batch every releaseTick, too often for info (the
+// release itself is logged at info when it is made).
 func (s *Service) reportReleased(batch []ingressstore.Released) {
 	per := map[string]int{}
 	for _, ev := range batch {
@@ -148,6 +145,6 @@ func (s *Service) reportReleased(batch []ingressstore.Released) {
 		s.log.Debug().Str("source", ev.Source).Str("event_id", ev.ID).Int("attempt", ev.Attempt).Msg("released event admitted")
 	}
 	for source, n := range per {
-		s.log.Info().Str("source", source).Int("admitted", n).Msg("release line: events admitted")
+		s.log.Debug().Str("source", source).Int("admitted", n).Msg("release line: events admitted")
 	}
 }

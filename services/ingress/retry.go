@@ -307,13 +307,6 @@ func (s *Service) dueForDeferredEvent(ctx context.Context, tx pgx.Tx, due *contr
 	default:
 		last = r.Attempts
 	}
-	// A release fact the scheduler applied after this hold's due was
-	// emitted, or a hold applied after its release, brings a due to an
-	// event the releaser admits in its turn: evaluating it here would pass
-	// the line. It is handed back (a *LineError rolls the claim back).
-	if err := ingressstore.InReleaseLine(ctx, tx, ev.ID, releaseLate); err != nil {
-		return out, err
-	}
 	v, err := ingressstore.GateDue(ctx, tx, ev.Source, ev.Type, ev.ID)
 	if errors.Is(err, ingressstore.ErrTypeNotAllowed) {
 		out.result = dueTypeCancelled

@@ -97,12 +97,18 @@ func gate(ctx context.Context, tx pgx.Tx, source, typ, id string, due bool) (Ver
 	if due {
 		// The hold ends here whatever the verdict: a paused holder waits
 		// for the resume's release, which queues it again. (A WaitError
-		// rolls the transaction back, and with it this delete.)
-		err := tx.QueryRow(ctx, `DELETE FROM event_source_holds WHERE event_id = $1 RETURNING slot_at`, id).Scan(&slotAt)
+		// or a LineError rolls the transaction back, and with it this
+		// delete.)
+		var released bool
+		err := tx.QueryRow(ctx, `DELETE FROM event_source_holds WHERE event_id = $1 RETURNING slot_at, released`, id).Scan(&slotAt, &released)
 		switch {
 		case errors.Is(err, pgx.ErrNoRows):
 		case err != nil:
 			return Verdict{}, fmt.Errorf("end slot hold: %w", err)
+		case released && slotAt.Add(releaseLate).After(now):
+			// The event waits in a release line, whose releaser admits it
+			// in its turn: evaluating its due here would pass the line.
+			return Verdict{}, &LineError{Until: slotAt.Add(releaseLate), Now: now}
 		default:
 			owner = true
 		}

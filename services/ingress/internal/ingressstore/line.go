@@ -9,6 +9,13 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
+// windowStartSQL is the start of the rate window of ms milliseconds (a SQL
+// expression) that holds now(), on the database clock: the fixed,
+// epoch-aligned windows of window(), in SQL.
+func windowStartSQL(ms string) string {
+	return "to_timestamp((floor(extract(epoch FROM now()) * 1000)::bigint / " + ms + " * " + ms + ") / 1000.0)"
+}
+
 // Released is an event AdmitReleased admitted: what its admission
 // publishes (the event, and the succeeded that closes its retry).
 type Released struct {
@@ -50,7 +57,7 @@ WITH open AS (
 ), room AS (
 	SELECT o.source, o.slot_at, o.rate_limit, o.rate_window_ms, CASE WHEN o.rate_limit IS NULL OR coalesce(o.rate_window_ms, 0) <= 0 THEN $1::int
 		ELSE least($1::int, o.rate_limit - coalesce((SELECT w.admitted FROM event_source_windows w WHERE w.source = o.source
-			AND w.window_start = to_timestamp((floor(extract(epoch FROM now()) * 1000)::bigint / o.rate_window_ms * o.rate_window_ms) / 1000.0)), 0))
+			AND w.window_start = `+windowStartSQL("o.rate_window_ms")+`), 0))
 		END AS room
 	FROM open o
 )
@@ -72,7 +79,7 @@ LIMIT 1`, limit).Scan(&source, &room, &rateLimit, &windowMS)
 		var admitted int64
 		err := tx.QueryRow(ctx, `
 			INSERT INTO event_source_windows AS w (source, window_start, admitted)
-			VALUES ($1, to_timestamp((floor(extract(epoch FROM now()) * 1000)::bigint / $2::bigint * $2::bigint) / 1000.0), 0)
+			VALUES ($1, `+windowStartSQL("$2::bigint")+`, 0)
 			ON CONFLICT (source, window_start) DO UPDATE SET admitted = w.admitted
 			RETURNING admitted`, source, *windowMS).Scan(&admitted)
 		if err != nil {
@@ -107,7 +114,7 @@ WITH src AS (
 	RETURNING r.event_id, r.attempts
 ), counted AS (
 	INSERT INTO event_source_windows AS w (source, window_start, admitted)
-	SELECT src.source, to_timestamp((floor(extract(epoch FROM now()) * 1000)::bigint / src.rate_window_ms * src.rate_window_ms) / 1000.0),
+	SELECT src.source, `+windowStartSQL("src.rate_window_ms")+`,
 		(SELECT count(*) FROM moved)
 	FROM src
 	WHERE src.rate_limit IS NOT NULL AND src.rate_window_ms > 0 AND EXISTS (SELECT 1 FROM moved)
@@ -161,8 +168,7 @@ func NextReleaseSlot(ctx context.Context, db DB) (time.Duration, bool, error) {
 					THEN greatest(l.slot_at, ws.start + s.rate_window_ms * interval '1 millisecond')
 				ELSE l.slot_at END AS next
 			FROM lines l JOIN event_sources s ON s.source = l.source
-			CROSS JOIN LATERAL (SELECT CASE WHEN s.rate_window_ms > 0 THEN to_timestamp((floor(extract(epoch FROM now()) * 1000)::bigint
-				/ s.rate_window_ms * s.rate_window_ms) / 1000.0) END AS start) ws
+			CROSS JOIN LATERAL (SELECT CASE WHEN s.rate_window_ms > 0 THEN `+windowStartSQL("s.rate_window_ms")+` END AS start) ws
 			LEFT JOIN event_source_windows w ON w.source = s.source AND w.window_start = ws.start
 		)
 		SELECT CASE WHEN min(next) IS NOT NULL THEN (extract(epoch FROM greatest(min(next) - now(), interval '0')) * 1000000)::bigint END
@@ -176,34 +182,24 @@ func NextReleaseSlot(ctx context.Context, db DB) (time.Duration, bool, error) {
 	return time.Duration(*us) * time.Microsecond, true, nil
 }
 
-// LineError is what InReleaseLine returns for an event that waits in a
-// release line: its releaser admits it, so a due for it rolls back (no
-// inbox claim, no trace) and comes back at Until, when the event is
-// admitted or, if it left the line (its type no longer allowed, a pause
+// releaseLate is how long past its slot an event of a release line waits
+// for a releaser before its due (the scheduler's fallback) evaluates it
+// like any other held event: a line that far behind has no releaser
+// running (every ingress down).
+const releaseLate = time.Minute
+
+// LineError is GateDue's answer to a due for an event that waits in a
+// release line: its releaser admits it, so the caller rolls the due back
+// (no inbox claim, no trace) and hands it back until Until, when the event
+// is admitted or, if it left the line (its type no longer allowed, a pause
 // long enough for the prune), evaluated like any other.
 type LineError struct {
-	// Until is late after the event's slot; Now the database time it was
-	// computed at (wait Until.Sub(Now), never against a local clock).
+	// Until is releaseLate after the event's slot; Now the database time
+	// it was computed at (wait Until.Sub(Now), never against a local
+	// clock).
 	Until, Now time.Time
 }
 
 func (e *LineError) Error() string {
 	return "event waits in a release line until " + e.Until.UTC().Format(time.RFC3339Nano)
-}
-
-// InReleaseLine returns a *LineError when event id waits in a release line
-// for a slot that came less than late ago (or has not come), and nil
-// otherwise. A slot longer past means no releaser is running; the due then
-// evaluates the event like any other.
-func InReleaseLine(ctx context.Context, tx pgx.Tx, id string, late time.Duration) error {
-	var until, now time.Time
-	err := tx.QueryRow(ctx, `SELECT slot_at + $2 * interval '1 millisecond', now() FROM event_source_holds
-		WHERE event_id = $1 AND released AND slot_at > now() - $2 * interval '1 millisecond'`, id, late.Milliseconds()).Scan(&until, &now)
-	switch {
-	case errors.Is(err, pgx.ErrNoRows):
-		return nil
-	case err != nil:
-		return fmt.Errorf("read release line: %w", err)
-	}
-	return &LineError{Until: until, Now: now}
 }
