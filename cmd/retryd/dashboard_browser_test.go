@@ -381,8 +381,12 @@ func TestDashboardBrowser(t *testing.T) {
 	t.Log("edit a policy")
 	require.NoError(t, chromedp.Do(ctx,
 		chromedp.Navigate(b.api+"/ui/#/policies"),
+		// The list renders once its data has loaded: wait for the row, or
+		// the click may land on a node the render just replaced.
+		chromedp.WaitVisible(chromedp.CSS(`tr[data-policy="job/dash_email"] [data-test="edit-policy"]`)),
 		chromedp.Click(chromedp.CSS(`tr[data-policy="job/dash_email"] [data-test="edit-policy"]`)),
 		chromedp.WaitVisible(chromedp.CSS(`[data-test="policy-editor"] svg rect`)),
+		chromedp.WaitVisible(chromedp.CSS(`[data-test="policy-editor"] input[name="max_retries"]`)),
 		chromedp.SetValue(chromedp.CSS(`[data-test="policy-editor"] input[name="max_retries"]`), "6"),
 		chromedp.Click(chromedp.CSS(`[data-test="save-policy"]`)),
 		poll(`document.querySelector('[data-test="policy-editor"] h2')?.textContent.includes("(v2)")`),
