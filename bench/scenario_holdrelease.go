@@ -288,11 +288,53 @@ func holdReleaseOrder(ctx context.Context, r *retrydSys, source string, limit in
 			res.fullest = max(res.fullest, c)
 		}
 	}
+	// The order consumers see: EVENTS, by stream sequence. (admitted_at
+	// cannot tell it: a release batch admits up to a thousand events in
+	// one transaction, all at the same time.)
+	if seqs, err = publishedOrder(ctx, r, source, len(seqs)); err != nil {
+		return err
+	}
 	res.outOfPlace = len(seqs) - longestIncreasing(seqs)
 	for i, s := range seqs {
 		res.maxBehind = max(res.maxBehind, i-s)
 	}
 	return nil
+}
+
+// publishedOrder reads the n events of source back from the EVENTS
+// stream, in stream order, and returns their sequence numbers (the
+// number in each event id, source-<seq>).
+func publishedOrder(ctx context.Context, r *retrydSys, source string, n int) ([]int, error) {
+	c, err := r.ojs.OrderedConsumer(ctx, contract.StreamEvents, jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{contract.EventSubject(source, ">")},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read the published order: %w", err)
+	}
+	seqs := make([]int, 0, n)
+	for len(seqs) < n {
+		batch, err := c.Fetch(min(n-len(seqs), 1000), jetstream.FetchMaxWait(5*time.Second))
+		if err != nil {
+			return nil, fmt.Errorf("read the published order: %w", err)
+		}
+		got := 0
+		for msg := range batch.Messages() {
+			got++
+			id := msg.Headers().Get(contract.HeaderMsgID)
+			seq, err := strconv.Atoi(strings.TrimPrefix(id, source+"-"))
+			if err != nil {
+				return nil, fmt.Errorf("published event %q has no sequence number: %w", id, err)
+			}
+			seqs = append(seqs, seq)
+		}
+		if err := batch.Error(); err != nil {
+			return nil, fmt.Errorf("read the published order: %w", err)
+		}
+		if got == 0 {
+			return nil, fmt.Errorf("read the published order: %d of %d events on %s", len(seqs), n, contract.StreamEvents)
+		}
+	}
+	return seqs, nil
 }
 
 // longestIncreasing is the length of the longest strictly increasing
