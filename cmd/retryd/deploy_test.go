@@ -205,6 +205,12 @@ func TestHelmValuesMatchNATSConfig(t *testing.T) {
 		sub := strs(t, dig(t, hu, "permissions", "subscribe", "allow"))
 		require.Equal(t, sorted(u.Permissions.Publish.Allow), sorted(pub), "publish permissions of %s", u.Username)
 		require.Equal(t, sorted(u.Permissions.Subscribe.Allow), sorted(sub), "subscribe permissions of %s", u.Username)
+		if len(u.Permissions.Publish.Deny) > 0 {
+			deny := strs(t, dig(t, hu, "permissions", "publish", "deny"))
+			require.Equal(t, sorted(u.Permissions.Publish.Deny), sorted(deny), "publish denials of %s", u.Username)
+		} else {
+			require.NotContains(t, dig(t, hu, "permissions", "publish"), "deny", u.Username)
+		}
 	}
 }
 
