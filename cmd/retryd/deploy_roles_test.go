@@ -147,3 +147,72 @@ func pgxQueryRow(ctx context.Context, t *testing.T, dbURL, query string, dest ..
 	defer conn.Close(context.Background())
 	return conn.QueryRow(ctx, query).Scan(dest...)
 }
+
+// TestRolesSQLLegacyApp runs roles.sql the way deployments from before
+// the per-service roles did (owner and app passwords only; fault scenario
+// 12 still does): retryd_app gets data rights on every table, the service
+// roles are not created, and Grant skips them.
+func TestRolesSQLLegacyApp(t *testing.T) {
+	t.Parallel()
+	psql := psqlPath()
+	if psql == "" {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("psql not found: CI installs postgresql-15")
+		}
+		t.Skip("psql not found")
+	}
+	admin := pgtest.NewEmptyDatabaseURL(t)
+	suffix := contract.NewID()[18:]
+	owner, app, db := "retryd_owner_l"+suffix, "retryd_app_l"+suffix, "retryd_l"+suffix
+	scheduler := "retryd_scheduler_l" + suffix
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	t.Cleanup(cancel)
+	out, err := exec.CommandContext(ctx, psql, "--no-psqlrc", "-X", "-q", "-d", admin,
+		"-v", "owner="+owner, "-v", "app="+app, "-v", "db="+db, "-v", "scheduler="+scheduler,
+		"-v", "owner_password=owner-pw", "-v", "app_password=app-pw",
+		"-f", filepath.Join(deployDir, "postgres", "roles.sql")).CombinedOutput()
+	require.NoError(t, err, "psql: %s", out)
+	t.Cleanup(func() {
+		conn, err := pgx.Connect(context.Background(), admin)
+		if err != nil {
+			return
+		}
+		defer conn.Close(context.Background())
+		for _, stmt := range []string{
+			`DROP DATABASE IF EXISTS ` + pgx.Identifier{db}.Sanitize() + ` WITH (FORCE)`,
+			`DROP ROLE IF EXISTS ` + pgx.Identifier{app}.Sanitize(),
+			`DROP ROLE IF EXISTS ` + pgx.Identifier{owner}.Sanitize(),
+		} {
+			_, _ = conn.Exec(context.Background(), stmt)
+		}
+	})
+	as := func(role, password string) string {
+		u, err := url.Parse(admin)
+		require.NoError(t, err)
+		u.User = url.UserPassword(role, password)
+		u.Path = "/" + db
+		return u.String()
+	}
+	ownerURL := as(owner, "owner-pw")
+	require.NoError(t, migrations.Up(ctx, ownerURL, zerolog.Nop()))
+	require.NoError(t, migrations.Grant(ctx, ownerURL, migrations.Roles{Scheduler: scheduler}, zerolog.Nop()), "absent roles are skipped")
+	var exists bool
+	require.NoError(t, pgxQueryRow(ctx, t, admin, `SELECT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = '`+scheduler+`')`, &exists))
+	require.False(t, exists, "a service role is created only with its password")
+
+	conn, err := pgx.Connect(ctx, as(app, "app-pw"))
+	require.NoError(t, err)
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	for _, stmt := range []string{
+		`INSERT INTO inbox (consumer, msg_id) VALUES ('legacy', 'm')`,
+		`UPDATE retries SET updated_at = now() WHERE false`,
+		`SELECT count(*) FROM workflow_events`,
+	} {
+		_, err := conn.Exec(ctx, stmt)
+		require.NoError(t, err, stmt)
+	}
+	_, err = conn.Exec(ctx, `CREATE TABLE legacy_probe (x int)`)
+	var pgErr *pgconn.PgError
+	require.True(t, errors.As(err, &pgErr), "%v", err)
+	require.Equal(t, "42501", pgErr.Code)
+}
