@@ -216,3 +216,40 @@ func TestRolesSQLLegacyApp(t *testing.T) {
 	require.True(t, errors.As(err, &pgErr), "%v", err)
 	require.Equal(t, "42501", pgErr.Code)
 }
+
+// TestMigrateGrantsServiceRoles runs `retryd migrate` with a service role
+// of another name: after the schema it grants that role its tables, and
+// the role reads them.
+func TestMigrateGrantsServiceRoles(t *testing.T) {
+	t.Parallel()
+	dbURL := pgtest.NewEmptyDatabaseURL(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	t.Cleanup(cancel)
+	admin, err := pgx.Connect(ctx, dbURL)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = admin.Close(context.Background()) })
+	role := "retryd_readonly_m" + contract.NewID()[18:]
+	_, err = admin.Exec(ctx, `CREATE ROLE `+pgx.Identifier{role}.Sanitize()+` LOGIN`)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_, _ = admin.Exec(context.Background(), `DROP OWNED BY `+pgx.Identifier{role}.Sanitize())
+		_, _ = admin.Exec(context.Background(), `DROP ROLE IF EXISTS `+pgx.Identifier{role}.Sanitize())
+	})
+
+	r := cli(t, "migrate", "--database-url", dbURL, "--readonly-role", role,
+		"--scheduler-role", "", "--ingress-role", "", "--triggers-role", "")
+	require.Equal(t, exitOK, r.code, r.stderr)
+
+	u, err := url.Parse(dbURL)
+	require.NoError(t, err)
+	u.User = url.User(role) // the test server trusts local connections
+	conn, err := pgx.Connect(ctx, u.String())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close(context.Background()) })
+	var n int
+	require.NoError(t, conn.QueryRow(ctx, `SELECT count(*) FROM retries`).Scan(&n), "granted by retryd migrate")
+	_, err = conn.Exec(ctx, `DELETE FROM retries WHERE false`)
+	var pgErr *pgconn.PgError
+	require.True(t, errors.As(err, &pgErr), "%v", err)
+	require.Equal(t, "42501", pgErr.Code)
+}
