@@ -130,6 +130,10 @@ func TestNATSConfig(t *testing.T) {
 	pool, err := pgxpool.New(ctx, dbURL)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
+	// Each service connects as its own Postgres role, granted what
+	// `retryd migrate` grants: a table a service uses and its role lacks
+	// fails here. The test's own checks read with pool.
+	pools := servicePools(ctx, t, dbURL)
 	stop := func(name string, f func(context.Context) error) {
 		t.Cleanup(func() {
 			sctx, scancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -139,23 +143,23 @@ func TestNATSConfig(t *testing.T) {
 	}
 
 	schedJS := connect("scheduler")
-	sched, err := scheduler.New(scheduler.Config{Pool: pool, JS: schedJS, Logger: log, Registerer: prometheus.NewRegistry(), MaxIdle: 100 * time.Millisecond})
+	sched, err := scheduler.New(scheduler.Config{Pool: pools.scheduler, JS: schedJS, Logger: log, Registerer: prometheus.NewRegistry(), MaxIdle: 100 * time.Millisecond})
 	require.NoError(t, err)
 	require.NoError(t, sched.Start(ctx))
 	stop("scheduler", sched.Stop)
-	proj, err := jobs.NewProjector(jobs.ProjectorConfig{Pool: pool, JS: schedJS, Logger: log, FetchWait: 200 * time.Millisecond})
+	proj, err := jobs.NewProjector(jobs.ProjectorConfig{Pool: pools.scheduler, JS: schedJS, Logger: log, FetchWait: 200 * time.Millisecond})
 	require.NoError(t, err)
 	require.NoError(t, proj.Start(ctx))
 	stop("jobs projection", proj.Stop)
-	api, err := jobs.NewAPI(jobs.APIConfig{Pool: pool, Retry: scheduler.RetryController{S: sched}, Logger: log})
+	api, err := jobs.NewAPI(jobs.APIConfig{Pool: pools.scheduler, Retry: scheduler.RetryController{S: sched}, Logger: log})
 	require.NoError(t, err)
 
-	ing, err := ingress.New(ingress.Config{Pool: pool, JS: connect("ingress"), Logger: log})
+	ing, err := ingress.New(ingress.Config{Pool: pools.ingress, JS: connect("ingress"), Logger: log})
 	require.NoError(t, err)
 	require.NoError(t, ing.Start(ctx))
 	stop("ingress", ing.Stop)
 
-	trig, err := triggers.New(triggers.Config{Pool: pool, JS: connect("triggers"), Logger: log})
+	trig, err := triggers.New(triggers.Config{Pool: pools.triggers, JS: connect("triggers"), Logger: log})
 	require.NoError(t, err)
 	require.NoError(t, trig.Start(ctx))
 	stop("triggers", trig.Stop)
@@ -210,6 +214,10 @@ func TestNATSConfig(t *testing.T) {
 			}
 			return false
 		}, wait, 20*time.Millisecond, "the worker user follows its jobs' decisions")
+		// The gateway's dashboard counts, as the read-only role.
+		sum, err := scheduler.Summary(ctx, pools.readOnly)
+		require.NoError(t, err)
+		require.NotEmpty(t, sum.Counts)
 	})
 
 	t.Run("event admitted and delivered, run launched and finished", func(t *testing.T) {

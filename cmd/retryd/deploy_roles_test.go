@@ -12,6 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
 
@@ -252,4 +253,46 @@ func TestMigrateGrantsServiceRoles(t *testing.T) {
 	var pgErr *pgconn.PgError
 	require.True(t, errors.As(err, &pgErr), "%v", err)
 	require.Equal(t, "42501", pgErr.Code)
+}
+
+// rolePools are pools connected as the service roles.
+type rolePools struct {
+	scheduler, ingress, triggers, readOnly *pgxpool.Pool
+}
+
+// servicePools creates the four service roles (unique names: roles are
+// per server and the test server is shared), grants them with
+// migrations.Grant on the migrated database at dbURL, and opens a pool
+// as each. Cleanup closes the pools and drops the roles.
+func servicePools(ctx context.Context, t *testing.T, dbURL string) rolePools {
+	t.Helper()
+	suffix := "_p" + contract.NewID()[18:]
+	roles := migrations.Roles{Scheduler: "retryd_scheduler" + suffix, Ingress: "retryd_ingress" + suffix,
+		Triggers: "retryd_triggers" + suffix, ReadOnly: "retryd_readonly" + suffix}
+	admin, err := pgx.Connect(ctx, dbURL)
+	require.NoError(t, err)
+	names := []string{roles.Scheduler, roles.Ingress, roles.Triggers, roles.ReadOnly}
+	for _, r := range names {
+		_, err := admin.Exec(ctx, `CREATE ROLE `+pgx.Identifier{r}.Sanitize()+` LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE`)
+		require.NoError(t, err)
+	}
+	t.Cleanup(func() {
+		// After the pools closed (registered later, run earlier).
+		defer admin.Close(context.Background())
+		for _, r := range names {
+			_, _ = admin.Exec(context.Background(), `DROP OWNED BY `+pgx.Identifier{r}.Sanitize())
+			_, _ = admin.Exec(context.Background(), `DROP ROLE IF EXISTS `+pgx.Identifier{r}.Sanitize())
+		}
+	})
+	require.NoError(t, migrations.Grant(ctx, dbURL, roles, zerolog.Nop()))
+	open := func(role string) *pgxpool.Pool {
+		u, err := url.Parse(dbURL)
+		require.NoError(t, err)
+		u.User = url.User(role) // the test server trusts local connections
+		pool, err := pgxpool.New(ctx, u.String())
+		require.NoError(t, err)
+		t.Cleanup(pool.Close)
+		return pool
+	}
+	return rolePools{scheduler: open(roles.Scheduler), ingress: open(roles.Ingress), triggers: open(roles.Triggers), readOnly: open(roles.ReadOnly)}
 }
