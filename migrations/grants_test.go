@@ -135,6 +135,9 @@ func TestGrant(t *testing.T) {
 				`UPDATE event_ingress_retries SET updated_at = now() WHERE false`,
 				`INSERT INTO outbox (owner, subject, msg_id, payload) VALUES ('t', 's', 'm', '\x00') ON CONFLICT DO NOTHING`,
 				`INSERT INTO inbox (consumer, msg_id) VALUES ('t', 'm') ON CONFLICT DO NOTHING`,
+				// A release refreshes the line's statistics through the
+				// owner's function (ANALYZE needs the owner).
+				`SELECT ingress_analyze_release_line()`,
 			},
 			denied: []string{
 				// Retries are the scheduler's: ingress asks for decisions
