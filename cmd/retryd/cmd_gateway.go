@@ -132,7 +132,7 @@ of retries by state.`,
 			if err != nil {
 				return fmt.Errorf("listen on %s: %w", listen, err)
 			}
-			srv := serve.NewServer("", gatewayHandler(u, summary, reg, health, log))
+			srv := serve.NewServer("", serve.Guard{}.Handler(gatewayHandler(u, summary, reg, health, log)))
 			health.SetReady(true)
 			fmt.Fprintf(g.stdout, "retryd gateway on http://%s (dashboard /ui/)\n", ln.Addr())
 			// Not ready first, so load balancers stop sending, then drain.

@@ -25,23 +25,23 @@ const updatedByAPI = "api"
 // endpoints is the intake and operator API. Each description is what
 // GET /v1/ says about the route.
 var endpoints = []serve.Endpoint[*Service]{
-	{Route: serve.Route{Method: http.MethodPost, Path: "/v1/events",
+	{Route: serve.Route{Method: http.MethodPost, Path: "/v1/events", Role: serve.RoleProducer,
 		Description: "Send one event; 202 once JetStream stored it."}, Serve: (*Service).postEvent},
-	{Route: serve.Route{Method: http.MethodPost, Path: "/v1/events:batch",
+	{Route: serve.Route{Method: http.MethodPost, Path: "/v1/events:batch", Role: serve.RoleProducer,
 		Description: `Send several events in one request ({"events": [...]}, 500 at most by default); 202 once JetStream stored them.`}, Serve: (*Service).postBatch},
-	{Route: serve.Route{Method: http.MethodGet, Path: "/v1/events/{id}",
+	{Route: serve.Route{Method: http.MethodGet, Path: "/v1/events/{id}", Role: serve.RoleViewer,
 		Description: "One event as ingress stored it, with its deferral if any."}, Serve: (*Service).getEvent},
-	{Route: serve.Route{Method: http.MethodPost, Path: "/v1/events/{id}/cancel",
+	{Route: serve.Route{Method: http.MethodPost, Path: "/v1/events/{id}/cancel", Role: serve.RoleOperator,
 		Description: `Cancel a deferred event ({"reason", "by"}).`}, Serve: (*Service).cancelEvent},
-	{Route: serve.Route{Method: http.MethodGet, Path: "/v1/sources",
+	{Route: serve.Route{Method: http.MethodGet, Path: "/v1/sources", Role: serve.RoleViewer,
 		Description: "List sources and their gates."}, Serve: (*Service).listSources},
-	{Route: serve.Route{Method: http.MethodGet, Path: "/v1/sources/{source}",
+	{Route: serve.Route{Method: http.MethodGet, Path: "/v1/sources/{source}", Role: serve.RoleViewer,
 		Description: "One source's gate: rate limit, pause, allowed types, deferred events."}, Serve: (*Service).getSource},
-	{Route: serve.Route{Method: http.MethodPut, Path: "/v1/sources/{source}",
+	{Route: serve.Route{Method: http.MethodPut, Path: "/v1/sources/{source}", Role: serve.RoleAdmin,
 		Description: "Set a source's rate limit and allowed types; releases its held events."}, Serve: (*Service).putSource},
-	{Route: serve.Route{Method: http.MethodPost, Path: "/v1/sources/{source}/pause",
+	{Route: serve.Route{Method: http.MethodPost, Path: "/v1/sources/{source}/pause", Role: serve.RoleOperator,
 		Description: `Pause a source, optionally until a time ({"until"}); its events are held.`}, Serve: (*Service).pauseSource},
-	{Route: serve.Route{Method: http.MethodPost, Path: "/v1/sources/{source}/resume",
+	{Route: serve.Route{Method: http.MethodPost, Path: "/v1/sources/{source}/resume", Role: serve.RoleOperator,
 		Description: "Resume a paused source; its held events come back now, in arrival order."}, Serve: (*Service).resumeSource},
 }
 

@@ -149,21 +149,21 @@ func NewAPI(cfg APIConfig) (*API, error) {
 // endpoints is the jobs API. Each description is what GET /v1/ says
 // about the route.
 var endpoints = []serve.Endpoint[*API]{
-	{Route: serve.Route{Method: http.MethodGet, Path: "/v1/analytics/retries",
+	{Route: serve.Route{Method: http.MethodGet, Path: "/v1/analytics/retries", Role: serve.RoleViewer,
 		Description: "Job retry analytics per job type (?job_type=&days=&since=&until=&top=)."}, Serve: (*API).handleAnalytics},
-	{Route: serve.Route{Method: http.MethodGet, Path: "/v1/jobs",
+	{Route: serve.Route{Method: http.MethodGet, Path: "/v1/jobs", Role: serve.RoleViewer,
 		Description: "List jobs (?status=&job_type=&min_retry_count=&error_class=&since=&until=&limit=&cursor=)."}, Serve: (*API).handleList},
-	{Route: serve.Route{Method: http.MethodPost, Path: "/v1/jobs/bulk-retry",
+	{Route: serve.Route{Method: http.MethodPost, Path: "/v1/jobs/bulk-retry", Role: serve.RoleOperator,
 		Description: "Retry the jobs a filter selects, at a limited rate; answers with an operation."}, Serve: (*API).handleBulkRetry},
-	{Route: serve.Route{Method: http.MethodGet, Path: "/v1/jobs/{id}",
+	{Route: serve.Route{Method: http.MethodGet, Path: "/v1/jobs/{id}", Role: serve.RoleViewer,
 		Description: "One job and its retry history."}, Serve: (*API).handleGet},
-	{Route: serve.Route{Method: http.MethodPost, Path: "/v1/jobs/{id}/retry",
+	{Route: serve.Route{Method: http.MethodPost, Path: "/v1/jobs/{id}/retry", Role: serve.RoleOperator,
 		Description: `Retry a job now ({"reason", "by", "reset_attempts"}).`}, Serve: (*API).handleRetry},
-	{Route: serve.Route{Method: http.MethodPost, Path: "/v1/jobs/{id}/cancel",
+	{Route: serve.Route{Method: http.MethodPost, Path: "/v1/jobs/{id}/cancel", Role: serve.RoleOperator,
 		Description: `Cancel a job's pending retry ({"reason", "by"}).`}, Serve: (*API).handleCancel},
-	{Route: serve.Route{Method: http.MethodGet, Path: "/v1/operations/{id}",
+	{Route: serve.Route{Method: http.MethodGet, Path: "/v1/operations/{id}", Role: serve.RoleViewer,
 		Description: "A bulk retry's progress."}, Serve: (*API).handleGetOperation},
-	{Route: serve.Route{Method: http.MethodPost, Path: "/v1/operations/{id}/cancel",
+	{Route: serve.Route{Method: http.MethodPost, Path: "/v1/operations/{id}/cancel", Role: serve.RoleOperator,
 		Description: "Stop a bulk retry."}, Serve: (*API).handleCancelOperation},
 }
 

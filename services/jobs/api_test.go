@@ -69,7 +69,7 @@ func setupAPI(t *testing.T, cfg jobs.APIConfig) *apiBundle {
 	}
 	api, err := jobs.NewAPI(cfg)
 	require.NoError(t, err)
-	srv := httptest.NewServer(api.Handler())
+	srv := httptest.NewServer(serve.Guard{}.Handler(api.Handler()))
 	t.Cleanup(srv.Close)
 	return &apiBundle{bundle: b, rec: rec, srv: srv, api: api}
 }

@@ -18,21 +18,21 @@ const maxBodyBytes = 64 << 10
 // endpoints is the operator API. Each description is what GET /v1/ says
 // about the route.
 var endpoints = []serve.Endpoint[*Scheduler]{
-	{Route: serve.Route{Method: http.MethodGet, Path: "/v1/retries",
+	{Route: serve.Route{Method: http.MethodGet, Path: "/v1/retries", Role: serve.RoleViewer,
 		Description: "List retries, a page at a time (?kind=&state=&source=&job_type=&limit=&cursor=)."}, Serve: (*Scheduler).handleList},
-	{Route: serve.Route{Method: http.MethodGet, Path: "/v1/retries/{kind}/{id}",
+	{Route: serve.Route{Method: http.MethodGet, Path: "/v1/retries/{kind}/{id}", Role: serve.RoleViewer,
 		Description: "One retry and its history: why it retried."}, Serve: (*Scheduler).handleGet},
-	{Route: serve.Route{Method: http.MethodPost, Path: "/v1/retries/{kind}/{id}/cancel",
+	{Route: serve.Route{Method: http.MethodPost, Path: "/v1/retries/{kind}/{id}/cancel", Role: serve.RoleOperator,
 		Description: `Cancel a pending retry ({"reason", "by"}).`}, Serve: (*Scheduler).handleCancel},
-	{Route: serve.Route{Method: http.MethodPost, Path: "/v1/retries/{kind}/{id}/retry",
+	{Route: serve.Route{Method: http.MethodPost, Path: "/v1/retries/{kind}/{id}/retry", Role: serve.RoleOperator,
 		Description: `Retry now, from any state ({"reason", "by", "reset_attempts"}).`}, Serve: (*Scheduler).handleRetry},
-	{Route: serve.Route{Method: http.MethodGet, Path: "/v1/policies",
+	{Route: serve.Route{Method: http.MethodGet, Path: "/v1/policies", Role: serve.RoleViewer,
 		Description: "List retry policies."}, Serve: (*Scheduler).handleListPolicies},
-	{Route: serve.Route{Method: http.MethodGet, Path: "/v1/policies/{kind}/{job_type}",
+	{Route: serve.Route{Method: http.MethodGet, Path: "/v1/policies/{kind}/{job_type}", Role: serve.RoleViewer,
 		Description: `One retry policy ("_" or "default" as job_type: the kind's default).`}, Serve: (*Scheduler).handleGetPolicy},
-	{Route: serve.Route{Method: http.MethodPut, Path: "/v1/policies/{kind}/{job_type}",
+	{Route: serve.Route{Method: http.MethodPut, Path: "/v1/policies/{kind}/{job_type}", Role: serve.RoleAdmin,
 		Description: "Create or change a retry policy; each change is a new version."}, Serve: (*Scheduler).handlePutPolicy},
-	{Route: serve.Route{Method: http.MethodGet, Path: "/v1/policies/{kind}/{job_type}/versions",
+	{Route: serve.Route{Method: http.MethodGet, Path: "/v1/policies/{kind}/{job_type}/versions", Role: serve.RoleViewer,
 		Description: "Every version of a retry policy."}, Serve: (*Scheduler).handlePolicyVersions},
 }
 

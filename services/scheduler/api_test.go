@@ -11,6 +11,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/retryd/retryd/internal/serve"
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/projections/retrystore"
 )
@@ -51,7 +52,7 @@ func TestRetriesAPI(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	s := b.start(t)
-	srv := httptest.NewServer(s.Handler())
+	srv := httptest.NewServer(serve.Guard{}.Handler(s.Handler()))
 	t.Cleanup(srv.Close)
 	api := apiClient{t: t, url: srv.URL}
 	hour := int64(time.Hour / time.Millisecond)
@@ -134,7 +135,7 @@ func TestPoliciesAPI(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	s := b.start(t)
-	srv := httptest.NewServer(s.Handler())
+	srv := httptest.NewServer(serve.Guard{}.Handler(s.Handler()))
 	t.Cleanup(srv.Close)
 	api := apiClient{t: t, url: srv.URL}
 

@@ -340,7 +340,7 @@ func (s *Stack) startHTTP() error {
 		return fmt.Errorf("listen on %s (is it taken? use --http): %w", s.cfg.HTTPAddr, err)
 	}
 	s.httpAddr = ln.Addr()
-	srv := serve.NewServer("", telemetry.Handler(s.routes(), "retryd"))
+	srv := serve.NewServer("", telemetry.Handler(serve.Guard{}.Handler(s.routes()), "retryd"))
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- serve.Serve(ctx, srv, ln, s.log.With().Str("component", "http").Logger()) }()

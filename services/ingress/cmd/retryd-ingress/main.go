@@ -125,7 +125,7 @@ func run(ctx context.Context, log zerolog.Logger, ready func(addr string)) error
 	mux := serve.NewMux(reg, health)
 	mux.Handle("/v1/", svc.Handler())
 	mux.Handle(serve.IndexPath, serve.IndexHandler(ingress.Routes()))
-	srv := serve.NewServer("", telemetry.Handler(mux, "retryd-ingress"))
+	srv := serve.NewServer("", telemetry.Handler(serve.Guard{}.Handler(mux), "retryd-ingress"))
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		_ = svc.Stop(context.Background())

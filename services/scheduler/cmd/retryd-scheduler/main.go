@@ -236,7 +236,7 @@ func serveCmd(ctx context.Context, log zerolog.Logger) error {
 		return errors.Join(append(errs, sched.Stop(ctx))...)
 	}
 	health.SetReady(true)
-	srv := serve.NewServer(s.addr, telemetry.Handler(mux, "retryd-scheduler"))
+	srv := serve.NewServer(s.addr, telemetry.Handler(serve.Guard{}.Handler(mux), "retryd-scheduler"))
 	httpCtx, stopHTTP := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopHTTP()
 	httpDone := make(chan error, 1)

@@ -133,7 +133,7 @@ func run(log zerolog.Logger) error {
 	mux := serve.NewMux(reg, health)
 	mux.Handle("/v1/", svc.Handler())
 	mux.Handle(serve.IndexPath, serve.IndexHandler(triggers.Routes()))
-	srv := serve.NewServer(addr, telemetry.Handler(mux, "retryd-triggers"))
+	srv := serve.NewServer(addr, telemetry.Handler(serve.Guard{}.Handler(mux), "retryd-triggers"))
 	httpCtx, stopHTTP := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopHTTP()
 	httpDone := make(chan error, 1)
