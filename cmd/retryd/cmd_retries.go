@@ -12,7 +12,14 @@ import (
 	"github.com/spf13/cobra"
 )
 
-func (g *globals) client() (*apiClient, error) { return newAPIClient(g.api, g.timeout) }
+func (g *globals) client() (*apiClient, error) {
+	c, err := newAPIClient(g.api, g.timeout)
+	if err != nil {
+		return nil, err
+	}
+	c.token = g.token
+	return c, nil
+}
 
 // retryStates are the states the API filters on.
 var retryStates = []string{"scheduled", "due", "succeeded", "exhausted", "cancelled"}

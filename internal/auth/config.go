@@ -122,21 +122,25 @@ func (c Config) Validate(listeners ...string) error {
 }
 
 // Guard validates c for the listeners, ensures the bootstrap admin token
-// and returns the serve.Guard to put in front of the binary's mux. pool
-// may be nil only with authentication off.
+// and returns the serve.Guard to put in front of the binary's mux, and the
+// token store (nil without a pool), for the token routes. pool may be nil
+// only with authentication off.
 func (c Config) Guard(ctx context.Context, pool *pgxpool.Pool, log zerolog.Logger, listeners ...string) (serve.Guard, *Store, error) {
 	if err := c.Validate(listeners...); err != nil {
 		return serve.Guard{}, nil, err
 	}
+	var store *Store
+	if pool != nil {
+		store = NewStore(pool)
+	}
 	if c.Mode == ModeOff {
 		log.Warn().Strs("listeners", listeners).
 			Msg("AUTHENTICATION IS OFF (RETRYD_AUTH=off): every request on these loopback listeners acts as admin")
-		return serve.Guard{MetricsRole: c.MetricsRole}, nil, nil
+		return serve.Guard{MetricsRole: c.MetricsRole}, store, nil
 	}
 	if pool == nil {
 		return serve.Guard{}, nil, fmt.Errorf("%s=tokens needs Postgres to check tokens", EnvMode)
 	}
-	store := NewStore(pool)
 	if c.AdminToken != "" {
 		if err := store.EnsureBootstrap(ctx, c.AdminToken); err != nil {
 			return serve.Guard{}, nil, err
