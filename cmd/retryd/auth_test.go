@@ -161,6 +161,16 @@ func TestTokensCLI(t *testing.T) {
 	secret := strings.TrimSpace(created)
 	require.True(t, strings.HasPrefix(secret, auth.Prefix), created)
 	b.ok(t, "--token", secret, "retries", "list")
+
+	// Audit records name the token, whatever the body claims.
+	code, body := call(t, "POST", b.api+"/v1/sources/audited/pause", secret, `{"reason":"maintenance"}`)
+	require.Equal(t, http.StatusOK, code, body)
+	require.Contains(t, body, `"updated_by":"oncall"`)
+	code, body = call(t, "PUT", b.api+"/v1/policies/job/audited", admin,
+		`{"name":"audited","max_retries":3,"base_delay_ms":1000,"max_delay_ms":2000,"updated_by":"mallory"}`)
+	require.Equal(t, http.StatusCreated, code, body)
+	require.Contains(t, body, `"updated_by":"bootstrap"`)
+	require.NotContains(t, body, "mallory")
 	r = b.cli(t, "--token", secret, "tokens", "list")
 	require.Equal(t, exitFailed, r.code, "an operator may not manage tokens")
 	require.Contains(t, r.stderr, "HTTP 403 forbidden")

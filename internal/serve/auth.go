@@ -147,6 +147,17 @@ func PrincipalFrom(ctx context.Context) (Principal, bool) {
 	return st.principal, true
 }
 
+// Actor is who audit records name for the request: the authenticated
+// principal's name, never a name the client wrote in the body (a caller
+// could claim to be anyone). Behind Require there is always one;
+// "unauthenticated" marks a call that skipped it.
+func Actor(r *http.Request) string {
+	if p, ok := PrincipalFrom(r.Context()); ok {
+		return p.Name
+	}
+	return "unauthenticated"
+}
+
 // WithPrincipal returns ctx carrying p as an authenticated principal, for
 // code (and tests) that call handlers without a Guard in front.
 func WithPrincipal(ctx context.Context, p Principal) context.Context {

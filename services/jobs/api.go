@@ -158,9 +158,9 @@ var endpoints = []serve.Endpoint[*API]{
 	{Route: serve.Route{Method: http.MethodGet, Path: "/v1/jobs/{id}", Role: serve.RoleViewer,
 		Description: "One job and its retry history."}, Serve: (*API).handleGet},
 	{Route: serve.Route{Method: http.MethodPost, Path: "/v1/jobs/{id}/retry", Role: serve.RoleOperator,
-		Description: `Retry a job now ({"reason", "by", "reset_attempts"}).`}, Serve: (*API).handleRetry},
+		Description: `Retry a job now ({"reason", "reset_attempts"}; the token's name is recorded as by).`}, Serve: (*API).handleRetry},
 	{Route: serve.Route{Method: http.MethodPost, Path: "/v1/jobs/{id}/cancel", Role: serve.RoleOperator,
-		Description: `Cancel a job's pending retry ({"reason", "by"}).`}, Serve: (*API).handleCancel},
+		Description: `Cancel a job's pending retry ({"reason"}; the token's name is recorded as by).`}, Serve: (*API).handleCancel},
 	{Route: serve.Route{Method: http.MethodGet, Path: "/v1/operations/{id}", Role: serve.RoleViewer,
 		Description: "A bulk retry's progress."}, Serve: (*API).handleGetOperation},
 	{Route: serve.Route{Method: http.MethodPost, Path: "/v1/operations/{id}/cancel", Role: serve.RoleOperator,
@@ -395,9 +395,9 @@ func (a *API) action(w http.ResponseWriter, r *http.Request, name string) {
 		serve.WriteError(w, err)
 		return
 	}
-	if req.By == "" {
-		req.By = "operator"
-	}
+	// A "by" in the body is ignored: the record names the token's
+	// principal.
+	req.By = serve.Actor(r)
 	if err := pgtext.Check("by", req.By, contract.MaxTokenLen); err != nil {
 		serve.WriteError(w, err)
 		return

@@ -23,9 +23,9 @@ var endpoints = []serve.Endpoint[*Scheduler]{
 	{Route: serve.Route{Method: http.MethodGet, Path: "/v1/retries/{kind}/{id}", Role: serve.RoleViewer,
 		Description: "One retry and its history: why it retried."}, Serve: (*Scheduler).handleGet},
 	{Route: serve.Route{Method: http.MethodPost, Path: "/v1/retries/{kind}/{id}/cancel", Role: serve.RoleOperator,
-		Description: `Cancel a pending retry ({"reason", "by"}).`}, Serve: (*Scheduler).handleCancel},
+		Description: `Cancel a pending retry ({"reason"}; the token's name is recorded as by).`}, Serve: (*Scheduler).handleCancel},
 	{Route: serve.Route{Method: http.MethodPost, Path: "/v1/retries/{kind}/{id}/retry", Role: serve.RoleOperator,
-		Description: `Retry now, from any state ({"reason", "by", "reset_attempts"}).`}, Serve: (*Scheduler).handleRetry},
+		Description: `Retry now, from any state ({"reason", "reset_attempts"}; the token's name is recorded as by).`}, Serve: (*Scheduler).handleRetry},
 	{Route: serve.Route{Method: http.MethodGet, Path: "/v1/policies", Role: serve.RoleViewer,
 		Description: "List retry policies."}, Serve: (*Scheduler).handleListPolicies},
 	{Route: serve.Route{Method: http.MethodGet, Path: "/v1/policies/{kind}/{job_type}", Role: serve.RoleViewer,
@@ -159,6 +159,9 @@ func decodeOptional(r *http.Request, v any) error {
 	return serve.DecodeJSON(r, maxBodyBytes, v)
 }
 
+// cancelRequest and retryRequest keep "by" so older clients that send it
+// are not refused, but it is ignored: the record names the token's
+// principal (serve.Actor).
 type cancelRequest struct {
 	Reason string `json:"reason"`
 	By     string `json:"by"`
@@ -175,7 +178,7 @@ func (s *Scheduler) handleCancel(w http.ResponseWriter, r *http.Request) {
 		serve.WriteError(w, err)
 		return
 	}
-	row, err := s.Cancel(r.Context(), kind, id, req.By, req.Reason)
+	row, err := s.Cancel(r.Context(), kind, id, serve.Actor(r), req.Reason)
 	if err != nil {
 		serve.WriteError(w, err)
 		return
@@ -200,6 +203,7 @@ func (s *Scheduler) handleRetry(w http.ResponseWriter, r *http.Request) {
 		serve.WriteError(w, err)
 		return
 	}
+	req.By = serve.Actor(r)
 	row, err := s.RetryNow(r.Context(), kind, id, RetryNowOptions(req))
 	if err != nil {
 		serve.WriteError(w, err)

@@ -177,7 +177,7 @@ func TestPoliciesAPI(t *testing.T) {
 	require.Equal(t, http.StatusOK, status)
 	versions := body["versions"].([]any)
 	require.Len(t, versions, 2)
-	require.Equal(t, "carol", versions[0].(map[string]any)["changed_by"])
+	require.Equal(t, "local", versions[0].(map[string]any)["changed_by"], "the principal, not the body's updated_by")
 
 	// A stale version conflicts; a new job type policy is created.
 	status, _ = api.do("PUT", "/v1/policies/pu/_", `{"name":"x","max_retries":1,"base_delay_ms":1,"max_delay_ms":1,"version":1}`)
@@ -201,7 +201,7 @@ func TestPoliciesAPI(t *testing.T) {
 	status, again := api.do("PUT", "/v1/policies/pu/holds", string(raw))
 	require.Equal(t, http.StatusOK, status, again)
 	require.EqualValues(t, 2, again["version"])
-	require.Equal(t, "dave", again["updated_by"])
+	require.Equal(t, "local", again["updated_by"], "the principal's name; the body's updated_by is ignored")
 	for _, same := range []string{"name", "max_retries", "base_delay_ms", "max_delay_ms", "max_hold_ms", "class_backoff", "created_at"} {
 		require.Equal(t, body[same], again[same], same)
 	}
