@@ -298,7 +298,8 @@ func newRetriesCancelCmd(g *globals) *cobra.Command {
 		},
 	}
 	cmd.Flags().StringVar(&reason, "reason", "", "why (recorded in the lifecycle)")
-	cmd.Flags().StringVar(&by, "by", "", "who (default operator)")
+	cmd.Flags().StringVar(&by, "by", "", "ignored: the API records the token's name")
+	_ = cmd.Flags().MarkDeprecated("by", "the API records the token's name as by")
 	return cmd
 }
 
@@ -320,7 +321,8 @@ func newRetriesRetryCmd(g *globals) *cobra.Command {
 		},
 	}
 	cmd.Flags().StringVar(&reason, "reason", "", "why (recorded in the lifecycle)")
-	cmd.Flags().StringVar(&by, "by", "", "who (default operator)")
+	cmd.Flags().StringVar(&by, "by", "", "ignored: the API records the token's name")
+	_ = cmd.Flags().MarkDeprecated("by", "the API records the token's name as by")
 	cmd.Flags().BoolVar(&reset, "reset-attempts", false, "give the item its full retry budget again")
 	return cmd
 }
