@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chromedp/chromedp"
 	"github.com/stretchr/testify/require"
 
 	"github.com/retryd/retryd/cmd/retryd/internal/devstack"
@@ -197,4 +198,30 @@ func TestTokensCLI(t *testing.T) {
 		code, _ := call(t, "GET", b.api+"/v1/retries", secret, "")
 		return code == http.StatusUnauthorized
 	}, auth.DefaultCacheTTL+10*time.Second, 100*time.Millisecond, "a revoked token works past the cache TTL")
+}
+
+// With tokens on, the dashboard asks for a token, refuses a bad one,
+// keeps a good one in an HttpOnly cookie the page cannot read, and then
+// loads its data.
+func TestDashboardSignIn(t *testing.T) {
+	t.Parallel()
+	ctx := browser(t)
+	b := setupTokens(t)
+	dialogInput := `.dialog input[name="token"]`
+	require.NoError(t, chromedp.Do(ctx,
+		chromedp.Navigate(b.api+"/ui/"),
+		chromedp.WaitVisible(chromedp.CSS(dialogInput)),
+		chromedp.SendKeys(chromedp.CSS(dialogInput), auth.Prefix+strings.Repeat("x", 43)),
+		chromedp.Click(chromedp.CSS(`[data-test="dialog-confirm"]`)),
+		chromedp.WaitVisible(chromedp.CSS(`.dialog .error`)),
+	))
+	require.Contains(t, text(t, ctx, `.dialog .error`), "unknown token")
+	require.NoError(t, chromedp.Do(ctx,
+		chromedp.SetValue(chromedp.CSS(dialogInput), b.stack.AdminToken()),
+		chromedp.Click(chromedp.CSS(`[data-test="dialog-confirm"]`)),
+		poll(`document.querySelector('#summary .chip[data-state="scheduled"]') !== null`),
+		poll(`document.querySelector('.dialog') === null`),
+		poll(`document.getElementById("banner").hidden`),
+	))
+	require.False(t, eval[bool](t, ctx, `document.cookie.includes("rtd_")`), "the session cookie is HttpOnly")
 }

@@ -199,12 +199,66 @@ func (g Guard) Handler(h http.Handler) http.Handler {
 			st.principal, st.ok = p, true
 		}
 		r = r.WithContext(context.WithValue(r.Context(), authKey{}, st))
-		if r.URL.Path == "/metrics" {
+		switch {
+		case r.URL.Path == "/metrics":
 			metrics.ServeHTTP(w, r)
+		case r.URL.Path == LoginPath && r.Method == http.MethodPost:
+			g.login(w, r)
+		case r.URL.Path == LogoutPath && r.Method == http.MethodPost:
+			http.SetCookie(w, sessionCookie(r, "", -1))
+			w.WriteHeader(http.StatusNoContent)
+		default:
+			h.ServeHTTP(w, r)
+		}
+	})
+}
+
+// The dashboard's sign-in: POST LoginPath {"token": "rtd_…"} checks the
+// token and sets it as the SessionCookie; POST LogoutPath clears it. Guard
+// serves them itself, as it holds the verifier.
+const (
+	LoginPath  = "/login"
+	LogoutPath = "/logout"
+	// SessionMaxAge is how long a browser keeps the session cookie; the
+	// token's own expiry and revocation still apply on every request.
+	SessionMaxAge = 12 * 60 * 60
+)
+
+func sessionCookie(r *http.Request, value string, maxAge int) *http.Cookie {
+	return &http.Cookie{
+		Name: SessionCookie, Value: value, Path: "/", MaxAge: maxAge,
+		// Not readable by scripts, not sent on cross-site requests, and
+		// only over TLS when the page came over TLS.
+		HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil,
+	}
+}
+
+func (g Guard) login(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		Token string `json:"token"`
+	}
+	if err := DecodeJSON(r, 4<<10, &req); err != nil {
+		WriteError(w, err)
+		return
+	}
+	p := LocalPrincipal
+	if g.Verifier != nil {
+		var err error
+		p, err = g.Verifier.Authenticate(r.Context(), strings.TrimSpace(req.Token))
+		if errors.Is(err, ErrBadCredential) {
+			unauthenticated(w, err)
 			return
 		}
-		h.ServeHTTP(w, r)
-	})
+		if err != nil {
+			WriteJSON(w, http.StatusServiceUnavailable, ErrorBody{Error: ErrorDetail{
+				Code: CodeAuthUnavailable, Message: "could not check the token; try again",
+			}})
+			return
+		}
+		http.SetCookie(w, sessionCookie(r, strings.TrimSpace(req.Token), SessionMaxAge))
+	}
+	w.Header().Set("Cache-Control", "no-store")
+	WriteJSON(w, http.StatusOK, p)
 }
 
 // bearer returns the request's token: the Authorization header's bearer

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -168,4 +169,44 @@ func TestIsLoopback(t *testing.T) {
 	} {
 		require.Equal(t, want, serve.IsLoopback(addr), addr)
 	}
+}
+
+// The dashboard's sign-in sets the token as an HttpOnly, SameSite=Strict
+// cookie, which then authenticates; a bad token sets nothing.
+func TestGuardLogin(t *testing.T) {
+	t.Parallel()
+	mux := http.NewServeMux()
+	serve.Mount(mux, &greeter{}, greeterEndpoints)
+	h := serve.Guard{Verifier: tokens{"rtd_v": {Name: "ann", Role: serve.RoleViewer}}}.Handler(mux)
+	post := func(path, body string) *httptest.ResponseRecorder {
+		req := httptest.NewRequest("POST", path, strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		return rec
+	}
+	rec := post("/login", `{"token":"nope"}`)
+	require.Equal(t, http.StatusUnauthorized, rec.Code)
+	require.Empty(t, rec.Result().Cookies())
+
+	rec = post("/login", `{"token":"rtd_v"}`)
+	require.Equal(t, http.StatusOK, rec.Code, rec.Body.String())
+	require.JSONEq(t, `{"name":"ann","role":"viewer"}`, rec.Body.String())
+	cookies := rec.Result().Cookies()
+	require.Len(t, cookies, 1)
+	c := cookies[0]
+	require.Equal(t, serve.SessionCookie, c.Name)
+	require.True(t, c.HttpOnly)
+	require.Equal(t, http.SameSiteStrictMode, c.SameSite)
+	require.Equal(t, "/", c.Path)
+
+	req := httptest.NewRequest("GET", "/v1/hello/ann", nil)
+	req.AddCookie(c)
+	rec = httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	require.Equal(t, http.StatusOK, rec.Code)
+
+	rec = post("/logout", "")
+	require.Equal(t, http.StatusNoContent, rec.Code)
+	require.Equal(t, -1, rec.Result().Cookies()[0].MaxAge)
 }
