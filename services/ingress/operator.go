@@ -19,7 +19,6 @@ import (
 // maxOperatorBody caps the body of operator requests.
 const maxOperatorBody = 64 << 10
 
-
 // endpoints is the intake and operator API. Each description is what
 // GET /v1/ says about the route.
 var endpoints = []serve.Endpoint[*Service]{
