@@ -20,4 +20,4 @@ CREATE TABLE api_tokens (
 CREATE UNIQUE INDEX api_tokens_live_name_idx ON api_tokens (name) WHERE revoked_at IS NULL;
 
 -- +goose Down
-DROP TABLE api_tokens;
+DROP TABLE IF EXISTS api_tokens;
