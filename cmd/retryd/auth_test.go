@@ -5,16 +5,21 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"net/http/httptest"
+	"net/url"
 	"regexp"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/chromedp/chromedp"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
 
 	"github.com/retryd/retryd/cmd/retryd/internal/devstack"
 	"github.com/retryd/retryd/internal/auth"
+	"github.com/retryd/retryd/internal/dashboard"
 	"github.com/retryd/retryd/internal/serve"
 	"github.com/retryd/retryd/migrations/pgtest"
 	"github.com/retryd/retryd/services/ingress"
@@ -224,4 +229,58 @@ func TestDashboardSignIn(t *testing.T) {
 		poll(`document.getElementById("banner").hidden`),
 	))
 	require.False(t, eval[bool](t, ctx, `document.cookie.includes("rtd_")`), "the session cookie is HttpOnly")
+}
+
+// retryd dev on a listener that is not loopback checks tokens: it prints
+// an admin token once, and the API refuses requests without it.
+func TestDevBeyondLoopbackChecksTokens(t *testing.T) {
+	t.Parallel()
+	d := startDev(t, "--http", "0.0.0.0:0")
+	m := regexp.MustCompile(`Admin token, shown once:\s+(rtd_\S+)`).FindStringSubmatch(d.out.String())
+	require.NotNil(t, m, d.out.String())
+	code, _ := call(t, "GET", d.url+"/v1/retries", "", "")
+	require.Equal(t, http.StatusUnauthorized, code)
+	code, body := call(t, "GET", d.url+"/v1/retries", m[1], "")
+	require.Equal(t, http.StatusOK, code, body)
+	code, _ = call(t, "GET", d.url+"/healthz", "", "")
+	require.Equal(t, http.StatusOK, code)
+}
+
+// RETRYD_AUTH=tokens, the default, needs a database for the gateway to
+// check tokens.
+func TestGatewayNeedsADatabaseToCheckTokens(t *testing.T) {
+	t.Parallel()
+	r := cli(t, "gateway", "--database-url", "", "--listen", "127.0.0.1:0")
+	require.Equal(t, exitUsage, r.code, r.stderr)
+	require.Contains(t, r.stderr, "RETRYD_AUTH=tokens (the default) needs --database-url")
+}
+
+// Behind the gateway with tokens on, its own routes check the token, and
+// the token routes and the services' routes reach the service with the
+// caller's token.
+func TestGatewayWithTokens(t *testing.T) {
+	t.Parallel()
+	b := setupTokens(t)
+	admin := b.stack.AdminToken()
+	up, err := url.Parse(b.api)
+	require.NoError(t, err)
+	guard, _, err := auth.Config{Mode: auth.ModeTokens}.Guard(b.ctx, b.stack.Pool, zerolog.Nop(), "127.0.0.1:0")
+	require.NoError(t, err)
+	health := &serve.Health{}
+	health.SetReady(true)
+	gw := httptest.NewServer(guard.Handler(gatewayHandler(upstreams{scheduler: up, ingress: up, triggers: up, jobs: up},
+		func(ctx context.Context) (dashboard.Summary, error) { return b.stack.Summary(ctx) },
+		prometheus.NewRegistry(), health, zerolog.Nop())))
+	t.Cleanup(gw.Close)
+
+	for _, path := range []string{"/v1/", "/ui/api/summary", "/v1/retries", "/v1/tokens"} {
+		code, _ := call(t, "GET", gw.URL+path, "", "")
+		require.Equal(t, http.StatusUnauthorized, code, path)
+		code, body := call(t, "GET", gw.URL+path, admin, "")
+		require.Equal(t, http.StatusOK, code, "%s: %s", path, body)
+	}
+	code, _ := call(t, "GET", gw.URL+"/readyz", "", "")
+	require.Equal(t, http.StatusOK, code)
+	r := cli(t, "--api", gw.URL, "--token", admin, "tokens", "create", "--name", "via-gateway", "--role", "viewer")
+	require.Equal(t, exitOK, r.code, r.stderr)
 }

@@ -122,6 +122,7 @@ func TestDevCommand(t *testing.T) {
 	require.Regexp(t, `NATS\s+nats://127\.0\.0\.1:\d+`, out)
 	require.Contains(t, out, "Press Ctrl-C to stop.")
 	require.NotContains(t, out, "Demo")
+	require.Regexp(t, `Auth\s+OFF: every request acts as admin`, out, "dev on loopback runs without tokens, and says so")
 
 	for path, want := range map[string]string{
 		"/healthz": `"ok"`, "/readyz": `"ready"`, "/ui/": "<title>retryd</title>",
