@@ -175,7 +175,9 @@ func (a *API) Register(mux *http.ServeMux) {
 	serve.Mount(mux, a, endpoints)
 }
 
-// Handler returns a handler serving only the API's routes.
+// Handler returns a handler serving only the API's routes. Put a
+// serve.Guard in front: each route answers only a principal with the role
+// it names.
 func (a *API) Handler() http.Handler {
 	mux := http.NewServeMux()
 	a.Register(mux)

@@ -40,7 +40,8 @@ var endpoints = []serve.Endpoint[*Scheduler]{
 func Routes() []serve.Route { return serve.Routes(endpoints) }
 
 // Handler returns the operator API (Routes lists it); mount it next to
-// internal/serve's health and metrics endpoints.
+// internal/serve's health and metrics endpoints, behind a serve.Guard:
+// each route answers only a principal with the role it names.
 func (s *Scheduler) Handler() http.Handler {
 	mux := http.NewServeMux()
 	serve.Mount(mux, s, endpoints)

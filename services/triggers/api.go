@@ -42,8 +42,9 @@ var endpoints = []serve.Endpoint[*Service]{
 // Routes lists the trigger API, for the index at GET /v1/.
 func Routes() []serve.Route { return serve.Routes(endpoints) }
 
-// Handler serves the trigger API under /v1/ (Routes lists it). Every
-// change bumps the trigger's version; a definition is compiled and
+// Handler serves the trigger API under /v1/ (Routes lists it), to the
+// principals a serve.Guard in front finds, by the role each route names.
+// Every change bumps the trigger's version; a definition is compiled and
 // type-checked before it is saved.
 func (s *Service) Handler() http.Handler {
 	mux := http.NewServeMux()
