@@ -33,6 +33,10 @@ var DefaultRoles = Roles{Scheduler: "retryd_scheduler", Ingress: "retryd_ingress
 // TRUNCATE, REFERENCES or TRIGGER: those are schema-level powers.
 const rw = "SELECT, INSERT, UPDATE, DELETE"
 
+// tokenCheck is what checking a caller's token takes: read it, and set
+// its last_used_at.
+const tokenCheck = "SELECT, UPDATE"
+
 // Grants lists, per service, the tables it reads or writes and the
 // privileges it needs, derived from the SQL of its stores
 // (services/*/internal/*store, projections/*). A migration that adds a
@@ -70,6 +74,13 @@ func (r Roles) Grants() map[string]map[string]string {
 		"workflow_runs", "workflow_run_steps", "trigger_events")
 	// The dashboard's counts (scheduler.Summary).
 	add(r.ReadOnly, "SELECT", "retries")
+	// API tokens: the scheduler serves /v1/tokens and ensures the
+	// bootstrap token; every service, and the gateway, checks tokens and
+	// records when each was last used.
+	add(r.Scheduler, rw, "api_tokens")
+	add(r.Ingress, tokenCheck, "api_tokens")
+	add(r.Triggers, tokenCheck, "api_tokens")
+	add(r.ReadOnly, tokenCheck, "api_tokens")
 	return g
 }
 

@@ -280,7 +280,7 @@ func TestDashboardBrowser(t *testing.T) {
 	v := b.waitRetry(t, "job", crm, "cancelled")
 	var detail map[string]string
 	require.NoError(t, json.Unmarshal(v.History[len(v.History)-1].Detail, &detail))
-	require.Equal(t, map[string]string{"by": "dashboard", "reason": "duplicate contact"}, detail)
+	require.Equal(t, map[string]string{"by": "local", "reason": "duplicate contact"}, detail, "the principal (authentication off in dev: local)")
 
 	openItem := func(id string) {
 		t.Helper()

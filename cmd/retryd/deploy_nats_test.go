@@ -22,6 +22,7 @@ import (
 
 	"github.com/retryd/retryd/cmd/retryd/internal/devcerts"
 	"github.com/retryd/retryd/internal/natsconn"
+	"github.com/retryd/retryd/internal/serve"
 	"github.com/retryd/retryd/internal/streams"
 	"github.com/retryd/retryd/migrations/pgtest"
 	"github.com/retryd/retryd/pkg/contract"
@@ -185,7 +186,7 @@ func TestNATSConfig(t *testing.T) {
 	mux.Handle("/v1/triggers/", trig.Handler())
 	mux.Handle("/v1/policies/", sched.Handler())
 	api.Register(mux)
-	httpSrv := httptest.NewServer(mux)
+	httpSrv := httptest.NewServer(serve.Guard{}.Handler(mux))
 	t.Cleanup(httpSrv.Close)
 	b := &bundle{api: httpSrv.URL, ctx: ctx}
 

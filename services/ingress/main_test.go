@@ -22,6 +22,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/retryd/retryd/internal/natstest"
+	"github.com/retryd/retryd/internal/serve"
 	"github.com/retryd/retryd/migrations/pgtest"
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/services/ingress"
@@ -80,7 +81,7 @@ func setup(t *testing.T, opts ...func(*ingress.Config)) *bundle {
 		o(&cfg)
 	}
 	b.svc = b.start(t, cfg)
-	b.http = httptest.NewServer(b.svc.Handler())
+	b.http = httptest.NewServer(serve.Guard{}.Handler(b.svc.Handler()))
 	t.Cleanup(b.http.Close)
 	return b
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/retryd/retryd/internal/serve"
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/projections/retrystore"
 )
@@ -51,7 +52,7 @@ func TestRetriesAPI(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	s := b.start(t)
-	srv := httptest.NewServer(s.Handler())
+	srv := httptest.NewServer(serve.Guard{}.Handler(s.Handler()))
 	t.Cleanup(srv.Close)
 	api := apiClient{t: t, url: srv.URL}
 	hour := int64(time.Hour / time.Millisecond)
@@ -134,7 +135,7 @@ func TestPoliciesAPI(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	s := b.start(t)
-	srv := httptest.NewServer(s.Handler())
+	srv := httptest.NewServer(serve.Guard{}.Handler(s.Handler()))
 	t.Cleanup(srv.Close)
 	api := apiClient{t: t, url: srv.URL}
 
@@ -176,7 +177,7 @@ func TestPoliciesAPI(t *testing.T) {
 	require.Equal(t, http.StatusOK, status)
 	versions := body["versions"].([]any)
 	require.Len(t, versions, 2)
-	require.Equal(t, "carol", versions[0].(map[string]any)["changed_by"])
+	require.Equal(t, "local", versions[0].(map[string]any)["changed_by"], "the principal, not the body's updated_by")
 
 	// A stale version conflicts; a new job type policy is created.
 	status, _ = api.do("PUT", "/v1/policies/pu/_", `{"name":"x","max_retries":1,"base_delay_ms":1,"max_delay_ms":1,"version":1}`)
@@ -200,7 +201,7 @@ func TestPoliciesAPI(t *testing.T) {
 	status, again := api.do("PUT", "/v1/policies/pu/holds", string(raw))
 	require.Equal(t, http.StatusOK, status, again)
 	require.EqualValues(t, 2, again["version"])
-	require.Equal(t, "dave", again["updated_by"])
+	require.Equal(t, "local", again["updated_by"], "the principal's name; the body's updated_by is ignored")
 	for _, same := range []string{"name", "max_retries", "base_delay_ms", "max_delay_ms", "max_hold_ms", "class_backoff", "created_at"} {
 		require.Equal(t, body[same], again[same], same)
 	}

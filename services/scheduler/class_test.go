@@ -7,6 +7,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/retryd/retryd/internal/serve"
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/projections/retrystore"
 )
@@ -17,7 +18,7 @@ func TestPerClassBackoffThroughTheAPI(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	s := b.start(t)
-	srv := httptest.NewServer(s.Handler())
+	srv := httptest.NewServer(serve.Guard{}.Handler(s.Handler()))
 	t.Cleanup(srv.Close)
 	api := apiClient{t: t, url: srv.URL}
 

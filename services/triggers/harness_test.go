@@ -25,6 +25,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/retryd/retryd/internal/natstest"
+	"github.com/retryd/retryd/internal/serve"
 	"github.com/retryd/retryd/migrations/pgtest"
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/services/triggers/internal/triggerstore"
@@ -86,7 +87,7 @@ func setup(t *testing.T, start bool, opts ...func(*Config)) *bundle {
 		b.svc = svc
 	}
 	b.reg = cfg.Registerer.(*prometheus.Registry)
-	b.http = httptest.NewServer(b.svc.Handler())
+	b.http = httptest.NewServer(serve.Guard{}.Handler(b.svc.Handler()))
 	t.Cleanup(b.http.Close)
 	return b
 }
