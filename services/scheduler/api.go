@@ -28,6 +28,8 @@ var endpoints = []serve.Endpoint[*Scheduler]{
 		Description: `Retry now, from any state ({"reason", "reset_attempts"}; the token's name is recorded as by).`}, Serve: (*Scheduler).handleRetry},
 	{Route: serve.Route{Method: http.MethodGet, Path: "/v1/policies", Role: serve.RoleViewer,
 		Description: "List retry policies."}, Serve: (*Scheduler).handleListPolicies},
+	{Route: serve.Route{Method: http.MethodGet, Path: "/v1/policies/template", Role: serve.RoleViewer,
+		Description: "Where a new policy starts (?kind=&job_type=): the fallback policy's values, unnamed."}, Serve: (*Scheduler).handlePolicyTemplate},
 	{Route: serve.Route{Method: http.MethodGet, Path: "/v1/policies/{kind}/{job_type}", Role: serve.RoleViewer,
 		Description: `One retry policy ("_" or "default" as job_type: the kind's default).`}, Serve: (*Scheduler).handleGetPolicy},
 	{Route: serve.Route{Method: http.MethodPut, Path: "/v1/policies/{kind}/{job_type}", Role: serve.RoleAdmin,

@@ -49,6 +49,26 @@ func (s *Scheduler) handleListPolicies(w http.ResponseWriter, r *http.Request) {
 	serve.WriteJSON(w, http.StatusOK, map[string]any{"policies": ps})
 }
 
+// handlePolicyTemplate answers policy.Template for ?kind= (default job)
+// and ?job_type= (default: the kind's default policy).
+func (s *Scheduler) handlePolicyTemplate(w http.ResponseWriter, r *http.Request) {
+	kind, jobType := r.URL.Query().Get("kind"), r.URL.Query().Get("job_type")
+	if kind == "" {
+		kind = contract.KindJob
+	}
+	if err := contract.ValidateKind("kind", kind); err != nil {
+		serve.WriteError(w, err)
+		return
+	}
+	if jobType != "" {
+		if err := contract.ValidateToken("job_type", jobType); err != nil {
+			serve.WriteError(w, err)
+			return
+		}
+	}
+	serve.WriteJSON(w, http.StatusOK, policy.Template(kind, jobType))
+}
+
 func (s *Scheduler) handleGetPolicy(w http.ResponseWriter, r *http.Request) {
 	kind, jobType, err := pathPolicy(r)
 	if err != nil {

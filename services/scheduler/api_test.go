@@ -13,6 +13,7 @@ import (
 
 	"github.com/retryd/retryd/internal/serve"
 	"github.com/retryd/retryd/pkg/contract"
+	"github.com/retryd/retryd/pkg/policy"
 	"github.com/retryd/retryd/projections/retrystore"
 )
 
@@ -155,6 +156,19 @@ func TestPoliciesAPI(t *testing.T) {
 	require.Equal(t, "default", body["name"])
 	status, _ = api.do("GET", "/v1/policies/job/nothing", "")
 	require.Equal(t, http.StatusNotFound, status)
+
+	// A new policy starts from the seeded fallback's values, unnamed; a
+	// PUT of the template under a name stores it as it is.
+	status, body = api.do("GET", "/v1/policies/template?kind=job&job_type=fresh", "")
+	require.Equal(t, http.StatusOK, status, body)
+	want, err := json.Marshal(policy.Template("job", "fresh"))
+	require.NoError(t, err)
+	got, err := json.Marshal(body)
+	require.NoError(t, err)
+	require.JSONEq(t, string(want), string(got))
+	require.Equal(t, "", body["name"])
+	status, _ = api.do("GET", "/v1/policies/template?kind=not%20a%20kind", "")
+	require.Equal(t, http.StatusBadRequest, status)
 
 	// A policy update is used by the decisions after it, and versioned.
 	b.policy(t, "pu", "", 3, 60_000, 60_000)

@@ -88,6 +88,7 @@ export const api = {
   pauseSource: (source, reason, until) => call("POST", `/v1/sources/${seg(source)}/pause`, { body: { reason, ...(until ? { until } : {}) } }),
   resumeSource: (source) => call("POST", `/v1/sources/${seg(source)}/resume`),
   listPolicies: () => call("GET", "/v1/policies"),
+  policyTemplate: (kind) => call("GET", "/v1/policies/template", { query: { kind } }),
   putPolicy: (kind, jobType, body) => call("PUT", `/v1/policies/${seg(kind)}/${jt(jobType)}`, { body }),
   policyVersions: (kind, jobType) => call("GET", `/v1/policies/${seg(kind)}/${jt(jobType)}/versions`),
 };
