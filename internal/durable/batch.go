@@ -3,6 +3,7 @@ package durable
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -149,7 +150,8 @@ func (g *Group) next(r *running) (jetstream.Msg, bool) {
 // handleBatch runs the handler on msgs and settles what it left by its
 // error.
 func (g *Group) handleBatch(r *running, log zerolog.Logger, msgs []jetstream.Msg) error {
-	err := r.spec.HandleBatch(g.handleCtx, msgs)
+	// The handler gets its own slice: it may sort or filter it.
+	err := r.spec.HandleBatch(g.handleCtx, slices.Clone(msgs))
 	if errors.Is(err, ErrAbandon) {
 		left := 0
 		for _, m := range msgs {

@@ -124,6 +124,11 @@ func TestBatchSettlesEachMessage(t *testing.T) {
 func TestBatchHandlerErrorSemantics(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
+	// Published before the consumer exists: its pending count is exact
+	// from the start (b.settled relies on it).
+	for _, id := range []string{"ok", "bad", "rejected", "flaky", "early"} {
+		b.publish(t, "jobs.errs", id)
+	}
 	var seen calls
 	b.start(t, b.config(), batchSpec("errs", 1, func(_ context.Context, msgs []jetstream.Msg) error {
 		id := string(msgs[0].Data())
@@ -140,9 +145,6 @@ func TestBatchHandlerErrorSemantics(t *testing.T) {
 		}
 		return nil
 	}))
-	for _, id := range []string{"ok", "bad", "rejected", "flaky", "early"} {
-		b.publish(t, "jobs.errs", id)
-	}
 	b.settled(t, "errs")
 	require.Equal(t, 1, seen.get("ok"))
 	require.Equal(t, 1, seen.get("bad"))
@@ -189,7 +191,7 @@ func TestBatchFailpointAbandonsTheBatch(t *testing.T) {
 	require.Zero(t, testutil.ToFloat64(b.failed.WithLabelValues("fp")), "an abandoned batch is no failure")
 }
 
-// A consumer deleted while its group runs is recreated as soon as the
+// A consumer deleted while its group runs is recreated soon after the
 // client reports it deleted (the check interval is an hour here), and
 // consumption resumes from the start of the stream.
 func TestBatchConsumerDeletedIsRecreated(t *testing.T) {
@@ -205,6 +207,8 @@ func TestBatchConsumerDeletedIsRecreated(t *testing.T) {
 		return nil
 	}))
 	b.publish(t, "jobs.gone", "before")
+	// Handled, then acked (a consumer's pending count can lag the publish).
+	require.Eventually(t, func() bool { return seen.get("before") == 1 }, wait, 10*time.Millisecond)
 	b.settled(t, "gone")
 	require.NoError(t, b.js.DeleteConsumer(context.Background(), contract.StreamJobs, "gone"))
 	b.publish(t, "jobs.gone", "after")
@@ -240,6 +244,7 @@ func TestBatchInProgressKeepsASlowBatch(t *testing.T) {
 	spec.Progress, spec.InProgress = 250*time.Millisecond, progress
 	b.start(t, b.config(), spec)
 	b.publish(t, "jobs.slow", "one")
+	require.Eventually(t, func() bool { return seen.get("one") == 1 }, wait, 10*time.Millisecond)
 	b.settled(t, "slow")
 	require.GreaterOrEqual(t, testutil.ToFloat64(progress), 6.0)
 	require.Equal(t, 1, seen.get("one"), "never redelivered")

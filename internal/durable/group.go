@@ -239,18 +239,44 @@ func (g *Group) checkLoop() {
 	}()
 	t := time.NewTicker(g.cfg.CheckInterval)
 	defer t.Stop()
+	// A check that failed is tried again sooner than the interval (1s,
+	// doubling up to it): a consumer deleted a moment ago cannot always be
+	// created at once (the server is still removing its store).
+	retry := time.NewTimer(time.Hour)
+	retry.Stop()
+	defer retry.Stop()
+	backoff := time.Duration(0)
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		case <-g.checkNow:
+			// Not at once: the server removes a deleted consumer's or
+			// stream's store after it answered the delete, and one created
+			// again meanwhile can fail or break.
+			retry.Reset(earlyCheckDelay)
+			continue
+		case <-retry.C:
 		}
-		if err := g.Ensure(ctx); err != nil && ctx.Err() == nil {
-			g.log.Error().Err(err).Msg("ensure consumers")
+		err := g.Ensure(ctx)
+		if ctx.Err() != nil {
+			return
 		}
+		if err == nil {
+			backoff = 0
+			retry.Stop()
+			continue
+		}
+		g.log.Error().Err(err).Msg("ensure consumers")
+		backoff = min(max(2*backoff, time.Second), g.cfg.CheckInterval)
+		retry.Reset(backoff)
 	}
 }
+
+// earlyCheckDelay is how long after the client reported a consumer
+// deleted (or its heartbeats missed) the group checks it.
+const earlyCheckDelay = 500 * time.Millisecond
 
 // requestCheck asks for a check before the next interval.
 func (g *Group) requestCheck() {
