@@ -34,11 +34,11 @@
 //     Config.Failed.
 //
 // A consumer that was deleted, or lost with its stream, is created again
-// with the same configuration at the next check (every
-// Config.CheckInterval, and at once when the client reports the consumer
-// deleted or its heartbeats missed), so an operator's
-// mistake or a deleted stream does not leave the owner deaf until its next
-// restart. Recreated consumers start where their configuration says
+// with the same configuration at the next check: every
+// Config.CheckInterval, half a second after the client reports the
+// consumer deleted or its heartbeats missed, and within seconds after a
+// check that failed. An operator's mistake or a deleted stream does not
+// leave the owner deaf until its next restart. Recreated consumers start where their configuration says
 // (normally the start of the stream): owners must be idempotent, as
 // retryd's are through the inbox and unique keys.
 package durable

@@ -37,7 +37,8 @@ func ConsumerConfig(cfg Config) jetstream.ConsumerConfig {
 }
 
 // runReconcileLoop reconciles every ReconcileInterval. (A consumer the
-// client reports deleted is recreated at once by the consumer runtime.)
+// client reports deleted is recreated within a second by the consumer
+// runtime.)
 func (s *Scheduler) runReconcileLoop(ctx context.Context) {
 	t := time.NewTicker(s.cfg.ReconcileInterval)
 	defer t.Stop()

@@ -11,7 +11,7 @@
 //     passed, sleeping until the earliest one (no timer per retry);
 //   - reconciliation recreates deleted streams and the consumer and
 //     flushes the outbox, at start and periodically (the consumer runs on
-//     internal/durable, which also recreates it as soon as the client
+//     internal/durable, which also recreates it soon after the client
 //     reports it deleted);
 //   - a metrics loop refreshes the pending gauges.
 //
