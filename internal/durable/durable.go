@@ -1,9 +1,17 @@
-// Package durable runs the durable JetStream consumers of an owner of
-// retries (ingress, triggers, or a service of your own that consumes
-// RETRIES): it creates them, hands their messages to a handler on a
-// bounded number of goroutines, settles each message by the handler's
-// error, recreates consumers (and, when allowed, streams) that were
-// deleted, and drains them on stop.
+// Package durable is retryd's one consumer runtime: it runs the durable
+// JetStream consumers of ingress, triggers, the scheduler's policy stage,
+// the jobs projection, or a service of your own that consumes RETRIES. It
+// creates them, hands their messages to a handler on a bounded number of
+// goroutines, settles each message by the handler's error, recreates
+// consumers (and, when allowed, streams) that were deleted, and drains
+// them on stop.
+//
+// A Spec runs in one of two modes. With Handle, each message is handed
+// over on its own. With HandleBatch (batch mode, batch.go), the messages
+// already delivered are handed over together, up to Spec.Batch, so that
+// a handler can apply them in one transaction; the handler settles each
+// message with its own methods (Ack, NakWithDelay, TermWithReason...) and
+// its error settles the ones it left, by the rules below.
 //
 // The handler's error decides what happens to its message:
 //
@@ -16,7 +24,8 @@
 //     malformed (the handler counted it, e.g. as a rejection).
 //   - wrapping ErrAbandon: left alone, unacked, as if the process died
 //     there; JetStream delivers it again after the ack wait. Tests use it
-//     for failpoints.
+//     for failpoints: a failpoint.Func's error wraps it, so a handler
+//     returns what failpoint.Func.At returned.
 //   - made by NakAfter: handed back for a delivery after the delay it
 //     names, without being counted as a failure: the handler waits for
 //     something that has not happened yet.
@@ -25,9 +34,11 @@
 //     Config.Failed.
 //
 // A consumer that was deleted, or lost with its stream, is created again
-// with the same configuration every Config.CheckInterval, so an operator's
-// mistake or a deleted stream does not leave the owner deaf until its next
-// restart. Recreated consumers start where their configuration says
+// with the same configuration at the next check: every
+// Config.CheckInterval, half a second after the client reports the
+// consumer deleted or its heartbeats missed, and within seconds after a
+// check that failed. An operator's mistake or a deleted stream does not
+// leave the owner deaf until its next restart. Recreated consumers start where their configuration says
 // (normally the start of the stream): owners must be idempotent, as
 // retryd's are through the inbox and unique keys.
 package durable
@@ -36,7 +47,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -44,7 +54,6 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/retryd/retryd/internal/streams"
-	"github.com/retryd/retryd/pkg/contract"
 )
 
 // ErrAbandon, wrapped by a handler's error, leaves the message unacked as
@@ -76,23 +85,48 @@ func (e *nakAfterError) Error() string { return "deliver again after " + e.delay
 // error does. ctx ends only when Drain gives up waiting.
 type Handler func(ctx context.Context, msg jetstream.Msg) error
 
-// Spec is one durable consumer.
+// Spec is one durable consumer. Exactly one of Handle and HandleBatch is
+// set.
 type Spec struct {
 	// Stream is the stream the consumer reads.
 	Stream string
 	// Config is the consumer's configuration; Durable is required.
 	Config jetstream.ConsumerConfig
-	// Handle handles every message.
+	// Handle handles every message, one at a time.
 	Handle Handler
-	// Workers is how many messages are handled at once. Default 1.
+	// HandleBatch handles the messages in batches (batch mode).
+	HandleBatch BatchHandler
+	// Workers is how many messages (batches, in batch mode) are handled at
+	// once. Default 1.
 	Workers int
+
+	// The fields below are for batch mode only.
+
+	// Batch bounds the messages of one batch; it is also how many the
+	// client pulls ahead (at most Config.MaxAckPending). Default 100.
+	Batch int
+	// Progress is how often the messages handed over and not settled yet
+	// get an in-progress ack, once they have waited that long: a short
+	// AckWait then moves a dead process's messages on quickly without
+	// redelivering a slow batch of a live one. Zero sends none.
+	Progress time.Duration
+	// InProgress counts the in-progress acks sent. Nil counts nothing.
+	InProgress prometheus.Counter
+	// Expiry is how long one pull request waits for messages (at least
+	// 1s); zero leaves the client's default.
+	Expiry time.Duration
 }
+
+// batchMode reports whether s hands its messages over in batches.
+func (s Spec) batchMode() bool { return s.HandleBatch != nil }
 
 // Defaults of Config.
 const (
 	DefaultCheckInterval = 30 * time.Second
 	// pullBatch is how many messages each worker asks for ahead.
 	pullBatch = 8
+	// DefaultBatch is Spec.Batch's default.
+	DefaultBatch = 100
 )
 
 // Config configures a Group. JS is required.
@@ -150,8 +184,18 @@ func (c *Config) validate(specs []Spec) error {
 			return fmt.Errorf("Spec[%d].Stream is required", i)
 		case s.Config.Durable == "":
 			return fmt.Errorf("Spec[%d].Config.Durable is required", i)
-		case s.Handle == nil:
-			return fmt.Errorf("Spec[%d].Handle is required", i)
+		case s.Handle == nil && s.HandleBatch == nil:
+			return fmt.Errorf("Spec[%d].Handle is required (or Spec[%d].HandleBatch)", i, i)
+		case s.Handle != nil && s.HandleBatch != nil:
+			return fmt.Errorf("Spec[%d]: Handle and HandleBatch are both set", i)
+		case s.Batch < 0 || s.Batch > 10_000:
+			return fmt.Errorf("Spec[%d].Batch must be between 1 and 10000, got %d", i, s.Batch)
+		case s.Progress < 0:
+			return fmt.Errorf("Spec[%d].Progress must not be negative, got %s", i, s.Progress)
+		case s.Expiry < 0:
+			return fmt.Errorf("Spec[%d].Expiry must not be negative, got %s", i, s.Expiry)
+		case !s.batchMode() && (s.Batch != 0 || s.Progress != 0 || s.Expiry != 0 || s.InProgress != nil):
+			return fmt.Errorf("Spec[%d]: Batch, Progress, Expiry and InProgress are for HandleBatch only", i)
 		case s.Workers < 0:
 			return fmt.Errorf("Spec[%d].Workers must not be negative, got %d", i, s.Workers)
 		case seen[key]:
@@ -160,303 +204,4 @@ func (c *Config) validate(specs []Spec) error {
 		seen[key] = true
 	}
 	return nil
-}
-
-// Group runs a set of durable consumers. Build it with NewGroup, run it
-// with Start and stop it with Drain.
-type Group struct {
-	cfg Config
-	log zerolog.Logger
-
-	// handleCtx is every handler's context; cancelled when Drain gives up.
-	handleCtx    context.Context
-	cancelHandle context.CancelFunc
-
-	mu       sync.Mutex
-	started  bool
-	stopped  bool
-	running  []*running
-	stopLoop chan struct{}
-	loop     sync.WaitGroup
-
-	// gate and inflight let Drain wait for the handlers running: once
-	// closed is set no handler starts.
-	gate     sync.RWMutex
-	closed   bool
-	inflight sync.WaitGroup
-}
-
-// running is one consumer and its consume contexts.
-type running struct {
-	spec     Spec
-	contexts []jetstream.ConsumeContext
-}
-
-// NewGroup checks cfg and specs; nothing runs until Start.
-func NewGroup(cfg Config, specs ...Spec) (*Group, error) {
-	if err := cfg.validate(specs); err != nil {
-		return nil, fmt.Errorf("durable consumers: %w", err)
-	}
-	g := &Group{cfg: cfg, log: cfg.Logger.With().Str("component", "consumers").Logger(), stopLoop: make(chan struct{})}
-	g.handleCtx, g.cancelHandle = context.WithCancel(context.Background())
-	for _, s := range specs {
-		s.Workers = max(s.Workers, 1)
-		g.running = append(g.running, &running{spec: s})
-		if cfg.Malformed != nil {
-			cfg.Malformed.WithLabelValues(s.Config.Durable)
-		}
-	}
-	return g, nil
-}
-
-// Start creates or updates every consumer and starts consuming, then
-// checks for deleted consumers every Config.CheckInterval. ctx bounds the
-// setup only. If a consumer cannot be created, what was started is
-// stopped and the error returned.
-func (g *Group) Start(ctx context.Context) error {
-	g.mu.Lock()
-	switch {
-	case g.stopped:
-		g.mu.Unlock()
-		return ErrStopped
-	case g.started:
-		g.mu.Unlock()
-		return nil
-	}
-	g.started = true
-	g.mu.Unlock()
-	for _, r := range g.running {
-		if err := g.consume(ctx, r); err != nil {
-			_ = g.Drain(context.WithoutCancel(ctx))
-			return err
-		}
-	}
-	g.loop.Add(1)
-	go g.checkLoop()
-	return nil
-}
-
-// Drain stops the checks, drains every consumer (the messages already
-// fetched are handled and settled) and waits for the handlers. If ctx
-// ends first, the consumers are stopped without draining, the handlers'
-// context is cancelled, and Drain waits for them to return and reports
-// ctx's error; their messages are delivered again after the ack wait.
-// Drain is idempotent.
-func (g *Group) Drain(ctx context.Context) error {
-	g.mu.Lock()
-	if g.stopped {
-		g.mu.Unlock()
-		return nil
-	}
-	g.stopped = true
-	close(g.stopLoop)
-	var contexts []jetstream.ConsumeContext
-	for _, r := range g.running {
-		contexts = append(contexts, r.contexts...)
-		r.contexts = nil
-	}
-	g.mu.Unlock()
-	g.loop.Wait()
-
-	var err error
-	for _, cc := range contexts {
-		cc.Drain()
-	}
-	for _, cc := range contexts {
-		select {
-		case <-cc.Closed():
-		case <-ctx.Done():
-			cc.Stop()
-			err = ctx.Err()
-		}
-	}
-	g.gate.Lock()
-	g.closed = true
-	g.gate.Unlock()
-	done := make(chan struct{})
-	go func() { g.inflight.Wait(); close(done) }()
-	select {
-	case <-done:
-	case <-ctx.Done():
-		g.cancelHandle()
-		<-done
-		err = ctx.Err()
-	}
-	g.cancelHandle()
-	if err != nil {
-		return fmt.Errorf("drain consumers: %w", err)
-	}
-	return nil
-}
-
-// consume creates or updates r's consumer and starts its consume
-// contexts, stopping any it had.
-func (g *Group) consume(ctx context.Context, r *running) error {
-	s := r.spec
-	cons, err := g.cfg.JS.CreateOrUpdateConsumer(ctx, s.Stream, s.Config)
-	if err != nil {
-		return fmt.Errorf("create consumer %s on %s: %w", s.Config.Durable, s.Stream, err)
-	}
-	h := g.handler(s)
-	onErr := g.consumeError(s.Config.Durable)
-	contexts := make([]jetstream.ConsumeContext, 0, s.Workers)
-	for range s.Workers {
-		cc, err := cons.Consume(h, jetstream.PullMaxMessages(pullBatch), jetstream.ConsumeErrHandler(onErr))
-		if err != nil {
-			for _, cc := range contexts {
-				cc.Stop()
-			}
-			return fmt.Errorf("consume %s: %w", s.Config.Durable, err)
-		}
-		contexts = append(contexts, cc)
-	}
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if g.stopped {
-		for _, cc := range contexts {
-			cc.Stop()
-		}
-		return nil
-	}
-	for _, cc := range r.contexts {
-		cc.Stop()
-	}
-	r.contexts = contexts
-	return nil
-}
-
-func (g *Group) checkLoop() {
-	defer g.loop.Done()
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go func() {
-		<-g.stopLoop
-		cancel()
-	}()
-	t := time.NewTicker(g.cfg.CheckInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		if err := g.Ensure(ctx); err != nil && ctx.Err() == nil {
-			g.log.Error().Err(err).Msg("ensure consumers")
-		}
-	}
-}
-
-// Ensure recreates the consumers that were deleted, and their streams
-// when Config.Streams allows it. The group runs it every
-// Config.CheckInterval; call it to check at once.
-func (g *Group) Ensure(ctx context.Context) error {
-	g.mu.Lock()
-	if !g.started || g.stopped {
-		g.mu.Unlock()
-		return nil
-	}
-	list := append([]*running(nil), g.running...)
-	g.mu.Unlock()
-	var errs []error
-	ensured := false
-	for _, r := range list {
-		s := r.spec
-		_, err := g.cfg.JS.Consumer(ctx, s.Stream, s.Config.Durable)
-		switch {
-		case err == nil:
-			continue
-		case errors.Is(err, jetstream.ErrStreamNotFound):
-			if g.cfg.Streams == nil {
-				errs = append(errs, fmt.Errorf("stream %s is missing (Config.Streams is nil: not recreating it)", s.Stream))
-				continue
-			}
-			if !ensured {
-				if _, err := streams.CreateMissing(ctx, g.cfg.JS, *g.cfg.Streams); err != nil {
-					errs = append(errs, fmt.Errorf("recreate streams: %w", err))
-					continue
-				}
-				ensured = true
-			}
-		case !errors.Is(err, jetstream.ErrConsumerNotFound):
-			errs = append(errs, fmt.Errorf("check consumer %s: %w", s.Config.Durable, err))
-			continue
-		}
-		g.log.Warn().Str("consumer", s.Config.Durable).Str("stream", s.Stream).Msg("consumer missing, recreating it")
-		if err := g.consume(ctx, r); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	return errors.Join(errs...)
-}
-
-// handler runs the spec's handler on one message and settles it.
-func (g *Group) handler(s Spec) jetstream.MessageHandler {
-	consumer := s.Config.Durable
-	log := g.log.With().Str("consumer", consumer).Logger()
-	return func(msg jetstream.Msg) {
-		g.gate.RLock()
-		if g.closed {
-			// Stopped without a drain: delivered again after the ack wait.
-			g.gate.RUnlock()
-			return
-		}
-		g.inflight.Add(1)
-		g.gate.RUnlock()
-		defer g.inflight.Done()
-		g.settle(consumer, log, msg, s.Handle(g.handleCtx, msg))
-	}
-}
-
-func (g *Group) settle(consumer string, log zerolog.Logger, msg jetstream.Msg, err error) {
-	var reject *rejectError
-	var later *nakAfterError
-	switch {
-	case err == nil:
-		if err := msg.Ack(); err != nil {
-			// The message comes back and the handler finds it applied.
-			log.Warn().Err(err).Str("subject", msg.Subject()).Msg("ack failed")
-		}
-	case errors.Is(err, ErrAbandon):
-		log.Warn().Str("subject", msg.Subject()).Msg("message abandoned unacked")
-	case errors.As(err, &later):
-		log.Debug().Str("subject", msg.Subject()).Dur("retry_in", later.delay).Msg("message handed back until it can be applied")
-		if err := msg.NakWithDelay(later.delay); err != nil {
-			log.Warn().Err(err).Str("subject", msg.Subject()).Msg("nak failed")
-		}
-	case errors.As(err, &reject) || errors.Is(err, contract.ErrInvalid) || errors.Is(err, contract.ErrTooLarge):
-		reason := contract.LogReason(err)
-		if reject == nil && g.cfg.Malformed != nil {
-			g.cfg.Malformed.WithLabelValues(consumer).Inc()
-		}
-		log.Warn().Str("subject", msg.Subject()).Str("reason", reason).Msg("message terminated")
-		if err := msg.TermWithReason(reason); err != nil {
-			log.Warn().Err(err).Str("subject", msg.Subject()).Msg("term failed")
-		}
-	default:
-		if g.cfg.Failed != nil {
-			g.cfg.Failed.WithLabelValues(consumer).Inc()
-		}
-		var delivered uint64 = 1
-		if md, mdErr := msg.Metadata(); mdErr == nil {
-			delivered = md.NumDelivered
-		}
-		delay := g.cfg.NakDelay(delivered)
-		log.Error().Err(err).Str("subject", msg.Subject()).Uint64("delivered", delivered).Dur("retry_in", delay).
-			Msg("message failed, delivering it again later")
-		if err := msg.NakWithDelay(delay); err != nil {
-			log.Warn().Err(err).Str("subject", msg.Subject()).Msg("nak failed")
-		}
-	}
-}
-
-func (g *Group) consumeError(consumer string) jetstream.ConsumeErrHandler {
-	log := g.log.With().Str("consumer", consumer).Logger()
-	return func(_ jetstream.ConsumeContext, err error) {
-		if errors.Is(err, jetstream.ErrNoHeartbeat) || errors.Is(err, jetstream.ErrConsumerDeleted) {
-			log.Error().Err(err).Msg("consume error")
-			return
-		}
-		log.Debug().Err(err).Msg("consume error")
-	}
 }

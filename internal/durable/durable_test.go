@@ -273,7 +273,7 @@ func TestConfigValidation(t *testing.T) {
 		{nil, "no consumers"},
 		{[]durable.Spec{{Stream: "JOBS", Handle: h}}, "Spec[0].Config.Durable is required"},
 		{[]durable.Spec{{Config: jetstream.ConsumerConfig{Durable: "x"}, Handle: h}}, "Spec[0].Stream is required"},
-		{[]durable.Spec{spec("a", nil)}, "Spec[0].Handle is required"},
+		{[]durable.Spec{spec("a", nil)}, "Spec[0].Handle is required (or Spec[0].HandleBatch)"},
 		{[]durable.Spec{spec("a", h), spec("a", h)}, "listed twice"},
 	} {
 		_, err := durable.NewGroup(b.config(), tc.specs...)

@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
+	"github.com/retryd/retryd/internal/durable"
 	"github.com/retryd/retryd/internal/failpoint"
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/pkg/tracing"
@@ -64,8 +65,8 @@ type ProjectorConfig struct {
 	Batch int
 	// AckWait is the consumers' ack wait. Default 30s.
 	AckWait time.Duration
-	// FetchWait is how long one pull waits; Stop takes up to this long.
-	// Default 5s.
+	// FetchWait is how long one pull request waits for messages (at
+	// least 1s: the client's minimum). Default 5s.
 	FetchWait time.Duration
 	// InboxRetention is how long the projection's applied message ids are
 	// kept in the inbox (pruned hourly); it must outlast redeliveries.
@@ -127,11 +128,12 @@ type Projector struct {
 	log zerolog.Logger
 	m   *projectorMetrics
 
-	mu      sync.Mutex
-	started bool
-	cancel  context.CancelFunc
-	loops   sync.WaitGroup
-	stopped bool
+	mu        sync.Mutex
+	started   bool
+	consumers *durable.Group
+	cancel    context.CancelFunc
+	loops     sync.WaitGroup
+	stopped   bool
 }
 
 // NewProjector validates cfg and returns a Projector.
@@ -154,20 +156,28 @@ func (p *Projector) Start(ctx context.Context) error {
 	if p.started {
 		return errors.New("start jobs projector: already started")
 	}
-	jobsCons, err := p.cfg.JS.CreateOrUpdateConsumer(ctx, contract.StreamJobs, p.consumerConfig(contract.StreamJobs))
-	if err != nil {
-		return fmt.Errorf("start jobs projector: create consumer on %s: %w", contract.StreamJobs, err)
+	spec := func(stream string) durable.Spec {
+		log := p.log.With().Str("stream", stream).Logger()
+		return durable.Spec{
+			Stream: stream, Config: p.consumerConfig(stream), Batch: p.cfg.Batch, Expiry: p.cfg.FetchWait,
+			HandleBatch: func(ctx context.Context, msgs []jetstream.Msg) error {
+				return p.handleBatch(ctx, stream, msgs, log)
+			},
+		}
 	}
-	retryCons, err := p.cfg.JS.CreateOrUpdateConsumer(ctx, contract.StreamRetries, p.consumerConfig(contract.StreamRetries))
+	// Config.Streams is nil: the projection's user may not create streams;
+	// a consumer on a deleted stream is recreated once the stream is back.
+	consumers, err := durable.NewGroup(durable.Config{JS: p.cfg.JS, Logger: p.log},
+		spec(contract.StreamJobs), spec(contract.StreamRetries))
 	if err != nil {
-		return fmt.Errorf("start jobs projector: create consumer on %s: %w", contract.StreamRetries, err)
+		return fmt.Errorf("start jobs projector: %w", err)
+	}
+	if err := consumers.Start(ctx); err != nil {
+		return fmt.Errorf("start jobs projector: %w", err)
 	}
 	loopCtx, cancel := context.WithCancel(context.Background())
-	p.cancel = cancel
+	p.consumers, p.cancel = consumers, cancel
 	p.started = true
-	p.loops.Add(2)
-	go p.consume(loopCtx, contract.StreamJobs, jobsCons)
-	go p.consume(loopCtx, contract.StreamRetries, retryCons)
 	if p.cfg.InboxRetention > 0 {
 		p.loops.Add(1)
 		go p.pruneInbox(loopCtx)
@@ -196,9 +206,9 @@ func (p *Projector) consumerConfig(stream string) jetstream.ConsumerConfig {
 	return cfg
 }
 
-// Stop ends the pulls and waits for the batch being applied (its
-// transaction is committed or rolled back, its messages acked or handed
-// back). It is idempotent; ctx bounds the wait.
+// Stop drains the consumers and waits for the batches being applied
+// (their transactions are committed or rolled back, their messages acked
+// or handed back). It is idempotent; ctx bounds the wait.
 func (p *Projector) Stop(ctx context.Context) error {
 	p.mu.Lock()
 	if !p.started || p.stopped {
@@ -208,6 +218,9 @@ func (p *Projector) Stop(ctx context.Context) error {
 	p.stopped = true
 	p.cancel()
 	p.mu.Unlock()
+	// The batches already delivered are applied even while stopping:
+	// finishing them is quicker than their redelivery.
+	drainErr := p.consumers.Drain(ctx)
 	done := make(chan struct{})
 	go func() {
 		p.loops.Wait()
@@ -215,75 +228,25 @@ func (p *Projector) Stop(ctx context.Context) error {
 	}()
 	select {
 	case <-done:
-		p.log.Info().Msg("jobs projection stopped")
-		return nil
 	case <-ctx.Done():
 		return fmt.Errorf("stop jobs projector: %w", ctx.Err())
 	}
+	if drainErr != nil {
+		return fmt.Errorf("stop jobs projector: %w", drainErr)
+	}
+	p.log.Info().Msg("jobs projection stopped")
+	return nil
 }
 
-func (p *Projector) consume(ctx context.Context, stream string, cons jetstream.Consumer) {
-	defer p.loops.Done()
-	log := p.log.With().Str("stream", stream).Logger()
-	pause := time.Duration(0)
-	for ctx.Err() == nil {
-		if pause > 0 {
-			select {
-			case <-time.After(pause):
-			case <-ctx.Done():
-				return
-			}
-		}
-		fctx, cancel := context.WithTimeout(ctx, p.cfg.FetchWait)
-		batch, err := cons.Fetch(p.cfg.Batch, jetstream.FetchContext(fctx))
-		var msgs []jetstream.Msg
-		if err == nil {
-			for msg := range batch.Messages() {
-				msgs = append(msgs, msg)
-			}
-			err = batch.Error()
-		}
-		cancel()
-		if len(msgs) > 0 {
-			// The batch is applied even while stopping: it was delivered,
-			// and finishing it is quicker than its redelivery.
-			if applyErr := p.applyBatch(context.WithoutCancel(ctx), stream, msgs, log); applyErr != nil {
-				log.Warn().Err(applyErr).Int("messages", len(msgs)).Msg("apply batch failed; handed back for redelivery")
-				pause = min(max(2*pause, 100*time.Millisecond), 5*time.Second)
-				continue
-			}
-		}
-		pause = 0
-		if err != nil && !fetchEnded(err) && ctx.Err() == nil {
-			log.Warn().Err(err).Msg("pull failed; trying again")
-			pause = time.Second
-			cons = p.recreate(ctx, stream, cons, log)
-		}
+// handleBatch is the batch handler of the consumer on stream. A batch that
+// failed was handed back (nak) by applyBatch; its error makes the consumer
+// runtime pause before the next one (100ms, doubling up to 5s).
+func (p *Projector) handleBatch(ctx context.Context, stream string, msgs []jetstream.Msg, log zerolog.Logger) error {
+	err := p.applyBatch(ctx, stream, msgs, log)
+	if err != nil && !errors.Is(err, durable.ErrAbandon) {
+		log.Warn().Err(err).Int("messages", len(msgs)).Msg("apply batch failed; handed back for redelivery")
 	}
-}
-
-// recreate returns the consumer on stream created again when it was
-// deleted (on its own, or with its stream), else cons. It starts from the
-// beginning of the stream; the inbox absorbs what was applied already.
-func (p *Projector) recreate(ctx context.Context, stream string, cons jetstream.Consumer, log zerolog.Logger) jetstream.Consumer {
-	_, err := p.cfg.JS.Consumer(ctx, stream, ProjectionDurable)
-	if !errors.Is(err, jetstream.ErrConsumerNotFound) && !errors.Is(err, jetstream.ErrStreamNotFound) {
-		return cons
-	}
-	fresh, err := p.cfg.JS.CreateOrUpdateConsumer(ctx, stream, p.consumerConfig(stream))
-	if err != nil {
-		if ctx.Err() == nil {
-			log.Error().Err(err).Msg("consumer missing and cannot be recreated; trying again")
-		}
-		return cons
-	}
-	log.Warn().Msg("consumer missing, recreated it")
-	return fresh
-}
-
-func fetchEnded(err error) bool {
-	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) ||
-		errors.Is(err, jetstream.ErrNoMessages) || errors.Is(err, jetstream.ErrNoHeartbeat)
+	return err
 }
 
 // decoded is a message ready to apply.
@@ -332,23 +295,27 @@ func (p *Projector) applyBatch(ctx context.Context, stream string, msgs []jetstr
 	if err == nil || !refused(err) {
 		return err
 	}
-	var firstErr error
+	var firstErr, abandoned error
 	for _, d := range good {
 		err := p.apply(ctx, stream, []decoded{d}, log)
 		switch {
 		case err == nil:
+		case errors.Is(err, durable.ErrAbandon):
+			abandoned = err
 		case refused(err):
 			p.terminate(stream, d.msg, err, log)
 		case firstErr == nil:
 			firstErr = err
 		}
 	}
-	return firstErr
+	// The messages a failpoint left are the only ones not settled: the
+	// abandon leaves them unacked.
+	return errors.Join(firstErr, abandoned)
 }
 
 // apply applies ds in one transaction that claims each in the inbox, then
 // acks them. On an error it naks them, unless the database refused them:
-// the caller settles those.
+// the caller settles those. A failpoint's error leaves them unsettled.
 func (p *Projector) apply(ctx context.Context, stream string, ds []decoded, log zerolog.Logger) error {
 	// The JOBS and RETRIES consumers apply batches at once, often to the
 	// same jobs: each locks its rows in job id order, or two batches could
@@ -392,8 +359,10 @@ func (p *Projector) apply(ctx context.Context, stream string, ds []decoded, log 
 	p.m.applied.WithLabelValues(stream).Add(float64(applied))
 	p.m.duplicates.WithLabelValues(stream).Add(float64(dups))
 	if err := p.cfg.Failpoint.At(ctx, FailpointProjectorCommitted); err != nil {
+		// The error wraps durable.ErrAbandon: the runtime leaves the
+		// messages unacked.
 		log.Warn().Err(err).Msg("leaving the batch unacked")
-		return nil
+		return err
 	}
 	for _, d := range ds {
 		if err := d.msg.Ack(); err != nil {

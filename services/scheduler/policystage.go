@@ -16,6 +16,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/retryd/retryd/internal/durable"
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/pkg/tracing"
 	"github.com/retryd/retryd/projections/inbox"
@@ -46,51 +47,18 @@ type applied struct {
 	busy bool
 }
 
-// runPolicyStage applies queued messages in batches: it takes what is
-// queued (up to ConsumeBatch) without waiting for more, so a lone message
-// is applied at once and a burst shares transactions.
-func (s *Scheduler) runPolicyStage(ctx context.Context) {
-	defer close(s.workerDone)
-	for {
-		var first jetstream.Msg
-		select {
-		case first = <-s.inbound:
-		case <-s.abort:
-			// Apply what the drained consumer already handed over.
-			for {
-				select {
-				case m := <-s.inbound:
-					s.handleBatch(ctx, []jetstream.Msg{m})
-					s.inHand.done([]jetstream.Msg{m})
-				default:
-					return
-				}
-			}
-		}
-		batch := []jetstream.Msg{first}
-	fill:
-		for len(batch) < s.cfg.ConsumeBatch {
-			select {
-			case m := <-s.inbound:
-				batch = append(batch, m)
-			default:
-				break fill
-			}
-		}
-		s.handleBatch(ctx, batch)
-		s.inHand.done(batch)
-	}
-}
+// errLeftForRedelivery is the policy stage's answer for every message it
+// did not settle: it left those on purpose (a failpoint fired after the
+// commit, or it is stopping mid-transaction), to be delivered again after
+// AckWait as if the process had died there.
+var errLeftForRedelivery = fmt.Errorf("policy stage left the message for redelivery: %w", durable.ErrAbandon)
 
-// onMessage is the consume callback: it hands the message to the worker,
-// which bounds how many wait (back pressure on the pull).
-func (s *Scheduler) onMessage(m jetstream.Msg) {
-	s.inHand.add(m)
-	select {
-	case s.inbound <- m:
-	case <-s.abort:
-		s.inHand.done([]jetstream.Msg{m})
-	}
+// handleMessages is the policy stage's batch handler: the consumer
+// runtime hands it what was delivered, up to ConsumeBatch. handleBatch
+// settles each message itself.
+func (s *Scheduler) handleMessages(ctx context.Context, msgs []jetstream.Msg) error {
+	s.handleBatch(ctx, msgs)
+	return errLeftForRedelivery
 }
 
 // decode checks a message; malformed ones are terminated and counted.

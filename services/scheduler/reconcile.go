@@ -2,12 +2,12 @@ package scheduler
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/retryd/retryd/internal/durable"
 	"github.com/retryd/retryd/internal/streams"
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/projections/inbox"
@@ -36,8 +36,9 @@ func ConsumerConfig(cfg Config) jetstream.ConsumerConfig {
 	}
 }
 
-// runReconcileLoop reconciles every ReconcileInterval, and early when the
-// consumer reports it was deleted.
+// runReconcileLoop reconciles every ReconcileInterval. (A consumer the
+// client reports deleted is recreated within a second by the consumer
+// runtime.)
 func (s *Scheduler) runReconcileLoop(ctx context.Context) {
 	t := time.NewTicker(s.cfg.ReconcileInterval)
 	defer t.Stop()
@@ -46,7 +47,6 @@ func (s *Scheduler) runReconcileLoop(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-		case <-s.reconcileNow:
 		}
 		if err := s.reconcile(ctx); err != nil && ctx.Err() == nil {
 			s.metrics.errors.WithLabelValues("reconcile").Inc()
@@ -86,74 +86,43 @@ func (s *Scheduler) reconcile(ctx context.Context) error {
 	return nil
 }
 
-// ensureConsumer creates the durable consumer when it is missing and
-// (re)starts consuming when the subscription ended (a deleted consumer
-// or stream ends it).
+// ensureConsumer recreates the durable consumer when it is missing and
+// consumes again when the subscription ended (a deleted consumer or stream
+// ends it). Before Start it does nothing: Start creates the consumer.
 func (s *Scheduler) ensureConsumer(ctx context.Context) error {
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.stopped {
+	consumers := s.consumers
+	s.mu.Unlock()
+	if consumers == nil {
 		return nil
 	}
-	_, err := s.cfg.JS.Consumer(ctx, contract.StreamRetries, ConsumerName)
-	missing := errors.Is(err, jetstream.ErrConsumerNotFound) || errors.Is(err, jetstream.ErrStreamNotFound)
-	if err != nil && !missing {
-		return fmt.Errorf("look up consumer %s: %w", ConsumerName, err)
-	}
-	running := s.consumer != nil
-	if running {
-		select {
-		case <-s.consumer.Closed():
-			running = false
-		default:
-		}
-	}
-	if !missing && running {
-		return nil
-	}
-	cons, err := s.cfg.JS.CreateOrUpdateConsumer(ctx, contract.StreamRetries, ConsumerConfig(s.cfg))
-	if err != nil {
-		return fmt.Errorf("create consumer %s: %w", ConsumerName, err)
-	}
-	if s.consumer != nil {
-		s.consumer.Stop()
-	}
-	cc, err := cons.Consume(s.onMessage,
-		jetstream.PullMaxMessages(min(s.cfg.ConsumeBatch, s.cfg.MaxAckPending)),
-		jetstream.ConsumeErrHandler(s.onConsumeError))
-	if err != nil {
-		s.consumer = nil
-		return fmt.Errorf("consume %s: %w", ConsumerName, err)
-	}
-	first := !s.consumed
-	s.consumer, s.consumed = cc, true
-	switch {
-	case missing && first:
-		// A new deployment: nothing was lost.
-		s.log.Info().Str("consumer", ConsumerName).Msg("consumer created")
-	case missing:
-		s.log.Warn().Str("consumer", ConsumerName).Msg("consumer was missing and has been created")
+	if err := consumers.Ensure(ctx); err != nil {
+		return fmt.Errorf("ensure consumer %s: %w", ConsumerName, err)
 	}
 	return nil
 }
 
-// stopConsumer stops consuming without draining (used when Start fails).
-func (s *Scheduler) stopConsumer() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.consumer != nil {
-		s.consumer.Stop()
-		s.consumer = nil
+// newConsumers builds the runtime of the policy stage's consumer: it
+// hands over what is queued, up to ConsumeBatch, without waiting for more
+// (a lone message is applied at once and a burst shares transactions),
+// and keeps the messages in hand from redelivery with in-progress acks
+// every AckWait/4. The ack wait is short so that the messages of a killed
+// instance go to another one within seconds; a healthy stage acks within
+// milliseconds, so most messages never need an in-progress ack.
+func (s *Scheduler) newConsumers() (*durable.Group, error) {
+	streamOpts := s.cfg.Streams
+	g, err := durable.NewGroup(durable.Config{
+		JS: s.cfg.JS, Logger: s.log, Streams: &streamOpts, CheckInterval: s.cfg.ReconcileInterval,
+	}, durable.Spec{
+		Stream:      contract.StreamRetries,
+		Config:      ConsumerConfig(s.cfg),
+		HandleBatch: s.handleMessages,
+		Batch:       s.cfg.ConsumeBatch,
+		Progress:    s.cfg.AckWait / 4,
+		InProgress:  s.metrics.inProgress,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("policy stage consumer: %w", err)
 	}
-}
-
-func (s *Scheduler) onConsumeError(_ jetstream.ConsumeContext, err error) {
-	switch {
-	case errors.Is(err, jetstream.ErrConsumerDeleted), errors.Is(err, jetstream.ErrConsumerNotFound),
-		errors.Is(err, jetstream.ErrStreamNotFound), errors.Is(err, jetstream.ErrNoHeartbeat):
-		s.log.Warn().Err(err).Msg("consumer interrupted; reconciling")
-		s.requestReconcile()
-	default:
-		s.log.Debug().Err(err).Msg("consume")
-	}
+	return g, nil
 }

@@ -10,7 +10,9 @@
 //   - the due loop publishes the due events of rows whose next_attempt_at
 //     passed, sleeping until the earliest one (no timer per retry);
 //   - reconciliation recreates deleted streams and the consumer and
-//     flushes the outbox, at start and periodically;
+//     flushes the outbox, at start and periodically (the consumer runs on
+//     internal/durable, which also recreates it soon after the client
+//     reports it deleted);
 //   - a metrics loop refreshes the pending gauges.
 //
 // Several instances may run over one database: rows are claimed with FOR
@@ -26,9 +28,9 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
+	"github.com/retryd/retryd/internal/durable"
 	"github.com/retryd/retryd/projections/outbox"
 )
 
@@ -47,30 +49,18 @@ type Scheduler struct {
 	// nanoseconds) it plans to wake at, or MaxInt64 while it is not asleep.
 	wake        chan struct{}
 	plannedWake atomic.Int64
-	// reconcileNow asks for a reconciliation before the next interval.
-	reconcileNow chan struct{}
-	// inbound carries messages from the consume callback to the policy
-	// stage worker.
-	inbound chan jetstream.Msg
-	// inHand is every message handed to this instance and not finished
-	// with; runProgressLoop keeps them from redelivery.
-	inHand *inHand
 	// lag is how far the policy stage is behind RETRIES (backlog.go).
 	lag *applyLag
 
-	mu       sync.Mutex
-	started  bool
-	stopped  bool
-	stopErr  error
-	consumer jetstream.ConsumeContext
-	// consumed is set once a consumer ran: a consumer missing after that
-	// was deleted.
-	consumed bool
-	// abort unblocks the consume callback when Stop gives up waiting.
-	abort      chan struct{}
-	cancel     context.CancelFunc
-	loops      sync.WaitGroup
-	workerDone chan struct{}
+	mu      sync.Mutex
+	started bool
+	stopped bool
+	stopErr error
+	// consumers runs the policy stage's durable consumer (a new one at
+	// each Start: a group that failed to start cannot start again).
+	consumers *durable.Group
+	cancel    context.CancelFunc
+	loops     sync.WaitGroup
 }
 
 // New validates cfg and builds a Scheduler; it does no I/O.
@@ -92,21 +82,17 @@ func New(cfg Config) (*Scheduler, error) {
 	}
 	s := &Scheduler{
 		cfg: cfg, log: log, metrics: m, relay: relay,
-		wake:         make(chan struct{}, 1),
-		reconcileNow: make(chan struct{}, 1),
-		inbound:      make(chan jetstream.Msg, cfg.ConsumeBatch),
-		inHand:       newInHand(),
-		lag:          newApplyLag(time.Now()),
-		abort:        make(chan struct{}),
-		workerDone:   make(chan struct{}),
+		wake: make(chan struct{}, 1),
+		lag:  newApplyLag(time.Now()),
 	}
 	s.plannedWake.Store(math.MaxInt64)
 	return s, nil
 }
 
-// Start reconciles once (streams, consumer, outbox) and starts the loops.
-// It returns an error when that first reconciliation fails; the loops then
-// keep running on a context that only Stop cancels.
+// Start reconciles once (streams, outbox), starts the policy stage's
+// consumer and the loops. It returns an error when that first
+// reconciliation or the consumer fails; nothing then keeps running, and
+// Start may be called again.
 func (s *Scheduler) Start(ctx context.Context) error {
 	s.mu.Lock()
 	if s.started || s.stopped {
@@ -118,6 +104,7 @@ func (s *Scheduler) Start(ctx context.Context) error {
 	failed := func(err error) error {
 		s.mu.Lock()
 		s.started = false
+		s.consumers = nil
 		s.mu.Unlock()
 		return err
 	}
@@ -125,18 +112,33 @@ func (s *Scheduler) Start(ctx context.Context) error {
 	if err := s.reconcile(ctx); err != nil {
 		return failed(fmt.Errorf("start scheduler: %w", err))
 	}
+	consumers, err := s.newConsumers()
+	if err != nil {
+		return failed(fmt.Errorf("start scheduler: %w", err))
+	}
+	s.mu.Lock()
+	s.consumers = consumers
+	s.mu.Unlock()
+	// The consumer starts before the relay, which cannot start twice: a
+	// Start that failed here can be called again. What the policy stage
+	// commits meanwhile kicks the relay, which publishes it once started.
+	if err := consumers.Start(ctx); err != nil {
+		return failed(fmt.Errorf("start scheduler: %w", err))
+	}
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	if err := s.relay.Start(runCtx); err != nil {
 		cancel()
-		s.stopConsumer()
+		// Stop at once, without draining: the messages come back after
+		// AckWait to whoever runs next.
+		now, stop := context.WithCancel(context.Background())
+		stop()
+		_ = consumers.Drain(now)
 		return failed(fmt.Errorf("start outbox relay: %w", err))
 	}
 	s.cancel = cancel
-	go s.runPolicyStage(runCtx)
 	s.goLoop(func() { s.runDueLoop(runCtx) })
 	s.goLoop(func() { s.runReconcileLoop(runCtx) })
 	s.goLoop(func() { s.runMetricsLoop(runCtx) })
-	s.goLoop(func() { s.runProgressLoop(runCtx) })
 	s.log.Info().Int("batch_size", s.cfg.BatchSize).Int("consume_batch", s.cfg.ConsumeBatch).
 		Int("max_ack_pending", s.cfg.MaxAckPending).Dur("ack_wait", s.cfg.AckWait).Dur("max_idle", s.cfg.MaxIdle).
 		Dur("redue_after", s.cfg.RedueAfter).Msg("scheduler started")
@@ -163,26 +165,16 @@ func (s *Scheduler) Stop(ctx context.Context) error {
 		return err
 	}
 	s.stopped = true
-	cc := s.consumer
-	s.consumer = nil
+	consumers := s.consumers
 	s.mu.Unlock()
 
 	var errs []error
-	if cc != nil {
-		cc.Drain()
-		select {
-		case <-cc.Closed():
-		case <-ctx.Done():
-			errs = append(errs, fmt.Errorf("drain consumer: %w", ctx.Err()))
+	// Draining hands the policy stage what the consumer already fetched;
+	// it is applied and acked before the loops stop.
+	if consumers != nil {
+		if err := consumers.Drain(ctx); err != nil {
+			errs = append(errs, err)
 		}
-	}
-	// The consume callback no longer runs (or was given up on): the worker
-	// applies what is queued and exits.
-	close(s.abort)
-	select {
-	case <-s.workerDone:
-	case <-ctx.Done():
-		errs = append(errs, fmt.Errorf("wait for policy stage: %w", ctx.Err()))
 	}
 	if s.cancel != nil {
 		s.cancel()
@@ -216,12 +208,5 @@ func (s *Scheduler) wakeDueLoop(atUnixNano int64) {
 		case s.wake <- struct{}{}:
 		default:
 		}
-	}
-}
-
-func (s *Scheduler) requestReconcile() {
-	select {
-	case s.reconcileNow <- struct{}{}:
-	default:
 	}
 }
