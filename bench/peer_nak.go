@@ -47,21 +47,16 @@ func bytesUnixNano(b []byte) time.Time {
 // message. The ack is sent the way nats.go's Ack does it, without waiting
 // for the server to confirm it.
 func nakCycles(ctx context.Context, env Env, window int, warmup, dur time.Duration) (cycleResult, error) {
-	ns, err := startNATS(env.NATSSync)
+	ns, err := startNATSWith(ctx, env.NATSSync, nakStreamConfig())
 	if err != nil {
 		return cycleResult{}, err
 	}
 	defer ns.close()
-	if _, err := ns.js.CreateStream(ctx, nakStreamConfig()); err != nil {
-		return cycleResult{}, fmt.Errorf("create stream: %w", err)
-	}
-	pubNC, pubJS, err := ns.connect("bench-nak-producer")
+	pub, closePub, err := ns.producer("bench-nak-producer")
 	if err != nil {
 		return cycleResult{}, err
 	}
-	defer pubNC.Close()
-	pub := newAsyncPublisher(pubJS)
-	defer pub.close()
+	defer closePub()
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 
@@ -92,37 +87,8 @@ func nakCycles(ctx context.Context, env Env, window int, warmup, dur time.Durati
 		return cycleResult{}, err
 	}
 	defer stop()
-	errc := make(chan error, 1)
-	go func() {
-		for {
-			select {
-			case <-runCtx.Done():
-				return
-			case <-replenish:
-				if meter.finished() {
-					continue
-				}
-				if err := newItem(); err != nil {
-					if runCtx.Err() == nil {
-						errc <- err
-					}
-					return
-				}
-			}
-		}
-	}()
-	meter.start()
-	for range window {
-		if err := newItem(); err != nil {
-			return cycleResult{}, err
-		}
-	}
-	select {
-	case <-meter.wait():
-	case err := <-errc:
+	if err := meter.drive(runCtx, window, replenish, make(chan error, 1), newItem); err != nil {
 		return cycleResult{}, err
-	case <-ctx.Done():
-		return cycleResult{}, ctx.Err()
 	}
 	res := meter.result()
 	res.durability = nakDurability(env.NATSSync)
@@ -133,21 +99,16 @@ func nakCycles(ctx context.Context, env Env, window int, warmup, dur time.Durati
 // over an hour, then runs the probe: messages naked once with a 1 s delay;
 // lateness is from the nak plus the delay to the redelivery.
 func nakLateness(ctx context.Context, env Env, pending int, probe probeSpec) (latenessResult, error) {
-	ns, err := startNATS(env.NATSSync)
+	ns, err := startNATSWith(ctx, env.NATSSync, nakStreamConfig())
 	if err != nil {
 		return latenessResult{}, err
 	}
 	defer ns.close()
-	if _, err := ns.js.CreateStream(ctx, nakStreamConfig()); err != nil {
-		return latenessResult{}, fmt.Errorf("create stream: %w", err)
-	}
-	pubNC, pubJS, err := ns.connect("bench-nak-producer")
+	pub, closePub, err := ns.producer("bench-nak-producer")
 	if err != nil {
 		return latenessResult{}, err
 	}
-	defer pubNC.Close()
-	pub := newAsyncPublisher(pubJS)
-	defer pub.close()
+	defer closePub()
 
 	bgFrom := backgroundStart(pending)
 	var bgNaked atomic.Int64
@@ -220,14 +181,11 @@ func nakLateness(ctx context.Context, env Env, pending int, probe probeSpec) (la
 // nakBurst holds burst messages after their first delivery, then naks
 // each with the delay that makes it due in the same second T..T+1s.
 func nakBurst(ctx context.Context, env Env, n int) (burstResult, error) {
-	ns, err := startNATS(env.NATSSync)
+	ns, err := startNATSWith(ctx, env.NATSSync, nakStreamConfig())
 	if err != nil {
 		return burstResult{}, err
 	}
 	defer ns.close()
-	if _, err := ns.js.CreateStream(ctx, nakStreamConfig()); err != nil {
-		return burstResult{}, fmt.Errorf("create stream: %w", err)
-	}
 	pub := newAsyncPublisher(ns.js)
 	var (
 		mu      sync.Mutex

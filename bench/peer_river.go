@@ -213,12 +213,8 @@ func riverCycles(ctx context.Context, env Env, window int, warmup, dur time.Dura
 	if err := r.insert(ctx, make([]benchJobArgs, window), nil); err != nil {
 		return cycleResult{}, err
 	}
-	select {
-	case <-meter.wait():
-	case err := <-insertErr:
+	if err := meter.await(ctx, insertErr); err != nil {
 		return cycleResult{}, err
-	case <-ctx.Done():
-		return cycleResult{}, ctx.Err()
 	}
 	res := meter.result()
 	res.durability = r.durability(ctx)
@@ -252,13 +248,10 @@ func riverBurst(ctx context.Context, env Env, n int) (burstResult, error) {
 	if err := r.insert(ctx, args, func(i int) time.Time { return time.Unix(0, args[i].At) }); err != nil {
 		return burstResult{}, err
 	}
-	loaded := time.Since(loadStart)
-	if late := time.Since(t0); late > 0 {
-		return burstResult{}, fmt.Errorf("burst: loading took until %s after the burst second began", late)
+	res, err := br.loaded(ctx, loadStart)
+	if err != nil {
+		return burstResult{}, err
 	}
-	br.wait(ctx, 2*time.Minute)
-	res := br.result()
-	res.loadTime = loaded
 	res.durability = r.durability(ctx)
 	return res, nil
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -147,6 +148,20 @@ func (b *burstRecorder) stored1(at time.Time) {
 
 func (b *burstRecorder) wait(ctx context.Context, timeout time.Duration) {
 	waitFor(ctx, time.Until(b.t0)+timeout, func() bool { return b.received.Load() >= int64(b.n) })
+}
+
+// loaded waits out a burst whose load began at loadStart and ended now,
+// and returns its result with the load time. A load that ran into the
+// burst second is an error: the burst would measure the loader.
+func (b *burstRecorder) loaded(ctx context.Context, loadStart time.Time) (burstResult, error) {
+	loadTime := time.Since(loadStart)
+	if late := time.Since(b.t0); late > 0 {
+		return burstResult{}, fmt.Errorf("burst: loading took until %s after the burst second began", late)
+	}
+	b.wait(ctx, 2*time.Minute)
+	res := b.result()
+	res.loadTime = loadTime
+	return res, nil
 }
 
 func (b *burstRecorder) result() burstResult {
