@@ -39,22 +39,8 @@ func TestScenario04RestartNATSDuringLoad(t *testing.T) {
 	}
 	// Paced so that the load spans the restarts.
 	span := time.Duration(restarts+1) * 1500 * time.Millisecond
-	sender := &harness.EventSender{Sys: s, URL: s.URL(harness.Ingress), Every: span / time.Duration(nEvents)}
-	sendDone := make(chan error, 1)
-	go func() { sendDone <- sender.SendAll(s.Ctx, events, 8) }()
 	ids, msgs := failedItems(t, kind, "s04", nItems, nil)
-	pubDone := make(chan error, 1)
-	go func() {
-		// In slices, so the restarts land in the middle of the load.
-		for i := 0; i < len(msgs); i += 100 {
-			time.Sleep(span / time.Duration(len(msgs)/100))
-			if _, err := harness.PublishAll(s.Ctx, s.JS, msgs[i:min(i+100, len(msgs))]); err != nil {
-				pubDone <- err
-				return
-			}
-		}
-		pubDone <- nil
-	}()
+	sender, waitLoad := spreadLoad(s, span, events, msgs, 100)
 
 	var last time.Time
 	for k, graceful := range []bool{true, false, true, false}[:restarts] {
@@ -73,12 +59,7 @@ func TestScenario04RestartNATSDuringLoad(t *testing.T) {
 		}
 		last = time.Now()
 	}
-	if err := <-sendDone; err != nil {
-		t.Fatalf("send events: %v", err)
-	}
-	if err := <-pubDone; err != nil {
-		t.Fatalf("publish failures: %v", err)
-	}
+	waitLoad(t)
 
 	// Every accepted event admitted (stored on EVENTS) and every failure
 	// due.
