@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
+	"github.com/retryd/retryd/internal/apitest"
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/services/ingress"
 	"github.com/retryd/retryd/services/scheduler"
@@ -32,7 +33,7 @@ func (b *bundle) withScheduler(t *testing.T, base, maxDelay time.Duration, maxRe
 	s, err := scheduler.New(scheduler.Config{
 		Pool:       b.pool,
 		JS:         b.js,
-		Logger:     testLogger(t),
+		Logger:     apitest.Logger(t),
 		Registerer: prometheus.NewRegistry(),
 		MaxIdle:    50 * time.Millisecond,
 		AckWait:    time.Second,

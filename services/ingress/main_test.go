@@ -1,14 +1,10 @@
 package ingress_test
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
-	"io"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -18,10 +14,11 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
 
+	"github.com/retryd/retryd/internal/apitest"
 	"github.com/retryd/retryd/internal/natstest"
+	"github.com/retryd/retryd/internal/serve"
 	"github.com/retryd/retryd/migrations/pgtest"
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/services/ingress"
@@ -48,7 +45,7 @@ func testConfig(t *testing.T, pool *pgxpool.Pool, js jetstream.JetStream, reg pr
 	return ingress.Config{
 		Pool:              pool,
 		JS:                js,
-		Logger:            testLogger(t),
+		Logger:            apitest.Logger(t),
 		Registerer:        reg,
 		AckWait:           time.Second,
 		Concurrency:       2,
@@ -57,13 +54,6 @@ func testConfig(t *testing.T, pool *pgxpool.Pool, js jetstream.JetStream, reg pr
 		MaxBodyBytes:      64 << 10,
 		SourceCacheTTL:    time.Millisecond,
 	}
-}
-
-func testLogger(t *testing.T) zerolog.Logger {
-	if os.Getenv("RETRYD_TEST_LOG") == "" {
-		return zerolog.Nop()
-	}
-	return zerolog.New(zerolog.NewTestWriter(t)).With().Timestamp().Logger()
 }
 
 // setup starts embedded NATS with the streams, a fresh database and one
@@ -103,42 +93,11 @@ func (b *bundle) start(t *testing.T, cfg ingress.Config) *ingress.Service {
 // nil); it returns the status.
 func (b *bundle) do(t *testing.T, method, path string, body any, out any, headers ...string) int {
 	t.Helper()
-	var rd io.Reader
-	switch v := body.(type) {
-	case nil:
-	case string:
-		rd = strings.NewReader(v)
-	case []byte:
-		rd = bytes.NewReader(v)
-	default:
-		raw, err := json.Marshal(v)
-		require.NoError(t, err)
-		rd = bytes.NewReader(raw)
-	}
-	req, err := http.NewRequestWithContext(b.ctx, method, b.http.URL+path, rd)
-	require.NoError(t, err)
-	req.Header.Set("Content-Type", "application/json")
-	for i := 0; i+1 < len(headers); i += 2 {
-		req.Header.Set(headers[i], headers[i+1])
-	}
-	resp, err := http.DefaultClient.Do(req)
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	raw, err := io.ReadAll(resp.Body)
-	require.NoError(t, err)
-	if out != nil {
-		require.NoError(t, json.Unmarshal(raw, out), "body: %s", raw)
-	}
-	return resp.StatusCode
+	return apitest.Do(t, b.ctx, method, b.http.URL+path, body, out, headers...)
 }
 
-type apiError struct {
-	Error struct {
-		Code    string `json:"code"`
-		Message string `json:"message"`
-		Field   string `json:"field"`
-	} `json:"error"`
-}
+// apiError is the body of an error answer.
+type apiError = serve.ErrorBody
 
 // post sends one event and requires a 202.
 func (b *bundle) post(t *testing.T, ev map[string]any) ingress.Accepted {

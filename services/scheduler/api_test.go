@@ -2,7 +2,6 @@ package scheduler_test
 
 import (
 	"encoding/json"
-	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -11,6 +10,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/retryd/retryd/internal/apitest"
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/projections/retrystore"
 )
@@ -22,21 +22,8 @@ type apiClient struct {
 
 func (c apiClient) do(method, path, body string) (int, map[string]any) {
 	c.t.Helper()
-	var r io.Reader
-	if body != "" {
-		r = strings.NewReader(body)
-	}
-	req, err := http.NewRequest(method, c.url+path, r)
-	require.NoError(c.t, err)
-	if r != nil {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	resp, err := http.DefaultClient.Do(req)
-	require.NoError(c.t, err)
-	defer resp.Body.Close()
+	resp, raw := apitest.Request(c.t, c.t.Context(), method, c.url+path, body)
 	var out map[string]any
-	raw, err := io.ReadAll(resp.Body)
-	require.NoError(c.t, err)
 	require.NoError(c.t, json.Unmarshal(raw, &out), "body %s", raw)
 	return resp.StatusCode, out
 }

@@ -1,0 +1,79 @@
+// Package apitest holds what the tests of the services' HTTP APIs share:
+// a request helper that speaks JSON and the tests' logger.
+package apitest
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"os"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/rs/zerolog"
+	"github.com/stretchr/testify/require"
+)
+
+// Logger is the logger a test runs a service with: silent unless
+// RETRYD_TEST_LOG is set, then written through t.Log so that it shows
+// with the failing test only.
+func Logger(t testing.TB) zerolog.Logger {
+	if os.Getenv("RETRYD_TEST_LOG") == "" {
+		return zerolog.Nop()
+	}
+	return zerolog.New(zerolog.NewTestWriter(t)).With().Timestamp().Logger()
+}
+
+// Do sends a request to url and decodes a JSON answer into out (when out
+// is not nil); it returns the status. The body is sent as it is when a
+// string or []byte, as JSON otherwise, and not at all when nil or "",
+// always as application/json; headers are name, value pairs. out is zeroed first, so that fields an
+// answer leaves out do not keep what an earlier answer put there, and an
+// empty answer leaves it zero.
+func Do(t testing.TB, ctx context.Context, method, url string, body, out any, headers ...string) int {
+	t.Helper()
+	resp, raw := Request(t, ctx, method, url, body, headers...)
+	if out != nil {
+		v := reflect.ValueOf(out).Elem()
+		v.Set(reflect.Zero(v.Type()))
+		if len(raw) > 0 {
+			require.NoError(t, json.Unmarshal(raw, out), "body: %s", raw)
+		}
+	}
+	return resp.StatusCode
+}
+
+// Request is Do for a caller that reads the answer itself: it returns the
+// response (its body already read and closed) and the body.
+func Request(t testing.TB, ctx context.Context, method, url string, body any, headers ...string) (*http.Response, []byte) {
+	t.Helper()
+	var rd io.Reader
+	switch v := body.(type) {
+	case nil:
+	case string:
+		if v != "" {
+			rd = strings.NewReader(v)
+		}
+	case []byte:
+		rd = bytes.NewReader(v)
+	default:
+		raw, err := json.Marshal(v)
+		require.NoError(t, err)
+		rd = bytes.NewReader(raw)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, url, rd)
+	require.NoError(t, err)
+	req.Header.Set("Content-Type", "application/json")
+	for i := 0; i+1 < len(headers); i += 2 {
+		req.Header.Set(headers[i], headers[i+1])
+	}
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return resp, raw
+}
