@@ -23,6 +23,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/retryd/retryd/internal/natstest"
+	"github.com/retryd/retryd/internal/servicetest"
 	"github.com/retryd/retryd/migrations/pgtest"
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/pkg/worker"
@@ -137,11 +138,7 @@ func (e *env) startWorker(t *testing.T, cfg worker.Config, handlers map[string]w
 		require.NoError(t, w.Handle(typ, h))
 	}
 	require.NoError(t, w.Start(e.ctx))
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = w.Stop(ctx)
-	})
+	servicetest.StopOnCleanup(t, 5*time.Second, w.Stop)
 	return w
 }
 

@@ -1,11 +1,9 @@
 package worker_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"log/slog"
-	"sync"
 	"testing"
 	"time"
 
@@ -13,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
+	"github.com/retryd/retryd/internal/servicetest"
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/pkg/worker"
 )
@@ -143,7 +142,7 @@ func TestStoredFactWaitsAndOnlyItsDecisionCounts(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	retries := b.shortDuplicateWindow(t)
-	var logs lockedBuffer
+	var logs servicetest.Buffer
 	w := b.newWorker(t, worker.Config{
 		RepublishAfter: testRepublishAfter,
 		Logger:         slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo})),
@@ -230,23 +229,4 @@ func TestRepublishAfterMustOutlastTheDuplicateWindow(t *testing.T) {
 	require.NoError(t, w.Handle("flaky", failing))
 	require.NoError(t, w.Start(context.Background()))
 	require.NoError(t, w.Stop(context.Background()))
-}
-
-// lockedBuffer is a log destination that handlers write from many
-// goroutines.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }

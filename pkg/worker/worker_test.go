@@ -19,6 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/retryd/retryd/internal/natstest"
+	"github.com/retryd/retryd/internal/servicetest"
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/pkg/errclass"
 	"github.com/retryd/retryd/pkg/worker"
@@ -66,11 +67,7 @@ func (b *bundle) newWorker(t *testing.T, cfg worker.Config, handlers map[string]
 		require.NoError(t, w.Handle(typ, h))
 	}
 	require.NoError(t, w.Start(context.Background()))
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = w.Stop(ctx)
-	})
+	servicetest.StopOnCleanup(t, 5*time.Second, w.Stop)
 	return w
 }
 

@@ -4,7 +4,6 @@ package ingress_test
 // event policy small enough that retries run in seconds.
 
 import (
-	"context"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -16,7 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
-	"github.com/retryd/retryd/internal/apitest"
+	"github.com/retryd/retryd/internal/servicetest"
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/services/ingress"
 	"github.com/retryd/retryd/services/scheduler"
@@ -33,18 +32,14 @@ func (b *bundle) withScheduler(t *testing.T, base, maxDelay time.Duration, maxRe
 	s, err := scheduler.New(scheduler.Config{
 		Pool:       b.pool,
 		JS:         b.js,
-		Logger:     apitest.Logger(t),
+		Logger:     servicetest.Logger(t),
 		Registerer: prometheus.NewRegistry(),
 		MaxIdle:    50 * time.Millisecond,
 		AckWait:    time.Second,
 	})
 	require.NoError(t, err)
 	require.NoError(t, s.Start(b.ctx))
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_ = s.Stop(ctx)
-	})
+	servicetest.StopOnCleanup(t, 10*time.Second, s.Stop)
 	return s
 }
 

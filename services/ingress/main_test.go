@@ -16,9 +16,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
-	"github.com/retryd/retryd/internal/apitest"
 	"github.com/retryd/retryd/internal/natstest"
 	"github.com/retryd/retryd/internal/serve"
+	"github.com/retryd/retryd/internal/servicetest"
 	"github.com/retryd/retryd/migrations/pgtest"
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/services/ingress"
@@ -45,7 +45,7 @@ func testConfig(t *testing.T, pool *pgxpool.Pool, js jetstream.JetStream, reg pr
 	return ingress.Config{
 		Pool:              pool,
 		JS:                js,
-		Logger:            apitest.Logger(t),
+		Logger:            servicetest.Logger(t),
 		Registerer:        reg,
 		AckWait:           time.Second,
 		Concurrency:       2,
@@ -81,11 +81,7 @@ func (b *bundle) start(t *testing.T, cfg ingress.Config) *ingress.Service {
 	svc, err := ingress.New(cfg)
 	require.NoError(t, err)
 	require.NoError(t, svc.Start(b.ctx))
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_ = svc.Stop(ctx)
-	})
+	servicetest.StopOnCleanup(t, 10*time.Second, svc.Stop)
 	return svc
 }
 
@@ -93,7 +89,7 @@ func (b *bundle) start(t *testing.T, cfg ingress.Config) *ingress.Service {
 // nil); it returns the status.
 func (b *bundle) do(t *testing.T, method, path string, body any, out any, headers ...string) int {
 	t.Helper()
-	return apitest.Do(t, b.ctx, method, b.http.URL+path, body, out, headers...)
+	return servicetest.Do(t, b.ctx, method, b.http.URL+path, body, out, headers...)
 }
 
 // apiError is the body of an error answer.

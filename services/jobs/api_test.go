@@ -12,8 +12,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/retryd/retryd/internal/apitest"
 	"github.com/retryd/retryd/internal/serve"
+	"github.com/retryd/retryd/internal/servicetest"
 	"github.com/retryd/retryd/projections/jobstore"
 	"github.com/retryd/retryd/services/jobs"
 )
@@ -82,7 +82,7 @@ func (b *apiBundle) start(t *testing.T, api *jobs.API) {
 // do sends a request and decodes the JSON answer into out (when not nil).
 func (b *apiBundle) do(t *testing.T, method, path, body string, out any) int {
 	t.Helper()
-	resp, raw := apitest.Request(t, t.Context(), method, b.srv.URL+path, body)
+	resp, raw := servicetest.Request(t, t.Context(), method, b.srv.URL+path, body)
 	require.Equal(t, "application/json", resp.Header.Get("Content-Type"), string(raw))
 	if out != nil {
 		require.NoError(t, json.Unmarshal(raw, out), string(raw))

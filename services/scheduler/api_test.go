@@ -10,7 +10,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/retryd/retryd/internal/apitest"
+	"github.com/retryd/retryd/internal/servicetest"
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/projections/retrystore"
 )
@@ -22,7 +22,7 @@ type apiClient struct {
 
 func (c apiClient) do(method, path, body string) (int, map[string]any) {
 	c.t.Helper()
-	resp, raw := apitest.Request(c.t, c.t.Context(), method, c.url+path, body)
+	resp, raw := servicetest.Request(c.t, c.t.Context(), method, c.url+path, body)
 	var out map[string]any
 	require.NoError(c.t, json.Unmarshal(raw, &out), "body %s", raw)
 	return resp.StatusCode, out

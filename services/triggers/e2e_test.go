@@ -14,7 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
-	"github.com/retryd/retryd/internal/apitest"
+	"github.com/retryd/retryd/internal/servicetest"
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/projections/outbox"
 	"github.com/retryd/retryd/services/scheduler"
@@ -33,17 +33,13 @@ func (b *bundle) startScheduler(t *testing.T) *scheduler.Scheduler {
 		WHERE kind = 'event-trigger' AND job_type = ''`)
 	require.NoError(t, err)
 	s, err := scheduler.New(scheduler.Config{
-		Pool: b.pool, JS: b.js, Logger: apitest.Logger(t).With().Str("component", "scheduler").Logger(),
+		Pool: b.pool, JS: b.js, Logger: servicetest.Logger(t).With().Str("component", "scheduler").Logger(),
 		Registerer: prometheus.NewRegistry(), AckWait: time.Second, MaxIdle: 20 * time.Millisecond,
 		RelayInterval: 20 * time.Millisecond,
 	})
 	require.NoError(t, err)
 	require.NoError(t, s.Start(b.ctx))
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_ = s.Stop(ctx)
-	})
+	servicetest.StopOnCleanup(t, 10*time.Second, s.Stop)
 	return s
 }
 
@@ -225,7 +221,7 @@ func TestRedeliveriesAndKillWithScheduler(t *testing.T) {
 
 	// Instance A publishes through a relay the test controls, so the kill
 	// can take the relay down with it.
-	relayA, err := outbox.NewRelay(outbox.RelayConfig{Pool: b.pool, JS: b.js, Owner: OutboxOwner, Logger: apitest.Logger(t),
+	relayA, err := outbox.NewRelay(outbox.RelayConfig{Pool: b.pool, JS: b.js, Owner: OutboxOwner, Logger: servicetest.Logger(t),
 		Interval: 20 * time.Millisecond, Registerer: prometheus.NewRegistry()})
 	require.NoError(t, err)
 	require.NoError(t, relayA.Start(b.ctx))

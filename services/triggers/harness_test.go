@@ -18,9 +18,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
-	"github.com/retryd/retryd/internal/apitest"
 	"github.com/retryd/retryd/internal/natstest"
 	"github.com/retryd/retryd/internal/serve"
+	"github.com/retryd/retryd/internal/servicetest"
 	"github.com/retryd/retryd/migrations/pgtest"
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/services/triggers/internal/triggerstore"
@@ -48,7 +48,7 @@ type bundle struct {
 // background reconciliation (tests call Reconcile).
 func (b *bundle) testConfig(t *testing.T) Config {
 	return Config{
-		Pool: b.pool, JS: b.js, Logger: apitest.Logger(t), Registerer: prometheus.NewRegistry(),
+		Pool: b.pool, JS: b.js, Logger: servicetest.Logger(t), Registerer: prometheus.NewRegistry(),
 		Concurrency: 4, AckWait: time.Second, NakDelay: 50 * time.Millisecond,
 		RelayInterval: 20 * time.Millisecond, ReconcileInterval: -1, LeaseInterval: -1, InboxRetention: -1,
 	}
@@ -86,18 +86,14 @@ func (b *bundle) start(t *testing.T, cfg Config) *Service {
 	svc, err := New(cfg)
 	require.NoError(t, err)
 	require.NoError(t, svc.Start(b.ctx))
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_ = svc.Stop(ctx)
-	})
+	servicetest.StopOnCleanup(t, 10*time.Second, svc.Stop)
 	return svc
 }
 
 // do sends a request and decodes the JSON answer into out (when not nil).
 func (b *bundle) do(t *testing.T, method, path string, body any, out any) int {
 	t.Helper()
-	return apitest.Do(t, b.ctx, method, b.http.URL+path, body, out)
+	return servicetest.Do(t, b.ctx, method, b.http.URL+path, body, out)
 }
 
 // apiError is the body of an error answer.

@@ -1,6 +1,7 @@
-// Package apitest holds what the tests of the services' HTTP APIs share:
-// a request helper that speaks JSON and the tests' logger.
-package apitest
+// Package servicetest holds what the tests of retryd's services and
+// programs share: JSON requests to an HTTP API, the tests' logger, a log
+// sink to read, and stopping an instance when the test ends.
+package servicetest
 
 import (
 	"bytes"
@@ -11,7 +12,9 @@ import (
 	"os"
 	"reflect"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
@@ -76,4 +79,34 @@ func Request(t testing.TB, ctx context.Context, method, url string, body any, he
 	raw, err := io.ReadAll(resp.Body)
 	require.NoError(t, err)
 	return resp, raw
+}
+
+// StopOnCleanup stops an instance when the test ends, giving it within
+// to finish: t.Context() is already cancelled when cleanups run, so the
+// stop gets a context of its own.
+func StopOnCleanup(t testing.TB, within time.Duration, stop func(context.Context) error) {
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), within)
+		defer cancel()
+		_ = stop(ctx)
+	})
+}
+
+// Buffer is a log sink a test reads while the code under test writes to
+// it from other goroutines.
+type Buffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *Buffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *Buffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
