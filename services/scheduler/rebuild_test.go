@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -21,20 +22,12 @@ func snapshot(t *testing.T, ctx context.Context, pool *pgxpool.Pool) (rows, hist
 	t.Helper()
 	r, err := pool.Query(ctx, `SELECT (to_jsonb(r) - 'created_at' - 'updated_at')::text FROM retries r ORDER BY kind, item_id`)
 	require.NoError(t, err)
-	for r.Next() {
-		var s string
-		require.NoError(t, r.Scan(&s))
-		rows = append(rows, s)
-	}
-	require.NoError(t, r.Err())
+	rows, err = pgx.CollectRows(r, pgx.RowTo[string])
+	require.NoError(t, err)
 	h, err := pool.Query(ctx, `SELECT (to_jsonb(h) - 'id')::text FROM retry_history h ORDER BY kind, item_id, at, attempt, event`)
 	require.NoError(t, err)
-	for h.Next() {
-		var s string
-		require.NoError(t, h.Scan(&s))
-		history = append(history, s)
-	}
-	require.NoError(t, h.Err())
+	history, err = pgx.CollectRows(h, pgx.RowTo[string])
+	require.NoError(t, err)
 	return rows, history
 }
 
