@@ -142,6 +142,20 @@ func (e *env) startWorker(t *testing.T, cfg worker.Config, handlers map[string]w
 	return w
 }
 
+// failingWorker starts a worker whose handler for jobType records each
+// attempt and fails it with err.
+func (e *env) failingWorker(t *testing.T, jobType string, err error) *attempts {
+	t.Helper()
+	seen := &attempts{}
+	e.startWorker(t, worker.Config{}, map[string]worker.Handler{
+		jobType: func(_ context.Context, job *worker.Job) error {
+			seen.add(job)
+			return err
+		},
+	})
+	return seen
+}
+
 func (e *env) enqueue(t *testing.T, job contract.JobData) string {
 	t.Helper()
 	id, err := worker.Enqueue(e.ctx, e.js, job)
