@@ -95,6 +95,20 @@ func (b *bundle) do(t *testing.T, method, path string, body any, out any, header
 // apiError is the body of an error answer.
 type apiError = serve.ErrorBody
 
+// throttled limits source to one event an hour, posts admitted (of type
+// typ), which takes the hour's slot, then each of deferred, which the
+// gate defers; it returns when each is in its state.
+func (b *bundle) throttled(t *testing.T, source, typ, admitted string, deferred ...string) {
+	t.Helper()
+	b.putSource(t, source, map[string]any{"rate_limit": 1, "rate_window": "1h"})
+	b.post(t, event(admitted, source, typ))
+	b.waitStatus(t, "admitted", admitted)
+	for _, id := range deferred {
+		b.post(t, event(id, source, typ))
+	}
+	b.waitStatus(t, "deferred", deferred...)
+}
+
 // post sends one event and requires a 202.
 func (b *bundle) post(t *testing.T, ev map[string]any) ingress.Accepted {
 	t.Helper()
