@@ -144,14 +144,12 @@ func TestPoliciesAPI(t *testing.T) {
 
 	// A policy update is used by the decisions after it, and versioned.
 	b.policy(t, "pu", "", 3, 60_000, 60_000)
-	b.publish(t, contract.Failed, failed("pu", "before", 1, "timeout"))
-	b.waitRow(t, "pu", "before", inState(retrystore.StateScheduled, 2))
+	b.failTo(t, "pu", "before", 1, "timeout", retrystore.StateScheduled)
 
 	status, body = api.do("PUT", "/v1/policies/pu/_", `{"name":"pu-fast","max_retries":5,"base_delay_ms":5000,"max_delay_ms":10000,"jitter":"none","version":1,"updated_by":"carol"}`)
 	require.Equal(t, http.StatusOK, status, body)
 	require.EqualValues(t, 2, body["version"])
-	b.publish(t, contract.Failed, failed("pu", "after", 1, "timeout"))
-	b.waitRow(t, "pu", "after", inState(retrystore.StateScheduled, 2))
+	b.failTo(t, "pu", "after", 1, "timeout", retrystore.StateScheduled)
 	h := b.history(t, "pu", "after")
 	require.Equal(t, "pu-fast", h[1].PolicyName)
 	require.Equal(t, 2, h[1].PolicyVersion)

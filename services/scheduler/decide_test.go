@@ -206,8 +206,7 @@ func TestSucceededClosesAndStaleFactsAreIgnored(t *testing.T) {
 	s := b.start(t)
 	b.policy(t, "ok", "", 3, 20, 100)
 
-	b.publish(t, contract.Failed, failed("ok", "a", 1, "network"))
-	b.waitRow(t, "ok", "a", inState(retrystore.StateDue, 2))
+	b.failTo(t, "ok", "a", 1, "network", retrystore.StateDue)
 	b.publish(t, contract.Succeeded, contract.SucceededData{Kind: "ok", ID: "a", Attempt: 2})
 	row := b.waitRow(t, "ok", "a", inState(retrystore.StateSucceeded, 2))
 	require.NotNil(t, row.ResolvedAt)

@@ -153,6 +153,14 @@ func (b *bundle) waitRow(t *testing.T, kind, id string, cond func(r retrystore.R
 	return got
 }
 
+// failTo publishes the failure of attempt of kind/id and waits for its
+// row to be in state with the next attempt.
+func (b *bundle) failTo(t *testing.T, kind, id string, attempt int, class string, state retrystore.State) retrystore.Retry {
+	t.Helper()
+	b.publish(t, contract.Failed, failed(kind, id, attempt, class))
+	return b.waitRow(t, kind, id, inState(state, attempt+1))
+}
+
 func inState(state retrystore.State, attempt int) func(retrystore.Retry) bool {
 	return func(r retrystore.Retry) bool { return r.State == state && r.Attempt == attempt }
 }

@@ -46,8 +46,7 @@ func TestHoldsKeepTheBudgetAndAreNotCappedByMaxDelay(t *testing.T) {
 		require.Equal(t, contract.HoldThrottle, row.HoldReason)
 	}
 	// The item runs and fails: its first retry of two is used now.
-	b.publish(t, contract.Failed, failed("hold", "h1", 7, "timeout"))
-	row := b.waitRow(t, "hold", "h1", inState(retrystore.StateDue, 8))
+	row := b.failTo(t, "hold", "h1", 7, "timeout", retrystore.StateDue)
 	require.Equal(t, 1, row.RetryCount)
 	require.Nil(t, row.HeldSince, "an attempt ran: the hold ended")
 

@@ -71,12 +71,10 @@ func TestRebuildEqualsOriginal(t *testing.T) {
 	b.publish(t, contract.Failed, j1)
 	// Cancelled while waiting, and after due (the owner's late failure is
 	// stale).
-	b.publish(t, contract.Failed, failed("rb-slow", "c1", 1, "timeout"))
-	b.waitRow(t, "rb-slow", "c1", inState(retrystore.StateScheduled, 2))
+	b.failTo(t, "rb-slow", "c1", 1, "timeout", retrystore.StateScheduled)
 	_, err := s.Cancel(b.ctx, "rb-slow", "c1", "ops", "not needed")
 	require.NoError(t, err)
-	b.publish(t, contract.Failed, failed("rb", "c2", 1, "timeout"))
-	b.waitRow(t, "rb", "c2", inState(retrystore.StateDue, 2))
+	b.failTo(t, "rb", "c2", 1, "timeout", retrystore.StateDue)
 	_, err = s.Cancel(b.ctx, "rb", "c2", "ops", "")
 	require.NoError(t, err)
 	b.publish(t, contract.Failed, failed("rb", "c2", 2, "timeout"))
@@ -88,8 +86,7 @@ func TestRebuildEqualsOriginal(t *testing.T) {
 	_, err = s.RetryNow(b.ctx, "rb", "m1", scheduler.RetryNowOptions{ResetAttempts: true, Reason: "data fixed"})
 	require.NoError(t, err)
 	b.waitRow(t, "rb", "m1", inState(retrystore.StateDue, 2))
-	b.publish(t, contract.Failed, failed("rb-slow", "m2", 1, "timeout"))
-	b.waitRow(t, "rb-slow", "m2", inState(retrystore.StateScheduled, 2))
+	b.failTo(t, "rb-slow", "m2", 1, "timeout", retrystore.StateScheduled)
 	_, err = s.RetryNow(b.ctx, "rb-slow", "m2", scheduler.RetryNowOptions{By: "ops"})
 	require.NoError(t, err)
 	// A duplicate stored past the duplicate window, a throttled failure
