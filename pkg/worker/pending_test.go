@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
 	"github.com/retryd/retryd/internal/servicetest"
@@ -80,22 +79,10 @@ func scheduledMsg(t *testing.T, id string, attempt int) ([]byte, string) {
 	return msg.Data, msg.Subject
 }
 
-func gauge(t *testing.T, reg *prometheus.Registry, name string) float64 {
-	t.Helper()
-	families, err := reg.Gather()
-	require.NoError(t, err)
-	for _, f := range families {
-		if f.GetName() == name && len(f.GetMetric()) == 1 {
-			return f.GetMetric()[0].GetGauge().GetValue()
-		}
-	}
-	return 0
-}
-
 func (b *bundle) pendingIs(t *testing.T, n float64) {
 	t.Helper()
-	require.Eventually(t, func() bool { return gauge(t, b.reg, "retryd_worker_pending_facts") == n },
-		wait, 10*time.Millisecond, "pending facts: want %v, have %v", n, gauge(t, b.reg, "retryd_worker_pending_facts"))
+	require.Eventually(t, func() bool { return servicetest.Metric(t, b.reg, "retryd_worker_pending_facts") == n },
+		wait, 10*time.Millisecond, "pending facts: want %v, have %v", n, servicetest.Metric(t, b.reg, "retryd_worker_pending_facts"))
 }
 
 // TestPurgedFailureIsPublishedAgainUntilDecided is the purge of issue 16:
