@@ -137,6 +137,21 @@ func (n *natsServer) producer(name string) (*asyncPublisher, func(), error) {
 	return pub, func() { pub.close(); nc.Close() }, nil
 }
 
+// startNATSPeer is startNATSWith plus a producer connection named
+// producer; stop closes both.
+func startNATSPeer(ctx context.Context, sync natsSync, stream jetstream.StreamConfig, producer string) (ns *natsServer, pub *asyncPublisher, stop func(), err error) {
+	ns, err = startNATSWith(ctx, sync, stream)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	pub, closePub, err := ns.producer(producer)
+	if err != nil {
+		ns.close()
+		return nil, nil, nil, err
+	}
+	return ns, pub, func() { closePub(); ns.close() }, nil
+}
+
 func (n *natsServer) url() string { return n.srv.ClientURL() }
 
 func (n *natsServer) close() {

@@ -47,16 +47,11 @@ func bytesUnixNano(b []byte) time.Time {
 // message. The ack is sent the way nats.go's Ack does it, without waiting
 // for the server to confirm it.
 func nakCycles(ctx context.Context, env Env, window int, warmup, dur time.Duration) (cycleResult, error) {
-	ns, err := startNATSWith(ctx, env.NATSSync, nakStreamConfig())
+	ns, pub, stopNATS, err := startNATSPeer(ctx, env.NATSSync, nakStreamConfig(), "bench-nak-producer")
 	if err != nil {
 		return cycleResult{}, err
 	}
-	defer ns.close()
-	pub, closePub, err := ns.producer("bench-nak-producer")
-	if err != nil {
-		return cycleResult{}, err
-	}
-	defer closePub()
+	defer stopNATS()
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 
@@ -99,16 +94,11 @@ func nakCycles(ctx context.Context, env Env, window int, warmup, dur time.Durati
 // over an hour, then runs the probe: messages naked once with a 1 s delay;
 // lateness is from the nak plus the delay to the redelivery.
 func nakLateness(ctx context.Context, env Env, pending int, probe probeSpec) (latenessResult, error) {
-	ns, err := startNATSWith(ctx, env.NATSSync, nakStreamConfig())
+	ns, pub, stopNATS, err := startNATSPeer(ctx, env.NATSSync, nakStreamConfig(), "bench-nak-producer")
 	if err != nil {
 		return latenessResult{}, err
 	}
-	defer ns.close()
-	pub, closePub, err := ns.producer("bench-nak-producer")
-	if err != nil {
-		return latenessResult{}, err
-	}
-	defer closePub()
+	defer stopNATS()
 
 	bgFrom := backgroundStart(pending)
 	var bgNaked atomic.Int64

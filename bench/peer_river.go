@@ -238,9 +238,7 @@ func riverBurst(ctx context.Context, env Env, n int) (burstResult, error) {
 	if err := r.start(ctx); err != nil {
 		return burstResult{}, err
 	}
-	loadStart := time.Now()
-	t0 := burstSecond(n, 10_000)
-	br.setWindow(t0)
+	t0, _ := br.startLoad(10_000)
 	args := make([]benchJobArgs, n)
 	for i := range args {
 		args[i].At = t0.Add(time.Duration(i) * time.Second / time.Duration(n)).UnixNano()
@@ -248,7 +246,7 @@ func riverBurst(ctx context.Context, env Env, n int) (burstResult, error) {
 	if err := r.insert(ctx, args, func(i int) time.Time { return time.Unix(0, args[i].At) }); err != nil {
 		return burstResult{}, err
 	}
-	res, err := br.loaded(ctx, loadStart)
+	res, err := br.loaded(ctx)
 	if err != nil {
 		return burstResult{}, err
 	}

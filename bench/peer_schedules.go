@@ -60,16 +60,11 @@ func headerTime(m jetstream.Msg, name string) time.Time {
 // schedulesLateness loads pending schedules spread over an hour (each on
 // its own subject), then schedules the probe items 1 s ahead.
 func schedulesLateness(ctx context.Context, env Env, pending int, probe probeSpec) (latenessResult, error) {
-	ns, err := startNATSWith(ctx, env.NATSSync, schedStreamConfig())
+	ns, pub, stopNATS, err := startNATSPeer(ctx, env.NATSSync, schedStreamConfig(), "bench-sched-producer")
 	if err != nil {
 		return latenessResult{}, err
 	}
-	defer ns.close()
-	pub, closePub, err := ns.producer("bench-sched-producer")
-	if err != nil {
-		return latenessResult{}, err
-	}
-	defer closePub()
+	defer stopNATS()
 
 	rec := newProbeRecorder(probe)
 	stop, err := consume(ctx, ns.js, schedStream, jetstream.ConsumerConfig{
@@ -147,9 +142,7 @@ func schedulesBurst(ctx context.Context, env Env, n int) (burstResult, error) {
 		return burstResult{}, err
 	}
 	defer stop()
-	loadStart := time.Now()
-	t0 := burstSecond(n, 20_000)
-	br.setWindow(t0)
+	t0, loadStart := br.startLoad(20_000)
 	pub := newAsyncPublisher(ns.js)
 	for i := range n {
 		at := t0.Add(time.Duration(i) * time.Second / time.Duration(n))
@@ -162,7 +155,7 @@ func schedulesBurst(ctx context.Context, env Env, n int) (burstResult, error) {
 	if n, err := pub.errors(); n > 0 {
 		return burstResult{}, fmt.Errorf("burst schedules: %d publishes failed, last: %w", n, err)
 	}
-	res, err := br.loaded(ctx, loadStart)
+	res, err := br.loaded(ctx)
 	if err != nil {
 		return burstResult{}, err
 	}

@@ -398,13 +398,11 @@ func retrydBurst(ctx context.Context, env Env, n int) (burstResult, error) {
 		return burstResult{}, err
 	}
 	defer stop()
-	loadStart := time.Now()
-	t0 := burstSecond(n, 20_000)
-	br.setWindow(t0)
+	t0, _ := br.startLoad(20_000)
 	if err := copyPending(ctx, r.db.pool, pendingRows{kind: kindBurst, n: n, from: t0, span: time.Second}); err != nil {
 		return burstResult{}, err
 	}
-	res, err := br.loaded(ctx, loadStart)
+	res, err := br.loaded(ctx)
 	if err != nil {
 		return burstResult{}, err
 	}
