@@ -20,6 +20,15 @@ type apiClient struct {
 	url string
 }
 
+// startAPI starts an instance and serves its API.
+func (b *bundle) startAPI(t *testing.T) (instance, apiClient) {
+	t.Helper()
+	s := b.start(t)
+	srv := httptest.NewServer(s.Handler())
+	t.Cleanup(srv.Close)
+	return s, apiClient{t: t, url: srv.URL}
+}
+
 func (c apiClient) do(method, path, body string) (int, map[string]any) {
 	c.t.Helper()
 	resp, raw := servicetest.Request(c.t, c.t.Context(), method, c.url+path, body)
@@ -37,10 +46,7 @@ func errField(body map[string]any) string {
 func TestRetriesAPI(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	s := b.start(t)
-	srv := httptest.NewServer(s.Handler())
-	t.Cleanup(srv.Close)
-	api := apiClient{t: t, url: srv.URL}
+	s, api := b.startAPI(t)
 	hour := int64(time.Hour / time.Millisecond)
 	b.policy(t, "api", "", 3, hour, hour)
 
@@ -120,10 +126,7 @@ func TestRetriesAPI(t *testing.T) {
 func TestPoliciesAPI(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	s := b.start(t)
-	srv := httptest.NewServer(s.Handler())
-	t.Cleanup(srv.Close)
-	api := apiClient{t: t, url: srv.URL}
+	_, api := b.startAPI(t)
 
 	status, body := api.do("GET", "/v1/policies", "")
 	require.Equal(t, http.StatusOK, status)
