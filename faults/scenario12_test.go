@@ -18,6 +18,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/retryd/retryd/faults/harness"
+	"github.com/retryd/retryd/internal/freeaddr"
 	"github.com/retryd/retryd/internal/streams"
 	"github.com/retryd/retryd/migrations"
 )
@@ -67,7 +68,7 @@ func deployNATS(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	port, err := harness.FreePort()
+	port, err := freeaddr.Port()
 	if err != nil {
 		t.Fatal(err)
 	}
