@@ -393,6 +393,12 @@ func (r *Relay) publish(ctx context.Context, batch []row) (acked []int64, dups i
 	timeout := time.NewTimer(r.cfg.AckTimeout)
 	defer timeout.Stop()
 	expired := false
+	ok := func(i int, ack *jetstream.PubAck) {
+		acked = append(acked, batch[i].id)
+		if ack.Duplicate {
+			dups++
+		}
+	}
 	for i, f := range futures {
 		if f == nil {
 			continue
@@ -401,10 +407,7 @@ func (r *Relay) publish(ctx context.Context, batch []row) (acked []int64, dups i
 			// Take what has arrived; do not wait any longer.
 			select {
 			case ack := <-f.Ok():
-				acked = append(acked, batch[i].id)
-				if ack.Duplicate {
-					dups++
-				}
+				ok(i, ack)
 			case err := <-f.Err():
 				fail(batch[i], err)
 			default:
@@ -414,10 +417,7 @@ func (r *Relay) publish(ctx context.Context, batch []row) (acked []int64, dups i
 		}
 		select {
 		case ack := <-f.Ok():
-			acked = append(acked, batch[i].id)
-			if ack.Duplicate {
-				dups++
-			}
+			ok(i, ack)
 		case err := <-f.Err():
 			fail(batch[i], err)
 		case <-timeout.C:

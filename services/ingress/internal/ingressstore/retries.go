@@ -136,11 +136,7 @@ func RecordDeferral(ctx context.Context, db DB, d Deferral) error {
 // confirmations (an attempt already evaluated, an older confirmation, a
 // resolved deferral) change nothing; applied says whether this one did.
 func ConfirmScheduled(ctx context.Context, db DB, eventID string, attempt int, next time.Time, decision map[string]any) (applied bool, err error) {
-	md, err := json.Marshal(pgtext.CleanMap(decision))
-	if err != nil {
-		return false, fmt.Errorf("encode decision: %w", err)
-	}
-	tag, err := db.Exec(ctx, `
+	applied, err = schedule(ctx, db, `
 		UPDATE event_ingress_retries
 		SET retry_state = 'scheduled',
 		    scheduled_attempt = $2,
@@ -151,9 +147,24 @@ func ConfirmScheduled(ctx context.Context, db DB, eventID string, attempt int, n
 		  AND retry_state IN ('scheduled', 'due')
 		  AND $2 > attempts
 		  AND $2 >= scheduled_attempt`,
-		eventID, attempt, next.UTC(), string(md))
+		eventID, attempt, next, decision)
 	if err != nil {
 		return false, fmt.Errorf("confirm scheduled retry: %w", err)
+	}
+	return applied, nil
+}
+
+// schedule runs update, which schedules eventID's deferral ($1) for
+// attempt ($2) at next ($3) with the decision merged into its metadata
+// ($4), and reports whether it changed the row.
+func schedule(ctx context.Context, db DB, update, eventID string, attempt int, next time.Time, decision map[string]any) (bool, error) {
+	md, err := json.Marshal(pgtext.CleanMap(decision))
+	if err != nil {
+		return false, fmt.Errorf("encode decision: %w", err)
+	}
+	tag, err := db.Exec(ctx, update, eventID, attempt, next.UTC(), string(md))
+	if err != nil {
+		return false, err
 	}
 	return tag.RowsAffected() == 1, nil
 }
@@ -165,11 +176,7 @@ func ConfirmScheduled(ctx context.Context, db DB, eventID string, attempt int, n
 // replay) changes nothing. reopened says whether this one did. The caller
 // moves the event back to deferred.
 func ReopenRetry(ctx context.Context, db DB, eventID string, attempt int, next time.Time, decision map[string]any) (reopened bool, err error) {
-	md, err := json.Marshal(pgtext.CleanMap(decision))
-	if err != nil {
-		return false, fmt.Errorf("encode decision: %w", err)
-	}
-	tag, err := db.Exec(ctx, `
+	reopened, err = schedule(ctx, db, `
 		UPDATE event_ingress_retries
 		SET retry_state = 'scheduled',
 		    scheduled_attempt = $2,
@@ -180,11 +187,11 @@ func ReopenRetry(ctx context.Context, db DB, eventID string, attempt int, next t
 		  AND retry_state IN ('exhausted', 'cancelled')
 		  AND $2 > attempts
 		  AND $2 > scheduled_attempt`,
-		eventID, attempt, next.UTC(), string(md))
+		eventID, attempt, next, decision)
 	if err != nil {
 		return false, fmt.Errorf("reopen retry: %w", err)
 	}
-	return tag.RowsAffected() == 1, nil
+	return reopened, nil
 }
 
 // CompleteRetry marks a deferral admitted at attempt.
