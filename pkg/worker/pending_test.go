@@ -194,17 +194,8 @@ func TestPendingLimitEvictsTheOldest(t *testing.T) {
 func TestRepublishAfterMustOutlastTheDuplicateWindow(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	for _, tc := range []struct {
-		cfg  worker.Config
-		want string
-	}{
-		{worker.Config{JS: b.js, RepublishAfter: -time.Second}, "Config.RepublishAfter"},
-		{worker.Config{JS: b.js, PendingLimit: -2}, "Config.PendingLimit"},
-	} {
-		_, err := worker.New(tc.cfg)
-		require.ErrorContains(t, err, tc.want)
-	}
-	// RETRIES as streams.Ensure makes it: a 2-minute window.
+	// Negative values are refused by New (TestConfigValidation). RETRIES
+	// as streams.Ensure makes it has a 2-minute window.
 	w, err := worker.New(worker.Config{JS: b.js, RepublishAfter: 2 * time.Minute, DisableDueRouter: true, Registerer: b.reg})
 	require.NoError(t, err)
 	require.NoError(t, w.Handle("flaky", failing))
