@@ -95,6 +95,21 @@ func (b *bundle) do(t *testing.T, method, path string, body any, out any, header
 // apiError is the body of an error answer.
 type apiError = serve.ErrorBody
 
+// postAll posts an event of source and type typ for each of ids.
+func (b *bundle) postAll(t *testing.T, source, typ string, ids ...string) {
+	t.Helper()
+	for _, id := range ids {
+		b.post(t, event(id, source, typ))
+	}
+}
+
+// waitCount waits until query counts want.
+func (b *bundle) waitCount(t *testing.T, want int, query string, args ...any) {
+	t.Helper()
+	require.Eventually(t, func() bool { return b.count(t, query, args...) == want }, eventually, 20*time.Millisecond,
+		"%s: want %d", query, want)
+}
+
 // throttled limits source to one event an hour, posts admitted (of type
 // typ), which takes the hour's slot, then each of deferred, which the
 // gate defers; it returns when each is in its state.
@@ -103,9 +118,7 @@ func (b *bundle) throttled(t *testing.T, source, typ, admitted string, deferred 
 	b.putSource(t, source, map[string]any{"rate_limit": 1, "rate_window": "1h"})
 	b.post(t, event(admitted, source, typ))
 	b.waitStatus(t, "admitted", admitted)
-	for _, id := range deferred {
-		b.post(t, event(id, source, typ))
-	}
+	b.postAll(t, source, typ, deferred...)
 	b.waitStatus(t, "deferred", deferred...)
 }
 
