@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/retryd/retryd/projections/pgtext"
 )
 
@@ -243,15 +245,8 @@ func Unconfirmed(ctx context.Context, db DB, olderThan time.Duration, limit int)
 		return nil, fmt.Errorf("find unconfirmed retries: %w", err)
 	}
 	defer rows.Close()
-	var out []Retry
-	for rows.Next() {
-		r, err := scanRetry(rows)
-		if err != nil {
-			return nil, fmt.Errorf("scan retry: %w", err)
-		}
-		out = append(out, r)
-	}
-	if err := rows.Err(); err != nil {
+	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Retry, error) { return scanRetry(row) })
+	if err != nil {
 		return nil, fmt.Errorf("find unconfirmed retries: %w", err)
 	}
 	return out, nil
