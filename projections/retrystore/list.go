@@ -130,18 +130,14 @@ WHERE state IN ('scheduled', 'due') GROUP BY kind, state ORDER BY kind, state`)
 	if err != nil {
 		return nil, fmt.Errorf("count pending retries: %w", err)
 	}
-	defer rows.Close()
 	var out []PendingCount
-	for rows.Next() {
-		var c PendingCount
-		var state string
-		if err := rows.Scan(&c.Kind, &state, &c.Count); err != nil {
-			return nil, fmt.Errorf("count pending retries: %w", err)
-		}
+	var c PendingCount
+	var state string
+	if _, err := pgx.ForEachRow(rows, []any{&c.Kind, &state, &c.Count}, func() error {
 		c.State = State(state)
 		out = append(out, c)
-	}
-	if err := rows.Err(); err != nil {
+		return nil
+	}); err != nil {
 		return nil, fmt.Errorf("count pending retries: %w", err)
 	}
 	return out, nil
