@@ -29,6 +29,20 @@ func nakStreamConfig() jetstream.StreamConfig {
 	}
 }
 
+// withMetadata adapts a handler that needs a delivery's metadata and
+// when it arrived; a message without metadata is terminated.
+func withMetadata(h func(m jetstream.Msg, md *jetstream.MsgMetadata, now time.Time)) func(jetstream.Msg) {
+	return func(m jetstream.Msg) {
+		now := time.Now()
+		md, err := m.Metadata()
+		if err != nil {
+			_ = m.Term()
+			return
+		}
+		h(m, md, now)
+	}
+}
+
 func nakDurability(sync natsSync) string { return "NATS " + sync.String() }
 
 func unixNanoBytes(t time.Time) []byte {
@@ -64,12 +78,7 @@ func nakCycles(ctx context.Context, env Env, window int, warmup, dur time.Durati
 	replenish := make(chan struct{}, 4*window)
 	stop, err := consume(ctx, ns.js, nakStream, jetstream.ConsumerConfig{
 		Durable: "nak-worker", MaxAckPending: 4 * window, AckWait: 30 * time.Second,
-	}, func(m jetstream.Msg) {
-		md, err := m.Metadata()
-		if err != nil {
-			_ = m.Term()
-			return
-		}
+	}, withMetadata(func(m jetstream.Msg, md *jetstream.MsgMetadata, _ time.Time) {
 		if md.NumDelivered == 1 {
 			_ = m.NakWithDelay(cycleDelay)
 			return
@@ -77,7 +86,7 @@ func nakCycles(ctx context.Context, env Env, window int, warmup, dur time.Durati
 		_ = m.Ack()
 		meter.done(bytesUnixNano(m.Data()))
 		replenish <- struct{}{}
-	})
+	}))
 	if err != nil {
 		return cycleResult{}, err
 	}
@@ -106,13 +115,7 @@ func nakLateness(ctx context.Context, env Env, pending int, probe probeSpec) (la
 	rec := newProbeRecorder(probe)
 	stop, err := consume(ctx, ns.js, nakStream, jetstream.ConsumerConfig{
 		Durable: "nak-owner", MaxAckPending: -1, AckWait: 30 * time.Second,
-	}, func(m jetstream.Msg) {
-		now := time.Now()
-		md, err := m.Metadata()
-		if err != nil {
-			_ = m.Term()
-			return
-		}
+	}, withMetadata(func(m jetstream.Msg, md *jetstream.MsgMetadata, now time.Time) {
 		if m.Subject() == "nak.bg" {
 			if md.NumDelivered == 1 {
 				_ = m.NakWithDelay(time.Until(bgFrom.Add(time.Duration(rand.Int64N(int64(time.Hour))))))
@@ -131,7 +134,7 @@ func nakLateness(ctx context.Context, env Env, pending int, probe probeSpec) (la
 		if v, ok := nakAt.LoadAndDelete(md.Sequence.Stream); ok {
 			rec.due(bytesUnixNano(m.Data()), v.(time.Time).Add(probe.delay), now)
 		}
-	})
+	}))
 	if err != nil {
 		return latenessResult{}, err
 	}
@@ -185,13 +188,7 @@ func nakBurst(ctx context.Context, env Env, n int) (burstResult, error) {
 	br := newBurstRecorder(n)
 	stop, err := consume(ctx, ns.js, nakStream, jetstream.ConsumerConfig{
 		Durable: "nak-burst", MaxAckPending: -1, AckWait: 5 * time.Minute,
-	}, func(m jetstream.Msg) {
-		now := time.Now()
-		md, err := m.Metadata()
-		if err != nil {
-			_ = m.Term()
-			return
-		}
+	}, withMetadata(func(m jetstream.Msg, md *jetstream.MsgMetadata, now time.Time) {
 		if md.NumDelivered == 1 {
 			mu.Lock()
 			held = append(held, m)
@@ -202,7 +199,7 @@ func nakBurst(ctx context.Context, env Env, n int) (burstResult, error) {
 		if v, ok := targets.Load(md.Sequence.Stream); ok {
 			br.received1(v.(time.Time), now)
 		}
-	})
+	}))
 	if err != nil {
 		pub.close()
 		return burstResult{}, err

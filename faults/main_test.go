@@ -116,6 +116,22 @@ func spreadLoad(s *harness.System, span time.Duration, events []map[string]any, 
 	}
 }
 
+// eventCheck adds to r the events sender got accepted: those counts
+// (admissions per event id) lacks are lost, those admitted more than once
+// duplicate effects. It returns how many were accepted and lost.
+func eventCheck(r *harness.Report, sender *harness.EventSender, counts map[string]int) (accepted, lost int) {
+	ids := sender.Accepted()
+	for id := range ids {
+		if counts[id] == 0 {
+			lost++
+		}
+	}
+	r.Sent += len(ids)
+	r.Lost += lost
+	r.DuplicateEffects += harness.Duplicates(counts)
+	return len(ids), lost
+}
+
 // failedItems builds the first failure of n items of kind.
 func failedItems(t *testing.T, kind, prefix string, n int, retryAfter func(i int) *contract.RetryAfter) ([]string, []*natsMsg) {
 	t.Helper()

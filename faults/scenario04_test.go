@@ -80,21 +80,12 @@ func TestScenario04RestartNATSDuringLoad(t *testing.T) {
 	})
 	r.Recover = time.Since(last)
 	dueCheck(t, s, owner, kind, ids, r)
-	accepted := sender.Accepted()
-	lostEvents := 0
-	for id := range accepted {
-		if counts[id] == 0 {
-			lostEvents++
-		}
-	}
-	r.Sent += len(accepted)
-	r.Lost += lostEvents
-	r.DuplicateEffects += harness.Duplicates(counts)
+	accepted, lostEvents := eventCheck(r, sender, counts)
 	r.Absorbed += s.Wire.Extra(counts, func(id string) bool { return len(id) > 7 && id[:7] == "s04-ev-" })
 	r.Note("events: %d accepted (202), %d admitted, %d lost; producer re-sends %d (%d answered duplicate)",
-		len(accepted), len(counts), lostEvents, sender.Retries.Load(), sender.Duplicate.Load())
+		accepted, len(counts), lostEvents, sender.Retries.Load(), sender.Duplicate.Load())
 	r.Print(t)
-	if !ok || r.Lost != 0 || r.DuplicateEffects != 0 || len(accepted) != nEvents {
-		t.Fatalf("lost %d, duplicate effects %d, accepted %d of %d (all resolved: %v)%s", r.Lost, r.DuplicateEffects, len(accepted), nEvents, ok, timedOut(ok, pace))
+	if !ok || r.Lost != 0 || r.DuplicateEffects != 0 || accepted != nEvents {
+		t.Fatalf("lost %d, duplicate effects %d, accepted %d of %d (all resolved: %v)%s", r.Lost, r.DuplicateEffects, accepted, nEvents, ok, timedOut(ok, pace))
 	}
 }

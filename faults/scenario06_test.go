@@ -71,21 +71,12 @@ func TestScenario06PostgresRestartsAndKilledConnections(t *testing.T) {
 	})
 	r.Recover = time.Since(last)
 	dueCheck(t, s, owner, kind, ids, r)
-	accepted := sender.Accepted()
-	lostEvents := 0
-	for id := range accepted {
-		if counts[id] == 0 {
-			lostEvents++
-		}
-	}
+	accepted, _ := eventCheck(r, sender, counts)
 	var admittedRows int
 	_ = s.Pool.QueryRow(s.Ctx, `SELECT count(*) FROM workflow_events WHERE status = 'admitted'`).Scan(&admittedRows)
-	r.Sent += len(accepted)
-	r.Lost += lostEvents
-	r.DuplicateEffects += harness.Duplicates(counts)
-	r.Note("events: %d accepted, %d admitted on EVENTS, %d admitted rows; retry rows %v", len(accepted), len(counts), admittedRows, states(s.Ctx, s.Pool, kind))
+	r.Note("events: %d accepted, %d admitted on EVENTS, %d admitted rows; retry rows %v", accepted, len(counts), admittedRows, states(s.Ctx, s.Pool, kind))
 	r.Print(t)
-	if !ok || r.Lost != 0 || r.DuplicateEffects != 0 || len(accepted) != nEvents {
-		t.Fatalf("lost %d, duplicate effects %d, accepted %d of %d (resolved: %v)%s", r.Lost, r.DuplicateEffects, len(accepted), nEvents, ok, timedOut(ok, pace))
+	if !ok || r.Lost != 0 || r.DuplicateEffects != 0 || accepted != nEvents {
+		t.Fatalf("lost %d, duplicate effects %d, accepted %d of %d (resolved: %v)%s", r.Lost, r.DuplicateEffects, accepted, nEvents, ok, timedOut(ok, pace))
 	}
 }
