@@ -13,10 +13,8 @@ import (
 // budget back and makes them holds; other rows are left as they were.
 func TestHoldsMigrationRefundsLegacyHolds(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
+	b := setupAt(t, 101)
 	ctx := context.Background()
-	b.up(t)
-	b.down(t, 101)
 
 	failedAt := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 	_, err := b.conn.Exec(ctx, `INSERT INTO retries (kind, item_id, state, attempt, retry_count, max_retries, source, last_reason, last_error_at, next_attempt_at)

@@ -13,10 +13,8 @@ import (
 // are refused by the database too.
 func TestRunLeasesMigrationKeepsExistingRows(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
+	b := setupAt(t, 300)
 	ctx := context.Background()
-	b.up(t)
-	b.down(t, 300)
 
 	_, err := b.conn.Exec(ctx, `INSERT INTO workflow_triggers (trigger_id, name, source, event_type, workflow, max_concurrency)
 VALUES ('t1', 'n', 'crm', 'lead.created', 'enrich', 1)`)

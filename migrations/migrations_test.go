@@ -37,14 +37,24 @@ func setup(t *testing.T) bundle {
 	return bundle{url: u, conn: conn}
 }
 
+// setupAt is setup with the schema of version: every migration applied,
+// then those after version reverted, the schema a later migration
+// upgrades from.
+func setupAt(t *testing.T, version int64) bundle {
+	t.Helper()
+	b := setup(t)
+	b.up(t)
+	b.down(t, version)
+	return b
+}
+
 // up applies every migration.
 func (b bundle) up(t *testing.T) {
 	t.Helper()
 	require.NoError(t, migrations.Up(context.Background(), b.url, zerolog.Nop()))
 }
 
-// down reverts every migration after version: with up first, the schema
-// a later migration upgrades from.
+// down reverts every migration after version.
 func (b bundle) down(t *testing.T, version int64) {
 	t.Helper()
 	require.NoError(t, migrations.Down(context.Background(), b.url, version, zerolog.Nop()))
@@ -120,10 +130,8 @@ func TestDownToZeroAndUpAgain(t *testing.T) {
 
 func TestDownToVersion(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
+	b := setupAt(t, 1)
 	ctx := context.Background()
-	b.up(t)
-	b.down(t, 1)
 	st, err := migrations.Status(ctx, b.url)
 	require.NoError(t, err)
 	for _, s := range st {

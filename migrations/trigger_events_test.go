@@ -13,10 +13,8 @@ import (
 // the events of launched deliveries are not copied.
 func TestTriggerEventsMigrationCopiesHeldDeliveriesEvents(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
+	b := setupAt(t, 301)
 	ctx := context.Background()
-	b.up(t)
-	b.down(t, 301)
 
 	for _, id := range []string{"e-held", "e-done"} {
 		_, err := b.conn.Exec(ctx, `INSERT INTO workflow_events (event_id, source, type, status, envelope)
