@@ -191,6 +191,19 @@ func TestMalformedHoldIsTerminatedAndCounted(t *testing.T) {
 	require.Zero(t, n)
 }
 
+// pauseHeld holds attempt 1 of n items of kind (ids idFormat of 0 to
+// n-1) paused under key, one after the other: the order they were held
+// in is their order.
+func (b *bundle) pauseHeld(t *testing.T, kind, key, idFormat string, n int) {
+	t.Helper()
+	for i := range n {
+		hd := held(kind, fmt.Sprintf(idFormat, i), 1, contract.HoldPause, nil)
+		hd.HoldKey = key
+		b.publish(t, contract.Held, hd)
+		b.waitRow(t, kind, hd.ID, inState(retrystore.StateScheduled, 2))
+	}
+}
+
 // A release makes every pause hold under its key due at once, in the
 // order the items were first held; a hold decided before the release but
 // applied after it is released too. Throttle holds and other keys stay.
@@ -200,12 +213,7 @@ func TestReleaseLiftsPauseHoldsInOrder(t *testing.T) {
 	b.start(t)
 	b.policy(t, "rel", "", 2, 10, 100)
 	const n = 20
-	for i := range n {
-		hd := held("rel", fmt.Sprintf("r%02d", i), 1, contract.HoldPause, nil)
-		hd.HoldKey = "shop"
-		b.publish(t, contract.Held, hd)
-		b.waitRow(t, "rel", hd.ID, inState(retrystore.StateScheduled, 2))
-	}
+	b.pauseHeld(t, "rel", "shop", "r%02d", n)
 	other := held("rel", "other", 1, contract.HoldPause, nil)
 	other.HoldKey = "partner"
 	b.publish(t, contract.Held, other)
@@ -262,12 +270,7 @@ func TestPacedReleaseBringsEachHoldBackAtItsSlot(t *testing.T) {
 	b.start(t)
 	b.policy(t, "pace", "", 2, 10, 100)
 	const n = 12
-	for i := range n {
-		hd := held("pace", fmt.Sprintf("p%02d", i), 1, contract.HoldPause, nil)
-		hd.HoldKey = "shop"
-		b.publish(t, contract.Held, hd)
-		b.waitRow(t, "pace", hd.ID, inState(retrystore.StateScheduled, 2))
-	}
+	b.pauseHeld(t, "pace", "shop", "p%02d", n)
 	// 4 per 200 ms from the next whole second, one slot of its first
 	// window taken: 12 items over 4 windows, at the start of the 10 ms
 	// that hold their slots.
