@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/retryd/retryd/internal/freeaddr"
+	"github.com/retryd/retryd/internal/wait"
 )
 
 // The recovery and memory scenarios run the real retryd-scheduler binary
@@ -116,7 +117,7 @@ func (p *schedProc) waitReady(ctx context.Context, timeout time.Duration) error 
 		if time.Now().After(deadline) {
 			return fmt.Errorf("scheduler not ready after %s; log %s:\n%s", timeout, p.logPath, tailFile(p.logPath, 2000))
 		}
-		if err := sleepCtx(ctx, 20*time.Millisecond); err != nil {
+		if err := wait.Sleep(ctx, 20*time.Millisecond); err != nil {
 			return err
 		}
 	}
