@@ -21,6 +21,13 @@ func held(kind, id string, attempt int, reason string, until *time.Time) contrac
 		Payload: json.RawMessage(`{"n":1}`)}
 }
 
+// heldUnder is held for attempt 1, held under key.
+func heldUnder(key, kind, id, reason string, until *time.Time) contract.HeldData {
+	hd := held(kind, id, 1, reason, until)
+	hd.HoldKey = key
+	return hd
+}
+
 func at(d time.Duration) *time.Time { t := time.Now().Add(d); return &t }
 
 func decisionOf(t *testing.T, h retrystore.HistoryEntry) contract.Decision {
@@ -197,8 +204,7 @@ func TestMalformedHoldIsTerminatedAndCounted(t *testing.T) {
 func (b *bundle) pauseHeld(t *testing.T, kind, key, idFormat string, n int) {
 	t.Helper()
 	for i := range n {
-		hd := held(kind, fmt.Sprintf(idFormat, i), 1, contract.HoldPause, nil)
-		hd.HoldKey = key
+		hd := heldUnder(key, kind, fmt.Sprintf(idFormat, i), contract.HoldPause, nil)
 		b.publish(t, contract.Held, hd)
 		b.waitRow(t, kind, hd.ID, inState(retrystore.StateScheduled, 2))
 	}
@@ -214,18 +220,15 @@ func TestReleaseLiftsPauseHoldsInOrder(t *testing.T) {
 	b.policy(t, "rel", "", 2, 10, 100)
 	const n = 20
 	b.pauseHeld(t, "rel", "shop", "r%02d", n)
-	other := held("rel", "other", 1, contract.HoldPause, nil)
-	other.HoldKey = "partner"
+	other := heldUnder("partner", "rel", "other", contract.HoldPause, nil)
 	b.publish(t, contract.Held, other)
-	throttled := held("rel", "throttled", 1, contract.HoldThrottle, at(time.Hour))
-	throttled.HoldKey = "shop"
+	throttled := heldUnder("shop", "rel", "throttled", contract.HoldThrottle, at(time.Hour))
 	b.publish(t, contract.Held, throttled)
 	b.waitRow(t, "rel", "throttled", inState(retrystore.StateScheduled, 2))
 	b.waitRow(t, "rel", "other", inState(retrystore.StateScheduled, 2))
 
 	// Decided (by the owner) before the resume, published after it.
-	late := held("rel", "late", 1, contract.HoldPause, nil)
-	late.HoldKey = "shop"
+	late := heldUnder("shop", "rel", "late", contract.HoldPause, nil)
 	lateMsg := lifecycleMsg(t, contract.Held, late)
 	b.publish(t, contract.Released, contract.ReleasedData{Kind: "rel", HoldKey: "shop", Reason: contract.ReleaseResume, By: "test", ReleasedAt: time.Now()})
 
@@ -315,8 +318,7 @@ func TestReleaseLeavesHoldsDecidedAfterIt(t *testing.T) {
 	b.policy(t, "after", "", 2, 10, 100)
 	releasedAt := time.Now()
 	time.Sleep(2 * time.Millisecond) // the hold's envelope time is later than the release
-	hd := held("after", "later", 1, contract.HoldThrottle, at(time.Hour))
-	hd.HoldKey = "shop"
+	hd := heldUnder("shop", "after", "later", contract.HoldThrottle, at(time.Hour))
 	b.publish(t, contract.Held, hd)
 	b.waitRow(t, "after", "later", inState(retrystore.StateScheduled, 2))
 	b.publish(t, contract.Released, contract.ReleasedData{Kind: "after", HoldKey: "shop", Reason: contract.ReleaseLimitChanged,
@@ -339,8 +341,7 @@ func TestOwnerAdmittedReleaseEmitsOnlyFallbackDues(t *testing.T) {
 	b.start(t)
 	b.policy(t, "own", "", 2, 10, 100)
 	for _, id := range []string{"o1", "o2"} {
-		hd := held("own", id, 1, contract.HoldPause, nil)
-		hd.HoldKey = "shop"
+		hd := heldUnder("shop", "own", id, contract.HoldPause, nil)
 		b.publish(t, contract.Held, hd)
 		b.waitRow(t, "own", id, inState(retrystore.StateScheduled, 2))
 	}
