@@ -28,8 +28,6 @@ type JobData struct {
 // MaxTimeoutMS is the longest timeout_ms a job may ask for: 24 hours.
 const MaxTimeoutMS = int64(24 * time.Hour / time.Millisecond)
 
-// validateOverrides checks a job's overrides of its policy and timeout,
-// which ride on jobs, failed, held and due events alike.
 // validateWork checks what an item carries so that its owner can run it
 // again: the job's overrides, its payload and checkpoint, its metadata.
 // Jobs, failures, holds and dues all carry it.
@@ -46,6 +44,8 @@ func validateWork(maxRetries *int, timeoutMS int64, payload, checkpoint json.Raw
 	return validateMetadata(metadata)
 }
 
+// validateOverrides checks a job's overrides of its policy and timeout,
+// which ride on jobs, failed, held and due events alike.
 func validateOverrides(maxRetries *int, timeoutMS int64) error {
 	if maxRetries != nil && (*maxRetries < 0 || *maxRetries > 1000) {
 		return fieldErr("data.max_retries", fmt.Sprintf("must be between 0 and 1000, got %d", *maxRetries))

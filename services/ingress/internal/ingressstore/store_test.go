@@ -39,9 +39,6 @@ func setup(t *testing.T) *bundle {
 	return &bundle{ctx: ctx, pool: pgtest.NewPool(t)}
 }
 
-// gate runs Gate for a new event in its own committed transaction, as the
-// service does, and returns the verdict; the event's id is the verdict's
-// key in b.ids.
 // putSource stores a source's gate configuration.
 func (b *bundle) putSource(t *testing.T, c ingressstore.SourceConfig) ingressstore.Source {
 	t.Helper()
@@ -50,6 +47,9 @@ func (b *bundle) putSource(t *testing.T, c ingressstore.SourceConfig) ingresssto
 	return src
 }
 
+// gate runs Gate for a new event in its own committed transaction, as the
+// service does, and returns the verdict; the event's id is the verdict's
+// key in b.ids.
 func (b *bundle) gate(t *testing.T, source, typ string) ingressstore.Verdict {
 	t.Helper()
 	_, v := b.gateID(t, source, typ)
