@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
+	"github.com/retryd/retryd/internal/serve"
 	"github.com/retryd/retryd/internal/streams"
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/services/ingress"
@@ -85,7 +86,9 @@ func benchIngressHTTP(ctx context.Context, env Env) error {
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)
 	}
-	srv := &http.Server{Handler: svc.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	// Auth off (loopback, as `retryd dev`): the bench measures intake, not
+	// token checks (cached 5 s per token when on).
+	srv := &http.Server{Handler: serve.Guard{}.Handler(svc.Handler()), ReadHeaderTimeout: 10 * time.Second}
 	go func() { _ = srv.Serve(ln) }()
 	defer func() { _ = srv.Shutdown(context.WithoutCancel(ctx)) }()
 	url := "http://" + ln.Addr().String()

@@ -36,7 +36,7 @@ func deployFile(t *testing.T, rel string) string {
 
 // natsUsers are the users of deploy/nats/nats-server.conf whose passwords
 // come from <USER>_NATS_PASSWORD.
-var natsUsers = []string{"scheduler", "ingress", "triggers", "worker", "producer", "runner", "admin", "sys"}
+var natsUsers = []string{"scheduler", "ingress", "triggers", "worker", "producer", "runner", "operator", "admin", "sys"}
 
 // Scenario 12: the deploy configuration refuses what it must. With
 // deploy/nats/nats-server.conf as shipped (only its paths and ports moved

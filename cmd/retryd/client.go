@@ -23,6 +23,7 @@ type apiClient struct {
 	base    *url.URL
 	http    *http.Client
 	timeout time.Duration
+	token   string // bearer token (--token, RETRYD_TOKEN); empty sends none
 }
 
 func newAPIClient(base string, timeout time.Duration) (*apiClient, error) {
@@ -89,6 +90,9 @@ func (c *apiClient) do(ctx context.Context, method, path string, query url.Value
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}
+	if c.token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.token)
+	}
 	resp, err := c.http.Do(req)
 	if err != nil {
 		return nil, fmt.Errorf("%w at %s: %w (is `retryd dev` running? set --api or %s)", errUnreachable, c.base, err, envAPI)
@@ -99,7 +103,14 @@ func (c *apiClient) do(ctx context.Context, method, path string, query url.Value
 		return nil, fmt.Errorf("read response of %s %s: %w", method, path, err)
 	}
 	if resp.StatusCode/100 != 2 {
-		return nil, decodeAPIError(resp.StatusCode, raw)
+		err := decodeAPIError(resp.StatusCode, raw)
+		if resp.StatusCode == http.StatusUnauthorized {
+			if c.token == "" {
+				return nil, fmt.Errorf("%w\n(this API wants a token: pass --token or set %s)", err, envToken)
+			}
+			return nil, fmt.Errorf("%w\n(the token of --token or %s is not valid: unknown, revoked or expired)", err, envToken)
+		}
+		return nil, err
 	}
 	return raw, nil
 }

@@ -122,7 +122,8 @@ Without --status it selects failed and failed_max_retries jobs.
 	f.BoolVar(&dryRun, "dry-run", false, "count the matching jobs, change nothing")
 	f.Float64Var(&rate, "rate", 0, "jobs released per second (default 10 on the server)")
 	f.StringVar(&reason, "reason", "", "why (recorded on every retried job)")
-	f.StringVar(&by, "by", "", "who (default operator)")
+	f.StringVar(&by, "by", "", "ignored: the API records the token's name")
+	_ = f.MarkDeprecated("by", "the API records the token's name as by")
 	f.BoolVar(&reset, "reset-attempts", false, "give every job its full retry budget again")
 	f.BoolVar(&wait, "wait", false, "wait until the operation finished")
 	return cmd

@@ -17,7 +17,9 @@ import (
 
 	"github.com/retryd/retryd/cmd/retryd/internal/demo"
 	"github.com/retryd/retryd/cmd/retryd/internal/devstack"
+	"github.com/retryd/retryd/internal/auth"
 	"github.com/retryd/retryd/internal/dashboard"
+	"github.com/retryd/retryd/internal/serve"
 	"github.com/retryd/retryd/migrations/pgcluster"
 )
 
@@ -81,6 +83,19 @@ Ctrl-C (SIGINT) or SIGTERM stops it gracefully.`,
 func runDev(cmd *cobra.Command, g *globals, f devFlags) error {
 	cfg := devstack.Config{DataDir: f.dataDir, HTTPAddr: f.httpAddr, NATSHost: f.natsHost, NATSPort: f.natsPort,
 		DatabaseURL: f.databaseURL, PostgresBinDir: f.pgBinDir}
+	authCfg, err := auth.FromEnv(nil)
+	if err != nil {
+		return usageErr(err)
+	}
+	if os.Getenv(auth.EnvMode) == "" {
+		// Unset: off while only this machine can connect, tokens (with an
+		// admin token printed below) as soon as --http reaches further.
+		authCfg.Mode = auth.ModeOff
+		if !serve.IsLoopback(f.httpAddr) {
+			authCfg.Mode = auth.ModeTokens
+		}
+	}
+	cfg.Auth = authCfg
 	switch f.natsSync {
 	case "always":
 		cfg.NATSSyncAlways = true
@@ -135,7 +150,7 @@ func runDev(cmd *cobra.Command, g *globals, f devFlags) error {
 	}
 	var dm *demo.Demo
 	if f.demo {
-		dm, err = demo.New(demo.Config{API: stack.URL(), JS: stack.JS, Logger: log, Traffic: f.traffic})
+		dm, err = demo.New(demo.Config{API: stack.URL(), Token: stack.AdminToken(), JS: stack.JS, Logger: log, Traffic: f.traffic})
 		if err == nil {
 			err = dm.Start(ctx)
 		}
@@ -211,6 +226,16 @@ retryd is running.
   Data       %s
   Logs       %s
 `, url, url, url, url, url, url, s.NATSURL(), s.NATSURL(), pg, dataDir, logName)
+	if tok := s.AdminToken(); tok != "" {
+		fmt.Fprintf(out, `  Auth       tokens (RETRYD_AUTH=tokens). Admin token, shown once:
+               %s
+             export RETRYD_TOKEN=<it> for the CLI; the dashboard asks for it.
+`, tok)
+	} else {
+		fmt.Fprintf(out, `  Auth       OFF: every request acts as admin. Allowed only because %s is loopback;
+             RETRYD_AUTH=tokens turns tokens on (see docs/security.md).
+`, f.httpAddr)
+	}
 	if f.demo {
 		fmt.Fprintf(out, `  Demo       source %s (rate limit 3/s, bursts), source %s (paused 15s every minute, then resumed: the resume releases its held events),
              trigger %s (throttle 2/s, max concurrency 3, runs heartbeat a 5s lease), flaky jobs %s, %s, %s;

@@ -14,6 +14,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/retryd/retryd/internal/auth"
 	"github.com/retryd/retryd/internal/dashboard"
 	"github.com/retryd/retryd/internal/serve"
 	"github.com/retryd/retryd/internal/servicetest"
@@ -100,7 +101,7 @@ func requireIndex(t *testing.T, base string) {
 	require.Equal(t, http.StatusOK, code, body)
 	var idx serve.Index
 	require.NoError(t, json.Unmarshal([]byte(body), &idx))
-	want := slices.Concat(scheduler.Routes(), ingress.Routes(), triggers.Routes(), jobs.Routes())
+	want := slices.Concat(scheduler.Routes(), ingress.Routes(), triggers.Routes(), jobs.Routes(), auth.Routes())
 	require.Len(t, idx.Routes, len(want)+1, "every route and the index itself")
 	require.Subset(t, idx.Routes, want)
 	require.Contains(t, body, `{"method":"GET","path":"/v1/","description":`)
@@ -122,6 +123,7 @@ func TestDevCommand(t *testing.T) {
 	require.Regexp(t, `NATS\s+nats://127\.0\.0\.1:\d+`, out)
 	require.Contains(t, out, "Press Ctrl-C to stop.")
 	require.NotContains(t, out, "Demo")
+	require.Regexp(t, `Auth\s+OFF: every request acts as admin`, out, "dev on loopback runs without tokens, and says so")
 
 	for path, want := range map[string]string{
 		"/healthz": `"ok"`, "/readyz": `"ready"`, "/ui/": "<title>retryd</title>",

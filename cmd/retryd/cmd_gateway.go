@@ -17,6 +17,7 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/spf13/cobra"
 
+	"github.com/retryd/retryd/internal/auth"
 	"github.com/retryd/retryd/internal/dashboard"
 	"github.com/retryd/retryd/internal/serve"
 	"github.com/retryd/retryd/services/ingress"
@@ -38,7 +39,7 @@ type route struct {
 
 func (u upstreams) routes() []route {
 	return []route{
-		{u.scheduler, []string{"/v1/retries", "/v1/retries/", "/v1/policies", "/v1/policies/"}},
+		{u.scheduler, []string{"/v1/retries", "/v1/retries/", "/v1/policies", "/v1/policies/", "/v1/tokens", "/v1/tokens/"}},
 		{u.ingress, []string{"/v1/events", "/v1/events/", "/v1/events:batch", "/v1/sources", "/v1/sources/"}},
 		{u.triggers, []string{"/v1/triggers", "/v1/triggers/", "/v1/deliveries/"}},
 		{u.jobs, []string{"/v1/jobs", "/v1/jobs/", "/v1/analytics/", "/v1/operations/"}},
@@ -67,7 +68,7 @@ func gatewayHandler(u upstreams, summary func(context.Context) (dashboard.Summar
 			mux.Handle(p, proxy)
 		}
 	}
-	mux.Handle(serve.IndexPath, serve.IndexHandler(schedulersvc.Routes(), ingress.Routes(), triggers.Routes(), jobs.Routes()))
+	mux.Handle(serve.IndexPath, serve.IndexHandler(schedulersvc.Routes(), ingress.Routes(), triggers.Routes(), jobs.Routes(), auth.Routes()))
 	mux.HandleFunc("/v1/", func(w http.ResponseWriter, r *http.Request) {
 		serve.WriteJSON(w, http.StatusNotFound, serve.ErrorBody{Error: serve.ErrorDetail{
 			Code: serve.CodeNotFound, Message: "no API route " + r.Method + " " + r.URL.Path,
@@ -89,8 +90,12 @@ services behind one address, routing each path to the service that owns it:
 ingress, /v1/triggers and /v1/deliveries to triggers, /v1/jobs,
 /v1/analytics and /v1/operations to the jobs API (--jobs, by default the
 scheduler). The CLI's --api points at it. With --database-url (or
-DATABASE_URL; SELECT on retries is enough) the dashboard shows the counts
-of retries by state.`,
+DATABASE_URL) the dashboard shows the counts of retries by state.
+
+Tokens (RETRYD_AUTH=tokens, the default) are passed on to the services,
+which check them; the gateway checks them too for its own routes, so it
+needs --database-url (SELECT, UPDATE on api_tokens). RETRYD_AUTH=off is
+allowed on a loopback --listen only.`,
 		Example: `  retryd gateway --scheduler http://scheduler:8080 --ingress http://ingress:8081 --triggers http://triggers:8082`,
 		Args:    args(0),
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -112,19 +117,34 @@ of retries by state.`,
 			log := zerolog.New(g.stderr).With().Timestamp().Str("service", "retryd-gateway").Logger()
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, os.Interrupt)
 			defer stop()
+			authCfg, err := auth.FromEnv(nil)
+			if err != nil {
+				return usageErr(err)
+			}
+			if authCfg.Mode == auth.ModeTokens && dbURL == "" {
+				return usageErrorf(cmd, "%s=tokens (the default) needs --database-url (or DATABASE_URL) to check tokens; or %s=off on a loopback --listen", auth.EnvMode, auth.EnvMode)
+			}
 			var summary func(context.Context) (dashboard.Summary, error)
+			var pool *pgxpool.Pool
 			if dbURL != "" {
 				pcfg, err := pgxpool.ParseConfig(dbURL)
 				if err != nil {
 					return usageErrorf(cmd, "--database-url: %v", err)
 				}
 				pcfg.MaxConns = 2
-				pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+				pool, err = pgxpool.NewWithConfig(ctx, pcfg)
 				if err != nil {
 					return fmt.Errorf("open database: %w", err)
 				}
 				defer pool.Close()
 				summary = func(ctx context.Context) (dashboard.Summary, error) { return schedulersvc.Summary(ctx, pool) }
+			}
+			// The services check the tokens the gateway passes on; the
+			// gateway checks them for its own routes (index, dashboard
+			// counts, metrics).
+			guard, _, err := authCfg.Guard(ctx, pool, log, listen)
+			if err != nil {
+				return err
 			}
 			reg := serve.NewRegistry()
 			health := &serve.Health{}
@@ -132,7 +152,7 @@ of retries by state.`,
 			if err != nil {
 				return fmt.Errorf("listen on %s: %w", listen, err)
 			}
-			srv := serve.NewServer("", gatewayHandler(u, summary, reg, health, log))
+			srv := serve.NewServer("", guard.Handler(gatewayHandler(u, summary, reg, health, log)))
 			health.SetReady(true)
 			fmt.Fprintf(g.stdout, "retryd gateway on http://%s (dashboard /ui/)\n", ln.Addr())
 			// Not ready first, so load balancers stop sending, then drain.

@@ -14,13 +14,17 @@ import (
 func newMigrateCmd(g *globals) *cobra.Command {
 	var dbURL string
 	var statusOnly bool
+	roles := migrations.DefaultRoles
 	cmd := &cobra.Command{
 		Use:   "migrate",
 		Short: "Apply the Postgres schema (DATABASE_URL); safe to run any number of times",
 		Long: `migrate applies every pending migration, each in its own transaction, under
 an advisory lock (several processes may run it at once). Run it with the
 migration owner role (see deploy/postgres/roles.sql); the services then
-connect with the runtime role.`,
+connect with their own roles. After the schema, it grants each service
+role that exists (retryd_scheduler, retryd_ingress, retryd_triggers,
+retryd_readonly) exactly the tables that service uses, and revokes the
+rest; roles the server does not have are skipped.`,
 		Example: `  DATABASE_URL=postgres://retryd_owner@db/retryd retryd migrate
   retryd migrate --status`,
 		Args: args(0),
@@ -37,6 +41,9 @@ connect with the runtime role.`,
 			}
 			if !statusOnly {
 				if err := migrations.Up(cmd.Context(), dbURL, log); err != nil {
+					return fmt.Errorf("migrate: %w", err)
+				}
+				if err := migrations.Grant(cmd.Context(), dbURL, roles, log); err != nil {
 					return fmt.Errorf("migrate: %w", err)
 				}
 			}
@@ -71,5 +78,11 @@ connect with the runtime role.`,
 	}
 	cmd.Flags().StringVar(&dbURL, "database-url", "", "Postgres URL (default $DATABASE_URL)")
 	cmd.Flags().BoolVar(&statusOnly, "status", false, "only show which migrations are applied")
+	// Only for roles.sql run with other names (-v scheduler=...); empty
+	// skips that role.
+	cmd.Flags().StringVar(&roles.Scheduler, "scheduler-role", roles.Scheduler, "Postgres role of retryd-scheduler, granted its tables")
+	cmd.Flags().StringVar(&roles.Ingress, "ingress-role", roles.Ingress, "Postgres role of retryd-ingress, granted its tables")
+	cmd.Flags().StringVar(&roles.Triggers, "triggers-role", roles.Triggers, "Postgres role of retryd-triggers, granted its tables")
+	cmd.Flags().StringVar(&roles.ReadOnly, "readonly-role", roles.ReadOnly, "Postgres role of the gateway, granted SELECT on retries")
 	return cmd
 }

@@ -195,7 +195,8 @@ func (pf *policyFlags) register(cmd *cobra.Command, full bool) {
 		f.DurationVar(&pf.maxHold, "max-hold", 0, "how long an item may be held back (throttled, paused, waiting for a slot) before it is exhausted as hold_expired, e.g. 720h")
 		f.DurationVar(&pf.maxRetryAfter, "max-retry-after", 0, "longest retry-after hint of a failure that is honoured, e.g. 24h")
 		f.StringVar(&pf.name, "name", "", "policy name (default kind-job_type)")
-		f.StringVar(&pf.by, "by", "", "who changes it (default api)")
+		f.StringVar(&pf.by, "by", "", "ignored: the API records the token's name")
+		_ = f.MarkDeprecated("by", "the API records the token's name as updated_by")
 	}
 	pf.flagsSet = func(name string) bool { return cmd.Flags().Changed(name) }
 }

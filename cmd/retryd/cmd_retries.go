@@ -12,7 +12,14 @@ import (
 	"github.com/spf13/cobra"
 )
 
-func (g *globals) client() (*apiClient, error) { return newAPIClient(g.api, g.timeout) }
+func (g *globals) client() (*apiClient, error) {
+	c, err := newAPIClient(g.api, g.timeout)
+	if err != nil {
+		return nil, err
+	}
+	c.token = g.token
+	return c, nil
+}
 
 // fetch GETs path into out for a command that shows it. With --json it
 // prints the answer as it came and reports done, as it does on an error
@@ -307,7 +314,8 @@ func newRetriesCancelCmd(g *globals) *cobra.Command {
 		},
 	}
 	cmd.Flags().StringVar(&reason, "reason", "", "why (recorded in the lifecycle)")
-	cmd.Flags().StringVar(&by, "by", "", "who (default operator)")
+	cmd.Flags().StringVar(&by, "by", "", "ignored: the API records the token's name")
+	_ = cmd.Flags().MarkDeprecated("by", "the API records the token's name as by")
 	return cmd
 }
 
@@ -329,7 +337,8 @@ func newRetriesRetryCmd(g *globals) *cobra.Command {
 		},
 	}
 	cmd.Flags().StringVar(&reason, "reason", "", "why (recorded in the lifecycle)")
-	cmd.Flags().StringVar(&by, "by", "", "who (default operator)")
+	cmd.Flags().StringVar(&by, "by", "", "ignored: the API records the token's name")
+	_ = cmd.Flags().MarkDeprecated("by", "the API records the token's name as by")
 	cmd.Flags().BoolVar(&reset, "reset-attempts", false, "give the item its full retry budget again")
 	return cmd
 }

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -280,7 +281,7 @@ func TestDashboardBrowser(t *testing.T) {
 	v := b.waitRetry(t, "job", crm, "cancelled")
 	var detail map[string]string
 	require.NoError(t, json.Unmarshal(v.History[len(v.History)-1].Detail, &detail))
-	require.Equal(t, map[string]string{"by": "dashboard", "reason": "duplicate contact"}, detail)
+	require.Equal(t, map[string]string{"by": "local", "reason": "duplicate contact"}, detail, "the principal (authentication off in dev: local)")
 
 	openItem := func(id string) {
 		t.Helper()
@@ -398,6 +399,21 @@ func TestDashboardBrowser(t *testing.T) {
 	require.Equal(t, time.Hour, p.Backoff.Base, "fields not edited are kept")
 	require.Equal(t, policy.DefaultMaxHold, p.MaxHold, "fields not edited are kept")
 	require.Equal(t, policy.DefaultMaxRetryAfter, p.MaxRetryAfter, "fields not edited are kept")
+
+	t.Log("a new policy starts from the API's template")
+	require.NoError(t, chromedp.Do(ctx,
+		chromedp.Click(chromedp.CSS(`[data-test="new-policy"]`)),
+		chromedp.WaitVisible(chromedp.CSS(`[data-test="policy-editor"] input[name="kind"]`)),
+	))
+	tmpl := policy.Template("job", "")
+	require.Equal(t, strconv.Itoa(tmpl.MaxRetries), eval[string](t, ctx, `document.querySelector('[data-test="policy-editor"] input[name="max_retries"]').value`))
+	require.Equal(t, strconv.FormatInt(tmpl.MaxHold.Milliseconds(), 10), eval[string](t, ctx, `document.querySelector('[data-test="policy-editor"] input[name="max_hold"]').value`))
+	require.NoError(t, chromedp.Do(ctx,
+		chromedp.WaitVisible(chromedp.CSS(`tr[data-policy="job/dash_email"] [data-test="edit-policy"]`)),
+		chromedp.Click(chromedp.CSS(`tr[data-policy="job/dash_email"] [data-test="edit-policy"]`)),
+		chromedp.WaitVisible(chromedp.CSS(`[data-test="policy-editor"] input[name="max_retries"]`)),
+		poll(`document.querySelector('[data-test="policy-editor"] input[name="max_retries"]')?.value === "6"`),
+	))
 
 	t.Log("give an error class its own backoff, and a max hold")
 	editor := `[data-test="policy-editor"] `

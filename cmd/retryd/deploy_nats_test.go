@@ -22,6 +22,7 @@ import (
 
 	"github.com/retryd/retryd/cmd/retryd/internal/devcerts"
 	"github.com/retryd/retryd/internal/natsconn"
+	"github.com/retryd/retryd/internal/serve"
 	"github.com/retryd/retryd/internal/streams"
 	"github.com/retryd/retryd/migrations/pgtest"
 	"github.com/retryd/retryd/pkg/contract"
@@ -41,7 +42,7 @@ const natsConfPath = "../../deploy/nats/nats-server.conf"
 var natsUsers = map[string]string{
 	"sys": "SYS_NATS_PASSWORD", "admin": "ADMIN_NATS_PASSWORD", "scheduler": "SCHEDULER_NATS_PASSWORD",
 	"ingress": "INGRESS_NATS_PASSWORD", "triggers": "TRIGGERS_NATS_PASSWORD", "worker": "WORKER_NATS_PASSWORD",
-	"producer": "PRODUCER_NATS_PASSWORD", "runner": "RUNNER_NATS_PASSWORD",
+	"producer": "PRODUCER_NATS_PASSWORD", "runner": "RUNNER_NATS_PASSWORD", "operator": "OPERATOR_NATS_PASSWORD",
 }
 
 func password(user string) string { return user + "-test-secret" }
@@ -99,6 +100,8 @@ func TestNATSConfig(t *testing.T) {
 		require.Equal(t, subs, users[u].Permissions.Subscribe.Allow, "%s subscribes to its own replies only (a worker: and its jobs' lifecycle)", u)
 		require.NotContains(t, users[u].Permissions.Publish.Allow, ">", u)
 	}
+	require.NotContains(t, users["operator"].Permissions.Publish.Allow, ">", "operator is read-only")
+	require.Equal(t, "_INBOX_operator.>", users["operator"].Permissions.Subscribe.Allow[0])
 
 	opts.Host, opts.Port, opts.HTTPPort = "127.0.0.1", -1, 0
 	opts.NoSigs, opts.NoLog = true, true
@@ -128,6 +131,10 @@ func TestNATSConfig(t *testing.T) {
 	pool, err := pgxpool.New(ctx, dbURL)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
+	// Each service connects as its own Postgres role, granted what
+	// `retryd migrate` grants: a table a service uses and its role lacks
+	// fails here. The test's own checks read with pool.
+	pools := servicePools(ctx, t, dbURL)
 	stop := func(name string, f func(context.Context) error) {
 		t.Cleanup(func() {
 			sctx, scancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -137,23 +144,23 @@ func TestNATSConfig(t *testing.T) {
 	}
 
 	schedJS := connect("scheduler")
-	sched, err := scheduler.New(scheduler.Config{Pool: pool, JS: schedJS, Logger: log, Registerer: prometheus.NewRegistry(), MaxIdle: 100 * time.Millisecond})
+	sched, err := scheduler.New(scheduler.Config{Pool: pools.scheduler, JS: schedJS, Logger: log, Registerer: prometheus.NewRegistry(), MaxIdle: 100 * time.Millisecond})
 	require.NoError(t, err)
 	require.NoError(t, sched.Start(ctx))
 	stop("scheduler", sched.Stop)
-	proj, err := jobs.NewProjector(jobs.ProjectorConfig{Pool: pool, JS: schedJS, Logger: log, FetchWait: 200 * time.Millisecond})
+	proj, err := jobs.NewProjector(jobs.ProjectorConfig{Pool: pools.scheduler, JS: schedJS, Logger: log, FetchWait: 200 * time.Millisecond})
 	require.NoError(t, err)
 	require.NoError(t, proj.Start(ctx))
 	stop("jobs projection", proj.Stop)
-	api, err := jobs.NewAPI(jobs.APIConfig{Pool: pool, Retry: scheduler.RetryController{S: sched}, Logger: log})
+	api, err := jobs.NewAPI(jobs.APIConfig{Pool: pools.scheduler, Retry: scheduler.RetryController{S: sched}, Logger: log})
 	require.NoError(t, err)
 
-	ing, err := ingress.New(ingress.Config{Pool: pool, JS: connect("ingress"), Logger: log})
+	ing, err := ingress.New(ingress.Config{Pool: pools.ingress, JS: connect("ingress"), Logger: log})
 	require.NoError(t, err)
 	require.NoError(t, ing.Start(ctx))
 	stop("ingress", ing.Stop)
 
-	trig, err := triggers.New(triggers.Config{Pool: pool, JS: connect("triggers"), Logger: log})
+	trig, err := triggers.New(triggers.Config{Pool: pools.triggers, JS: connect("triggers"), Logger: log})
 	require.NoError(t, err)
 	require.NoError(t, trig.Start(ctx))
 	stop("triggers", trig.Stop)
@@ -179,7 +186,7 @@ func TestNATSConfig(t *testing.T) {
 	mux.Handle("/v1/triggers/", trig.Handler())
 	mux.Handle("/v1/policies/", sched.Handler())
 	api.Register(mux)
-	httpSrv := httptest.NewServer(mux)
+	httpSrv := httptest.NewServer(serve.Guard{}.Handler(mux))
 	t.Cleanup(httpSrv.Close)
 	b := &bundle{api: httpSrv.URL, ctx: ctx}
 
@@ -208,6 +215,10 @@ func TestNATSConfig(t *testing.T) {
 			}
 			return false
 		}, wait, 20*time.Millisecond, "the worker user follows its jobs' decisions")
+		// The gateway's dashboard counts, as the read-only role.
+		sum, err := scheduler.Summary(ctx, pools.readOnly)
+		require.NoError(t, err)
+		require.NotEmpty(t, sum.Counts)
 	})
 
 	t.Run("event admitted and delivered, run launched and finished", func(t *testing.T) {
@@ -281,6 +292,10 @@ func TestNATSConfig(t *testing.T) {
 			// worker's pulled jobs arrive on _INBOX_worker).
 			{"producer", "sub", "_INBOX.>"},
 			{"producer", "sub", "_INBOX_worker.>"},
+			{"producer", "sub", "_INBOX_worker.abc.*"},
+			{"producer", "sub", "_INBOX_operator.>"},
+			{"operator", "sub", "_INBOX_worker.>"},
+			{"operator", "sub", "_INBOX.>"},
 			{"ingress", "sub", "_INBOX_scheduler.>"},
 			{"runner", "sub", ">"},
 			// Services may create a missing stream, never change,
@@ -291,6 +306,12 @@ func TestNATSConfig(t *testing.T) {
 			{"scheduler", "pub", "$JS.API.STREAM.DELETE.RETRIES"},
 		} {
 			require.True(t, denied(t, url, certs.CA, tc.user, tc.action, tc.subject), "%s may %s %s", tc.user, tc.action, tc.subject)
+		}
+		// No service user changes, purges or deletes a stream.
+		for _, u := range []string{"scheduler", "ingress", "triggers", "worker", "producer", "runner"} {
+			for _, op := range []string{"UPDATE", "DELETE", "PURGE"} {
+				require.True(t, denied(t, url, certs.CA, u, "pub", "$JS.API.STREAM."+op+".RETRIES"), "%s may %s RETRIES", u, op)
+			}
 		}
 		// And the opposite check: an allowed subject is not reported.
 		require.False(t, denied(t, url, certs.CA, "producer", "pub", "ingest.perm"))
@@ -307,6 +328,96 @@ func TestNATSConfig(t *testing.T) {
 		require.False(t, denied(t, url, certs.CA, "worker", "sub", "retry.job.*.01JQ7Z3K5W8E4M2V6T0B9XN1CD"))
 		// The workflow engine renews its runs' leases.
 		require.False(t, denied(t, url, certs.CA, "runner", "pub", "runs.x.heartbeat.y"))
+	})
+
+	t.Run("operator reads and writes nothing", func(t *testing.T) {
+		o := natsconn.Options{URL: url, Name: "test-operator", User: "operator", Password: password("operator"),
+			TLSCA: certs.CA, InboxPrefix: "_INBOX_operator"}
+		nc, js, err := natsconn.Connect(ctx, o, log)
+		require.NoError(t, err)
+		t.Cleanup(nc.Close)
+
+		// nats stream ls, stream info.
+		var names []string
+		lister := js.StreamNames(ctx)
+		for n := range lister.Name() {
+			names = append(names, n)
+		}
+		require.NoError(t, lister.Err())
+		require.ElementsMatch(t, []string{"INGEST", "EVENTS", "RETRIES", "RUNS", "JOBS"}, names)
+		stream, err := js.Stream(ctx, "RETRIES")
+		require.NoError(t, err)
+		require.Positive(t, stream.CachedInfo().State.Msgs, "the job subtest left lifecycle facts")
+		// nats consumer info on a service's durable.
+		cons, err := js.Consumer(ctx, "RETRIES", "scheduler")
+		require.NoError(t, err)
+		require.Equal(t, "scheduler", cons.CachedInfo().Name)
+		// nats stream get.
+		_, err = stream.GetMsg(ctx, 1)
+		require.NoError(t, err)
+		// nats stream view: a consumer of its own, pulled, never acked.
+		ordered, err := stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{FilterSubjects: []string{"retry.job.>"}})
+		require.NoError(t, err)
+		batch, err := ordered.Fetch(1, jetstream.FetchMaxWait(5*time.Second))
+		require.NoError(t, err)
+		var viewed []string
+		for m := range batch.Messages() {
+			viewed = append(viewed, m.Subject())
+		}
+		require.NoError(t, batch.Error())
+		require.Len(t, viewed, 1, "the operator reads RETRIES through its own consumer")
+		require.True(t, strings.HasPrefix(viewed[0], "retry.job."), viewed[0])
+
+		// nats sub 'retry.>': a job's first failure arrives live.
+		sub, err := nc.SubscribeSync("retry.>")
+		require.NoError(t, err)
+		require.NoError(t, nc.Flush())
+		id, err := worker.Enqueue(ctx, workerJS, contract.JobData{JobType: "perm_job"})
+		require.NoError(t, err)
+		deadline := time.Now().Add(wait)
+		for {
+			m, err := sub.NextMsg(time.Until(deadline))
+			require.NoError(t, err, "the operator sees the job's lifecycle on retry.>")
+			if strings.HasSuffix(m.Subject, "."+id) {
+				break
+			}
+		}
+
+		// Nothing that writes.
+		for _, subject := range []string{
+			"retry.job.failed.x", "retry.job.due.x", "ingest.x", "events.x.y", "jobs.x", "runs.x.requested.y",
+			"$JS.API.STREAM.CREATE.X", "$JS.API.STREAM.UPDATE.RETRIES", "$JS.API.STREAM.DELETE.RETRIES",
+			"$JS.API.STREAM.PURGE.RETRIES", "$JS.API.STREAM.MSG.DELETE.RETRIES",
+			"$JS.API.CONSUMER.DELETE.RETRIES.scheduler", "$JS.API.CONSUMER.DURABLE.CREATE.RETRIES.x",
+			"$JS.ACK.RETRIES.scheduler.1.1.1.1.1", "$JS.ACK.RETRIES." + ordered.CachedInfo().Name + ".1.1.1.1.1",
+			"$JS.API.CONSUMER.CREATE.JOBS.worker-perm_job", "$JS.API.CONSUMER.MSG.NEXT.JOBS.worker-perm_job",
+		} {
+			require.True(t, denied(t, url, certs.CA, "operator", "pub", subject), "operator may publish %s", subject)
+		}
+		require.False(t, denied(t, url, certs.CA, "operator", "pub", "$JS.API.STREAM.INFO.RETRIES"))
+		require.False(t, denied(t, url, certs.CA, "operator", "sub", "retry.>"))
+		// Creating a consumer that names a service's durable would update
+		// it, pulling from it would take its messages: every durable some
+		// user of the file pulls from is denied to the operator.
+		checked := 0
+		for _, u := range opts.Users {
+			if u.Username == "operator" || u.Permissions == nil || u.Permissions.Publish == nil {
+				continue
+			}
+			for _, allow := range u.Permissions.Publish.Allow {
+				rest, ok := strings.CutPrefix(allow, "$JS.API.CONSUMER.MSG.NEXT.")
+				if !ok {
+					continue
+				}
+				durable := strings.ReplaceAll(rest, "*", "worker-x") // JOBS.<any worker consumer>
+				for _, subject := range []string{"$JS.API.CONSUMER.CREATE." + durable, "$JS.API.CONSUMER.CREATE." + durable + ".retry.>",
+					"$JS.API.CONSUMER.MSG.NEXT." + durable} {
+					require.True(t, denied(t, url, certs.CA, "operator", "pub", subject), "operator may publish %s", subject)
+				}
+				checked++
+			}
+		}
+		require.GreaterOrEqual(t, checked, 12, "every service durable")
 	})
 }
 

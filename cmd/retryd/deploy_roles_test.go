@@ -12,6 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
 
@@ -30,9 +31,11 @@ func psqlPath() string {
 	return ""
 }
 
-// TestRolesSQL runs deploy/postgres/roles.sql with psql, migrates as the
-// owner and checks that the runtime role reads and writes rows but has no
-// DDL.
+// TestRolesSQL runs deploy/postgres/roles.sql with psql, migrates and
+// grants as the owner (what `retryd migrate` does) and checks that each
+// service role reads and writes its own rows, is refused another
+// service's and has no DDL. migrations.TestGrant checks the grants table
+// by table; this checks that roles.sql and the grants fit together.
 func TestRolesSQL(t *testing.T) {
 	t.Parallel()
 	psql := psqlPath()
@@ -44,12 +47,129 @@ func TestRolesSQL(t *testing.T) {
 	}
 	admin := pgtest.NewEmptyDatabaseURL(t)
 	suffix := contract.NewID()[18:] // unique names on a shared server
-	owner, app, db := "retryd_owner_t"+suffix, "retryd_app_t"+suffix, "retryd_t"+suffix
+	owner, db := "retryd_owner_t"+suffix, "retryd_t"+suffix
+	roles := migrations.Roles{Scheduler: "retryd_scheduler_t" + suffix, Ingress: "retryd_ingress_t" + suffix,
+		Triggers: "retryd_triggers_t" + suffix, ReadOnly: "retryd_readonly_t" + suffix}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	t.Cleanup(cancel)
 
 	out, err := exec.CommandContext(ctx, psql, "--no-psqlrc", "-X", "-q", "-d", admin,
-		"-v", "owner="+owner, "-v", "app="+app, "-v", "db="+db,
+		"-v", "owner="+owner, "-v", "db="+db, "-v", "owner_password=owner-pw",
+		"-v", "scheduler="+roles.Scheduler, "-v", "scheduler_password=scheduler-pw",
+		"-v", "ingress="+roles.Ingress, "-v", "ingress_password=ingress-pw",
+		"-v", "triggers="+roles.Triggers, "-v", "triggers_password=triggers-pw",
+		"-v", "readonly="+roles.ReadOnly, "-v", "readonly_password=readonly-pw",
+		"-f", filepath.Join(deployDir, "postgres", "roles.sql")).CombinedOutput()
+	require.NoError(t, err, "psql: %s", out)
+	t.Cleanup(func() {
+		conn, err := pgx.Connect(context.Background(), admin)
+		if err != nil {
+			return
+		}
+		defer conn.Close(context.Background())
+		for _, stmt := range []string{
+			`DROP DATABASE IF EXISTS ` + pgx.Identifier{db}.Sanitize() + ` WITH (FORCE)`,
+			`DROP ROLE IF EXISTS ` + pgx.Identifier{roles.Scheduler}.Sanitize(),
+			`DROP ROLE IF EXISTS ` + pgx.Identifier{roles.Ingress}.Sanitize(),
+			`DROP ROLE IF EXISTS ` + pgx.Identifier{roles.Triggers}.Sanitize(),
+			`DROP ROLE IF EXISTS ` + pgx.Identifier{roles.ReadOnly}.Sanitize(),
+			`DROP ROLE IF EXISTS ` + pgx.Identifier{owner}.Sanitize(),
+		} {
+			_, _ = conn.Exec(context.Background(), stmt)
+		}
+	})
+
+	as := func(role, password string) string {
+		u, err := url.Parse(admin)
+		require.NoError(t, err)
+		u.User = url.UserPassword(role, password)
+		u.Path = "/" + db
+		return u.String()
+	}
+	ownerURL := as(owner, "owner-pw")
+	require.NoError(t, migrations.Up(ctx, ownerURL, zerolog.Nop()), "the owner applies the schema")
+	require.NoError(t, migrations.Grant(ctx, ownerURL, roles, zerolog.Nop()), "the owner grants its tables")
+
+	var exists bool
+	require.NoError(t, pgxQueryRow(ctx, t, admin, `SELECT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'retryd_app_t`+suffix+`')`, &exists))
+	require.False(t, exists, "no all-tables runtime role unless app_password is given")
+
+	for _, tc := range []struct {
+		role, password string
+		allowed        []string
+		denied         []string
+	}{
+		{roles.Scheduler, "scheduler-pw",
+			[]string{`SELECT count(*) FROM retry_policies`,
+				`INSERT INTO outbox (owner, subject, msg_id, payload) VALUES ('t', 's', 'm', '\x00')`,
+				`UPDATE outbox SET attempts = 1 WHERE owner = 't'`,
+				`DELETE FROM outbox WHERE owner = 't'`,
+				// rebuild's session table
+				`CREATE TEMP TABLE rebuild_probe (msg_id text PRIMARY KEY)`},
+			[]string{`SELECT count(*) FROM workflow_events`, `SELECT count(*) FROM workflow_triggers`}},
+		{roles.Ingress, "ingress-pw",
+			[]string{`SELECT count(*) FROM event_sources`, `INSERT INTO inbox (consumer, msg_id) VALUES ('t', 'm')`},
+			[]string{`UPDATE retries SET updated_at = now() WHERE false`, `SELECT count(*) FROM workflow_triggers`,
+				`CREATE TEMP TABLE probe (x int)`}},
+		{roles.Triggers, "triggers-pw",
+			[]string{`SELECT count(*) FROM workflow_trigger_deliveries`},
+			[]string{`UPDATE retries SET updated_at = now() WHERE false`, `SELECT count(*) FROM event_sources`}},
+		{roles.ReadOnly, "readonly-pw",
+			[]string{`SELECT count(*) FROM retries`},
+			[]string{`INSERT INTO inbox (consumer, msg_id) VALUES ('r', 'm')`, `DELETE FROM retries WHERE false`}},
+	} {
+		conn, err := pgx.Connect(ctx, as(tc.role, tc.password))
+		require.NoError(t, err, tc.role)
+		for _, stmt := range tc.allowed {
+			_, err := conn.Exec(ctx, stmt)
+			require.NoError(t, err, "%s may: %s", tc.role, stmt)
+		}
+		// No DDL for anyone, and no other service's tables.
+		for _, stmt := range append(tc.denied,
+			`CREATE TABLE app_table (id int)`,
+			`ALTER TABLE retries ADD COLUMN x int`,
+			`DROP TABLE inbox`,
+			`TRUNCATE retries`,
+			`CREATE SCHEMA app_schema`,
+		) {
+			_, err := conn.Exec(ctx, stmt)
+			var pgErr *pgconn.PgError
+			require.True(t, errors.As(err, &pgErr), "%s: %s: %v", tc.role, stmt, err)
+			require.Equal(t, "42501", pgErr.Code, "%s: %s is refused for lack of privilege: %v", tc.role, stmt, err)
+		}
+		require.NoError(t, conn.Close(ctx))
+	}
+}
+
+func pgxQueryRow(ctx context.Context, t *testing.T, dbURL, query string, dest ...any) error {
+	t.Helper()
+	conn, err := pgx.Connect(ctx, dbURL)
+	require.NoError(t, err)
+	defer conn.Close(context.Background())
+	return conn.QueryRow(ctx, query).Scan(dest...)
+}
+
+// TestRolesSQLLegacyApp runs roles.sql the way deployments from before
+// the per-service roles did (owner and app passwords only; fault scenario
+// 12 still does): retryd_app gets data rights on every table, the service
+// roles are not created, and Grant skips them.
+func TestRolesSQLLegacyApp(t *testing.T) {
+	t.Parallel()
+	psql := psqlPath()
+	if psql == "" {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("psql not found: CI installs postgresql-15")
+		}
+		t.Skip("psql not found")
+	}
+	admin := pgtest.NewEmptyDatabaseURL(t)
+	suffix := contract.NewID()[18:]
+	owner, app, db := "retryd_owner_l"+suffix, "retryd_app_l"+suffix, "retryd_l"+suffix
+	scheduler := "retryd_scheduler_l" + suffix
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	t.Cleanup(cancel)
+	out, err := exec.CommandContext(ctx, psql, "--no-psqlrc", "-X", "-q", "-d", admin,
+		"-v", "owner="+owner, "-v", "app="+app, "-v", "db="+db, "-v", "scheduler="+scheduler,
 		"-v", "owner_password=owner-pw", "-v", "app_password=app-pw",
 		"-f", filepath.Join(deployDir, "postgres", "roles.sql")).CombinedOutput()
 	require.NoError(t, err, "psql: %s", out)
@@ -67,7 +187,6 @@ func TestRolesSQL(t *testing.T) {
 			_, _ = conn.Exec(context.Background(), stmt)
 		}
 	})
-
 	as := func(role, password string) string {
 		u, err := url.Parse(admin)
 		require.NoError(t, err)
@@ -75,32 +194,105 @@ func TestRolesSQL(t *testing.T) {
 		u.Path = "/" + db
 		return u.String()
 	}
-	require.NoError(t, migrations.Up(ctx, as(owner, "owner-pw"), zerolog.Nop()), "the owner applies the schema")
+	ownerURL := as(owner, "owner-pw")
+	require.NoError(t, migrations.Up(ctx, ownerURL, zerolog.Nop()))
+	require.NoError(t, migrations.Grant(ctx, ownerURL, migrations.Roles{Scheduler: scheduler}, zerolog.Nop()), "absent roles are skipped")
+	var exists bool
+	require.NoError(t, pgxQueryRow(ctx, t, admin, `SELECT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = '`+scheduler+`')`, &exists))
+	require.False(t, exists, "a service role is created only with its password")
 
 	conn, err := pgx.Connect(ctx, as(app, "app-pw"))
 	require.NoError(t, err)
 	t.Cleanup(func() { conn.Close(context.Background()) })
-	// Rows: read, insert (with an identity column), update, delete.
-	var n int
-	require.NoError(t, conn.QueryRow(ctx, `SELECT count(*) FROM retry_policies`).Scan(&n))
-	require.Positive(t, n)
-	_, err = conn.Exec(ctx, `INSERT INTO outbox (owner, subject, msg_id, payload) VALUES ('t', 's', 'm', '\x00')`)
-	require.NoError(t, err, "insert with an identity column")
-	_, err = conn.Exec(ctx, `UPDATE outbox SET attempts = 1 WHERE owner = 't'`)
-	require.NoError(t, err)
-	_, err = conn.Exec(ctx, `DELETE FROM outbox WHERE owner = 't'`)
-	require.NoError(t, err)
-	// No DDL.
 	for _, stmt := range []string{
-		`CREATE TABLE app_table (id int)`,
-		`ALTER TABLE retries ADD COLUMN x int`,
-		`DROP TABLE inbox`,
-		`TRUNCATE retries`,
-		`CREATE SCHEMA app_schema`,
+		`INSERT INTO inbox (consumer, msg_id) VALUES ('legacy', 'm')`,
+		`UPDATE retries SET updated_at = now() WHERE false`,
+		`SELECT count(*) FROM workflow_events`,
 	} {
 		_, err := conn.Exec(ctx, stmt)
-		var pgErr *pgconn.PgError
-		require.True(t, errors.As(err, &pgErr), "%s: %v", stmt, err)
-		require.Equal(t, "42501", pgErr.Code, "%s is refused for lack of privilege: %v", stmt, err)
+		require.NoError(t, err, stmt)
 	}
+	_, err = conn.Exec(ctx, `CREATE TABLE legacy_probe (x int)`)
+	var pgErr *pgconn.PgError
+	require.True(t, errors.As(err, &pgErr), "%v", err)
+	require.Equal(t, "42501", pgErr.Code)
+}
+
+// TestMigrateGrantsServiceRoles runs `retryd migrate` with a service role
+// of another name: after the schema it grants that role its tables, and
+// the role reads them.
+func TestMigrateGrantsServiceRoles(t *testing.T) {
+	t.Parallel()
+	dbURL := pgtest.NewEmptyDatabaseURL(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	t.Cleanup(cancel)
+	admin, err := pgx.Connect(ctx, dbURL)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = admin.Close(context.Background()) })
+	role := "retryd_readonly_m" + contract.NewID()[18:]
+	_, err = admin.Exec(ctx, `CREATE ROLE `+pgx.Identifier{role}.Sanitize()+` LOGIN`)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_, _ = admin.Exec(context.Background(), `DROP OWNED BY `+pgx.Identifier{role}.Sanitize())
+		_, _ = admin.Exec(context.Background(), `DROP ROLE IF EXISTS `+pgx.Identifier{role}.Sanitize())
+	})
+
+	r := cli(t, "migrate", "--database-url", dbURL, "--readonly-role", role,
+		"--scheduler-role", "", "--ingress-role", "", "--triggers-role", "")
+	require.Equal(t, exitOK, r.code, r.stderr)
+
+	u, err := url.Parse(dbURL)
+	require.NoError(t, err)
+	u.User = url.User(role) // the test server trusts local connections
+	conn, err := pgx.Connect(ctx, u.String())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close(context.Background()) })
+	var n int
+	require.NoError(t, conn.QueryRow(ctx, `SELECT count(*) FROM retries`).Scan(&n), "granted by retryd migrate")
+	_, err = conn.Exec(ctx, `DELETE FROM retries WHERE false`)
+	var pgErr *pgconn.PgError
+	require.True(t, errors.As(err, &pgErr), "%v", err)
+	require.Equal(t, "42501", pgErr.Code)
+}
+
+// rolePools are pools connected as the service roles.
+type rolePools struct {
+	scheduler, ingress, triggers, readOnly *pgxpool.Pool
+}
+
+// servicePools creates the four service roles (unique names: roles are
+// per server and the test server is shared), grants them with
+// migrations.Grant on the migrated database at dbURL, and opens a pool
+// as each. Cleanup closes the pools and drops the roles.
+func servicePools(ctx context.Context, t *testing.T, dbURL string) rolePools {
+	t.Helper()
+	suffix := "_p" + contract.NewID()[18:]
+	roles := migrations.Roles{Scheduler: "retryd_scheduler" + suffix, Ingress: "retryd_ingress" + suffix,
+		Triggers: "retryd_triggers" + suffix, ReadOnly: "retryd_readonly" + suffix}
+	admin, err := pgx.Connect(ctx, dbURL)
+	require.NoError(t, err)
+	names := []string{roles.Scheduler, roles.Ingress, roles.Triggers, roles.ReadOnly}
+	for _, r := range names {
+		_, err := admin.Exec(ctx, `CREATE ROLE `+pgx.Identifier{r}.Sanitize()+` LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE`)
+		require.NoError(t, err)
+	}
+	t.Cleanup(func() {
+		// After the pools closed (registered later, run earlier).
+		defer admin.Close(context.Background())
+		for _, r := range names {
+			_, _ = admin.Exec(context.Background(), `DROP OWNED BY `+pgx.Identifier{r}.Sanitize())
+			_, _ = admin.Exec(context.Background(), `DROP ROLE IF EXISTS `+pgx.Identifier{r}.Sanitize())
+		}
+	})
+	require.NoError(t, migrations.Grant(ctx, dbURL, roles, zerolog.Nop()))
+	open := func(role string) *pgxpool.Pool {
+		u, err := url.Parse(dbURL)
+		require.NoError(t, err)
+		u.User = url.User(role) // the test server trusts local connections
+		pool, err := pgxpool.New(ctx, u.String())
+		require.NoError(t, err)
+		t.Cleanup(pool.Close)
+		return pool
+	}
+	return rolePools{scheduler: open(roles.Scheduler), ingress: open(roles.Ingress), triggers: open(roles.Triggers), readOnly: open(roles.ReadOnly)}
 }

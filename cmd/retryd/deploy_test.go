@@ -106,8 +106,9 @@ func TestComposeFile(t *testing.T) {
 		require.Equal(t, "..", dig(t, services, name, "build", "context"), name)
 	}
 
-	// Migrations run once as the owner; the services connect as retryd_app
-	// after they succeeded, each as its own NATS user over TLS.
+	// Migrations run once as the owner (who grants the service roles);
+	// each service connects as its own Postgres role after they
+	// succeeded, and as its own NATS user over TLS.
 	require.Equal(t, []string{"retryd", "migrate"}, strs(t, dig(t, services, "migrate", "command")))
 	require.Contains(t, dig(t, services, "migrate", "environment", "DATABASE_URL"), "postgres://retryd_owner:")
 	ports := map[string]string{"scheduler": ":8080", "ingress": ":8081", "triggers": ":8082"}
@@ -122,7 +123,7 @@ func TestComposeFile(t *testing.T) {
 		require.Equal(t, "_INBOX_"+name, env[natsconn.EnvInboxPrefix], "%s reads its replies on its own inbox prefix", name)
 		require.Equal(t, "tls://nats:4222", env[natsconn.EnvURL], name)
 		require.Equal(t, "/etc/retryd/tls/ca.crt", env[natsconn.EnvTLSCA], name)
-		require.Contains(t, env["DATABASE_URL"], "postgres://retryd_app:", name)
+		require.Contains(t, env["DATABASE_URL"], "postgres://retryd_"+name+":${RETRYD_"+strings.ToUpper(name)+"_PASSWORD:?", name)
 		require.Equal(t, addr, env["RETRYD_HTTP_ADDR"], name)
 		require.Equal(t, "service_completed_successfully", dig(t, svc, "depends_on", "migrate", "condition"), name)
 		require.Equal(t, "service_completed_successfully", dig(t, svc, "depends_on", "streams", "condition"), name)
@@ -151,6 +152,41 @@ func TestComposeFile(t *testing.T) {
 		}
 	}
 	require.Equal(t, []string{"retryd", "dev-certs", "--dir", "/tls", "--hosts", "nats,localhost,127.0.0.1", "--keep"}, strs(t, dig(t, services, "certs", "command")))
+	// The gateway counts retries with the read-only role.
+	require.Contains(t, dig(t, services, "gateway", "environment", "DATABASE_URL"), "postgres://retryd_readonly:${RETRYD_READONLY_PASSWORD:?")
+
+	// Safe defaults: no password has a default (compose refuses to start
+	// without each one), ports are published on 127.0.0.1 unless
+	// RETRYD_BIND says otherwise, and the unauthenticated NATS monitoring
+	// port is not published at all.
+	raw, err := os.ReadFile(filepath.Join(deployDir, "docker-compose.yml"))
+	require.NoError(t, err)
+	for _, m := range regexp.MustCompile(`\$\{([A-Z_]+)(:?[-?])?`).FindAllStringSubmatch(string(raw), -1) {
+		if m[1] == "RETRYD_BIND" {
+			require.Equal(t, ":-", m[2])
+			continue
+		}
+		require.Equal(t, ":?", m[2], "${%s} is required, with no default", m[1])
+	}
+	pgEnv := dig(t, services, "postgres", "environment").(map[string]any)
+	initRoles, err := os.ReadFile(filepath.Join(deployDir, "postgres", "init-roles.sh"))
+	require.NoError(t, err)
+	for _, v := range regexp.MustCompile(`\$\{(RETRYD_[A-Z_]+_PASSWORD):\?`).FindAllStringSubmatch(string(initRoles), -1) {
+		require.Contains(t, pgEnv, v[1], "init-roles.sh reads %s", v[1])
+	}
+	published := 0
+	for name, svc := range services {
+		ports, ok := svc.(map[string]any)["ports"]
+		if !ok {
+			continue
+		}
+		for _, p := range strs(t, ports) {
+			require.True(t, strings.HasPrefix(p, "${RETRYD_BIND:-127.0.0.1}:"), "%s publishes %s on every interface", name, p)
+			require.NotContains(t, p, "8222", "%s: the monitoring port is not published", name)
+			published++
+		}
+	}
+	require.Equal(t, 3, published, "NATS, ingress's intake and the gateway")
 }
 
 // dockerBinaries lists the binaries deploy/Dockerfile builds.
@@ -205,6 +241,12 @@ func TestHelmValuesMatchNATSConfig(t *testing.T) {
 		sub := strs(t, dig(t, hu, "permissions", "subscribe", "allow"))
 		require.Equal(t, sorted(u.Permissions.Publish.Allow), sorted(pub), "publish permissions of %s", u.Username)
 		require.Equal(t, sorted(u.Permissions.Subscribe.Allow), sorted(sub), "subscribe permissions of %s", u.Username)
+		if len(u.Permissions.Publish.Deny) > 0 {
+			deny := strs(t, dig(t, hu, "permissions", "publish", "deny"))
+			require.Equal(t, sorted(u.Permissions.Publish.Deny), sorted(deny), "publish denials of %s", u.Username)
+		} else {
+			require.NotContains(t, dig(t, hu, "permissions", "publish"), "deny", u.Username)
+		}
 	}
 }
 
@@ -239,6 +281,7 @@ func TestKubernetesManifests(t *testing.T) {
 	binaries := dockerBinaries(t)
 
 	deployments := map[string]bool{}
+	policies := map[string]map[string]any{}
 	for _, res := range resources {
 		for _, doc := range readYAML(t, filepath.Join(dir, res)) {
 			if doc["kind"] != "Namespace" {
@@ -249,7 +292,10 @@ func TestKubernetesManifests(t *testing.T) {
 				name := dig(t, doc, "metadata", "name").(string)
 				deployments[name] = true
 				checkDeployment(t, doc, name, secrets, binaries)
+			case "NetworkPolicy":
+				policies[dig(t, doc, "metadata", "name").(string)] = dig(t, doc, "spec").(map[string]any)
 			case "Job":
+				require.Equal(t, false, dig(t, doc, "spec", "template", "spec", "automountServiceAccountToken"), "the setup Job has no API token")
 				for _, c := range dig(t, doc, "spec", "template", "spec", "containers").([]any) {
 					cmd := strs(t, dig(t, c, "command"))
 					require.Contains(t, binaries, cmd[0])
@@ -260,6 +306,29 @@ func TestKubernetesManifests(t *testing.T) {
 		}
 	}
 	require.Equal(t, map[string]bool{"retryd-scheduler": true, "retryd-ingress": true, "retryd-triggers": true, "retryd-gateway": true}, deployments)
+
+	// Network policies: everything denied by default, in and out; only
+	// ingress's intake and the gateway open to anyone.
+	deny := policies["retryd-default-deny"]
+	require.NotNil(t, deny)
+	require.Empty(t, dig(t, deny, "podSelector"))
+	require.ElementsMatch(t, []string{"Ingress", "Egress"}, strs(t, dig(t, deny, "policyTypes")))
+	require.NotContains(t, deny, "ingress")
+	require.NotContains(t, deny, "egress")
+	open := map[string]int{}
+	for name, spec := range policies {
+		rules, _ := spec["ingress"].([]any)
+		for _, r := range rules {
+			if _, ok := r.(map[string]any)["from"]; ok {
+				continue
+			}
+			ports := dig(t, r, "ports").([]any)
+			require.Len(t, ports, 1, "%s opens one port to anyone", name)
+			target := dig(t, spec, "podSelector", "matchLabels", "app.kubernetes.io/name").(string)
+			open[target] = dig(t, ports[0], "port").(int)
+		}
+	}
+	require.Equal(t, map[string]int{"retryd-ingress": 8081, "retryd-gateway": 8080}, open)
 }
 
 func checkDeployment(t *testing.T, doc map[string]any, name string, secrets map[string]map[string]any, binaries []string) {
@@ -267,6 +336,7 @@ func checkDeployment(t *testing.T, doc map[string]any, name string, secrets map[
 	pod := dig(t, doc, "spec", "template", "spec")
 	require.GreaterOrEqual(t, dig(t, pod, "terminationGracePeriodSeconds"), 35, "%s: longer than the services' 30s stop", name)
 	require.Equal(t, true, dig(t, pod, "securityContext", "runAsNonRoot"), name)
+	require.Equal(t, false, dig(t, pod, "automountServiceAccountToken"), "%s: no Kubernetes API token in the pod", name)
 	containers := dig(t, pod, "containers").([]any)
 	require.Len(t, containers, 1, name)
 	c := containers[0]
@@ -289,7 +359,9 @@ func checkDeployment(t *testing.T, doc map[string]any, name string, secrets map[
 	if user, ok := secrets[name]["NATS_USER"]; ok {
 		require.Equal(t, strings.TrimPrefix(name, "retryd-"), user, name)
 		require.Equal(t, "_INBOX_"+user.(string), secrets[name][natsconn.EnvInboxPrefix], "%s reads its replies on its own inbox prefix", name)
-		require.Contains(t, secrets[name]["DATABASE_URL"], "retryd_app", "%s connects as the runtime role", name)
+		require.Contains(t, secrets[name]["DATABASE_URL"], "postgres://retryd_"+user.(string)+":", "%s connects as its own role", name)
+	} else {
+		require.Contains(t, secrets[name]["DATABASE_URL"], "postgres://retryd_readonly:", "%s counts with the read-only role", name)
 	}
 	require.Equal(t, false, dig(t, c, "securityContext", "allowPrivilegeEscalation"), name)
 	require.Equal(t, true, dig(t, c, "securityContext", "readOnlyRootFilesystem"), name)
@@ -306,7 +378,7 @@ func TestOperationsDocCoversEnvironment(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, mains, 3)
 	vars := map[string]bool{}
-	for _, f := range append(mains, "../../internal/natsconn/natsconn.go", "root.go") {
+	for _, f := range append(mains, "../../internal/natsconn/natsconn.go", "../../internal/auth/config.go", "root.go") {
 		src, err := os.ReadFile(f)
 		require.NoError(t, err)
 		for _, m := range regexp.MustCompile(`"((?:RETRYD|NATS|DATABASE)_[A-Z_]+)"`).FindAllStringSubmatch(string(src), -1) {

@@ -21,6 +21,7 @@ const (
 // Environment variables of the CLI.
 const (
 	envAPI         = "RETRYD_API"
+	envToken       = "RETRYD_TOKEN"
 	defaultAPI     = "http://127.0.0.1:8080"
 	defaultTimeout = 30 * time.Second
 )
@@ -28,6 +29,7 @@ const (
 // globals are the flags every command shares.
 type globals struct {
 	api     string
+	token   string
 	json    bool
 	timeout time.Duration
 	stdout  io.Writer
@@ -58,6 +60,7 @@ Exit codes: 0 ok, 1 the operation failed, 2 usage error.`,
 	}
 	pf := root.PersistentFlags()
 	pf.StringVar(&g.api, "api", api, "retryd API base URL (env "+envAPI+")")
+	pf.StringVar(&g.token, "token", os.Getenv(envToken), "API token, sent as Authorization: Bearer (env "+envToken+")")
 	pf.BoolVar(&g.json, "json", false, "print JSON instead of tables")
 	pf.DurationVar(&g.timeout, "timeout", defaultTimeout, "timeout of each API request")
 
@@ -73,6 +76,7 @@ Exit codes: 0 ok, 1 the operation failed, 2 usage error.`,
 		newGatewayCmd(g),
 		newDevCertsCmd(g),
 		newProbeCmd(g),
+		newTokensCmd(g),
 	)
 	return root
 }

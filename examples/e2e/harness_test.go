@@ -23,6 +23,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/retryd/retryd/internal/natstest"
+	"github.com/retryd/retryd/internal/serve"
 	"github.com/retryd/retryd/internal/servicetest"
 	"github.com/retryd/retryd/migrations/pgtest"
 	"github.com/retryd/retryd/pkg/contract"
@@ -110,7 +111,10 @@ func setup(t *testing.T) *env {
 	api.Register(mux)
 	mux.Handle("/v1/policies/", sched.Handler())
 	mux.Handle("/v1/retries/", sched.Handler())
-	e.http = httptest.NewServer(mux)
+	// The API runs as alice, an admin: audit records name her.
+	e.http = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mux.ServeHTTP(w, r.WithContext(serve.WithPrincipal(r.Context(), serve.Principal{Name: "alice", Role: serve.RoleAdmin})))
+	}))
 	t.Cleanup(e.http.Close)
 	return e
 }

@@ -345,9 +345,9 @@ func TestManualBulkRetryAndCancel(t *testing.T) {
 	require.NoError(t, err)
 	waiting := e.enqueue(t, contract.JobData{JobType: "data_enrichment"})
 	e.waitJob(t, waiting, jobstore.StatusRetrying)
-	require.Equal(t, 202, e.call(t, "POST", "/v1/jobs/"+waiting+"/cancel", map[string]any{"reason": "customer left", "by": "alice"}, &accepted))
+	require.Equal(t, 202, e.call(t, "POST", "/v1/jobs/"+waiting+"/cancel", map[string]any{"reason": "customer left", "by": "mallory"}, &accepted))
 	c := e.waitJob(t, waiting, jobstore.StatusCancelled)
-	require.Equal(t, "cancelled by alice: customer left", c.StatusReason)
+	require.Equal(t, "cancelled by alice: customer left", c.StatusReason, "the principal, not the body's by")
 	var apiErr map[string]map[string]string
 	require.Equal(t, 409, e.call(t, "POST", "/v1/jobs/"+waiting+"/cancel", nil, &apiErr))
 	require.Equal(t, 404, e.call(t, "POST", "/v1/jobs/never-failed/retry", nil, &apiErr))

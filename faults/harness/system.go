@@ -143,6 +143,10 @@ func (s *System) ConnectDB(url string) {
 	s.DatabaseURL = url
 }
 
+// AdminToken is the bootstrap admin API token every service of the suite
+// starts with (RETRYD_ADMIN_TOKEN) and Do sends: the APIs check tokens.
+const AdminToken = "rtd_faults-admin-token-0123456789abcdefghijklmnop"
+
 // serviceEnv holds the settings that make the services recover quickly
 // in tests: short ack waits (a killed process's messages come back after
 // seconds, not 30 s), frequent reconciliation and relay polls. Every value
@@ -200,6 +204,9 @@ func (s *System) Service(name string, env ...string) *Process {
 		"RETRYD_HTTP_ADDR=" + addr,
 		"RETRYD_LOG_LEVEL=" + envOr("RETRYD_FAULTS_LOG_LEVEL", "info"),
 		"RETRYD_SCHEDULER_INSTANCE=" + name,
+		// Every service ensures the same bootstrap admin token (idempotent);
+		// Do sends it, so the scenarios act as an admin.
+		"RETRYD_ADMIN_TOKEN=" + AdminToken,
 	}
 	full = append(full, serviceEnv[base]...)
 	full = append(full, env...)
@@ -273,6 +280,7 @@ func (s *System) Do(method, url string, body any) (int, []byte, error) {
 		return 0, nil, err
 	}
 	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer "+AdminToken)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		return 0, nil, err

@@ -85,7 +85,9 @@ func Handler(cfg Config) http.Handler {
 	mux.HandleFunc("GET /index.html", func(w http.ResponseWriter, r *http.Request) {
 		http.Redirect(w, r, "./", http.StatusMovedPermanently)
 	})
-	mux.HandleFunc("GET /api/summary", func(w http.ResponseWriter, r *http.Request) {
+	// The page and its assets hold no data and stay public (the sign-in
+	// comes with them); the counts are a viewer's read.
+	mux.Handle("GET /api/summary", serve.Require(serve.RoleViewer, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if cfg.Summary == nil {
 			serve.WriteJSON(w, http.StatusNotFound, serve.ErrorBody{Error: serve.ErrorDetail{Code: serve.CodeNotFound, Message: "no summary on this server"}})
 			return
@@ -100,7 +102,7 @@ func Handler(cfg Config) http.Handler {
 		}
 		w.Header().Set("Cache-Control", "no-store")
 		serve.WriteJSON(w, http.StatusOK, sum)
-	})
+	})))
 	mux.HandleFunc("GET /", func(w http.ResponseWriter, r *http.Request) {
 		headers(w, csp)
 		w.Header().Set("Cache-Control", "no-cache")

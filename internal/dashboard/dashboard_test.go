@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/retryd/retryd/internal/dashboard"
+	"github.com/retryd/retryd/internal/serve"
 )
 
 func get(t *testing.T, h http.Handler, path string) *httptest.ResponseRecorder {
@@ -76,13 +77,13 @@ func TestAssets(t *testing.T) {
 
 func TestSummary(t *testing.T) {
 	t.Parallel()
-	rec := get(t, dashboard.Handler(dashboard.Config{}), "/api/summary")
+	rec := get(t, serve.Guard{}.Handler(dashboard.Handler(dashboard.Config{})), "/api/summary")
 	require.Equal(t, http.StatusNotFound, rec.Code, "no summary without Config.Summary")
 
 	h := dashboard.Handler(dashboard.Config{Summary: func(context.Context) (dashboard.Summary, error) {
 		return dashboard.Summary{Counts: []dashboard.Count{{Kind: "job", State: "scheduled", Count: 3}}}, nil
 	}})
-	rec = get(t, h, "/api/summary")
+	rec = get(t, serve.Guard{}.Handler(h), "/api/summary")
 	require.Equal(t, http.StatusOK, rec.Code)
 	var sum dashboard.Summary
 	require.NoError(t, json.Unmarshal(rec.Body.Bytes(), &sum))
@@ -91,7 +92,7 @@ func TestSummary(t *testing.T) {
 	failing := dashboard.Handler(dashboard.Config{Summary: func(context.Context) (dashboard.Summary, error) {
 		return dashboard.Summary{}, errors.New("database down: password=secret")
 	}})
-	rec = get(t, failing, "/api/summary")
+	rec = get(t, serve.Guard{}.Handler(failing), "/api/summary")
 	require.Equal(t, http.StatusInternalServerError, rec.Code)
 	require.NotContains(t, rec.Body.String(), "secret", "internal errors are not shown")
 }

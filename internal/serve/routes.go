@@ -11,6 +11,9 @@ type Route struct {
 	Method      string `json:"method"`
 	Path        string `json:"path"`
 	Description string `json:"description"`
+	// Role is what a caller needs to use the route (see Role). Mount
+	// panics when it is missing.
+	Role Role `json:"role"`
 }
 
 // Endpoint is a Route and the method of T that serves it. A service that
@@ -21,13 +24,19 @@ type Endpoint[T any] struct {
 	Serve func(T, http.ResponseWriter, *http.Request)
 }
 
-// Mount registers every endpoint on mux as "METHOD PATH", served by recv.
+// Mount registers every endpoint on mux as "METHOD PATH", served by recv
+// to callers whose role allows the endpoint's (Require). It panics on an
+// endpoint without a role, when the mux is built, so no route can be
+// served without a rule.
 func Mount[T any](mux *http.ServeMux, recv T, endpoints []Endpoint[T]) {
 	for _, e := range endpoints {
+		if e.Role == roleUnset {
+			panic("serve: " + e.Method + " " + e.Path + " has no role: every endpoint must name the role it needs")
+		}
 		serveFn := e.Serve
-		mux.HandleFunc(e.Method+" "+e.Path, func(w http.ResponseWriter, r *http.Request) {
+		mux.Handle(e.Method+" "+e.Path, Require(e.Role, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			serveFn(recv, w, r)
-		})
+		})))
 	}
 }
 
@@ -51,9 +60,9 @@ type Index struct {
 
 // IndexHandler answers GET /v1/ with every route of the given lists and
 // its own, sorted by path and method, so a reader of the printed API
-// address finds what it serves without the docs.
+// address finds what it serves without the docs. It needs IndexRole.
 func IndexHandler(lists ...[]Route) http.Handler {
-	routes := []Route{{Method: http.MethodGet, Path: "/v1/", Description: "This index of the API's routes."}}
+	routes := []Route{{Method: http.MethodGet, Path: "/v1/", Description: "This index of the API's routes.", Role: IndexRole}}
 	for _, l := range lists {
 		routes = append(routes, l...)
 	}
@@ -61,7 +70,11 @@ func IndexHandler(lists ...[]Route) http.Handler {
 		return cmp.Or(cmp.Compare(a.Path, b.Path), cmp.Compare(a.Method, b.Method))
 	})
 	idx := Index{Routes: routes}
-	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+	return Require(IndexRole, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		WriteJSON(w, http.StatusOK, idx)
-	})
+	}))
 }
+
+// IndexRole is what GET /v1/ needs: the index tells which routes exist and
+// who may use them, which is for people who read the API.
+const IndexRole = RoleViewer

@@ -18,8 +18,8 @@ func (g *greeter) hello(w http.ResponseWriter, r *http.Request) {
 }
 
 var greeterEndpoints = []serve.Endpoint[*greeter]{
-	{Route: serve.Route{Method: http.MethodGet, Path: "/v1/hello/{who}", Description: "Say hello."}, Serve: (*greeter).hello},
-	{Route: serve.Route{Method: http.MethodPost, Path: "/v1/hello", Description: "Say hello back."}, Serve: (*greeter).hello},
+	{Route: serve.Route{Method: http.MethodGet, Path: "/v1/hello/{who}", Description: "Say hello.", Role: serve.RoleViewer}, Serve: (*greeter).hello},
+	{Route: serve.Route{Method: http.MethodPost, Path: "/v1/hello", Description: "Say hello back.", Role: serve.RoleOperator}, Serve: (*greeter).hello},
 }
 
 // Every listed route is the pattern the mux serves it under, so the
@@ -34,7 +34,7 @@ func TestMountServesWhatRoutesLists(t *testing.T) {
 		_, pattern := mux.Handler(httptest.NewRequest(r.Method, r.Path, nil))
 		require.Equal(t, r.Method+" "+r.Path, pattern)
 	}
-	code, body := get(t, mux, "/v1/hello/ann")
+	code, body := get(t, serve.Guard{}.Handler(mux), "/v1/hello/ann")
 	require.Equal(t, http.StatusOK, code)
 	require.JSONEq(t, `{"hello":"ann","from":"g1"}`, body)
 }
@@ -43,21 +43,22 @@ func TestIndexHandler(t *testing.T) {
 	t.Parallel()
 	mux := http.NewServeMux()
 	mux.Handle(serve.IndexPath, serve.IndexHandler(serve.Routes(greeterEndpoints), []serve.Route{
-		{Method: http.MethodDelete, Path: "/v1/hello", Description: "Forget."},
+		{Method: http.MethodDelete, Path: "/v1/hello", Description: "Forget.", Role: serve.RoleAdmin},
 	}))
 	mux.HandleFunc("/v1/", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusNotFound) })
 
-	code, body := get(t, mux, "/v1/")
+	code, body := get(t, serve.Guard{}.Handler(mux), "/v1/")
 	require.Equal(t, http.StatusOK, code)
 	var idx serve.Index
 	require.NoError(t, json.Unmarshal([]byte(body), &idx))
 	require.Equal(t, []serve.Route{
-		{Method: http.MethodGet, Path: "/v1/", Description: "This index of the API's routes."},
-		{Method: http.MethodDelete, Path: "/v1/hello", Description: "Forget."},
-		{Method: http.MethodPost, Path: "/v1/hello", Description: "Say hello back."},
-		{Method: http.MethodGet, Path: "/v1/hello/{who}", Description: "Say hello."},
+		{Method: http.MethodGet, Path: "/v1/", Description: "This index of the API's routes.", Role: serve.RoleViewer},
+		{Method: http.MethodDelete, Path: "/v1/hello", Description: "Forget.", Role: serve.RoleAdmin},
+		{Method: http.MethodPost, Path: "/v1/hello", Description: "Say hello back.", Role: serve.RoleOperator},
+		{Method: http.MethodGet, Path: "/v1/hello/{who}", Description: "Say hello.", Role: serve.RoleViewer},
 	}, idx.Routes, "sorted by path, then method")
 	require.Contains(t, body, `"method":"GET","path":"/v1/","description":`)
+	require.Contains(t, body, `"role":"viewer"`)
 
 	code, _ = get(t, mux, "/v1/other")
 	require.Equal(t, http.StatusNotFound, code, "the index is /v1/ only")

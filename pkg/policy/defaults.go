@@ -43,6 +43,16 @@ func Fallback() Policy {
 	return seeded(AnyKind, "", "default", 3, backoff.Default())
 }
 
+// Template is where a new policy for kind and jobType starts: the
+// fallback policy's values under that key, with no name or version yet.
+// The dashboard's editor starts from it (GET /v1/policies/template), so
+// its starting values and the seeded ones cannot drift apart.
+func Template(kind, jobType string) Policy {
+	p := Fallback()
+	p.Kind, p.JobType, p.Name, p.Version = kind, jobType, "", 0
+	return p
+}
+
 // Defaults returns the policies the migrations install, ordered by kind and
 // job type as the store lists them. migrations/sql/00001_foundation.sql
 // holds the same rows; a test of the migrations compares the two, so

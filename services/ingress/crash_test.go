@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/retryd/retryd/internal/natstest"
+	"github.com/retryd/retryd/internal/serve"
 	"github.com/retryd/retryd/internal/streams"
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/services/ingress"
@@ -52,7 +53,7 @@ func (b *bundle) crashAt(t *testing.T, point string) (svc *ingress.Service, http
 		}
 		return false
 	}, eventually, 10*time.Millisecond)
-	http = httptest.NewServer(svc.Handler())
+	http = httptest.NewServer(serve.Guard{}.Handler(svc.Handler()))
 	t.Cleanup(http.Close)
 	return svc, http, nc.Close
 }

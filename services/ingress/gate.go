@@ -25,6 +25,10 @@ func (s *Service) handleIngest(ctx context.Context, msg jetstream.Msg) error {
 	if err != nil {
 		return err
 	}
+	var ingestSeq uint64
+	if md, err := msg.Metadata(); err == nil {
+		ingestSeq = md.Sequence.Stream
+	}
 	body, err := env.Marshal()
 	if err != nil {
 		return fmt.Errorf("%w: %w", contract.ErrInvalid, err)
@@ -38,7 +42,7 @@ func (s *Service) handleIngest(ctx context.Context, msg jetstream.Msg) error {
 			return err
 		}
 		if first {
-			first, err = ingressstore.InsertEvent(ctx, tx, ev.ID, ev.Source, ev.Type, body)
+			first, err = ingressstore.InsertEvent(ctx, tx, ev.ID, ev.Source, ev.Type, body, ingestSeq)
 			if err != nil {
 				return err
 			}

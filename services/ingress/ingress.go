@@ -84,7 +84,8 @@ func New(cfg Config) (*Service, error) {
 }
 
 // Handler serves the intake and operator API (/v1/...). Mount it next to
-// internal/serve's /healthz, /readyz and /metrics.
+// internal/serve's /healthz, /readyz and /metrics, behind a serve.Guard:
+// each route answers only a principal with the role it names.
 func (s *Service) Handler() http.Handler { return s.handler }
 
 func (s *Service) consumerSpecs() []durable.Spec {

@@ -70,7 +70,7 @@ func setup(t *testing.T, opts ...func(*ingress.Config)) *bundle {
 		o(&cfg)
 	}
 	b.svc = b.start(t, cfg)
-	b.http = httptest.NewServer(b.svc.Handler())
+	b.http = httptest.NewServer(serve.Guard{}.Handler(b.svc.Handler()))
 	t.Cleanup(b.http.Close)
 	return b
 }

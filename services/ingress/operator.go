@@ -19,29 +19,26 @@ import (
 // maxOperatorBody caps the body of operator requests.
 const maxOperatorBody = 64 << 10
 
-// updatedByAPI is what operator changes record as updated_by.
-const updatedByAPI = "api"
-
 // endpoints is the intake and operator API. Each description is what
 // GET /v1/ says about the route.
 var endpoints = []serve.Endpoint[*Service]{
-	{Route: serve.Route{Method: http.MethodPost, Path: "/v1/events",
+	{Route: serve.Route{Method: http.MethodPost, Path: "/v1/events", Role: serve.RoleProducer,
 		Description: "Send one event; 202 once JetStream stored it."}, Serve: (*Service).postEvent},
-	{Route: serve.Route{Method: http.MethodPost, Path: "/v1/events:batch",
+	{Route: serve.Route{Method: http.MethodPost, Path: "/v1/events:batch", Role: serve.RoleProducer,
 		Description: `Send several events in one request ({"events": [...]}, 500 at most by default); 202 once JetStream stored them.`}, Serve: (*Service).postBatch},
-	{Route: serve.Route{Method: http.MethodGet, Path: "/v1/events/{id}",
+	{Route: serve.Route{Method: http.MethodGet, Path: "/v1/events/{id}", Role: serve.RoleViewer,
 		Description: "One event as ingress stored it, with its deferral if any."}, Serve: (*Service).getEvent},
-	{Route: serve.Route{Method: http.MethodPost, Path: "/v1/events/{id}/cancel",
-		Description: `Cancel a deferred event ({"reason", "by"}).`}, Serve: (*Service).cancelEvent},
-	{Route: serve.Route{Method: http.MethodGet, Path: "/v1/sources",
+	{Route: serve.Route{Method: http.MethodPost, Path: "/v1/events/{id}/cancel", Role: serve.RoleOperator,
+		Description: `Cancel a deferred event ({"reason"}; the token's name is recorded as by).`}, Serve: (*Service).cancelEvent},
+	{Route: serve.Route{Method: http.MethodGet, Path: "/v1/sources", Role: serve.RoleViewer,
 		Description: "List sources and their gates."}, Serve: (*Service).listSources},
-	{Route: serve.Route{Method: http.MethodGet, Path: "/v1/sources/{source}",
+	{Route: serve.Route{Method: http.MethodGet, Path: "/v1/sources/{source}", Role: serve.RoleViewer,
 		Description: "One source's gate: rate limit, pause, allowed types, deferred events."}, Serve: (*Service).getSource},
-	{Route: serve.Route{Method: http.MethodPut, Path: "/v1/sources/{source}",
+	{Route: serve.Route{Method: http.MethodPut, Path: "/v1/sources/{source}", Role: serve.RoleAdmin,
 		Description: "Set a source's rate limit and allowed types; releases its held events."}, Serve: (*Service).putSource},
-	{Route: serve.Route{Method: http.MethodPost, Path: "/v1/sources/{source}/pause",
+	{Route: serve.Route{Method: http.MethodPost, Path: "/v1/sources/{source}/pause", Role: serve.RoleOperator,
 		Description: `Pause a source, optionally until a time ({"until"}); its events are held.`}, Serve: (*Service).pauseSource},
-	{Route: serve.Route{Method: http.MethodPost, Path: "/v1/sources/{source}/resume",
+	{Route: serve.Route{Method: http.MethodPost, Path: "/v1/sources/{source}/resume", Role: serve.RoleOperator,
 		Description: "Resume a paused source; its held events come back now, in arrival order."}, Serve: (*Service).resumeSource},
 }
 
@@ -140,7 +137,7 @@ func (s *Service) putSource(w http.ResponseWriter, r *http.Request) {
 		serve.WriteError(w, err)
 		return
 	}
-	cfg := ingressstore.SourceConfig{Source: source, AllowedTypes: req.AllowedTypes, UpdatedBy: updatedByAPI}
+	cfg := ingressstore.SourceConfig{Source: source, AllowedTypes: req.AllowedTypes, UpdatedBy: serve.Actor(r)}
 	if req.RateLimit != nil {
 		if *req.RateLimit < 1 || *req.RateLimit > 1_000_000_000 {
 			serve.WriteError(w, invalid("rate_limit", fmt.Sprintf("must be between 1 and 1000000000, got %d", *req.RateLimit)))
@@ -178,7 +175,7 @@ func (s *Service) putSource(w http.ResponseWriter, r *http.Request) {
 		if src, err = ingressstore.PutSource(r.Context(), tx, cfg); err != nil {
 			return err
 		}
-		return s.release(r.Context(), tx, source, contract.ReleaseLimitChanged)
+		return s.release(r.Context(), tx, source, contract.ReleaseLimitChanged, serve.Actor(r))
 	})
 	if err != nil {
 		s.internal(w, err)
@@ -222,7 +219,7 @@ func (s *Service) pauseSource(w http.ResponseWriter, r *http.Request) {
 		serve.WriteError(w, err)
 		return
 	}
-	src, err := ingressstore.PauseSource(r.Context(), s.cfg.Pool, source, req.Until, req.Reason, updatedByAPI)
+	src, err := ingressstore.PauseSource(r.Context(), s.cfg.Pool, source, req.Until, req.Reason, serve.Actor(r))
 	if err != nil {
 		s.internal(w, err)
 		return
@@ -248,10 +245,10 @@ func (s *Service) resumeSource(w http.ResponseWriter, r *http.Request) {
 	}
 	var src ingressstore.Source
 	err = s.inTx(r.Context(), func(tx pgx.Tx) error {
-		if src, err = ingressstore.ResumeSource(r.Context(), tx, source, updatedByAPI); err != nil {
+		if src, err = ingressstore.ResumeSource(r.Context(), tx, source, serve.Actor(r)); err != nil {
 			return err
 		}
-		return s.release(r.Context(), tx, source, contract.ReleaseResume)
+		return s.release(r.Context(), tx, source, contract.ReleaseResume, serve.Actor(r))
 	})
 	if errors.Is(err, ingressstore.ErrNotFound) {
 		serve.WriteError(w, fmt.Errorf("source %q has no gate configured: %w", source, serve.ErrNotFound))
@@ -279,7 +276,7 @@ func (s *Service) resumeSource(w http.ResponseWriter, r *http.Request) {
 // pace): this instance's releaser admits them itself, in order, and the
 // scheduler emits no due for them, only a fallback one if ingress never
 // answers. Under a rate limit newcomers queue behind the line.
-func (s *Service) release(ctx context.Context, tx pgx.Tx, source, reason string) error {
+func (s *Service) release(ctx context.Context, tx pgx.Tx, source, reason, by string) error {
 	pace, paced, err := ingressstore.PaceRelease(ctx, tx, source)
 	if err != nil {
 		return err
@@ -295,7 +292,7 @@ func (s *Service) release(ctx context.Context, tx pgx.Tx, source, reason string)
 	case paced > 0:
 		s.log.Info().Str("source", source).Int64("events", paced).Msg("release: held events lined up for admission")
 	}
-	m, err := releasedMsg(source, reason, updatedByAPI, at, pace, paced > 0, s.cfg.Now())
+	m, err := releasedMsg(source, reason, by, at, pace, paced > 0, s.cfg.Now())
 	if err != nil {
 		return err
 	}
@@ -387,9 +384,9 @@ func (s *Service) cancelEvent(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	if req.By == "" {
-		req.By = defaultCancelledByUser
-	}
+	// A "by" in the body is ignored: the record names the token's
+	// principal.
+	req.By = serve.Actor(r)
 	if err := pgtext.Check("by", req.By, contract.MaxTokenLen); err != nil {
 		serve.WriteError(w, err)
 		return

@@ -33,10 +33,9 @@ const windowFilledRetry = time.Millisecond
 
 // Values of CancelledData.By and reasons ingress cancels with.
 const (
-	cancelledByIngress     = "ingress"
-	reasonEventMissing     = "event_missing"
-	reasonTypeNotAllowed   = "type_not_allowed"
-	defaultCancelledByUser = "operator"
+	cancelledByIngress   = "ingress"
+	reasonEventMissing   = "event_missing"
+	reasonTypeNotAllowed = "type_not_allowed"
 )
 
 // Keys ingress keeps in event_ingress_retries.metadata about a

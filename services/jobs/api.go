@@ -149,21 +149,21 @@ func NewAPI(cfg APIConfig) (*API, error) {
 // endpoints is the jobs API. Each description is what GET /v1/ says
 // about the route.
 var endpoints = []serve.Endpoint[*API]{
-	{Route: serve.Route{Method: http.MethodGet, Path: "/v1/analytics/retries",
+	{Route: serve.Route{Method: http.MethodGet, Path: "/v1/analytics/retries", Role: serve.RoleViewer,
 		Description: "Job retry analytics per job type (?job_type=&days=&since=&until=&top=)."}, Serve: (*API).handleAnalytics},
-	{Route: serve.Route{Method: http.MethodGet, Path: "/v1/jobs",
+	{Route: serve.Route{Method: http.MethodGet, Path: "/v1/jobs", Role: serve.RoleViewer,
 		Description: "List jobs (?status=&job_type=&min_retry_count=&error_class=&since=&until=&limit=&cursor=)."}, Serve: (*API).handleList},
-	{Route: serve.Route{Method: http.MethodPost, Path: "/v1/jobs/bulk-retry",
+	{Route: serve.Route{Method: http.MethodPost, Path: "/v1/jobs/bulk-retry", Role: serve.RoleOperator,
 		Description: "Retry the jobs a filter selects, at a limited rate; answers with an operation."}, Serve: (*API).handleBulkRetry},
-	{Route: serve.Route{Method: http.MethodGet, Path: "/v1/jobs/{id}",
+	{Route: serve.Route{Method: http.MethodGet, Path: "/v1/jobs/{id}", Role: serve.RoleViewer,
 		Description: "One job and its retry history."}, Serve: (*API).handleGet},
-	{Route: serve.Route{Method: http.MethodPost, Path: "/v1/jobs/{id}/retry",
-		Description: `Retry a job now ({"reason", "by", "reset_attempts"}).`}, Serve: (*API).handleRetry},
-	{Route: serve.Route{Method: http.MethodPost, Path: "/v1/jobs/{id}/cancel",
-		Description: `Cancel a job's pending retry ({"reason", "by"}).`}, Serve: (*API).handleCancel},
-	{Route: serve.Route{Method: http.MethodGet, Path: "/v1/operations/{id}",
+	{Route: serve.Route{Method: http.MethodPost, Path: "/v1/jobs/{id}/retry", Role: serve.RoleOperator,
+		Description: `Retry a job now ({"reason", "reset_attempts"}; the token's name is recorded as by).`}, Serve: (*API).handleRetry},
+	{Route: serve.Route{Method: http.MethodPost, Path: "/v1/jobs/{id}/cancel", Role: serve.RoleOperator,
+		Description: `Cancel a job's pending retry ({"reason"}; the token's name is recorded as by).`}, Serve: (*API).handleCancel},
+	{Route: serve.Route{Method: http.MethodGet, Path: "/v1/operations/{id}", Role: serve.RoleViewer,
 		Description: "A bulk retry's progress."}, Serve: (*API).handleGetOperation},
-	{Route: serve.Route{Method: http.MethodPost, Path: "/v1/operations/{id}/cancel",
+	{Route: serve.Route{Method: http.MethodPost, Path: "/v1/operations/{id}/cancel", Role: serve.RoleOperator,
 		Description: "Stop a bulk retry."}, Serve: (*API).handleCancelOperation},
 }
 
@@ -175,7 +175,9 @@ func (a *API) Register(mux *http.ServeMux) {
 	serve.Mount(mux, a, endpoints)
 }
 
-// Handler returns a handler serving only the API's routes.
+// Handler returns a handler serving only the API's routes. Put a
+// serve.Guard in front: each route answers only a principal with the role
+// it names.
 func (a *API) Handler() http.Handler {
 	mux := http.NewServeMux()
 	a.Register(mux)
@@ -395,9 +397,9 @@ func (a *API) action(w http.ResponseWriter, r *http.Request, name string) {
 		serve.WriteError(w, err)
 		return
 	}
-	if req.By == "" {
-		req.By = "operator"
-	}
+	// A "by" in the body is ignored: the record names the token's
+	// principal.
+	req.By = serve.Actor(r)
 	if err := pgtext.Check("by", req.By, contract.MaxTokenLen); err != nil {
 		serve.WriteError(w, err)
 		return

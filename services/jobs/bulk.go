@@ -136,9 +136,9 @@ func (a *API) handleBulkRetry(w http.ResponseWriter, r *http.Request) {
 		serve.WriteError(w, invalid("rate_per_second", fmt.Sprintf("must be above 0 and at most %d", MaxRatePerSecond)))
 		return
 	}
-	if req.By == "" {
-		req.By = "operator"
-	}
+	// A "by" in the body is ignored: the operation names the token's
+	// principal.
+	req.By = serve.Actor(r)
 	if err := pgtext.Check("by", req.By, contract.MaxTokenLen); err != nil {
 		serve.WriteError(w, err)
 		return

@@ -18,21 +18,23 @@ const maxBodyBytes = 64 << 10
 // endpoints is the operator API. Each description is what GET /v1/ says
 // about the route.
 var endpoints = []serve.Endpoint[*Scheduler]{
-	{Route: serve.Route{Method: http.MethodGet, Path: "/v1/retries",
+	{Route: serve.Route{Method: http.MethodGet, Path: "/v1/retries", Role: serve.RoleViewer,
 		Description: "List retries, a page at a time (?kind=&state=&source=&job_type=&limit=&cursor=)."}, Serve: (*Scheduler).handleList},
-	{Route: serve.Route{Method: http.MethodGet, Path: "/v1/retries/{kind}/{id}",
+	{Route: serve.Route{Method: http.MethodGet, Path: "/v1/retries/{kind}/{id}", Role: serve.RoleViewer,
 		Description: "One retry and its history: why it retried."}, Serve: (*Scheduler).handleGet},
-	{Route: serve.Route{Method: http.MethodPost, Path: "/v1/retries/{kind}/{id}/cancel",
-		Description: `Cancel a pending retry ({"reason", "by"}).`}, Serve: (*Scheduler).handleCancel},
-	{Route: serve.Route{Method: http.MethodPost, Path: "/v1/retries/{kind}/{id}/retry",
-		Description: `Retry now, from any state ({"reason", "by", "reset_attempts"}).`}, Serve: (*Scheduler).handleRetry},
-	{Route: serve.Route{Method: http.MethodGet, Path: "/v1/policies",
+	{Route: serve.Route{Method: http.MethodPost, Path: "/v1/retries/{kind}/{id}/cancel", Role: serve.RoleOperator,
+		Description: `Cancel a pending retry ({"reason"}; the token's name is recorded as by).`}, Serve: (*Scheduler).handleCancel},
+	{Route: serve.Route{Method: http.MethodPost, Path: "/v1/retries/{kind}/{id}/retry", Role: serve.RoleOperator,
+		Description: `Retry now, from any state ({"reason", "reset_attempts"}; the token's name is recorded as by).`}, Serve: (*Scheduler).handleRetry},
+	{Route: serve.Route{Method: http.MethodGet, Path: "/v1/policies", Role: serve.RoleViewer,
 		Description: "List retry policies."}, Serve: (*Scheduler).handleListPolicies},
-	{Route: serve.Route{Method: http.MethodGet, Path: "/v1/policies/{kind}/{job_type}",
+	{Route: serve.Route{Method: http.MethodGet, Path: "/v1/policies/template", Role: serve.RoleViewer,
+		Description: "Where a new policy starts (?kind=&job_type=): the fallback policy's values, unnamed."}, Serve: (*Scheduler).handlePolicyTemplate},
+	{Route: serve.Route{Method: http.MethodGet, Path: "/v1/policies/{kind}/{job_type}", Role: serve.RoleViewer,
 		Description: `One retry policy ("_" or "default" as job_type: the kind's default).`}, Serve: (*Scheduler).handleGetPolicy},
-	{Route: serve.Route{Method: http.MethodPut, Path: "/v1/policies/{kind}/{job_type}",
+	{Route: serve.Route{Method: http.MethodPut, Path: "/v1/policies/{kind}/{job_type}", Role: serve.RoleAdmin,
 		Description: "Create or change a retry policy; each change is a new version."}, Serve: (*Scheduler).handlePutPolicy},
-	{Route: serve.Route{Method: http.MethodGet, Path: "/v1/policies/{kind}/{job_type}/versions",
+	{Route: serve.Route{Method: http.MethodGet, Path: "/v1/policies/{kind}/{job_type}/versions", Role: serve.RoleViewer,
 		Description: "Every version of a retry policy."}, Serve: (*Scheduler).handlePolicyVersions},
 }
 
@@ -40,7 +42,8 @@ var endpoints = []serve.Endpoint[*Scheduler]{
 func Routes() []serve.Route { return serve.Routes(endpoints) }
 
 // Handler returns the operator API (Routes lists it); mount it next to
-// internal/serve's health and metrics endpoints.
+// internal/serve's health and metrics endpoints, behind a serve.Guard:
+// each route answers only a principal with the role it names.
 func (s *Scheduler) Handler() http.Handler {
 	mux := http.NewServeMux()
 	serve.Mount(mux, s, endpoints)
@@ -159,6 +162,9 @@ func decodeOptional(r *http.Request, v any) error {
 	return serve.DecodeJSON(r, maxBodyBytes, v)
 }
 
+// cancelRequest and retryRequest keep "by" so older clients that send it
+// are not refused, but it is ignored: the record names the token's
+// principal (serve.Actor).
 type cancelRequest struct {
 	Reason string `json:"reason"`
 	By     string `json:"by"`
@@ -175,7 +181,7 @@ func (s *Scheduler) handleCancel(w http.ResponseWriter, r *http.Request) {
 		serve.WriteError(w, err)
 		return
 	}
-	row, err := s.Cancel(r.Context(), kind, id, req.By, req.Reason)
+	row, err := s.Cancel(r.Context(), kind, id, serve.Actor(r), req.Reason)
 	if err != nil {
 		serve.WriteError(w, err)
 		return
@@ -200,6 +206,7 @@ func (s *Scheduler) handleRetry(w http.ResponseWriter, r *http.Request) {
 		serve.WriteError(w, err)
 		return
 	}
+	req.By = serve.Actor(r)
 	row, err := s.RetryNow(r.Context(), kind, id, RetryNowOptions(req))
 	if err != nil {
 		serve.WriteError(w, err)

@@ -49,6 +49,26 @@ func (s *Scheduler) handleListPolicies(w http.ResponseWriter, r *http.Request) {
 	serve.WriteJSON(w, http.StatusOK, map[string]any{"policies": ps})
 }
 
+// handlePolicyTemplate answers policy.Template for ?kind= (default job)
+// and ?job_type= (default: the kind's default policy).
+func (s *Scheduler) handlePolicyTemplate(w http.ResponseWriter, r *http.Request) {
+	kind, jobType := r.URL.Query().Get("kind"), r.URL.Query().Get("job_type")
+	if kind == "" {
+		kind = contract.KindJob
+	}
+	if err := contract.ValidateKind("kind", kind); err != nil {
+		serve.WriteError(w, err)
+		return
+	}
+	if jobType != "" {
+		if err := contract.ValidateToken("job_type", jobType); err != nil {
+			serve.WriteError(w, err)
+			return
+		}
+	}
+	serve.WriteJSON(w, http.StatusOK, policy.Template(kind, jobType))
+}
+
 func (s *Scheduler) handleGetPolicy(w http.ResponseWriter, r *http.Request) {
 	kind, jobType, err := pathPolicy(r)
 	if err != nil {
@@ -90,7 +110,7 @@ func (s *Scheduler) handlePolicyVersions(w http.ResponseWriter, r *http.Request)
 // max_retry_after_ms 0 (30 days and 24 hours). max_retries, base_delay_ms
 // and max_delay_ms are required. kind and job_type, when given, must be
 // the path's; created_at and updated_at are the store's and ignored;
-// updated_by names who makes the change (default "api"); version, when
+// updated_by is ignored (the token's name is recorded); version, when
 // not 0, must be the current version (409 otherwise).
 type PolicyRequest struct {
 	Policy policy.Policy
@@ -128,7 +148,7 @@ func (s *Scheduler) handlePutPolicy(w http.ResponseWriter, r *http.Request) {
 		serve.WriteError(w, err)
 		return
 	}
-	saved, err := s.PutPolicy(r.Context(), p, p.UpdatedBy)
+	saved, err := s.PutPolicy(r.Context(), p, serve.Actor(r))
 	if err != nil {
 		serve.WriteError(w, err)
 		return

@@ -10,8 +10,10 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/retryd/retryd/internal/serve"
 	"github.com/retryd/retryd/internal/servicetest"
 	"github.com/retryd/retryd/pkg/contract"
+	"github.com/retryd/retryd/pkg/policy"
 	"github.com/retryd/retryd/projections/retrystore"
 )
 
@@ -24,7 +26,7 @@ type apiClient struct {
 func (b *bundle) startAPI(t *testing.T) (instance, apiClient) {
 	t.Helper()
 	s := b.start(t)
-	srv := httptest.NewServer(s.Handler())
+	srv := httptest.NewServer(serve.Guard{}.Handler(s.Handler()))
 	t.Cleanup(srv.Close)
 	return s, apiClient{t: t, url: srv.URL}
 }
@@ -145,6 +147,19 @@ func TestPoliciesAPI(t *testing.T) {
 	status, _ = api.do("GET", "/v1/policies/job/nothing", "")
 	require.Equal(t, http.StatusNotFound, status)
 
+	// A new policy starts from the seeded fallback's values, unnamed; a
+	// PUT of the template under a name stores it as it is.
+	status, body = api.do("GET", "/v1/policies/template?kind=job&job_type=fresh", "")
+	require.Equal(t, http.StatusOK, status, body)
+	want, err := json.Marshal(policy.Template("job", "fresh"))
+	require.NoError(t, err)
+	got, err := json.Marshal(body)
+	require.NoError(t, err)
+	require.JSONEq(t, string(want), string(got))
+	require.Equal(t, "", body["name"])
+	status, _ = api.do("GET", "/v1/policies/template?kind=not%20a%20kind", "")
+	require.Equal(t, http.StatusBadRequest, status)
+
 	// A policy update is used by the decisions after it, and versioned.
 	b.policy(t, "pu", "", 3, 60_000, 60_000)
 	b.failTo(t, "pu", "before", 1, "timeout", retrystore.StateScheduled)
@@ -164,7 +179,7 @@ func TestPoliciesAPI(t *testing.T) {
 	require.Equal(t, http.StatusOK, status)
 	versions := body["versions"].([]any)
 	require.Len(t, versions, 2)
-	require.Equal(t, "carol", versions[0].(map[string]any)["changed_by"])
+	require.Equal(t, "local", versions[0].(map[string]any)["changed_by"], "the principal, not the body's updated_by")
 
 	// A stale version conflicts; a new job type policy is created.
 	status, _ = api.do("PUT", "/v1/policies/pu/_", `{"name":"x","max_retries":1,"base_delay_ms":1,"max_delay_ms":1,"version":1}`)
@@ -188,7 +203,7 @@ func TestPoliciesAPI(t *testing.T) {
 	status, again := api.do("PUT", "/v1/policies/pu/holds", string(raw))
 	require.Equal(t, http.StatusOK, status, again)
 	require.EqualValues(t, 2, again["version"])
-	require.Equal(t, "dave", again["updated_by"])
+	require.Equal(t, "local", again["updated_by"], "the principal's name; the body's updated_by is ignored")
 	for _, same := range []string{"name", "max_retries", "base_delay_ms", "max_delay_ms", "max_hold_ms", "class_backoff", "created_at"} {
 		require.Equal(t, body[same], again[same], same)
 	}

@@ -48,5 +48,7 @@ func Example() {
 	health.SetReady(true)
 	mux := serve.NewMux(reg, health)
 	mux.Handle("/v1/", s.Handler())
-	_ = http.ListenAndServe(":8080", mux)
+	// A Guard without a Verifier is authentication off (loopback only);
+	// a deployment passes internal/auth's verifier.
+	_ = http.ListenAndServe("127.0.0.1:8080", serve.Guard{}.Handler(mux))
 }

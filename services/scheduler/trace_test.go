@@ -16,6 +16,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/retryd/retryd/internal/serve"
 	"github.com/retryd/retryd/internal/telemetry"
 	"github.com/retryd/retryd/internal/telemetry/telemetrytest"
 	"github.com/retryd/retryd/pkg/contract"
@@ -107,7 +108,7 @@ func TestTraceFromAPIToCancelled(t *testing.T) {
 	b.policy(t, "traced", "", 3, 60_000, 60_000)
 	b.failTo(t, "traced", "t2", 1, "timeout", retrystore.StateScheduled)
 
-	h := telemetry.Handler(s.Handler(), "retryd-scheduler")
+	h := telemetry.Handler(serve.Guard{}.Handler(s.Handler()), "retryd-scheduler")
 	req := httptest.NewRequest(http.MethodPost, "/v1/retries/traced/t2/cancel", strings.NewReader(`{"reason":"test"}`))
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("traceparent", "00-"+ownerTraceID+"-"+ownerSpanID+"-01")

@@ -17,33 +17,34 @@ import (
 // endpoints is the trigger API. Each description is what GET /v1/ says
 // about the route.
 var endpoints = []serve.Endpoint[*Service]{
-	{Route: serve.Route{Method: http.MethodPost, Path: "/v1/triggers",
+	{Route: serve.Route{Method: http.MethodPost, Path: "/v1/triggers", Role: serve.RoleAdmin,
 		Description: "Create a trigger."}, Serve: (*Service).createTrigger},
-	{Route: serve.Route{Method: http.MethodGet, Path: "/v1/triggers",
+	{Route: serve.Route{Method: http.MethodGet, Path: "/v1/triggers", Role: serve.RoleViewer,
 		Description: "List triggers (?source=&event_type=&enabled=&after=&limit=)."}, Serve: (*Service).listTriggers},
-	{Route: serve.Route{Method: http.MethodGet, Path: "/v1/triggers/{id}",
+	{Route: serve.Route{Method: http.MethodGet, Path: "/v1/triggers/{id}", Role: serve.RoleViewer,
 		Description: "One trigger."}, Serve: (*Service).getTrigger},
-	{Route: serve.Route{Method: http.MethodPut, Path: "/v1/triggers/{id}",
+	{Route: serve.Route{Method: http.MethodPut, Path: "/v1/triggers/{id}", Role: serve.RoleAdmin,
 		Description: "Replace a trigger's definition."}, Serve: (*Service).putTrigger},
-	{Route: serve.Route{Method: http.MethodDelete, Path: "/v1/triggers/{id}",
+	{Route: serve.Route{Method: http.MethodDelete, Path: "/v1/triggers/{id}", Role: serve.RoleAdmin,
 		Description: "Delete a trigger (its id is never reused)."}, Serve: (*Service).deleteTrigger},
-	{Route: serve.Route{Method: http.MethodPost, Path: "/v1/triggers/{id}/enable",
+	{Route: serve.Route{Method: http.MethodPost, Path: "/v1/triggers/{id}/enable", Role: serve.RoleAdmin,
 		Description: "Switch a trigger on."}, Serve: func(s *Service, w http.ResponseWriter, r *http.Request) { s.setEnabled(true)(w, r) }},
-	{Route: serve.Route{Method: http.MethodPost, Path: "/v1/triggers/{id}/disable",
+	{Route: serve.Route{Method: http.MethodPost, Path: "/v1/triggers/{id}/disable", Role: serve.RoleAdmin,
 		Description: "Switch a trigger off."}, Serve: func(s *Service, w http.ResponseWriter, r *http.Request) { s.setEnabled(false)(w, r) }},
-	{Route: serve.Route{Method: http.MethodGet, Path: "/v1/triggers/{id}/versions",
+	{Route: serve.Route{Method: http.MethodGet, Path: "/v1/triggers/{id}/versions", Role: serve.RoleViewer,
 		Description: "Every version of a trigger's definition."}, Serve: (*Service).listVersions},
-	{Route: serve.Route{Method: http.MethodGet, Path: "/v1/triggers/{id}/deliveries",
+	{Route: serve.Route{Method: http.MethodGet, Path: "/v1/triggers/{id}/deliveries", Role: serve.RoleViewer,
 		Description: "A trigger's deliveries, newest first (?status=&before=&limit=)."}, Serve: (*Service).listDeliveries},
-	{Route: serve.Route{Method: http.MethodGet, Path: "/v1/deliveries/{id}",
+	{Route: serve.Route{Method: http.MethodGet, Path: "/v1/deliveries/{id}", Role: serve.RoleViewer,
 		Description: "One delivery."}, Serve: (*Service).getDelivery},
 }
 
 // Routes lists the trigger API, for the index at GET /v1/.
 func Routes() []serve.Route { return serve.Routes(endpoints) }
 
-// Handler serves the trigger API under /v1/ (Routes lists it). Every
-// change bumps the trigger's version; a definition is compiled and
+// Handler serves the trigger API under /v1/ (Routes lists it), to the
+// principals a serve.Guard in front finds, by the role each route names.
+// Every change bumps the trigger's version; a definition is compiled and
 // type-checked before it is saved.
 func (s *Service) Handler() http.Handler {
 	mux := http.NewServeMux()

@@ -75,7 +75,7 @@ func setup(t *testing.T, start bool, opts ...func(*Config)) *bundle {
 		b.svc = svc
 	}
 	b.reg = cfg.Registerer.(*prometheus.Registry)
-	b.http = httptest.NewServer(b.svc.Handler())
+	b.http = httptest.NewServer(serve.Guard{}.Handler(b.svc.Handler()))
 	t.Cleanup(b.http.Close)
 	return b
 }

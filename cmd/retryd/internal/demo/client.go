@@ -12,12 +12,13 @@ import (
 
 // client calls the stack's HTTP API, as any producer or operator would.
 type client struct {
-	base string
-	http *http.Client
+	base  string
+	token string // bearer token; empty with authentication off
+	http  *http.Client
 }
 
-func newClient(base string) *client {
-	return &client{base: base, http: &http.Client{Timeout: 10 * time.Second}}
+func newClient(base, token string) *client {
+	return &client{base: base, token: token, http: &http.Client{Timeout: 10 * time.Second}}
 }
 
 // statusError is a non-2xx answer.
@@ -43,6 +44,9 @@ func (c *client) do(ctx context.Context, method, path string, body, out any) err
 	}
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
+	}
+	if c.token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.token)
 	}
 	resp, err := c.http.Do(req)
 	if err != nil {

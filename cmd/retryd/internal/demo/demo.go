@@ -39,6 +39,9 @@ const (
 type Config struct {
 	// API is the base URL of the stack's HTTP server.
 	API string
+	// Token is an admin token when the stack checks tokens (it sends
+	// events and sets policies, sources and a trigger).
+	Token string
 	// JS publishes jobs and run outcomes.
 	JS     jetstream.JetStream
 	Logger zerolog.Logger
@@ -72,7 +75,7 @@ func New(cfg Config) (*Demo, error) {
 	if cfg.Traffic < 0 || cfg.Traffic > 100 {
 		return nil, fmt.Errorf("demo: Config.Traffic must be between 0 and 100, got %v", cfg.Traffic)
 	}
-	return &Demo{cfg: cfg, api: newClient(cfg.API), log: cfg.Logger.With().Str("component", "demo").Logger()}, nil
+	return &Demo{cfg: cfg, api: newClient(cfg.API, cfg.Token), log: cfg.Logger.With().Str("component", "demo").Logger()}, nil
 }
 
 // Start sets up the demo's policies, sources and trigger through the API,

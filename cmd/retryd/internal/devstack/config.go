@@ -3,6 +3,7 @@ package devstack
 import (
 	"errors"
 	"fmt"
+	"github.com/retryd/retryd/internal/auth"
 	"io"
 	"time"
 
@@ -29,9 +30,14 @@ type Config struct {
 	// (postgres/) and survives restarts. Default ".data".
 	DataDir string
 	// HTTPAddr is where every API, the dashboard (/ui/), /healthz, /readyz
-	// and /metrics are served. Default "127.0.0.1:8080" (loopback only: nothing
-	// on the API authenticates); "127.0.0.1:0" picks a port.
+	// and /metrics are served. Default "127.0.0.1:8080" (loopback only, so
+	// authentication may stay off); "127.0.0.1:0" picks a port.
 	HTTPAddr string
+	// Auth is how the HTTP server authenticates. Unlike the services, an
+	// empty Mode is off here: the person at the machine is the only
+	// caller. Off is refused on a HTTPAddr that is not loopback. With
+	// tokens and no AdminToken the stack makes one (Stack.AdminToken).
+	Auth auth.Config
 	// NATSHost and NATSPort are where the embedded NATS server listens.
 	// Default 127.0.0.1:4222; port -1 picks a free port.
 	NATSHost string
@@ -71,6 +77,12 @@ func (c *Config) validate() error {
 	}
 	if c.HTTPAddr == "" {
 		c.HTTPAddr = DefaultHTTPAddr
+	}
+	if c.Auth.Mode == "" {
+		c.Auth.Mode = auth.ModeOff
+	}
+	if err := c.Auth.Validate(c.HTTPAddr); err != nil {
+		return fmt.Errorf("HTTPAddr: %w", err)
 	}
 	if c.NATSHost == "" {
 		c.NATSHost = DefaultNATSHost

@@ -1,6 +1,7 @@
 package devstack
 
 import (
+	"github.com/retryd/retryd/internal/auth"
 	"net/http"
 
 	"github.com/retryd/retryd/internal/dashboard"
@@ -24,7 +25,8 @@ func (s *Stack) routes() http.Handler {
 	mount(s.Ingress.Handler(), "/v1/events", "/v1/events/", "/v1/events:batch", "/v1/sources", "/v1/sources/")
 	mount(s.Triggers.Handler(), "/v1/triggers", "/v1/triggers/", "/v1/deliveries/")
 	s.JobsAPI.Register(mux)
-	mux.Handle(serve.IndexPath, serve.IndexHandler(scheduler.Routes(), ingress.Routes(), triggers.Routes(), jobs.Routes()))
+	auth.NewAPI(s.tokens).Register(mux)
+	mux.Handle(serve.IndexPath, serve.IndexHandler(scheduler.Routes(), ingress.Routes(), triggers.Routes(), jobs.Routes(), auth.Routes()))
 	mux.HandleFunc("/v1/", func(w http.ResponseWriter, r *http.Request) {
 		serve.WriteJSON(w, http.StatusNotFound, serve.ErrorBody{Error: serve.ErrorDetail{
 			Code: serve.CodeNotFound, Message: "no API route " + r.Method + " " + r.URL.Path,

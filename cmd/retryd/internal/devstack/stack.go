@@ -10,6 +10,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/retryd/retryd/internal/auth"
 	"log/slog"
 	"net"
 	"os"
@@ -42,8 +43,9 @@ import (
 // Stack is retryd in one process. Build it with New, run it with Start,
 // stop it with Stop.
 type Stack struct {
-	cfg Config
-	log zerolog.Logger
+	cfg    Config
+	log    zerolog.Logger
+	tokens *auth.Store
 
 	// Set by Start.
 	NATS      *server.Server
@@ -129,7 +131,7 @@ func (s *Stack) Start(ctx context.Context) (err error) {
 	if err := s.startServices(ctx); err != nil {
 		return err
 	}
-	if err := s.startHTTP(); err != nil {
+	if err := s.startHTTP(ctx); err != nil {
 		return err
 	}
 	// Registered last, so undone first: /readyz answers 503 before anything
@@ -334,13 +336,27 @@ func (s *Stack) startServices(ctx context.Context) error {
 	return nil
 }
 
-func (s *Stack) startHTTP() error {
+func (s *Stack) startHTTP(ctx context.Context) error {
+	if s.cfg.Auth.Mode == auth.ModeTokens && s.cfg.Auth.AdminToken == "" {
+		// Someone must be able to sign in: a fresh admin token per start,
+		// shown by retryd dev (the previous one is revoked).
+		secret, err := auth.NewSecret()
+		if err != nil {
+			return err
+		}
+		s.cfg.Auth.AdminToken = secret
+	}
+	guard, tokens, err := s.cfg.Auth.Guard(ctx, s.Pool, s.log.With().Str("component", "auth").Logger(), s.cfg.HTTPAddr)
+	if err != nil {
+		return err
+	}
+	s.tokens = tokens
 	ln, err := net.Listen("tcp", s.cfg.HTTPAddr)
 	if err != nil {
 		return fmt.Errorf("listen on %s (is it taken? use --http): %w", s.cfg.HTTPAddr, err)
 	}
 	s.httpAddr = ln.Addr()
-	srv := serve.NewServer("", telemetry.Handler(s.routes(), "retryd"))
+	srv := serve.NewServer("", telemetry.Handler(guard.Handler(s.routes()), "retryd"))
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- serve.Serve(ctx, srv, ln, s.log.With().Str("component", "http").Logger()) }()
@@ -381,6 +397,18 @@ func (s *Stack) stopLocked(ctx context.Context) error {
 	s.stopErr = errors.Join(errs...)
 	return s.stopErr
 }
+
+// AdminToken is the admin token of a stack with tokens on (the one given
+// in Config.Auth or the one it made), empty with authentication off.
+func (s *Stack) AdminToken() string {
+	if s.cfg.Auth.Mode != auth.ModeTokens {
+		return ""
+	}
+	return s.cfg.Auth.AdminToken
+}
+
+// AuthMode is whether the HTTP server checks tokens.
+func (s *Stack) AuthMode() auth.Mode { return s.cfg.Auth.Mode }
 
 // URL is the base URL of the HTTP server, e.g. http://127.0.0.1:8080.
 func (s *Stack) URL() string {

@@ -92,6 +92,11 @@ function showUpdated() {
 }
 
 window.addEventListener("hashchange", () => onRoute().catch((e) => banner(e.message)));
+// Signed in (api.js): render the view again, now with the session cookie.
+window.addEventListener("retryd:signed-in", () => {
+  current.name = null;
+  onRoute().then(() => tick(true)).catch((e) => banner(e.message));
+});
 document.getElementById("autorefresh").addEventListener("change", () => tick(true));
 onRoute().then(() => tick(true)).catch((e) => banner(e.message));
 setInterval(() => tick(), refreshMS);

@@ -8,19 +8,21 @@ import { toast } from "./dialog.js";
 
 const CLASSES = ["timeout", "rate_limit", "network", "temporary", "authentication", "permission", "validation", "unknown"];
 const JITTERS = ["additive", "full", "equal", "none"];
-// What the API stores for max_hold_ms and max_retry_after_ms left at 0
-// (projections/retrystore: 30 days, 24 hours).
-const DEFAULT_MAX_HOLD_MS = 30 * 24 * 3600 * 1000;
-const DEFAULT_MAX_RETRY_AFTER_MS = 24 * 3600 * 1000;
+// Where a new policy starts, from the API (GET /v1/policies/template:
+// the seeded fallback's values), so the editor and the seed cannot drift
+// apart. Its max_hold_ms and max_retry_after_ms are also what the API
+// stores for limits left at 0: summaries leave those out.
+let template = null;
 
 export async function render(root) {
+  template = template || await api.policyTemplate("job");
   const tbody = h("tbody");
   const editor = h("section", { class: "panel", "data-test": "policy-editor", hidden: true });
   const layout = h("div", { class: "split" },
     h("section", { class: "panel" },
       h("div", { class: "panel-head" }, h("h2", { text: "Retry policies" }),
         h("span", { class: "count", text: "The policy of an item: its (kind, job type), else the kind's default (_), else *." }),
-        h("button", { class: "small", onclick: () => edit(null), text: "New policy" })),
+        h("button", { class: "small", "data-test": "new-policy", onclick: () => edit(null), text: "New policy" })),
       h("div", { class: "table-wrap" }, h("table", {},
         h("thead", {}, h("tr", {}, ["Kind", "Job type", "Name", "Version", "Max retries", "Backoff", "Jitter", "Enabled", ""].map((t) => h("th", { text: t })))),
         tbody))),
@@ -48,9 +50,7 @@ export async function render(root) {
 
   function edit(p) {
     const isNew = !p;
-    p = p || { kind: "job", job_type: "", name: "", version: 0, max_retries: 3, base_delay_ms: 1000, multiplier: 2,
-      max_delay_ms: 60000, jitter: "additive", jitter_ms: 500, retryable_classes: [], non_retryable_classes: ["authentication", "permission", "validation"], enabled: true,
-      max_hold_ms: DEFAULT_MAX_HOLD_MS, max_retry_after_ms: DEFAULT_MAX_RETRY_AFTER_MS, class_backoff: {} };
+    p = p || { ...structuredClone(template), class_backoff: { ...(template.class_backoff || {}) } };
     editing = `${p.kind}/${p.job_type || "_"}`;
     layout.classList.add("with-detail");
     editor.hidden = false;
@@ -188,8 +188,8 @@ function summarize(p) {
   if (typeof p === "string") p = JSON.parse(p);
   return `${p.max_retries} retries, ${fmtMS(p.base_delay_ms)} ×${p.multiplier} ≤ ${fmtMS(p.max_delay_ms)}, ${p.jitter}${p.jitter === "additive" ? " " + fmtMS(p.jitter_ms) : ""}` +
     // The limits only when changed: every version carries the defaults.
-    `${p.max_hold_ms && p.max_hold_ms !== DEFAULT_MAX_HOLD_MS ? `, max hold ${fmtMS(p.max_hold_ms)}` : ""}` +
-    `${p.max_retry_after_ms && p.max_retry_after_ms !== DEFAULT_MAX_RETRY_AFTER_MS ? `, max retry-after ${fmtMS(p.max_retry_after_ms)}` : ""}` +
+    `${p.max_hold_ms && p.max_hold_ms !== template?.max_hold_ms ? `, max hold ${fmtMS(p.max_hold_ms)}` : ""}` +
+    `${p.max_retry_after_ms && p.max_retry_after_ms !== template?.max_retry_after_ms ? `, max retry-after ${fmtMS(p.max_retry_after_ms)}` : ""}` +
     `${classNote(p.class_backoff)}${p.enabled ? "" : ", disabled"}`;
 }
 

@@ -34,6 +34,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/retryd/retryd/internal/auth"
 	"github.com/retryd/retryd/internal/backends"
 	"github.com/retryd/retryd/internal/envvar"
 	"github.com/retryd/retryd/internal/natsconn"
@@ -81,6 +82,9 @@ func run(ctx context.Context, log zerolog.Logger, ready func(addr string)) error
 		ReconcileAfter:    e.Duration("RETRYD_INGRESS_RECONCILE_AFTER", 0),
 		InboxRetention:    e.Duration("RETRYD_INGRESS_INBOX_RETENTION", 0),
 	}
+	authCfg, err := auth.FromEnv(nil)
+	e.Add(err)
+	e.Add(authCfg.Validate(addr))
 	if dbURL == "" {
 		e.Add(errors.New("DATABASE_URL is required"))
 	}
@@ -109,6 +113,10 @@ func run(ctx context.Context, log zerolog.Logger, ready func(addr string)) error
 	defer b.Close()
 	pool, js := b.Pool, b.JS
 
+	guard, _, err := authCfg.Guard(ctx, pool, log, addr)
+	if err != nil {
+		return err
+	}
 	reg := serve.NewRegistry()
 	health := &serve.Health{}
 	go health.Watch(ctx, serve.DefaultProbeInterval, b.Checks()...)
@@ -125,7 +133,7 @@ func run(ctx context.Context, log zerolog.Logger, ready func(addr string)) error
 	mux := serve.NewMux(reg, health)
 	mux.Handle("/v1/", svc.Handler())
 	mux.Handle(serve.IndexPath, serve.IndexHandler(ingress.Routes()))
-	srv := serve.NewServer("", telemetry.Handler(mux, "retryd-ingress"))
+	srv := serve.NewServer("", telemetry.Handler(guard.Handler(mux), "retryd-ingress"))
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		_ = svc.Stop(context.Background())

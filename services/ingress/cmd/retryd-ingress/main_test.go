@@ -26,6 +26,8 @@ func TestRunServesAndStopsGracefully(t *testing.T) {
 	t.Setenv("NATS_URL", srv.ClientURL())
 	t.Setenv("RETRYD_HTTP_ADDR", "127.0.0.1:0")
 	t.Setenv("RETRYD_INGRESS_ACK_WAIT", "2s")
+	const admin = "rtd_test-admin-token-0123456789abcdef0123456789"
+	t.Setenv("RETRYD_ADMIN_TOKEN", admin)
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -42,9 +44,19 @@ func TestRunServesAndStopsGracefully(t *testing.T) {
 		t.Fatal("not ready within a minute")
 	}
 
-	get := func(path string) (int, string) {
-		resp, err := http.Get(base + path)
+	do := func(method, path, token, body string) *http.Response {
+		req, err := http.NewRequest(method, base+path, strings.NewReader(body))
 		require.NoError(t, err)
+		req.Header.Set("Content-Type", "application/json")
+		if token != "" {
+			req.Header.Set("Authorization", "Bearer "+token)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		return resp
+	}
+	get := func(path string) (int, string) {
+		resp := do(http.MethodGet, path, admin, "")
 		defer resp.Body.Close()
 		b, err := io.ReadAll(resp.Body)
 		require.NoError(t, err)
@@ -55,9 +67,11 @@ func TestRunServesAndStopsGracefully(t *testing.T) {
 	status, _ = get("/readyz")
 	require.Equal(t, http.StatusOK, status)
 
-	resp, err := http.Post(base+"/v1/events", "application/json",
-		strings.NewReader(`{"id":"bin-1","source":"billing","type":"invoice.paid"}`))
-	require.NoError(t, err)
+	event := `{"id":"bin-1","source":"billing","type":"invoice.paid"}`
+	resp := do(http.MethodPost, "/v1/events", "", event)
+	resp.Body.Close()
+	require.Equal(t, http.StatusUnauthorized, resp.StatusCode, "tokens are on by default")
+	resp = do(http.MethodPost, "/v1/events", admin, event)
 	resp.Body.Close()
 	require.Equal(t, http.StatusAccepted, resp.StatusCode)
 	require.Eventually(t, func() bool {
@@ -81,7 +95,10 @@ func TestRunRejectsBadEnvironment(t *testing.T) {
 	t.Setenv("DATABASE_URL", "")
 	t.Setenv("RETRYD_INGRESS_ACK_WAIT", "soon")
 	t.Setenv("RETRYD_INGRESS_MAX_BODY_BYTES", "-1")
+	t.Setenv("RETRYD_HTTP_ADDR", ":8081")
+	t.Setenv("RETRYD_AUTH", "off")
 	err := run(context.Background(), zerolog.Nop(), nil)
+	require.ErrorContains(t, err, `RETRYD_AUTH=off is only allowed when every listener is loopback, but ":8081" is not`)
 	require.ErrorContains(t, err, "DATABASE_URL is required")
 	require.ErrorContains(t, err, `RETRYD_INGRESS_ACK_WAIT must be a duration such as 30s, got "soon"`)
 	require.ErrorContains(t, err, "RETRYD_INGRESS_MAX_BODY_BYTES must be a non-negative integer")

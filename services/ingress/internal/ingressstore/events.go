@@ -53,12 +53,18 @@ func scanEvent(row interface{ Scan(...any) error }) (Event, error) {
 
 // InsertEvent stores an event with status received. An event id is stored
 // once: inserted is false when the id already exists, and the stored row
-// is left as it was.
-func InsertEvent(ctx context.Context, db DB, id, source, typ string, envelope []byte) (inserted bool, err error) {
+// is left as it was. ingestSeq is the event's INGEST stream sequence (0:
+// unknown), the arrival order a release line follows.
+func InsertEvent(ctx context.Context, db DB, id, source, typ string, envelope []byte, ingestSeq uint64) (inserted bool, err error) {
+	var seq *int64
+	if ingestSeq > 0 {
+		v := int64(ingestSeq)
+		seq = &v
+	}
 	tag, err := db.Exec(ctx, `
-		INSERT INTO workflow_events (event_id, source, type, status, envelope)
-		VALUES ($1, $2, $3, 'received', $4)
-		ON CONFLICT (event_id) DO NOTHING`, id, source, typ, string(envelope))
+		INSERT INTO workflow_events (event_id, source, type, status, envelope, ingest_seq)
+		VALUES ($1, $2, $3, 'received', $4, $5)
+		ON CONFLICT (event_id) DO NOTHING`, id, source, typ, string(envelope), seq)
 	if err != nil {
 		return false, fmt.Errorf("insert workflow event: %w", err)
 	}

@@ -177,3 +177,54 @@ func TestAdmitReleasedKeepsTheWindowsLimit(t *testing.T) {
 	require.Greater(t, wait, time.Duration(0), "the next window, not now")
 	require.LessOrEqual(t, wait, time.Hour)
 }
+
+// The line follows the INGEST sequence, not the order the gate deferred
+// the events: with several evaluations at once, an event that arrived
+// later can be deferred first. Both kinds of line, with and without a
+// rate limit.
+func TestReleaseLineFollowsIngestOrder(t *testing.T) {
+	t.Parallel()
+	for _, limited := range []bool{false, true} {
+		t.Run(fmt.Sprintf("limited=%v", limited), func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			const source, n = "arrivals", 12
+			if limited {
+				_, err := ingressstore.PutSource(b.ctx, b.pool, ingressstore.SourceConfig{Source: source, RateLimit: 1000, RateWindow: time.Second})
+				require.NoError(t, err)
+			}
+			_, err := ingressstore.PauseSource(b.ctx, b.pool, source, nil, "", "test")
+			require.NoError(t, err)
+			// Deferred in the order i = 0..n-1, but arrived (INGEST
+			// sequence) in reverse, with even-ish gaps as other sources'
+			// events take sequences in between.
+			want := make([]string, n)
+			for i := range n {
+				id := fmt.Sprintf("%s-%02d", source, i)
+				seq := uint64(100 + 3*(n-i))
+				ok, err := ingressstore.InsertEvent(b.ctx, b.pool, id, source, "invoice.paid", []byte(`{"id":"`+id+`"}`), seq)
+				require.NoError(t, err)
+				require.True(t, ok)
+				_, err = ingressstore.SetEventStatus(b.ctx, b.pool, id, ingressstore.StatusDeferred)
+				require.NoError(t, err)
+				require.NoError(t, ingressstore.RecordDeferral(b.ctx, b.pool, ingressstore.Deferral{
+					EventID: id, Source: source, Attempt: 1, Reason: ingressstore.ReasonSourcePaused}))
+				want[n-1-i] = id
+			}
+			require.NoError(t, pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error {
+				if _, err := ingressstore.ResumeSource(b.ctx, tx, source, "test"); err != nil {
+					return err
+				}
+				_, got, err := ingressstore.PaceRelease(b.ctx, tx, source)
+				require.EqualValues(t, n, got)
+				return err
+			}))
+			var got []string
+			require.Eventually(t, func() bool {
+				got = append(got, releasedIDs(b.admitReleased(t, 100))...)
+				return len(got) >= n
+			}, 10*time.Second, 10*time.Millisecond)
+			require.Equal(t, want, got)
+		})
+	}
+}

@@ -24,8 +24,9 @@ import (
 // 100,000 held events runs at the limit and no window edge wakes them all.
 // The line starts at the first slot of the current window not yet passed
 // or taken. Events that held slots of the old settings take new ones, in
-// the same line. Arrival order is when the event was first deferred (the
-// scheduler ranks by the same time, held_since). Under a rate limit
+// the same line. Arrival order is the event's INGEST stream sequence
+// (ingest_seq); events stored before that column existed go first, by
+// when they were first deferred (the scheduler's held_since). Under a rate limit
 // newcomers queue behind the line (see Gate); without one the gate admits
 // them at once.
 func PaceRelease(ctx context.Context, tx pgx.Tx, source string) (*contract.ReleasePace, int64, error) {
@@ -53,7 +54,10 @@ func PaceRelease(ctx context.Context, tx pgx.Tx, source string) (*contract.Relea
 	}
 	if src.RateLimit == nil || src.RateWindow <= 0 {
 		n, err := lineUp(ctx, tx, source, lineAt)
-		return nil, n, err
+		if err != nil {
+			return nil, 0, err
+		}
+		return nil, n, analyzeLine(ctx, tx, n)
 	}
 	pace, err := firstFreeSlot(ctx, tx, src, lineAt)
 	if err != nil {
@@ -63,7 +67,7 @@ func PaceRelease(ctx context.Context, tx pgx.Tx, source string) (*contract.Relea
 	var n int64
 	err = tx.QueryRow(ctx, `
 		WITH line AS (
-			SELECT e.event_id, row_number() OVER (ORDER BY coalesce(r.created_at, e.received_at), e.event_id) - 1 AS i
+			SELECT e.event_id, row_number() OVER (ORDER BY e.ingest_seq NULLS FIRST, coalesce(r.created_at, e.received_at), e.event_id) - 1 AS i
 			FROM workflow_events e LEFT JOIN event_ingress_retries r ON r.event_id = e.event_id
 			WHERE e.source = $1 AND e.status = 'deferred' AND `+allowedType+`
 		), ins AS (
@@ -88,7 +92,28 @@ func PaceRelease(ctx context.Context, tx pgx.Tx, source string) (*contract.Relea
 		source, tail, g%int64(pace.Limit)+1); err != nil {
 		return nil, 0, fmt.Errorf("set event source slots: %w", err)
 	}
-	return pace, n, nil
+	return pace, n, analyzeLine(ctx, tx, n)
+}
+
+// analyzeAtLine is the size of a line worth fresh statistics for.
+const analyzeAtLine = 1000
+
+// analyzeLine refreshes the holds table's statistics after a large line
+// was added to it (its own rows included: ANALYZE counts the rows its
+// transaction inserted). With the statistics of a table that was nearly
+// empty, the planner reads a whole line and sorts it for every batch the
+// releaser takes, so a release of 100,000 cost milliseconds per event
+// instead of microseconds, until autovacuum's next analyze. The function
+// (migration 00204) runs ANALYZE as the table's owner, which the
+// service's role is not.
+func analyzeLine(ctx context.Context, tx pgx.Tx, n int64) error {
+	if n < analyzeAtLine {
+		return nil
+	}
+	if _, err := tx.Exec(ctx, `SELECT ingress_analyze_release_line()`); err != nil {
+		return fmt.Errorf("analyze release line: %w", err)
+	}
+	return nil
 }
 
 // allowedType keeps out of a release line the deferred events (e) whose
@@ -103,7 +128,7 @@ const allowedType = `(SELECT cardinality(s.allowed_types) = 0 OR e.type = ANY(s.
 func lineUp(ctx context.Context, tx pgx.Tx, source string, at time.Time) (int64, error) {
 	tag, err := tx.Exec(ctx, `
 		INSERT INTO event_source_holds (event_id, source, released, slot_at)
-		SELECT e.event_id, $1, true, $2::timestamptz + (row_number() OVER (ORDER BY coalesce(r.created_at, e.received_at), e.event_id) - 1)
+		SELECT e.event_id, $1, true, $2::timestamptz + (row_number() OVER (ORDER BY e.ingest_seq NULLS FIRST, coalesce(r.created_at, e.received_at), e.event_id) - 1)
 			* interval '1 microsecond'
 		FROM workflow_events e LEFT JOIN event_ingress_retries r ON r.event_id = e.event_id
 		WHERE e.source = $1 AND e.status = 'deferred' AND `+allowedType, source, at)

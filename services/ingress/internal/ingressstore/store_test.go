@@ -112,7 +112,7 @@ var eventSeq atomic.Int64
 
 func (b *bundle) insertEvent(t *testing.T, id, source string) {
 	t.Helper()
-	ok, err := ingressstore.InsertEvent(b.ctx, b.pool, id, source, "invoice.paid", []byte(`{"id":"`+id+`"}`))
+	ok, err := ingressstore.InsertEvent(b.ctx, b.pool, id, source, "invoice.paid", []byte(`{"id":"`+id+`"}`), 0)
 	require.NoError(t, err)
 	require.True(t, ok)
 }
@@ -121,10 +121,10 @@ func TestInsertEventStoresAnIDOnce(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 
-	ok, err := ingressstore.InsertEvent(b.ctx, b.pool, "ev-1", "billing", "invoice.paid", []byte(`{"v":1}`))
+	ok, err := ingressstore.InsertEvent(b.ctx, b.pool, "ev-1", "billing", "invoice.paid", []byte(`{"v":1}`), 1)
 	require.NoError(t, err)
 	require.True(t, ok)
-	ok, err = ingressstore.InsertEvent(b.ctx, b.pool, "ev-1", "other", "x.y", []byte(`{"v":2}`))
+	ok, err = ingressstore.InsertEvent(b.ctx, b.pool, "ev-1", "other", "x.y", []byte(`{"v":2}`), 2)
 	require.NoError(t, err)
 	require.False(t, ok, "a second insert of the same id is a no-op")
 

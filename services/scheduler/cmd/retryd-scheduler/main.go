@@ -52,6 +52,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
+	"github.com/retryd/retryd/internal/auth"
 	"github.com/retryd/retryd/internal/backends"
 	"github.com/retryd/retryd/internal/dashboard"
 	"github.com/retryd/retryd/internal/envvar"
@@ -112,6 +113,7 @@ type settings struct {
 	jobs            bool
 	dashboard       bool
 	shutdownTimeout time.Duration
+	auth            auth.Config
 	cfg             scheduler.Config
 }
 
@@ -143,6 +145,10 @@ func readSettings(log zerolog.Logger) (settings, error) {
 		},
 	}
 	s.cfg.Streams.Replicas = e.Int("RETRYD_SCHEDULER_STREAM_REPLICAS")
+	authCfg, err := auth.FromEnv(nil)
+	e.Add(err)
+	s.auth = authCfg
+	e.Add(authCfg.Validate(s.addr))
 	if v := os.Getenv("RETRYD_SCHEDULER_ERROR_PATTERNS"); v != "" {
 		var patterns map[errclass.Class][]string
 		if err := json.Unmarshal([]byte(v), &patterns); err != nil {
@@ -206,11 +212,18 @@ func serveCmd(ctx context.Context, log zerolog.Logger) error {
 	if err := sched.Start(ctx); err != nil {
 		return err
 	}
+	// The scheduler owns the operator API, so it serves the token routes
+	// (tokens are shared by every service through Postgres).
+	guard, tokens, err := s.auth.Guard(ctx, pool, log, s.addr)
+	if err != nil {
+		return errors.Join(err, sched.Stop(context.WithoutCancel(ctx)))
+	}
 	health := &serve.Health{}
 	go health.Watch(ctx, serve.DefaultProbeInterval, checks...)
 	mux := serve.NewMux(reg, health)
 	mux.Handle("/v1/", sched.Handler())
-	index := [][]serve.Route{scheduler.Routes()}
+	auth.NewAPI(tokens).Register(mux)
+	index := [][]serve.Route{scheduler.Routes(), auth.Routes()}
 	var stops []func(context.Context) error
 	if s.jobs {
 		index = append(index, jobs.Routes())
@@ -236,7 +249,7 @@ func serveCmd(ctx context.Context, log zerolog.Logger) error {
 		return errors.Join(append(errs, sched.Stop(ctx))...)
 	}
 	health.SetReady(true)
-	srv := serve.NewServer(s.addr, telemetry.Handler(mux, "retryd-scheduler"))
+	srv := serve.NewServer(s.addr, telemetry.Handler(guard.Handler(mux), "retryd-scheduler"))
 	httpCtx, stopHTTP := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopHTTP()
 	httpDone := make(chan error, 1)

@@ -29,9 +29,22 @@ func freeAddr(t *testing.T) string {
 	return addr
 }
 
+// adminToken is the bootstrap admin token the tests start the binary with.
+const adminToken = "rtd_test-admin-token-0123456789abcdef0123456789"
+
 func get(t *testing.T, url string) (int, string) {
 	t.Helper()
-	resp, err := http.Get(url)
+	return getAs(t, url, adminToken)
+}
+
+func getAs(t *testing.T, url, token string) (int, string) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodGet, url, nil)
+	require.NoError(t, err)
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		return 0, ""
 	}
@@ -50,6 +63,7 @@ func TestServeAndRebuild(t *testing.T) {
 	t.Setenv("RETRYD_HTTP_ADDR", addr)
 	t.Setenv("RETRYD_SCHEDULER_MAX_IDLE", "50ms")
 	t.Setenv("RETRYD_SCHEDULER_ERROR_PATTERNS", `{"rate_limit": ["(?i)slow down"]}`)
+	t.Setenv("RETRYD_ADMIN_TOKEN", adminToken)
 	log := zerolog.New(io.Discard)
 
 	ctx, cancel := context.WithCancel(context.Background())
@@ -98,6 +112,16 @@ func TestServeAndRebuild(t *testing.T) {
 	code, raw = get(t, base+"/ui/api/summary")
 	require.Equal(t, http.StatusOK, code)
 	require.Contains(t, raw, `"event"`)
+
+	// Tokens are on by default: no token, no API; the token routes are
+	// served here.
+	code, _ = getAs(t, base+"/v1/retries/event/e1", "")
+	require.Equal(t, http.StatusUnauthorized, code)
+	code, _ = getAs(t, base+"/ui/api/summary", "")
+	require.Equal(t, http.StatusUnauthorized, code)
+	code, raw = get(t, base+"/v1/tokens")
+	require.Equal(t, http.StatusOK, code)
+	require.Contains(t, raw, `"name":"bootstrap"`)
 
 	cancel()
 	select {

@@ -38,6 +38,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/retryd/retryd/internal/auth"
 	"github.com/retryd/retryd/internal/backends"
 	"github.com/retryd/retryd/internal/envvar"
 	"github.com/retryd/retryd/internal/natsconn"
@@ -86,6 +87,9 @@ func run(log zerolog.Logger) error {
 		RunTimeout:        e.Duration("RETRYD_TRIGGERS_RUN_TIMEOUT", 0),
 		LeaseInterval:     e.Duration("RETRYD_TRIGGERS_LEASE_INTERVAL", 0),
 	}
+	authCfg, err := auth.FromEnv(nil)
+	e.Add(err)
+	e.Add(authCfg.Validate(addr))
 	if dbURL == "" {
 		e.Add(errors.New("DATABASE_URL is required"))
 	}
@@ -117,6 +121,10 @@ func run(log zerolog.Logger) error {
 	defer b.Close()
 	pool, js := b.Pool, b.JS
 
+	guard, _, err := authCfg.Guard(ctx, pool, log, addr)
+	if err != nil {
+		return err
+	}
 	reg := serve.NewRegistry()
 	health := &serve.Health{}
 	go health.Watch(ctx, serve.DefaultProbeInterval, b.Checks()...)
@@ -133,7 +141,7 @@ func run(log zerolog.Logger) error {
 	mux := serve.NewMux(reg, health)
 	mux.Handle("/v1/", svc.Handler())
 	mux.Handle(serve.IndexPath, serve.IndexHandler(triggers.Routes()))
-	srv := serve.NewServer(addr, telemetry.Handler(mux, "retryd-triggers"))
+	srv := serve.NewServer(addr, telemetry.Handler(guard.Handler(mux), "retryd-triggers"))
 	httpCtx, stopHTTP := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopHTTP()
 	httpDone := make(chan error, 1)

@@ -1,0 +1,201 @@
+package migrations_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"net/url"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/rs/zerolog"
+	"github.com/stretchr/testify/require"
+
+	"github.com/retryd/retryd/migrations"
+	"github.com/retryd/retryd/migrations/pgtest"
+)
+
+// TestGrantsCoverEveryTable fails when a migration adds a table that no
+// service role is granted (the service using it would get "permission
+// denied" in a deployment with one role per service), or when Grants names
+// a table that does not exist.
+func TestGrantsCoverEveryTable(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	t.Cleanup(cancel)
+	conn, err := pgx.Connect(ctx, pgtest.NewDatabaseURL(t))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close(context.Background()) })
+	rows, err := conn.Query(ctx, `SELECT table_name::text FROM information_schema.tables
+		WHERE table_schema = 'public' AND table_name <> 'goose_db_version' ORDER BY 1`)
+	require.NoError(t, err)
+	schema, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+
+	var granted []string
+	for _, tables := range migrations.DefaultRoles.Grants() {
+		for table := range tables {
+			if !slices.Contains(granted, table) {
+				granted = append(granted, table)
+			}
+		}
+	}
+	slices.Sort(granted)
+	require.Equal(t, schema, granted, "every table is granted to the service that uses it (migrations.Roles.Grants)")
+}
+
+// TestGrant creates the four service roles on a migrated database, grants
+// them with migrations.Grant (twice: it is idempotent) and checks, as each
+// role, what it may do and what it is refused.
+func TestGrant(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	t.Cleanup(cancel)
+	dbURL := pgtest.NewDatabaseURL(t)
+	admin, err := pgx.Connect(ctx, dbURL)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = admin.Close(context.Background()) })
+
+	// Roles are per server and the test server is shared: unique names.
+	b := make([]byte, 4)
+	_, _ = rand.Read(b)
+	suffix := "_t" + hex.EncodeToString(b)
+	roles := migrations.Roles{Scheduler: "retryd_scheduler" + suffix, Ingress: "retryd_ingress" + suffix,
+		Triggers: "retryd_triggers" + suffix, ReadOnly: "retryd_readonly" + suffix}
+	names := []string{roles.Scheduler, roles.Ingress, roles.Triggers, roles.ReadOnly}
+	for _, r := range names {
+		_, err := admin.Exec(ctx, `CREATE ROLE `+pgx.Identifier{r}.Sanitize()+` LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE`)
+		require.NoError(t, err)
+	}
+	t.Cleanup(func() {
+		// Registered after the database's drop, so it runs first: the
+		// roles' privileges in this database go, then the roles.
+		ctx := context.Background()
+		for _, r := range names {
+			_, _ = admin.Exec(ctx, `DROP OWNED BY `+pgx.Identifier{r}.Sanitize())
+			_, _ = admin.Exec(ctx, `DROP ROLE IF EXISTS `+pgx.Identifier{r}.Sanitize())
+		}
+	})
+	require.NoError(t, migrations.Grant(ctx, dbURL, roles, zerolog.Nop()))
+	require.NoError(t, migrations.Grant(ctx, dbURL, roles, zerolog.Nop()), "Grant runs again")
+	// A role the server does not have is skipped, not an error.
+	require.NoError(t, migrations.Grant(ctx, dbURL, migrations.Roles{Scheduler: "retryd_missing" + suffix}, zerolog.Nop()))
+
+	as := func(role string) *pgx.Conn {
+		u, err := url.Parse(dbURL)
+		require.NoError(t, err)
+		u.User = url.User(role) // the test server trusts local connections
+		conn, err := pgx.Connect(ctx, u.String())
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = conn.Close(context.Background()) })
+		return conn
+	}
+	// Writes match no row (WHERE false): privileges are checked when the
+	// statement is planned, so a refusal still shows.
+	for _, tc := range []struct {
+		role            string
+		allowed, denied []string
+	}{
+		{
+			role: roles.Scheduler,
+			allowed: []string{
+				`SELECT count(*) FROM retries`,
+				`UPDATE retries SET updated_at = now() WHERE false`,
+				`DELETE FROM retry_history WHERE false`,
+				`SELECT count(*) FROM retry_policies`,
+				`INSERT INTO retry_hold_releases SELECT * FROM retry_hold_releases WHERE false`,
+				`UPDATE jobs SET updated_at = now() WHERE false`,
+				`INSERT INTO job_operations SELECT * FROM job_operations WHERE false`,
+				`INSERT INTO outbox (owner, subject, msg_id, payload) VALUES ('t', 's', 'm', '\x00') ON CONFLICT DO NOTHING`,
+				`DELETE FROM outbox WHERE owner = 't'`,
+				`INSERT INTO inbox (consumer, msg_id) VALUES ('t', 'm') ON CONFLICT DO NOTHING`,
+			},
+			denied: []string{
+				`SELECT count(*) FROM workflow_events`,
+				`UPDATE event_sources SET paused = true WHERE false`,
+				`SELECT count(*) FROM workflow_trigger_deliveries`,
+				`UPDATE workflow_runs SET status = 'failed' WHERE false`,
+				`TRUNCATE retries`,
+				`CREATE TABLE scheduler_probe (x int)`,
+				`ALTER TABLE retries ADD COLUMN probe int`,
+			},
+		},
+		{
+			role: roles.Ingress,
+			allowed: []string{
+				`SELECT count(*) FROM workflow_events`,
+				`UPDATE workflow_events SET updated_at = now() WHERE false`,
+				`SELECT count(*) FROM event_sources`,
+				`DELETE FROM event_source_holds WHERE false`,
+				`INSERT INTO event_source_windows SELECT * FROM event_source_windows WHERE false`,
+				`UPDATE event_ingress_retries SET updated_at = now() WHERE false`,
+				`INSERT INTO outbox (owner, subject, msg_id, payload) VALUES ('t', 's', 'm', '\x00') ON CONFLICT DO NOTHING`,
+				`INSERT INTO inbox (consumer, msg_id) VALUES ('t', 'm') ON CONFLICT DO NOTHING`,
+				// A release refreshes the line's statistics through the
+				// owner's function (ANALYZE needs the owner).
+				`SELECT ingress_analyze_release_line()`,
+			},
+			denied: []string{
+				// Retries are the scheduler's: ingress asks for decisions
+				// over NATS and never writes them.
+				`UPDATE retries SET updated_at = now() WHERE false`,
+				`SELECT count(*) FROM retries`,
+				`UPDATE retry_policies SET max_retries = 0 WHERE false`,
+				`INSERT INTO jobs SELECT * FROM jobs WHERE false`,
+				`DELETE FROM workflow_triggers WHERE false`,
+				`TRUNCATE workflow_events`,
+				`CREATE TABLE ingress_probe (x int)`,
+			},
+		},
+		{
+			role: roles.Triggers,
+			allowed: []string{
+				`SELECT count(*) FROM workflow_triggers`,
+				`INSERT INTO workflow_trigger_versions SELECT * FROM workflow_trigger_versions WHERE false`,
+				`UPDATE workflow_trigger_deliveries SET updated_at = now() WHERE false`,
+				`UPDATE workflow_runs SET updated_at = now() WHERE false`,
+				`DELETE FROM trigger_events WHERE false`,
+				`INSERT INTO outbox (owner, subject, msg_id, payload) VALUES ('t', 's', 'm', '\x00') ON CONFLICT DO NOTHING`,
+			},
+			denied: []string{
+				`UPDATE retries SET updated_at = now() WHERE false`,
+				`UPDATE workflow_events SET updated_at = now() WHERE false`,
+				`SELECT count(*) FROM event_sources`,
+				`SELECT count(*) FROM retry_policies`,
+				`TRUNCATE workflow_runs`,
+				`CREATE TABLE triggers_probe (x int)`,
+			},
+		},
+		{
+			role:    roles.ReadOnly,
+			allowed: []string{`SELECT kind, state, count(*) FROM retries GROUP BY kind, state`},
+			denied: []string{
+				`INSERT INTO retries SELECT * FROM retries WHERE false`,
+				`UPDATE retries SET updated_at = now() WHERE false`,
+				`DELETE FROM retries WHERE false`,
+				`INSERT INTO inbox (consumer, msg_id) VALUES ('t', 'm') ON CONFLICT DO NOTHING`,
+				`INSERT INTO outbox (owner, subject, msg_id, payload) VALUES ('t', 's', 'm', '\x00') ON CONFLICT DO NOTHING`,
+				`SELECT count(*) FROM outbox`,
+				`SELECT count(*) FROM workflow_events`,
+				`SELECT count(*) FROM retry_history`,
+				`CREATE TABLE readonly_probe (x int)`,
+			},
+		},
+	} {
+		conn := as(tc.role)
+		for _, stmt := range tc.allowed {
+			_, err := conn.Exec(ctx, stmt)
+			require.NoError(t, err, "%s may: %s", tc.role, stmt)
+		}
+		for _, stmt := range tc.denied {
+			_, err := conn.Exec(ctx, stmt)
+			var pgErr *pgconn.PgError
+			require.True(t, errors.As(err, &pgErr), "%s is refused %s, got %v", tc.role, stmt, err)
+			require.Equal(t, "42501", pgErr.Code, "%s is refused %s for lack of privilege: %v", tc.role, stmt, err)
+		}
+	}
+}
