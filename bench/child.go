@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -15,6 +14,9 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/retryd/retryd/internal/freeaddr"
+	"github.com/retryd/retryd/internal/wait"
 )
 
 // The recovery and memory scenarios run the real retryd-scheduler binary
@@ -64,7 +66,7 @@ type schedProc struct {
 }
 
 func startSchedProc(bin, dbURL, natsURL, logDir string) (*schedProc, error) {
-	addr, err := freeAddr()
+	addr, err := freeaddr.Loopback()
 	if err != nil {
 		return nil, err
 	}
@@ -115,7 +117,7 @@ func (p *schedProc) waitReady(ctx context.Context, timeout time.Duration) error 
 		if time.Now().After(deadline) {
 			return fmt.Errorf("scheduler not ready after %s; log %s:\n%s", timeout, p.logPath, tailFile(p.logPath, 2000))
 		}
-		if err := sleepCtx(ctx, 20*time.Millisecond); err != nil {
+		if err := wait.Sleep(ctx, 20*time.Millisecond); err != nil {
 			return err
 		}
 	}
@@ -163,15 +165,6 @@ func (p *schedProc) rss() (int64, error) {
 		}
 	}
 	return 0, errors.New("no VmRSS in /proc status")
-}
-
-func freeAddr() (string, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", fmt.Errorf("find a free port: %w", err)
-	}
-	defer l.Close()
-	return l.Addr().String(), nil
 }
 
 func tailFile(path string, n int64) string {

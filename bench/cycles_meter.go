@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -90,6 +91,61 @@ func (m *cycleMeter) done(startedAt time.Time) {
 	m.completed.Add(1)
 	if !startedAt.IsZero() {
 		m.lat.add(now.Sub(startedAt))
+	}
+}
+
+// drive keeps window items in flight until the measurement is over: it
+// starts window items, then a new one for each signal on replenish (a
+// completed cycle). It returns the first error of newItem or of errc,
+// where the system's callbacks report theirs (with reportFirst).
+func (m *cycleMeter) drive(ctx context.Context, window int, replenish <-chan struct{}, errc chan error, newItem func() error) error {
+	go func() {
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-replenish:
+				if m.finished() {
+					continue
+				}
+				if err := newItem(); err != nil {
+					reportFirst(ctx, errc, err)
+					return
+				}
+			}
+		}
+	}()
+	m.start()
+	for range window {
+		if err := newItem(); err != nil {
+			return err
+		}
+	}
+	return m.await(ctx, errc)
+}
+
+// await waits for the end of the measurement, the system's first error
+// on errc, or the end of ctx.
+func (m *cycleMeter) await(ctx context.Context, errc <-chan error) error {
+	select {
+	case <-m.wait():
+		return nil
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// reportFirst hands err to errc unless the run is already over (an error
+// then is the run's end, not a failure) or an earlier error waits there.
+func reportFirst(ctx context.Context, errc chan<- error, err error) {
+	if ctx.Err() != nil {
+		return
+	}
+	select {
+	case errc <- err:
+	default:
 	}
 }
 

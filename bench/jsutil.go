@@ -145,18 +145,6 @@ func waitFor(ctx context.Context, timeout time.Duration, cond func() bool) bool 
 	}
 }
 
-// sleepCtx sleeps for d or until ctx ends.
-func sleepCtx(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
-
 // pace calls fn(n) every tick with the number of items due so far at
 // rate per second, until ctx ends or dur passes; it keeps the rate
 // whatever fn costs (a late tick sends more).

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"time"
@@ -108,6 +109,47 @@ func (n *natsServer) connect(name string) (*nats.Conn, jetstream.JetStream, erro
 		return nil, nil, fmt.Errorf("new jetstream: %w", err)
 	}
 	return nc, js, nil
+}
+
+// startNATSWith starts a server and creates the one stream a NATS-only
+// peer (nak, schedules) runs on.
+func startNATSWith(ctx context.Context, sync natsSync, stream jetstream.StreamConfig) (*natsServer, error) {
+	ns, err := startNATS(sync)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := ns.js.CreateStream(ctx, stream); err != nil {
+		ns.close()
+		return nil, fmt.Errorf("create stream: %w", err)
+	}
+	return ns, nil
+}
+
+// producer opens a connection of its own for a peer's publisher, as a
+// separate producing process would have; closing it drains the
+// publisher, then closes the connection.
+func (n *natsServer) producer(name string) (*asyncPublisher, func(), error) {
+	nc, js, err := n.connect(name)
+	if err != nil {
+		return nil, nil, err
+	}
+	pub := newAsyncPublisher(js)
+	return pub, func() { pub.close(); nc.Close() }, nil
+}
+
+// startNATSPeer is startNATSWith plus a producer connection named
+// producer; stop closes both.
+func startNATSPeer(ctx context.Context, sync natsSync, stream jetstream.StreamConfig, producer string) (ns *natsServer, pub *asyncPublisher, stop func(), err error) {
+	ns, err = startNATSWith(ctx, sync, stream)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	pub, closePub, err := ns.producer(producer)
+	if err != nil {
+		ns.close()
+		return nil, nil, nil, err
+	}
+	return ns, pub, func() { closePub(); ns.close() }, nil
 }
 
 func (n *natsServer) url() string { return n.srv.ClientURL() }

@@ -29,6 +29,20 @@ func nakStreamConfig() jetstream.StreamConfig {
 	}
 }
 
+// withMetadata adapts a handler that needs a delivery's metadata and
+// when it arrived; a message without metadata is terminated.
+func withMetadata(h func(m jetstream.Msg, md *jetstream.MsgMetadata, now time.Time)) func(jetstream.Msg) {
+	return func(m jetstream.Msg) {
+		now := time.Now()
+		md, err := m.Metadata()
+		if err != nil {
+			_ = m.Term()
+			return
+		}
+		h(m, md, now)
+	}
+}
+
 func nakDurability(sync natsSync) string { return "NATS " + sync.String() }
 
 func unixNanoBytes(t time.Time) []byte {
@@ -47,21 +61,11 @@ func bytesUnixNano(b []byte) time.Time {
 // message. The ack is sent the way nats.go's Ack does it, without waiting
 // for the server to confirm it.
 func nakCycles(ctx context.Context, env Env, window int, warmup, dur time.Duration) (cycleResult, error) {
-	ns, err := startNATS(env.NATSSync)
+	ns, pub, stopNATS, err := startNATSPeer(ctx, env.NATSSync, nakStreamConfig(), "bench-nak-producer")
 	if err != nil {
 		return cycleResult{}, err
 	}
-	defer ns.close()
-	if _, err := ns.js.CreateStream(ctx, nakStreamConfig()); err != nil {
-		return cycleResult{}, fmt.Errorf("create stream: %w", err)
-	}
-	pubNC, pubJS, err := ns.connect("bench-nak-producer")
-	if err != nil {
-		return cycleResult{}, err
-	}
-	defer pubNC.Close()
-	pub := newAsyncPublisher(pubJS)
-	defer pub.close()
+	defer stopNATS()
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 
@@ -74,12 +78,7 @@ func nakCycles(ctx context.Context, env Env, window int, warmup, dur time.Durati
 	replenish := make(chan struct{}, 4*window)
 	stop, err := consume(ctx, ns.js, nakStream, jetstream.ConsumerConfig{
 		Durable: "nak-worker", MaxAckPending: 4 * window, AckWait: 30 * time.Second,
-	}, func(m jetstream.Msg) {
-		md, err := m.Metadata()
-		if err != nil {
-			_ = m.Term()
-			return
-		}
+	}, withMetadata(func(m jetstream.Msg, md *jetstream.MsgMetadata, _ time.Time) {
 		if md.NumDelivered == 1 {
 			_ = m.NakWithDelay(cycleDelay)
 			return
@@ -87,42 +86,13 @@ func nakCycles(ctx context.Context, env Env, window int, warmup, dur time.Durati
 		_ = m.Ack()
 		meter.done(bytesUnixNano(m.Data()))
 		replenish <- struct{}{}
-	})
+	}))
 	if err != nil {
 		return cycleResult{}, err
 	}
 	defer stop()
-	errc := make(chan error, 1)
-	go func() {
-		for {
-			select {
-			case <-runCtx.Done():
-				return
-			case <-replenish:
-				if meter.finished() {
-					continue
-				}
-				if err := newItem(); err != nil {
-					if runCtx.Err() == nil {
-						errc <- err
-					}
-					return
-				}
-			}
-		}
-	}()
-	meter.start()
-	for range window {
-		if err := newItem(); err != nil {
-			return cycleResult{}, err
-		}
-	}
-	select {
-	case <-meter.wait():
-	case err := <-errc:
+	if err := meter.drive(runCtx, window, replenish, make(chan error, 1), newItem); err != nil {
 		return cycleResult{}, err
-	case <-ctx.Done():
-		return cycleResult{}, ctx.Err()
 	}
 	res := meter.result()
 	res.durability = nakDurability(env.NATSSync)
@@ -133,21 +103,11 @@ func nakCycles(ctx context.Context, env Env, window int, warmup, dur time.Durati
 // over an hour, then runs the probe: messages naked once with a 1 s delay;
 // lateness is from the nak plus the delay to the redelivery.
 func nakLateness(ctx context.Context, env Env, pending int, probe probeSpec) (latenessResult, error) {
-	ns, err := startNATS(env.NATSSync)
+	ns, pub, stopNATS, err := startNATSPeer(ctx, env.NATSSync, nakStreamConfig(), "bench-nak-producer")
 	if err != nil {
 		return latenessResult{}, err
 	}
-	defer ns.close()
-	if _, err := ns.js.CreateStream(ctx, nakStreamConfig()); err != nil {
-		return latenessResult{}, fmt.Errorf("create stream: %w", err)
-	}
-	pubNC, pubJS, err := ns.connect("bench-nak-producer")
-	if err != nil {
-		return latenessResult{}, err
-	}
-	defer pubNC.Close()
-	pub := newAsyncPublisher(pubJS)
-	defer pub.close()
+	defer stopNATS()
 
 	bgFrom := backgroundStart(pending)
 	var bgNaked atomic.Int64
@@ -155,13 +115,7 @@ func nakLateness(ctx context.Context, env Env, pending int, probe probeSpec) (la
 	rec := newProbeRecorder(probe)
 	stop, err := consume(ctx, ns.js, nakStream, jetstream.ConsumerConfig{
 		Durable: "nak-owner", MaxAckPending: -1, AckWait: 30 * time.Second,
-	}, func(m jetstream.Msg) {
-		now := time.Now()
-		md, err := m.Metadata()
-		if err != nil {
-			_ = m.Term()
-			return
-		}
+	}, withMetadata(func(m jetstream.Msg, md *jetstream.MsgMetadata, now time.Time) {
 		if m.Subject() == "nak.bg" {
 			if md.NumDelivered == 1 {
 				_ = m.NakWithDelay(time.Until(bgFrom.Add(time.Duration(rand.Int64N(int64(time.Hour))))))
@@ -180,7 +134,7 @@ func nakLateness(ctx context.Context, env Env, pending int, probe probeSpec) (la
 		if v, ok := nakAt.LoadAndDelete(md.Sequence.Stream); ok {
 			rec.due(bytesUnixNano(m.Data()), v.(time.Time).Add(probe.delay), now)
 		}
-	})
+	}))
 	if err != nil {
 		return latenessResult{}, err
 	}
@@ -220,14 +174,11 @@ func nakLateness(ctx context.Context, env Env, pending int, probe probeSpec) (la
 // nakBurst holds burst messages after their first delivery, then naks
 // each with the delay that makes it due in the same second T..T+1s.
 func nakBurst(ctx context.Context, env Env, n int) (burstResult, error) {
-	ns, err := startNATS(env.NATSSync)
+	ns, err := startNATSWith(ctx, env.NATSSync, nakStreamConfig())
 	if err != nil {
 		return burstResult{}, err
 	}
 	defer ns.close()
-	if _, err := ns.js.CreateStream(ctx, nakStreamConfig()); err != nil {
-		return burstResult{}, fmt.Errorf("create stream: %w", err)
-	}
 	pub := newAsyncPublisher(ns.js)
 	var (
 		mu      sync.Mutex
@@ -237,13 +188,7 @@ func nakBurst(ctx context.Context, env Env, n int) (burstResult, error) {
 	br := newBurstRecorder(n)
 	stop, err := consume(ctx, ns.js, nakStream, jetstream.ConsumerConfig{
 		Durable: "nak-burst", MaxAckPending: -1, AckWait: 5 * time.Minute,
-	}, func(m jetstream.Msg) {
-		now := time.Now()
-		md, err := m.Metadata()
-		if err != nil {
-			_ = m.Term()
-			return
-		}
+	}, withMetadata(func(m jetstream.Msg, md *jetstream.MsgMetadata, now time.Time) {
 		if md.NumDelivered == 1 {
 			mu.Lock()
 			held = append(held, m)
@@ -254,7 +199,7 @@ func nakBurst(ctx context.Context, env Env, n int) (burstResult, error) {
 		if v, ok := targets.Load(md.Sequence.Stream); ok {
 			br.received1(v.(time.Time), now)
 		}
-	})
+	}))
 	if err != nil {
 		pub.close()
 		return burstResult{}, err

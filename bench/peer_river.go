@@ -213,12 +213,8 @@ func riverCycles(ctx context.Context, env Env, window int, warmup, dur time.Dura
 	if err := r.insert(ctx, make([]benchJobArgs, window), nil); err != nil {
 		return cycleResult{}, err
 	}
-	select {
-	case <-meter.wait():
-	case err := <-insertErr:
+	if err := meter.await(ctx, insertErr); err != nil {
 		return cycleResult{}, err
-	case <-ctx.Done():
-		return cycleResult{}, ctx.Err()
 	}
 	res := meter.result()
 	res.durability = r.durability(ctx)
@@ -242,9 +238,7 @@ func riverBurst(ctx context.Context, env Env, n int) (burstResult, error) {
 	if err := r.start(ctx); err != nil {
 		return burstResult{}, err
 	}
-	loadStart := time.Now()
-	t0 := burstSecond(n, 10_000)
-	br.setWindow(t0)
+	t0, _ := br.startLoad(10_000)
 	args := make([]benchJobArgs, n)
 	for i := range args {
 		args[i].At = t0.Add(time.Duration(i) * time.Second / time.Duration(n)).UnixNano()
@@ -252,13 +246,10 @@ func riverBurst(ctx context.Context, env Env, n int) (burstResult, error) {
 	if err := r.insert(ctx, args, func(i int) time.Time { return time.Unix(0, args[i].At) }); err != nil {
 		return burstResult{}, err
 	}
-	loaded := time.Since(loadStart)
-	if late := time.Since(t0); late > 0 {
-		return burstResult{}, fmt.Errorf("burst: loading took until %s after the burst second began", late)
+	res, err := br.loaded(ctx)
+	if err != nil {
+		return burstResult{}, err
 	}
-	br.wait(ctx, 2*time.Minute)
-	res := br.result()
-	res.loadTime = loaded
 	res.durability = r.durability(ctx)
 	return res, nil
 }

@@ -60,21 +60,11 @@ func headerTime(m jetstream.Msg, name string) time.Time {
 // schedulesLateness loads pending schedules spread over an hour (each on
 // its own subject), then schedules the probe items 1 s ahead.
 func schedulesLateness(ctx context.Context, env Env, pending int, probe probeSpec) (latenessResult, error) {
-	ns, err := startNATS(env.NATSSync)
+	ns, pub, stopNATS, err := startNATSPeer(ctx, env.NATSSync, schedStreamConfig(), "bench-sched-producer")
 	if err != nil {
 		return latenessResult{}, err
 	}
-	defer ns.close()
-	if _, err := ns.js.CreateStream(ctx, schedStreamConfig()); err != nil {
-		return latenessResult{}, fmt.Errorf("create stream: %w", err)
-	}
-	pubNC, pubJS, err := ns.connect("bench-sched-producer")
-	if err != nil {
-		return latenessResult{}, err
-	}
-	defer pubNC.Close()
-	pub := newAsyncPublisher(pubJS)
-	defer pub.close()
+	defer stopNATS()
 
 	rec := newProbeRecorder(probe)
 	stop, err := consume(ctx, ns.js, schedStream, jetstream.ConsumerConfig{
@@ -132,14 +122,11 @@ func schedulesLateness(ctx context.Context, env Env, pending int, probe probeSpe
 
 // schedulesBurst schedules n messages for the same second.
 func schedulesBurst(ctx context.Context, env Env, n int) (burstResult, error) {
-	ns, err := startNATS(env.NATSSync)
+	ns, err := startNATSWith(ctx, env.NATSSync, schedStreamConfig())
 	if err != nil {
 		return burstResult{}, err
 	}
 	defer ns.close()
-	if _, err := ns.js.CreateStream(ctx, schedStreamConfig()); err != nil {
-		return burstResult{}, fmt.Errorf("create stream: %w", err)
-	}
 	br := newBurstRecorder(n)
 	stop, err := consume(ctx, ns.js, schedStream, jetstream.ConsumerConfig{
 		Durable: "sched-burst", FilterSubject: "fired.burst", MaxAckPending: -1,
@@ -155,9 +142,7 @@ func schedulesBurst(ctx context.Context, env Env, n int) (burstResult, error) {
 		return burstResult{}, err
 	}
 	defer stop()
-	loadStart := time.Now()
-	t0 := burstSecond(n, 20_000)
-	br.setWindow(t0)
+	t0, loadStart := br.startLoad(20_000)
 	pub := newAsyncPublisher(ns.js)
 	for i := range n {
 		at := t0.Add(time.Duration(i) * time.Second / time.Duration(n))
@@ -170,13 +155,10 @@ func schedulesBurst(ctx context.Context, env Env, n int) (burstResult, error) {
 	if n, err := pub.errors(); n > 0 {
 		return burstResult{}, fmt.Errorf("burst schedules: %d publishes failed, last: %w", n, err)
 	}
-	loaded := time.Since(loadStart)
-	if late := time.Since(t0); late > 0 {
-		return burstResult{}, fmt.Errorf("burst: loading took until %s after the burst second began", late)
+	res, err := br.loaded(ctx)
+	if err != nil {
+		return burstResult{}, err
 	}
-	br.wait(ctx, 2*time.Minute)
-	res := br.result()
-	res.loadTime = loaded
 	res.durability = nakDurability(env.NATSSync)
 	return res, nil
 }

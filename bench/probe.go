@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -113,18 +114,28 @@ type burstResult struct {
 }
 
 type burstRecorder struct {
-	n        int
-	t0       time.Time
-	mu       sync.Mutex
-	last     time.Time
-	stored   time.Time
-	received atomic.Int64
-	lat      latencies
+	n         int
+	t0        time.Time
+	loadStart time.Time
+	mu        sync.Mutex
+	last      time.Time
+	stored    time.Time
+	received  atomic.Int64
+	lat       latencies
 }
 
 func newBurstRecorder(n int) *burstRecorder { return &burstRecorder{n: n} }
 
 func (b *burstRecorder) setWindow(t0 time.Time) { b.t0 = t0 }
+
+// startLoad starts the clock of a load of the burst at perSecond items a
+// second and sets the burst second far enough ahead of it (burstSecond);
+// loaded stops the clock.
+func (b *burstRecorder) startLoad(perSecond int) (t0, loadStart time.Time) {
+	b.loadStart = time.Now()
+	b.setWindow(burstSecond(b.n, perSecond))
+	return b.t0, b.loadStart
+}
 
 func (b *burstRecorder) received1(dueAt, at time.Time) {
 	b.received.Add(1)
@@ -147,6 +158,20 @@ func (b *burstRecorder) stored1(at time.Time) {
 
 func (b *burstRecorder) wait(ctx context.Context, timeout time.Duration) {
 	waitFor(ctx, time.Until(b.t0)+timeout, func() bool { return b.received.Load() >= int64(b.n) })
+}
+
+// loaded waits out a burst whose load (from startLoad) ended now, and
+// returns its result with the load time. A load that ran into the burst
+// second is an error: the burst would measure the loader.
+func (b *burstRecorder) loaded(ctx context.Context) (burstResult, error) {
+	loadTime := time.Since(b.loadStart)
+	if late := time.Since(b.t0); late > 0 {
+		return burstResult{}, fmt.Errorf("burst: loading took until %s after the burst second began", late)
+	}
+	b.wait(ctx, 2*time.Minute)
+	res := b.result()
+	res.loadTime = loadTime
+	return res, nil
 }
 
 func (b *burstRecorder) result() burstResult {

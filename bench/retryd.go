@@ -261,14 +261,7 @@ func (r *retrydSys) cycles(ctx context.Context, window int, warmup, dur time.Dur
 	// Items are started from this goroutine and from the replenisher.
 	var seq atomic.Int64
 	errc := make(chan error, 1)
-	fail := func(err error) {
-		if runCtx.Err() == nil {
-			select {
-			case errc <- err:
-			default:
-			}
-		}
-	}
+	fail := func(err error) { reportFirst(runCtx, errc, err) }
 	replenish := make(chan struct{}, 4*window)
 	stop, err := r.ownDue(ctx, kindCycle, func(ev dueEvent) {
 		id := ev.data.ID
@@ -291,34 +284,8 @@ func (r *retrydSys) cycles(ctx context.Context, window int, warmup, dur time.Dur
 	newItem := func() error {
 		return r.publishFailed(runCtx, kindCycle, itemID("c", time.Now(), seq.Add(1)), nil)
 	}
-	go func() {
-		for {
-			select {
-			case <-runCtx.Done():
-				return
-			case <-replenish:
-				if meter.finished() {
-					continue
-				}
-				if err := newItem(); err != nil {
-					fail(err)
-					return
-				}
-			}
-		}
-	}()
-	meter.start()
-	for range window {
-		if err := newItem(); err != nil {
-			return cycleResult{}, err
-		}
-	}
-	select {
-	case <-meter.wait():
-	case err := <-errc:
+	if err := meter.drive(runCtx, window, replenish, errc, newItem); err != nil {
 		return cycleResult{}, err
-	case <-ctx.Done():
-		return cycleResult{}, ctx.Err()
 	}
 	res := meter.result()
 	res.durability = r.durability(ctx)
@@ -431,19 +398,14 @@ func retrydBurst(ctx context.Context, env Env, n int) (burstResult, error) {
 		return burstResult{}, err
 	}
 	defer stop()
-	loadStart := time.Now()
-	t0 := burstSecond(n, 20_000)
-	br.setWindow(t0)
+	t0, _ := br.startLoad(20_000)
 	if err := copyPending(ctx, r.db.pool, pendingRows{kind: kindBurst, n: n, from: t0, span: time.Second}); err != nil {
 		return burstResult{}, err
 	}
-	loaded := time.Since(loadStart)
-	if late := time.Since(t0); late > 0 {
-		return burstResult{}, fmt.Errorf("burst: loading took until %s after the burst second began", late)
+	res, err := br.loaded(ctx)
+	if err != nil {
+		return burstResult{}, err
 	}
-	br.wait(ctx, 2*time.Minute)
-	res := br.result()
-	res.loadTime = loaded
 	res.durability = r.durability(ctx)
 	return res, nil
 }

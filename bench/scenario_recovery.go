@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/retryd/retryd/internal/wait"
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/services/scheduler"
 )
@@ -166,7 +167,7 @@ func runRecovery(ctx context.Context, env Env) error {
 		})
 		probeDone <- err
 	}()
-	if err := sleepCtx(ctx, s.RecoverSteady); err != nil {
+	if err := wait.Sleep(ctx, s.RecoverSteady); err != nil {
 		return err
 	}
 	var pendingAtKill int64
@@ -182,7 +183,7 @@ func runRecovery(ctx context.Context, env Env) error {
 	heldAtKill := r.waitHeld(ctx, scheduler.DefaultConsumeBatch, 5*time.Second)
 	killAt := time.Now()
 	proc.kill9()
-	if err := sleepCtx(ctx, s.RecoverDown); err != nil {
+	if err := wait.Sleep(ctx, s.RecoverDown); err != nil {
 		return err
 	}
 	proc2, err := startSchedProc(bin, r.db.url, r.ns.url(), logDir)

@@ -63,6 +63,75 @@ func fastPolicy(name string, delay time.Duration, maxRetries int) map[string]any
 	}
 }
 
+// ownPostgres starts a Postgres server of the scenario's own (one it
+// stops, restarts or skews), env added to the server's environment, and
+// creates database db in it unless db is "". It is removed with a fresh
+// context: t.Context() is already cancelled when cleanups run.
+func ownPostgres(t *testing.T, db string, env ...string) *harness.Postgres {
+	t.Helper()
+	pg, err := harness.NewPostgres(t.Context(), "")
+	if err != nil {
+		harness.Missing(t, "the Postgres 15 server binaries", err, "apt-get install postgresql-15")
+	}
+	pg.Env = env
+	t.Cleanup(func() { pg.Remove(context.Background()) })
+	if err := pg.Start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if db != "" {
+		if err := pg.CreateDatabase(t.Context(), db); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return pg
+}
+
+// spreadLoad sends events to the ingress over HTTP and publishes msgs in
+// slices of slice, both paced to span span, so that the faults a
+// scenario injects meanwhile land in the middle of the load. wait fails
+// the test on the first error of either.
+func spreadLoad(s *harness.System, span time.Duration, events []map[string]any, msgs []*natsMsg, slice int) (sender *harness.EventSender, wait func(t *testing.T)) {
+	sender = &harness.EventSender{Sys: s, URL: s.URL(harness.Ingress), Every: span / time.Duration(len(events))}
+	sendDone := make(chan error, 1)
+	go func() { sendDone <- sender.SendAll(s.Ctx, events, 8) }()
+	pubDone := make(chan error, 1)
+	go func() {
+		for i := 0; i < len(msgs); i += slice {
+			time.Sleep(span / time.Duration(len(msgs)/slice))
+			if _, err := harness.PublishAll(s.Ctx, s.JS, msgs[i:min(i+slice, len(msgs))]); err != nil {
+				pubDone <- err
+				return
+			}
+		}
+		pubDone <- nil
+	}()
+	return sender, func(t *testing.T) {
+		t.Helper()
+		if err := <-sendDone; err != nil {
+			t.Fatalf("send events: %v", err)
+		}
+		if err := <-pubDone; err != nil {
+			t.Fatalf("publish failures: %v", err)
+		}
+	}
+}
+
+// eventCheck adds to r the events sender got accepted: those counts
+// (admissions per event id) lacks are lost, those admitted more than once
+// duplicate effects. It returns how many were accepted and lost.
+func eventCheck(r *harness.Report, sender *harness.EventSender, counts map[string]int) (accepted, lost int) {
+	ids := sender.Accepted()
+	for id := range ids {
+		if counts[id] == 0 {
+			lost++
+		}
+	}
+	r.Sent += len(ids)
+	r.Lost += lost
+	r.DuplicateEffects += harness.Duplicates(counts)
+	return len(ids), lost
+}
+
 // failedItems builds the first failure of n items of kind.
 func failedItems(t *testing.T, kind, prefix string, n int, retryAfter func(i int) *contract.RetryAfter) ([]string, []*natsMsg) {
 	t.Helper()

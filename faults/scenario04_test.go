@@ -39,22 +39,8 @@ func TestScenario04RestartNATSDuringLoad(t *testing.T) {
 	}
 	// Paced so that the load spans the restarts.
 	span := time.Duration(restarts+1) * 1500 * time.Millisecond
-	sender := &harness.EventSender{Sys: s, URL: s.URL(harness.Ingress), Every: span / time.Duration(nEvents)}
-	sendDone := make(chan error, 1)
-	go func() { sendDone <- sender.SendAll(s.Ctx, events, 8) }()
 	ids, msgs := failedItems(t, kind, "s04", nItems, nil)
-	pubDone := make(chan error, 1)
-	go func() {
-		// In slices, so the restarts land in the middle of the load.
-		for i := 0; i < len(msgs); i += 100 {
-			time.Sleep(span / time.Duration(len(msgs)/100))
-			if _, err := harness.PublishAll(s.Ctx, s.JS, msgs[i:min(i+100, len(msgs))]); err != nil {
-				pubDone <- err
-				return
-			}
-		}
-		pubDone <- nil
-	}()
+	sender, waitLoad := spreadLoad(s, span, events, msgs, 100)
 
 	var last time.Time
 	for k, graceful := range []bool{true, false, true, false}[:restarts] {
@@ -73,12 +59,7 @@ func TestScenario04RestartNATSDuringLoad(t *testing.T) {
 		}
 		last = time.Now()
 	}
-	if err := <-sendDone; err != nil {
-		t.Fatalf("send events: %v", err)
-	}
-	if err := <-pubDone; err != nil {
-		t.Fatalf("publish failures: %v", err)
-	}
+	waitLoad(t)
 
 	// Every accepted event admitted (stored on EVENTS) and every failure
 	// due.
@@ -99,21 +80,12 @@ func TestScenario04RestartNATSDuringLoad(t *testing.T) {
 	})
 	r.Recover = time.Since(last)
 	dueCheck(t, s, owner, kind, ids, r)
-	accepted := sender.Accepted()
-	lostEvents := 0
-	for id := range accepted {
-		if counts[id] == 0 {
-			lostEvents++
-		}
-	}
-	r.Sent += len(accepted)
-	r.Lost += lostEvents
-	r.DuplicateEffects += harness.Duplicates(counts)
+	accepted, lostEvents := eventCheck(r, sender, counts)
 	r.Absorbed += s.Wire.Extra(counts, func(id string) bool { return len(id) > 7 && id[:7] == "s04-ev-" })
 	r.Note("events: %d accepted (202), %d admitted, %d lost; producer re-sends %d (%d answered duplicate)",
-		len(accepted), len(counts), lostEvents, sender.Retries.Load(), sender.Duplicate.Load())
+		accepted, len(counts), lostEvents, sender.Retries.Load(), sender.Duplicate.Load())
 	r.Print(t)
-	if !ok || r.Lost != 0 || r.DuplicateEffects != 0 || len(accepted) != nEvents {
-		t.Fatalf("lost %d, duplicate effects %d, accepted %d of %d (all resolved: %v)%s", r.Lost, r.DuplicateEffects, len(accepted), nEvents, ok, timedOut(ok, pace))
+	if !ok || r.Lost != 0 || r.DuplicateEffects != 0 || accepted != nEvents {
+		t.Fatalf("lost %d, duplicate effects %d, accepted %d of %d (all resolved: %v)%s", r.Lost, r.DuplicateEffects, accepted, nEvents, ok, timedOut(ok, pace))
 	}
 }

@@ -19,17 +19,7 @@ func TestScenario06PostgresRestartsAndKilledConnections(t *testing.T) {
 	nEvents := harness.Size(600, 20_000)
 	nItems := harness.Size(1200, 20_000)
 	rounds := harness.Size(1, 3)
-	pg, err := harness.NewPostgres(t.Context(), "")
-	if err != nil {
-		harness.Missing(t, "the Postgres 15 server binaries", err, "apt-get install postgresql-15")
-	}
-	t.Cleanup(func() { pg.Remove(t.Context()) })
-	if err := pg.Start(t.Context()); err != nil {
-		t.Fatal(err)
-	}
-	if err := pg.CreateDatabase(t.Context(), "retryd"); err != nil {
-		t.Fatal(err)
-	}
+	pg := ownPostgres(t, "retryd")
 	s := setup(t, harness.Options{DatabaseURL: pg.URL("retryd")})
 	r := &harness.Report{Scenario: "06 restart postgres, kill connections"}
 	s.Start(harness.Scheduler)
@@ -48,21 +38,8 @@ func TestScenario06PostgresRestartsAndKilledConnections(t *testing.T) {
 	for i := range events {
 		events[i] = map[string]any{"id": fmt.Sprintf("s06-ev-%06d", i), "source": "shop", "type": "order.created"}
 	}
-	sender := &harness.EventSender{Sys: s, URL: s.URL(harness.Ingress), Every: span / time.Duration(nEvents)}
-	sendDone := make(chan error, 1)
-	go func() { sendDone <- sender.SendAll(s.Ctx, events, 8) }()
 	ids, msgs := failedItems(t, kind, "s06", nItems, nil)
-	pubDone := make(chan error, 1)
-	go func() {
-		for i := 0; i < len(msgs); i += 50 {
-			time.Sleep(span / time.Duration(len(msgs)/50))
-			if _, err := harness.PublishAll(s.Ctx, s.JS, msgs[i:min(i+50, len(msgs))]); err != nil {
-				pubDone <- err
-				return
-			}
-		}
-		pubDone <- nil
-	}()
+	sender, waitLoad := spreadLoad(s, span, events, msgs, 50)
 
 	var last time.Time
 	for range rounds {
@@ -78,12 +55,7 @@ func TestScenario06PostgresRestartsAndKilledConnections(t *testing.T) {
 			last = time.Now()
 		}
 	}
-	if err := <-sendDone; err != nil {
-		t.Fatalf("send events: %v", err)
-	}
-	if err := <-pubDone; err != nil {
-		t.Fatalf("publish: %v", err)
-	}
+	waitLoad(t)
 
 	var counts map[string]int
 	_, ok := harness.Eventually(s.Ctx, scenarioTimeout(), 200*time.Millisecond, func() bool {
@@ -99,21 +71,12 @@ func TestScenario06PostgresRestartsAndKilledConnections(t *testing.T) {
 	})
 	r.Recover = time.Since(last)
 	dueCheck(t, s, owner, kind, ids, r)
-	accepted := sender.Accepted()
-	lostEvents := 0
-	for id := range accepted {
-		if counts[id] == 0 {
-			lostEvents++
-		}
-	}
+	accepted, _ := eventCheck(r, sender, counts)
 	var admittedRows int
 	_ = s.Pool.QueryRow(s.Ctx, `SELECT count(*) FROM workflow_events WHERE status = 'admitted'`).Scan(&admittedRows)
-	r.Sent += len(accepted)
-	r.Lost += lostEvents
-	r.DuplicateEffects += harness.Duplicates(counts)
-	r.Note("events: %d accepted, %d admitted on EVENTS, %d admitted rows; retry rows %v", len(accepted), len(counts), admittedRows, states(s.Ctx, s.Pool, kind))
+	r.Note("events: %d accepted, %d admitted on EVENTS, %d admitted rows; retry rows %v", accepted, len(counts), admittedRows, states(s.Ctx, s.Pool, kind))
 	r.Print(t)
-	if !ok || r.Lost != 0 || r.DuplicateEffects != 0 || len(accepted) != nEvents {
-		t.Fatalf("lost %d, duplicate effects %d, accepted %d of %d (resolved: %v)%s", r.Lost, r.DuplicateEffects, len(accepted), nEvents, ok, timedOut(ok, pace))
+	if !ok || r.Lost != 0 || r.DuplicateEffects != 0 || accepted != nEvents {
+		t.Fatalf("lost %d, duplicate effects %d, accepted %d of %d (resolved: %v)%s", r.Lost, r.DuplicateEffects, accepted, nEvents, ok, timedOut(ok, pace))
 	}
 }

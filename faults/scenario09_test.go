@@ -42,18 +42,7 @@ func clockSkew(t *testing.T, skew string) {
 	nEvents := harness.Size(16, 200)
 	delay := 2 * time.Second
 	const limit = 2 // events the source admits per second
-	pg, err := harness.NewPostgres(t.Context(), "")
-	if err != nil {
-		harness.Missing(t, "the Postgres 15 server binaries", err, "apt-get install postgresql-15")
-	}
-	pg.Env = []string{"LD_PRELOAD=" + libfaketime, "FAKETIME=" + skew, "FAKETIME_DONT_FAKE_MONOTONIC=1"}
-	t.Cleanup(func() { pg.Remove(t.Context()) })
-	if err := pg.Start(t.Context()); err != nil {
-		t.Fatal(err)
-	}
-	if err := pg.CreateDatabase(t.Context(), "retryd"); err != nil {
-		t.Fatal(err)
-	}
+	pg := ownPostgres(t, "retryd", "LD_PRELOAD="+libfaketime, "FAKETIME="+skew, "FAKETIME_DONT_FAKE_MONOTONIC=1")
 	s := setup(t, harness.Options{DatabaseURL: pg.URL("retryd")})
 	r := &harness.Report{Scenario: "09 clock skew, postgres " + skew}
 

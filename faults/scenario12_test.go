@@ -18,6 +18,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/retryd/retryd/faults/harness"
+	"github.com/retryd/retryd/internal/freeaddr"
 	"github.com/retryd/retryd/internal/streams"
 	"github.com/retryd/retryd/migrations"
 )
@@ -67,7 +68,7 @@ func deployNATS(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	port, err := harness.FreePort()
+	port, err := freeaddr.Port()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -236,14 +237,7 @@ func deployPostgres(t *testing.T) {
 	if _, err := os.Stat(rolesSQL); err != nil {
 		harness.Missing(t, rolesSQL, err, "the deploy Postgres roles are part of the repository")
 	}
-	pg, err := harness.NewPostgres(t.Context(), "")
-	if err != nil {
-		harness.Missing(t, "the Postgres 15 server binaries", err, "apt-get install postgresql-15")
-	}
-	t.Cleanup(func() { pg.Remove(context.Background()) })
-	if err := pg.Start(t.Context()); err != nil {
-		t.Fatal(err)
-	}
+	pg := ownPostgres(t, "")
 	out, err := exec.CommandContext(t.Context(), filepath.Join(pg.BinDir, "psql"), "-X", "-q", "-d", pg.URL("postgres"),
 		"-v", "owner_password=pw-owner", "-v", "app_password=pw-app", "-f", rolesSQL).CombinedOutput()
 	if err != nil {

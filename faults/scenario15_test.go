@@ -21,17 +21,7 @@ const readyWithin = 5 * time.Second
 // backend is back, /readyz is 200 again.
 func TestScenario15ReadinessFollowsBackends(t *testing.T) {
 	t.Parallel()
-	pg, err := harness.NewPostgres(t.Context(), "")
-	if err != nil {
-		harness.Missing(t, "the Postgres 15 server binaries", err, "apt-get install postgresql-15")
-	}
-	t.Cleanup(func() { pg.Remove(t.Context()) })
-	if err := pg.Start(t.Context()); err != nil {
-		t.Fatal(err)
-	}
-	if err := pg.CreateDatabase(t.Context(), "retryd"); err != nil {
-		t.Fatal(err)
-	}
+	pg := ownPostgres(t, "retryd")
 	s := setup(t, harness.Options{DatabaseURL: pg.URL("retryd")})
 	r := &harness.Report{Scenario: "15 readiness follows postgres and nats"}
 	services := []string{harness.Scheduler, harness.Ingress, harness.Triggers}

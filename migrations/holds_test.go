@@ -5,10 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
-
-	"github.com/retryd/retryd/migrations"
 )
 
 // Items that owners held back before holds existed were recorded as
@@ -16,10 +13,8 @@ import (
 // budget back and makes them holds; other rows are left as they were.
 func TestHoldsMigrationRefundsLegacyHolds(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
+	b := setupAt(t, 101)
 	ctx := context.Background()
-	require.NoError(t, migrations.Up(ctx, b.url, zerolog.Nop()))
-	require.NoError(t, migrations.Down(ctx, b.url, 101, zerolog.Nop()))
 
 	failedAt := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 	_, err := b.conn.Exec(ctx, `INSERT INTO retries (kind, item_id, state, attempt, retry_count, max_retries, source, last_reason, last_error_at, next_attempt_at)
@@ -29,7 +24,7 @@ VALUES ('event', 'paused', 'scheduled', 15, 14, 20, 'shop', 'source_paused', $1,
        ('job', 'failing', 'scheduled', 3, 2, 5, '', '', $1, $1),
        ('event', 'done', 'exhausted', 21, 20, 20, 'shop', 'source_paused', $1, NULL)`, failedAt)
 	require.NoError(t, err)
-	require.NoError(t, migrations.Up(ctx, b.url, zerolog.Nop()))
+	b.up(t)
 	b.requireAllApplied(t)
 
 	type row struct {

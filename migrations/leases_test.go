@@ -4,10 +4,7 @@ import (
 	"context"
 	"testing"
 
-	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
-
-	"github.com/retryd/retryd/migrations"
 )
 
 // 00301 adds per-trigger run timeouts and run leases. Rows written before
@@ -16,17 +13,15 @@ import (
 // are refused by the database too.
 func TestRunLeasesMigrationKeepsExistingRows(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
+	b := setupAt(t, 300)
 	ctx := context.Background()
-	require.NoError(t, migrations.Up(ctx, b.url, zerolog.Nop()))
-	require.NoError(t, migrations.Down(ctx, b.url, 300, zerolog.Nop()))
 
 	_, err := b.conn.Exec(ctx, `INSERT INTO workflow_triggers (trigger_id, name, source, event_type, workflow, max_concurrency)
 VALUES ('t1', 'n', 'crm', 'lead.created', 'enrich', 1)`)
 	require.NoError(t, err)
 	_, err = b.conn.Exec(ctx, `INSERT INTO workflow_runs (run_id, workflow, delivery_id, trigger_id) VALUES ('r1', 'enrich', 'd1', 't1')`)
 	require.NoError(t, err)
-	require.NoError(t, migrations.Up(ctx, b.url, zerolog.Nop()))
+	b.up(t)
 	b.requireAllApplied(t)
 
 	var timeout *int64

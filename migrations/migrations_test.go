@@ -37,6 +37,29 @@ func setup(t *testing.T) bundle {
 	return bundle{url: u, conn: conn}
 }
 
+// setupAt is setup with the schema of version: every migration applied,
+// then those after version reverted, the schema a later migration
+// upgrades from.
+func setupAt(t *testing.T, version int64) bundle {
+	t.Helper()
+	b := setup(t)
+	b.up(t)
+	b.down(t, version)
+	return b
+}
+
+// up applies every migration.
+func (b bundle) up(t *testing.T) {
+	t.Helper()
+	require.NoError(t, migrations.Up(context.Background(), b.url, zerolog.Nop()))
+}
+
+// down reverts every migration after version.
+func (b bundle) down(t *testing.T, version int64) {
+	t.Helper()
+	require.NoError(t, migrations.Down(context.Background(), b.url, version, zerolog.Nop()))
+}
+
 // tables lists the tables of the public schema, without goose's own.
 func (b bundle) tables(t *testing.T) []string {
 	t.Helper()
@@ -76,8 +99,8 @@ func TestUpIsIdempotent(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := context.Background()
-	require.NoError(t, migrations.Up(ctx, b.url, zerolog.Nop()))
-	require.NoError(t, migrations.Up(ctx, b.url, zerolog.Nop()))
+	b.up(t)
+	b.up(t)
 	b.requireAllApplied(t)
 	require.Subset(t, b.tables(t), foundationTables)
 
@@ -90,9 +113,9 @@ func TestDownToZeroAndUpAgain(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := context.Background()
-	require.NoError(t, migrations.Up(ctx, b.url, zerolog.Nop()))
+	b.up(t)
 
-	require.NoError(t, migrations.Down(ctx, b.url, 0, zerolog.Nop()))
+	b.down(t, 0)
 	require.Empty(t, b.tables(t), "every migration's Down removes what its Up created")
 	st, err := migrations.Status(ctx, b.url)
 	require.NoError(t, err)
@@ -100,17 +123,15 @@ func TestDownToZeroAndUpAgain(t *testing.T) {
 		require.False(t, s.Applied, "%s still applied after Down to 0", s.Name)
 	}
 
-	require.NoError(t, migrations.Up(ctx, b.url, zerolog.Nop()))
+	b.up(t)
 	b.requireAllApplied(t)
 	require.Subset(t, b.tables(t), foundationTables)
 }
 
 func TestDownToVersion(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
+	b := setupAt(t, 1)
 	ctx := context.Background()
-	require.NoError(t, migrations.Up(ctx, b.url, zerolog.Nop()))
-	require.NoError(t, migrations.Down(ctx, b.url, 1, zerolog.Nop()))
 	st, err := migrations.Status(ctx, b.url)
 	require.NoError(t, err)
 	for _, s := range st {
@@ -156,7 +177,7 @@ func TestSeededPolicies(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := context.Background()
-	require.NoError(t, migrations.Up(ctx, b.url, zerolog.Nop()))
+	b.up(t)
 
 	rows, err := b.conn.Query(ctx, `SELECT to_jsonb(p) FROM retry_policies p ORDER BY kind, job_type`)
 	require.NoError(t, err)

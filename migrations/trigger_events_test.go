@@ -4,10 +4,8 @@ import (
 	"context"
 	"testing"
 
-	"github.com/rs/zerolog"
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
-
-	"github.com/retryd/retryd/migrations"
 )
 
 // 00302 gives triggers its own copy of the events of deliveries it holds:
@@ -15,10 +13,8 @@ import (
 // the events of launched deliveries are not copied.
 func TestTriggerEventsMigrationCopiesHeldDeliveriesEvents(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
+	b := setupAt(t, 301)
 	ctx := context.Background()
-	require.NoError(t, migrations.Up(ctx, b.url, zerolog.Nop()))
-	require.NoError(t, migrations.Down(ctx, b.url, 301, zerolog.Nop()))
 
 	for _, id := range []string{"e-held", "e-done"} {
 		_, err := b.conn.Exec(ctx, `INSERT INTO workflow_events (event_id, source, type, status, envelope)
@@ -29,17 +25,12 @@ VALUES ($1, 'crm', 'lead.created', 'admitted', $2)`, id, `{"id":"`+id+`"}`)
 VALUES ('d-held', 't1', 1, 'e-held', 'crm', 'lead.created', 'concurrency_limited'),
        ('d-done', 't1', 1, 'e-done', 'crm', 'lead.created', 'launched')`)
 	require.NoError(t, err)
-	require.NoError(t, migrations.Up(ctx, b.url, zerolog.Nop()))
+	b.up(t)
 	b.requireAllApplied(t)
 
-	var ids []string
 	rows, err := b.conn.Query(ctx, `SELECT event_id || '=' || envelope::text FROM trigger_events ORDER BY event_id`)
 	require.NoError(t, err)
-	for rows.Next() {
-		var s string
-		require.NoError(t, rows.Scan(&s))
-		ids = append(ids, s)
-	}
-	require.NoError(t, rows.Err())
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
 	require.Equal(t, []string{`e-held={"id":"e-held"}`}, ids)
 }

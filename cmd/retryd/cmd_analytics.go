@@ -45,17 +45,9 @@ func newAnalyticsCmd(g *globals) *cobra.Command {
 			if top > 0 {
 				q.Set("top", strconv.Itoa(top))
 			}
-			c, err := g.client()
-			if err != nil {
-				return err
-			}
 			var a analyticsView
-			raw, err := c.get(cmd.Context(), "/v1/analytics/retries", q, &a)
-			if err != nil {
-				return fmt.Errorf("retry analytics: %w", err)
-			}
-			if g.json {
-				return printJSON(g.stdout, raw)
+			if done, err := g.fetch(cmd, "/v1/analytics/retries", q, &a, doing("retry analytics")); done {
+				return err
 			}
 			return printAnalytics(g, a)
 		},

@@ -17,6 +17,7 @@ import (
 	"github.com/retryd/retryd/internal/auth"
 	"github.com/retryd/retryd/internal/dashboard"
 	"github.com/retryd/retryd/internal/serve"
+	"github.com/retryd/retryd/internal/servicetest"
 	"github.com/retryd/retryd/migrations/pgtest"
 	"github.com/retryd/retryd/services/ingress"
 	"github.com/retryd/retryd/services/jobs"
@@ -26,7 +27,7 @@ import (
 
 // devRun is `retryd dev` running in-process.
 type devRun struct {
-	out, errOut *syncBuffer
+	out, errOut *servicetest.Buffer
 	cancel      context.CancelFunc
 	done        chan int
 	url         string
@@ -38,7 +39,7 @@ func startDev(t *testing.T, args ...string) *devRun {
 	t.Helper()
 	dir := t.TempDir()
 	ctx, cancel := context.WithCancel(context.Background())
-	d := &devRun{out: &syncBuffer{}, errOut: &syncBuffer{}, cancel: cancel, done: make(chan int, 1)}
+	d := &devRun{out: &servicetest.Buffer{}, errOut: &servicetest.Buffer{}, cancel: cancel, done: make(chan int, 1)}
 	base := []string{"dev", "--data-dir", dir, "--http", "127.0.0.1:0", "--nats-port", "-1", "--nats-sync", "1s",
 		"--database-url", pgtest.NewDatabaseURL(t), "--log-file", filepath.Join(dir, "dev.log"), "--status-interval", "200ms"}
 	go func() { d.done <- run(ctx, append(base, args...), d.out, d.errOut) }()

@@ -48,19 +48,11 @@ func newPoliciesListCmd(g *globals) *cobra.Command {
 		Short: "List every policy",
 		Args:  args(0),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := g.client()
-			if err != nil {
-				return err
-			}
 			var res struct {
 				Policies []policy.Policy `json:"policies"`
 			}
-			raw, err := c.get(cmd.Context(), "/v1/policies", nil, &res)
-			if err != nil {
-				return fmt.Errorf("list policies: %w", err)
-			}
-			if g.json {
-				return printJSON(g.stdout, raw)
+			if done, err := g.fetch(cmd, "/v1/policies", nil, &res, doing("list policies")); done {
+				return err
 			}
 			t := newTable(g.stdout, "KIND", "JOB TYPE", "NAME", "VERSION", "MAX RETRIES", "BASE", "MULTIPLIER", "MAX", "JITTER", "ENABLED")
 			for _, p := range res.Policies {
@@ -127,17 +119,9 @@ func newPoliciesGetCmd(g *globals) *cobra.Command {
 		Args: args(1, "KIND", "JOB_TYPE"),
 		RunE: func(cmd *cobra.Command, a []string) error {
 			kind, jobType := policyArgs(a)
-			c, err := g.client()
-			if err != nil {
-				return err
-			}
 			var p policy.Policy
-			raw, err := c.get(cmd.Context(), policyPath(kind, jobType), nil, &p)
-			if err != nil {
-				return fmt.Errorf("get policy %s: %w", policyName(kind, jobType), err)
-			}
-			if g.json {
-				return printJSON(g.stdout, raw)
+			if done, err := g.fetch(cmd, policyPath(kind, jobType), nil, &p, doing("get policy "+policyName(kind, jobType))); done {
+				return err
 			}
 			return printPolicy(g, p)
 		},
@@ -158,19 +142,11 @@ func newPoliciesVersionsCmd(g *globals) *cobra.Command {
 		Args:  args(1, "KIND", "JOB_TYPE"),
 		RunE: func(cmd *cobra.Command, a []string) error {
 			kind, jobType := policyArgs(a)
-			c, err := g.client()
-			if err != nil {
-				return err
-			}
 			var res struct {
 				Versions []policyVersion `json:"versions"`
 			}
-			raw, err := c.get(cmd.Context(), policyPath(kind, jobType)+"/versions", nil, &res)
-			if err != nil {
-				return fmt.Errorf("policy versions %s: %w", policyName(kind, jobType), err)
-			}
-			if g.json {
-				return printJSON(g.stdout, raw)
+			if done, err := g.fetch(cmd, policyPath(kind, jobType)+"/versions", nil, &res, doing("policy versions "+policyName(kind, jobType))); done {
+				return err
 			}
 			t := newTable(g.stdout, "VERSION", "CHANGED", "BY", "POLICY")
 			for _, v := range res.Versions {

@@ -21,6 +21,30 @@ func (g *globals) client() (*apiClient, error) {
 	return c, nil
 }
 
+// fetch GETs path into out for a command that shows it. With --json it
+// prints the answer as it came and reports done, as it does on an error
+// (the API's passed through fail, which says what the command was
+// doing); otherwise the caller prints out its own way.
+func (g *globals) fetch(cmd *cobra.Command, path string, q url.Values, out any, fail func(error) error) (done bool, err error) {
+	c, err := g.client()
+	if err != nil {
+		return true, err
+	}
+	raw, err := c.get(cmd.Context(), path, q, out)
+	if err != nil {
+		return true, fail(err)
+	}
+	if g.json {
+		return true, printJSON(g.stdout, raw)
+	}
+	return false, nil
+}
+
+// doing wraps an error in what the command was doing.
+func doing(what string) func(error) error {
+	return func(err error) error { return fmt.Errorf("%s: %w", what, err) }
+}
+
 // retryStates are the states the API filters on.
 var retryStates = []string{"scheduled", "due", "succeeded", "exhausted", "cancelled"}
 
@@ -157,17 +181,9 @@ func newRetriesShowCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			c, err := g.client()
-			if err != nil {
-				return err
-			}
 			var v retryView
-			raw, err := c.get(cmd.Context(), "/v1/retries/"+seg(kind)+"/"+seg(id), nil, &v)
-			if err != nil {
-				return itemErr("show retry", kind, id, err)
-			}
-			if g.json {
-				return printJSON(g.stdout, raw)
+			if done, err := g.fetch(cmd, "/v1/retries/"+seg(kind)+"/"+seg(id), nil, &v, func(err error) error { return itemErr("show retry", kind, id, err) }); done {
+				return err
 			}
 			return printRetry(g, v)
 		},

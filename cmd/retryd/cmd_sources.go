@@ -25,19 +25,11 @@ func newSourcesListCmd(g *globals) *cobra.Command {
 		Short: "List the sources that have a gate (rate limit, pause or allowed types)",
 		Args:  args(0),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := g.client()
-			if err != nil {
-				return err
-			}
 			var res struct {
 				Sources []sourceView `json:"sources"`
 			}
-			raw, err := c.get(cmd.Context(), "/v1/sources", nil, &res)
-			if err != nil {
-				return fmt.Errorf("list sources: %w", err)
-			}
-			if g.json {
-				return printJSON(g.stdout, raw)
+			if done, err := g.fetch(cmd, "/v1/sources", nil, &res, doing("list sources")); done {
+				return err
 			}
 			if len(res.Sources) == 0 {
 				fmt.Fprintln(g.stdout, "No source has a gate configured.")

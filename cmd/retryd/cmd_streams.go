@@ -44,9 +44,9 @@ func newStreamsExportCmd(g *globals) *cobra.Command {
 			if dir == "" {
 				return usageErrorf(cmd, "--dir is required")
 			}
-			opts := streams.Options{Replicas: replicas}
-			if err := opts.Validate(); err != nil {
-				return usageErrorf(cmd, "--replicas: %v", err)
+			opts, err := replicasOptions(cmd, replicas)
+			if err != nil {
+				return err
 			}
 			if err := streams.Export(dir, opts); err != nil {
 				return err
@@ -92,6 +92,29 @@ func (nf *natsFlags) connect(ctx context.Context, g *globals) (*nats.Conn, jetst
 	return nc, js, nil
 }
 
+// run connects to NATS and runs fn with a context bounded by --timeout;
+// the connection is closed after.
+func (nf *natsFlags) run(cmd *cobra.Command, g *globals, fn func(ctx context.Context, js jetstream.JetStream) error) error {
+	nc, js, err := nf.connect(cmd.Context(), g)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	ctx, cancel := context.WithTimeout(cmd.Context(), g.timeout)
+	defer cancel()
+	return fn(ctx, js)
+}
+
+// replicasOptions are the stream options of --replicas, a usage error
+// when out of range.
+func replicasOptions(cmd *cobra.Command, replicas int) (streams.Options, error) {
+	opts := streams.Options{Replicas: replicas}
+	if err := opts.Validate(); err != nil {
+		return opts, usageErrorf(cmd, "--replicas: %v", err)
+	}
+	return opts, nil
+}
+
 func newStreamsEnsureCmd(g *globals) *cobra.Command {
 	var nf natsFlags
 	var replicas int
@@ -100,21 +123,16 @@ func newStreamsEnsureCmd(g *globals) *cobra.Command {
 		Short: "Create the streams, or update them to retryd's configuration",
 		Args:  args(0),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			opts := streams.Options{Replicas: replicas}
-			if err := opts.Validate(); err != nil {
-				return usageErrorf(cmd, "--replicas: %v", err)
-			}
-			nc, js, err := nf.connect(cmd.Context(), g)
+			opts, err := replicasOptions(cmd, replicas)
 			if err != nil {
 				return err
 			}
-			defer nc.Close()
-			ctx, cancel := context.WithTimeout(cmd.Context(), g.timeout)
-			defer cancel()
-			if err := streams.Ensure(ctx, js, opts); err != nil {
-				return err
-			}
-			return printStreams(ctx, g, js)
+			return nf.run(cmd, g, func(ctx context.Context, js jetstream.JetStream) error {
+				if err := streams.Ensure(ctx, js, opts); err != nil {
+					return err
+				}
+				return printStreams(ctx, g, js)
+			})
 		},
 	}
 	nf.register(cmd)
@@ -129,14 +147,9 @@ func newStreamsListCmd(g *globals) *cobra.Command {
 		Short: "Show retryd's streams: messages, size, consumers",
 		Args:  args(0),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			nc, js, err := nf.connect(cmd.Context(), g)
-			if err != nil {
-				return err
-			}
-			defer nc.Close()
-			ctx, cancel := context.WithTimeout(cmd.Context(), g.timeout)
-			defer cancel()
-			return printStreams(ctx, g, js)
+			return nf.run(cmd, g, func(ctx context.Context, js jetstream.JetStream) error {
+				return printStreams(ctx, g, js)
+			})
 		},
 	}
 	nf.register(cmd)

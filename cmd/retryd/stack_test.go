@@ -1,13 +1,11 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"net/http"
 	"os"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -16,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/retryd/retryd/cmd/retryd/internal/devstack"
+	"github.com/retryd/retryd/internal/servicetest"
 	"github.com/retryd/retryd/migrations/pgtest"
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/pkg/worker"
@@ -73,28 +72,10 @@ type result struct {
 	stderr string
 }
 
-// syncBuffer is a bytes.Buffer safe for a writer and a concurrent reader.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // cli runs the retryd command line in-process.
 func cli(t *testing.T, args ...string) result {
 	t.Helper()
-	var out, errOut syncBuffer
+	var out, errOut servicetest.Buffer
 	code := run(context.Background(), args, &out, &errOut)
 	return result{code: code, stdout: out.String(), stderr: errOut.String()}
 }

@@ -24,6 +24,7 @@ import (
 
 	"github.com/retryd/retryd/internal/natstest"
 	"github.com/retryd/retryd/internal/serve"
+	"github.com/retryd/retryd/internal/servicetest"
 	"github.com/retryd/retryd/migrations/pgtest"
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/pkg/worker"
@@ -141,12 +142,22 @@ func (e *env) startWorker(t *testing.T, cfg worker.Config, handlers map[string]w
 		require.NoError(t, w.Handle(typ, h))
 	}
 	require.NoError(t, w.Start(e.ctx))
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = w.Stop(ctx)
-	})
+	servicetest.StopOnCleanup(t, 5*time.Second, w.Stop)
 	return w
+}
+
+// failingWorker starts a worker whose handler for jobType records each
+// attempt and fails it with err.
+func (e *env) failingWorker(t *testing.T, jobType string, err error) *attempts {
+	t.Helper()
+	seen := &attempts{}
+	e.startWorker(t, worker.Config{}, map[string]worker.Handler{
+		jobType: func(_ context.Context, job *worker.Job) error {
+			seen.add(job)
+			return err
+		},
+	})
+	return seen
 }
 
 func (e *env) enqueue(t *testing.T, job contract.JobData) string {

@@ -83,13 +83,7 @@ func TestTimeoutTwiceThenSuccess(t *testing.T) {
 func TestValidationFailureIsNotRetried(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
-	var seen attempts
-	e.startWorker(t, worker.Config{}, map[string]worker.Handler{
-		"data_enrichment": func(_ context.Context, job *worker.Job) error {
-			seen.add(job)
-			return errclass.New(errclass.Validation, "company domain is malformed")
-		},
-	})
+	seen := e.failingWorker(t, "data_enrichment", errclass.New(errclass.Validation, "company domain is malformed"))
 	id := e.enqueue(t, contract.JobData{JobType: "data_enrichment"})
 	j := e.waitJob(t, id, jobstore.StatusFailed)
 	require.Equal(t, "non_retryable", j.StatusReason)
@@ -104,13 +98,7 @@ func TestValidationFailureIsNotRetried(t *testing.T) {
 func TestNonRetryableErrorIsNotRetried(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
-	var seen attempts
-	e.startWorker(t, worker.Config{}, map[string]worker.Handler{
-		"linkedin_outreach": func(_ context.Context, job *worker.Job) error {
-			seen.add(job)
-			return errclass.NonRetryable(errors.New("profile was deleted (HTTP 503)"))
-		},
-	})
+	seen := e.failingWorker(t, "linkedin_outreach", errclass.NonRetryable(errors.New("profile was deleted (HTTP 503)")))
 	id := e.enqueue(t, contract.JobData{JobType: "linkedin_outreach"})
 	j := e.waitJob(t, id, jobstore.StatusFailed)
 	require.Equal(t, "non_retryable", j.StatusReason)
@@ -121,13 +109,7 @@ func TestNonRetryableErrorIsNotRetried(t *testing.T) {
 func TestMaxRetriesGivesFailedMaxRetries(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
-	var seen attempts
-	e.startWorker(t, worker.Config{}, map[string]worker.Handler{
-		"data_enrichment": func(_ context.Context, job *worker.Job) error {
-			seen.add(job)
-			return errors.New("upstream temporarily unavailable")
-		},
-	})
+	seen := e.failingWorker(t, "data_enrichment", errors.New("upstream temporarily unavailable"))
 	two := 2
 	id := e.enqueue(t, contract.JobData{JobType: "data_enrichment", MaxRetries: &two})
 	j := e.waitJob(t, id, jobstore.StatusFailedMaxRetries)

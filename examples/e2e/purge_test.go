@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/retryd/retryd/internal/natstest"
+	"github.com/retryd/retryd/internal/servicetest"
 	"github.com/retryd/retryd/migrations/pgtest"
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/pkg/worker"
@@ -80,7 +81,7 @@ func TestPurgeBeforeTheSchedulerReadsLosesNoFailure(t *testing.T) {
 		require.NoError(t, w.Start(ctx))
 		t.Cleanup(func() { stop(t, w.Stop) })
 	}
-	pending := func() float64 { return total(t, reg, "retryd_worker_pending_facts") }
+	pending := func() float64 { return servicetest.Metric(t, reg, "retryd_worker_pending_facts") }
 
 	enqueueMany(ctx, t, js, n)
 	// Every failure on the stream, not only kept: a publish still in
@@ -127,7 +128,7 @@ func TestPurgeBeforeTheSchedulerReadsLosesNoFailure(t *testing.T) {
 	for subj, count := range info.State.Subjects {
 		require.Equal(t, uint64(1), count, subj)
 	}
-	require.GreaterOrEqual(t, total(t, reg, "retryd_worker_republished_total"), float64(n),
+	require.GreaterOrEqual(t, servicetest.Metric(t, reg, "retryd_worker_republished_total"), float64(n),
 		"every purged failure came back through its worker")
 }
 
@@ -149,21 +150,4 @@ func enqueueMany(ctx context.Context, t *testing.T, js jetstream.JetStream, n in
 	wg.Wait()
 	close(errs)
 	require.NoError(t, <-errs)
-}
-
-// total sums the series of a counter or gauge.
-func total(t *testing.T, reg *prometheus.Registry, name string) float64 {
-	t.Helper()
-	families, err := reg.Gather()
-	require.NoError(t, err)
-	var sum float64
-	for _, f := range families {
-		if f.GetName() != name {
-			continue
-		}
-		for _, m := range f.GetMetric() {
-			sum += m.GetGauge().GetValue() + m.GetCounter().GetValue()
-		}
-	}
-	return sum
 }

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+
+	"github.com/retryd/retryd/internal/freeaddr"
 )
 
 // Cluster is a JetStream cluster of embedded nats-servers in the test
@@ -25,7 +27,7 @@ func NewCluster(t testing.TB, n int, dir string) *Cluster {
 	t.Helper()
 	ports := make([]int, n)
 	for i := range ports {
-		p, err := FreePort()
+		p, err := freeaddr.Port()
 		if err != nil {
 			t.Fatal(err)
 		}

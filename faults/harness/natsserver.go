@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"strconv"
 	"time"
+
+	"github.com/retryd/retryd/internal/freeaddr"
 )
 
 // NATSServer is a nats-server process with JetStream on file storage in a
@@ -32,7 +34,7 @@ type NATSConfig struct {
 // NewNATSServer writes a config for a free port and a store directory
 // under dir and returns the server, not started.
 func NewNATSServer(bins *Binaries, dir string, cfg NATSConfig) (*NATSServer, error) {
-	port, err := FreePort()
+	port, err := freeaddr.Port()
 	if err != nil {
 		return nil, err
 	}
@@ -107,14 +109,4 @@ func (s *NATSServer) Restart(ctx context.Context, graceful bool) error {
 		return err
 	}
 	return s.StartReady(ctx)
-}
-
-// FreePort returns a TCP port free on 127.0.0.1 right now.
-func FreePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, fmt.Errorf("find a free port: %w", err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }

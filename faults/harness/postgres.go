@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/retryd/retryd/internal/freeaddr"
 )
 
 // Postgres is a Postgres cluster the suite controls: it can be stopped in
@@ -47,7 +49,7 @@ func NewPostgres(ctx context.Context, dir string) (*Postgres, error) {
 	if err != nil {
 		return nil, err
 	}
-	port, err := FreePort()
+	port, err := freeaddr.Port()
 	if err != nil {
 		return nil, err
 	}

@@ -16,6 +16,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/retryd/retryd/internal/freeaddr"
 )
 
 // Service names, as processes are named.
@@ -191,7 +193,7 @@ func (s *System) Service(name string, env ...string) *Process {
 			base = b
 		}
 	}
-	port, err := FreePort()
+	port, err := freeaddr.Port()
 	if err != nil {
 		s.T.Fatalf("port: %v", err)
 	}

@@ -9,13 +9,23 @@ import (
 	"github.com/retryd/retryd/internal/envvar"
 )
 
+// setenv sets the name, value pairs for the test.
+func setenv(t *testing.T, kv ...string) {
+	t.Helper()
+	for i := 0; i+1 < len(kv); i += 2 {
+		t.Setenv(kv[i], kv[i+1])
+	}
+}
+
 func TestReaderCollectsEveryError(t *testing.T) {
-	t.Setenv("EV_INT", "12")
-	t.Setenv("EV_BAD_INT", "-3")
-	t.Setenv("EV_DUR", "1500ms")
-	t.Setenv("EV_BAD_DUR", "soon")
-	t.Setenv("EV_BOOL", "false")
-	t.Setenv("EV_BAD_BOOL", "maybe")
+	setenv(t,
+		"EV_INT", "12",
+		"EV_BAD_INT", "-3",
+		"EV_DUR", "1500ms",
+		"EV_BAD_DUR", "soon",
+		"EV_BOOL", "false",
+		"EV_BAD_BOOL", "maybe",
+	)
 	var r envvar.Reader
 	require.Equal(t, 12, r.Int("EV_INT"))
 	require.Zero(t, r.Int("EV_UNSET"))
@@ -36,11 +46,13 @@ func TestReaderCollectsEveryError(t *testing.T) {
 }
 
 func TestRenamedVariableKeepsItsOldName(t *testing.T) {
-	t.Setenv("EV_OLD_ONLY", "250ms")
-	t.Setenv("EV_BOTH_NEW", "7")
-	t.Setenv("EV_BOTH_OLD", "7")
-	t.Setenv("EV_CLASH_NEW", "1s")
-	t.Setenv("EV_CLASH_OLD", "2s")
+	setenv(t,
+		"EV_OLD_ONLY", "250ms",
+		"EV_BOTH_NEW", "7",
+		"EV_BOTH_OLD", "7",
+		"EV_CLASH_NEW", "1s",
+		"EV_CLASH_OLD", "2s",
+	)
 	var r envvar.Reader
 	r.Renamed("EV_NEW_ONLY", "EV_OLD_ONLY")
 	r.Renamed("EV_BOTH_NEW", "EV_BOTH_OLD")

@@ -29,6 +29,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/retryd/retryd/internal/freeaddr"
 )
 
 // Superuser is the role initdb creates; URL connects as it.
@@ -130,7 +132,7 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	for i := 0; ; i++ {
 		c.port = opts.Port
 		if c.port == 0 {
-			if c.port, err = freePort(); err != nil {
+			if c.port, err = freeaddr.Port(); err != nil {
 				return nil, err
 			}
 		}
@@ -408,15 +410,6 @@ func serverEnv() []string {
 		}
 	}
 	return env
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, fmt.Errorf("find a free port: %w", err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 func shellQuote(s string) string {

@@ -128,16 +128,7 @@ func (d HeldData) Validate() error {
 	if err := validateOptionalTokens(d.JobType, d.Source); err != nil {
 		return err
 	}
-	if err := validateOverrides(d.MaxRetries, d.TimeoutMS); err != nil {
-		return err
-	}
-	if err := checkRaw("data.payload", d.Payload); err != nil {
-		return err
-	}
-	if err := checkRaw("data.checkpoint", d.Checkpoint); err != nil {
-		return err
-	}
-	return validateMetadata(d.Metadata)
+	return validateWork(d.MaxRetries, d.TimeoutMS, d.Payload, d.Checkpoint, d.Metadata)
 }
 
 // Validate checks a released event.

@@ -28,6 +28,22 @@ type JobData struct {
 // MaxTimeoutMS is the longest timeout_ms a job may ask for: 24 hours.
 const MaxTimeoutMS = int64(24 * time.Hour / time.Millisecond)
 
+// validateWork checks what an item carries so that its owner can run it
+// again: the job's overrides, its payload and checkpoint, its metadata.
+// Jobs, failures, holds and dues all carry it.
+func validateWork(maxRetries *int, timeoutMS int64, payload, checkpoint json.RawMessage, metadata map[string]string) error {
+	if err := validateOverrides(maxRetries, timeoutMS); err != nil {
+		return err
+	}
+	if err := checkRaw("data.payload", payload); err != nil {
+		return err
+	}
+	if err := checkRaw("data.checkpoint", checkpoint); err != nil {
+		return err
+	}
+	return validateMetadata(metadata)
+}
+
 // validateOverrides checks a job's overrides of its policy and timeout,
 // which ride on jobs, failed, held and due events alike.
 func validateOverrides(maxRetries *int, timeoutMS int64) error {
@@ -61,16 +77,7 @@ func (d JobData) Validate() error {
 	if err := ValidateAttempt("data.attempt", d.Attempt); err != nil {
 		return err
 	}
-	if err := validateOverrides(d.MaxRetries, d.TimeoutMS); err != nil {
-		return err
-	}
-	if err := checkRaw("data.payload", d.Payload); err != nil {
-		return err
-	}
-	if err := checkRaw("data.checkpoint", d.Checkpoint); err != nil {
-		return err
-	}
-	return validateMetadata(d.Metadata)
+	return validateWork(d.MaxRetries, d.TimeoutMS, d.Payload, d.Checkpoint, d.Metadata)
 }
 
 // NewJobMsg builds the message for jobs.<job_type>.

@@ -240,16 +240,7 @@ func (d FailedData) Validate() error {
 	if err := validateOptionalTokens(d.JobType, d.Source); err != nil {
 		return err
 	}
-	if err := validateOverrides(d.MaxRetries, d.TimeoutMS); err != nil {
-		return err
-	}
-	if err := checkRaw("data.payload", d.Payload); err != nil {
-		return err
-	}
-	if err := checkRaw("data.checkpoint", d.Checkpoint); err != nil {
-		return err
-	}
-	return validateMetadata(d.Metadata)
+	return validateWork(d.MaxRetries, d.TimeoutMS, d.Payload, d.Checkpoint, d.Metadata)
 }
 
 // Validate checks a succeeded event.
@@ -279,16 +270,7 @@ func (d DueData) Validate() error {
 	if err := validateOptionalTokens(d.JobType, d.Source); err != nil {
 		return err
 	}
-	if err := validateOverrides(d.MaxRetries, d.TimeoutMS); err != nil {
-		return err
-	}
-	if err := checkRaw("data.payload", d.Payload); err != nil {
-		return err
-	}
-	if err := checkRaw("data.checkpoint", d.Checkpoint); err != nil {
-		return err
-	}
-	return validateMetadata(d.Metadata)
+	return validateWork(d.MaxRetries, d.TimeoutMS, d.Payload, d.Checkpoint, d.Metadata)
 }
 
 // Validate checks an exhausted event.

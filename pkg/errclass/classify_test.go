@@ -15,6 +15,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/retryd/retryd/internal/freeaddr"
 	"github.com/retryd/retryd/pkg/errclass"
 )
 
@@ -118,11 +119,7 @@ func (e timeoutErr) Temporary() bool { return false }
 
 func refusedDial(t *testing.T) error {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	addr := ln.Addr().String()
-	require.NoError(t, ln.Close())
-	conn, err := net.Dial("tcp", addr)
+	conn, err := net.Dial("tcp", refusedAddr(t))
 	if conn != nil {
 		conn.Close()
 	}
@@ -194,12 +191,11 @@ func TestClassifyTypes(t *testing.T) {
 	}
 }
 
+// refusedAddr is an address nothing listens on: a dial is refused.
 func refusedAddr(t *testing.T) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	addr, err := freeaddr.Loopback()
 	require.NoError(t, err)
-	addr := ln.Addr().String()
-	require.NoError(t, ln.Close())
 	return addr
 }
 

@@ -311,17 +311,22 @@ func TestDecide(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			p := seedDefault()
-			if tt.policy != nil {
-				tt.policy(&p)
-			}
-			in := tt.in
-			in.FailedAt = failedAt
-			got := policy.Decide(p, in, tt.r)
+			got := decide(tt.policy, tt.in, tt.r)
 			require.Equal(t, tt.want, got)
 			require.Equal(t, got.Retry, got.ExhaustedReason == "")
 		})
 	}
+}
+
+// decide runs Decide on the seeded default policy, changed by change
+// when not nil, for in failed at failedAt.
+func decide(change func(*policy.Policy), in policy.Input, r backoff.Rand) policy.Outcome {
+	p := seedDefault()
+	if change != nil {
+		change(&p)
+	}
+	in.FailedAt = failedAt
+	return policy.Decide(p, in, r)
 }
 
 func TestDecideSeededIsDeterministic(t *testing.T) {

@@ -1,18 +1,16 @@
 package worker_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"log/slog"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
+	"github.com/retryd/retryd/internal/servicetest"
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/pkg/worker"
 )
@@ -81,22 +79,10 @@ func scheduledMsg(t *testing.T, id string, attempt int) ([]byte, string) {
 	return msg.Data, msg.Subject
 }
 
-func gauge(t *testing.T, reg *prometheus.Registry, name string) float64 {
-	t.Helper()
-	families, err := reg.Gather()
-	require.NoError(t, err)
-	for _, f := range families {
-		if f.GetName() == name && len(f.GetMetric()) == 1 {
-			return f.GetMetric()[0].GetGauge().GetValue()
-		}
-	}
-	return 0
-}
-
 func (b *bundle) pendingIs(t *testing.T, n float64) {
 	t.Helper()
-	require.Eventually(t, func() bool { return gauge(t, b.reg, "retryd_worker_pending_facts") == n },
-		wait, 10*time.Millisecond, "pending facts: want %v, have %v", n, gauge(t, b.reg, "retryd_worker_pending_facts"))
+	require.Eventually(t, func() bool { return servicetest.Metric(t, b.reg, "retryd_worker_pending_facts") == n },
+		wait, 10*time.Millisecond, "pending facts: want %v, have %v", n, servicetest.Metric(t, b.reg, "retryd_worker_pending_facts"))
 }
 
 // TestPurgedFailureIsPublishedAgainUntilDecided is the purge of issue 16:
@@ -143,7 +129,7 @@ func TestStoredFactWaitsAndOnlyItsDecisionCounts(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	retries := b.shortDuplicateWindow(t)
-	var logs lockedBuffer
+	var logs servicetest.Buffer
 	w := b.newWorker(t, worker.Config{
 		RepublishAfter: testRepublishAfter,
 		Logger:         slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo})),
@@ -208,17 +194,8 @@ func TestPendingLimitEvictsTheOldest(t *testing.T) {
 func TestRepublishAfterMustOutlastTheDuplicateWindow(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	for _, tc := range []struct {
-		cfg  worker.Config
-		want string
-	}{
-		{worker.Config{JS: b.js, RepublishAfter: -time.Second}, "Config.RepublishAfter"},
-		{worker.Config{JS: b.js, PendingLimit: -2}, "Config.PendingLimit"},
-	} {
-		_, err := worker.New(tc.cfg)
-		require.ErrorContains(t, err, tc.want)
-	}
-	// RETRIES as streams.Ensure makes it: a 2-minute window.
+	// Negative values are refused by New (TestConfigValidation). RETRIES
+	// as streams.Ensure makes it has a 2-minute window.
 	w, err := worker.New(worker.Config{JS: b.js, RepublishAfter: 2 * time.Minute, DisableDueRouter: true, Registerer: b.reg})
 	require.NoError(t, err)
 	require.NoError(t, w.Handle("flaky", failing))
@@ -230,23 +207,4 @@ func TestRepublishAfterMustOutlastTheDuplicateWindow(t *testing.T) {
 	require.NoError(t, w.Handle("flaky", failing))
 	require.NoError(t, w.Start(context.Background()))
 	require.NoError(t, w.Stop(context.Background()))
-}
-
-// lockedBuffer is a log destination that handlers write from many
-// goroutines.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }

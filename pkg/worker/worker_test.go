@@ -19,6 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/retryd/retryd/internal/natstest"
+	"github.com/retryd/retryd/internal/servicetest"
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/pkg/errclass"
 	"github.com/retryd/retryd/pkg/worker"
@@ -66,12 +67,22 @@ func (b *bundle) newWorker(t *testing.T, cfg worker.Config, handlers map[string]
 		require.NoError(t, w.Handle(typ, h))
 	}
 	require.NoError(t, w.Start(context.Background()))
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = w.Stop(ctx)
-	})
+	servicetest.StopOnCleanup(t, 5*time.Second, w.Stop)
 	return w
+}
+
+// collect starts a worker whose handler for jobType succeeds and hands
+// each job it ran to the channel, which holds n.
+func (b *bundle) collect(t *testing.T, jobType string, n int) <-chan *worker.Job {
+	t.Helper()
+	jobs := make(chan *worker.Job, n)
+	b.newWorker(t, worker.Config{}, map[string]worker.Handler{
+		jobType: func(_ context.Context, job *worker.Job) error {
+			jobs <- job
+			return nil
+		},
+	})
+	return jobs
 }
 
 // nextOutcome returns the next failed, succeeded or held event.
@@ -257,13 +268,7 @@ func publishDue(t *testing.T, js jetstream.JetStream, d contract.DueData) {
 func TestDueIsRoutedAndResumesFromCheckpoint(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	jobs := make(chan *worker.Job, 4)
-	b.newWorker(t, worker.Config{}, map[string]worker.Handler{
-		"steps": func(_ context.Context, job *worker.Job) error {
-			jobs <- job
-			return nil
-		},
-	})
+	jobs := b.collect(t, "steps", 4)
 	due := contract.DueData{
 		Kind: contract.KindJob, ID: "job-1", Attempt: 3, NextAttemptAt: time.Now(), JobType: "steps",
 		Payload: json.RawMessage(`{"n":1}`), Checkpoint: json.RawMessage(`{"step":"two"}`),
@@ -314,13 +319,7 @@ func TestDueIsRoutedAndResumesFromCheckpoint(t *testing.T) {
 func TestDueWithOverrideFieldsIsRouted(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	jobs := make(chan *worker.Job, 1)
-	b.newWorker(t, worker.Config{}, map[string]worker.Handler{
-		"steps": func(_ context.Context, job *worker.Job) error {
-			jobs <- job
-			return nil
-		},
-	})
+	jobs := b.collect(t, "steps", 1)
 	var job *worker.Job
 	maxRetries, disabled := 4, false
 	publishDue(t, b.js, contract.DueData{
@@ -652,6 +651,8 @@ func TestConfigValidation(t *testing.T) {
 		{worker.Config{JS: b.js, Concurrency: 4, MaxAckPending: 2}, "Config.MaxAckPending"},
 		{worker.Config{JS: b.js, AckWait: time.Millisecond}, "Config.AckWait"},
 		{worker.Config{JS: b.js, Timeout: -time.Second}, "Config.Timeout"},
+		{worker.Config{JS: b.js, RepublishAfter: -time.Second}, "Config.RepublishAfter"},
+		{worker.Config{JS: b.js, PendingLimit: -2}, "Config.PendingLimit"},
 	} {
 		_, err := worker.New(tc.cfg)
 		require.ErrorContains(t, err, tc.want)

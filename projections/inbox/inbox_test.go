@@ -31,6 +31,18 @@ func claim(t *testing.T, pool *pgxpool.Pool, consumer, msgID string) bool {
 	return first
 }
 
+// firstClaim begins a transaction and claims msgID for consumer in it;
+// the claim must be the first. The caller ends the transaction.
+func firstClaim(t *testing.T, pool *pgxpool.Pool, consumer, msgID string) pgx.Tx {
+	t.Helper()
+	tx, err := pool.Begin(context.Background())
+	require.NoError(t, err)
+	first, err := inbox.Claim(context.Background(), tx, consumer, msgID)
+	require.NoError(t, err)
+	require.True(t, first)
+	return tx
+}
+
 func TestClaimOnce(t *testing.T) {
 	t.Parallel()
 	pool := setup(t)
@@ -44,11 +56,7 @@ func TestRolledBackClaimIsForgotten(t *testing.T) {
 	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
-	tx, err := pool.Begin(ctx)
-	require.NoError(t, err)
-	first, err := inbox.Claim(ctx, tx, "scheduler", "m1")
-	require.NoError(t, err)
-	require.True(t, first)
+	tx := firstClaim(t, pool, "scheduler", "m1")
 	require.NoError(t, tx.Rollback(ctx))
 	require.True(t, claim(t, pool, "scheduler", "m1"), "the change was not applied, so the redelivery must be")
 }
@@ -62,11 +70,7 @@ func TestConcurrentClaims(t *testing.T) {
 			t.Parallel()
 			pool := setup(t)
 			ctx := context.Background()
-			tx1, err := pool.Begin(ctx)
-			require.NoError(t, err)
-			first, err := inbox.Claim(ctx, tx1, "c", "m")
-			require.NoError(t, err)
-			require.True(t, first)
+			tx1 := firstClaim(t, pool, "c", "m")
 
 			second := make(chan bool, 1)
 			go func() {

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"sort"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // DefaultTopErrors is how many error patterns Analytics returns per job
@@ -208,17 +210,13 @@ GROUP BY job_type, retry_count ORDER BY job_type, retry_count`, q.Since, q.Until
 	if err != nil {
 		return fmt.Errorf("retry analytics: retry distribution: %w", err)
 	}
-	defer rows.Close()
-	for rows.Next() {
-		var jobType string
-		var b RetryBucket
-		if err := rows.Scan(&jobType, &b.Retries, &b.Jobs); err != nil {
-			return fmt.Errorf("retry analytics: retry distribution: %w", err)
-		}
+	var jobType string
+	var b RetryBucket
+	if _, err := pgx.ForEachRow(rows, []any{&jobType, &b.Retries, &b.Jobs}, func() error {
 		t := get(jobType)
 		t.RetryDistribution = append(t.RetryDistribution, b)
-	}
-	if err := rows.Err(); err != nil {
+		return nil
+	}); err != nil {
 		return fmt.Errorf("retry analytics: retry distribution: %w", err)
 	}
 	return nil
@@ -234,20 +232,15 @@ GROUP BY job_type, error_class ORDER BY job_type, count(*) DESC, error_class`, q
 	if err != nil {
 		return fmt.Errorf("retry analytics: errors by class: %w", err)
 	}
-	defer rows.Close()
-	for rows.Next() {
-		var jobType string
-		var c ClassCount
-		if err := rows.Scan(&jobType, &c.Class, &c.Count); err != nil {
-			return fmt.Errorf("retry analytics: errors by class: %w", err)
-		}
+	var jobType string
+	var c ClassCount
+	if _, err := pgx.ForEachRow(rows, []any{&jobType, &c.Class, &c.Count}, func() error {
 		t := get(jobType)
 		t.ErrorsByClass = append(t.ErrorsByClass, c)
-	}
-	if err := rows.Err(); err != nil {
+		return nil
+	}); err != nil {
 		return fmt.Errorf("retry analytics: errors by class: %w", err)
 	}
-	rows.Close()
 
 	rows, err = db.Query(ctx, `
 SELECT job_type, pattern, class, n FROM (
@@ -263,17 +256,12 @@ ORDER BY job_type, n DESC, pattern`, q.Since, q.Until, q.JobType, q.TopErrors)
 	if err != nil {
 		return fmt.Errorf("retry analytics: top errors: %w", err)
 	}
-	defer rows.Close()
-	for rows.Next() {
-		var jobType string
-		var e ErrorPattern
-		if err := rows.Scan(&jobType, &e.Pattern, &e.Class, &e.Count); err != nil {
-			return fmt.Errorf("retry analytics: top errors: %w", err)
-		}
+	var e ErrorPattern
+	if _, err := pgx.ForEachRow(rows, []any{&jobType, &e.Pattern, &e.Class, &e.Count}, func() error {
 		t := get(jobType)
 		t.TopErrors = append(t.TopErrors, e)
-	}
-	if err := rows.Err(); err != nil {
+		return nil
+	}); err != nil {
 		return fmt.Errorf("retry analytics: top errors: %w", err)
 	}
 	return nil

@@ -286,14 +286,20 @@ func held(id, typ string, attempt int, reason string, until *time.Time, at time.
 	return step{name: fmt.Sprintf("held(%d)", attempt), ev: &ev}
 }
 
+// holdDecision is the scheduler's decision for a hold of attempt 1 of id:
+// attempt 2 at until, no retry used.
+func holdDecision(id, typ string, until, at time.Time, decidedBy, reason string) step {
+	s := scheduled(id, typ, 2, 0, 3, until, at)
+	s.ev.Scheduled.Decision.DecidedBy = decidedBy
+	s.ev.Scheduled.Decision.HoldReason = reason
+	return s
+}
+
 func TestHeldJobIsNeitherFailedNorRetrying(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	at := func(s int) time.Time { return b.t0.Add(time.Duration(s) * time.Second) }
 	until := at(60)
-	holdDecision := scheduled("j1", "crawl", 2, 0, 3, until, at(1))
-	holdDecision.ev.Scheduled.Decision.DecidedBy = contract.DecidedByHold
-	holdDecision.ev.Scheduled.Decision.HoldReason = contract.HoldThrottle
 
 	b.apply(t, jobMsg("j1", "crawl", 1, "", at(0)))
 	b.apply(t, held("j1", "crawl", 1, contract.HoldThrottle, &until, at(1)))
@@ -305,7 +311,7 @@ func TestHeldJobIsNeitherFailedNorRetrying(t *testing.T) {
 	require.Nil(t, j.LastErrorTimestamp)
 	require.Equal(t, "fetch", j.CurrentStep)
 
-	b.apply(t, holdDecision)
+	b.apply(t, holdDecision("j1", "crawl", until, at(1), contract.DecidedByHold, contract.HoldThrottle))
 	j = b.get(t, "j1")
 	require.Equal(t, jobstore.StatusHeld, j.Status, "the scheduler's decision for a hold keeps the job held")
 	require.Equal(t, 0, j.RetryCount)
@@ -324,9 +330,7 @@ func TestHeldFactArrivingLateDoesNotUndoTheDecision(t *testing.T) {
 	b := setup(t)
 	at := func(s int) time.Time { return b.t0.Add(time.Duration(s) * time.Second) }
 	until := at(30)
-	dec := scheduled("j2", "crawl", 2, 0, 3, until, at(1))
-	dec.ev.Scheduled.Decision.DecidedBy = contract.DecidedByPauseUntil
-	dec.ev.Scheduled.Decision.HoldReason = contract.HoldPause
+	dec := holdDecision("j2", "crawl", until, at(1), contract.DecidedByPauseUntil, contract.HoldPause)
 	for _, s := range []step{jobMsg("j2", "crawl", 2, "", until), dec, held("j2", "crawl", 1, contract.HoldPause, &until, at(1))} {
 		b.apply(t, s)
 	}

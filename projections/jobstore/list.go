@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // MaxListLimit bounds one page of List.
@@ -103,15 +105,9 @@ func List(ctx context.Context, q Querier, f Filter, limit int, cursor string) (P
 		return Page{}, fmt.Errorf("list jobs: %w", err)
 	}
 	defer rows.Close()
-	page := Page{Jobs: []Job{}}
-	for rows.Next() {
-		j, err := scanJob(rows)
-		if err != nil {
-			return Page{}, fmt.Errorf("list jobs: %w", err)
-		}
-		page.Jobs = append(page.Jobs, j)
-	}
-	if err := rows.Err(); err != nil {
+	var page Page
+	page.Jobs, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (Job, error) { return scanJob(row) })
+	if err != nil {
 		return Page{}, fmt.Errorf("list jobs: %w", err)
 	}
 	if len(page.Jobs) > limit {

@@ -405,6 +405,12 @@ func (r *Relay) publish(ctx context.Context, batch []row) (acked []int64, dups i
 	timeout := time.NewTimer(r.cfg.AckTimeout)
 	defer timeout.Stop()
 	expired := false
+	ok := func(i int, ack *jetstream.PubAck) {
+		acked = append(acked, batch[i].id)
+		if ack.Duplicate {
+			dups++
+		}
+	}
 	for i, f := range futures {
 		if f == nil {
 			continue
@@ -413,10 +419,7 @@ func (r *Relay) publish(ctx context.Context, batch []row) (acked []int64, dups i
 			// Take what has arrived; do not wait any longer.
 			select {
 			case ack := <-f.Ok():
-				acked = append(acked, batch[i].id)
-				if ack.Duplicate {
-					dups++
-				}
+				ok(i, ack)
 			case err := <-f.Err():
 				fail(batch[i], err)
 			default:
@@ -426,10 +429,7 @@ func (r *Relay) publish(ctx context.Context, batch []row) (acked []int64, dups i
 		}
 		select {
 		case ack := <-f.Ok():
-			acked = append(acked, batch[i].id)
-			if ack.Duplicate {
-				dups++
-			}
+			ok(i, ack)
 		case err := <-f.Err():
 			fail(batch[i], err)
 		case <-timeout.C:

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // MaxListLimit bounds one page of List.
@@ -82,15 +84,9 @@ func List(ctx context.Context, q Querier, f ListFilter) (Page, error) {
 		return Page{}, fmt.Errorf("list retries: %w", err)
 	}
 	defer rows.Close()
-	page := Page{Retries: []Retry{}}
-	for rows.Next() {
-		r, err := scanRetry(rows)
-		if err != nil {
-			return Page{}, fmt.Errorf("list retries: %w", err)
-		}
-		page.Retries = append(page.Retries, r)
-	}
-	if err := rows.Err(); err != nil {
+	var page Page
+	page.Retries, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (Retry, error) { return scanRetry(row) })
+	if err != nil {
 		return Page{}, fmt.Errorf("list retries: %w", err)
 	}
 	if len(page.Retries) > limit {
@@ -134,18 +130,14 @@ WHERE state IN ('scheduled', 'due') GROUP BY kind, state ORDER BY kind, state`)
 	if err != nil {
 		return nil, fmt.Errorf("count pending retries: %w", err)
 	}
-	defer rows.Close()
 	var out []PendingCount
-	for rows.Next() {
-		var c PendingCount
-		var state string
-		if err := rows.Scan(&c.Kind, &state, &c.Count); err != nil {
-			return nil, fmt.Errorf("count pending retries: %w", err)
-		}
+	var c PendingCount
+	var state string
+	if _, err := pgx.ForEachRow(rows, []any{&c.Kind, &state, &c.Count}, func() error {
 		c.State = State(state)
 		out = append(out, c)
-	}
-	if err := rows.Err(); err != nil {
+		return nil
+	}); err != nil {
 		return nil, fmt.Errorf("count pending retries: %w", err)
 	}
 	return out, nil

@@ -105,15 +105,8 @@ func ListPolicies(ctx context.Context, q Querier) ([]policy.Policy, error) {
 		return nil, fmt.Errorf("list policies: %w", err)
 	}
 	defer rows.Close()
-	out := []policy.Policy{}
-	for rows.Next() {
-		p, err := scanPolicy(rows)
-		if err != nil {
-			return nil, fmt.Errorf("list policies: %w", err)
-		}
-		out = append(out, p)
-	}
-	if err := rows.Err(); err != nil {
+	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (policy.Policy, error) { return scanPolicy(row) })
+	if err != nil {
 		return nil, fmt.Errorf("list policies: %w", err)
 	}
 	return out, nil

@@ -3,6 +3,8 @@ package retrystore
 import (
 	"context"
 	"fmt"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // Undecided returns the rows a rebuild left awaiting a decision: a failure
@@ -14,16 +16,12 @@ WHERE state = 'scheduled' AND next_attempt_at IS NULL ORDER BY kind, item_id`)
 	if err != nil {
 		return nil, fmt.Errorf("list undecided retries: %w", err)
 	}
-	defer rows.Close()
 	var out []Key
-	for rows.Next() {
-		var k Key
-		if err := rows.Scan(&k.Kind, &k.ItemID); err != nil {
-			return nil, fmt.Errorf("list undecided retries: %w", err)
-		}
+	var k Key
+	if _, err := pgx.ForEachRow(rows, []any{&k.Kind, &k.ItemID}, func() error {
 		out = append(out, k)
-	}
-	if err := rows.Err(); err != nil {
+		return nil
+	}); err != nil {
 		return nil, fmt.Errorf("list undecided retries: %w", err)
 	}
 	return out, nil

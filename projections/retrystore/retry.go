@@ -333,16 +333,12 @@ WHERE NOT pg_try_advisory_xact_lock(hashtext(k), hashtext(i))`, kinds, items)
 	if err != nil {
 		return nil, fmt.Errorf("lock items: %w", err)
 	}
-	defer rows.Close()
 	busy = map[Key]bool{}
-	for rows.Next() {
-		var k Key
-		if err := rows.Scan(&k.Kind, &k.ItemID); err != nil {
-			return nil, fmt.Errorf("lock items: %w", err)
-		}
+	var k Key
+	if _, err := pgx.ForEachRow(rows, []any{&k.Kind, &k.ItemID}, func() error {
 		busy[k] = true
-	}
-	if err := rows.Err(); err != nil {
+		return nil
+	}); err != nil {
 		return nil, fmt.Errorf("lock items: %w", err)
 	}
 	return busy, nil

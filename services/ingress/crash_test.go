@@ -82,9 +82,7 @@ func TestCrashAfterGateCommitAdmitsOnce(t *testing.T) {
 	for i := range 8 {
 		ids = append(ids, b.post(t, event(fmt.Sprintf("c-%d", i), "billing", "invoice.paid")).ID)
 	}
-	require.Eventually(t, func() bool {
-		return b.count(t, `SELECT count(*) FROM workflow_events WHERE status <> 'received'`) == 8
-	}, eventually, 20*time.Millisecond)
+	b.waitCount(t, 8, `SELECT count(*) FROM workflow_events WHERE status <> 'received'`)
 	require.Equal(t, 8, b.outboxRows(t), "3 admissions and 5 held events wait in the outbox")
 	require.Empty(t, b.admittedIDs(t))
 	kill()
@@ -235,18 +233,14 @@ func TestReconcileRepublishesLostHeldEvents(t *testing.T) {
 	t.Parallel()
 	b := setup(t, func(c *ingress.Config) { c.ReconcileAfter = time.Hour })
 	require.Equal(t, http.StatusOK, b.do(t, http.MethodPost, "/v1/sources/crm/pause", nil, nil))
-	for _, id := range []string{"l-1", "l-2", "l-3"} {
-		b.post(t, event(id, "crm", "contact.created"))
-	}
+	b.postAll(t, "crm", "contact.created", "l-1", "l-2", "l-3")
 	b.waitStatus(t, "deferred", "l-1", "l-2", "l-3")
 	require.Eventually(t, func() bool {
 		return len(streamMsgs(t, b.ctx, b.js, contract.StreamRetries, "retry.event.held.")) == 3
 	}, eventually, 20*time.Millisecond)
 	// l-3 was confirmed by the scheduler before the purge: not republished.
 	b.publishScheduled(t, contract.Scheduled, "l-3", "crm", 2, time.Now().Add(time.Minute))
-	require.Eventually(t, func() bool {
-		return b.count(t, `SELECT count(*) FROM event_ingress_retries WHERE scheduled_attempt = 2`) == 1
-	}, eventually, 20*time.Millisecond)
+	b.waitCount(t, 1, `SELECT count(*) FROM event_ingress_retries WHERE scheduled_attempt = 2`)
 
 	b.publishStored(t, probe(t))
 	s, err := b.js.Stream(b.ctx, contract.StreamRetries)
@@ -311,9 +305,7 @@ func TestCrashAfterReleaseCommitAdmitsOnce(t *testing.T) {
 	b.http = crashHTTP
 	require.Equal(t, http.StatusOK, b.do(t, http.MethodPost, "/v1/sources/crm/pause", map[string]any{}, nil))
 	ids := []string{"c-0", "c-1", "c-2", "c-3", "c-4"}
-	for _, id := range ids {
-		b.post(t, event(id, "crm", "contact.created"))
-	}
+	b.postAll(t, "crm", "contact.created", ids...)
 	b.waitStatus(t, "deferred", ids...)
 	require.Equal(t, http.StatusOK, b.do(t, http.MethodPost, "/v1/sources/crm/resume", nil, nil))
 	b.waitStatus(t, "admitted", ids...)

@@ -4,7 +4,6 @@ package ingress_test
 // event policy small enough that retries run in seconds.
 
 import (
-	"context"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -16,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
+	"github.com/retryd/retryd/internal/servicetest"
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/services/ingress"
 	"github.com/retryd/retryd/services/scheduler"
@@ -32,18 +32,14 @@ func (b *bundle) withScheduler(t *testing.T, base, maxDelay time.Duration, maxRe
 	s, err := scheduler.New(scheduler.Config{
 		Pool:       b.pool,
 		JS:         b.js,
-		Logger:     testLogger(t),
+		Logger:     servicetest.Logger(t),
 		Registerer: prometheus.NewRegistry(),
 		MaxIdle:    50 * time.Millisecond,
 		AckWait:    time.Second,
 	})
 	require.NoError(t, err)
 	require.NoError(t, s.Start(b.ctx))
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_ = s.Stop(ctx)
-	})
+	servicetest.StopOnCleanup(t, 10*time.Second, s.Stop)
 	return s
 }
 
@@ -86,9 +82,7 @@ func TestE2EThrottledEventsAdmittedAfterWindowReset(t *testing.T) {
 	b.putSource(t, "billing", map[string]any{"rate_limit": 3, "rate_window": "24h"})
 
 	all := ids("t", 9)
-	for _, id := range all {
-		b.post(t, event(id, "billing", "invoice.paid"))
-	}
+	b.postAll(t, "billing", "invoice.paid", all...)
 	require.Eventually(t, func() bool {
 		return b.count(t, `SELECT count(*) FROM event_ingress_retries WHERE scheduled_attempt = 2`) == 6
 	}, eventually, 20*time.Millisecond, "six of nine are deferred and scheduled")
@@ -127,17 +121,13 @@ func TestE2EResumeAdmitsHeldEventsWithinASecond(t *testing.T) {
 	require.Equal(t, http.StatusOK, b.do(t, http.MethodPost, "/v1/sources/crm/pause", map[string]any{"reason": "upgrade"}, nil))
 
 	all := ids("p", 20)
-	for _, id := range all {
-		b.post(t, event(id, "crm", "contact.created"))
-	}
+	b.postAll(t, "crm", "contact.created", all...)
 	require.Eventually(t, func() bool {
 		return b.count(t, `SELECT count(*) FROM retries WHERE kind = 'event' AND state = 'scheduled' AND hold_reason = 'pause'`) == len(all)
 	}, eventually, 20*time.Millisecond, "every event is held")
 	// Outlast the retry budget several times over (on the database clock
 	// the scheduler uses): a failure would have been exhausted by now.
-	require.Eventually(t, func() bool {
-		return b.count(t, `SELECT count(*) FROM retries WHERE kind = 'event' AND held_since > now() - interval '1 second'`) == 0
-	}, eventually, 20*time.Millisecond)
+	b.waitCount(t, 0, `SELECT count(*) FROM retries WHERE kind = 'event' AND held_since > now() - interval '1 second'`)
 	require.Empty(t, b.admittedIDs(t))
 	require.Zero(t, b.count(t, `SELECT count(*) FROM retries WHERE kind = 'event' AND (state <> 'scheduled' OR retry_count > 0)`))
 
@@ -175,9 +165,7 @@ func TestE2EPauseUntilAdmitsAtItsEnd(t *testing.T) {
 	until := time.Now().Add(3 * time.Second).UTC().Truncate(time.Millisecond)
 	require.Equal(t, http.StatusOK, b.do(t, http.MethodPost, "/v1/sources/crm/pause", map[string]any{"until": until}, nil))
 	all := ids("u", 3)
-	for _, id := range all {
-		b.post(t, event(id, "crm", "contact.created"))
-	}
+	b.postAll(t, "crm", "contact.created", all...)
 	b.requireAdmittedOnce(t, all...)
 	rows, err := b.pool.Query(b.ctx, `SELECT event_id, admitted_at FROM workflow_events WHERE source = 'crm'`)
 	require.NoError(t, err)
@@ -254,12 +242,8 @@ func TestE2ECrashBetweenCommitAndPublishAdmitsOnce(t *testing.T) {
 	_, crashHTTP, kill := b.crashAt(t, ingress.FailpointGateCommitted)
 	b.http = crashHTTP
 	all := ids("k", 6)
-	for _, id := range all {
-		b.post(t, event(id, "billing", "invoice.paid"))
-	}
-	require.Eventually(t, func() bool {
-		return b.count(t, `SELECT count(*) FROM workflow_events WHERE status <> 'received'`) == 6
-	}, eventually, 20*time.Millisecond)
+	b.postAll(t, "billing", "invoice.paid", all...)
+	b.waitCount(t, 6, `SELECT count(*) FROM workflow_events WHERE status <> 'received'`)
 	kill()
 
 	b.withScheduler(t, 100*time.Millisecond, 5*time.Second, 50)
@@ -277,13 +261,9 @@ func TestE2EPurgedRetriesStillAdmitOnce(t *testing.T) {
 	b.withScheduler(t, 100*time.Millisecond, 2*time.Second, 50)
 	b.putSource(t, "billing", map[string]any{"rate_limit": 1, "rate_window": "1h"})
 	all := ids("g", 4)
-	for _, id := range all {
-		b.post(t, event(id, "billing", "invoice.paid"))
-	}
+	b.postAll(t, "billing", "invoice.paid", all...)
 	// Wait until the scheduler holds the deferrals, then lose RETRIES.
-	require.Eventually(t, func() bool {
-		return b.count(t, `SELECT count(*) FROM event_ingress_retries WHERE scheduled_attempt > attempts`) == 3
-	}, eventually, 20*time.Millisecond)
+	b.waitCount(t, 3, `SELECT count(*) FROM event_ingress_retries WHERE scheduled_attempt > attempts`)
 	s, err := b.js.Stream(b.ctx, contract.StreamRetries)
 	require.NoError(t, err)
 	require.NoError(t, s.Purge(b.ctx))
@@ -291,9 +271,7 @@ func TestE2EPurgedRetriesStillAdmitOnce(t *testing.T) {
 	s, err = b.js.Stream(b.ctx, contract.StreamIngest)
 	require.NoError(t, err)
 	require.NoError(t, s.Purge(b.ctx))
-	for _, id := range all {
-		b.post(t, event(id, "billing", "invoice.paid"))
-	}
+	b.postAll(t, "billing", "invoice.paid", all...)
 	b.putSource(t, "billing", map[string]any{})
 	b.requireAdmittedOnce(t, all...)
 }
@@ -342,9 +320,7 @@ func TestE2EThrottledBurstIsAdmittedInOrderOneDueEach(t *testing.T) {
 	const limit, n = 10, 60
 	b.putSource(t, "stream", map[string]any{"rate_limit": limit, "rate_window": "1s"})
 	all := ids("s", n)
-	for _, id := range all {
-		b.post(t, event(id, "stream", "tick.happened"))
-	}
+	b.postAll(t, "stream", "tick.happened", all...)
 	b.requireAdmittedOnce(t, all...)
 
 	var order []string
@@ -385,9 +361,7 @@ func testLateHoldersKeepTheirPlace(t *testing.T, skew time.Duration) {
 	const limit, n = 20, 60
 	b.putSource(t, "late", map[string]any{"rate_limit": limit, "rate_window": "1s"})
 	all := ids("l", n)
-	for _, id := range all {
-		b.post(t, event(id, "late", "tick.happened"))
-	}
+	b.postAll(t, "late", "tick.happened", all...)
 	// The first window admits the limit (more when the gate is slow
 	// enough that the window turns before the first event is held: every
 	// later one then queues behind it).
@@ -432,9 +406,7 @@ func TestE2EResumeUnderALimitIsPacedInArrivalOrder(t *testing.T) {
 	b.putSource(t, "paced", map[string]any{"rate_limit": limit, "rate_window": "200ms"})
 	require.Equal(t, http.StatusOK, b.do(t, http.MethodPost, "/v1/sources/paced/pause", map[string]any{"reason": "upgrade"}, nil))
 	all := ids("r", n)
-	for _, id := range all {
-		b.post(t, event(id, "paced", "tick.happened"))
-	}
+	b.postAll(t, "paced", "tick.happened", all...)
 	require.Eventually(t, func() bool {
 		return b.count(t, `SELECT count(*) FROM retries WHERE kind = 'event' AND state = 'scheduled' AND hold_reason = 'pause'`) == n
 	}, eventually, 20*time.Millisecond, "every event is held")
@@ -495,9 +467,7 @@ func TestE2EPauseUntilUnderALimitEndsPacedInArrivalOrder(t *testing.T) {
 	require.Equal(t, http.StatusOK, b.do(t, http.MethodPost, "/v1/sources/until/pause",
 		map[string]any{"reason": "upgrade", "until": until.Format(time.RFC3339Nano)}, nil))
 	all := ids("u", n)
-	for _, id := range all {
-		b.post(t, event(id, "until", "tick.happened"))
-	}
+	b.postAll(t, "until", "tick.happened", all...)
 	b.requireAdmittedOnce(t, all...)
 
 	require.Zero(t, b.count(t, `SELECT count(*) FROM workflow_events WHERE source = 'until' AND admitted_at < $1`, until),

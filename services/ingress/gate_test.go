@@ -62,12 +62,7 @@ func TestNATSIntake(t *testing.T) {
 func TestThrottledEventIsDeferredAndAdmittedWhenDue(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	b.putSource(t, "billing", map[string]any{"rate_limit": 1, "rate_window": "1h"})
-
-	b.post(t, event("first", "billing", "invoice.paid"))
-	b.waitStatus(t, "admitted", "first")
-	b.post(t, event("second", "billing", "invoice.paid"))
-	b.waitStatus(t, "deferred", "second")
+	b.throttled(t, "billing", "invoice.paid", "first", "second")
 
 	var v ingress.EventView
 	require.Equal(t, http.StatusOK, b.do(t, http.MethodGet, "/v1/events/second", nil, &v))
@@ -179,11 +174,7 @@ func TestPausedSourceDefersWithoutHint(t *testing.T) {
 func TestDueEdgeCases(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	b.putSource(t, "billing", map[string]any{"rate_limit": 1, "rate_window": "1h"})
-	b.post(t, event("a", "billing", "invoice.paid"))
-	b.waitStatus(t, "admitted", "a")
-	b.post(t, event("d", "billing", "invoice.paid"))
-	b.waitStatus(t, "deferred", "d")
+	b.throttled(t, "billing", "invoice.paid", "a", "d")
 
 	// The event is not in the database: the retry is cancelled, not looped.
 	b.publishDue(t, "ghost", "billing", 2)
@@ -229,11 +220,7 @@ func TestDueEdgeCases(t *testing.T) {
 func TestReleaseLineAdmitsInArrivalOrder(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	b.putSource(t, "shop", map[string]any{"rate_limit": 1, "rate_window": "1h"})
-	b.post(t, event("first", "shop", "order.created"))
-	b.waitStatus(t, "admitted", "first")
-	b.post(t, event("waiting", "shop", "order.created"))
-	b.waitStatus(t, "deferred", "waiting")
+	b.throttled(t, "shop", "order.created", "first", "waiting")
 	require.Equal(t, http.StatusOK, b.do(t, http.MethodPost, "/v1/sources/shop/pause", map[string]any{}, nil))
 	b.post(t, event("paused", "shop", "order.created"))
 	b.waitStatus(t, "deferred", "paused")

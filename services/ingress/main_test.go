@@ -1,14 +1,10 @@
 package ingress_test
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
-	"io"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -18,11 +14,11 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
 
 	"github.com/retryd/retryd/internal/natstest"
 	"github.com/retryd/retryd/internal/serve"
+	"github.com/retryd/retryd/internal/servicetest"
 	"github.com/retryd/retryd/migrations/pgtest"
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/services/ingress"
@@ -49,7 +45,7 @@ func testConfig(t *testing.T, pool *pgxpool.Pool, js jetstream.JetStream, reg pr
 	return ingress.Config{
 		Pool:              pool,
 		JS:                js,
-		Logger:            testLogger(t),
+		Logger:            servicetest.Logger(t),
 		Registerer:        reg,
 		AckWait:           time.Second,
 		Concurrency:       2,
@@ -58,13 +54,6 @@ func testConfig(t *testing.T, pool *pgxpool.Pool, js jetstream.JetStream, reg pr
 		MaxBodyBytes:      64 << 10,
 		SourceCacheTTL:    time.Millisecond,
 	}
-}
-
-func testLogger(t *testing.T) zerolog.Logger {
-	if os.Getenv("RETRYD_TEST_LOG") == "" {
-		return zerolog.Nop()
-	}
-	return zerolog.New(zerolog.NewTestWriter(t)).With().Timestamp().Logger()
 }
 
 // setup starts embedded NATS with the streams, a fresh database and one
@@ -92,11 +81,7 @@ func (b *bundle) start(t *testing.T, cfg ingress.Config) *ingress.Service {
 	svc, err := ingress.New(cfg)
 	require.NoError(t, err)
 	require.NoError(t, svc.Start(b.ctx))
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_ = svc.Stop(ctx)
-	})
+	servicetest.StopOnCleanup(t, 10*time.Second, svc.Stop)
 	return svc
 }
 
@@ -104,41 +89,37 @@ func (b *bundle) start(t *testing.T, cfg ingress.Config) *ingress.Service {
 // nil); it returns the status.
 func (b *bundle) do(t *testing.T, method, path string, body any, out any, headers ...string) int {
 	t.Helper()
-	var rd io.Reader
-	switch v := body.(type) {
-	case nil:
-	case string:
-		rd = strings.NewReader(v)
-	case []byte:
-		rd = bytes.NewReader(v)
-	default:
-		raw, err := json.Marshal(v)
-		require.NoError(t, err)
-		rd = bytes.NewReader(raw)
-	}
-	req, err := http.NewRequestWithContext(b.ctx, method, b.http.URL+path, rd)
-	require.NoError(t, err)
-	req.Header.Set("Content-Type", "application/json")
-	for i := 0; i+1 < len(headers); i += 2 {
-		req.Header.Set(headers[i], headers[i+1])
-	}
-	resp, err := http.DefaultClient.Do(req)
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	raw, err := io.ReadAll(resp.Body)
-	require.NoError(t, err)
-	if out != nil {
-		require.NoError(t, json.Unmarshal(raw, out), "body: %s", raw)
-	}
-	return resp.StatusCode
+	return servicetest.Do(t, b.ctx, method, b.http.URL+path, body, out, headers...)
 }
 
-type apiError struct {
-	Error struct {
-		Code    string `json:"code"`
-		Message string `json:"message"`
-		Field   string `json:"field"`
-	} `json:"error"`
+// apiError is the body of an error answer.
+type apiError = serve.ErrorBody
+
+// postAll posts an event of source and type typ for each of ids.
+func (b *bundle) postAll(t *testing.T, source, typ string, ids ...string) {
+	t.Helper()
+	for _, id := range ids {
+		b.post(t, event(id, source, typ))
+	}
+}
+
+// waitCount waits until query counts want.
+func (b *bundle) waitCount(t *testing.T, want int, query string, args ...any) {
+	t.Helper()
+	require.Eventually(t, func() bool { return b.count(t, query, args...) == want }, eventually, 20*time.Millisecond,
+		"%s: want %d", query, want)
+}
+
+// throttled limits source to one event an hour, posts admitted (of type
+// typ), which takes the hour's slot, then each of deferred, which the
+// gate defers; it returns when each is in its state.
+func (b *bundle) throttled(t *testing.T, source, typ, admitted string, deferred ...string) {
+	t.Helper()
+	b.putSource(t, source, map[string]any{"rate_limit": 1, "rate_window": "1h"})
+	b.post(t, event(admitted, source, typ))
+	b.waitStatus(t, "admitted", admitted)
+	b.postAll(t, source, typ, deferred...)
+	b.waitStatus(t, "deferred", deferred...)
 }
 
 // post sends one event and requires a 202.

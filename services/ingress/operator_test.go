@@ -74,11 +74,7 @@ func TestSourcesAPI(t *testing.T) {
 func TestCancelDeferral(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	b.putSource(t, "billing", map[string]any{"rate_limit": 1, "rate_window": "1h"})
-	b.post(t, event("ok", "billing", "invoice.paid"))
-	b.waitStatus(t, "admitted", "ok")
-	b.post(t, event("held", "billing", "invoice.paid"))
-	b.waitStatus(t, "deferred", "held")
+	b.throttled(t, "billing", "invoice.paid", "ok", "held")
 
 	var v ingress.EventView
 	require.Equal(t, 200, b.do(t, http.MethodPost, "/v1/events/held/cancel", map[string]any{"reason": "duplicate order"}, &v))
@@ -114,14 +110,7 @@ func TestCancelDeferral(t *testing.T) {
 func TestRetryStateFollowsTheScheduler(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	b.putSource(t, "billing", map[string]any{"rate_limit": 1, "rate_window": "1h"})
-	for _, id := range []string{"ok", "x", "c"} {
-		b.post(t, event(id, "billing", "invoice.paid"))
-		if id == "ok" {
-			b.waitStatus(t, "admitted", id)
-		}
-	}
-	b.waitStatus(t, "deferred", "x", "c")
+	b.throttled(t, "billing", "invoice.paid", "ok", "x", "c")
 
 	publish := func(msg *nats.Msg, err error) {
 		t.Helper()
@@ -166,14 +155,7 @@ func TestRetryStateFollowsTheScheduler(t *testing.T) {
 func TestUnstorableText(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	b.putSource(t, "billing", map[string]any{"rate_limit": 1, "rate_window": "1h"})
-	for _, id := range []string{"ok", "s", "c"} {
-		b.post(t, event(id, "billing", "invoice.paid"))
-		if id == "ok" {
-			b.waitStatus(t, "admitted", id)
-		}
-	}
-	b.waitStatus(t, "deferred", "s", "c")
+	b.throttled(t, "billing", "invoice.paid", "ok", "s", "c")
 
 	// A NUL in a decoded field cannot be stored: contract decoding refuses
 	// the message, which is terminated and counted, and changes nothing.

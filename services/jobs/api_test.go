@@ -4,8 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
-	"net/http"
 	"net/http/httptest"
 	"strings"
 	"sync"
@@ -15,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/retryd/retryd/internal/serve"
+	"github.com/retryd/retryd/internal/servicetest"
 	"github.com/retryd/retryd/projections/jobstore"
 	"github.com/retryd/retryd/services/jobs"
 )
@@ -83,20 +82,7 @@ func (b *apiBundle) start(t *testing.T, api *jobs.API) {
 // do sends a request and decodes the JSON answer into out (when not nil).
 func (b *apiBundle) do(t *testing.T, method, path, body string, out any) int {
 	t.Helper()
-	var rd io.Reader
-	if body != "" {
-		rd = strings.NewReader(body)
-	}
-	req, err := http.NewRequest(method, b.srv.URL+path, rd)
-	require.NoError(t, err)
-	if rd != nil {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	resp, err := http.DefaultClient.Do(req)
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	raw, err := io.ReadAll(resp.Body)
-	require.NoError(t, err)
+	resp, raw := servicetest.Request(t, t.Context(), method, b.srv.URL+path, body)
 	require.Equal(t, "application/json", resp.Header.Get("Content-Type"), string(raw))
 	if out != nil {
 		require.NoError(t, json.Unmarshal(raw, out), string(raw))

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/retryd/retryd/internal/serve"
+	"github.com/retryd/retryd/internal/wait"
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/projections/jobstore"
 	"github.com/retryd/retryd/projections/pgtext"
@@ -258,17 +259,10 @@ func (a *API) Stop(ctx context.Context) error {
 	a.stopped = true
 	a.cancel()
 	a.mu.Unlock()
-	done := make(chan struct{})
-	go func() {
-		a.wg.Wait()
-		close(done)
-	}()
-	select {
-	case <-done:
-		return nil
-	case <-ctx.Done():
-		return fmt.Errorf("stop jobs api: %w", ctx.Err())
+	if err := wait.Group(ctx, &a.wg); err != nil {
+		return fmt.Errorf("stop jobs api: %w", err)
 	}
+	return nil
 }
 
 func (a *API) wake() {

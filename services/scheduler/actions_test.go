@@ -20,8 +20,7 @@ func TestCancelBeforeDue(t *testing.T) {
 	b.policy(t, "cx", "", 3, int64(time.Hour/time.Millisecond), int64(time.Hour/time.Millisecond))
 	b.policy(t, "cx-fast", "", 3, 10, 10)
 
-	b.publish(t, contract.Failed, failed("cx", "c1", 1, "timeout"))
-	b.waitRow(t, "cx", "c1", inState(retrystore.StateScheduled, 2))
+	b.failTo(t, "cx", "c1", 1, "timeout", retrystore.StateScheduled)
 	row, err := s.Cancel(b.ctx, "cx", "c1", "alice", "customer asked")
 	require.NoError(t, err)
 	require.Equal(t, retrystore.StateCancelled, row.State)
@@ -32,8 +31,7 @@ func TestCancelBeforeDue(t *testing.T) {
 	require.NoError(t, err)
 	// A later retry coming due proves the due loop ran past the cancelled
 	// one.
-	b.publish(t, contract.Failed, failed("cx-fast", "marker", 1, "timeout"))
-	b.waitRow(t, "cx-fast", "marker", inState(retrystore.StateDue, 2))
+	b.failTo(t, "cx-fast", "marker", 1, "timeout", retrystore.StateDue)
 	require.Empty(t, b.streamMsgs(t, "retry.cx.due.c1"))
 
 	require.Eventually(t, func() bool { return len(b.streamMsgs(t, "retry.cx.cancelled.c1")) == 1 }, waitFor, 10*time.Millisecond)
@@ -70,8 +68,7 @@ func TestCancelAfterDue(t *testing.T) {
 	s := b.start(t)
 	b.policy(t, "cd", "", 3, 10, 10)
 
-	b.publish(t, contract.Failed, failed("cd", "c2", 1, "timeout"))
-	b.waitRow(t, "cd", "c2", inState(retrystore.StateDue, 2))
+	b.failTo(t, "cd", "c2", 1, "timeout", retrystore.StateDue)
 	_, err := s.Cancel(b.ctx, "cd", "c2", "", "")
 	require.NoError(t, err)
 	b.publish(t, contract.Failed, failed("cd", "c2", 2, "timeout"))
@@ -105,8 +102,7 @@ func TestManualRetry(t *testing.T) {
 	s := b.start(t)
 	b.policy(t, "mr", "", 1, 10, 10)
 
-	b.publish(t, contract.Failed, failed("mr", "m1", 1, "timeout"))
-	b.waitRow(t, "mr", "m1", inState(retrystore.StateDue, 2))
+	b.failTo(t, "mr", "m1", 1, "timeout", retrystore.StateDue)
 	b.publish(t, contract.Failed, failed("mr", "m1", 2, "timeout"))
 	b.waitRow(t, "mr", "m1", inState(retrystore.StateExhausted, 2))
 
@@ -135,16 +131,14 @@ func TestManualRetry(t *testing.T) {
 	require.Equal(t, 3, row.BudgetBase)
 	require.Equal(t, 0, row.RetryCount)
 	b.waitRow(t, "mr", "m1", inState(retrystore.StateDue, 4))
-	b.publish(t, contract.Failed, failed("mr", "m1", 4, "timeout"))
-	row = b.waitRow(t, "mr", "m1", inState(retrystore.StateDue, 5))
+	row = b.failTo(t, "mr", "m1", 4, "timeout", retrystore.StateDue)
 	require.Equal(t, 1, row.RetryCount)
 	b.publish(t, contract.Failed, failed("mr", "m1", 5, "timeout"))
 	b.waitRow(t, "mr", "m1", inState(retrystore.StateExhausted, 5))
 
 	// A retry that is waiting is replaced without using budget.
 	b.policy(t, "mr-wait", "", 3, int64(time.Hour/time.Millisecond), int64(time.Hour/time.Millisecond))
-	b.publish(t, contract.Failed, failed("mr-wait", "w", 1, "timeout"))
-	b.waitRow(t, "mr-wait", "w", inState(retrystore.StateScheduled, 2))
+	b.failTo(t, "mr-wait", "w", 1, "timeout", retrystore.StateScheduled)
 	row, err = s.RetryNow(b.ctx, "mr-wait", "w", scheduler.RetryNowOptions{})
 	require.NoError(t, err)
 	require.Equal(t, 3, row.Attempt)

@@ -2,7 +2,6 @@ package scheduler_test
 
 import (
 	"encoding/json"
-	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -12,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/retryd/retryd/internal/serve"
+	"github.com/retryd/retryd/internal/servicetest"
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/pkg/policy"
 	"github.com/retryd/retryd/projections/retrystore"
@@ -22,23 +22,19 @@ type apiClient struct {
 	url string
 }
 
+// startAPI starts an instance and serves its API.
+func (b *bundle) startAPI(t *testing.T) (instance, apiClient) {
+	t.Helper()
+	s := b.start(t)
+	srv := httptest.NewServer(serve.Guard{}.Handler(s.Handler()))
+	t.Cleanup(srv.Close)
+	return s, apiClient{t: t, url: srv.URL}
+}
+
 func (c apiClient) do(method, path, body string) (int, map[string]any) {
 	c.t.Helper()
-	var r io.Reader
-	if body != "" {
-		r = strings.NewReader(body)
-	}
-	req, err := http.NewRequest(method, c.url+path, r)
-	require.NoError(c.t, err)
-	if r != nil {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	resp, err := http.DefaultClient.Do(req)
-	require.NoError(c.t, err)
-	defer resp.Body.Close()
+	resp, raw := servicetest.Request(c.t, c.t.Context(), method, c.url+path, body)
 	var out map[string]any
-	raw, err := io.ReadAll(resp.Body)
-	require.NoError(c.t, err)
 	require.NoError(c.t, json.Unmarshal(raw, &out), "body %s", raw)
 	return resp.StatusCode, out
 }
@@ -52,10 +48,7 @@ func errField(body map[string]any) string {
 func TestRetriesAPI(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	s := b.start(t)
-	srv := httptest.NewServer(serve.Guard{}.Handler(s.Handler()))
-	t.Cleanup(srv.Close)
-	api := apiClient{t: t, url: srv.URL}
+	s, api := b.startAPI(t)
 	hour := int64(time.Hour / time.Millisecond)
 	b.policy(t, "api", "", 3, hour, hour)
 
@@ -135,10 +128,7 @@ func TestRetriesAPI(t *testing.T) {
 func TestPoliciesAPI(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	s := b.start(t)
-	srv := httptest.NewServer(serve.Guard{}.Handler(s.Handler()))
-	t.Cleanup(srv.Close)
-	api := apiClient{t: t, url: srv.URL}
+	_, api := b.startAPI(t)
 
 	status, body := api.do("GET", "/v1/policies", "")
 	require.Equal(t, http.StatusOK, status)
@@ -172,14 +162,12 @@ func TestPoliciesAPI(t *testing.T) {
 
 	// A policy update is used by the decisions after it, and versioned.
 	b.policy(t, "pu", "", 3, 60_000, 60_000)
-	b.publish(t, contract.Failed, failed("pu", "before", 1, "timeout"))
-	b.waitRow(t, "pu", "before", inState(retrystore.StateScheduled, 2))
+	b.failTo(t, "pu", "before", 1, "timeout", retrystore.StateScheduled)
 
 	status, body = api.do("PUT", "/v1/policies/pu/_", `{"name":"pu-fast","max_retries":5,"base_delay_ms":5000,"max_delay_ms":10000,"jitter":"none","version":1,"updated_by":"carol"}`)
 	require.Equal(t, http.StatusOK, status, body)
 	require.EqualValues(t, 2, body["version"])
-	b.publish(t, contract.Failed, failed("pu", "after", 1, "timeout"))
-	b.waitRow(t, "pu", "after", inState(retrystore.StateScheduled, 2))
+	b.failTo(t, "pu", "after", 1, "timeout", retrystore.StateScheduled)
 	h := b.history(t, "pu", "after")
 	require.Equal(t, "pu-fast", h[1].PolicyName)
 	require.Equal(t, 2, h[1].PolicyVersion)

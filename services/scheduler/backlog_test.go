@@ -34,8 +34,7 @@ func TestRedueWaitsForPolicyStageBacklog(t *testing.T) {
 	b.policy(t, "lag", "", 3, 10, 10)
 	shrinkDuplicateWindow(t, b)
 
-	b.publish(t, contract.Failed, failed("lag", "r1", 1, "timeout"))
-	b.waitRow(t, "lag", "r1", inState(retrystore.StateDue, 2))
+	b.failTo(t, "lag", "r1", 1, "timeout", retrystore.StateDue)
 
 	// r2's fact is applied but never acked while stalled: the consumer
 	// holds it, so the stage counts as behind by the age of r1's fact.

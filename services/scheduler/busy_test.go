@@ -22,8 +22,7 @@ func TestItemHeldByFrozenPeerDoesNotStallOthers(t *testing.T) {
 	// held item: longer than the deadline below.
 	s := b.start(t, func(c *scheduler.Config) { c.LockTimeout = time.Minute })
 	b.policy(t, "busy", "", 3, 60_000, 60_000)
-	b.publish(t, contract.Failed, failed("busy", "held", 1, "timeout"))
-	b.waitRow(t, "busy", "held", inState(retrystore.StateScheduled, 2))
+	b.failTo(t, "busy", "held", 1, "timeout", retrystore.StateScheduled)
 
 	// The frozen peer: a transaction holding the item as the policy stage
 	// does (its advisory lock and its row).

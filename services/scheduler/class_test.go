@@ -2,12 +2,10 @@ package scheduler_test
 
 import (
 	"net/http"
-	"net/http/httptest"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/retryd/retryd/internal/serve"
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/projections/retrystore"
 )
@@ -17,10 +15,7 @@ import (
 func TestPerClassBackoffThroughTheAPI(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	s := b.start(t)
-	srv := httptest.NewServer(serve.Guard{}.Handler(s.Handler()))
-	t.Cleanup(srv.Close)
-	api := apiClient{t: t, url: srv.URL}
+	_, api := b.startAPI(t)
 
 	status, body := api.do("PUT", "/v1/policies/cls/_", `{"name":"cls","max_retries":5,"base_delay_ms":1000,"max_delay_ms":600000,"jitter":"none",
 		"class_backoff":{"rate_limit":{"base_delay_ms":120000,"max_delay_ms":3600000},"network":{"base_delay_ms":200,"max_delay_ms":2000},"timeout":{"first_delay_ms":0}}}`)

@@ -206,8 +206,7 @@ func TestSucceededClosesAndStaleFactsAreIgnored(t *testing.T) {
 	s := b.start(t)
 	b.policy(t, "ok", "", 3, 20, 100)
 
-	b.publish(t, contract.Failed, failed("ok", "a", 1, "network"))
-	b.waitRow(t, "ok", "a", inState(retrystore.StateDue, 2))
+	b.failTo(t, "ok", "a", 1, "network", retrystore.StateDue)
 	b.publish(t, contract.Succeeded, contract.SucceededData{Kind: "ok", ID: "a", Attempt: 2})
 	row := b.waitRow(t, "ok", "a", inState(retrystore.StateSucceeded, 2))
 	require.NotNil(t, row.ResolvedAt)
@@ -270,6 +269,13 @@ func TestMalformedMessagesAreTerminated(t *testing.T) {
 	}, waitFor, 20*time.Millisecond)
 }
 
+// ensureStreams creates the streams (in memory) before any scheduler runs, so
+// that facts published now wait there for one.
+func (b *bundle) ensureStreams(t *testing.T) {
+	t.Helper()
+	require.NoError(t, streams.Ensure(b.ctx, b.js, streams.Options{Storage: jetstream.MemoryStorage}))
+}
+
 // Several facts of one item in one policy-stage batch (published while no
 // scheduler ran, fetched together) apply in stream order, each seeing
 // the change before it.
@@ -277,7 +283,7 @@ func TestFactsOfOneItemInOneBatch(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	b.policy(t, "same", "", 3, 60_000, 60_000)
-	require.NoError(t, streams.Ensure(b.ctx, b.js, streams.Options{Storage: jetstream.MemoryStorage}))
+	b.ensureStreams(t)
 	b.publish(t, contract.Failed, failed("same", "x", 1, "timeout"))
 	b.publish(t, contract.Cancelled, contract.CancelledData{Kind: "same", ID: "x", Attempt: 2, By: "owner"})
 	b.publish(t, contract.Failed, failed("same", "y", 1, "timeout"))
@@ -304,7 +310,7 @@ func TestDuplicateInOneBatch(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	b.policy(t, "twice", "", 3, 60_000, 60_000)
-	require.NoError(t, streams.Ensure(b.ctx, b.js, streams.Options{Storage: jetstream.MemoryStorage}))
+	b.ensureStreams(t)
 	msg := lifecycleMsg(t, contract.Failed, failed("twice", "x", 1, "timeout"))
 	_, err := b.js.PublishMsg(b.ctx, msg)
 	require.NoError(t, err)
@@ -328,7 +334,7 @@ func TestPoisonFactIsTerminatedAlone(t *testing.T) {
 	b.policy(t, "poison", "", 3, 60_000, 60_000)
 	_, err := b.pool.Exec(b.ctx, `ALTER TABLE retries ADD CONSTRAINT test_poison CHECK (item_id <> 'bad')`)
 	require.NoError(t, err)
-	require.NoError(t, streams.Ensure(b.ctx, b.js, streams.Options{Storage: jetstream.MemoryStorage}))
+	b.ensureStreams(t)
 	ids := []string{"a", "b", "bad", "c", "d"}
 	for _, id := range ids {
 		_, err := b.js.PublishMsg(b.ctx, lifecycleMsg(t, contract.Failed, failed("poison", id, 1, "timeout")))

@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/retryd/retryd/internal/natstest"
+	"github.com/retryd/retryd/internal/servicetest"
 	"github.com/retryd/retryd/internal/streams"
 	"github.com/retryd/retryd/migrations/pgtest"
 	"github.com/retryd/retryd/pkg/backoff"
@@ -153,6 +154,14 @@ func (b *bundle) waitRow(t *testing.T, kind, id string, cond func(r retrystore.R
 	return got
 }
 
+// failTo publishes the failure of attempt of kind/id and waits for its
+// row to be in state with the next attempt.
+func (b *bundle) failTo(t *testing.T, kind, id string, attempt int, class string, state retrystore.State) retrystore.Retry {
+	t.Helper()
+	b.publish(t, contract.Failed, failed(kind, id, attempt, class))
+	return b.waitRow(t, kind, id, inState(state, attempt+1))
+}
+
 func inState(state retrystore.State, attempt int) func(retrystore.Retry) bool {
 	return func(r retrystore.Retry) bool { return r.State == state && r.Attempt == attempt }
 }
@@ -192,6 +201,13 @@ func (b *bundle) streamMsgs(t *testing.T, filter string) []jetstream.Msg {
 	}
 }
 
+// metric sums the series of a metric whose labels include the given
+// name/value pairs.
+func metric(t *testing.T, reg prometheus.Gatherer, name string, labels ...string) float64 {
+	t.Helper()
+	return servicetest.Metric(t, reg, name, labels...)
+}
+
 // msgIDs counts stored messages per Nats-Msg-Id.
 func msgIDs(msgs []jetstream.Msg) map[string]int {
 	out := map[string]int{}
@@ -199,43 +215,6 @@ func msgIDs(msgs []jetstream.Msg) map[string]int {
 		out[m.Headers().Get(contract.HeaderMsgID)]++
 	}
 	return out
-}
-
-// metric sums the series of a metric whose labels include the given
-// name/value pairs.
-func metric(t *testing.T, reg *prometheus.Registry, name string, labels ...string) float64 {
-	t.Helper()
-	families, err := reg.Gather()
-	require.NoError(t, err)
-	var sum float64
-	for _, f := range families {
-		if f.GetName() != name {
-			continue
-		}
-	series:
-		for _, m := range f.GetMetric() {
-			for i := 0; i+1 < len(labels); i += 2 {
-				found := false
-				for _, lp := range m.GetLabel() {
-					if lp.GetName() == labels[i] && lp.GetValue() == labels[i+1] {
-						found = true
-					}
-				}
-				if !found {
-					continue series
-				}
-			}
-			switch {
-			case m.Counter != nil:
-				sum += m.GetCounter().GetValue()
-			case m.Gauge != nil:
-				sum += m.GetGauge().GetValue()
-			case m.Histogram != nil:
-				sum += float64(m.GetHistogram().GetSampleCount())
-			}
-		}
-	}
-	return sum
 }
 
 func decodeDue(t *testing.T, m jetstream.Msg) contract.DueData {

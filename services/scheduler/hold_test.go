@@ -21,6 +21,13 @@ func held(kind, id string, attempt int, reason string, until *time.Time) contrac
 		Payload: json.RawMessage(`{"n":1}`)}
 }
 
+// heldUnder is held for attempt 1, held under key.
+func heldUnder(key, kind, id, reason string, until *time.Time) contract.HeldData {
+	hd := held(kind, id, 1, reason, until)
+	hd.HoldKey = key
+	return hd
+}
+
 func at(d time.Duration) *time.Time { t := time.Now().Add(d); return &t }
 
 func decisionOf(t *testing.T, h retrystore.HistoryEntry) contract.Decision {
@@ -46,8 +53,7 @@ func TestHoldsKeepTheBudgetAndAreNotCappedByMaxDelay(t *testing.T) {
 		require.Equal(t, contract.HoldThrottle, row.HoldReason)
 	}
 	// The item runs and fails: its first retry of two is used now.
-	b.publish(t, contract.Failed, failed("hold", "h1", 7, "timeout"))
-	row := b.waitRow(t, "hold", "h1", inState(retrystore.StateDue, 8))
+	row := b.failTo(t, "hold", "h1", 7, "timeout", retrystore.StateDue)
 	require.Equal(t, 1, row.RetryCount)
 	require.Nil(t, row.HeldSince, "an attempt ran: the hold ended")
 
@@ -192,6 +198,18 @@ func TestMalformedHoldIsTerminatedAndCounted(t *testing.T) {
 	require.Zero(t, n)
 }
 
+// pauseHeld holds attempt 1 of n items of kind (ids idFormat of 0 to
+// n-1) paused under key, one after the other: the order they were held
+// in is their order.
+func (b *bundle) pauseHeld(t *testing.T, kind, key, idFormat string, n int) {
+	t.Helper()
+	for i := range n {
+		hd := heldUnder(key, kind, fmt.Sprintf(idFormat, i), contract.HoldPause, nil)
+		b.publish(t, contract.Held, hd)
+		b.waitRow(t, kind, hd.ID, inState(retrystore.StateScheduled, 2))
+	}
+}
+
 // A release makes every pause hold under its key due at once, in the
 // order the items were first held; a hold decided before the release but
 // applied after it is released too. Throttle holds and other keys stay.
@@ -201,24 +219,16 @@ func TestReleaseLiftsPauseHoldsInOrder(t *testing.T) {
 	b.start(t)
 	b.policy(t, "rel", "", 2, 10, 100)
 	const n = 20
-	for i := range n {
-		hd := held("rel", fmt.Sprintf("r%02d", i), 1, contract.HoldPause, nil)
-		hd.HoldKey = "shop"
-		b.publish(t, contract.Held, hd)
-		b.waitRow(t, "rel", hd.ID, inState(retrystore.StateScheduled, 2))
-	}
-	other := held("rel", "other", 1, contract.HoldPause, nil)
-	other.HoldKey = "partner"
+	b.pauseHeld(t, "rel", "shop", "r%02d", n)
+	other := heldUnder("partner", "rel", "other", contract.HoldPause, nil)
 	b.publish(t, contract.Held, other)
-	throttled := held("rel", "throttled", 1, contract.HoldThrottle, at(time.Hour))
-	throttled.HoldKey = "shop"
+	throttled := heldUnder("shop", "rel", "throttled", contract.HoldThrottle, at(time.Hour))
 	b.publish(t, contract.Held, throttled)
 	b.waitRow(t, "rel", "throttled", inState(retrystore.StateScheduled, 2))
 	b.waitRow(t, "rel", "other", inState(retrystore.StateScheduled, 2))
 
 	// Decided (by the owner) before the resume, published after it.
-	late := held("rel", "late", 1, contract.HoldPause, nil)
-	late.HoldKey = "shop"
+	late := heldUnder("shop", "rel", "late", contract.HoldPause, nil)
 	lateMsg := lifecycleMsg(t, contract.Held, late)
 	b.publish(t, contract.Released, contract.ReleasedData{Kind: "rel", HoldKey: "shop", Reason: contract.ReleaseResume, By: "test", ReleasedAt: time.Now()})
 
@@ -263,12 +273,7 @@ func TestPacedReleaseBringsEachHoldBackAtItsSlot(t *testing.T) {
 	b.start(t)
 	b.policy(t, "pace", "", 2, 10, 100)
 	const n = 12
-	for i := range n {
-		hd := held("pace", fmt.Sprintf("p%02d", i), 1, contract.HoldPause, nil)
-		hd.HoldKey = "shop"
-		b.publish(t, contract.Held, hd)
-		b.waitRow(t, "pace", hd.ID, inState(retrystore.StateScheduled, 2))
-	}
+	b.pauseHeld(t, "pace", "shop", "p%02d", n)
 	// 4 per 200 ms from the next whole second, one slot of its first
 	// window taken: 12 items over 4 windows, at the start of the 10 ms
 	// that hold their slots.
@@ -313,8 +318,7 @@ func TestReleaseLeavesHoldsDecidedAfterIt(t *testing.T) {
 	b.policy(t, "after", "", 2, 10, 100)
 	releasedAt := time.Now()
 	time.Sleep(2 * time.Millisecond) // the hold's envelope time is later than the release
-	hd := held("after", "later", 1, contract.HoldThrottle, at(time.Hour))
-	hd.HoldKey = "shop"
+	hd := heldUnder("shop", "after", "later", contract.HoldThrottle, at(time.Hour))
 	b.publish(t, contract.Held, hd)
 	b.waitRow(t, "after", "later", inState(retrystore.StateScheduled, 2))
 	b.publish(t, contract.Released, contract.ReleasedData{Kind: "after", HoldKey: "shop", Reason: contract.ReleaseLimitChanged,
@@ -337,8 +341,7 @@ func TestOwnerAdmittedReleaseEmitsOnlyFallbackDues(t *testing.T) {
 	b.start(t)
 	b.policy(t, "own", "", 2, 10, 100)
 	for _, id := range []string{"o1", "o2"} {
-		hd := held("own", id, 1, contract.HoldPause, nil)
-		hd.HoldKey = "shop"
+		hd := heldUnder("shop", "own", id, contract.HoldPause, nil)
 		b.publish(t, contract.Held, hd)
 		b.waitRow(t, "own", id, inState(retrystore.StateScheduled, 2))
 	}

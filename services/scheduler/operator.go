@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/retryd/retryd/internal/dashboard"
@@ -34,16 +35,12 @@ func Summary(ctx context.Context, pool *pgxpool.Pool) (dashboard.Summary, error)
 	if err != nil {
 		return dashboard.Summary{}, fmt.Errorf("count retries: %w", err)
 	}
-	defer rows.Close()
 	sum := dashboard.Summary{Counts: []dashboard.Count{}}
-	for rows.Next() {
-		var c dashboard.Count
-		if err := rows.Scan(&c.Kind, &c.State, &c.Count); err != nil {
-			return dashboard.Summary{}, fmt.Errorf("count retries: %w", err)
-		}
+	var c dashboard.Count
+	if _, err := pgx.ForEachRow(rows, []any{&c.Kind, &c.State, &c.Count}, func() error {
 		sum.Counts = append(sum.Counts, c)
-	}
-	if err := rows.Err(); err != nil {
+		return nil
+	}); err != nil {
 		return dashboard.Summary{}, fmt.Errorf("count retries: %w", err)
 	}
 	return sum, nil

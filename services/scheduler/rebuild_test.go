@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -21,20 +22,12 @@ func snapshot(t *testing.T, ctx context.Context, pool *pgxpool.Pool) (rows, hist
 	t.Helper()
 	r, err := pool.Query(ctx, `SELECT (to_jsonb(r) - 'created_at' - 'updated_at')::text FROM retries r ORDER BY kind, item_id`)
 	require.NoError(t, err)
-	for r.Next() {
-		var s string
-		require.NoError(t, r.Scan(&s))
-		rows = append(rows, s)
-	}
-	require.NoError(t, r.Err())
+	rows, err = pgx.CollectRows(r, pgx.RowTo[string])
+	require.NoError(t, err)
 	h, err := pool.Query(ctx, `SELECT (to_jsonb(h) - 'id')::text FROM retry_history h ORDER BY kind, item_id, at, attempt, event`)
 	require.NoError(t, err)
-	for h.Next() {
-		var s string
-		require.NoError(t, h.Scan(&s))
-		history = append(history, s)
-	}
-	require.NoError(t, h.Err())
+	history, err = pgx.CollectRows(h, pgx.RowTo[string])
+	require.NoError(t, err)
 	return rows, history
 }
 
@@ -78,12 +71,10 @@ func TestRebuildEqualsOriginal(t *testing.T) {
 	b.publish(t, contract.Failed, j1)
 	// Cancelled while waiting, and after due (the owner's late failure is
 	// stale).
-	b.publish(t, contract.Failed, failed("rb-slow", "c1", 1, "timeout"))
-	b.waitRow(t, "rb-slow", "c1", inState(retrystore.StateScheduled, 2))
+	b.failTo(t, "rb-slow", "c1", 1, "timeout", retrystore.StateScheduled)
 	_, err := s.Cancel(b.ctx, "rb-slow", "c1", "ops", "not needed")
 	require.NoError(t, err)
-	b.publish(t, contract.Failed, failed("rb", "c2", 1, "timeout"))
-	b.waitRow(t, "rb", "c2", inState(retrystore.StateDue, 2))
+	b.failTo(t, "rb", "c2", 1, "timeout", retrystore.StateDue)
 	_, err = s.Cancel(b.ctx, "rb", "c2", "ops", "")
 	require.NoError(t, err)
 	b.publish(t, contract.Failed, failed("rb", "c2", 2, "timeout"))
@@ -95,8 +86,7 @@ func TestRebuildEqualsOriginal(t *testing.T) {
 	_, err = s.RetryNow(b.ctx, "rb", "m1", scheduler.RetryNowOptions{ResetAttempts: true, Reason: "data fixed"})
 	require.NoError(t, err)
 	b.waitRow(t, "rb", "m1", inState(retrystore.StateDue, 2))
-	b.publish(t, contract.Failed, failed("rb-slow", "m2", 1, "timeout"))
-	b.waitRow(t, "rb-slow", "m2", inState(retrystore.StateScheduled, 2))
+	b.failTo(t, "rb-slow", "m2", 1, "timeout", retrystore.StateScheduled)
 	_, err = s.RetryNow(b.ctx, "rb-slow", "m2", scheduler.RetryNowOptions{By: "ops"})
 	require.NoError(t, err)
 	// A duplicate stored past the duplicate window, a throttled failure

@@ -31,6 +31,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/retryd/retryd/internal/durable"
+	"github.com/retryd/retryd/internal/wait"
 	"github.com/retryd/retryd/projections/outbox"
 )
 
@@ -179,15 +180,8 @@ func (s *Scheduler) Stop(ctx context.Context) error {
 	if s.cancel != nil {
 		s.cancel()
 	}
-	done := make(chan struct{})
-	go func() {
-		s.loops.Wait()
-		close(done)
-	}()
-	select {
-	case <-done:
-	case <-ctx.Done():
-		errs = append(errs, fmt.Errorf("wait for loops: %w", ctx.Err()))
+	if err := wait.Group(ctx, &s.loops); err != nil {
+		errs = append(errs, fmt.Errorf("wait for loops: %w", err))
 	}
 	if err := s.relay.Stop(ctx); err != nil {
 		errs = append(errs, fmt.Errorf("stop outbox relay: %w", err))

@@ -107,13 +107,11 @@ func TestSlowBatchIsNotRedelivered(t *testing.T) {
 		})
 	})
 	inst.Store(&started)
-	b.publish(t, contract.Failed, failed("slow", "s1", 1, "timeout"))
-	b.waitRow(t, "slow", "s1", inState(retrystore.StateScheduled, 2))
+	b.failTo(t, "slow", "s1", 1, "timeout", retrystore.StateScheduled)
 	// A fact published after the slow batch is applied after any copy
 	// redelivered during it: once it is decided, a copy would have been
 	// counted.
-	b.publish(t, contract.Failed, failed("slow", "s2", 1, "timeout"))
-	b.waitRow(t, "slow", "s2", inState(retrystore.StateScheduled, 2))
+	b.failTo(t, "slow", "s2", 1, "timeout", retrystore.StateScheduled)
 	require.Eventually(t, func() bool {
 		info, err := b.js.Consumer(b.ctx, contract.StreamRetries, scheduler.ConsumerName)
 		require.NoError(t, err)

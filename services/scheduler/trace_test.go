@@ -106,8 +106,7 @@ func TestTraceFromAPIToCancelled(t *testing.T) {
 	b := setup(t)
 	s := b.start(t)
 	b.policy(t, "traced", "", 3, 60_000, 60_000)
-	b.publish(t, contract.Failed, failed("traced", "t2", 1, "timeout"))
-	b.waitRow(t, "traced", "t2", inState(retrystore.StateScheduled, 2))
+	b.failTo(t, "traced", "t2", 1, "timeout", retrystore.StateScheduled)
 
 	h := telemetry.Handler(serve.Guard{}.Handler(s.Handler()), "retryd-scheduler")
 	req := httptest.NewRequest(http.MethodPost, "/v1/retries/traced/t2/cancel", strings.NewReader(`{"reason":"test"}`))

@@ -1,15 +1,14 @@
 package triggers
 
 import (
-	"bytes"
 	"net/http"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
 
+	"github.com/retryd/retryd/internal/servicetest"
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/services/triggers/internal/triggerstore"
 )
@@ -190,29 +189,11 @@ func TestThrottleHoldsAndRetryLaunches(t *testing.T) {
 	require.Equal(t, 4.0, counter(t, b.svc.metrics.launched, tr.ID))
 }
 
-// syncBuffer is a log sink tests read while the service writes.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // Logs never carry event data, not even at debug level in the reason a
 // predicate or a throttle key failed (CEL quotes the values it rejects).
 func TestLogsCarryNoEventData(t *testing.T) {
 	t.Parallel()
-	var logs syncBuffer
+	var logs servicetest.Buffer
 	b := setup(t, true, func(c *Config) { c.Logger = zerolog.New(&logs).Level(zerolog.DebugLevel) })
 	tr := b.createTrigger(t, TriggerInput{ID: "dated", Name: "dated", Source: "pay", EventType: "card.used",
 		Predicate: `timestamp(data.card) > timestamp("2020-01-01T00:00:00Z")`, Workflow: "w"})

@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
+	"github.com/retryd/retryd/internal/servicetest"
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/projections/outbox"
 	"github.com/retryd/retryd/services/scheduler"
@@ -32,17 +33,13 @@ func (b *bundle) startScheduler(t *testing.T) *scheduler.Scheduler {
 		WHERE kind = 'event-trigger' AND job_type = ''`)
 	require.NoError(t, err)
 	s, err := scheduler.New(scheduler.Config{
-		Pool: b.pool, JS: b.js, Logger: testLogger(t).With().Str("component", "scheduler").Logger(),
+		Pool: b.pool, JS: b.js, Logger: servicetest.Logger(t).With().Str("component", "scheduler").Logger(),
 		Registerer: prometheus.NewRegistry(), AckWait: time.Second, MaxIdle: 20 * time.Millisecond,
 		RelayInterval: 20 * time.Millisecond,
 	})
 	require.NoError(t, err)
 	require.NoError(t, s.Start(b.ctx))
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_ = s.Stop(ctx)
-	})
+	servicetest.StopOnCleanup(t, 10*time.Second, s.Stop)
 	return s
 }
 
@@ -95,6 +92,22 @@ func (b *bundle) requireAllLaunchedOnce(t *testing.T, triggerID string, events i
 	}, eventually, tick, "the scheduler resolves every delivery retry as succeeded")
 }
 
+// publishEvents publishes m events of source and type typ, their ids
+// idFormat of 0 to m-1, each with its number as data.i.
+func (b *bundle) publishEvents(t *testing.T, source, typ, idFormat string, m int) {
+	t.Helper()
+	for i := range m {
+		b.publishEvent(t, source, typ, fmt.Sprintf(idFormat, i), map[string]any{"i": i})
+	}
+}
+
+// throttled is trigger id on shop's order.placed, launching fulfil at
+// most n times a window.
+func throttled(id string, n int, window time.Duration) TriggerInput {
+	return TriggerInput{ID: id, Name: id, Source: "shop", EventType: "order.placed",
+		Throttle: &ThrottleInput{Limit: intp(n), Window: window.String()}, Workflow: "fulfil"}
+}
+
 func launches(t *testing.T, b *bundle, triggerID string) []triggerstore.Delivery {
 	t.Helper()
 	ds, err := triggerstore.ListDeliveries(b.ctx, b.pool, triggerstore.ListDeliveriesOptions{TriggerID: triggerID, Limit: 500})
@@ -111,11 +124,8 @@ func TestThrottleBurstWithScheduler(t *testing.T) {
 	b.startScheduler(t)
 	ex := b.startExecutor(t, 10*time.Millisecond)
 	const n, m, window = 3, 8, 1500 * time.Millisecond
-	tr := b.createTrigger(t, TriggerInput{ID: "burst", Name: "burst", Source: "shop", EventType: "order.placed",
-		Throttle: &ThrottleInput{Limit: intp(n), Window: window.String()}, Workflow: "fulfil"})
-	for i := range m {
-		b.publishEvent(t, "shop", "order.placed", fmt.Sprintf("burst-%d", i), map[string]any{"i": i})
-	}
+	tr := b.createTrigger(t, throttled("burst", n, window))
+	b.publishEvents(t, "shop", "order.placed", "burst-%d", m)
 	b.requireAllLaunchedOnce(t, tr.ID, m, ex)
 
 	ds := launches(t, b, tr.ID)
@@ -169,9 +179,7 @@ func TestMaxConcurrencyWithScheduler(t *testing.T) {
 	const c, m = 2, 8
 	tr := b.createTrigger(t, TriggerInput{ID: "pool", Name: "pool", Source: "crm", EventType: "lead.created",
 		MaxConcurrency: intp(c), Workflow: "enrich"})
-	for i := range m {
-		b.publishEvent(t, "crm", "lead.created", fmt.Sprintf("lead-%d", i), map[string]any{"i": i})
-	}
+	b.publishEvents(t, "crm", "lead.created", "lead-%d", m)
 	b.requireAllLaunchedOnce(t, tr.ID, m, ex)
 	require.Eventually(t, func() bool { _, _, done := ex.stats(); return done == m }, eventually, tick)
 	_, maxFlight, _ := ex.stats()
@@ -224,7 +232,7 @@ func TestRedeliveriesAndKillWithScheduler(t *testing.T) {
 
 	// Instance A publishes through a relay the test controls, so the kill
 	// can take the relay down with it.
-	relayA, err := outbox.NewRelay(outbox.RelayConfig{Pool: b.pool, JS: b.js, Owner: OutboxOwner, Logger: testLogger(t),
+	relayA, err := outbox.NewRelay(outbox.RelayConfig{Pool: b.pool, JS: b.js, Owner: OutboxOwner, Logger: servicetest.Logger(t),
 		Interval: 20 * time.Millisecond, Registerer: prometheus.NewRegistry()})
 	require.NoError(t, err)
 	require.NoError(t, relayA.Start(b.ctx))
@@ -289,11 +297,8 @@ func TestThrottleHoldsOutlastTheRetryBudget(t *testing.T) {
 	require.NoError(t, err)
 	ex := b.startExecutor(t, 10*time.Millisecond)
 	const m, window = 4, 400 * time.Millisecond
-	tr := b.createTrigger(t, TriggerInput{ID: "slow", Name: "slow", Source: "shop", EventType: "order.placed",
-		Throttle: &ThrottleInput{Limit: intp(1), Window: window.String()}, Workflow: "fulfil"})
-	for i := range m {
-		b.publishEvent(t, "shop", "order.placed", fmt.Sprintf("slow-%d", i), map[string]any{"i": i})
-	}
+	tr := b.createTrigger(t, throttled("slow", 1, window))
+	b.publishEvents(t, "shop", "order.placed", "slow-%d", m)
 	b.requireAllLaunchedOnce(t, tr.ID, m, ex)
 	var exhausted, retried int
 	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FILTER (WHERE state = 'exhausted'), count(*) FILTER (WHERE retry_count > 0)
@@ -408,11 +413,8 @@ func TestThrottleLineReleasesInArrivalOrderOneDueEach(t *testing.T) {
 	b.startScheduler(t)
 	ex := b.startExecutor(t, 10*time.Millisecond)
 	const n, m, window = 4, 40, 400 * time.Millisecond
-	tr := b.createTrigger(t, TriggerInput{ID: "line", Name: "line", Source: "shop", EventType: "order.placed",
-		Throttle: &ThrottleInput{Limit: intp(n), Window: window.String()}, Workflow: "fulfil"})
-	for i := range m {
-		b.publishEvent(t, "shop", "order.placed", fmt.Sprintf("line-%02d", i), map[string]any{"i": i})
-	}
+	tr := b.createTrigger(t, throttled("line", n, window))
+	b.publishEvents(t, "shop", "order.placed", "line-%02d", m)
 	b.requireAllLaunchedOnce(t, tr.ID, m, ex)
 
 	ds := launches(t, b, tr.ID)
@@ -449,11 +451,8 @@ func TestThrottleLineWithDuplicatedDues(t *testing.T) {
 	ex := b.startExecutor(t, 10*time.Millisecond)
 	copies := b.duplicate(t, contract.RetryFilter(contract.KindEventTrigger, contract.Due))
 	const n, m, window = 3, 15, 300 * time.Millisecond
-	tr := b.createTrigger(t, TriggerInput{ID: "twice", Name: "twice", Source: "shop", EventType: "order.placed",
-		Throttle: &ThrottleInput{Limit: intp(n), Window: window.String()}, Workflow: "fulfil"})
-	for i := range m {
-		b.publishEvent(t, "shop", "order.placed", fmt.Sprintf("twice-%02d", i), map[string]any{"i": i})
-	}
+	tr := b.createTrigger(t, throttled("twice", n, window))
+	b.publishEvents(t, "shop", "order.placed", "twice-%02d", m)
 	b.requireAllLaunchedOnce(t, tr.ID, m, ex)
 	require.Positive(t, copies.Load(), "dues were duplicated")
 	ds := launches(t, b, tr.ID)

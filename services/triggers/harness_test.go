@@ -1,15 +1,10 @@
 package triggers
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
-	"io"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"reflect"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -21,11 +16,11 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
-	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
 
 	"github.com/retryd/retryd/internal/natstest"
 	"github.com/retryd/retryd/internal/serve"
+	"github.com/retryd/retryd/internal/servicetest"
 	"github.com/retryd/retryd/migrations/pgtest"
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/services/triggers/internal/triggerstore"
@@ -49,18 +44,11 @@ type bundle struct {
 	http *httptest.Server
 }
 
-func testLogger(t *testing.T) zerolog.Logger {
-	if os.Getenv("RETRYD_TEST_LOG") == "" {
-		return zerolog.Nop()
-	}
-	return zerolog.New(zerolog.NewTestWriter(t)).With().Timestamp().Logger()
-}
-
 // testConfig runs the service with quick redeliveries and relay, and no
 // background reconciliation (tests call Reconcile).
 func (b *bundle) testConfig(t *testing.T) Config {
 	return Config{
-		Pool: b.pool, JS: b.js, Logger: testLogger(t), Registerer: prometheus.NewRegistry(),
+		Pool: b.pool, JS: b.js, Logger: servicetest.Logger(t), Registerer: prometheus.NewRegistry(),
 		Concurrency: 4, AckWait: time.Second, NakDelay: 50 * time.Millisecond,
 		RelayInterval: 20 * time.Millisecond, ReconcileInterval: -1, LeaseInterval: -1, InboxRetention: -1,
 	}
@@ -98,54 +86,18 @@ func (b *bundle) start(t *testing.T, cfg Config) *Service {
 	svc, err := New(cfg)
 	require.NoError(t, err)
 	require.NoError(t, svc.Start(b.ctx))
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_ = svc.Stop(ctx)
-	})
+	servicetest.StopOnCleanup(t, 10*time.Second, svc.Stop)
 	return svc
 }
 
 // do sends a request and decodes the JSON answer into out (when not nil).
 func (b *bundle) do(t *testing.T, method, path string, body any, out any) int {
 	t.Helper()
-	var rd io.Reader
-	switch v := body.(type) {
-	case nil:
-	case string:
-		rd = strings.NewReader(v)
-	default:
-		raw, err := json.Marshal(v)
-		require.NoError(t, err)
-		rd = bytes.NewReader(raw)
-	}
-	req, err := http.NewRequestWithContext(b.ctx, method, b.http.URL+path, rd)
-	require.NoError(t, err)
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := http.DefaultClient.Do(req)
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	raw, err := io.ReadAll(resp.Body)
-	require.NoError(t, err)
-	if out != nil {
-		// Decode into a zero value: fields the answer leaves out must not
-		// keep what an earlier answer put there.
-		v := reflect.ValueOf(out).Elem()
-		v.Set(reflect.Zero(v.Type()))
-	}
-	if out != nil && len(raw) > 0 {
-		require.NoError(t, json.Unmarshal(raw, out), "body: %s", raw)
-	}
-	return resp.StatusCode
+	return servicetest.Do(t, b.ctx, method, b.http.URL+path, body, out)
 }
 
-type apiError struct {
-	Error struct {
-		Code    string `json:"code"`
-		Message string `json:"message"`
-		Field   string `json:"field"`
-	} `json:"error"`
-}
+// apiError is the body of an error answer.
+type apiError = serve.ErrorBody
 
 func (b *bundle) createTrigger(t *testing.T, in TriggerInput) TriggerView {
 	t.Helper()

@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/retryd/retryd/internal/wait"
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/projections/inbox"
 	"github.com/retryd/retryd/projections/outbox"
@@ -43,7 +44,7 @@ func (s *Service) reconcileLoop() {
 	var lastPrune time.Time
 	// The first pass runs at start: a restart is when lost held events
 	// are most likely to be found.
-	for first := true; first || sleepCtx(ctx, tick); first = false {
+	for first := true; first || wait.Sleep(ctx, tick) == nil; first = false {
 		if s.cfg.ReconcileInterval > 0 {
 			if _, err := s.Reconcile(ctx); err != nil && ctx.Err() == nil {
 				s.log.Error().Err(err).Msg("reconcile held deliveries")
@@ -165,7 +166,7 @@ func (s *Service) leaseLoop() {
 	defer s.loops.Done()
 	ctx, cancel := s.loopContext()
 	defer cancel()
-	for first := true; first || sleepCtx(ctx, s.cfg.LeaseInterval); first = false {
+	for first := true; first || wait.Sleep(ctx, s.cfg.LeaseInterval) == nil; first = false {
 		for {
 			n, err := s.ExpireRuns(ctx)
 			if err != nil && ctx.Err() == nil {

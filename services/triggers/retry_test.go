@@ -9,10 +9,10 @@ import (
 	"unicode/utf8"
 
 	"github.com/nats-io/nats.go"
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
 	"github.com/retryd/retryd/internal/natstest"
+	"github.com/retryd/retryd/internal/servicetest"
 	"github.com/retryd/retryd/internal/streams"
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/services/triggers/internal/triggerstore"
@@ -343,7 +343,7 @@ func TestUnstorableTextIsStillApplied(t *testing.T) {
 	publishLifecycle(t, b, contract.Cancelled, contract.CancelledData{Kind: contract.KindEventTrigger, ID: h2, Attempt: 2,
 		By: "op\x00erator", Reason: "nul\x00reason"})
 	require.Eventually(t, func() bool {
-		return counterValue(t, b.reg, "retryd_triggers_malformed_total", ConsumerRetryState) == 2
+		return servicetest.Metric(t, b.reg, "retryd_triggers_malformed_total", "consumer", ConsumerRetryState) == 2
 	}, eventually, tick)
 	d = b.waitDelivery(t, h2, func(triggerstore.Delivery) bool { return true })
 	require.NotEqual(t, triggerstore.StatusCancelled, d.Status, "a refused message changes nothing")
@@ -409,24 +409,4 @@ func TestLateConfirmationDoesNotReopenACancel(t *testing.T) {
 	b.waitDelivery(t, h1, func(d triggerstore.Delivery) bool { return d.ScheduledAttempt == 3 })
 	b.publishDue(t, h1, 3, f1.Payload)
 	b.waitDelivery(t, h1, func(d triggerstore.Delivery) bool { return d.Status == triggerstore.StatusLaunched })
-}
-
-// counterValue reads one labelled value of a counter vector.
-func counterValue(t *testing.T, reg *prometheus.Registry, name, consumer string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	require.NoError(t, err)
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "consumer" && l.GetValue() == consumer {
-					return m.GetCounter().GetValue()
-				}
-			}
-		}
-	}
-	return 0
 }

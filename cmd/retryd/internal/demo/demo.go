@@ -17,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
+	"github.com/retryd/retryd/internal/wait"
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/pkg/worker"
 )
@@ -109,14 +110,10 @@ func (d *Demo) Stop(ctx context.Context) error {
 			d.stopExec()
 		}
 	})
-	done := make(chan struct{})
-	go func() { d.wg.Wait(); close(done) }()
-	select {
-	case <-done:
-		return nil
-	case <-ctx.Done():
-		return fmt.Errorf("stop demo: %w", ctx.Err())
+	if err := wait.Group(ctx, &d.wg); err != nil {
+		return fmt.Errorf("stop demo: %w", err)
 	}
+	return nil
 }
 
 // every calls fn each period (scaled by Traffic) until ctx ends.
@@ -126,19 +123,25 @@ func (d *Demo) every(ctx context.Context, period time.Duration, fn func(ctx cont
 	}
 	period = time.Duration(float64(period) / d.cfg.Traffic)
 	d.wg.Go(func() {
-		t := time.NewTicker(period)
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-				if err := fn(ctx); err != nil && ctx.Err() == nil {
-					d.log.Warn().Err(err).Msg("demo producer")
-				}
-			}
-		}
+		tick(ctx, period, fn, func(err error) { d.log.Warn().Err(err).Msg("demo producer") })
 	})
+}
+
+// tick calls fn each period until ctx ends; failed gets its errors, but
+// for those of the end.
+func tick(ctx context.Context, period time.Duration, fn func(ctx context.Context) error, failed func(error)) {
+	t := time.NewTicker(period)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if err := fn(ctx); err != nil && ctx.Err() == nil {
+			failed(err)
+		}
+	}
 }
 
 var customers = []string{"acme", "globex", "initech", "umbrella", "hooli", "stark", "wayne", "wonka"}
@@ -181,18 +184,9 @@ const demoPauseReason = "demo: partner maintenance window"
 // source an operator paused is left alone: no demo pause over it, and no
 // demo resume of it.
 func (d *Demo) pauseCycle(ctx context.Context) {
-	t := time.NewTicker(partnerCycle)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		if err := d.pauseOnce(ctx); err != nil && ctx.Err() == nil {
-			d.log.Warn().Err(err).Str("source", SourcePartner).Msg("demo pause")
-		}
-	}
+	tick(ctx, partnerCycle, d.pauseOnce, func(err error) {
+		d.log.Warn().Err(err).Str("source", SourcePartner).Msg("demo pause")
+	})
 }
 
 // sourceState is what the demo reads of a source.

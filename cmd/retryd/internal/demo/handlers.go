@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"time"
 
+	"github.com/retryd/retryd/internal/wait"
 	"github.com/retryd/retryd/pkg/errclass"
 	"github.com/retryd/retryd/pkg/worker"
 )
@@ -30,16 +31,7 @@ func Handlers() map[string]worker.Handler {
 }
 
 // work takes d unless ctx ends first (the job's timeout, or a stop).
-func work(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
+func work(ctx context.Context, d time.Duration) error { return wait.Sleep(ctx, d) }
 
 type emailPayload struct {
 	To       string `json:"to"`

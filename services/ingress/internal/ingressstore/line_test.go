@@ -158,11 +158,10 @@ func TestAdmitReleasedWaitsForAPause(t *testing.T) {
 func TestAdmitReleasedKeepsTheWindowsLimit(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	_, err := ingressstore.PutSource(b.ctx, b.pool, ingressstore.SourceConfig{Source: "capped", RateLimit: 3, RateWindow: time.Hour})
-	require.NoError(t, err)
+	b.putSource(t, ingressstore.SourceConfig{Source: "capped", RateLimit: 3, RateWindow: time.Hour})
 	ids := b.holdLine(t, "capped", 5)
 	// Every slot has come (as when the releaser ran late).
-	_, err = b.pool.Exec(b.ctx, `UPDATE event_source_holds SET slot_at = slot_at - interval '1 day'`)
+	_, err := b.pool.Exec(b.ctx, `UPDATE event_source_holds SET slot_at = slot_at - interval '1 day'`)
 	require.NoError(t, err)
 	// One admission of this window already.
 	_, err = b.pool.Exec(b.ctx, `INSERT INTO event_source_windows (source, window_start, admitted) VALUES ('capped', date_trunc('hour', now()), 1)

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/retryd/retryd/projections/pgtext"
 )
 
@@ -136,11 +138,7 @@ func RecordDeferral(ctx context.Context, db DB, d Deferral) error {
 // confirmations (an attempt already evaluated, an older confirmation, a
 // resolved deferral) change nothing; applied says whether this one did.
 func ConfirmScheduled(ctx context.Context, db DB, eventID string, attempt int, next time.Time, decision map[string]any) (applied bool, err error) {
-	md, err := json.Marshal(pgtext.CleanMap(decision))
-	if err != nil {
-		return false, fmt.Errorf("encode decision: %w", err)
-	}
-	tag, err := db.Exec(ctx, `
+	applied, err = schedule(ctx, db, `
 		UPDATE event_ingress_retries
 		SET retry_state = 'scheduled',
 		    scheduled_attempt = $2,
@@ -151,9 +149,24 @@ func ConfirmScheduled(ctx context.Context, db DB, eventID string, attempt int, n
 		  AND retry_state IN ('scheduled', 'due')
 		  AND $2 > attempts
 		  AND $2 >= scheduled_attempt`,
-		eventID, attempt, next.UTC(), string(md))
+		eventID, attempt, next, decision)
 	if err != nil {
 		return false, fmt.Errorf("confirm scheduled retry: %w", err)
+	}
+	return applied, nil
+}
+
+// schedule runs update, which schedules eventID's deferral ($1) for
+// attempt ($2) at next ($3) with the decision merged into its metadata
+// ($4), and reports whether it changed the row.
+func schedule(ctx context.Context, db DB, update, eventID string, attempt int, next time.Time, decision map[string]any) (bool, error) {
+	md, err := json.Marshal(pgtext.CleanMap(decision))
+	if err != nil {
+		return false, fmt.Errorf("encode decision: %w", err)
+	}
+	tag, err := db.Exec(ctx, update, eventID, attempt, next.UTC(), string(md))
+	if err != nil {
+		return false, err
 	}
 	return tag.RowsAffected() == 1, nil
 }
@@ -165,11 +178,7 @@ func ConfirmScheduled(ctx context.Context, db DB, eventID string, attempt int, n
 // replay) changes nothing. reopened says whether this one did. The caller
 // moves the event back to deferred.
 func ReopenRetry(ctx context.Context, db DB, eventID string, attempt int, next time.Time, decision map[string]any) (reopened bool, err error) {
-	md, err := json.Marshal(pgtext.CleanMap(decision))
-	if err != nil {
-		return false, fmt.Errorf("encode decision: %w", err)
-	}
-	tag, err := db.Exec(ctx, `
+	reopened, err = schedule(ctx, db, `
 		UPDATE event_ingress_retries
 		SET retry_state = 'scheduled',
 		    scheduled_attempt = $2,
@@ -180,11 +189,11 @@ func ReopenRetry(ctx context.Context, db DB, eventID string, attempt int, next t
 		  AND retry_state IN ('exhausted', 'cancelled')
 		  AND $2 > attempts
 		  AND $2 > scheduled_attempt`,
-		eventID, attempt, next.UTC(), string(md))
+		eventID, attempt, next, decision)
 	if err != nil {
 		return false, fmt.Errorf("reopen retry: %w", err)
 	}
-	return tag.RowsAffected() == 1, nil
+	return reopened, nil
 }
 
 // CompleteRetry marks a deferral admitted at attempt.
@@ -236,15 +245,8 @@ func Unconfirmed(ctx context.Context, db DB, olderThan time.Duration, limit int)
 		return nil, fmt.Errorf("find unconfirmed retries: %w", err)
 	}
 	defer rows.Close()
-	var out []Retry
-	for rows.Next() {
-		r, err := scanRetry(rows)
-		if err != nil {
-			return nil, fmt.Errorf("scan retry: %w", err)
-		}
-		out = append(out, r)
-	}
-	if err := rows.Err(); err != nil {
+	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Retry, error) { return scanRetry(row) })
+	if err != nil {
 		return nil, fmt.Errorf("find unconfirmed retries: %w", err)
 	}
 	return out, nil

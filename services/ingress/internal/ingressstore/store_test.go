@@ -39,6 +39,14 @@ func setup(t *testing.T) *bundle {
 	return &bundle{ctx: ctx, pool: pgtest.NewPool(t)}
 }
 
+// putSource stores a source's gate configuration.
+func (b *bundle) putSource(t *testing.T, c ingressstore.SourceConfig) ingressstore.Source {
+	t.Helper()
+	src, err := ingressstore.PutSource(b.ctx, b.pool, c)
+	require.NoError(t, err)
+	return src
+}
+
 // gate runs Gate for a new event in its own committed transaction, as the
 // service does, and returns the verdict; the event's id is the verdict's
 // key in b.ids.
@@ -152,8 +160,7 @@ func TestGateWithoutSourceRowAdmits(t *testing.T) {
 func TestGateRateLimitIsSharedByConcurrentTransactions(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	_, err := ingressstore.PutSource(b.ctx, b.pool, ingressstore.SourceConfig{Source: "billing", RateLimit: 3, RateWindow: time.Hour})
-	require.NoError(t, err)
+	b.putSource(t, ingressstore.SourceConfig{Source: "billing", RateLimit: 3, RateWindow: time.Hour})
 
 	// Ten "instances" evaluate at once; the window must hold exactly three.
 	var mu sync.Mutex
@@ -194,8 +201,7 @@ func TestGateRateLimitIsSharedByConcurrentTransactions(t *testing.T) {
 func TestGateSlotsAreOrderedAndPaced(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	_, err := ingressstore.PutSource(b.ctx, b.pool, ingressstore.SourceConfig{Source: "paced", RateLimit: 2, RateWindow: time.Hour})
-	require.NoError(t, err)
+	b.putSource(t, ingressstore.SourceConfig{Source: "paced", RateLimit: 2, RateWindow: time.Hour})
 	require.True(t, b.gate(t, "paced", "invoice.paid").Admitted)
 	require.True(t, b.gate(t, "paced", "invoice.paid").Admitted)
 	var prev time.Time
@@ -218,15 +224,14 @@ func TestGateSlotsAreOrderedAndPaced(t *testing.T) {
 
 	// A new window with room, but held events still wait for their
 	// slots: a new event queues behind them.
-	_, err = b.pool.Exec(b.ctx, `UPDATE event_source_windows SET admitted = 0`)
+	_, err := b.pool.Exec(b.ctx, `UPDATE event_source_windows SET admitted = 0`)
 	require.NoError(t, err)
 	require.False(t, b.gate(t, "paced", "invoice.paid").Admitted)
 	// The first held event, back at its slot, is admitted.
 	require.True(t, b.gateDue(t, "paced", ids[0]).Admitted)
 
 	// A limit change drops the slots: the next event is admitted again.
-	_, err = ingressstore.PutSource(b.ctx, b.pool, ingressstore.SourceConfig{Source: "paced", RateLimit: 5, RateWindow: time.Hour})
-	require.NoError(t, err)
+	b.putSource(t, ingressstore.SourceConfig{Source: "paced", RateLimit: 5, RateWindow: time.Hour})
 	require.True(t, b.gate(t, "paced", "invoice.paid").Admitted)
 }
 
@@ -240,8 +245,7 @@ func TestGateSlotsAreOrderedAndPaced(t *testing.T) {
 func TestGateSlotHolderKeepsItsPlaceWhenLate(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	_, err := ingressstore.PutSource(b.ctx, b.pool, ingressstore.SourceConfig{Source: "late", RateLimit: 1, RateWindow: time.Hour})
-	require.NoError(t, err)
+	b.putSource(t, ingressstore.SourceConfig{Source: "late", RateLimit: 1, RateWindow: time.Hour})
 	require.True(t, b.gate(t, "late", "invoice.paid").Admitted)
 	holder, v := b.gateID(t, "late", "invoice.paid")
 	require.False(t, v.Admitted)
@@ -258,7 +262,7 @@ func TestGateSlotHolderKeepsItsPlaceWhenLate(t *testing.T) {
 	}
 	slotAt(holder, 2*time.Minute)
 	earlyAt := slotAt(early, time.Minute)
-	_, err = b.pool.Exec(b.ctx, `UPDATE event_source_windows SET admitted = 0`)
+	_, err := b.pool.Exec(b.ctx, `UPDATE event_source_windows SET admitted = 0`)
 	require.NoError(t, err)
 	newcomer, vn := b.gateID(t, "late", "invoice.paid")
 	require.False(t, vn.Admitted, "a newcomer queues behind holders whose dues have not come")
@@ -321,8 +325,7 @@ func TestGateLateHoldersWaitForTheirTurnInLine(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	const window = 20 * time.Second
-	_, err := ingressstore.PutSource(b.ctx, b.pool, ingressstore.SourceConfig{Source: "line", RateLimit: 1, RateWindow: window})
-	require.NoError(t, err)
+	b.putSource(t, ingressstore.SourceConfig{Source: "line", RateLimit: 1, RateWindow: window})
 	require.True(t, b.gate(t, "line", "invoice.paid").Admitted)
 	first, v1 := b.gateID(t, "line", "invoice.paid")
 	second, v2 := b.gateID(t, "line", "invoice.paid")
@@ -330,7 +333,7 @@ func TestGateLateHoldersWaitForTheirTurnInLine(t *testing.T) {
 	require.False(t, v2.Admitted)
 
 	// Both slots have passed (their dues came late).
-	_, err = b.pool.Exec(b.ctx, `UPDATE event_source_holds SET slot_at = slot_at - interval '2 minutes'`)
+	_, err := b.pool.Exec(b.ctx, `UPDATE event_source_holds SET slot_at = slot_at - interval '2 minutes'`)
 	require.NoError(t, err)
 	place := func(id string) time.Time {
 		var at time.Time
@@ -390,14 +393,13 @@ func TestGateLateHoldersWaitForTheirTurnInLine(t *testing.T) {
 func TestGateHoldersDoNotPassAWaitingHolder(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	_, err := ingressstore.PutSource(b.ctx, b.pool, ingressstore.SourceConfig{Source: "pass", RateLimit: 5, RateWindow: 20 * time.Second})
-	require.NoError(t, err)
+	b.putSource(t, ingressstore.SourceConfig{Source: "pass", RateLimit: 5, RateWindow: 20 * time.Second})
 	for range 5 {
 		require.True(t, b.gate(t, "pass", "invoice.paid").Admitted)
 	}
 	first, _ := b.gateID(t, "pass", "invoice.paid")
 	second, _ := b.gateID(t, "pass", "invoice.paid")
-	_, err = b.pool.Exec(b.ctx, `UPDATE event_source_holds SET slot_at = slot_at - interval '2 minutes'`)
+	_, err := b.pool.Exec(b.ctx, `UPDATE event_source_holds SET slot_at = slot_at - interval '2 minutes'`)
 	require.NoError(t, err)
 	_, err = b.pool.Exec(b.ctx, `DELETE FROM event_source_windows`)
 	require.NoError(t, err)
@@ -421,8 +423,7 @@ func TestGateHoldersDoNotPassAWaitingHolder(t *testing.T) {
 func TestGateRejectedTransactionDoesNotCount(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	_, err := ingressstore.PutSource(b.ctx, b.pool, ingressstore.SourceConfig{Source: "billing", RateLimit: 1, RateWindow: time.Hour})
-	require.NoError(t, err)
+	b.putSource(t, ingressstore.SourceConfig{Source: "billing", RateLimit: 1, RateWindow: time.Hour})
 	tx, err := b.pool.Begin(b.ctx)
 	require.NoError(t, err)
 	v, err := ingressstore.Gate(b.ctx, tx, "billing", "invoice.paid", "ev-rolled-back")
@@ -440,8 +441,7 @@ func TestGateRejectedTransactionDoesNotCount(t *testing.T) {
 func TestGateRaceForTheLastRoomCountsOne(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	_, err := ingressstore.PutSource(b.ctx, b.pool, ingressstore.SourceConfig{Source: "race", RateLimit: 1, RateWindow: time.Hour})
-	require.NoError(t, err)
+	b.putSource(t, ingressstore.SourceConfig{Source: "race", RateLimit: 1, RateWindow: time.Hour})
 	var txs []pgx.Tx
 	var verdicts []ingressstore.Verdict
 	for _, id := range []string{"ev-a", "ev-b"} {
@@ -455,7 +455,7 @@ func TestGateRaceForTheLastRoomCountsOne(t *testing.T) {
 	}
 	require.NoError(t, ingressstore.CountAdmission(b.ctx, txs[0], verdicts[0]))
 	require.NoError(t, txs[0].Commit(b.ctx))
-	err = ingressstore.CountAdmission(b.ctx, txs[1], verdicts[1])
+	err := ingressstore.CountAdmission(b.ctx, txs[1], verdicts[1])
 	require.ErrorIs(t, err, ingressstore.ErrWindowFilled)
 	require.NoError(t, txs[1].Rollback(b.ctx))
 	var admitted int
@@ -500,11 +500,10 @@ func TestGatePause(t *testing.T) {
 func TestGateAllowedTypes(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	_, err := ingressstore.PutSource(b.ctx, b.pool, ingressstore.SourceConfig{Source: "billing", AllowedTypes: []string{"invoice.paid"}})
-	require.NoError(t, err)
+	b.putSource(t, ingressstore.SourceConfig{Source: "billing", AllowedTypes: []string{"invoice.paid"}})
 	require.True(t, b.gate(t, "billing", "invoice.paid").Admitted)
 
-	err = pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error {
+	err := pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error {
 		_, err := ingressstore.Gate(b.ctx, tx, "billing", "invoice.voided", "ev-voided")
 		return err
 	})
@@ -544,8 +543,7 @@ func TestSources(t *testing.T) {
 	require.NoError(t, err)
 	require.Nil(t, src.RateLimit, "put without a limit removes it")
 
-	_, err = ingressstore.PutSource(b.ctx, b.pool, ingressstore.SourceConfig{Source: "a"})
-	require.NoError(t, err)
+	b.putSource(t, ingressstore.SourceConfig{Source: "a"})
 	b.insertEvent(t, "e1", "a")
 	_, err = ingressstore.SetEventStatus(b.ctx, b.pool, "e1", ingressstore.StatusDeferred)
 	require.NoError(t, err)
@@ -674,9 +672,8 @@ func TestUnconfirmedSkipsRecentAndLockedRows(t *testing.T) {
 func TestPruneWindows(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	_, err := ingressstore.PutSource(b.ctx, b.pool, ingressstore.SourceConfig{Source: "s", RateLimit: 1, RateWindow: time.Minute})
-	require.NoError(t, err)
-	_, err = b.pool.Exec(b.ctx, `INSERT INTO event_source_windows (source, window_start, admitted) VALUES
+	b.putSource(t, ingressstore.SourceConfig{Source: "s", RateLimit: 1, RateWindow: time.Minute})
+	_, err := b.pool.Exec(b.ctx, `INSERT INTO event_source_windows (source, window_start, admitted) VALUES
 		('s', now() - interval '10 minutes', 1), ('s', now() - interval '30 seconds', 1), ('gone', now() - interval '2 minutes', 1)`)
 	require.NoError(t, err)
 	n, err := ingressstore.PruneWindows(b.ctx, b.pool, time.Minute)
@@ -694,8 +691,7 @@ func TestPruneWindows(t *testing.T) {
 func TestGateSlotsAreWholeMicroseconds(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	_, err := ingressstore.PutSource(b.ctx, b.pool, ingressstore.SourceConfig{Source: "odd", RateLimit: 7, RateWindow: time.Hour})
-	require.NoError(t, err)
+	b.putSource(t, ingressstore.SourceConfig{Source: "odd", RateLimit: 7, RateWindow: time.Hour})
 	for range 7 {
 		require.True(t, b.gate(t, "odd", "invoice.paid").Admitted)
 	}

@@ -348,17 +348,13 @@ func CountByStatus(ctx context.Context, db DB, triggerID string) (map[Status]int
 	if err != nil {
 		return nil, fmt.Errorf("count deliveries: %w", err)
 	}
-	defer rows.Close()
 	out := map[Status]int{}
-	for rows.Next() {
-		var s string
-		var n int
-		if err := rows.Scan(&s, &n); err != nil {
-			return nil, fmt.Errorf("count deliveries: %w", err)
-		}
+	var s string
+	var n int
+	if _, err := pgx.ForEachRow(rows, []any{&s, &n}, func() error {
 		out[Status(s)] = n
-	}
-	if err := rows.Err(); err != nil {
+		return nil
+	}); err != nil {
 		return nil, fmt.Errorf("count deliveries: %w", err)
 	}
 	return out, nil

@@ -137,15 +137,8 @@ func ExpireRuns(ctx context.Context, db DB, now time.Time, defaultTimeout time.D
 		return nil, fmt.Errorf("expire runs: %w", err)
 	}
 	defer rows.Close()
-	var out []Run
-	for rows.Next() {
-		r, err := scanRun(rows)
-		if err != nil {
-			return nil, fmt.Errorf("expire runs: %w", err)
-		}
-		out = append(out, r)
-	}
-	if err := rows.Err(); err != nil {
+	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Run, error) { return scanRun(row) })
+	if err != nil {
 		return nil, fmt.Errorf("expire runs: %w", err)
 	}
 	return out, nil

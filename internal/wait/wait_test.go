@@ -1,0 +1,33 @@
+package wait_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/retryd/retryd/internal/wait"
+)
+
+func TestSleep(t *testing.T) {
+	t.Parallel()
+	require.NoError(t, wait.Sleep(context.Background(), time.Millisecond))
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	start := time.Now()
+	require.ErrorIs(t, wait.Sleep(ctx, time.Hour), context.Canceled)
+	require.Less(t, time.Since(start), time.Minute, "an ended context ends the wait at once")
+}
+
+func TestGroup(t *testing.T) {
+	t.Parallel()
+	var wg sync.WaitGroup
+	require.NoError(t, wait.Group(context.Background(), &wg))
+	wg.Add(1)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	require.ErrorIs(t, wait.Group(ctx, &wg), context.Canceled, "a group still running")
+	wg.Done()
+}
