@@ -268,7 +268,7 @@ func TestGatewayWithTokens(t *testing.T) {
 	require.NoError(t, err)
 	health := &serve.Health{}
 	health.SetReady(true)
-	gw := httptest.NewServer(guard.Handler(gatewayHandler(upstreams{scheduler: up, ingress: up, triggers: up, jobs: up},
+	gw := httptest.NewServer(guard.Handler(gatewayHandler(upstreams{scheduler: up, ingress: up, triggers: up, jobs: up}, nil,
 		func(ctx context.Context) (dashboard.Summary, error) { return b.stack.Summary(ctx) },
 		prometheus.NewRegistry(), health, zerolog.Nop())))
 	t.Cleanup(gw.Close)

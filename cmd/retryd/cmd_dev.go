@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -96,6 +97,7 @@ func runDev(cmd *cobra.Command, g *globals, f devFlags) error {
 		}
 	}
 	cfg.Auth = authCfg
+	cfg.TLS = serve.TLSFromEnv()
 	switch f.natsSync {
 	case "always":
 		cfg.NATSSyncAlways = true
@@ -150,7 +152,15 @@ func runDev(cmd *cobra.Command, g *globals, f devFlags) error {
 	}
 	var dm *demo.Demo
 	if f.demo {
-		dm, err = demo.New(demo.Config{API: stack.URL(), Token: stack.AdminToken(), JS: stack.JS, Logger: log, Traffic: f.traffic})
+		// The demo calls the API over TLS too: it trusts the served
+		// certificate itself (self-signed, for 127.0.0.1) and --ca-file.
+		var clientTLS *tls.Config
+		if cfg.TLS.Enabled() {
+			clientTLS, err = serve.ClientTLS(cfg.TLS.CertFile, g.caFile)
+		}
+		if err == nil {
+			dm, err = demo.New(demo.Config{API: stack.URL(), Token: stack.AdminToken(), JS: stack.JS, Logger: log, Traffic: f.traffic, TLS: clientTLS})
+		}
 		if err == nil {
 			err = dm.Start(ctx)
 		}

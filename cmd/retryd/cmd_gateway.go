@@ -48,11 +48,14 @@ func (u upstreams) routes() []route {
 
 // gatewayHandler serves the dashboard and every service's API on one
 // origin, as `retryd dev` does in one process.
-func gatewayHandler(u upstreams, summary func(context.Context) (dashboard.Summary, error), reg prometheus.Gatherer, health *serve.Health, log zerolog.Logger) http.Handler {
+// transport (nil: the default) reaches the upstreams; it trusts
+// RETRYD_CA_FILE for services that serve HTTPS with a private CA.
+func gatewayHandler(u upstreams, transport http.RoundTripper, summary func(context.Context) (dashboard.Summary, error), reg prometheus.Gatherer, health *serve.Health, log zerolog.Logger) http.Handler {
 	mux := serve.NewMux(reg, health)
 	for _, rt := range u.routes() {
 		target := rt.target
 		proxy := &httputil.ReverseProxy{
+			Transport: transport,
 			Rewrite: func(r *httputil.ProxyRequest) {
 				r.SetURL(target)
 				r.SetXForwarded()
@@ -95,7 +98,11 @@ DATABASE_URL) the dashboard shows the counts of retries by state.
 Tokens (RETRYD_AUTH=tokens, the default) are passed on to the services,
 which check them; the gateway checks them too for its own routes, so it
 needs --database-url (SELECT, UPDATE on api_tokens). RETRYD_AUTH=off is
-allowed on a loopback --listen only.`,
+allowed on a loopback --listen only.
+
+RETRYD_HTTP_TLS_CERT and RETRYD_HTTP_TLS_KEY make it serve HTTPS; with
+https:// upstreams signed by a private CA, RETRYD_CA_FILE (--ca-file) names
+the CA to trust.`,
 		Example: `  retryd gateway --scheduler http://scheduler:8080 --ingress http://ingress:8081 --triggers http://triggers:8082`,
 		Args:    args(0),
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -120,6 +127,14 @@ allowed on a loopback --listen only.`,
 			authCfg, err := auth.FromEnv(nil)
 			if err != nil {
 				return usageErr(err)
+			}
+			tlsCfg, err := serve.TLSFromEnv().Server()
+			if err != nil {
+				return usageErr(err)
+			}
+			transport, err := g.transport()
+			if err != nil {
+				return err
 			}
 			if authCfg.Mode == auth.ModeTokens && dbURL == "" {
 				return usageErrorf(cmd, "%s=tokens (the default) needs --database-url (or DATABASE_URL) to check tokens; or %s=off on a loopback --listen", auth.EnvMode, auth.EnvMode)
@@ -152,9 +167,10 @@ allowed on a loopback --listen only.`,
 			if err != nil {
 				return fmt.Errorf("listen on %s: %w", listen, err)
 			}
-			srv := serve.NewServer("", guard.Handler(gatewayHandler(u, summary, reg, health, log)))
+			srv := serve.NewServer("", guard.Handler(gatewayHandler(u, transport, summary, reg, health, log)))
+			srv.TLSConfig = tlsCfg
 			health.SetReady(true)
-			fmt.Fprintf(g.stdout, "retryd gateway on http://%s (dashboard /ui/)\n", ln.Addr())
+			fmt.Fprintf(g.stdout, "retryd gateway on %s://%s (dashboard /ui/)\n", serve.TLSFromEnv().Scheme(), ln.Addr())
 			// Not ready first, so load balancers stop sending, then drain.
 			go func() {
 				<-ctx.Done()

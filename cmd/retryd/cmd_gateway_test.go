@@ -25,7 +25,7 @@ func TestGateway(t *testing.T) {
 	require.NoError(t, err)
 	health := &serve.Health{}
 	health.SetReady(true)
-	gw := httptest.NewServer(serve.Guard{}.Handler(gatewayHandler(upstreams{scheduler: up, ingress: up, triggers: up, jobs: down},
+	gw := httptest.NewServer(serve.Guard{}.Handler(gatewayHandler(upstreams{scheduler: up, ingress: up, triggers: up, jobs: down}, nil,
 		func(ctx context.Context) (dashboard.Summary, error) { return b.stack.Summary(ctx) },
 		prometheus.NewRegistry(), health, zerolog.Nop())))
 	t.Cleanup(gw.Close)

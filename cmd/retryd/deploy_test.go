@@ -378,7 +378,7 @@ func TestOperationsDocCoversEnvironment(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, mains, 3)
 	vars := map[string]bool{}
-	for _, f := range append(mains, "../../internal/natsconn/natsconn.go", "../../internal/auth/config.go", "root.go") {
+	for _, f := range append(mains, "../../internal/natsconn/natsconn.go", "../../internal/auth/config.go", "../../internal/serve/tls.go", "root.go") {
 		src, err := os.ReadFile(f)
 		require.NoError(t, err)
 		for _, m := range regexp.MustCompile(`"((?:RETRYD|NATS|DATABASE)_[A-Z_]+)"`).FindAllStringSubmatch(string(src), -1) {

@@ -8,6 +8,7 @@
 //	NATS_USER, NATS_PASSWORD, NATS_TOKEN,
 //	NATS_TLS_CERT, NATS_TLS_KEY, NATS_TLS_CA
 //	RETRYD_HTTP_ADDR                    listen address (default :8081)
+//	RETRYD_HTTP_TLS_CERT, RETRYD_HTTP_TLS_KEY  PEM certificate and key: serve HTTPS (both or neither)
 //	RETRYD_LOG_LEVEL                    debug, info (default), warn, error
 //	RETRYD_INGRESS_MIGRATE              apply migrations at start (default true)
 //	RETRYD_INGRESS_ENSURE_STREAMS       create missing streams at start (default true)
@@ -85,6 +86,8 @@ func run(ctx context.Context, log zerolog.Logger, ready func(addr string)) error
 	authCfg, err := auth.FromEnv(nil)
 	e.Add(err)
 	e.Add(authCfg.Validate(addr))
+	tlsCfg, err := serve.TLSFromEnv().Server()
+	e.Add(err)
 	if dbURL == "" {
 		e.Add(errors.New("DATABASE_URL is required"))
 	}
@@ -134,6 +137,7 @@ func run(ctx context.Context, log zerolog.Logger, ready func(addr string)) error
 	mux.Handle("/v1/", svc.Handler())
 	mux.Handle(serve.IndexPath, serve.IndexHandler(ingress.Routes()))
 	srv := serve.NewServer("", telemetry.Handler(guard.Handler(mux), "retryd-ingress"))
+	srv.TLSConfig = tlsCfg
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		_ = svc.Stop(context.Background())
