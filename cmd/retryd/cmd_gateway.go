@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -29,6 +30,9 @@ import (
 // upstreams are the services behind the gateway.
 type upstreams struct {
 	scheduler, ingress, triggers, jobs *url.URL
+	// ingressOperator serves ingress's operator routes when ingress keeps
+	// them on a listener of their own (RETRYD_OPERATOR_ADDR); nil: ingress.
+	ingressOperator *url.URL
 }
 
 // route is the API paths one service owns.
@@ -40,7 +44,8 @@ type route struct {
 func (u upstreams) routes() []route {
 	return []route{
 		{u.scheduler, []string{"/v1/retries", "/v1/retries/", "/v1/policies", "/v1/policies/", "/v1/tokens", "/v1/tokens/"}},
-		{u.ingress, []string{"/v1/events", "/v1/events/", "/v1/events:batch", "/v1/sources", "/v1/sources/"}},
+		{u.ingress, []string{"/v1/events", "/v1/events:batch"}},
+		{cmp.Or(u.ingressOperator, u.ingress), []string{"/v1/events/", "/v1/sources", "/v1/sources/"}},
 		{u.triggers, []string{"/v1/triggers", "/v1/triggers/", "/v1/deliveries/"}},
 		{u.jobs, []string{"/v1/jobs", "/v1/jobs/", "/v1/analytics/", "/v1/operations/"}},
 	}
@@ -83,14 +88,14 @@ func gatewayHandler(u upstreams, transport http.RoundTripper, summary func(conte
 }
 
 func newGatewayCmd(g *globals) *cobra.Command {
-	var listen, scheduler, ingress, triggers, jobsURL, dbURL string
+	var listen, scheduler, ingress, ingressOperator, triggers, jobsURL, dbURL string
 	cmd := &cobra.Command{
 		Use:   "gateway",
 		Short: "Serve the dashboard and every service's API on one address",
 		Long: `gateway puts the dashboard (/ui/) and the APIs of the separately deployed
 services behind one address, routing each path to the service that owns it:
 /v1/retries and /v1/policies to the scheduler, /v1/events and /v1/sources to
-ingress, /v1/triggers and /v1/deliveries to triggers, /v1/jobs,
+ingress (its operator routes to --ingress-operator when given), /v1/triggers and /v1/deliveries to triggers, /v1/jobs,
 /v1/analytics and /v1/operations to the jobs API (--jobs, by default the
 scheduler). The CLI's --api points at it. With --database-url (or
 DATABASE_URL) the dashboard shows the counts of retries by state.
@@ -111,9 +116,13 @@ the CA to trust.`,
 				name string
 				raw  string
 				dst  **url.URL
-			}{{"scheduler", scheduler, &u.scheduler}, {"ingress", ingress, &u.ingress}, {"triggers", triggers, &u.triggers}, {"jobs", jobsURL, &u.jobs}} {
+			}{{"scheduler", scheduler, &u.scheduler}, {"ingress", ingress, &u.ingress}, {"ingress-operator", ingressOperator, &u.ingressOperator},
+				{"triggers", triggers, &u.triggers}, {"jobs", jobsURL, &u.jobs}} {
 				if f.raw == "" && f.name == "jobs" {
 					f.raw = scheduler
+				}
+				if f.raw == "" && f.name == "ingress-operator" {
+					f.raw = ingress
 				}
 				p, err := url.Parse(f.raw)
 				if err != nil || (p.Scheme != "http" && p.Scheme != "https") || p.Host == "" {
@@ -186,6 +195,7 @@ the CA to trust.`,
 	f.StringVar(&listen, "listen", ":8080", "listen address")
 	f.StringVar(&scheduler, "scheduler", "http://127.0.0.1:8080", "scheduler base URL")
 	f.StringVar(&ingress, "ingress", "http://127.0.0.1:8081", "ingress base URL")
+	f.StringVar(&ingressOperator, "ingress-operator", "", "ingress's operator API base URL, when ingress serves it apart (RETRYD_OPERATOR_ADDR; default --ingress)")
 	f.StringVar(&triggers, "triggers", "http://127.0.0.1:8082", "triggers base URL")
 	f.StringVar(&jobsURL, "jobs", "", "jobs API base URL (default --scheduler)")
 	f.StringVar(&dbURL, "database-url", os.Getenv("DATABASE_URL"), "Postgres URL for the dashboard's counts (optional)")
