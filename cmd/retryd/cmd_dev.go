@@ -20,6 +20,7 @@ import (
 	"github.com/retryd/retryd/cmd/retryd/internal/devstack"
 	"github.com/retryd/retryd/internal/auth"
 	"github.com/retryd/retryd/internal/dashboard"
+	"github.com/retryd/retryd/internal/envvar"
 	"github.com/retryd/retryd/internal/serve"
 	"github.com/retryd/retryd/migrations/pgcluster"
 )
@@ -98,6 +99,11 @@ func runDev(cmd *cobra.Command, g *globals, f devFlags) error {
 	}
 	cfg.Auth = authCfg
 	cfg.TLS = serve.TLSFromEnv()
+	e := &envvar.Reader{}
+	cfg.IntakeRate, cfg.IntakeBurst = e.Float("RETRYD_INTAKE_RATE"), e.Int("RETRYD_INTAKE_BURST")
+	if err := e.Err(); err != nil {
+		return usageErr(err)
+	}
 	switch f.natsSync {
 	case "always":
 		cfg.NATSSyncAlways = true

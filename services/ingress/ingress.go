@@ -31,8 +31,9 @@ type Service struct {
 	relay     *outbox.Relay
 	consumers *durable.Group
 	handler   http.Handler
-	intake    http.Handler // intake routes only
-	operator  http.Handler // operator routes only
+	limiter   *callerLimiter // nil: no intake rate limit
+	intake    http.Handler   // intake routes only
+	operator  http.Handler   // operator routes only
 
 	mu      sync.Mutex
 	started bool
@@ -80,6 +81,9 @@ func New(cfg Config) (*Service, error) {
 	}, s.consumerSpecs()...)
 	if err != nil {
 		return nil, fmt.Errorf("ingress: %w", err)
+	}
+	if cfg.IntakeRate > 0 {
+		s.limiter = newCallerLimiter(cfg.IntakeRate, cfg.IntakeBurst, cfg.MaxIntakeCallers)
 	}
 	s.handler = s.mount(endpoints)
 	s.intake = s.mount(intakeEndpoints)

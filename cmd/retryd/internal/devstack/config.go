@@ -42,6 +42,11 @@ type Config struct {
 	// TLS makes the HTTP server serve HTTPS (RETRYD_HTTP_TLS_CERT and
 	// RETRYD_HTTP_TLS_KEY for retryd dev); zero serves plain HTTP.
 	TLS serve.TLSConfig
+	// IntakeRate and IntakeBurst limit intake per caller, as
+	// ingress.Config's (RETRYD_INTAKE_RATE, RETRYD_INTAKE_BURST); zero: no
+	// limit.
+	IntakeRate  float64
+	IntakeBurst int
 	// NATSHost and NATSPort are where the embedded NATS server listens.
 	// Default 127.0.0.1:4222; port -1 picks a free port.
 	NATSHost string

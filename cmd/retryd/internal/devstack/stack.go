@@ -277,7 +277,8 @@ func (s *Stack) startServices(ctx context.Context) error {
 	s.Scheduler = sched
 	s.onStop("scheduler", sched.Stop)
 
-	ing, err := ingress.New(ingress.Config{Pool: s.Pool, JS: s.JS, Logger: lg("ingress"), Registerer: reg})
+	ing, err := ingress.New(ingress.Config{Pool: s.Pool, JS: s.JS, Logger: lg("ingress"), Registerer: reg,
+		IntakeRate: s.cfg.IntakeRate, IntakeBurst: s.cfg.IntakeBurst})
 	if err != nil {
 		return fmt.Errorf("new ingress: %w", err)
 	}

@@ -12,6 +12,8 @@
 //	RETRYD_OPERATOR_ADDR                listen address of the operator API alone (default: none, on RETRYD_HTTP_ADDR)
 //	RETRYD_HTTP_TLS_CERT, RETRYD_HTTP_TLS_KEY  PEM certificate and key: serve HTTPS (both or neither)
 //	RETRYD_LOG_LEVEL                    debug, info (default), warn, error
+//	RETRYD_INTAKE_RATE                  intake requests a second per caller (token), 0 (default): no limit
+//	RETRYD_INTAKE_BURST                 requests at once above the rate (default: the rate rounded up)
 //	RETRYD_INGRESS_MIGRATE              apply migrations at start (default true)
 //	RETRYD_INGRESS_ENSURE_STREAMS       create missing streams at start (default true)
 //	RETRYD_INGRESS_MAX_BODY_BYTES       POST /v1/events body cap (default 1048576)
@@ -86,6 +88,8 @@ func run(ctx context.Context, log zerolog.Logger, ready func(addr, operatorAddr 
 		MaxBodyBytes:      e.Int64("RETRYD_INGRESS_MAX_BODY_BYTES"),
 		MaxBatchBodyBytes: e.Int64("RETRYD_INGRESS_MAX_BATCH_BODY_BYTES"),
 		MaxBatchEvents:    int(e.Int64("RETRYD_INGRESS_MAX_BATCH_EVENTS")),
+		IntakeRate:        e.Float("RETRYD_INTAKE_RATE"),
+		IntakeBurst:       e.Int("RETRYD_INTAKE_BURST"),
 		Concurrency:       int(e.Int64("RETRYD_INGRESS_CONCURRENCY")),
 		AckWait:           e.Duration("RETRYD_INGRESS_ACK_WAIT", 0),
 		PausedClass:       errclass.Class(os.Getenv("RETRYD_INGRESS_PAUSED_CLASS")),
