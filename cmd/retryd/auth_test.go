@@ -22,6 +22,7 @@ import (
 	"github.com/retryd/retryd/internal/dashboard"
 	"github.com/retryd/retryd/internal/serve"
 	"github.com/retryd/retryd/migrations/pgtest"
+	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/services/ingress"
 	"github.com/retryd/retryd/services/jobs"
 	"github.com/retryd/retryd/services/scheduler"
@@ -229,6 +230,35 @@ func TestDashboardSignIn(t *testing.T) {
 		poll(`document.getElementById("banner").hidden`),
 	))
 	require.False(t, eval[bool](t, ctx, `document.cookie.includes("rtd_")`), "the session cookie is HttpOnly")
+
+	// The admin sees who is signed in, a sign-out, and the actions on a
+	// pending retry.
+	id := contract.NewID()
+	b.fail(t, id, "ui_roles", 1, "timeout", "upstream timed out")
+	rowCancel := `document.querySelector('[data-test="row-cancel"]')`
+	require.NoError(t, chromedp.Do(ctx,
+		poll(`document.getElementById("whoami").textContent === "bootstrap (admin)"`),
+		poll(`!document.getElementById("signout").hidden`),
+		poll(rowCancel+` !== null && `+rowCancel+`.offsetParent !== null`),
+	))
+
+	// Signed out and in again as a viewer: the retry is listed, but no
+	// cancel or retry button is offered.
+	r := cli(t, "--api", b.api, "--token", b.stack.AdminToken(), "tokens", "create", "--name", "ui-viewer", "--role", "viewer")
+	require.Equal(t, exitOK, r.code, r.stderr)
+	viewer := strings.TrimSpace(r.stdout)
+	require.NoError(t, chromedp.Do(ctx,
+		chromedp.Click(chromedp.CSS(`[data-test="signout"]`)),
+		chromedp.WaitVisible(chromedp.CSS(dialogInput)),
+		chromedp.SetValue(chromedp.CSS(dialogInput), viewer),
+		chromedp.Click(chromedp.CSS(`[data-test="dialog-confirm"]`)),
+		poll(`document.getElementById("whoami").textContent === "ui-viewer (viewer)"`),
+		poll(`document.body.innerText.includes("`+id+`")`),
+	))
+	for _, sel := range []string{"row-cancel", "row-retry"} {
+		require.True(t, eval[bool](t, ctx, `[...document.querySelectorAll('[data-test="`+sel+`"]')].every((b) => b.offsetParent === null)`),
+			"a viewer is offered no %s", sel)
+	}
 }
 
 // retryd dev on a listener that is not loopback checks tokens: it prints
@@ -268,7 +298,7 @@ func TestGatewayWithTokens(t *testing.T) {
 	require.NoError(t, err)
 	health := &serve.Health{}
 	health.SetReady(true)
-	gw := httptest.NewServer(guard.Handler(gatewayHandler(upstreams{scheduler: up, ingress: up, triggers: up, jobs: up},
+	gw := httptest.NewServer(guard.Handler(gatewayHandler(upstreams{scheduler: up, ingress: up, triggers: up, jobs: up}, nil,
 		func(ctx context.Context) (dashboard.Summary, error) { return b.stack.Summary(ctx) },
 		prometheus.NewRegistry(), health, zerolog.Nop())))
 	t.Cleanup(gw.Close)

@@ -67,7 +67,11 @@ func newProbeCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return usageErrorf(cmd, "%v", err)
 			}
-			resp, err := http.DefaultClient.Do(req)
+			transport, err := g.transport()
+			if err != nil {
+				return err
+			}
+			resp, err := (&http.Client{Transport: transport}).Do(req)
 			if err != nil {
 				return fmt.Errorf("probe %s: %w", a[0], err)
 			}

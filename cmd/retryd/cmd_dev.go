@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -19,6 +20,7 @@ import (
 	"github.com/retryd/retryd/cmd/retryd/internal/devstack"
 	"github.com/retryd/retryd/internal/auth"
 	"github.com/retryd/retryd/internal/dashboard"
+	"github.com/retryd/retryd/internal/envvar"
 	"github.com/retryd/retryd/internal/serve"
 	"github.com/retryd/retryd/migrations/pgcluster"
 )
@@ -96,6 +98,12 @@ func runDev(cmd *cobra.Command, g *globals, f devFlags) error {
 		}
 	}
 	cfg.Auth = authCfg
+	cfg.TLS = serve.TLSFromEnv()
+	e := &envvar.Reader{}
+	cfg.IntakeRate, cfg.IntakeBurst = e.Float("RETRYD_INTAKE_RATE"), e.Int("RETRYD_INTAKE_BURST")
+	if err := e.Err(); err != nil {
+		return usageErr(err)
+	}
 	switch f.natsSync {
 	case "always":
 		cfg.NATSSyncAlways = true
@@ -150,7 +158,15 @@ func runDev(cmd *cobra.Command, g *globals, f devFlags) error {
 	}
 	var dm *demo.Demo
 	if f.demo {
-		dm, err = demo.New(demo.Config{API: stack.URL(), Token: stack.AdminToken(), JS: stack.JS, Logger: log, Traffic: f.traffic})
+		// The demo calls the API over TLS too: it trusts the served
+		// certificate itself (self-signed, for 127.0.0.1) and --ca-file.
+		var clientTLS *tls.Config
+		if cfg.TLS.Enabled() {
+			clientTLS, err = serve.ClientTLS(cfg.TLS.CertFile, g.caFile)
+		}
+		if err == nil {
+			dm, err = demo.New(demo.Config{API: stack.URL(), Token: stack.AdminToken(), JS: stack.JS, Logger: log, Traffic: f.traffic, TLS: clientTLS})
+		}
 		if err == nil {
 			err = dm.Start(ctx)
 		}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -29,6 +30,9 @@ import (
 // upstreams are the services behind the gateway.
 type upstreams struct {
 	scheduler, ingress, triggers, jobs *url.URL
+	// ingressOperator serves ingress's operator routes when ingress keeps
+	// them on a listener of their own (RETRYD_OPERATOR_ADDR); nil: ingress.
+	ingressOperator *url.URL
 }
 
 // route is the API paths one service owns.
@@ -40,7 +44,8 @@ type route struct {
 func (u upstreams) routes() []route {
 	return []route{
 		{u.scheduler, []string{"/v1/retries", "/v1/retries/", "/v1/policies", "/v1/policies/", "/v1/tokens", "/v1/tokens/"}},
-		{u.ingress, []string{"/v1/events", "/v1/events/", "/v1/events:batch", "/v1/sources", "/v1/sources/"}},
+		{u.ingress, []string{"/v1/events", "/v1/events:batch"}},
+		{cmp.Or(u.ingressOperator, u.ingress), []string{"/v1/events/", "/v1/sources", "/v1/sources/"}},
 		{u.triggers, []string{"/v1/triggers", "/v1/triggers/", "/v1/deliveries/"}},
 		{u.jobs, []string{"/v1/jobs", "/v1/jobs/", "/v1/analytics/", "/v1/operations/"}},
 	}
@@ -48,11 +53,14 @@ func (u upstreams) routes() []route {
 
 // gatewayHandler serves the dashboard and every service's API on one
 // origin, as `retryd dev` does in one process.
-func gatewayHandler(u upstreams, summary func(context.Context) (dashboard.Summary, error), reg prometheus.Gatherer, health *serve.Health, log zerolog.Logger) http.Handler {
+// transport (nil: the default) reaches the upstreams; it trusts
+// RETRYD_CA_FILE for services that serve HTTPS with a private CA.
+func gatewayHandler(u upstreams, transport http.RoundTripper, summary func(context.Context) (dashboard.Summary, error), reg prometheus.Gatherer, health *serve.Health, log zerolog.Logger) http.Handler {
 	mux := serve.NewMux(reg, health)
 	for _, rt := range u.routes() {
 		target := rt.target
 		proxy := &httputil.ReverseProxy{
+			Transport: transport,
 			Rewrite: func(r *httputil.ProxyRequest) {
 				r.SetURL(target)
 				r.SetXForwarded()
@@ -80,14 +88,14 @@ func gatewayHandler(u upstreams, summary func(context.Context) (dashboard.Summar
 }
 
 func newGatewayCmd(g *globals) *cobra.Command {
-	var listen, scheduler, ingress, triggers, jobsURL, dbURL string
+	var listen, scheduler, ingress, ingressOperator, triggers, jobsURL, dbURL string
 	cmd := &cobra.Command{
 		Use:   "gateway",
 		Short: "Serve the dashboard and every service's API on one address",
 		Long: `gateway puts the dashboard (/ui/) and the APIs of the separately deployed
 services behind one address, routing each path to the service that owns it:
 /v1/retries and /v1/policies to the scheduler, /v1/events and /v1/sources to
-ingress, /v1/triggers and /v1/deliveries to triggers, /v1/jobs,
+ingress (its operator routes to --ingress-operator when given), /v1/triggers and /v1/deliveries to triggers, /v1/jobs,
 /v1/analytics and /v1/operations to the jobs API (--jobs, by default the
 scheduler). The CLI's --api points at it. With --database-url (or
 DATABASE_URL) the dashboard shows the counts of retries by state.
@@ -95,7 +103,11 @@ DATABASE_URL) the dashboard shows the counts of retries by state.
 Tokens (RETRYD_AUTH=tokens, the default) are passed on to the services,
 which check them; the gateway checks them too for its own routes, so it
 needs --database-url (SELECT, UPDATE on api_tokens). RETRYD_AUTH=off is
-allowed on a loopback --listen only.`,
+allowed on a loopback --listen only.
+
+RETRYD_HTTP_TLS_CERT and RETRYD_HTTP_TLS_KEY make it serve HTTPS; with
+https:// upstreams signed by a private CA, RETRYD_CA_FILE (--ca-file) names
+the CA to trust.`,
 		Example: `  retryd gateway --scheduler http://scheduler:8080 --ingress http://ingress:8081 --triggers http://triggers:8082`,
 		Args:    args(0),
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -104,9 +116,13 @@ allowed on a loopback --listen only.`,
 				name string
 				raw  string
 				dst  **url.URL
-			}{{"scheduler", scheduler, &u.scheduler}, {"ingress", ingress, &u.ingress}, {"triggers", triggers, &u.triggers}, {"jobs", jobsURL, &u.jobs}} {
+			}{{"scheduler", scheduler, &u.scheduler}, {"ingress", ingress, &u.ingress}, {"ingress-operator", ingressOperator, &u.ingressOperator},
+				{"triggers", triggers, &u.triggers}, {"jobs", jobsURL, &u.jobs}} {
 				if f.raw == "" && f.name == "jobs" {
 					f.raw = scheduler
+				}
+				if f.raw == "" && f.name == "ingress-operator" {
+					f.raw = ingress
 				}
 				p, err := url.Parse(f.raw)
 				if err != nil || (p.Scheme != "http" && p.Scheme != "https") || p.Host == "" {
@@ -120,6 +136,14 @@ allowed on a loopback --listen only.`,
 			authCfg, err := auth.FromEnv(nil)
 			if err != nil {
 				return usageErr(err)
+			}
+			tlsCfg, err := serve.TLSFromEnv().Server()
+			if err != nil {
+				return usageErr(err)
+			}
+			transport, err := g.transport()
+			if err != nil {
+				return err
 			}
 			if authCfg.Mode == auth.ModeTokens && dbURL == "" {
 				return usageErrorf(cmd, "%s=tokens (the default) needs --database-url (or DATABASE_URL) to check tokens; or %s=off on a loopback --listen", auth.EnvMode, auth.EnvMode)
@@ -152,9 +176,10 @@ allowed on a loopback --listen only.`,
 			if err != nil {
 				return fmt.Errorf("listen on %s: %w", listen, err)
 			}
-			srv := serve.NewServer("", guard.Handler(gatewayHandler(u, summary, reg, health, log)))
+			srv := serve.NewServer("", guard.Handler(gatewayHandler(u, transport, summary, reg, health, log)))
+			srv.TLSConfig = tlsCfg
 			health.SetReady(true)
-			fmt.Fprintf(g.stdout, "retryd gateway on http://%s (dashboard /ui/)\n", ln.Addr())
+			fmt.Fprintf(g.stdout, "retryd gateway on %s://%s (dashboard /ui/)\n", serve.TLSFromEnv().Scheme(), ln.Addr())
 			// Not ready first, so load balancers stop sending, then drain.
 			go func() {
 				<-ctx.Done()
@@ -170,6 +195,7 @@ allowed on a loopback --listen only.`,
 	f.StringVar(&listen, "listen", ":8080", "listen address")
 	f.StringVar(&scheduler, "scheduler", "http://127.0.0.1:8080", "scheduler base URL")
 	f.StringVar(&ingress, "ingress", "http://127.0.0.1:8081", "ingress base URL")
+	f.StringVar(&ingressOperator, "ingress-operator", "", "ingress's operator API base URL, when ingress serves it apart (RETRYD_OPERATOR_ADDR; default --ingress)")
 	f.StringVar(&triggers, "triggers", "http://127.0.0.1:8082", "triggers base URL")
 	f.StringVar(&jobsURL, "jobs", "", "jobs API base URL (default --scheduler)")
 	f.StringVar(&dbURL, "database-url", os.Getenv("DATABASE_URL"), "Postgres URL for the dashboard's counts (optional)")

@@ -2,9 +2,11 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"strings"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -25,7 +27,7 @@ func TestGateway(t *testing.T) {
 	require.NoError(t, err)
 	health := &serve.Health{}
 	health.SetReady(true)
-	gw := httptest.NewServer(serve.Guard{}.Handler(gatewayHandler(upstreams{scheduler: up, ingress: up, triggers: up, jobs: down},
+	gw := httptest.NewServer(serve.Guard{}.Handler(gatewayHandler(upstreams{scheduler: up, ingress: up, triggers: up, jobs: down}, nil,
 		func(ctx context.Context) (dashboard.Summary, error) { return b.stack.Summary(ctx) },
 		prometheus.NewRegistry(), health, zerolog.Nop())))
 	t.Cleanup(gw.Close)
@@ -78,4 +80,35 @@ func TestProbeAndDevCerts(t *testing.T) {
 	require.Equal(t, exitOK, r.code)
 	require.Contains(t, r.stdout, "Kept the certificates")
 	require.Equal(t, exitUsage, cli(t, "dev-certs").code)
+}
+
+// With --ingress-operator, the gateway sends intake to --ingress and the
+// operator routes of ingress to --ingress-operator.
+func TestGatewayIngressOperatorUpstream(t *testing.T) {
+	t.Parallel()
+	upstream := func(name string) *url.URL {
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			serve.WriteJSON(w, http.StatusOK, map[string]string{"upstream": name, "path": r.URL.Path})
+		}))
+		t.Cleanup(srv.Close)
+		u, err := url.Parse(srv.URL)
+		require.NoError(t, err)
+		return u
+	}
+	intake, operator, other := upstream("intake"), upstream("operator"), upstream("other")
+	health := &serve.Health{}
+	gw := httptest.NewServer(serve.Guard{}.Handler(gatewayHandler(upstreams{scheduler: other, ingress: intake, ingressOperator: operator, triggers: other, jobs: other}, nil,
+		nil, prometheus.NewRegistry(), health, zerolog.Nop())))
+	t.Cleanup(gw.Close)
+	for path, want := range map[string]string{
+		"/v1/events": "intake", "/v1/events:batch": "intake",
+		"/v1/events/e1/cancel": "operator", "/v1/sources": "operator", "/v1/sources/shop/pause": "operator",
+	} {
+		resp, err := http.Post(gw.URL+path, "application/json", strings.NewReader(`{}`))
+		require.NoError(t, err)
+		var body map[string]string
+		require.NoError(t, json.NewDecoder(resp.Body).Decode(&body))
+		_ = resp.Body.Close()
+		require.Equal(t, want, body["upstream"], path)
+	}
 }

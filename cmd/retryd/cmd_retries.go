@@ -4,12 +4,15 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 	"net/url"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
+
+	"github.com/retryd/retryd/internal/serve"
 )
 
 func (g *globals) client() (*apiClient, error) {
@@ -18,6 +21,9 @@ func (g *globals) client() (*apiClient, error) {
 		return nil, err
 	}
 	c.token = g.token
+	if c.http.Transport, err = g.transport(); err != nil {
+		return nil, err
+	}
 	return c, nil
 }
 
@@ -43,6 +49,21 @@ func (g *globals) fetch(cmd *cobra.Command, path string, q url.Values, out any, 
 // doing wraps an error in what the command was doing.
 func doing(what string) func(error) error {
 	return func(err error) error { return fmt.Errorf("%s: %w", what, err) }
+}
+
+// transport is the HTTP transport of the CLI's requests: the default one,
+// or one that also trusts --ca-file (a private CA of an https API).
+func (g *globals) transport() (http.RoundTripper, error) {
+	tlsCfg, err := serve.ClientTLS(g.caFile)
+	if err != nil {
+		return nil, usageErr(fmt.Errorf("--ca-file: %w", err))
+	}
+	if tlsCfg == nil {
+		return http.DefaultTransport, nil
+	}
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	t.TLSClientConfig = tlsCfg
+	return t, nil
 }
 
 // retryStates are the states the API filters on.

@@ -136,6 +136,11 @@ func TestComposeFile(t *testing.T) {
 	for name, addr := range ports {
 		require.Contains(t, gw, "--"+name+" http://"+name+addr)
 	}
+	// Ingress's operator API has its own, unpublished port, which the
+	// gateway reaches; the published 8081 serves intake alone.
+	require.Equal(t, ":8083", dig(t, services, "ingress", "environment", "RETRYD_OPERATOR_ADDR"))
+	require.Contains(t, gw, "--ingress-operator http://ingress:8083")
+	require.Equal(t, []string{"${RETRYD_BIND:-127.0.0.1}:8081:8081"}, strs(t, dig(t, services, "ingress", "ports")))
 
 	// Every NATS password the server reads is given to it, and every
 	// service's password is the one the server has for its user.
@@ -329,6 +334,14 @@ func TestKubernetesManifests(t *testing.T) {
 		}
 	}
 	require.Equal(t, map[string]int{"retryd-ingress": 8081, "retryd-gateway": 8080}, open)
+	// Ingress's operator port is the gateway's alone.
+	fromGateway := policies["retryd-from-gateway"]
+	require.Contains(t, strs(t, dig(t, fromGateway, "podSelector", "matchExpressions").([]any)[0].(map[string]any)["values"]), "retryd-ingress")
+	var gwPorts []int
+	for _, p := range dig(t, fromGateway, "ingress").([]any)[0].(map[string]any)["ports"].([]any) {
+		gwPorts = append(gwPorts, dig(t, p, "port").(int))
+	}
+	require.Contains(t, gwPorts, 8083)
 }
 
 func checkDeployment(t *testing.T, doc map[string]any, name string, secrets map[string]map[string]any, binaries []string) {
@@ -378,7 +391,7 @@ func TestOperationsDocCoversEnvironment(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, mains, 3)
 	vars := map[string]bool{}
-	for _, f := range append(mains, "../../internal/natsconn/natsconn.go", "../../internal/auth/config.go", "root.go") {
+	for _, f := range append(mains, "../../internal/natsconn/natsconn.go", "../../internal/auth/config.go", "../../internal/serve/tls.go", "root.go") {
 		src, err := os.ReadFile(f)
 		require.NoError(t, err)
 		for _, m := range regexp.MustCompile(`"((?:RETRYD|NATS|DATABASE)_[A-Z_]+)"`).FindAllStringSubmatch(string(src), -1) {

@@ -22,6 +22,7 @@ const (
 const (
 	envAPI         = "RETRYD_API"
 	envToken       = "RETRYD_TOKEN"
+	envCAFile      = "RETRYD_CA_FILE"
 	defaultAPI     = "http://127.0.0.1:8080"
 	defaultTimeout = 30 * time.Second
 )
@@ -30,6 +31,7 @@ const (
 type globals struct {
 	api     string
 	token   string
+	caFile  string
 	json    bool
 	timeout time.Duration
 	stdout  io.Writer
@@ -61,6 +63,7 @@ Exit codes: 0 ok, 1 the operation failed, 2 usage error.`,
 	pf := root.PersistentFlags()
 	pf.StringVar(&g.api, "api", api, "retryd API base URL (env "+envAPI+")")
 	pf.StringVar(&g.token, "token", os.Getenv(envToken), "API token, sent as Authorization: Bearer (env "+envToken+")")
+	pf.StringVar(&g.caFile, "ca-file", os.Getenv(envCAFile), "PEM file of CAs to trust for an https --api, besides the system's (env "+envCAFile+")")
 	pf.BoolVar(&g.json, "json", false, "print JSON instead of tables")
 	pf.DurationVar(&g.timeout, "timeout", defaultTimeout, "timeout of each API request")
 

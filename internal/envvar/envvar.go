@@ -6,6 +6,7 @@ package envvar
 import (
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"strconv"
 	"time"
@@ -78,6 +79,20 @@ func (r *Reader) Int64(name string) int64 {
 		return 0
 	}
 	return n
+}
+
+// Float returns a non-negative finite number such as 2.5, 0 when unset.
+func (r *Reader) Float(name string) float64 {
+	v := r.get(name)
+	if v == "" {
+		return 0
+	}
+	f, err := strconv.ParseFloat(v, 64)
+	if err != nil || f < 0 || math.IsInf(f, 0) || math.IsNaN(f) {
+		r.Add(fmt.Errorf("%s must be a non-negative number, got %q", name, v))
+		return 0
+	}
+	return f
 }
 
 // Duration returns a Go duration such as 30s, def when unset.

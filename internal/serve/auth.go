@@ -207,6 +207,8 @@ func (g Guard) Handler(h http.Handler) http.Handler {
 		case r.URL.Path == LogoutPath && r.Method == http.MethodPost:
 			http.SetCookie(w, sessionCookie(r, "", -1))
 			w.WriteHeader(http.StatusNoContent)
+		case r.URL.Path == WhoamiPath && r.Method == http.MethodGet:
+			g.whoami(w, r, st)
 		default:
 			h.ServeHTTP(w, r)
 		}
@@ -214,11 +216,13 @@ func (g Guard) Handler(h http.Handler) http.Handler {
 }
 
 // The dashboard's sign-in: POST LoginPath {"token": "rtd_…"} checks the
-// token and sets it as the SessionCookie; POST LogoutPath clears it. Guard
-// serves them itself, as it holds the verifier.
+// token and sets it as the SessionCookie; POST LogoutPath clears it; GET
+// WhoamiPath says who the request is. Guard serves them itself, as it
+// holds the verifier, so every binary answers them alike.
 const (
 	LoginPath  = "/login"
 	LogoutPath = "/logout"
+	WhoamiPath = "/v1/whoami"
 	// SessionMaxAge is how long a browser keeps the session cookie; the
 	// token's own expiry and revocation still apply on every request.
 	SessionMaxAge = 12 * 60 * 60
@@ -261,6 +265,45 @@ func (g Guard) login(w http.ResponseWriter, r *http.Request) {
 	WriteJSON(w, http.StatusOK, p)
 }
 
+// Whoami is the answer of GET WhoamiPath.
+type Whoami struct {
+	Principal
+	// Session is true when the token came from the session cookie (the
+	// dashboard's sign-in), so signing out means something.
+	Session bool `json:"session"`
+}
+
+// whoami answers who the request's principal is, or 401 without one: the
+// dashboard reads it to hide what the role may not do and to offer a
+// sign-out. It needs no role, so any valid token may ask.
+func (g Guard) whoami(w http.ResponseWriter, r *http.Request, st *authState) {
+	if refuseUnauthenticated(w, st) {
+		return
+	}
+	_, cookieErr := r.Cookie(SessionCookie)
+	session := g.Verifier != nil && r.Header.Get("Authorization") == "" && cookieErr == nil
+	w.Header().Set("Cache-Control", "no-store")
+	WriteJSON(w, http.StatusOK, Whoami{Principal: st.principal, Session: session})
+}
+
+// refuseUnauthenticated answers 401 (no or a bad credential) or 503 (the
+// check failed) and returns true when the request has no principal.
+func refuseUnauthenticated(w http.ResponseWriter, st *authState) bool {
+	switch {
+	case st == nil:
+		unauthenticated(w, errNoCredential)
+	case !st.ok && (errors.Is(st.err, errNoCredential) || errors.Is(st.err, ErrBadCredential)):
+		unauthenticated(w, st.err)
+	case !st.ok:
+		WriteJSON(w, http.StatusServiceUnavailable, ErrorBody{Error: ErrorDetail{
+			Code: CodeAuthUnavailable, Message: "could not check the token; try again",
+		}})
+	default:
+		return false
+	}
+	return true
+}
+
 // bearer returns the request's token: the Authorization header's bearer
 // token, else the session cookie.
 func bearer(r *http.Request) string {
@@ -291,14 +334,7 @@ func Require(need Role, h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		st, _ := r.Context().Value(authKey{}).(*authState)
 		switch {
-		case st == nil:
-			unauthenticated(w, errNoCredential)
-		case !st.ok && errors.Is(st.err, errNoCredential), !st.ok && errors.Is(st.err, ErrBadCredential):
-			unauthenticated(w, st.err)
-		case !st.ok:
-			WriteJSON(w, http.StatusServiceUnavailable, ErrorBody{Error: ErrorDetail{
-				Code: CodeAuthUnavailable, Message: "could not check the token; try again",
-			}})
+		case refuseUnauthenticated(w, st):
 		case !st.principal.Role.Allows(need):
 			WriteJSON(w, http.StatusForbidden, ErrorBody{Error: ErrorDetail{
 				Code: CodeForbidden,

@@ -75,7 +75,7 @@ func TestGuardAndRequire(t *testing.T) {
 	t.Parallel()
 	mux := serve.NewMux(nil, nil)
 	serve.Mount(mux, &greeter{name: "g"}, greeterEndpoints)
-	mux.Handle("GET /v1/whoami", serve.Require(serve.RoleProducer, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	mux.Handle("GET /v1/produce", serve.Require(serve.RoleProducer, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		p, ok := serve.PrincipalFrom(r.Context())
 		require.True(t, ok)
 		serve.WriteJSON(w, http.StatusOK, p)
@@ -111,8 +111,8 @@ func TestGuardAndRequire(t *testing.T) {
 		{"GET", "/v1/hello/ann", "Bearer p", 403},
 		{"POST", "/v1/hello", "Bearer v", 403},
 		{"POST", "/v1/hello", "Bearer o", 200},
-		{"GET", "/v1/whoami", "Bearer p", 200},
-		{"GET", "/v1/whoami", "Bearer o", 403},
+		{"GET", "/v1/produce", "Bearer p", 200},
+		{"GET", "/v1/produce", "Bearer o", 403},
 	} {
 		rec := do(tc.method, tc.path, tc.auth)
 		require.Equal(t, tc.code, rec.Code, "%s %s with %q: %s", tc.method, tc.path, tc.auth, rec.Body)
@@ -124,7 +124,7 @@ func TestGuardAndRequire(t *testing.T) {
 			require.Contains(t, rec.Body.String(), `"code":"forbidden"`)
 		}
 	}
-	require.JSONEq(t, `{"name":"shop","role":"producer"}`, do("GET", "/v1/whoami", "Bearer p").Body.String())
+	require.JSONEq(t, `{"name":"shop","role":"producer"}`, do("GET", "/v1/produce", "Bearer p").Body.String())
 
 	// A route behind no guard refuses: secure by default.
 	rec := httptest.NewRecorder()
@@ -209,4 +209,36 @@ func TestGuardLogin(t *testing.T) {
 	rec = post("/logout", "")
 	require.Equal(t, http.StatusNoContent, rec.Code)
 	require.Equal(t, -1, rec.Result().Cookies()[0].MaxAge)
+}
+
+// GET /v1/whoami: any valid token learns its name and role, and whether it
+// came from the session cookie; no token is 401.
+func TestWhoami(t *testing.T) {
+	t.Parallel()
+	h := serve.Guard{Verifier: tokens{"v": {Name: "ci-viewer", Role: serve.RoleViewer}, "p": {Name: "shop", Role: serve.RoleProducer}}}.
+		Handler(serve.NewMux(nil, nil))
+	do := func(auth, cookie string) *httptest.ResponseRecorder {
+		req := httptest.NewRequest(http.MethodGet, serve.WhoamiPath, nil)
+		if auth != "" {
+			req.Header.Set("Authorization", auth)
+		}
+		if cookie != "" {
+			req.AddCookie(&http.Cookie{Name: serve.SessionCookie, Value: cookie})
+		}
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		return rec
+	}
+	rec := do("", "")
+	require.Equal(t, http.StatusUnauthorized, rec.Code)
+	require.Contains(t, rec.Header().Get("WWW-Authenticate"), "Bearer")
+	require.Equal(t, http.StatusUnauthorized, do("Bearer nope", "").Code)
+	require.Equal(t, http.StatusServiceUnavailable, do("Bearer broken", "").Code)
+	require.JSONEq(t, `{"name":"shop","role":"producer","session":false}`, do("Bearer p", "").Body.String())
+	require.JSONEq(t, `{"name":"ci-viewer","role":"viewer","session":true}`, do("", "v").Body.String())
+
+	// Authentication off: the local admin, no session to end.
+	rec = httptest.NewRecorder()
+	serve.Guard{}.Handler(serve.NewMux(nil, nil)).ServeHTTP(rec, httptest.NewRequest(http.MethodGet, serve.WhoamiPath, nil))
+	require.JSONEq(t, `{"name":"local","role":"admin","session":false}`, rec.Body.String())
 }

@@ -35,11 +35,20 @@ func Run(ctx context.Context, srv *http.Server, log zerolog.Logger) error {
 }
 
 // Serve is Run on a listener the caller opened (e.g. on port 0, to learn
-// the address first). It closes ln.
+// the address first). It closes ln. With srv.TLSConfig set (see
+// TLSConfig.Server) it serves HTTPS only: a plain HTTP request gets 400.
 func Serve(ctx context.Context, srv *http.Server, ln net.Listener, log zerolog.Logger) error {
-	log.Info().Str("addr", ln.Addr().String()).Msg("http server listening")
+	tlsOn := srv.TLSConfig != nil
+	log.Info().Str("addr", ln.Addr().String()).Bool("tls", tlsOn).Msg("http server listening")
 	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ln) }()
+	go func() {
+		if tlsOn {
+			// The certificates are in srv.TLSConfig.
+			errc <- srv.ServeTLS(ln, "", "")
+			return
+		}
+		errc <- srv.Serve(ln)
+	}()
 
 	select {
 	case err := <-errc:

@@ -3,6 +3,7 @@ package ingress
 import (
 	"errors"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -80,6 +81,18 @@ type Config struct {
 	MaxBatchEvents int
 	// PublishTimeout bounds the wait for JetStream's PubAck on intake.
 	PublishTimeout time.Duration
+	// IntakeRate is how many intake requests (POST /v1/events or
+	// /v1/events:batch, each one request) a second one caller (a token's
+	// name) may send; above it intake answers 429 with Retry-After. Zero
+	// is no limit. It guards the intake path itself; the sources' rate
+	// limits (the gate) decide when events are admitted.
+	IntakeRate float64
+	// IntakeBurst is how many requests a caller may send at once above
+	// IntakeRate. Default: IntakeRate rounded up, at least 1.
+	IntakeBurst int
+	// MaxIntakeCallers bounds the callers whose rate is tracked
+	// (DefaultMaxIntakeCallers); the least recently seen is forgotten.
+	MaxIntakeCallers int
 	// SourceCacheTTL is how long intake trusts its copy of a source's
 	// allowed types; the gate always checks the database.
 	SourceCacheTTL time.Duration
@@ -146,6 +159,10 @@ func (c *Config) validate() error {
 	setDefault(&c.WindowRetention, DefaultWindowRetention)
 	setDefault(&c.InboxRetention, DefaultInboxRetention)
 	setDefault(&c.MaxSourceLabels, DefaultMaxSourceLabels)
+	setDefault(&c.MaxIntakeCallers, DefaultMaxIntakeCallers)
+	if c.IntakeRate > 0 && c.IntakeBurst == 0 {
+		c.IntakeBurst = max(1, int(math.Ceil(c.IntakeRate)))
+	}
 	if c.PausedClass == "" {
 		c.PausedClass = errclass.Temporary
 	}
@@ -170,6 +187,9 @@ func (c *Config) validate() error {
 	check(c.ReconcileInterval > 0, "Config.ReconcileInterval must be positive, got %s", c.ReconcileInterval)
 	check(c.ReconcileAfter > 0, "Config.ReconcileAfter must be positive, got %s", c.ReconcileAfter)
 	check(c.WindowRetention > 0, "Config.WindowRetention must be positive, got %s", c.WindowRetention)
+	check(c.IntakeRate >= 0 && !math.IsInf(c.IntakeRate, 0) && !math.IsNaN(c.IntakeRate), "Config.IntakeRate must be a non-negative number, got %v", c.IntakeRate)
+	check(c.IntakeBurst >= 0, "Config.IntakeBurst must not be negative, got %d", c.IntakeBurst)
+	check(c.MaxIntakeCallers > 0, "Config.MaxIntakeCallers must be positive, got %d", c.MaxIntakeCallers)
 	check(c.MaxSourceLabels > 0, "Config.MaxSourceLabels must be positive, got %d", c.MaxSourceLabels)
 	if c.Streams != nil {
 		if err := c.Streams.Validate(); err != nil {

@@ -31,6 +31,9 @@ type Service struct {
 	relay     *outbox.Relay
 	consumers *durable.Group
 	handler   http.Handler
+	limiter   *callerLimiter // nil: no intake rate limit
+	intake    http.Handler   // intake routes only
+	operator  http.Handler   // operator routes only
 
 	mu      sync.Mutex
 	started bool
@@ -79,7 +82,12 @@ func New(cfg Config) (*Service, error) {
 	if err != nil {
 		return nil, fmt.Errorf("ingress: %w", err)
 	}
-	s.handler = s.routes()
+	if cfg.IntakeRate > 0 {
+		s.limiter = newCallerLimiter(cfg.IntakeRate, cfg.IntakeBurst, cfg.MaxIntakeCallers)
+	}
+	s.handler = s.mount(endpoints)
+	s.intake = s.mount(intakeEndpoints)
+	s.operator = s.mount(operatorEndpoints)
 	return s, nil
 }
 
@@ -87,6 +95,14 @@ func New(cfg Config) (*Service, error) {
 // internal/serve's /healthz, /readyz and /metrics, behind a serve.Guard:
 // each route answers only a principal with the role it names.
 func (s *Service) Handler() http.Handler { return s.handler }
+
+// IntakeHandler serves the intake routes alone, for a listener producers
+// reach; every other path is 404.
+func (s *Service) IntakeHandler() http.Handler { return s.intake }
+
+// OperatorHandler serves the operator routes alone, for a listener only
+// operators and the gateway reach; intake paths are 404.
+func (s *Service) OperatorHandler() http.Handler { return s.operator }
 
 func (s *Service) consumerSpecs() []durable.Spec {
 	spec := func(stream string, h durable.Handler, workers int, name string, filters ...string) durable.Spec {

@@ -57,6 +57,9 @@ func readBody(w http.ResponseWriter, r *http.Request, limit int64) (*bytes.Buffe
 
 // postEvent is POST /v1/events: one producer event, 202 after the PubAck.
 func (s *Service) postEvent(w http.ResponseWriter, r *http.Request) {
+	if !s.allowIntake(w, r) {
+		return
+	}
 	start := time.Now()
 	defer func() { s.metrics.intakeLatency.Observe(time.Since(start).Seconds()) }()
 	buf, err := readBody(w, r, s.cfg.MaxBodyBytes)
@@ -215,6 +218,9 @@ type BatchResponse struct {
 // after every PubAck; when some could not be stored the answer is 503 and
 // each result says whether its event was stored.
 func (s *Service) postBatch(w http.ResponseWriter, r *http.Request) {
+	if !s.allowIntake(w, r) {
+		return
+	}
 	var req batchRequest
 	if err := serve.DecodeJSON(r, s.cfg.MaxBatchBodyBytes, &req); err != nil {
 		s.reject(w, "", err)

@@ -37,6 +37,7 @@ type metrics struct {
 	retries       *prometheus.CounterVec
 	malformed     *prometheus.CounterVec
 	reconciled    prometheus.Counter
+	rateLimited   prometheus.Counter
 
 	sources *sourceLabels
 }
@@ -73,9 +74,13 @@ func newMetrics(reg prometheus.Registerer, maxSources int) (*metrics, error) {
 			Namespace: ns, Subsystem: sub, Name: "reconciled_total",
 			Help: "Failed events published again for deferrals the scheduler had not confirmed.",
 		}),
+		rateLimited: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "intake_rate_limited_total",
+			Help: "Intake requests refused with 429 because their caller (token) sent more than RETRYD_INTAKE_RATE allows.",
+		}),
 		sources: &sourceLabels{max: maxSources, seen: map[string]struct{}{}},
 	}
-	for _, c := range []prometheus.Collector{m.intake, m.intakeLatency, m.gate, m.deferrals, m.retries, m.malformed, m.reconciled} {
+	for _, c := range []prometheus.Collector{m.intake, m.intakeLatency, m.gate, m.deferrals, m.retries, m.malformed, m.reconciled, m.rateLimited} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -42,12 +42,36 @@ var endpoints = []serve.Endpoint[*Service]{
 		Description: "Resume a paused source; its held events come back now, in arrival order."}, Serve: (*Service).resumeSource},
 }
 
+// intakeEndpoints are the producers' routes; the rest are the operators'.
+// They may be served on different listeners (IntakeHandler,
+// OperatorHandler), so the port producers reach exposes nothing else.
+var intakeEndpoints, operatorEndpoints = splitEndpoints()
+
+func splitEndpoints() (intake, operator []serve.Endpoint[*Service]) {
+	for _, e := range endpoints {
+		if e.Role == serve.RoleProducer {
+			intake = append(intake, e)
+		} else {
+			operator = append(operator, e)
+		}
+	}
+	return intake, operator
+}
+
 // Routes lists the intake and operator API, for the index at GET /v1/.
 func Routes() []serve.Route { return serve.Routes(endpoints) }
 
-func (s *Service) routes() http.Handler {
+// IntakeRoutes lists the intake API alone (POST /v1/events and
+// /v1/events:batch).
+func IntakeRoutes() []serve.Route { return serve.Routes(intakeEndpoints) }
+
+// OperatorRoutes lists the operator API alone (events' reads and cancel,
+// sources).
+func OperatorRoutes() []serve.Route { return serve.Routes(operatorEndpoints) }
+
+func (s *Service) mount(eps []serve.Endpoint[*Service]) http.Handler {
 	mux := http.NewServeMux()
-	serve.Mount(mux, s, endpoints)
+	serve.Mount(mux, s, eps)
 	return mux
 }
 

@@ -3,6 +3,7 @@ package demo
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -17,8 +18,12 @@ type client struct {
 	http  *http.Client
 }
 
-func newClient(base, token string) *client {
-	return &client{base: base, token: token, http: &http.Client{Timeout: 10 * time.Second}}
+func newClient(base, token string, tlsCfg *tls.Config) *client {
+	c := &http.Client{Timeout: 10 * time.Second}
+	if tlsCfg != nil {
+		c.Transport = &http.Transport{TLSClientConfig: tlsCfg}
+	}
+	return &client{base: base, token: token, http: c}
 }
 
 // statusError is a non-2xx answer.

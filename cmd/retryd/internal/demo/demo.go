@@ -8,6 +8,7 @@ package demo
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -48,6 +49,9 @@ type Config struct {
 	// Traffic scales every producer's rate. Default 1 (about 3.3 events and
 	// 2.5 jobs per second).
 	Traffic float64
+	// TLS is the client configuration for an https API; nil uses the
+	// defaults.
+	TLS *tls.Config
 }
 
 // Demo is the traffic generator.
@@ -75,7 +79,7 @@ func New(cfg Config) (*Demo, error) {
 	if cfg.Traffic < 0 || cfg.Traffic > 100 {
 		return nil, fmt.Errorf("demo: Config.Traffic must be between 0 and 100, got %v", cfg.Traffic)
 	}
-	return &Demo{cfg: cfg, api: newClient(cfg.API, cfg.Token), log: cfg.Logger.With().Str("component", "demo").Logger()}, nil
+	return &Demo{cfg: cfg, api: newClient(cfg.API, cfg.Token, cfg.TLS), log: cfg.Logger.With().Str("component", "demo").Logger()}, nil
 }
 
 // Start sets up the demo's policies, sources and trigger through the API,

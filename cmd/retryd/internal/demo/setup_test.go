@@ -49,7 +49,7 @@ func newFake(t *testing.T, f *fakeSources) *Demo {
 	mux.Handle("/v1/sources/{source}/{action}", f)
 	srv := httptest.NewServer(mux)
 	t.Cleanup(srv.Close)
-	return &Demo{api: newClient(srv.URL, ""), log: zerolog.Nop()}
+	return &Demo{api: newClient(srv.URL, "", nil), log: zerolog.Nop()}
 }
 
 // The demo configures its sources on the first start only: a source that

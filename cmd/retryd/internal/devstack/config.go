@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"github.com/retryd/retryd/internal/auth"
+	"github.com/retryd/retryd/internal/serve"
 	"io"
 	"time"
 
@@ -38,6 +39,14 @@ type Config struct {
 	// caller. Off is refused on a HTTPAddr that is not loopback. With
 	// tokens and no AdminToken the stack makes one (Stack.AdminToken).
 	Auth auth.Config
+	// TLS makes the HTTP server serve HTTPS (RETRYD_HTTP_TLS_CERT and
+	// RETRYD_HTTP_TLS_KEY for retryd dev); zero serves plain HTTP.
+	TLS serve.TLSConfig
+	// IntakeRate and IntakeBurst limit intake per caller, as
+	// ingress.Config's (RETRYD_INTAKE_RATE, RETRYD_INTAKE_BURST); zero: no
+	// limit.
+	IntakeRate  float64
+	IntakeBurst int
 	// NATSHost and NATSPort are where the embedded NATS server listens.
 	// Default 127.0.0.1:4222; port -1 picks a free port.
 	NATSHost string
@@ -83,6 +92,9 @@ func (c *Config) validate() error {
 	}
 	if err := c.Auth.Validate(c.HTTPAddr); err != nil {
 		return fmt.Errorf("HTTPAddr: %w", err)
+	}
+	if err := c.TLS.Validate(); err != nil {
+		return fmt.Errorf("TLS: %w", err)
 	}
 	if c.NATSHost == "" {
 		c.NATSHost = DefaultNATSHost

@@ -277,7 +277,8 @@ func (s *Stack) startServices(ctx context.Context) error {
 	s.Scheduler = sched
 	s.onStop("scheduler", sched.Stop)
 
-	ing, err := ingress.New(ingress.Config{Pool: s.Pool, JS: s.JS, Logger: lg("ingress"), Registerer: reg})
+	ing, err := ingress.New(ingress.Config{Pool: s.Pool, JS: s.JS, Logger: lg("ingress"), Registerer: reg,
+		IntakeRate: s.cfg.IntakeRate, IntakeBurst: s.cfg.IntakeBurst})
 	if err != nil {
 		return fmt.Errorf("new ingress: %w", err)
 	}
@@ -351,12 +352,17 @@ func (s *Stack) startHTTP(ctx context.Context) error {
 		return err
 	}
 	s.tokens = tokens
+	tlsCfg, err := s.cfg.TLS.Server()
+	if err != nil {
+		return err
+	}
 	ln, err := net.Listen("tcp", s.cfg.HTTPAddr)
 	if err != nil {
 		return fmt.Errorf("listen on %s (is it taken? use --http): %w", s.cfg.HTTPAddr, err)
 	}
 	s.httpAddr = ln.Addr()
 	srv := serve.NewServer("", telemetry.Handler(guard.Handler(s.routes()), "retryd"))
+	srv.TLSConfig = tlsCfg
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- serve.Serve(ctx, srv, ln, s.log.With().Str("component", "http").Logger()) }()
@@ -410,12 +416,13 @@ func (s *Stack) AdminToken() string {
 // AuthMode is whether the HTTP server checks tokens.
 func (s *Stack) AuthMode() auth.Mode { return s.cfg.Auth.Mode }
 
-// URL is the base URL of the HTTP server, e.g. http://127.0.0.1:8080.
+// URL is the base URL of the HTTP server, e.g. http://127.0.0.1:8080
+// (https:// with TLS).
 func (s *Stack) URL() string {
 	if s.httpAddr == nil {
 		return ""
 	}
-	return "http://" + displayAddr(s.httpAddr)
+	return s.cfg.TLS.Scheme() + "://" + displayAddr(s.httpAddr)
 }
 
 // NATSURL is the client URL of the embedded NATS server.

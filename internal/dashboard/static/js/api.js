@@ -78,6 +78,10 @@ const jt = (jobType) => (jobType ? seg(jobType) : "_");
 
 export const api = {
   summary: () => call("GET", "api/summary", { local: true }),
+  whoami: () => call("GET", "/v1/whoami"),
+  signOut: async () => {
+    await fetch(base + "/logout", { method: "POST", headers: { Accept: "application/json" } });
+  },
   listRetries: (filter) => call("GET", "/v1/retries", { query: filter }),
   getRetry: (kind, id) => call("GET", `/v1/retries/${seg(kind)}/${seg(id)}`),
   cancelRetry: (kind, id, reason) => call("POST", `/v1/retries/${seg(kind)}/${seg(id)}/cancel`, { body: { reason } }),

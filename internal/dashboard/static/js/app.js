@@ -91,13 +91,42 @@ function showUpdated() {
   el.textContent = s < 2 ? "updated just now" : `updated ${s}s ago`;
 }
 
+// whoami learns the principal (GET /v1/whoami): body[data-role] hides the
+// buttons its role may not use (style.css), and a session from the
+// sign-in gets a sign-out button. An API without the route shows all.
+async function whoami() {
+  let me;
+  try {
+    me = await api.whoami();
+  } catch {
+    delete document.body.dataset.role;
+    document.getElementById("account").hidden = true;
+    return;
+  }
+  document.body.dataset.role = me.role;
+  document.getElementById("whoami").textContent = `${me.name} (${me.role})`;
+  document.getElementById("signout").hidden = !me.session;
+  document.getElementById("account").hidden = false;
+}
+
+document.getElementById("signout").addEventListener("click", async () => {
+  try {
+    await api.signOut();
+  } finally {
+    // Without the cookie the page asks for a token again.
+    location.reload();
+  }
+});
+
 window.addEventListener("hashchange", () => onRoute().catch((e) => banner(e.message)));
 // Signed in (api.js): render the view again, now with the session cookie.
 window.addEventListener("retryd:signed-in", () => {
   current.name = null;
+  whoami();
   onRoute().then(() => tick(true)).catch((e) => banner(e.message));
 });
 document.getElementById("autorefresh").addEventListener("change", () => tick(true));
+whoami();
 onRoute().then(() => tick(true)).catch((e) => banner(e.message));
 setInterval(() => tick(), refreshMS);
 setInterval(showUpdated, 1000);

@@ -22,7 +22,7 @@ export async function render(root) {
     h("section", { class: "panel" },
       h("div", { class: "panel-head" }, h("h2", { text: "Retry policies" }),
         h("span", { class: "count", text: "The policy of an item: its (kind, job type), else the kind's default (_), else *." }),
-        h("button", { class: "small", "data-test": "new-policy", onclick: () => edit(null), text: "New policy" })),
+        h("button", { class: "small needs-admin", "data-test": "new-policy", onclick: () => edit(null), text: "New policy" })),
       h("div", { class: "table-wrap" }, h("table", {},
         h("thead", {}, h("tr", {}, ["Kind", "Job type", "Name", "Version", "Max retries", "Backoff", "Jitter", "Enabled", ""].map((t) => h("th", { text: t })))),
         tbody))),
@@ -44,7 +44,7 @@ export async function render(root) {
         h("td", { text: `${fmtMS(p.base_delay_ms)} ×${p.multiplier} ≤ ${fmtMS(p.max_delay_ms)}${classNote(p.class_backoff)}` }),
         h("td", { text: p.jitter === "additive" ? `+0–${fmtMS(p.jitter_ms)}` : p.jitter }),
         h("td", { text: p.enabled ? "yes" : "no" }),
-        h("td", {}, h("button", { class: "small", "data-test": "edit-policy", onclick: () => edit(p), text: "Edit" }))));
+        h("td", {}, h("button", { class: "small needs-admin", "data-test": "edit-policy", onclick: () => edit(p), text: "Edit" }))));
     }
   }
 
@@ -98,7 +98,7 @@ export async function render(root) {
         classes.el,
         error,
         h("div", { class: "actions" },
-          h("button", { class: "primary", "data-test": "save-policy", onclick: save, text: isNew ? "Create policy" : "Save as a new version" }),
+          h("button", { class: "primary needs-admin", "data-test": "save-policy", onclick: save, text: isNew ? "Create policy" : "Save as a new version" }),
           h("button", { onclick: close, text: "Close" })),
         h("div", {}, h("h3", { text: "Schedule if every attempt fails", style: { "font-size": "14px" } }), previewBox),
         versions));

@@ -80,8 +80,8 @@ export async function render(root, params, { navigate }) {
         h("td", { class: "lasterr", title: r.last_error_message || r.last_reason || "" },
           classTag(r.last_error_class), " ", h("span", { class: "err", text: trunc(r.last_error_message || r.last_reason || "", 60) })),
         h("td", { class: "wide-only" }, h("div", { class: "actions nowrap" },
-          pending ? h("button", { class: "small danger", "data-test": "row-cancel", onclick: (e) => { e.stopPropagation(); cancel(r); }, text: "Cancel" }) : null,
-          h("button", { class: "small", "data-test": "row-retry", onclick: (e) => { e.stopPropagation(); retryNow(r); }, text: "Retry now" })))));
+          pending ? h("button", { class: "small danger needs-operator", "data-test": "row-cancel", onclick: (e) => { e.stopPropagation(); cancel(r); }, text: "Cancel" }) : null,
+          h("button", { class: "small needs-operator", "data-test": "row-retry", onclick: (e) => { e.stopPropagation(); retryNow(r); }, text: "Retry now" })))));
     }
   }
 
@@ -120,9 +120,9 @@ export async function render(root, params, { navigate }) {
         h("button", { class: "small", title: "Close", onclick: () => go({ item: "" }), text: "✕" })),
       h("div", { class: "panel-body stack" },
         h("div", { class: "actions" },
-          pending ? h("button", { class: "danger", "data-test": "cancel", onclick: () => cancel(r), text: "Cancel retry" }) : null,
-          h("button", { class: "primary", "data-test": "retry", onclick: () => retryNow(r), text: "Retry now" }),
-          r.source ? h("button", { "data-test": "pause-source", onclick: () => pauseSource(r.source), text: `Pause source ${r.source}` }) : null),
+          pending ? h("button", { class: "danger needs-operator", "data-test": "cancel", onclick: () => cancel(r), text: "Cancel retry" }) : null,
+          h("button", { class: "primary needs-operator", "data-test": "retry", onclick: () => retryNow(r), text: "Retry now" }),
+          r.source ? h("button", { class: "needs-operator", "data-test": "pause-source", onclick: () => pauseSource(r.source), text: `Pause source ${r.source}` }) : null),
         h("div", { class: "why", "data-test": "why" }, h("b", { text: "Why? " }), why(r, history, now)),
         h("dl", { class: "kv" },
           kv("Attempt", `${r.attempt} (retries used ${retriesUsed(r.retry_count, r.max_retries)}${r.retry_enabled ? "" : ", retries disabled"})`),

@@ -38,8 +38,8 @@ export async function render(root, params, { navigate }) {
         h("td", { class: "muted", text: relTime(s.updated_at, now) }),
         h("td", {}, h("div", { class: "actions" },
           paused
-            ? h("button", { class: "small primary", "data-test": "resume", onclick: () => resume(s.source), text: "Resume" })
-            : h("button", { class: "small", "data-test": "pause", onclick: () => pause(s.source), text: "Pause" })))));
+            ? h("button", { class: "small primary needs-operator", "data-test": "resume", onclick: () => resume(s.source), text: "Resume" })
+            : h("button", { class: "small needs-operator", "data-test": "pause", onclick: () => pause(s.source), text: "Pause" })))));
     }
   }
 

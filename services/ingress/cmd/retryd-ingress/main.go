@@ -7,8 +7,13 @@
 //	NATS_URL, NATS_CREDS, NATS_NKEY,    NATS connection (see internal/natsconn)
 //	NATS_USER, NATS_PASSWORD, NATS_TOKEN,
 //	NATS_TLS_CERT, NATS_TLS_KEY, NATS_TLS_CA
-//	RETRYD_HTTP_ADDR                    listen address (default :8081)
+//	RETRYD_HTTP_ADDR                    listen address (default :8081): intake, and the operator API unless
+//	                                    RETRYD_OPERATOR_ADDR is set
+//	RETRYD_OPERATOR_ADDR                listen address of the operator API alone (default: none, on RETRYD_HTTP_ADDR)
+//	RETRYD_HTTP_TLS_CERT, RETRYD_HTTP_TLS_KEY  PEM certificate and key: serve HTTPS (both or neither)
 //	RETRYD_LOG_LEVEL                    debug, info (default), warn, error
+//	RETRYD_INTAKE_RATE                  intake requests a second per caller (token), 0 (default): no limit
+//	RETRYD_INTAKE_BURST                 requests at once above the rate (default: the rate rounded up)
 //	RETRYD_INGRESS_MIGRATE              apply migrations at start (default true)
 //	RETRYD_INGRESS_ENSURE_STREAMS       create missing streams at start (default true)
 //	RETRYD_INGRESS_MAX_BODY_BYTES       POST /v1/events body cap (default 1048576)
@@ -29,6 +34,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"time"
 
@@ -61,11 +67,19 @@ func main() {
 
 // run starts ingress as the environment says and serves until ctx is done,
 // then shuts down gracefully. ready, when set, is told the HTTP address
-// once the service is ready.
-func run(ctx context.Context, log zerolog.Logger, ready func(addr string)) error {
+// (intake) and the operator API's (the same one unless
+// RETRYD_OPERATOR_ADDR is set) once the service is ready.
+func run(ctx context.Context, log zerolog.Logger, ready func(addr, operatorAddr string)) error {
 	e := &envvar.Reader{}
 	dbURL := os.Getenv("DATABASE_URL")
 	addr := envvar.String("RETRYD_HTTP_ADDR", ":8081")
+	// Empty keeps every route on addr, as before the operator API could
+	// move: existing deployments and producers keep working.
+	operatorAddr := os.Getenv("RETRYD_OPERATOR_ADDR")
+	listeners := []string{addr}
+	if operatorAddr != "" {
+		listeners = append(listeners, operatorAddr)
+	}
 	migrate := e.Bool("RETRYD_INGRESS_MIGRATE", true)
 	ensure := e.Bool("RETRYD_INGRESS_ENSURE_STREAMS", true)
 	shutdownTimeout := e.Duration("RETRYD_INGRESS_SHUTDOWN_TIMEOUT", 30*time.Second)
@@ -74,6 +88,8 @@ func run(ctx context.Context, log zerolog.Logger, ready func(addr string)) error
 		MaxBodyBytes:      e.Int64("RETRYD_INGRESS_MAX_BODY_BYTES"),
 		MaxBatchBodyBytes: e.Int64("RETRYD_INGRESS_MAX_BATCH_BODY_BYTES"),
 		MaxBatchEvents:    int(e.Int64("RETRYD_INGRESS_MAX_BATCH_EVENTS")),
+		IntakeRate:        e.Float("RETRYD_INTAKE_RATE"),
+		IntakeBurst:       e.Int("RETRYD_INTAKE_BURST"),
 		Concurrency:       int(e.Int64("RETRYD_INGRESS_CONCURRENCY")),
 		AckWait:           e.Duration("RETRYD_INGRESS_ACK_WAIT", 0),
 		PausedClass:       errclass.Class(os.Getenv("RETRYD_INGRESS_PAUSED_CLASS")),
@@ -84,7 +100,9 @@ func run(ctx context.Context, log zerolog.Logger, ready func(addr string)) error
 	}
 	authCfg, err := auth.FromEnv(nil)
 	e.Add(err)
-	e.Add(authCfg.Validate(addr))
+	e.Add(authCfg.Validate(listeners...))
+	tlsCfg, err := serve.TLSFromEnv().Server()
+	e.Add(err)
 	if dbURL == "" {
 		e.Add(errors.New("DATABASE_URL is required"))
 	}
@@ -113,7 +131,7 @@ func run(ctx context.Context, log zerolog.Logger, ready func(addr string)) error
 	defer b.Close()
 	pool, js := b.Pool, b.JS
 
-	guard, _, err := authCfg.Guard(ctx, pool, log, addr)
+	guard, _, err := authCfg.Guard(ctx, pool, log, listeners...)
 	if err != nil {
 		return err
 	}
@@ -130,21 +148,43 @@ func run(ctx context.Context, log zerolog.Logger, ready func(addr string)) error
 		return err
 	}
 
-	mux := serve.NewMux(reg, health)
-	mux.Handle("/v1/", svc.Handler())
-	mux.Handle(serve.IndexPath, serve.IndexHandler(ingress.Routes()))
-	srv := serve.NewServer("", telemetry.Handler(guard.Handler(mux), "retryd-ingress"))
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		_ = svc.Stop(context.Background())
-		return fmt.Errorf("listen on %s: %w", addr, err)
+	// One listener serves everything, or, with RETRYD_OPERATOR_ADDR, the
+	// intake listener serves intake alone and the operator listener the
+	// rest; both answer /healthz, /readyz and /metrics.
+	type listener struct {
+		addr    string
+		handler http.Handler
+		routes  []serve.Route
+	}
+	served := []listener{{addr, svc.Handler(), ingress.Routes()}}
+	if operatorAddr != "" {
+		served = []listener{{addr, svc.IntakeHandler(), ingress.IntakeRoutes()}, {operatorAddr, svc.OperatorHandler(), ingress.OperatorRoutes()}}
+	}
+	lns := make([]net.Listener, 0, len(served))
+	for _, l := range served {
+		ln, err := net.Listen("tcp", l.addr)
+		if err != nil {
+			for _, open := range lns {
+				_ = open.Close()
+			}
+			_ = svc.Stop(context.Background())
+			return fmt.Errorf("listen on %s: %w", l.addr, err)
+		}
+		lns = append(lns, ln)
 	}
 	httpCtx, stopHTTP := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopHTTP()
-	httpDone := make(chan error, 1)
-	go func() { httpDone <- serve.Serve(httpCtx, srv, ln, log) }()
+	httpDone := make(chan error, len(served))
+	for i, l := range served {
+		mux := serve.NewMux(reg, health)
+		mux.Handle("/v1/", l.handler)
+		mux.Handle(serve.IndexPath, serve.IndexHandler(l.routes))
+		srv := serve.NewServer("", telemetry.Handler(guard.Handler(mux), "retryd-ingress"))
+		srv.TLSConfig = tlsCfg
+		go func(ln net.Listener) { httpDone <- serve.Serve(httpCtx, srv, ln, log) }(lns[i])
+	}
 	if ready != nil {
-		ready(ln.Addr().String())
+		ready(lns[0].Addr().String(), lns[len(lns)-1].Addr().String())
 	}
 
 	select {
@@ -152,14 +192,20 @@ func run(ctx context.Context, log zerolog.Logger, ready func(addr string)) error
 		log.Info().Msg("shutting down")
 	case err := <-httpDone:
 		_ = svc.Stop(context.Background())
+		stopHTTP()
+		for range len(served) - 1 {
+			err = errors.Join(err, <-httpDone)
+		}
 		return err
 	}
 	// Readiness off and consumers drained first, so nothing is half done;
 	// the HTTP server keeps answering intake until then.
 	stopCtx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
 	defer cancel()
-	stopErr := svc.Stop(stopCtx)
+	errs := []error{svc.Stop(stopCtx)}
 	stopHTTP()
-	httpErr := <-httpDone
-	return errors.Join(stopErr, httpErr)
+	for range served {
+		errs = append(errs, <-httpDone)
+	}
+	return errors.Join(errs...)
 }

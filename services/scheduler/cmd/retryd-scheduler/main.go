@@ -14,6 +14,7 @@
 //	NATS_USER, NATS_PASSWORD, NATS_TOKEN,
 //	NATS_TLS_CERT, NATS_TLS_KEY, NATS_TLS_CA
 //	RETRYD_HTTP_ADDR                       listen address (default :8080)
+//	RETRYD_HTTP_TLS_CERT, RETRYD_HTTP_TLS_KEY  PEM certificate and key: serve HTTPS (both or neither)
 //	RETRYD_MIGRATE                         apply migrations at start (default false)
 //	RETRYD_LOG_LEVEL                       debug, info (default), warn, error
 //	RETRYD_SCHEDULER_INSTANCE              instance name in logs (default host-pid)
@@ -39,6 +40,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -114,6 +116,7 @@ type settings struct {
 	dashboard       bool
 	shutdownTimeout time.Duration
 	auth            auth.Config
+	tls             *tls.Config // nil: plain HTTP
 	cfg             scheduler.Config
 }
 
@@ -149,6 +152,8 @@ func readSettings(log zerolog.Logger) (settings, error) {
 	e.Add(err)
 	s.auth = authCfg
 	e.Add(authCfg.Validate(s.addr))
+	s.tls, err = serve.TLSFromEnv().Server()
+	e.Add(err)
 	if v := os.Getenv("RETRYD_SCHEDULER_ERROR_PATTERNS"); v != "" {
 		var patterns map[errclass.Class][]string
 		if err := json.Unmarshal([]byte(v), &patterns); err != nil {
@@ -250,6 +255,7 @@ func serveCmd(ctx context.Context, log zerolog.Logger) error {
 	}
 	health.SetReady(true)
 	srv := serve.NewServer(s.addr, telemetry.Handler(guard.Handler(mux), "retryd-scheduler"))
+	srv.TLSConfig = s.tls
 	httpCtx, stopHTTP := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopHTTP()
 	httpDone := make(chan error, 1)

@@ -9,6 +9,7 @@
 //	NATS_USER, NATS_PASSWORD, NATS_TOKEN,
 //	NATS_TLS_CERT, NATS_TLS_KEY, NATS_TLS_CA
 //	RETRYD_HTTP_ADDR                      listen address (default :8082)
+//	RETRYD_HTTP_TLS_CERT, RETRYD_HTTP_TLS_KEY  PEM certificate and key: serve HTTPS (both or neither)
 //	RETRYD_LOG_LEVEL                      debug, info (default), warn, error
 //	RETRYD_TRIGGERS_MIGRATE               apply migrations at start (default true)
 //	RETRYD_TRIGGERS_ENSURE_STREAMS        create missing streams at start (default true)
@@ -90,6 +91,8 @@ func run(log zerolog.Logger) error {
 	authCfg, err := auth.FromEnv(nil)
 	e.Add(err)
 	e.Add(authCfg.Validate(addr))
+	tlsCfg, err := serve.TLSFromEnv().Server()
+	e.Add(err)
 	if dbURL == "" {
 		e.Add(errors.New("DATABASE_URL is required"))
 	}
@@ -142,6 +145,7 @@ func run(log zerolog.Logger) error {
 	mux.Handle("/v1/", svc.Handler())
 	mux.Handle(serve.IndexPath, serve.IndexHandler(triggers.Routes()))
 	srv := serve.NewServer(addr, telemetry.Handler(guard.Handler(mux), "retryd-triggers"))
+	srv.TLSConfig = tlsCfg
 	httpCtx, stopHTTP := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopHTTP()
 	httpDone := make(chan error, 1)
