@@ -27,24 +27,24 @@ import (
 
 // Actions recorded; the target names what they act on.
 const (
-	RetryCancel     = "retry.cancel"      // retry/<kind>/<id>
-	RetryRetry      = "retry.retry"       // retry/<kind>/<id>
-	JobCancel       = "job.cancel"        // job/<id>
-	JobRetry        = "job.retry"         // job/<id>
-	JobBulkRetry    = "job.bulk_retry"    // operation/<id>
-	OperationCancel = "operation.cancel"  // operation/<id>
-	PolicyPut       = "policy.put"        // policy/<kind>/<job_type>
-	SourcePause     = "source.pause"      // source/<source>
-	SourceResume    = "source.resume"     // source/<source>
-	SourceSettings  = "source.settings"   // source/<source>
-	EventCancel     = "event.cancel"      // event/<id>
-	TriggerCreate   = "trigger.create"    // trigger/<id>
-	TriggerUpdate   = "trigger.update"    // trigger/<id>
-	TriggerDelete   = "trigger.delete"    // trigger/<id>
-	TriggerEnable   = "trigger.enable"    // trigger/<id>
-	TriggerDisable  = "trigger.disable"   // trigger/<id>
-	TokenCreate     = "token.create"      // token/<id>
-	TokenRevoke     = "token.revoke"      // token/<id>
+	RetryCancel     = "retry.cancel"     // retry/<kind>/<id>
+	RetryRetry      = "retry.retry"      // retry/<kind>/<id>
+	JobCancel       = "job.cancel"       // job/<id>
+	JobRetry        = "job.retry"        // job/<id>
+	JobBulkRetry    = "job.bulk_retry"   // operation/<id>
+	OperationCancel = "operation.cancel" // operation/<id>
+	PolicyPut       = "policy.put"       // policy/<kind>/<job_type>
+	SourcePause     = "source.pause"     // source/<source>
+	SourceResume    = "source.resume"    // source/<source>
+	SourceSettings  = "source.settings"  // source/<source>
+	EventCancel     = "event.cancel"     // event/<id>
+	TriggerCreate   = "trigger.create"   // trigger/<id>
+	TriggerUpdate   = "trigger.update"   // trigger/<id>
+	TriggerDelete   = "trigger.delete"   // trigger/<id>
+	TriggerEnable   = "trigger.enable"   // trigger/<id>
+	TriggerDisable  = "trigger.disable"  // trigger/<id>
+	TokenCreate     = "token.create"     // token/<id>
+	TokenRevoke     = "token.revoke"     // token/<id>
 )
 
 // maxDetailValue caps each string of a detail, so a long reason cannot
