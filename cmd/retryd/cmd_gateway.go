@@ -39,7 +39,7 @@ type route struct {
 
 func (u upstreams) routes() []route {
 	return []route{
-		{u.scheduler, []string{"/v1/retries", "/v1/retries/", "/v1/policies", "/v1/policies/", "/v1/tokens", "/v1/tokens/"}},
+		{u.scheduler, []string{"/v1/retries", "/v1/retries/", "/v1/policies", "/v1/policies/", "/v1/tokens", "/v1/tokens/", "/v1/audit"}},
 		{u.ingress, []string{"/v1/events", "/v1/events/", "/v1/events:batch", "/v1/sources", "/v1/sources/"}},
 		{u.triggers, []string{"/v1/triggers", "/v1/triggers/", "/v1/deliveries/"}},
 		{u.jobs, []string{"/v1/jobs", "/v1/jobs/", "/v1/analytics/", "/v1/operations/"}},
