@@ -146,9 +146,11 @@ func TestScenario17RefusedRequestsChangeNothing(t *testing.T) {
 	for _, role := range []string{"producer", "viewer", "operator"} {
 		create(role, role, nil)
 	}
-	// An admin token that expires in 3 s and one that is revoked, each
-	// used while valid, so every service's verifier caches it.
-	expiry := time.Now().Add(3 * time.Second)
+	// An admin token that expires in 6 s and one that is revoked, each
+	// used while valid, so every service's verifier caches it. The expiry
+	// leaves the checks below time on a loaded machine, and mostly passes
+	// while the revoke is waited out.
+	expiry := time.Now().Add(6 * time.Second)
 	create("expired", "admin", &expiry)
 	create("revoked", "admin", nil)
 	everyService(tokens["expired"], http.StatusOK, 10*time.Second, "expired token before its expiry")
@@ -231,7 +233,7 @@ func TestScenario17RefusedRequestsChangeNothing(t *testing.T) {
 	wg.Wait()
 	elapsed := time.Since(start)
 	r.Sent = n
-	r.Lost = int(served.Load()) // a served request is a refusal lost
+	r.Lost = int(served.Load())
 	for _, c := range s17Classes {
 		got := byClass[c.name]
 		r.Note("%s: %v (want all %d)", c.name, got, c.status)
@@ -251,6 +253,8 @@ func TestScenario17RefusedRequestsChangeNothing(t *testing.T) {
 		changed = append(changed, s17Diff(before, s17Snapshot(t, s))...)
 		return time.Now().After(watchUntil)
 	})
+	// In the report's terms: lost is the number of requests served,
+	// duplicate_effects the number of figures that changed.
 	r.DuplicateEffects = len(changed)
 	keys := slices.Sorted(maps.Keys(after))
 	for _, k := range keys {
