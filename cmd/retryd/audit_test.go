@@ -8,7 +8,6 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/retryd/retryd/internal/audit"
 	"github.com/retryd/retryd/internal/auth"
 )
 
@@ -61,7 +60,7 @@ func TestAuditCLI(t *testing.T) {
 		"bootstrap token.create token/",
 		"bootstrap token.create token/",
 	}
-	var page audit.Page
+	var page auditPage
 	b.okJSON(t, &page, "--token", admin, "audit")
 	require.Len(t, page.Entries, len(want))
 	for i, e := range page.Entries {

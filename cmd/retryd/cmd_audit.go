@@ -9,9 +9,10 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
-
-	"github.com/retryd/retryd/internal/audit"
 )
+
+// maxAuditLimit is the largest page GET /v1/audit serves.
+const maxAuditLimit = 500
 
 func newAuditCmd(g *globals) *cobra.Command {
 	var principal, action, since, cursor string
@@ -30,8 +31,8 @@ token (--token or RETRYD_TOKEN). See docs/security.md.`,
   retryd audit --action source.pause --json`,
 		Args: args(0),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if limit < 1 || limit > audit.MaxLimit {
-				return usageErrorf(cmd, "--limit must be between 1 and %d, got %d", audit.MaxLimit, limit)
+			if limit < 1 || limit > maxAuditLimit {
+				return usageErrorf(cmd, "--limit must be between 1 and %d, got %d", maxAuditLimit, limit)
 			}
 			q := url.Values{}
 			for k, v := range map[string]string{"principal": principal, "action": action, "cursor": cursor} {
@@ -51,11 +52,11 @@ token (--token or RETRYD_TOKEN). See docs/security.md.`,
 			if err != nil {
 				return err
 			}
-			var entries []audit.Entry
+			var entries []auditEntry
 			var raws []json.RawMessage
 			next := ""
 			for {
-				var page audit.Page
+				var page auditPage
 				raw, err := c.get(cmd.Context(), "/v1/audit", q, &page)
 				if err != nil {
 					return fmt.Errorf("list audit: %w", err)
@@ -72,7 +73,7 @@ token (--token or RETRYD_TOKEN). See docs/security.md.`,
 				if len(raws) == 1 {
 					return printJSON(g.stdout, raws[0])
 				}
-				return writeJSON(g.stdout, audit.Page{Entries: entries})
+				return writeJSON(g.stdout, auditPage{Entries: entries})
 			}
 			if len(entries) == 0 {
 				fmt.Fprintln(g.stdout, "No audit entries match.")
@@ -95,7 +96,7 @@ token (--token or RETRYD_TOKEN). See docs/security.md.`,
 	f.StringVar(&principal, "principal", "", "only this token name's actions")
 	f.StringVar(&action, "action", "", "only this action, such as source.pause or token.revoke")
 	f.StringVar(&since, "since", "", "only entries from then on: RFC 3339 or a duration back from now such as 24h")
-	f.IntVar(&limit, "limit", 100, fmt.Sprintf("page size (1-%d)", audit.MaxLimit))
+	f.IntVar(&limit, "limit", 100, fmt.Sprintf("page size (1-%d)", maxAuditLimit))
 	f.StringVar(&cursor, "cursor", "", "continue after a previous page")
 	f.BoolVar(&all, "all", false, "fetch every page")
 	return cmd
