@@ -81,6 +81,13 @@ func (r Roles) Grants() map[string]map[string]string {
 	add(r.Ingress, tokenCheck, "api_tokens")
 	add(r.Triggers, tokenCheck, "api_tokens")
 	add(r.ReadOnly, tokenCheck, "api_tokens")
+	// The audit trail: each service records its own actions, in their
+	// transactions; the scheduler also serves GET /v1/audit, and records
+	// token changes and the jobs API's actions (it hosts both). Nobody
+	// updates or deletes a row.
+	add(r.Scheduler, "SELECT, INSERT", "audit_log")
+	add(r.Ingress, "INSERT", "audit_log")
+	add(r.Triggers, "INSERT", "audit_log")
 	return g
 }
 

@@ -113,8 +113,13 @@ func TestGrant(t *testing.T) {
 				`INSERT INTO outbox (owner, subject, msg_id, payload) VALUES ('t', 's', 'm', '\x00') ON CONFLICT DO NOTHING`,
 				`DELETE FROM outbox WHERE owner = 't'`,
 				`INSERT INTO inbox (consumer, msg_id) VALUES ('t', 'm') ON CONFLICT DO NOTHING`,
+				`INSERT INTO audit_log (principal, role, action, target) SELECT 't', 'admin', 'probe', 't' WHERE false`,
+				`SELECT count(*) FROM audit_log`,
 			},
 			denied: []string{
+				// The audit trail is append-only for every service.
+				`UPDATE audit_log SET target = '' WHERE false`,
+				`DELETE FROM audit_log WHERE false`,
 				`SELECT count(*) FROM workflow_events`,
 				`UPDATE event_sources SET paused = true WHERE false`,
 				`SELECT count(*) FROM workflow_trigger_deliveries`,
@@ -138,8 +143,12 @@ func TestGrant(t *testing.T) {
 				// A release refreshes the line's statistics through the
 				// owner's function (ANALYZE needs the owner).
 				`SELECT ingress_analyze_release_line()`,
+				`INSERT INTO audit_log (principal, role, action, target) SELECT 't', 'admin', 'probe', 't' WHERE false`,
 			},
 			denied: []string{
+				// Only the scheduler reads the audit trail (GET /v1/audit).
+				`SELECT count(*) FROM audit_log`,
+				`DELETE FROM audit_log WHERE false`,
 				// Retries are the scheduler's: ingress asks for decisions
 				// over NATS and never writes them.
 				`UPDATE retries SET updated_at = now() WHERE false`,
@@ -160,8 +169,10 @@ func TestGrant(t *testing.T) {
 				`UPDATE workflow_runs SET updated_at = now() WHERE false`,
 				`DELETE FROM trigger_events WHERE false`,
 				`INSERT INTO outbox (owner, subject, msg_id, payload) VALUES ('t', 's', 'm', '\x00') ON CONFLICT DO NOTHING`,
+				`INSERT INTO audit_log (principal, role, action, target) SELECT 't', 'admin', 'probe', 't' WHERE false`,
 			},
 			denied: []string{
+				`SELECT count(*) FROM audit_log`,
 				`UPDATE retries SET updated_at = now() WHERE false`,
 				`UPDATE workflow_events SET updated_at = now() WHERE false`,
 				`SELECT count(*) FROM event_sources`,
@@ -182,6 +193,7 @@ func TestGrant(t *testing.T) {
 				`SELECT count(*) FROM outbox`,
 				`SELECT count(*) FROM workflow_events`,
 				`SELECT count(*) FROM retry_history`,
+				`SELECT count(*) FROM audit_log`,
 				`CREATE TABLE readonly_probe (x int)`,
 			},
 		},

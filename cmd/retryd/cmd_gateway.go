@@ -43,7 +43,7 @@ type route struct {
 
 func (u upstreams) routes() []route {
 	return []route{
-		{u.scheduler, []string{"/v1/retries", "/v1/retries/", "/v1/policies", "/v1/policies/", "/v1/tokens", "/v1/tokens/"}},
+		{u.scheduler, []string{"/v1/retries", "/v1/retries/", "/v1/policies", "/v1/policies/", "/v1/tokens", "/v1/tokens/", "/v1/audit"}},
 		{u.ingress, []string{"/v1/events", "/v1/events:batch"}},
 		{cmp.Or(u.ingressOperator, u.ingress), []string{"/v1/events/", "/v1/sources", "/v1/sources/"}},
 		{u.triggers, []string{"/v1/triggers", "/v1/triggers/", "/v1/deliveries/"}},
@@ -94,9 +94,10 @@ func newGatewayCmd(g *globals) *cobra.Command {
 		Short: "Serve the dashboard and every service's API on one address",
 		Long: `gateway puts the dashboard (/ui/) and the APIs of the separately deployed
 services behind one address, routing each path to the service that owns it:
-/v1/retries and /v1/policies to the scheduler, /v1/events and /v1/sources to
-ingress (its operator routes to --ingress-operator when given), /v1/triggers and /v1/deliveries to triggers, /v1/jobs,
-/v1/analytics and /v1/operations to the jobs API (--jobs, by default the
+/v1/retries, /v1/policies, /v1/tokens and /v1/audit to the scheduler,
+/v1/events and /v1/sources to ingress (its operator routes to
+--ingress-operator when given), /v1/triggers and /v1/deliveries to
+triggers, /v1/jobs, /v1/analytics and /v1/operations to the jobs API (--jobs, by default the
 scheduler). The CLI's --api points at it. With --database-url (or
 DATABASE_URL) the dashboard shows the counts of retries by state.
 

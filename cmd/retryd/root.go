@@ -80,6 +80,7 @@ Exit codes: 0 ok, 1 the operation failed, 2 usage error.`,
 		newDevCertsCmd(g),
 		newProbeCmd(g),
 		newTokensCmd(g),
+		newAuditCmd(g),
 	)
 	return root
 }

@@ -138,3 +138,17 @@ type operationView struct {
 		Error string `json:"error"`
 	} `json:"problems"`
 }
+
+type auditEntry struct {
+	At        time.Time       `json:"at"`
+	Principal string          `json:"principal"`
+	Role      string          `json:"role"`
+	Action    string          `json:"action"`
+	Target    string          `json:"target"`
+	Detail    json.RawMessage `json:"detail"`
+}
+
+type auditPage struct {
+	Entries    []auditEntry `json:"entries"`
+	NextCursor string       `json:"next_cursor,omitempty"`
+}

@@ -1,10 +1,14 @@
 package auth
 
 import (
+	"errors"
 	"fmt"
 	"net/http"
+	"net/url"
+	"strconv"
 	"time"
 
+	"github.com/retryd/retryd/internal/audit"
 	"github.com/retryd/retryd/internal/serve"
 	"github.com/retryd/retryd/pkg/contract"
 )
@@ -12,9 +16,9 @@ import (
 // maxBody caps a token request's body.
 const maxBody = 4 << 10
 
-// API serves token management. It is mounted by the binary that owns the
-// operator API (the scheduler, and retryd dev); tokens are shared by all
-// services through Postgres.
+// API serves token management and the audit trail. It is mounted by the
+// binary that owns the operator API (the scheduler, and retryd dev);
+// tokens and the audit trail are shared by all services through Postgres.
 type API struct {
 	store *Store
 }
@@ -31,6 +35,8 @@ var endpoints = []serve.Endpoint[*API]{
 		Description: "List API tokens (never their secrets), revoked ones too."}, Serve: (*API).list},
 	{Route: serve.Route{Method: http.MethodDelete, Path: "/v1/tokens/{id}", Role: serve.RoleAdmin,
 		Description: "Revoke an API token; services refuse it within seconds."}, Serve: (*API).revoke},
+	{Route: serve.Route{Method: http.MethodGet, Path: "/v1/audit", Role: serve.RoleAdmin,
+		Description: "The audit trail: who did which operator or admin action, newest first (?principal=&action=&since=&limit=&cursor=)."}, Serve: (*API).audit},
 }
 
 // Routes lists the token routes, for the index at GET /v1/.
@@ -100,4 +106,68 @@ func (a *API) revoke(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	serve.WriteJSON(w, http.StatusOK, t)
+}
+
+func (a *API) audit(w http.ResponseWriter, r *http.Request) {
+	f, err := auditQuery(r.URL.Query())
+	if err != nil {
+		serve.WriteError(w, err)
+		return
+	}
+	page, err := audit.List(r.Context(), a.store.pool, f)
+	if errors.Is(err, audit.ErrBadCursor) {
+		err = &contract.FieldError{Field: "cursor", Reason: "is not a cursor returned by this API", Err: contract.ErrInvalid}
+	}
+	if err != nil {
+		serve.WriteError(w, err)
+		return
+	}
+	serve.WriteJSON(w, http.StatusOK, page)
+}
+
+// auditQuery parses the audit filter strictly: unknown parameters are
+// refused rather than silently ignored, as on the other list routes.
+func auditQuery(q url.Values) (audit.Filter, error) {
+	var f audit.Filter
+	bad := func(field, reason string) error {
+		return &contract.FieldError{Field: field, Reason: reason, Err: contract.ErrInvalid}
+	}
+	for key, vals := range q {
+		if len(vals) != 1 {
+			return f, bad(key, "must be given once")
+		}
+		v := vals[0]
+		if v == "" {
+			continue
+		}
+		switch key {
+		case "principal":
+			if len(v) > maxNameLen {
+				return f, bad(key, fmt.Sprintf("is longer than %d characters", maxNameLen))
+			}
+			f.Principal = v
+		case "action":
+			if len(v) > 100 {
+				return f, bad(key, "is longer than 100 characters")
+			}
+			f.Action = v
+		case "since":
+			t, err := time.Parse(time.RFC3339, v)
+			if err != nil {
+				return f, bad(key, "must be an RFC 3339 time, such as 2026-01-02T15:04:05Z")
+			}
+			f.Since = t
+		case "limit":
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 1 || n > audit.MaxLimit {
+				return f, bad(key, fmt.Sprintf("must be between 1 and %d", audit.MaxLimit))
+			}
+			f.Limit = n
+		case "cursor":
+			f.Cursor = v
+		default:
+			return f, bad(key, "is not a known parameter (principal, action, since, limit, cursor)")
+		}
+	}
+	return f, nil
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/retryd/retryd/internal/audit"
 	"github.com/retryd/retryd/internal/serve"
 	"github.com/retryd/retryd/pkg/contract"
 )
@@ -141,10 +142,24 @@ func (s *Store) Create(ctx context.Context, name string, role serve.Role, expire
 	if err != nil {
 		return Token{}, "", err
 	}
-	t, err := scanToken(s.pool.QueryRow(ctx, `
-		INSERT INTO api_tokens (id, name, role, hash, expires_at)
-		VALUES ($1, $2, $3, $4, $5)
-		RETURNING `+tokenColumns, contract.NewID(), name, role.String(), hash(secret), expiresAt))
+	var t Token
+	// The audit entry (for a request: audit.Record names its principal)
+	// is written with the token, or not at all.
+	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		var err error
+		t, err = scanToken(tx.QueryRow(ctx, `
+			INSERT INTO api_tokens (id, name, role, hash, expires_at)
+			VALUES ($1, $2, $3, $4, $5)
+			RETURNING `+tokenColumns, contract.NewID(), name, role.String(), hash(secret), expiresAt))
+		if err != nil {
+			return err
+		}
+		d := audit.Detail{"name": t.Name, "role": t.Role.String()}
+		if t.ExpiresAt != nil {
+			d["expires_at"] = t.ExpiresAt.UTC().Format(time.RFC3339)
+		}
+		return audit.Record(ctx, tx, audit.TokenCreate, "token/"+t.ID, d)
+	})
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "23505" {
 		return Token{}, "", fmt.Errorf("create token: a live token is named %q already: %w", name, serve.ErrConflict)
@@ -172,10 +187,18 @@ func (s *Store) List(ctx context.Context) ([]Token, error) {
 // token changes nothing. The verifiers of running services stop
 // accepting it within their cache TTL.
 func (s *Store) Revoke(ctx context.Context, id string) (Token, error) {
-	t, err := scanToken(s.pool.QueryRow(ctx, `
-		UPDATE api_tokens SET revoked_at = coalesce(revoked_at, now())
-		WHERE id = $1
-		RETURNING `+tokenColumns, id))
+	var t Token
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		var err error
+		t, err = scanToken(tx.QueryRow(ctx, `
+			UPDATE api_tokens SET revoked_at = coalesce(revoked_at, now())
+			WHERE id = $1
+			RETURNING `+tokenColumns, id))
+		if err != nil {
+			return err
+		}
+		return audit.Record(ctx, tx, audit.TokenRevoke, "token/"+t.ID, audit.Detail{"name": t.Name})
+	})
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Token{}, fmt.Errorf("token %q: %w", id, serve.ErrNotFound)
 	}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/retryd/retryd/internal/audit"
 	"github.com/retryd/retryd/internal/serve"
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/projections/outbox"
@@ -199,6 +200,13 @@ func (s *Service) putSource(w http.ResponseWriter, r *http.Request) {
 		if src, err = ingressstore.PutSource(r.Context(), tx, cfg); err != nil {
 			return err
 		}
+		d := audit.Detail{"allowed_types": len(cfg.AllowedTypes)}
+		if cfg.RateLimit > 0 {
+			d["rate_limit"], d["rate_window"] = cfg.RateLimit, cfg.RateWindow.String()
+		}
+		if err := audit.Record(r.Context(), tx, audit.SourceSettings, "source/"+source, d); err != nil {
+			return err
+		}
 		return s.release(r.Context(), tx, source, contract.ReleaseLimitChanged, serve.Actor(r))
 	})
 	if err != nil {
@@ -243,7 +251,17 @@ func (s *Service) pauseSource(w http.ResponseWriter, r *http.Request) {
 		serve.WriteError(w, err)
 		return
 	}
-	src, err := ingressstore.PauseSource(r.Context(), s.cfg.Pool, source, req.Until, req.Reason, serve.Actor(r))
+	var src ingressstore.Source
+	err = s.inTx(r.Context(), func(tx pgx.Tx) error {
+		if src, err = ingressstore.PauseSource(r.Context(), tx, source, req.Until, req.Reason, serve.Actor(r)); err != nil {
+			return err
+		}
+		d := audit.Detail{"reason": req.Reason}
+		if req.Until != nil {
+			d["until"] = req.Until.UTC().Format(time.RFC3339)
+		}
+		return audit.Record(r.Context(), tx, audit.SourcePause, "source/"+source, d)
+	})
 	if err != nil {
 		s.internal(w, err)
 		return
@@ -270,6 +288,9 @@ func (s *Service) resumeSource(w http.ResponseWriter, r *http.Request) {
 	var src ingressstore.Source
 	err = s.inTx(r.Context(), func(tx pgx.Tx) error {
 		if src, err = ingressstore.ResumeSource(r.Context(), tx, source, serve.Actor(r)); err != nil {
+			return err
+		}
+		if err := audit.Record(r.Context(), tx, audit.SourceResume, "source/"+source, nil); err != nil {
 			return err
 		}
 		return s.release(r.Context(), tx, source, contract.ReleaseResume, serve.Actor(r))
@@ -440,6 +461,11 @@ func (s *Service) cancelEvent(w http.ResponseWriter, r *http.Request) {
 				return err
 			}
 			if err := s.cancelDeferral(r.Context(), tx, ev, last, req.By, req.Reason); err != nil {
+				return err
+			}
+			// Only a cancel that changed something is recorded: cancelling
+			// a cancelled event again is a no-op.
+			if err := audit.Record(r.Context(), tx, audit.EventCancel, "event/"+id, audit.Detail{"reason": req.Reason, "source": ev.Source}); err != nil {
 				return err
 			}
 			cancelled = true

@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
+	"github.com/retryd/retryd/internal/audit"
 	"github.com/retryd/retryd/internal/serve"
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/projections/jobstore"
@@ -408,14 +409,18 @@ func (a *API) action(w http.ResponseWriter, r *http.Request, name string) {
 		serve.WriteError(w, err)
 		return
 	}
+	// The scheduler's retry action records the audit entry in its
+	// transaction; it is named as a job action here.
 	if name == "retry" {
-		err = a.cfg.Retry.RetryNow(r.Context(), contract.KindJob, id, req.Reason, req.By, req.ResetAttempts)
+		ctx := audit.Named(r.Context(), audit.JobRetry)
+		err = a.cfg.Retry.RetryNow(ctx, contract.KindJob, id, req.Reason, req.By, req.ResetAttempts)
 	} else {
 		if req.ResetAttempts {
 			serve.WriteError(w, invalid("reset_attempts", "applies to retry only"))
 			return
 		}
-		err = a.cfg.Retry.Cancel(r.Context(), contract.KindJob, id, req.By, req.Reason)
+		ctx := audit.Named(r.Context(), audit.JobCancel)
+		err = a.cfg.Retry.Cancel(ctx, contract.KindJob, id, req.By, req.Reason)
 	}
 	if err != nil {
 		a.controllerError(w, err)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/retryd/retryd/internal/audit"
 	"github.com/retryd/retryd/internal/serve"
 	"github.com/retryd/retryd/internal/servicetest"
 	"github.com/retryd/retryd/projections/jobstore"
@@ -25,21 +26,35 @@ type recorder struct {
 	mu     sync.Mutex
 	calls  []string
 	errors map[string]error
+	// audited is, per call, the audit action it would be recorded as
+	// and by whom ("-" for none: not asked for over the API).
+	audited []string
 }
 
-func (r *recorder) record(call, id string) error {
+func (r *recorder) record(ctx context.Context, call, id string) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.calls = append(r.calls, call)
+	who := "-"
+	if p, ok := serve.PrincipalFrom(ctx); ok {
+		who = p.Name
+	}
+	r.audited = append(r.audited, audit.ActionName(ctx, "-")+" by "+who)
 	return r.errors[id]
 }
 
-func (r *recorder) RetryNow(_ context.Context, kind, id, reason, by string, reset bool) error {
-	return r.record(fmt.Sprintf("retry %s/%s by=%s reset=%t reason=%s", kind, id, by, reset, reason), id)
+func (r *recorder) RetryNow(ctx context.Context, kind, id, reason, by string, reset bool) error {
+	return r.record(ctx, fmt.Sprintf("retry %s/%s by=%s reset=%t reason=%s", kind, id, by, reset, reason), id)
 }
 
-func (r *recorder) Cancel(_ context.Context, kind, id, by, reason string) error {
-	return r.record(fmt.Sprintf("cancel %s/%s by=%s reason=%s", kind, id, by, reason), id)
+func (r *recorder) Cancel(ctx context.Context, kind, id, by, reason string) error {
+	return r.record(ctx, fmt.Sprintf("cancel %s/%s by=%s reason=%s", kind, id, by, reason), id)
+}
+
+func (r *recorder) Audited() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]string(nil), r.audited...)
 }
 
 func (r *recorder) Calls() []string {
@@ -196,6 +211,8 @@ func TestAPIRetryAndCancel(t *testing.T) {
 		"cancel job/j1 by=local reason=",
 		"cancel job/j1 by=local reason=customer left",
 	}, b.rec.Calls())
+	require.Equal(t, []string{"job.retry by local", "job.cancel by local", "job.cancel by local"}, b.rec.Audited(),
+		"the scheduler records them as job actions of the principal")
 
 	for _, tc := range []struct {
 		path, body string
@@ -260,6 +277,21 @@ func TestAPIBulkRetry(t *testing.T) {
 		want = append(want, fmt.Sprintf("retry job/j%d by=local reset=false reason=%s", i, reason))
 	}
 	require.Equal(t, want, b.rec.Calls(), "oldest first, each once")
+	for _, a := range b.rec.Audited() {
+		require.Equal(t, "- by -", a, "the runner's retries are not API actions: the operation's entry covers them")
+	}
+	var entries []string
+	rows, err := b.pool.Query(b.ctx, `SELECT principal || ' ' || action || ' ' || target || ' ' || detail::text FROM audit_log ORDER BY id`)
+	require.NoError(t, err)
+	for rows.Next() {
+		var e string
+		require.NoError(t, rows.Scan(&e))
+		entries = append(entries, e)
+	}
+	require.NoError(t, rows.Err())
+	require.Equal(t, []string{`local job.bulk_retry operation/` + op.ID +
+		` {"total": 5, "reason": "smtp back", "reset_attempts": false, "rate_per_second": 50}`}, entries,
+		"one entry, for the operation, by the principal (not the body's by); dry runs and refused bodies record none")
 
 	for _, tc := range []struct {
 		body  string

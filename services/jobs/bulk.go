@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/retryd/retryd/internal/audit"
 	"github.com/retryd/retryd/internal/serve"
 	"github.com/retryd/retryd/internal/wait"
 	"github.com/retryd/retryd/pkg/contract"
@@ -167,7 +168,14 @@ func (a *API) handleBulkRetry(w http.ResponseWriter, r *http.Request) {
 			ID: "op-" + contract.NewID(), Filter: f, FilterJSON: filterJSON, Reason: req.Reason,
 			RequestedBy: req.By, ResetAttempts: req.ResetAttempts, RatePerSecond: req.RatePerSecond,
 		})
-		return err
+		if err != nil {
+			return err
+		}
+		// One entry for the operation; its items are retried later by the
+		// runner, with no request, and record none.
+		return audit.Record(r.Context(), tx, audit.JobBulkRetry, "operation/"+op.ID, audit.Detail{
+			"reason": req.Reason, "total": op.Total, "rate_per_second": op.RatePerSecond, "reset_attempts": req.ResetAttempts,
+		})
 	})
 	if errors.Is(err, jobstore.ErrTooManyItems) {
 		serve.WriteError(w, invalid("filter", fmt.Sprintf("matches more than %d jobs; narrow it", jobstore.MaxOperationItems)))
@@ -224,7 +232,14 @@ func (a *API) handleCancelOperation(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	op, err := jobstore.CancelOperation(r.Context(), a.cfg.Pool, id)
+	var op jobstore.Operation
+	err := pgx.BeginFunc(r.Context(), a.cfg.Pool, func(tx pgx.Tx) error {
+		var err error
+		if op, err = jobstore.CancelOperation(r.Context(), tx, id); err != nil {
+			return err
+		}
+		return audit.Record(r.Context(), tx, audit.OperationCancel, "operation/"+id, audit.Detail{"status": op.Status})
+	})
 	op.ID = id
 	a.writeOperation(w, r, op, err)
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go"
 
+	"github.com/retryd/retryd/internal/audit"
 	"github.com/retryd/retryd/internal/serve"
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/projections/inbox"
@@ -84,7 +85,8 @@ func (s *Scheduler) Cancel(ctx context.Context, kind, id, by, reason string) (re
 		}
 		ch := applyCancelled(row, fact{ev: contract.LifecycleEvent{Kind: kind, ID: id, Event: contract.Cancelled, Cancelled: cd}, msgID: msgID, at: now})
 		ch.msgs = append(ch.msgs, msg)
-		return ch, nil
+		return ch, audit.Record(ctx, tx, audit.ActionName(ctx, audit.RetryCancel), auditTarget(ctx, kind, id),
+			audit.Detail{"reason": reason, "attempt": row.Attempt})
 	})
 }
 
@@ -100,9 +102,26 @@ func (s *Scheduler) RetryNow(ctx context.Context, kind, id string, opts RetryNow
 	if err := validateAction(kind, id, opts.By, opts.Reason); err != nil {
 		return retrystore.Retry{}, err
 	}
-	return s.action(ctx, kind, id, func(_ pgx.Tx, row *retrystore.Retry, now time.Time) (change, error) {
-		return manualRetry(*row, opts, now)
+	return s.action(ctx, kind, id, func(tx pgx.Tx, row *retrystore.Retry, now time.Time) (change, error) {
+		ch, err := manualRetry(*row, opts, now)
+		if err != nil {
+			return change{}, err
+		}
+		d := audit.Detail{"reason": opts.Reason, "attempt": ch.row.Attempt}
+		if opts.ResetAttempts {
+			d["reset_attempts"] = true
+		}
+		return ch, audit.Record(ctx, tx, audit.ActionName(ctx, audit.RetryRetry), auditTarget(ctx, kind, id), d)
 	})
+}
+
+// auditTarget names kind/id in the audit trail: retry/<kind>/<id>, or
+// job/<id> when the jobs API named the action (audit.Named).
+func auditTarget(ctx context.Context, kind, id string) string {
+	if a := audit.ActionName(ctx, ""); a == audit.JobCancel || a == audit.JobRetry {
+		return "job/" + id
+	}
+	return "retry/" + kind + "/" + id
 }
 
 // manualRetry is the change of a manual retry.

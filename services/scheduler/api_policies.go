@@ -8,6 +8,9 @@ import (
 	"slices"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
+	"github.com/retryd/retryd/internal/audit"
 	"github.com/retryd/retryd/internal/serve"
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/pkg/errclass"
@@ -226,7 +229,20 @@ func (s *Scheduler) PutPolicy(ctx context.Context, p policy.Policy, changedBy st
 	if err := check.Validate(); err != nil {
 		return policy.Policy{}, err
 	}
-	saved, err := retrystore.PutPolicy(ctx, s.cfg.Pool, p, changedBy)
+	// The version and its audit entry are written together, or neither.
+	var saved policy.Policy
+	err := pgx.BeginFunc(ctx, s.cfg.Pool, func(tx pgx.Tx) error {
+		var err error
+		if saved, err = retrystore.PutPolicy(ctx, tx, p, changedBy); err != nil {
+			return err
+		}
+		jobType := saved.JobType
+		if jobType == "" {
+			jobType = DefaultJobTypeNames[0] // as in the route: the kind's default
+		}
+		return audit.Record(ctx, tx, audit.PolicyPut, "policy/"+saved.Kind+"/"+jobType,
+			audit.Detail{"version": saved.Version, "enabled": saved.Enabled})
+	})
 	if errors.Is(err, retrystore.ErrVersionConflict) {
 		return policy.Policy{}, fmt.Errorf("%w: %w", ErrConflict, err)
 	}

@@ -1,6 +1,7 @@
 package triggers
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/http"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/retryd/retryd/internal/audit"
 	"github.com/retryd/retryd/internal/serve"
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/services/triggers/internal/triggerstore"
@@ -95,8 +97,10 @@ func (s *Service) createTrigger(w http.ResponseWriter, r *http.Request) {
 	}
 	var t triggerstore.Trigger
 	err = pgx.BeginFunc(r.Context(), s.cfg.Pool, func(tx pgx.Tx) error {
-		t, err = triggerstore.CreateTrigger(r.Context(), tx, id, def)
-		return err
+		if t, err = triggerstore.CreateTrigger(r.Context(), tx, id, def); err != nil {
+			return err
+		}
+		return recordChange(r.Context(), tx, audit.TriggerCreate, t)
 	})
 	if err != nil {
 		s.writeErr(w, r, storeErr(err, "trigger "+id))
@@ -156,7 +160,10 @@ func (s *Service) putTrigger(w http.ResponseWriter, r *http.Request) {
 		if t, changed, err = triggerstore.UpdateTrigger(r.Context(), tx, id, def); err != nil {
 			return storeErr(err, "trigger "+id)
 		}
-		return nil
+		if !changed {
+			return nil // the same definition again: no version, no entry
+		}
+		return recordChange(r.Context(), tx, audit.TriggerUpdate, t)
 	})
 	if err != nil {
 		s.writeErr(w, r, err)
@@ -179,8 +186,10 @@ func (s *Service) deleteTrigger(w http.ResponseWriter, r *http.Request) {
 	}
 	var t triggerstore.Trigger
 	err = pgx.BeginFunc(r.Context(), s.cfg.Pool, func(tx pgx.Tx) error {
-		t, err = triggerstore.DeleteTrigger(r.Context(), tx, id)
-		return err
+		if t, err = triggerstore.DeleteTrigger(r.Context(), tx, id); err != nil {
+			return err
+		}
+		return recordChange(r.Context(), tx, audit.TriggerDelete, t)
 	})
 	if err != nil {
 		s.writeErr(w, r, storeErr(err, "trigger "+id))
@@ -200,8 +209,10 @@ func (s *Service) setEnabled(enabled bool) http.HandlerFunc {
 		var t triggerstore.Trigger
 		var changed bool
 		err = pgx.BeginFunc(r.Context(), s.cfg.Pool, func(tx pgx.Tx) error {
-			t, changed, err = triggerstore.SetEnabled(r.Context(), tx, id, enabled)
-			return err
+			if t, changed, err = triggerstore.SetEnabled(r.Context(), tx, id, enabled); err != nil || !changed {
+				return err
+			}
+			return recordChange(r.Context(), tx, map[bool]string{true: audit.TriggerEnable, false: audit.TriggerDisable}[enabled], t)
 		})
 		if err != nil {
 			s.writeErr(w, r, storeErr(err, "trigger "+id))
@@ -212,6 +223,12 @@ func (s *Service) setEnabled(enabled bool) http.HandlerFunc {
 		}
 		serve.WriteJSON(w, http.StatusOK, viewTrigger(t))
 	}
+}
+
+// recordChange writes the audit entry of a change to t, in its
+// transaction tx.
+func recordChange(ctx context.Context, tx pgx.Tx, action string, t triggerstore.Trigger) error {
+	return audit.Record(ctx, tx, action, "trigger/"+t.ID, audit.Detail{"version": t.Version, "source": t.Source, "enabled": t.Enabled})
 }
 
 func (s *Service) logChange(t triggerstore.Trigger, what string) {

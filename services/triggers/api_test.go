@@ -78,6 +78,21 @@ func TestTriggerAPI(t *testing.T) {
 	require.True(t, versions.Versions[3].Enabled)
 	require.True(t, versions.Versions[4].Deleted)
 
+	// The audit trail has one entry per version, none for the PUT that
+	// changed nothing or for the refused ones after the delete.
+	rows, err := b.pool.Query(b.ctx, `SELECT principal || ' ' || action || ' @' || (detail->>'version')
+		FROM audit_log WHERE target = $1 ORDER BY id`, "trigger/"+created.ID)
+	require.NoError(t, err)
+	var entries []string
+	for rows.Next() {
+		var s string
+		require.NoError(t, rows.Scan(&s))
+		entries = append(entries, s)
+	}
+	require.NoError(t, rows.Err())
+	require.Equal(t, []string{"local trigger.create @1", "local trigger.update @2", "local trigger.disable @3",
+		"local trigger.enable @4", "local trigger.delete @5"}, entries)
+
 	e = apiError{}
 	require.Equal(t, http.StatusConflict, b.do(t, http.MethodPost, "/v1/triggers", TriggerInput{ID: other.ID, Name: "dup", Source: "crm", EventType: "lead.created", Workflow: "enrich"}, &e))
 	require.Equal(t, "conflict", e.Error.Code)

@@ -1,0 +1,229 @@
+// Package audit records who did which operator or admin action, in the
+// audit_log table (migration 00501), and lists those records.
+//
+// The principal comes from the request's context (serve.PrincipalFrom),
+// put there by serve.Guard from the token: never from a body, where a
+// caller could claim to be anyone. Each service records its own actions
+// with Record, in the transaction of the action, so an action that fails
+// or rolls back leaves no row.
+package audit
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/retryd/retryd/internal/serve"
+)
+
+// Actions recorded; the target names what they act on.
+const (
+	RetryCancel     = "retry.cancel"     // retry/<kind>/<id>
+	RetryRetry      = "retry.retry"      // retry/<kind>/<id>
+	JobCancel       = "job.cancel"       // job/<id>
+	JobRetry        = "job.retry"        // job/<id>
+	JobBulkRetry    = "job.bulk_retry"   // operation/<id>
+	OperationCancel = "operation.cancel" // operation/<id>
+	PolicyPut       = "policy.put"       // policy/<kind>/<job_type>
+	SourcePause     = "source.pause"     // source/<source>
+	SourceResume    = "source.resume"    // source/<source>
+	SourceSettings  = "source.settings"  // source/<source>
+	EventCancel     = "event.cancel"     // event/<id>
+	TriggerCreate   = "trigger.create"   // trigger/<id>
+	TriggerUpdate   = "trigger.update"   // trigger/<id>
+	TriggerDelete   = "trigger.delete"   // trigger/<id>
+	TriggerEnable   = "trigger.enable"   // trigger/<id>
+	TriggerDisable  = "trigger.disable"  // trigger/<id>
+	TokenCreate     = "token.create"     // token/<id>
+	TokenRevoke     = "token.revoke"     // token/<id>
+)
+
+// maxDetailValue caps each string of a detail, so a long reason cannot
+// bloat the log (the action's own record keeps it whole).
+const maxDetailValue = 256
+
+// Detail is an entry's small facts: a reason, an until, a version. Never
+// a payload or a token.
+type Detail map[string]any
+
+// Execer is a transaction (or a pool, for an action that has none).
+type Execer interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+}
+
+// Querier reads the log.
+type Querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
+type nameKey struct{}
+
+// Named returns ctx asking the action recorded under it to be named
+// action instead of its default: the jobs API cancels and retries jobs
+// through the scheduler's retry actions, and records them as job.cancel
+// and job.retry.
+func Named(ctx context.Context, action string) context.Context {
+	return context.WithValue(ctx, nameKey{}, action)
+}
+
+// ActionName is the action a caller asked for with Named, or def.
+func ActionName(ctx context.Context, def string) string {
+	if a, ok := ctx.Value(nameKey{}).(string); ok && a != "" {
+		return a
+	}
+	return def
+}
+
+// Record writes an entry for action on target by the principal of ctx,
+// through db (the action's transaction). Without a principal in ctx the
+// action was not asked for over the API (a bulk retry's runner retrying
+// its items, an internal caller) and nothing is recorded: the request
+// that started it was.
+func Record(ctx context.Context, db Execer, action, target string, detail Detail) error {
+	p, ok := serve.PrincipalFrom(ctx)
+	if !ok {
+		return nil
+	}
+	for k, v := range detail {
+		switch s := v.(type) {
+		case string:
+			if len(s) > maxDetailValue {
+				detail[k] = strings.ToValidUTF8(s[:maxDetailValue], "") + "…"
+			}
+		case nil:
+			delete(detail, k)
+		}
+	}
+	if detail == nil {
+		detail = Detail{}
+	}
+	b, err := json.Marshal(detail)
+	if err != nil {
+		return fmt.Errorf("record audit %s: encode detail: %w", action, err)
+	}
+	var reqID *string
+	// The trace id ties the entry to the request's spans and logs, when
+	// tracing is on; there is no other request id.
+	if sc := trace.SpanContextFromContext(ctx); sc.HasTraceID() {
+		s := sc.TraceID().String()
+		reqID = &s
+	}
+	if _, err := db.Exec(ctx, `INSERT INTO audit_log (principal, role, action, target, detail, request_id)
+		VALUES ($1, $2, $3, $4, $5, $6)`, p.Name, p.Role.String(), action, target, string(b), reqID); err != nil {
+		return fmt.Errorf("record audit %s: %w", action, err)
+	}
+	return nil
+}
+
+// Entry is one row of the log.
+type Entry struct {
+	ID        int64           `json:"id"`
+	At        time.Time       `json:"at"`
+	Principal string          `json:"principal"`
+	Role      string          `json:"role"`
+	Action    string          `json:"action"`
+	Target    string          `json:"target"`
+	Detail    json.RawMessage `json:"detail"`
+	RequestID string          `json:"request_id,omitempty"`
+}
+
+// MaxLimit caps a page.
+const MaxLimit = 500
+
+// Filter selects entries; zero fields select all.
+type Filter struct {
+	Principal string
+	Action    string
+	Since     time.Time
+	// Limit is the page size, 1 to MaxLimit (0 means 100).
+	Limit int
+	// Cursor is the NextCursor of the previous page, or empty.
+	Cursor string
+}
+
+// Page is one page of List, newest first.
+type Page struct {
+	Entries []Entry `json:"entries"`
+	// NextCursor is empty on the last page.
+	NextCursor string `json:"next_cursor,omitempty"`
+}
+
+// ErrBadCursor is returned by List for a cursor it did not produce.
+var ErrBadCursor = errors.New("cursor is not valid")
+
+// List returns the entries matching f, newest first, one page at a time
+// (keyset pagination on id: entries written meanwhile do not shift later
+// pages).
+func List(ctx context.Context, q Querier, f Filter) (Page, error) {
+	limit := f.Limit
+	if limit == 0 {
+		limit = 100
+	}
+	if limit < 1 || limit > MaxLimit {
+		return Page{}, fmt.Errorf("list audit: limit must be between 1 and %d, got %d", MaxLimit, f.Limit)
+	}
+	var where []string
+	var args []any
+	add := func(cond string, v any) {
+		args = append(args, v)
+		where = append(where, strings.ReplaceAll(cond, "?", "$"+strconv.Itoa(len(args))))
+	}
+	if f.Principal != "" {
+		add("principal = ?", f.Principal)
+	}
+	if f.Action != "" {
+		add("action = ?", f.Action)
+	}
+	if !f.Since.IsZero() {
+		add("at >= ?", f.Since)
+	}
+	if f.Cursor != "" {
+		raw, err := base64.RawURLEncoding.DecodeString(f.Cursor)
+		if err != nil {
+			return Page{}, ErrBadCursor
+		}
+		id, err := strconv.ParseInt(string(raw), 10, 64)
+		if err != nil || id < 1 {
+			return Page{}, ErrBadCursor
+		}
+		add("id < ?", id)
+	}
+	sql := `SELECT id, at, principal, role, action, target, detail, coalesce(request_id, '') FROM audit_log`
+	if len(where) > 0 {
+		sql += " WHERE " + strings.Join(where, " AND ")
+	}
+	args = append(args, limit+1)
+	sql += " ORDER BY id DESC LIMIT $" + strconv.Itoa(len(args))
+	rows, err := q.Query(ctx, sql, args...)
+	if err != nil {
+		return Page{}, fmt.Errorf("list audit: %w", err)
+	}
+	entries, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Entry, error) {
+		var e Entry
+		var detail []byte
+		err := r.Scan(&e.ID, &e.At, &e.Principal, &e.Role, &e.Action, &e.Target, &detail, &e.RequestID)
+		e.Detail = detail
+		return e, err
+	})
+	if err != nil {
+		return Page{}, fmt.Errorf("list audit: %w", err)
+	}
+	page := Page{Entries: entries}
+	if len(entries) > limit {
+		page.Entries = entries[:limit]
+		page.NextCursor = base64.RawURLEncoding.EncodeToString([]byte(strconv.FormatInt(page.Entries[limit-1].ID, 10)))
+	}
+	if page.Entries == nil {
+		page.Entries = []Entry{}
+	}
+	return page, nil
+}

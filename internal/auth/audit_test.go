@@ -1,0 +1,137 @@
+package auth_test
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+	"github.com/stretchr/testify/require"
+
+	"github.com/retryd/retryd/internal/audit"
+	"github.com/retryd/retryd/internal/auth"
+	"github.com/retryd/retryd/internal/serve"
+	"github.com/retryd/retryd/migrations/pgtest"
+)
+
+// TestAuditTrail: token changes over the API are recorded under the
+// caller's token name; refused and failed ones are not; GET /v1/audit is
+// admin only, filters and pages.
+func TestAuditTrail(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pgtest.NewPool(t)
+	admin, err := auth.NewSecret()
+	require.NoError(t, err)
+	guard, store, err := auth.Config{Mode: auth.ModeTokens, AdminToken: admin}.Guard(ctx, pool, zerolog.Nop(), ":0")
+	require.NoError(t, err)
+	mux := serve.NewMux(nil, nil)
+	auth.NewAPI(store).Register(mux)
+	srv := httptest.NewServer(guard.Handler(mux))
+	t.Cleanup(srv.Close)
+
+	call := func(method, path, token, body string) (int, string) {
+		req, err := http.NewRequestWithContext(ctx, method, srv.URL+path, strings.NewReader(body))
+		require.NoError(t, err)
+		req.Header.Set("Authorization", "Bearer "+token)
+		if body != "" {
+			req.Header.Set("Content-Type", "application/json")
+		}
+		resp, err := srv.Client().Do(req)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		return resp.StatusCode, string(b)
+	}
+	page := func(query, token string) audit.Page {
+		code, body := call("GET", "/v1/audit"+query, token, "")
+		require.Equal(t, http.StatusOK, code, body)
+		var p audit.Page
+		require.NoError(t, json.Unmarshal([]byte(body), &p))
+		return p
+	}
+	rows := func() int {
+		var n int
+		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM audit_log`).Scan(&n))
+		return n
+	}
+	require.Zero(t, rows(), "the bootstrap token is ensured, not asked for: no entry")
+
+	code, body := call("POST", "/v1/tokens", admin, `{"name":"oncall","role":"operator"}`)
+	require.Equal(t, http.StatusCreated, code, body)
+	var op auth.Created
+	require.NoError(t, json.Unmarshal([]byte(body), &op))
+
+	// Refused (403) and failed (409: the name is taken) create nothing.
+	code, body = call("POST", "/v1/tokens", op.Secret, `{"name":"sneaky","role":"admin"}`)
+	require.Equal(t, http.StatusForbidden, code, body)
+	code, body = call("POST", "/v1/tokens", admin, `{"name":"oncall","role":"viewer"}`)
+	require.Equal(t, http.StatusConflict, code, body)
+	code, _ = call("GET", "/v1/audit", op.Secret, "")
+	require.Equal(t, http.StatusForbidden, code, "an operator may not read the audit trail")
+	require.Equal(t, 1, rows())
+
+	code, body = call("DELETE", "/v1/tokens/"+op.ID, admin, "")
+	require.Equal(t, http.StatusOK, code, body)
+	code, body = call("DELETE", "/v1/tokens/nosuch", admin, "")
+	require.Equal(t, http.StatusNotFound, code, body)
+	for i := range 3 {
+		code, body = call("POST", "/v1/tokens", admin, `{"name":"ci-`+string(rune('a'+i))+`","role":"viewer","expires_at":"`+time.Now().Add(time.Hour).UTC().Format(time.RFC3339)+`"}`)
+		require.Equal(t, http.StatusCreated, code, body)
+	}
+	require.Equal(t, 5, rows())
+	var secrets int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM audit_log WHERE detail::text LIKE '%rtd_%'`).Scan(&secrets))
+	require.Zero(t, secrets, "no entry holds a token")
+
+	all := page("", admin)
+	require.Len(t, all.Entries, 5)
+	require.Empty(t, all.NextCursor)
+	last := all.Entries[4]
+	require.Equal(t, audit.TokenCreate, last.Action, "oldest last")
+	require.Equal(t, auth.BootstrapName, last.Principal)
+	require.Equal(t, "admin", last.Role)
+	require.Equal(t, "token/"+op.ID, last.Target)
+	require.JSONEq(t, `{"name":"oncall","role":"operator"}`, string(last.Detail))
+	require.Equal(t, audit.TokenRevoke, all.Entries[3].Action)
+
+	revokes := page("?action=token.revoke", admin)
+	require.Len(t, revokes.Entries, 1)
+	require.Equal(t, "token/"+op.ID, revokes.Entries[0].Target)
+	require.Empty(t, page("?principal=oncall", admin).Entries)
+	require.Len(t, page("?principal=bootstrap&since="+time.Now().Add(-time.Minute).UTC().Format(time.RFC3339), admin).Entries, 5)
+	require.Empty(t, page("?since="+time.Now().Add(time.Minute).UTC().Format(time.RFC3339), admin).Entries)
+
+	// Pages of 2: 2, 2, 1, in order, none twice.
+	var seen []int64
+	cursor := ""
+	for i := 0; ; i++ {
+		q := "?limit=2"
+		if cursor != "" {
+			q += "&cursor=" + cursor
+		}
+		p := page(q, admin)
+		for _, e := range p.Entries {
+			seen = append(seen, e.ID)
+		}
+		cursor = p.NextCursor
+		if cursor == "" {
+			require.Equal(t, 2, i)
+			break
+		}
+	}
+	require.Len(t, seen, 5)
+	for i, e := range all.Entries {
+		require.Equal(t, e.ID, seen[i])
+	}
+	for _, q := range []string{"?limit=0", "?limit=501", "?cursor=zz", "?since=yesterday", "?who=x"} {
+		code, body := call("GET", "/v1/audit"+q, admin, "")
+		require.Equal(t, http.StatusBadRequest, code, "%s: %s", q, body)
+	}
+}
