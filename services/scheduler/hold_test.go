@@ -1,6 +1,7 @@
 package scheduler_test
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"testing"
@@ -374,4 +375,40 @@ func TestOwnerAdmittedReleaseEmitsOnlyFallbackDues(t *testing.T) {
 	require.Equal(t, "o2", decodeDue(t, dues[0]).ID)
 	b.waitQuiet(t)
 	require.Len(t, b.streamMsgs(t, "retry.own.due.*"), 1, "no due for the item the owner admitted")
+}
+
+// The owner's succeeded right behind its release, in one batch (the owner
+// admits the items as soon as it released them): the release still
+// applies first, in stream order, so each row records its release
+// (decided_by resume) before the succeeded closes it.
+func TestReleaseAppliesBeforeTheSucceededBehindIt(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	first := b.start(t)
+	b.policy(t, "seq", "", 2, 10, 100)
+	ids := []string{"s1", "s2", "s3"}
+	for _, id := range ids {
+		b.publish(t, contract.Held, heldUnder("shop", "seq", id, contract.HoldPause, nil))
+		b.waitRow(t, "seq", id, inState(retrystore.StateScheduled, 2))
+	}
+	stopCtx, cancel := context.WithTimeout(b.ctx, 20*time.Second)
+	defer cancel()
+	require.NoError(t, first.Stop(stopCtx))
+
+	// Both on the stream while no scheduler runs: the next one takes them
+	// in one batch.
+	b.publish(t, contract.Released, contract.ReleasedData{Kind: "seq", HoldKey: "shop", Reason: contract.ReleaseResume,
+		By: "test", ReleasedAt: time.Now(), OwnerAdmits: true})
+	for _, id := range ids {
+		b.publish(t, contract.Succeeded, contract.SucceededData{Kind: "seq", ID: id, Attempt: 2})
+	}
+	b.start(t)
+	for _, id := range ids {
+		b.waitRow(t, "seq", id, inState(retrystore.StateSucceeded, 2))
+		var decided []string
+		for _, h := range b.history(t, "seq", id) {
+			decided = append(decided, string(h.DecidedBy))
+		}
+		require.Contains(t, decided, string(contract.DecidedByResume), "%s: its release is in its history: %v", id, decided)
+	}
 }

@@ -138,26 +138,32 @@ func traceBatch(ctx context.Context, items []inbound, err *error) func() {
 // handleBatch decodes, applies in one transaction (falling back to one
 // transaction per message if the batch fails), then publishes the outbox,
 // wakes the due loop and acks.
+//
+// A release updates many rows set-based, in a transaction of its own, so
+// it splits the batch: the facts before it in the stream apply first,
+// then the release, then the facts after it. An owner that admits the
+// released items itself publishes their succeeded right behind the
+// release, often in the same batch: applied before it, they would close
+// the rows the release had to record (its decided_by "resume" history).
 func (s *Scheduler) handleBatch(ctx context.Context, msgs []jetstream.Msg) {
 	items := make([]inbound, 0, len(msgs))
-	var releases []inbound
 	for _, m := range msgs {
 		in, ok := s.decode(m)
 		switch {
 		case !ok:
 		case in.f.ev.Event == contract.Released:
-			releases = append(releases, in)
+			s.applyItems(ctx, items)
+			items = nil
+			s.handleRelease(ctx, in)
 		default:
 			items = append(items, in)
 		}
 	}
-	// A release updates many rows set-based, so it runs after the batch
-	// (whose rows are saved from memory) in a transaction of its own.
-	defer func() {
-		for _, in := range releases {
-			s.handleRelease(ctx, in)
-		}
-	}()
+	s.applyItems(ctx, items)
+}
+
+// applyItems applies decoded facts that hold no release (see handleBatch).
+func (s *Scheduler) applyItems(ctx context.Context, items []inbound) {
 	if len(items) == 0 {
 		return
 	}
