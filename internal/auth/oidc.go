@@ -16,6 +16,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/retryd/retryd/internal/serve"
+	"github.com/retryd/retryd/pkg/contract"
 )
 
 // Defaults and bounds of OIDC bearer tokens.
@@ -255,15 +256,16 @@ func (v *OIDCVerifier) refusal(err error) error {
 }
 
 // name is the principal's name: OIDCPrefix and the name claim's string,
-// printable and at most as long as an API token's name.
+// printable and at most contract.MaxTokenLen bytes in all, since it is
+// the `by` of lifecycle facts, which refuse longer.
 func (v *OIDCVerifier) name(claims map[string]json.RawMessage) (string, error) {
 	var s string
 	if raw, ok := claims[v.cfg.NameClaim]; !ok || json.Unmarshal(raw, &s) != nil || s == "" {
 		return "", fmt.Errorf("OIDC token has no string claim %q to name it: %w", v.cfg.NameClaim, serve.ErrBadCredential)
 	}
 	name := OIDCPrefix + s
-	if len(name) > maxNameLen || strings.IndexFunc(name, func(r rune) bool { return !unicode.IsPrint(r) }) >= 0 {
-		return "", fmt.Errorf("OIDC claim %q must be printable and at most %d bytes: %w", v.cfg.NameClaim, maxNameLen-len(OIDCPrefix), serve.ErrBadCredential)
+	if len(name) > contract.MaxTokenLen || strings.IndexFunc(name, func(r rune) bool { return !unicode.IsPrint(r) }) >= 0 {
+		return "", fmt.Errorf("OIDC claim %q must be printable and at most %d bytes: %w", v.cfg.NameClaim, contract.MaxTokenLen-len(OIDCPrefix), serve.ErrBadCredential)
 	}
 	return name, nil
 }

@@ -154,6 +154,7 @@ func TestOIDCBearer(t *testing.T) {
 		"wrong issuer":   {sign(t, iss.key, iss.claims(map[string]any{"iss": "https://elsewhere.example"})), 401, "different provider"},
 		"another key":    {sign(t, newKey(t), iss.claims(nil)), 401, "signature"},
 		"no sub":         {sign(t, iss.key, iss.claims(map[string]any{"sub": nil})), 401, `claim \"sub\"`},
+		"long sub":       {sign(t, iss.key, iss.claims(map[string]any{"sub": strings.Repeat("a", 60)})), 401, "at most 59 bytes"},
 		"too long":       {sign(t, iss.key, iss.claims(map[string]any{"pad": strings.Repeat("x", auth.MaxBearerLen)})), 401, "longer than"},
 		"not a JWT":      {"a.b.c", 401, "malformed"},
 		"no role claim":  {sign(t, iss.key, iss.claims(map[string]any{auth.DefaultRoleClaim: nil})), 403, `claim \"retryd_role\" names no retryd role`},
