@@ -118,10 +118,10 @@ func checkIssuerURL(u string) error {
 }
 
 // OIDCVerifier is the serve.Authenticator of JWTs from an OpenID Connect
-// issuer: go-oidc checks the signature against the issuer's JWKS (cached,
-// fetched again when a token names a key it does not know: how rotated
-// keys are picked up), iss, aud and exp; the role and name come from the
-// configured claims.
+// issuer: go-oidc's IDTokenVerifier checks the signature against the
+// issuer's JWKS (jwks: cached, fetched again for a key it does not hold,
+// which is how rotated keys are picked up, at a bounded rate), iss, aud
+// and exp; the role and name come from the configured claims.
 type OIDCVerifier struct {
 	cfg    OIDCConfig
 	log    zerolog.Logger
@@ -130,6 +130,7 @@ type OIDCVerifier struct {
 
 	mu       sync.Mutex
 	verifier *oidc.IDTokenVerifier // nil until discovery succeeded
+	keys     *jwks                 // the verifier's
 	failedAt time.Time
 	failErr  error
 }
@@ -156,23 +157,17 @@ func NewOIDCVerifier(cfg OIDCConfig, log zerolog.Logger, now func() time.Time) (
 		Transport: capBody{http.DefaultTransport},
 	}}
 	if cfg.JWKSURL != "" {
-		keys := oidc.NewRemoteKeySet(v.clientContext(), cfg.JWKSURL)
-		// Without discovery go-oidc would allow RS256 alone; these are the
-		// asymmetric algorithms it supports (never HS256 or none).
-		v.verifier = oidc.NewVerifier(cfg.Issuer, keys, v.oidcConfig([]string{
-			oidc.RS256, oidc.RS384, oidc.RS512, oidc.ES256, oidc.ES384, oidc.ES512,
-			oidc.PS256, oidc.PS384, oidc.PS512, oidc.EdDSA,
-		}))
+		v.useKeys(cfg.JWKSURL)
 	}
 	return v, nil
 }
 
-func (v *OIDCVerifier) clientContext() context.Context {
-	return oidc.ClientContext(context.Background(), v.client)
-}
-
-func (v *OIDCVerifier) oidcConfig(algs []string) *oidc.Config {
-	return &oidc.Config{ClientID: v.cfg.Audience, SupportedSigningAlgs: algs, Now: v.now}
+// useKeys makes go-oidc's verifier over the JWKS at url.
+func (v *OIDCVerifier) useKeys(url string) {
+	v.keys = &jwks{url: url, client: v.client, now: v.now, log: v.log}
+	v.verifier = oidc.NewVerifier(v.cfg.Issuer, v.keys, &oidc.Config{
+		ClientID: v.cfg.Audience, SupportedSigningAlgs: signingAlgs, Now: v.now,
+	})
 }
 
 // idTokenVerifier returns go-oidc's verifier, discovering the issuer first
@@ -180,31 +175,48 @@ func (v *OIDCVerifier) oidcConfig(algs []string) *oidc.Config {
 // remembered for discoveryRetry so a down issuer is not asked by every
 // request. The lock is held during discovery so one request asks and the
 // others wait for its answer.
-func (v *OIDCVerifier) idTokenVerifier(ctx context.Context) (*oidc.IDTokenVerifier, error) {
+func (v *OIDCVerifier) idTokenVerifier(ctx context.Context) (*oidc.IDTokenVerifier, *jwks, error) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	if v.verifier != nil {
-		return v.verifier, nil
+		return v.verifier, v.keys, nil
 	}
 	now := v.now()
 	if v.failErr != nil && now.Sub(v.failedAt) < discoveryRetry {
-		return nil, v.failErr
+		return nil, nil, v.failErr
 	}
+	if err := v.discover(ctx); err != nil {
+		v.failedAt, v.failErr = now, fmt.Errorf("discover OIDC issuer %s: %w", v.cfg.Issuer, err)
+		v.log.Warn().Err(err).Str("issuer", v.cfg.Issuer).Dur("retry_after", discoveryRetry).Msg("OIDC discovery failed; JWTs are refused with 503 until it succeeds")
+		return nil, nil, v.failErr
+	}
+	v.failErr = nil
+	v.log.Info().Str("issuer", v.cfg.Issuer).Str("jwks_url", v.keys.url).Msg("OIDC issuer discovered")
+	return v.verifier, v.keys, nil
+}
+
+// discover reads the issuer's discovery document (go-oidc checks that its
+// issuer is ours) for the JWKS URL, which must be https like the issuer.
+func (v *OIDCVerifier) discover(ctx context.Context) error {
 	// Not the request's own cancel: one client hanging up must not count
 	// as the issuer failing.
 	dctx, cancel := context.WithTimeout(oidc.ClientContext(context.WithoutCancel(ctx), v.client), discoveryTimeout)
 	defer cancel()
 	p, err := oidc.NewProvider(dctx, v.cfg.Issuer)
 	if err != nil {
-		v.failedAt, v.failErr = now, fmt.Errorf("discover OIDC issuer %s: %w", v.cfg.Issuer, err)
-		v.log.Warn().Err(err).Str("issuer", v.cfg.Issuer).Dur("retry_after", discoveryRetry).Msg("OIDC discovery failed; JWTs are refused with 503 until it succeeds")
-		return nil, v.failErr
+		return err
 	}
-	// The provider's algorithms (go-oidc keeps the asymmetric ones).
-	v.verifier = p.VerifierContext(v.clientContext(), v.oidcConfig(nil))
-	v.failErr = nil
-	v.log.Info().Str("issuer", v.cfg.Issuer).Msg("OIDC issuer discovered")
-	return v.verifier, nil
+	var meta struct {
+		JWKSURI string `json:"jwks_uri"`
+	}
+	if err := p.Claims(&meta); err != nil {
+		return err
+	}
+	if err := checkIssuerURL(meta.JWKSURI); err != nil {
+		return fmt.Errorf("jwks_uri: %w", err)
+	}
+	v.useKeys(meta.JWKSURI)
+	return nil
 }
 
 // Authenticate returns the principal of a JWT: an error wrapping
@@ -216,8 +228,13 @@ func (v *OIDCVerifier) Authenticate(ctx context.Context, token string) (serve.Pr
 	if len(token) > MaxBearerLen {
 		return serve.Principal{}, fmt.Errorf("bearer token longer than %d bytes: %w", MaxBearerLen, serve.ErrBadCredential)
 	}
-	verifier, err := v.idTokenVerifier(ctx)
+	verifier, keys, err := v.idTokenVerifier(ctx)
 	if err != nil {
+		return serve.Principal{}, err
+	}
+	// No keys at all is an outage (503); go-oidc would report it as a bad
+	// signature.
+	if err := keys.ready(ctx); err != nil {
 		return serve.Principal{}, err
 	}
 	idt, err := verifier.Verify(ctx, token)

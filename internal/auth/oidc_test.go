@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -26,10 +27,20 @@ import (
 // JWKS with one RSA key, and tokens signed by it (or by another key).
 type issuer struct {
 	srv       *httptest.Server
-	key       *rsa.PrivateKey
-	down      atomic.Bool // discovery answers 503
+	key       *rsa.PrivateKey // kid k1
+	down      atomic.Bool     // discovery answers 503
 	discovery atomic.Int32
 	keyFetch  atomic.Int32
+
+	mu   sync.Mutex
+	jwks map[string]*rsa.PublicKey // what /keys serves, by kid
+}
+
+// publish sets the keys /keys serves.
+func (iss *issuer) publish(keys map[string]*rsa.PublicKey) {
+	iss.mu.Lock()
+	defer iss.mu.Unlock()
+	iss.jwks = keys
 }
 
 const testAudience = "retryd-api"
@@ -37,6 +48,7 @@ const testAudience = "retryd-api"
 func newIssuer(t *testing.T) *issuer {
 	t.Helper()
 	iss := &issuer{key: newKey(t)}
+	iss.publish(map[string]*rsa.PublicKey{"k1": &iss.key.PublicKey})
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /.well-known/openid-configuration", func(w http.ResponseWriter, r *http.Request) {
 		iss.discovery.Add(1)
@@ -51,9 +63,17 @@ func newIssuer(t *testing.T) *issuer {
 	})
 	mux.HandleFunc("GET /keys", func(w http.ResponseWriter, r *http.Request) {
 		iss.keyFetch.Add(1)
-		serve.WriteJSON(w, http.StatusOK, jose.JSONWebKeySet{Keys: []jose.JSONWebKey{
-			{Key: &iss.key.PublicKey, KeyID: "k1", Algorithm: string(jose.RS256), Use: "sig"},
-		}})
+		iss.mu.Lock()
+		set := jose.JSONWebKeySet{Keys: []jose.JSONWebKey{
+			// Skipped: an encryption key and a symmetric key.
+			{Key: &newKey(t).PublicKey, KeyID: "enc", Algorithm: string(jose.RSA_OAEP), Use: "enc"},
+			{Key: []byte("not a signing key"), KeyID: "k1", Algorithm: string(jose.HS256)},
+		}}
+		for kid, pub := range iss.jwks {
+			set.Keys = append(set.Keys, jose.JSONWebKey{Key: pub, KeyID: kid, Algorithm: string(jose.RS256), Use: "sig"})
+		}
+		iss.mu.Unlock()
+		serve.WriteJSON(w, http.StatusOK, set)
 	})
 	iss.srv = httptest.NewServer(mux)
 	t.Cleanup(iss.srv.Close)
@@ -87,8 +107,13 @@ func (iss *issuer) claims(edit map[string]any) map[string]any {
 
 func sign(t *testing.T, key *rsa.PrivateKey, claims map[string]any) string {
 	t.Helper()
+	return signKid(t, key, "k1", claims)
+}
+
+func signKid(t *testing.T, key *rsa.PrivateKey, kid string, claims map[string]any) string {
+	t.Helper()
 	signer, err := jose.NewSigner(jose.SigningKey{Algorithm: jose.RS256, Key: key},
-		(&jose.SignerOptions{}).WithType("JWT").WithHeader("kid", "k1"))
+		(&jose.SignerOptions{}).WithType("JWT").WithHeader("kid", kid))
 	require.NoError(t, err)
 	payload, err := json.Marshal(claims)
 	require.NoError(t, err)
@@ -180,10 +205,65 @@ func TestOIDCBearer(t *testing.T) {
 	code, _ = call("GET", "/v1/tokens", "rtd_nosuch")
 	require.Equal(t, http.StatusUnauthorized, code)
 
-	// Discovery once; the JWKS is cached (fetched again only for the
-	// token signed by a key it did not hold).
+	// Discovery once, the JWKS once: a forged token naming a held key
+	// fetches nothing.
 	require.EqualValues(t, 1, iss.discovery.Load())
-	require.LessOrEqual(t, iss.keyFetch.Load(), int32(2))
+	require.EqualValues(t, 1, iss.keyFetch.Load())
+}
+
+// Key rotation: a key the issuer adds is fetched for the first token
+// naming it, a key it removes stops verifying within an hour, and forged
+// tokens naming unknown keys fetch at most once per 10 s.
+func TestOIDCKeyRotation(t *testing.T) {
+	t.Parallel()
+	iss := newIssuer(t)
+	clk := &clock{now: time.Now()}
+	v, err := auth.NewOIDCVerifier(auth.OIDCConfig{Issuer: iss.srv.URL, Audience: testAudience}, zerolog.Nop(), clk.Now)
+	require.NoError(t, err)
+	ctx := context.Background()
+	claims := iss.claims(map[string]any{"exp": time.Now().Add(3 * time.Hour).Unix()})
+	accept := func(tok, why string) {
+		t.Helper()
+		_, err := v.Authenticate(ctx, tok)
+		require.NoError(t, err, why)
+	}
+	refuse := func(tok, why string) {
+		t.Helper()
+		_, err := v.Authenticate(ctx, tok)
+		require.ErrorIs(t, err, serve.ErrBadCredential, why)
+	}
+	k1 := sign(t, iss.key, claims)
+	accept(k1, "k1")
+	require.EqualValues(t, 1, iss.keyFetch.Load())
+
+	other := newKey(t)
+	for range 5 {
+		refuse(sign(t, other, claims), "forged, naming k1")
+		refuse(signKid(t, other, "zz", claims), "forged, naming an unknown key")
+	}
+	require.EqualValues(t, 1, iss.keyFetch.Load(), "within 10 s of the last fetch nothing is fetched")
+	clk.Add(11 * time.Second)
+	for range 5 {
+		refuse(signKid(t, other, "zz", claims), "forged, naming an unknown key")
+	}
+	require.EqualValues(t, 2, iss.keyFetch.Load(), "one fetch per 10 s, however many tokens")
+
+	// The issuer adds k2 and signs with it.
+	k2key := newKey(t)
+	iss.publish(map[string]*rsa.PublicKey{"k1": &iss.key.PublicKey, "k2": &k2key.PublicKey})
+	clk.Add(11 * time.Second)
+	accept(signKid(t, k2key, "k2", claims), "a new key is fetched for the first token naming it")
+	require.EqualValues(t, 3, iss.keyFetch.Load())
+	accept(k1, "k1 still published")
+
+	// The issuer removes k1: it stops verifying once the keys are an hour
+	// old.
+	iss.publish(map[string]*rsa.PublicKey{"k2": &k2key.PublicKey})
+	accept(k1, "held for now")
+	clk.Add(time.Hour)
+	refuse(k1, "k1 removed")
+	accept(signKid(t, k2key, "k2", claims), "k2")
+	require.EqualValues(t, 4, iss.keyFetch.Load())
 }
 
 // A JWKS URL skips discovery, so the binary needs nothing from the issuer
@@ -274,4 +354,16 @@ func TestTokenNameNotOIDC(t *testing.T) {
 	t.Parallel()
 	_, _, err := auth.NewStore(pgtest.NewPool(t)).Create(context.Background(), "oidc:alice", serve.RoleAdmin, nil)
 	require.ErrorContains(t, err, `must not start with "oidc:"`)
+}
+
+// No keys to be had at the first token is an outage (503), not a bad
+// token.
+func TestOIDCKeysUnavailable(t *testing.T) {
+	t.Parallel()
+	iss := newIssuer(t)
+	v, err := auth.NewOIDCVerifier(auth.OIDCConfig{Issuer: iss.srv.URL, Audience: testAudience, JWKSURL: iss.srv.URL + "/nosuch"}, zerolog.Nop(), nil)
+	require.NoError(t, err)
+	_, err = v.Authenticate(context.Background(), sign(t, iss.key, iss.claims(nil)))
+	require.ErrorContains(t, err, "404")
+	require.NotErrorIs(t, err, serve.ErrBadCredential)
 }
