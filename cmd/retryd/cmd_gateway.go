@@ -104,7 +104,10 @@ DATABASE_URL) the dashboard shows the counts of retries by state.
 Tokens (RETRYD_AUTH=tokens, the default) are passed on to the services,
 which check them; the gateway checks them too for its own routes, so it
 needs --database-url (SELECT, UPDATE on api_tokens). RETRYD_AUTH=off is
-allowed on a loopback --listen only.
+allowed on a loopback --listen only. With RETRYD_OIDC_ISSUER and
+RETRYD_OIDC_AUDIENCE it accepts OIDC JWTs as well (docs/security.md);
+give the services the same RETRYD_OIDC_* settings, as they check the
+JWTs passed on to them.
 
 RETRYD_HTTP_TLS_CERT and RETRYD_HTTP_TLS_KEY make it serve HTTPS; with
 https:// upstreams signed by a private CA, RETRYD_CA_FILE (--ca-file) names

@@ -21,6 +21,12 @@ const (
 	EnvAdminTokenFile = "RETRYD_ADMIN_TOKEN_FILE"
 	EnvMetricsRole    = "RETRYD_METRICS_ROLE"
 	EnvCacheTTL       = "RETRYD_AUTH_CACHE_TTL"
+	// OIDC bearer tokens (off without an issuer); see OIDCConfig.
+	EnvOIDCIssuer    = "RETRYD_OIDC_ISSUER"
+	EnvOIDCAudience  = "RETRYD_OIDC_AUDIENCE"
+	EnvOIDCJWKSURL   = "RETRYD_OIDC_JWKS_URL"
+	EnvOIDCRoleClaim = "RETRYD_OIDC_ROLE_CLAIM"
+	EnvOIDCNameClaim = "RETRYD_OIDC_NAME_CLAIM"
 )
 
 // Mode is RETRYD_AUTH.
@@ -46,11 +52,15 @@ type Config struct {
 	// CacheTTL bounds how long a revoked token keeps working
 	// (DefaultCacheTTL when zero).
 	CacheTTL time.Duration
+	// OIDC, when enabled, accepts JWTs from an OpenID Connect issuer
+	// besides API tokens.
+	OIDC OIDCConfig
 }
 
 // FromEnv reads RETRYD_AUTH, RETRYD_ADMIN_TOKEN or RETRYD_ADMIN_TOKEN_FILE,
-// RETRYD_METRICS_ROLE and RETRYD_AUTH_CACHE_TTL with getenv (os.Getenv
-// when nil). Errors name the variable.
+// RETRYD_METRICS_ROLE, RETRYD_AUTH_CACHE_TTL and the RETRYD_OIDC_*
+// settings with getenv (os.Getenv when nil). Errors name the variable.
+// Every binary with an HTTP API builds its Guard from this (Config.Guard).
 func FromEnv(getenv func(string) string) (Config, error) {
 	if getenv == nil {
 		getenv = os.Getenv
@@ -97,6 +107,9 @@ func FromEnv(getenv func(string) string) (Config, error) {
 		}
 		c.CacheTTL = d
 	}
+	var oidcErrs []error
+	c.OIDC, oidcErrs = oidcFromEnv(getenv)
+	errs = append(errs, oidcErrs...)
 	return c, errors.Join(errs...)
 }
 
@@ -136,6 +149,9 @@ func (c Config) Guard(ctx context.Context, pool *pgxpool.Pool, log zerolog.Logge
 	if c.Mode == ModeOff {
 		log.Warn().Strs("listeners", listeners).
 			Msg("AUTHENTICATION IS OFF (RETRYD_AUTH=off): every request on these loopback listeners acts as admin")
+		if c.OIDC.Enabled() {
+			log.Warn().Msg("RETRYD_OIDC_ISSUER is ignored: authentication is off")
+		}
 		return serve.Guard{MetricsRole: c.MetricsRole}, store, nil
 	}
 	if pool == nil {
@@ -151,5 +167,28 @@ func (c Config) Guard(ctx context.Context, pool *pgxpool.Pool, log zerolog.Logge
 	if err != nil {
 		return serve.Guard{}, nil, err
 	}
-	return serve.Guard{Verifier: v, MetricsRole: c.MetricsRole}, store, nil
+	if !c.OIDC.Enabled() {
+		return serve.Guard{Verifier: v, MetricsRole: c.MetricsRole}, store, nil
+	}
+	ov, err := NewOIDCVerifier(c.OIDC, log.With().Str("component", "oidc").Logger(), nil)
+	if err != nil {
+		return serve.Guard{}, nil, err
+	}
+	log.Info().Str("issuer", c.OIDC.Issuer).Str("audience", c.OIDC.Audience).Str("role_claim", c.OIDC.RoleClaim).
+		Msg("OIDC bearer tokens accepted besides API tokens")
+	return serve.Guard{Verifier: bearers{tokens: v, oidc: ov}, MetricsRole: c.MetricsRole}, store, nil
+}
+
+// bearers sends a bearer shaped like a JWT (three dot-separated parts) to
+// OIDC and anything else to the API tokens: an API token (rtd_ and
+// base64url) never has a dot, so neither path sees the other's tokens.
+type bearers struct {
+	tokens, oidc serve.Authenticator
+}
+
+func (b bearers) Authenticate(ctx context.Context, token string) (serve.Principal, error) {
+	if strings.Count(token, ".") == 2 {
+		return b.oidc.Authenticate(ctx, token)
+	}
+	return b.tokens.Authenticate(ctx, token)
 }

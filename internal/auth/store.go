@@ -91,6 +91,10 @@ func validName(name string) error {
 	if name == "" || len(name) > maxNameLen {
 		return invalid("name", fmt.Sprintf("must be 1 to %d characters", maxNameLen))
 	}
+	if strings.HasPrefix(name, OIDCPrefix) {
+		// Audit would not tell the token from the OIDC user.
+		return invalid("name", fmt.Sprintf("must not start with %q (OIDC principals' names do)", OIDCPrefix))
+	}
 	for _, r := range name {
 		if !unicode.IsPrint(r) {
 			return invalid("name", "must be printable text")

@@ -112,6 +112,12 @@ type Authenticator interface {
 // is not valid (401), as opposed to the check failing (503).
 var ErrBadCredential = errors.New("invalid credential")
 
+// ErrNoRole is wrapped by an Authenticator's error when the credential is
+// valid but grants no retryd role (an OIDC token without the role claim):
+// the caller is known, so asking for another credential is the wrong
+// answer; every route but the public ones refuses it with 403.
+var ErrNoRole = errors.New("no retryd role")
+
 // Error codes of authentication and authorization.
 const (
 	CodeUnauthenticated = "unauthenticated"
@@ -253,6 +259,10 @@ func (g Guard) login(w http.ResponseWriter, r *http.Request) {
 			unauthenticated(w, err)
 			return
 		}
+		if errors.Is(err, ErrNoRole) {
+			WriteJSON(w, http.StatusForbidden, ErrorBody{Error: ErrorDetail{Code: CodeForbidden, Message: err.Error()}})
+			return
+		}
 		if err != nil {
 			WriteJSON(w, http.StatusServiceUnavailable, ErrorBody{Error: ErrorDetail{
 				Code: CodeAuthUnavailable, Message: "could not check the token; try again",
@@ -286,14 +296,17 @@ func (g Guard) whoami(w http.ResponseWriter, r *http.Request, st *authState) {
 	WriteJSON(w, http.StatusOK, Whoami{Principal: st.principal, Session: session})
 }
 
-// refuseUnauthenticated answers 401 (no or a bad credential) or 503 (the
-// check failed) and returns true when the request has no principal.
+// refuseUnauthenticated answers 401 (no or a bad credential), 403 (a
+// valid credential without a role) or 503 (the check failed) and returns
+// true when the request has no principal.
 func refuseUnauthenticated(w http.ResponseWriter, st *authState) bool {
 	switch {
 	case st == nil:
 		unauthenticated(w, errNoCredential)
 	case !st.ok && (errors.Is(st.err, errNoCredential) || errors.Is(st.err, ErrBadCredential)):
 		unauthenticated(w, st.err)
+	case !st.ok && errors.Is(st.err, ErrNoRole):
+		WriteJSON(w, http.StatusForbidden, ErrorBody{Error: ErrorDetail{Code: CodeForbidden, Message: st.err.Error()}})
 	case !st.ok:
 		WriteJSON(w, http.StatusServiceUnavailable, ErrorBody{Error: ErrorDetail{
 			Code: CodeAuthUnavailable, Message: "could not check the token; try again",

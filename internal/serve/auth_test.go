@@ -14,12 +14,16 @@ import (
 )
 
 // tokens is an Authenticator over a fixed map; "broken" fails the check
-// itself, as a Postgres outage would.
+// itself, as a Postgres outage would; "norole" is a valid credential
+// granting no role (an OIDC token without the role claim).
 type tokens map[string]serve.Principal
 
 func (m tokens) Authenticate(_ context.Context, tok string) (serve.Principal, error) {
 	if tok == "broken" {
 		return serve.Principal{}, fmt.Errorf("look up token: connection refused")
+	}
+	if tok == "norole" {
+		return serve.Principal{}, fmt.Errorf(`"oidc:ann" has no role in claim "retryd_role": %w`, serve.ErrNoRole)
 	}
 	p, ok := m[tok]
 	if !ok {
@@ -106,6 +110,8 @@ func TestGuardAndRequire(t *testing.T) {
 		{"GET", "/v1/hello/ann", "Bearer nope", 401},
 		{"GET", "/v1/hello/ann", "Basic dTpw", 401},
 		{"GET", "/v1/hello/ann", "Bearer broken", 503},
+		{"GET", "/v1/hello/ann", "Bearer norole", 403},
+		{"GET", "/healthz", "Bearer norole", 200},
 		{"GET", "/v1/hello/ann", "Bearer v", 200},
 		{"GET", "/v1/hello/ann", "bearer o", 200},
 		{"GET", "/v1/hello/ann", "Bearer p", 403},
@@ -189,6 +195,11 @@ func TestGuardLogin(t *testing.T) {
 	require.Equal(t, http.StatusUnauthorized, rec.Code)
 	require.Empty(t, rec.Result().Cookies())
 
+	rec = post("/login", `{"token":"norole"}`)
+	require.Equal(t, http.StatusForbidden, rec.Code, "authenticated, but no role: nothing to sign in as")
+	require.Contains(t, rec.Body.String(), "retryd_role")
+	require.Empty(t, rec.Result().Cookies())
+
 	rec = post("/login", `{"token":"rtd_v"}`)
 	require.Equal(t, http.StatusOK, rec.Code, rec.Body.String())
 	require.JSONEq(t, `{"name":"ann","role":"viewer"}`, rec.Body.String())
@@ -234,6 +245,7 @@ func TestWhoami(t *testing.T) {
 	require.Contains(t, rec.Header().Get("WWW-Authenticate"), "Bearer")
 	require.Equal(t, http.StatusUnauthorized, do("Bearer nope", "").Code)
 	require.Equal(t, http.StatusServiceUnavailable, do("Bearer broken", "").Code)
+	require.Equal(t, http.StatusForbidden, do("Bearer norole", "").Code)
 	require.JSONEq(t, `{"name":"shop","role":"producer","session":false}`, do("Bearer p", "").Body.String())
 	require.JSONEq(t, `{"name":"ci-viewer","role":"viewer","session":true}`, do("", "v").Body.String())
 
