@@ -18,6 +18,7 @@ import (
 
 	"github.com/retryd/retryd/internal/auth"
 	"github.com/retryd/retryd/internal/serve"
+	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/migrations/pgtest"
 )
 
@@ -52,6 +53,9 @@ func TestTokenLifecycle(t *testing.T) {
 
 	_, _, err = store.Create(ctx, "oncall", serve.RoleViewer, nil)
 	require.ErrorIs(t, err, serve.ErrConflict, "two live tokens may not share a name")
+	// A name is the by of its holder's lifecycle facts, which allow 64.
+	_, _, err = store.Create(ctx, strings.Repeat("n", contract.MaxTokenLen+1), serve.RoleViewer, nil)
+	require.ErrorIs(t, err, contract.ErrInvalid)
 
 	var stored []byte
 	require.NoError(t, pool.QueryRow(ctx, `SELECT hash FROM api_tokens WHERE id = $1`, tok.ID).Scan(&stored))

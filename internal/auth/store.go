@@ -40,8 +40,11 @@ const minTokenLen = len(Prefix) + 32
 // ensures.
 const BootstrapName = "bootstrap"
 
-// maxNameLen bounds a token's name (the migration checks it too).
-const maxNameLen = 100
+// maxNameLen bounds a token's name: the name is the `by` of the
+// lifecycle facts an action publishes, which allow contract.MaxTokenLen
+// (a longer name would make every cancel or retry of its holder fail).
+// The migration's check (100) is looser.
+const maxNameLen = contract.MaxTokenLen
 
 // Token is a token's record, without its secret.
 type Token struct {
