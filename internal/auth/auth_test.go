@@ -18,8 +18,8 @@ import (
 
 	"github.com/retryd/retryd/internal/auth"
 	"github.com/retryd/retryd/internal/serve"
-	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/migrations/pgtest"
+	"github.com/retryd/retryd/pkg/contract"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
