@@ -32,6 +32,8 @@ type globals struct {
 	api     string
 	token   string
 	caFile  string
+	context string // --context: a saved context by name
+	config  string // --config: the file of saved contexts
 	json    bool
 	timeout time.Duration
 	stdout  io.Writer
@@ -64,10 +66,27 @@ Exit codes: 0 ok, 1 the operation failed, 2 usage error.`,
 	pf.StringVar(&g.api, "api", api, "retryd API base URL (env "+envAPI+")")
 	pf.StringVar(&g.token, "token", os.Getenv(envToken), "API token, sent as Authorization: Bearer (env "+envToken+")")
 	pf.StringVar(&g.caFile, "ca-file", os.Getenv(envCAFile), "PEM file of CAs to trust for an https --api, besides the system's (env "+envCAFile+")")
+	config := os.Getenv(envConfig)
+	if config == "" {
+		config = defaultConfigPath()
+	}
+	pf.StringVar(&g.context, "context", "", "saved context to use (env "+envContext+"; default: the one of retryd context use)")
+	pf.StringVar(&g.config, "config", config, "file of saved contexts (env "+envConfig+")")
 	pf.BoolVar(&g.json, "json", false, "print JSON instead of tables")
 	pf.DurationVar(&g.timeout, "timeout", defaultTimeout, "timeout of each API request")
 
+	// A saved context fills in the API and token, except for the context
+	// commands themselves, which save what the flags say.
+	root.PersistentPreRunE = func(cmd *cobra.Command, _ []string) error {
+		for c := cmd; c != nil; c = c.Parent() {
+			if c.Name() == "context" && c.Parent() == root {
+				return nil
+			}
+		}
+		return g.applyContext(cmd)
+	}
 	root.AddCommand(
+		newContextCmd(g),
 		newDevCmd(g),
 		newRetriesCmd(g),
 		newSourcesCmd(g),
