@@ -185,6 +185,16 @@ func TestJobsCommands(t *testing.T) {
 		require.Equal(t, "completed", ov.Operation.Status)
 		require.Equal(t, 2, ov.Operation.Released)
 
+		// A slow one, stopped: following it then fails (exit 1).
+		out = b.ok(t, "jobs", "bulk-retry", "--type", "cli_jobs_dead", "--status", "in_progress,retrying,held", "--rate", "0.01")
+		m = regexp.MustCompile(`^Started bulk retry (op-\S+): 2 job\(s\) at 0.01/s\.\n`).FindStringSubmatch(out)
+		require.NotNil(t, m, out)
+		require.Contains(t, b.ok(t, "jobs", "operation", m[1], "--cancel"), "Operation "+m[1]+": cancelled")
+		r = b.cli(t, "jobs", "operation", m[1], "--wait")
+		require.Equal(t, exitFailed, r.code, r.stdout)
+		require.Contains(t, r.stdout, "Operation "+m[1]+": cancelled")
+		require.Contains(t, r.stderr, "Error: bulk retry "+m[1]+": cancelled")
+
 		// Without --wait: the id to follow.
 		out = b.ok(t, "jobs", "bulk-retry", "--type", "cli_jobs", "--status", "cancelled")
 		require.Regexp(t, `^Started bulk retry op-\S+: 1 job\(s\) at 10/s\.\nFollow it with: retryd jobs operation op-\S+ --wait\n$`, out)
