@@ -118,6 +118,7 @@ func (c *APIConfig) validate() error {
 // The names of the puppet retry API are accepted as aliases (docs/jobs.md,
 // "Puppet API names"): jobType for job_type, status=permanently_failed for
 // failed,failed_max_retries and errorType for error_class.
+//
 //	POST /v1/jobs/{id}/cancel    {"reason": "...", "by": "..."}
 //	POST /v1/jobs/bulk-retry     {"filter": {...}, "dry_run": true, "rate_per_second": 5, "reason": "..."}
 //	GET  /v1/operations/{id}

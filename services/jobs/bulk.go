@@ -6,8 +6,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"slices"
 	"net/http"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
