@@ -112,3 +112,31 @@ func TestAPIAliasErrorType(t *testing.T) {
 	}
 	require.Len(t, b.rec.Calls(), 2, "refused bodies never reach the scheduler")
 }
+
+// The analytics cover every kind by default; kind keeps one.
+func TestAPIAnalyticsKind(t *testing.T) {
+	t.Parallel()
+	b := setupAPI(t, jobs.APIConfig{})
+	// Created now (the columns' defaults), within the default 7 days.
+	_, err := b.pool.Exec(b.ctx, `INSERT INTO retries (kind, item_id, state, attempt, retry_count, max_retries) VALUES
+		('job', 'j1', 'exhausted', 3, 2, 2), ('event', 'ev1', 'succeeded', 2, 1, 5), ('event-trigger', 't1', 'scheduled', 1, 0, 5)`)
+	require.NoError(t, err)
+
+	var res jobstore.Analytics
+	require.Equal(t, 200, b.do(t, "GET", "/v1/analytics/retries", "", &res))
+	kinds := map[string]int64{}
+	for _, k := range res.Kinds {
+		kinds[k.Kind] = k.Items
+	}
+	require.Equal(t, map[string]int64{"job": 1, "event": 1, "event-trigger": 1}, kinds)
+
+	require.Equal(t, 200, b.do(t, "GET", "/v1/analytics/retries?kind=event", "", &res))
+	require.Len(t, res.Kinds, 1)
+	require.Equal(t, "event", res.Kinds[0].Kind)
+	require.Equal(t, int64(1), res.Kinds[0].Succeeded)
+	require.Empty(t, res.JobTypes)
+
+	code, e := b.errorOf(t, "GET", "/v1/analytics/retries?kind=Bad.Kind", "")
+	require.Equal(t, 400, code)
+	require.Equal(t, "kind", e.Field)
+}
