@@ -43,8 +43,8 @@ const wait = 30 * time.Second
 // wiring the binaries that host both use.
 type retryController struct{ s *scheduler.Scheduler }
 
-func (c retryController) RetryNow(ctx context.Context, kind, id, reason, by string, reset bool) error {
-	_, err := c.s.RetryNow(ctx, kind, id, scheduler.RetryNowOptions{Reason: reason, By: by, ResetAttempts: reset})
+func (c retryController) RetryNow(ctx context.Context, kind, id, reason, by string, reset bool, errorClass string) error {
+	_, err := c.s.RetryNow(ctx, kind, id, scheduler.RetryNowOptions{Reason: reason, By: by, ResetAttempts: reset, ErrorClass: errorClass})
 	return err
 }
 

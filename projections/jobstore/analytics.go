@@ -13,8 +13,12 @@ import (
 // type unless told otherwise.
 const DefaultTopErrors = 10
 
-// AnalyticsQuery selects the period and job type of Analytics.
+// AnalyticsQuery selects the period, kind and job type of Analytics.
 type AnalyticsQuery struct {
+	// Kind limits the result to one kind of retried work (job, event,
+	// event-trigger or a custom kind); empty means every kind. Per job
+	// type figures (Analytics.JobTypes) exist for kind job only.
+	Kind string
 	// JobType limits the result to one type; empty means every type.
 	JobType string
 	// Since (inclusive) and Until (exclusive) bound the period. Job figures
@@ -25,11 +29,42 @@ type AnalyticsQuery struct {
 	TopErrors int
 }
 
-// Analytics is the retry analytics of a period, one entry per job type.
+// Analytics is the retry analytics of a period: one entry per kind of
+// retried work, and one per job type of kind job.
 type Analytics struct {
-	Since    time.Time       `json:"since"`
-	Until    time.Time       `json:"until"`
+	Since time.Time `json:"since"`
+	Until time.Time `json:"until"`
+	// Kinds covers every kind the scheduler retries (job, event,
+	// event-trigger, custom kinds), from the retries and retry_history
+	// tables, most retried items first.
+	Kinds []KindAnalytics `json:"kinds"`
+	// JobTypes has the figures of the jobs projection (kind job only):
+	// empty when Kind names another kind.
 	JobTypes []TypeAnalytics `json:"job_types"`
+}
+
+// KindAnalytics are the figures of one kind. An item counts once it has
+// failed (that is when the scheduler gets a row for it), so these are the
+// items that needed a retry decision, not every item of the kind.
+type KindAnalytics struct {
+	Kind string `json:"kind"`
+	// Items counts items whose first failure was in the period, by state
+	// (scheduled, due, succeeded, exhausted, cancelled) in ByState.
+	Items   int64            `json:"items"`
+	ByState map[string]int64 `json:"by_state"`
+	// Succeeded and Exhausted are the items that reached an outcome;
+	// SuccessRate is Succeeded / (Succeeded + Exhausted), null when none
+	// did.
+	Succeeded   int64    `json:"succeeded"`
+	Exhausted   int64    `json:"exhausted"`
+	SuccessRate *float64 `json:"success_rate"`
+	// TotalRetries sums the retries the items used; RetriedItems counts
+	// those that used at least one.
+	TotalRetries int64 `json:"total_retries"`
+	RetriedItems int64 `json:"retried_items"`
+	// ErrorsByClass counts failed attempts of the kind in the period by
+	// class, most frequent first.
+	ErrorsByClass []ClassCount `json:"errors_by_class"`
 }
 
 // TypeAnalytics are the figures of one job type.
@@ -97,8 +132,10 @@ type ErrorPattern struct {
 	Count   int64  `json:"count"`
 }
 
-// RetryAnalytics computes the analytics of q.Since to q.Until from the jobs
-// table (job outcomes) and retry_history (failed attempts of kind job).
+// RetryAnalytics computes the analytics of q.Since to q.Until: per kind
+// from the retries table (items) and retry_history (failed attempts), per
+// job type from the jobs table (job outcomes) and retry_history (failed
+// attempts of kind job).
 func RetryAnalytics(ctx context.Context, db Querier, q AnalyticsQuery) (Analytics, error) {
 	if !q.Until.After(q.Since) {
 		return Analytics{}, fmt.Errorf("retry analytics: until %s must be after since %s", q.Until, q.Since)
@@ -119,14 +156,20 @@ func RetryAnalytics(ctx context.Context, db Querier, q AnalyticsQuery) (Analytic
 		}
 		return t
 	}
-	if err := jobFigures(ctx, db, q, get); err != nil {
+	var err error
+	if out.Kinds, err = kindFigures(ctx, db, q); err != nil {
 		return Analytics{}, err
 	}
-	if err := retryDistribution(ctx, db, q, get); err != nil {
-		return Analytics{}, err
-	}
-	if err := errorFigures(ctx, db, q, get); err != nil {
-		return Analytics{}, err
+	if q.Kind == "" || q.Kind == "job" {
+		if err := jobFigures(ctx, db, q, get); err != nil {
+			return Analytics{}, err
+		}
+		if err := retryDistribution(ctx, db, q, get); err != nil {
+			return Analytics{}, err
+		}
+		if err := errorFigures(ctx, db, q, get); err != nil {
+			return Analytics{}, err
+		}
 	}
 	out.JobTypes = make([]TypeAnalytics, 0, len(types))
 	for _, t := range types {
@@ -142,6 +185,73 @@ func ratio(num, den int64) *float64 {
 	}
 	v := float64(num) / float64(den)
 	return &v
+}
+
+// kindFigures reads the figures of each kind (of q.Kind only, when set).
+func kindFigures(ctx context.Context, db Querier, q AnalyticsQuery) ([]KindAnalytics, error) {
+	kinds := map[string]*KindAnalytics{}
+	get := func(kind string) *KindAnalytics {
+		k, ok := kinds[kind]
+		if !ok {
+			k = &KindAnalytics{Kind: kind, ByState: map[string]int64{}, ErrorsByClass: []ClassCount{}}
+			kinds[kind] = k
+		}
+		return k
+	}
+	rows, err := db.Query(ctx, `
+SELECT kind, state, count(*), sum(retry_count), count(*) FILTER (WHERE retry_count > 0) FROM retries
+WHERE created_at >= $1 AND created_at < $2 AND ($3 = '' OR job_type = $3) AND ($4 = '' OR kind = $4)
+GROUP BY kind, state`, q.Since, q.Until, q.JobType, q.Kind)
+	if err != nil {
+		return nil, fmt.Errorf("retry analytics: kind figures: %w", err)
+	}
+	var kind, state string
+	var n, retries, retried int64
+	if _, err := pgx.ForEachRow(rows, []any{&kind, &state, &n, &retries, &retried}, func() error {
+		k := get(kind)
+		k.ByState[state] = n
+		k.Items += n
+		k.TotalRetries += retries
+		k.RetriedItems += retried
+		switch state {
+		case "succeeded":
+			k.Succeeded = n
+		case "exhausted":
+			k.Exhausted = n
+		}
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("retry analytics: kind figures: %w", err)
+	}
+
+	rows, err = db.Query(ctx, `
+SELECT kind, error_class, count(*) FROM retry_history
+WHERE event = 'failed' AND at >= $1 AND at < $2 AND ($3 = '' OR job_type = $3) AND ($4 = '' OR kind = $4)
+GROUP BY kind, error_class ORDER BY kind, count(*) DESC, error_class`, q.Since, q.Until, q.JobType, q.Kind)
+	if err != nil {
+		return nil, fmt.Errorf("retry analytics: errors by kind: %w", err)
+	}
+	var c ClassCount
+	if _, err := pgx.ForEachRow(rows, []any{&kind, &c.Class, &c.Count}, func() error {
+		k := get(kind)
+		k.ErrorsByClass = append(k.ErrorsByClass, c)
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("retry analytics: errors by kind: %w", err)
+	}
+
+	out := make([]KindAnalytics, 0, len(kinds))
+	for _, k := range kinds {
+		k.SuccessRate = ratio(k.Succeeded, k.Succeeded+k.Exhausted)
+		out = append(out, *k)
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Items != out[j].Items {
+			return out[i].Items > out[j].Items
+		}
+		return out[i].Kind < out[j].Kind
+	})
+	return out, nil
 }
 
 func jobFigures(ctx context.Context, db Querier, q AnalyticsQuery, get func(string) *TypeAnalytics) error {

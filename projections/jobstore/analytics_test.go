@@ -146,3 +146,73 @@ func TestNormalizeError(t *testing.T) {
 		require.Equal(t, want, got, in)
 	}
 }
+
+// The per-kind figures cover every kind the scheduler retries, from the
+// retries and retry_history tables; Kind keeps one of them, and per job
+// type figures exist for kind job only.
+func TestRetryAnalyticsKinds(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.seedAnalytics(t)
+	day := time.Date(2024, 5, 2, 10, 0, 0, 0, time.UTC)
+	for _, r := range []struct {
+		kind, id, state, typ string
+		retries              int
+		created              time.Time
+	}{
+		{"job", "e2", "succeeded", "email_campaign", 2, day},
+		{"job", "e4", "exhausted", "email_campaign", 4, day},
+		{"job", "e6", "scheduled", "email_campaign", 1, day},
+		{"event", "ev1", "succeeded", "", 1, day},
+		{"event", "ev2", "exhausted", "", 3, day},
+		{"event", "ev3", "succeeded", "", 0, day},
+		{"event", "ev-old", "succeeded", "", 1, day.AddDate(0, 0, -12)},
+	} {
+		_, err := b.pool.Exec(b.ctx, `INSERT INTO retries (kind, item_id, state, attempt, retry_count, max_retries, job_type, created_at)
+VALUES ($1, $2, $3, $4, $4, 5, $5, $6)`, r.kind, r.id, r.state, r.retries, r.typ, r.created)
+		require.NoError(t, err)
+	}
+	since := time.Date(2024, 5, 1, 0, 0, 0, 0, time.UTC)
+	until := since.AddDate(0, 0, 7)
+
+	got, err := jobstore.RetryAnalytics(b.ctx, b.pool, jobstore.AnalyticsQuery{Since: since, Until: until})
+	require.NoError(t, err)
+	require.Len(t, got.Kinds, 2)
+	ev, job := got.Kinds[0], got.Kinds[1]
+	require.Equal(t, "event", ev.Kind)
+	require.Equal(t, int64(3), ev.Items, "ev-old had its first failure before the period")
+	require.Equal(t, map[string]int64{"succeeded": 2, "exhausted": 1}, ev.ByState)
+	require.Equal(t, int64(2), ev.Succeeded)
+	require.Equal(t, int64(1), ev.Exhausted)
+	require.InDelta(t, 2.0/3.0, *ev.SuccessRate, 1e-9)
+	require.Equal(t, int64(4), ev.TotalRetries)
+	require.Equal(t, int64(2), ev.RetriedItems)
+	// The seed's one failed event attempt (ev1) is in the period.
+	require.Equal(t, []jobstore.ClassCount{{"timeout", 1}}, ev.ErrorsByClass)
+
+	require.Equal(t, "job", job.Kind)
+	require.Equal(t, int64(3), job.Items)
+	require.Equal(t, map[string]int64{"succeeded": 1, "exhausted": 1, "scheduled": 1}, job.ByState)
+	require.InDelta(t, 0.5, *job.SuccessRate, 1e-9)
+	require.Equal(t, int64(7), job.TotalRetries)
+	require.Equal(t, []jobstore.ClassCount{{"temporary", 4}, {"timeout", 3}, {"network", 1}, {"rate_limit", 1}, {"validation", 1}}, job.ErrorsByClass)
+	require.Len(t, got.JobTypes, 2, "all kinds include the per job type figures of jobs")
+
+	events, err := jobstore.RetryAnalytics(b.ctx, b.pool, jobstore.AnalyticsQuery{Since: since, Until: until, Kind: "event"})
+	require.NoError(t, err)
+	require.Len(t, events.Kinds, 1)
+	require.Equal(t, ev, events.Kinds[0])
+	require.Empty(t, events.JobTypes, "per job type figures are of kind job")
+
+	jobsOnly, err := jobstore.RetryAnalytics(b.ctx, b.pool, jobstore.AnalyticsQuery{Since: since, Until: until, Kind: "job"})
+	require.NoError(t, err)
+	require.Equal(t, []jobstore.KindAnalytics{job}, jobsOnly.Kinds)
+	require.Len(t, jobsOnly.JobTypes, 2)
+
+	typed, err := jobstore.RetryAnalytics(b.ctx, b.pool, jobstore.AnalyticsQuery{Since: since, Until: until, JobType: "data_enrichment"})
+	require.NoError(t, err)
+	require.Len(t, typed.Kinds, 1, "a job type keeps the kinds that have it")
+	require.Equal(t, "job", typed.Kinds[0].Kind)
+	require.Zero(t, typed.Kinds[0].Items)
+	require.Equal(t, []jobstore.ClassCount{{"rate_limit", 1}}, typed.Kinds[0].ErrorsByClass)
+}

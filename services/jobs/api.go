@@ -19,6 +19,7 @@ import (
 	"github.com/retryd/retryd/internal/audit"
 	"github.com/retryd/retryd/internal/serve"
 	"github.com/retryd/retryd/pkg/contract"
+	"github.com/retryd/retryd/pkg/errclass"
 	"github.com/retryd/retryd/projections/jobstore"
 	"github.com/retryd/retryd/projections/pgtext"
 	"github.com/retryd/retryd/projections/retrystore"
@@ -29,8 +30,10 @@ import (
 // small adapter (see docs/jobs.md). Errors wrapping serve.ErrNotFound,
 // serve.ErrConflict or contract.ErrInvalid answer 404, 409 and 400.
 type RetryController interface {
-	// RetryNow schedules a new attempt of kind/id now.
-	RetryNow(ctx context.Context, kind, id, reason, by string, resetAttempts bool) error
+	// RetryNow schedules a new attempt of kind/id now. errorClass, when
+	// not empty, is the class the operator gives the retry (a valid
+	// errclass.Class): it is recorded with the manual decision.
+	RetryNow(ctx context.Context, kind, id, reason, by string, resetAttempts bool, errorClass string) error
 	// Cancel cancels the pending retry of kind/id.
 	Cancel(ctx context.Context, kind, id, by, reason string) error
 }
@@ -107,10 +110,15 @@ func (c *APIConfig) validate() error {
 // API serves the jobs, analytics and bulk retry endpoints and runs bulk
 // retries in the background (Start/Stop):
 //
-//	GET  /v1/analytics/retries?job_type=&since=&until=&days=&top=
+//	GET  /v1/analytics/retries?kind=&job_type=&since=&until=&days=&top=
 //	GET  /v1/jobs?status=&job_type=&min_retry_count=&error_class=&since=&until=&limit=&cursor=
 //	GET  /v1/jobs/{id}
-//	POST /v1/jobs/{id}/retry     {"reason": "...", "by": "...", "reset_attempts": false}
+//	POST /v1/jobs/{id}/retry     {"reason": "...", "by": "...", "reset_attempts": false, "error_class": "..."}
+//
+// The names of the puppet retry API are accepted as aliases (docs/jobs.md,
+// "Puppet API names"): jobType for job_type, status=permanently_failed for
+// failed,failed_max_retries and errorType for error_class.
+//
 //	POST /v1/jobs/{id}/cancel    {"reason": "...", "by": "..."}
 //	POST /v1/jobs/bulk-retry     {"filter": {...}, "dry_run": true, "rate_per_second": 5, "reason": "..."}
 //	GET  /v1/operations/{id}
@@ -151,7 +159,7 @@ func NewAPI(cfg APIConfig) (*API, error) {
 // about the route.
 var endpoints = []serve.Endpoint[*API]{
 	{Route: serve.Route{Method: http.MethodGet, Path: "/v1/analytics/retries", Role: serve.RoleViewer,
-		Description: "Job retry analytics per job type (?job_type=&days=&since=&until=&top=)."}, Serve: (*API).handleAnalytics},
+		Description: "Retry analytics per kind and per job type (?kind=&job_type=&days=&since=&until=&top=)."}, Serve: (*API).handleAnalytics},
 	{Route: serve.Route{Method: http.MethodGet, Path: "/v1/jobs", Role: serve.RoleViewer,
 		Description: "List jobs (?status=&job_type=&min_retry_count=&error_class=&since=&until=&limit=&cursor=)."}, Serve: (*API).handleList},
 	{Route: serve.Route{Method: http.MethodPost, Path: "/v1/jobs/bulk-retry", Role: serve.RoleOperator,
@@ -159,7 +167,7 @@ var endpoints = []serve.Endpoint[*API]{
 	{Route: serve.Route{Method: http.MethodGet, Path: "/v1/jobs/{id}", Role: serve.RoleViewer,
 		Description: "One job and its retry history."}, Serve: (*API).handleGet},
 	{Route: serve.Route{Method: http.MethodPost, Path: "/v1/jobs/{id}/retry", Role: serve.RoleOperator,
-		Description: `Retry a job now ({"reason", "reset_attempts"}; the token's name is recorded as by).`}, Serve: (*API).handleRetry},
+		Description: `Retry a job now ({"reason", "reset_attempts", "error_class"}; the token's name is recorded as by).`}, Serve: (*API).handleRetry},
 	{Route: serve.Route{Method: http.MethodPost, Path: "/v1/jobs/{id}/cancel", Role: serve.RoleOperator,
 		Description: `Cancel a job's pending retry ({"reason"}; the token's name is recorded as by).`}, Serve: (*API).handleCancel},
 	{Route: serve.Route{Method: http.MethodGet, Path: "/v1/operations/{id}", Role: serve.RoleViewer,
@@ -187,6 +195,55 @@ func (a *API) Handler() http.Handler {
 
 func invalid(field, reason string) error {
 	return &contract.FieldError{Field: field, Reason: reason, Err: contract.ErrInvalid}
+}
+
+// Aliases: the names of the puppet retry API (docs/jobs.md), accepted so
+// that its clients work unchanged.
+const (
+	aliasJobType           = "jobType"
+	aliasErrorType         = "errorType"
+	aliasPermanentlyFailed = "permanently_failed"
+)
+
+// permanentlyFailed is what the alias status permanently_failed means: the
+// jobs retryd gave up on, a non-retryable error or a spent budget.
+// Cancelled jobs are not included: an operator stopped them.
+var permanentlyFailed = []jobstore.Status{jobstore.StatusFailed, jobstore.StatusFailedMaxRetries}
+
+// aliased returns the value of canonical or of its alias; a request giving
+// both with different values is refused, as either could be the one meant.
+func aliased(canonical, canonicalValue, alias, aliasValue string) (string, error) {
+	if canonicalValue != "" && aliasValue != "" && canonicalValue != aliasValue {
+		return "", invalid(canonical, fmt.Sprintf("differs from its alias %s (%q vs %q): give one of them", alias, canonicalValue, aliasValue))
+	}
+	if canonicalValue != "" {
+		return canonicalValue, nil
+	}
+	return aliasValue, nil
+}
+
+// queryJobType reads job_type or its alias jobType.
+func queryJobType(q url.Values) (string, error) {
+	jt, err := aliased("job_type", q.Get("job_type"), aliasJobType, q.Get(aliasJobType))
+	if err != nil || jt == "" {
+		return jt, err
+	}
+	if err := contract.ValidateToken("job_type", jt); err != nil {
+		return "", err
+	}
+	return jt, nil
+}
+
+// parseStatus reads one status of field, expanding permanently_failed.
+func parseStatus(field, s string) ([]jobstore.Status, error) {
+	if s == aliasPermanentlyFailed {
+		return permanentlyFailed, nil
+	}
+	st := jobstore.Status(s)
+	if !st.Valid() {
+		return nil, invalid(field, fmt.Sprintf("%q is not one of %v or %s", st, jobstore.Statuses, aliasPermanentlyFailed))
+	}
+	return []jobstore.Status{st}, nil
 }
 
 // period reads since/until or days (default DefaultAnalyticsDays back from
@@ -226,9 +283,13 @@ func (a *API) handleAnalytics(w http.ResponseWriter, r *http.Request) {
 		serve.WriteError(w, err)
 		return
 	}
-	aq := jobstore.AnalyticsQuery{JobType: q.Get("job_type"), Since: since, Until: until}
-	if aq.JobType != "" {
-		if err := contract.ValidateToken("job_type", aq.JobType); err != nil {
+	aq := jobstore.AnalyticsQuery{Since: since, Until: until, Kind: q.Get("kind")}
+	if aq.JobType, err = queryJobType(q); err != nil {
+		serve.WriteError(w, err)
+		return
+	}
+	if aq.Kind != "" {
+		if err := contract.ValidateKind("kind", aq.Kind); err != nil {
 			serve.WriteError(w, err)
 			return
 		}
@@ -252,18 +313,16 @@ func listFilter(q url.Values) (jobstore.Filter, error) {
 	var f jobstore.Filter
 	for _, v := range q["status"] {
 		for _, s := range strings.Split(v, ",") {
-			st := jobstore.Status(strings.TrimSpace(s))
-			if !st.Valid() {
-				return f, invalid("status", fmt.Sprintf("%q is not one of %v", st, jobstore.Statuses))
+			sts, err := parseStatus("status", strings.TrimSpace(s))
+			if err != nil {
+				return f, err
 			}
-			f.Statuses = append(f.Statuses, st)
+			f.Statuses = append(f.Statuses, sts...)
 		}
 	}
-	f.JobType = q.Get("job_type")
-	if f.JobType != "" {
-		if err := contract.ValidateToken("job_type", f.JobType); err != nil {
-			return f, err
-		}
+	var err error
+	if f.JobType, err = queryJobType(q); err != nil {
+		return f, err
 	}
 	if v := q.Get("min_retry_count"); v != "" {
 		n, err := strconv.Atoi(v)
@@ -369,15 +428,46 @@ type ActionRequest struct {
 	Reason        string `json:"reason,omitempty"`
 	By            string `json:"by,omitempty"`
 	ResetAttempts bool   `json:"reset_attempts,omitempty"`
+	// ErrorClass (retry only) is an error class (pkg/errclass) the
+	// operator files the retry under; it is recorded in the retry's
+	// history entry and audit detail. ErrorType is its alias, the puppet
+	// API's errorType.
+	ErrorClass string `json:"error_class,omitempty"`
+	ErrorType  string `json:"errorType,omitempty"`
+}
+
+// errorClass reads error_class or its alias errorType as an error class.
+func (req ActionRequest) errorClass() (string, error) {
+	parse := func(field, v string) (string, error) {
+		if v == "" {
+			return "", nil
+		}
+		c, err := errclass.Parse(v)
+		if err != nil {
+			return "", invalid(field, err.Error())
+		}
+		return string(c), nil
+	}
+	canonical, err := parse("error_class", req.ErrorClass)
+	if err != nil {
+		return "", err
+	}
+	alias, err := parse(aliasErrorType, req.ErrorType)
+	if err != nil {
+		return "", err
+	}
+	// Compared as classes, so temporary and temporary_error agree.
+	return aliased("error_class", canonical, aliasErrorType, alias)
 }
 
 // ActionResponse answers an accepted action: the scheduler recorded it and
 // the job's status follows as the projection folds the resulting event.
 type ActionResponse struct {
-	ID     string `json:"id"`
-	Action string `json:"action"`
-	By     string `json:"by"`
-	Reason string `json:"reason,omitempty"`
+	ID         string `json:"id"`
+	Action     string `json:"action"`
+	By         string `json:"by"`
+	Reason     string `json:"reason,omitempty"`
+	ErrorClass string `json:"error_class,omitempty"`
 }
 
 func (a *API) decodeOptional(r *http.Request, v any) error {
@@ -409,14 +499,27 @@ func (a *API) action(w http.ResponseWriter, r *http.Request, name string) {
 		serve.WriteError(w, err)
 		return
 	}
+	class, err := req.errorClass()
+	if err != nil {
+		serve.WriteError(w, err)
+		return
+	}
 	// The scheduler's retry action records the audit entry in its
 	// transaction; it is named as a job action here.
 	if name == "retry" {
 		ctx := audit.Named(r.Context(), audit.JobRetry)
-		err = a.cfg.Retry.RetryNow(ctx, contract.KindJob, id, req.Reason, req.By, req.ResetAttempts)
+		err = a.cfg.Retry.RetryNow(ctx, contract.KindJob, id, req.Reason, req.By, req.ResetAttempts, class)
 	} else {
 		if req.ResetAttempts {
 			serve.WriteError(w, invalid("reset_attempts", "applies to retry only"))
+			return
+		}
+		if class != "" {
+			field := "error_class"
+			if req.ErrorClass == "" {
+				field = aliasErrorType
+			}
+			serve.WriteError(w, invalid(field, "applies to retry only"))
 			return
 		}
 		ctx := audit.Named(r.Context(), audit.JobCancel)
@@ -427,7 +530,7 @@ func (a *API) action(w http.ResponseWriter, r *http.Request, name string) {
 		return
 	}
 	a.log.Info().Str("job_id", id).Str("action", name).Str("by", req.By).Msg("job action")
-	serve.WriteJSON(w, http.StatusAccepted, ActionResponse{ID: id, Action: name, By: req.By, Reason: req.Reason})
+	serve.WriteJSON(w, http.StatusAccepted, ActionResponse{ID: id, Action: name, By: req.By, Reason: req.Reason, ErrorClass: class})
 }
 
 func (a *API) handleRetry(w http.ResponseWriter, r *http.Request)  { a.action(w, r, "retry") }

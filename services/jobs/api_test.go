@@ -43,8 +43,12 @@ func (r *recorder) record(ctx context.Context, call, id string) error {
 	return r.errors[id]
 }
 
-func (r *recorder) RetryNow(ctx context.Context, kind, id, reason, by string, reset bool) error {
-	return r.record(ctx, fmt.Sprintf("retry %s/%s by=%s reset=%t reason=%s", kind, id, by, reset, reason), id)
+func (r *recorder) RetryNow(ctx context.Context, kind, id, reason, by string, reset bool, class string) error {
+	call := fmt.Sprintf("retry %s/%s by=%s reset=%t reason=%s", kind, id, by, reset, reason)
+	if class != "" {
+		call += " class=" + class
+	}
+	return r.record(ctx, call, id)
 }
 
 func (r *recorder) Cancel(ctx context.Context, kind, id, by, reason string) error {
@@ -374,12 +378,12 @@ type blockingController struct {
 	once    sync.Once
 }
 
-func (c *blockingController) RetryNow(ctx context.Context, kind, id, reason, by string, reset bool) error {
+func (c *blockingController) RetryNow(ctx context.Context, kind, id, reason, by string, reset bool, class string) error {
 	c.once.Do(func() {
 		close(c.entered)
 		<-c.release
 	})
-	return c.recorder.RetryNow(ctx, kind, id, reason, by, reset)
+	return c.recorder.RetryNow(ctx, kind, id, reason, by, reset, class)
 }
 
 // A stop that comes while a job is being released lets that release

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -85,16 +86,18 @@ const releaseTimeout = 30 * time.Second
 
 func (f BulkFilter) toFilter() (jobstore.Filter, error) {
 	out := jobstore.Filter{
-		Statuses: []jobstore.Status(f.Status), JobType: f.JobType, ErrorClass: f.ErrorClass,
+		JobType: f.JobType, ErrorClass: f.ErrorClass,
 		MinRetryCount: f.MinRetryCount, Since: f.Since, Until: f.Until,
 	}
-	if len(out.Statuses) == 0 {
-		out.Statuses = []jobstore.Status{jobstore.StatusFailed, jobstore.StatusFailedMaxRetries}
-	}
-	for _, st := range out.Statuses {
-		if !st.Valid() {
-			return out, invalid("filter.status", fmt.Sprintf("%q is not one of %v", st, jobstore.Statuses))
+	for _, st := range f.Status {
+		sts, err := parseStatus("filter.status", string(st))
+		if err != nil {
+			return out, err
 		}
+		out.Statuses = append(out.Statuses, sts...)
+	}
+	if len(out.Statuses) == 0 {
+		out.Statuses = slices.Clone(permanentlyFailed)
 	}
 	if out.JobType != "" {
 		if err := contract.ValidateToken("filter.job_type", out.JobType); err != nil {
@@ -393,7 +396,7 @@ func (a *API) releaseOne(ctx context.Context, id, reason string, op jobstore.Ope
 		more = true
 		msg := ""
 		state = jobstore.ItemReleased
-		switch rerr := a.cfg.Retry.RetryNow(ctx, contract.KindJob, jobID, pgtext.Truncate(reason, contract.MaxMessageLen), op.RequestedBy, op.ResetAttempts); {
+		switch rerr := a.cfg.Retry.RetryNow(ctx, contract.KindJob, jobID, pgtext.Truncate(reason, contract.MaxMessageLen), op.RequestedBy, op.ResetAttempts, ""); {
 		case rerr == nil:
 		case errors.Is(rerr, serve.ErrNotFound), errors.Is(rerr, serve.ErrConflict):
 			state, msg = jobstore.ItemSkipped, pgtext.Truncate(rerr.Error(), 512)

@@ -12,6 +12,7 @@ import (
 	"github.com/retryd/retryd/internal/audit"
 	"github.com/retryd/retryd/internal/serve"
 	"github.com/retryd/retryd/pkg/contract"
+	"github.com/retryd/retryd/pkg/errclass"
 	"github.com/retryd/retryd/projections/inbox"
 	"github.com/retryd/retryd/projections/retrystore"
 )
@@ -38,6 +39,12 @@ type RetryNowOptions struct {
 	// ResetAttempts gives the item its full retry budget again. Attempt
 	// numbers keep growing either way, so every due event id stays unique.
 	ResetAttempts bool
+	// ErrorClass, when set, is the error class (pkg/errclass) the operator
+	// files the retry under (the jobs API's error_class, alias errorType):
+	// the manual decision and its history entry carry it instead of the
+	// item's last class, and the audit detail names it. The item's last
+	// error class is left alone: it is what the item last failed with.
+	ErrorClass string
 }
 
 func validateAction(kind, id, by, reason string) error {
@@ -102,6 +109,13 @@ func (s *Scheduler) RetryNow(ctx context.Context, kind, id string, opts RetryNow
 	if err := validateAction(kind, id, opts.By, opts.Reason); err != nil {
 		return retrystore.Retry{}, err
 	}
+	if opts.ErrorClass != "" {
+		c, err := errclass.Parse(opts.ErrorClass)
+		if err != nil {
+			return retrystore.Retry{}, &contract.FieldError{Field: "error_class", Reason: err.Error(), Err: contract.ErrInvalid}
+		}
+		opts.ErrorClass = string(c)
+	}
 	return s.action(ctx, kind, id, func(tx pgx.Tx, row *retrystore.Retry, now time.Time) (change, error) {
 		ch, err := manualRetry(*row, opts, now)
 		if err != nil {
@@ -110,6 +124,9 @@ func (s *Scheduler) RetryNow(ctx context.Context, kind, id string, opts RetryNow
 		d := audit.Detail{"reason": opts.Reason, "attempt": ch.row.Attempt}
 		if opts.ResetAttempts {
 			d["reset_attempts"] = true
+		}
+		if opts.ErrorClass != "" {
+			d["error_class"] = opts.ErrorClass
 		}
 		return ch, audit.Record(ctx, tx, audit.ActionName(ctx, audit.RetryRetry), auditTarget(ctx, kind, id), d)
 	})
@@ -138,15 +155,22 @@ func manualRetry(r retrystore.Retry, opts RetryNowOptions, now time.Time) (chang
 	if opts.ResetAttempts {
 		note += ", attempts reset"
 	}
+	if opts.ErrorClass != "" {
+		note += ", error class " + opts.ErrorClass
+	}
 	if opts.Reason != "" {
 		note += ": " + opts.Reason
+	}
+	class := r.LastErrorClass
+	if opts.ErrorClass != "" {
+		class = opts.ErrorClass
 	}
 	sd := &contract.ScheduledData{
 		Kind: r.Kind, ID: r.ItemID, Attempt: attempt, NextAttemptAt: now,
 		JobType: r.JobType, Source: r.Source,
 		Decision: contract.Decision{
 			Policy: r.PolicyName, PolicyVersion: r.PolicyVersion, DecidedBy: contract.DecidedByManual,
-			ErrorClass: r.LastErrorClass, RetryCount: max(attempt-1-base, 0), MaxRetries: r.MaxRetries, Note: note,
+			ErrorClass: class, RetryCount: max(attempt-1-base, 0), MaxRetries: r.MaxRetries, Note: note,
 		},
 	}
 	msg, err := contract.NewLifecycleMsg(source, contract.Rescheduled, sd, now)

@@ -207,7 +207,7 @@ func (s *Scheduler) handleRetry(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	req.By = serve.Actor(r)
-	row, err := s.RetryNow(r.Context(), kind, id, RetryNowOptions(req))
+	row, err := s.RetryNow(r.Context(), kind, id, RetryNowOptions{Reason: req.Reason, By: req.By, ResetAttempts: req.ResetAttempts})
 	if err != nil {
 		serve.WriteError(w, err)
 		return

@@ -98,7 +98,7 @@ func TestAuditOfActions(t *testing.T) {
 	// job action; its bulk runner, with no principal, records nothing.
 	ctx := serve.WithPrincipal(b.ctx, serve.Principal{Name: "oncall", Role: serve.RoleOperator})
 	require.NoError(t, scheduler.RetryController{S: s.Scheduler}.Cancel(audit.Named(ctx, audit.JobCancel), contract.KindJob, "j1", "mallory", "gone"))
-	require.NoError(t, scheduler.RetryController{S: s.Scheduler}.RetryNow(b.ctx, contract.KindJob, "j1", "bulk", "runner", false))
+	require.NoError(t, scheduler.RetryController{S: s.Scheduler}.RetryNow(b.ctx, contract.KindJob, "j1", "bulk", "runner", false, ""))
 
 	require.Equal(t, []string{
 		"oncall operator retry.cancel retry/au/a",

@@ -15,9 +15,10 @@ import (
 // scheduler's lifecycle events like any other operator action.
 type RetryController struct{ S *Scheduler }
 
-// RetryNow schedules a new attempt of kind/id now.
-func (c RetryController) RetryNow(ctx context.Context, kind, id, reason, by string, reset bool) error {
-	_, err := c.S.RetryNow(ctx, kind, id, RetryNowOptions{Reason: reason, By: by, ResetAttempts: reset})
+// RetryNow schedules a new attempt of kind/id now, filed under errorClass
+// when it is not empty.
+func (c RetryController) RetryNow(ctx context.Context, kind, id, reason, by string, reset bool, errorClass string) error {
+	_, err := c.S.RetryNow(ctx, kind, id, RetryNowOptions{Reason: reason, By: by, ResetAttempts: reset, ErrorClass: errorClass})
 	return err
 }
 
