@@ -33,7 +33,6 @@ func fakeTokensAPI(t *testing.T) (string, func() []string) {
 	}
 }
 
-
 // A saved context supplies the API and the token; a flag still wins for
 // one command; the file is the owner's only and ls never prints a token.
 func TestSavedContexts(t *testing.T) {
