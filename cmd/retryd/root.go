@@ -46,7 +46,7 @@ func newRootCmd(stdout, stderr io.Writer) *cobra.Command {
 		Use:   "retryd",
 		Short: "Durable retries over NATS JetStream: dev runner and operator CLI",
 		Long: `retryd runs the whole retry pipeline on your machine (retryd dev) and
-operates a running retryd through its HTTP API (retries, sources, policies,
+operates a running retryd through its HTTP API (retries, jobs, sources, policies,
 analytics). Human tables by default, --json for scripts.
 
 Exit codes: 0 ok, 1 the operation failed, 2 usage error.`,
@@ -89,6 +89,7 @@ Exit codes: 0 ok, 1 the operation failed, 2 usage error.`,
 		newContextCmd(g),
 		newDevCmd(g),
 		newRetriesCmd(g),
+		newJobsCmd(g),
 		newSourcesCmd(g),
 		newPoliciesCmd(g),
 		newAnalyticsCmd(g),

@@ -153,3 +153,43 @@ type auditPage struct {
 	Entries    []auditEntry `json:"entries"`
 	NextCursor string       `json:"next_cursor,omitempty"`
 }
+
+type jobRow struct {
+	ID                 string     `json:"id"`
+	JobType            string     `json:"job_type"`
+	Status             string     `json:"status"`
+	Attempt            int        `json:"attempt"`
+	RetryCount         int        `json:"retry_count"`
+	MaxRetries         *int       `json:"max_retries"`
+	RetryEnabled       bool       `json:"retry_enabled"`
+	CurrentStep        string     `json:"current_step"`
+	LastErrorMessage   string     `json:"last_error_message"`
+	LastErrorClass     string     `json:"last_error_class"`
+	LastErrorTimestamp *time.Time `json:"last_error_timestamp"`
+	LastAttemptAt      *time.Time `json:"last_attempt_at"`
+	NextRetryAt        *time.Time `json:"next_retry_at"`
+	StatusReason       string     `json:"status_reason"`
+	CreatedAt          time.Time  `json:"created_at"`
+	UpdatedAt          time.Time  `json:"updated_at"`
+	CompletedAt        *time.Time `json:"completed_at"`
+}
+
+type jobPage struct {
+	Jobs       []jobRow `json:"jobs"`
+	NextCursor string   `json:"next_cursor,omitempty"`
+}
+
+// jobView is GET /v1/jobs/{id}. Job is null for a job the projection has
+// not folded yet but the scheduler has history of.
+type jobView struct {
+	Job     *jobRow        `json:"job"`
+	History []historyEntry `json:"history"`
+}
+
+// jobActionView answers POST /v1/jobs/{id}/retry and /cancel.
+type jobActionView struct {
+	ID     string `json:"id"`
+	Action string `json:"action"`
+	By     string `json:"by"`
+	Reason string `json:"reason"`
+}

@@ -1,0 +1,545 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+)
+
+// The jobs commands work the jobs API (services/jobs): the jobs table the
+// projection keeps, one job's history, actions on one job and bulk
+// retries. `retries` works every kind through the scheduler's API; these
+// speak in job statuses (failed_max_retries, held, ...) instead.
+
+func newJobsCmd(g *globals) *cobra.Command {
+	cmd := group(&cobra.Command{
+		Use:     "jobs",
+		Aliases: []string{"job"},
+		Short:   "List, inspect, retry and cancel jobs; bulk retries and their progress",
+	})
+	cmd.AddCommand(newJobsListCmd(g), newJobsShowCmd(g), newJobsActionCmd(g, "retry"), newJobsActionCmd(g, "cancel"),
+		newJobsBulkRetryCmd(g), newJobsOperationCmd(g))
+	return cmd
+}
+
+// checkStatuses reports the first of list that is not a job status.
+func checkStatuses(cmd *cobra.Command, list []string) error {
+	for _, s := range list {
+		if !contains(jobStatuses, s) {
+			return usageErrorf(cmd, "--status %q is not one of %s", s, strings.Join(jobStatuses, ", "))
+		}
+	}
+	return nil
+}
+
+// timeFlags reads --since and --until into dst under their API names.
+func timeFlags(cmd *cobra.Command, since, until string, set func(name string, t time.Time)) error {
+	now := time.Now()
+	for _, p := range []struct{ name, v string }{{"since", since}, {"until", until}} {
+		if p.v == "" {
+			continue
+		}
+		t, err := parseTimeFlag(p.v, now)
+		if err != nil {
+			return usageErrorf(cmd, "--%s: %v", p.name, err)
+		}
+		set(p.name, t)
+	}
+	return nil
+}
+
+func newJobsListCmd(g *globals) *cobra.Command {
+	var (
+		statuses                                  []string
+		jobType, errorClass, cursor, since, until string
+		limit, minRetries                         int
+		all                                       bool
+	)
+	cmd := &cobra.Command{
+		Use:   "list",
+		Short: "List jobs by type, status and last error class, most recently changed first",
+		Example: `  retryd jobs list --status failed,failed_max_retries
+  retryd jobs list --type send_email --error-class rate_limit --all
+  retryd jobs list --status retrying --json`,
+		Args: args(0),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := checkStatuses(cmd, statuses); err != nil {
+				return err
+			}
+			if limit < 1 || limit > 1000 {
+				return usageErrorf(cmd, "--limit must be between 1 and 1000, got %d", limit)
+			}
+			if minRetries < 0 {
+				return usageErrorf(cmd, "--min-retry-count must not be negative, got %d", minRetries)
+			}
+			if all && cursor != "" {
+				return usageErrorf(cmd, "--cursor and --all exclude each other: --all starts at the first page")
+			}
+			q := url.Values{}
+			for k, v := range map[string]string{"job_type": jobType, "error_class": errorClass, "cursor": cursor} {
+				if v != "" {
+					q.Set(k, v)
+				}
+			}
+			if len(statuses) > 0 {
+				q.Set("status", strings.Join(statuses, ","))
+			}
+			if minRetries > 0 {
+				q.Set("min_retry_count", strconv.Itoa(minRetries))
+			}
+			if err := timeFlags(cmd, since, until, func(name string, t time.Time) { q.Set(name, t.Format(time.RFC3339Nano)) }); err != nil {
+				return err
+			}
+			q.Set("limit", strconv.Itoa(limit))
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			var rows []jobRow
+			var raws []json.RawMessage
+			next := ""
+			for {
+				var page jobPage
+				raw, err := c.get(cmd.Context(), "/v1/jobs", q, &page)
+				if err != nil {
+					return fmt.Errorf("list jobs: %w", err)
+				}
+				raws = append(raws, raw)
+				rows = append(rows, page.Jobs...)
+				next = page.NextCursor
+				if !all || next == "" {
+					break
+				}
+				q.Set("cursor", next)
+			}
+			if g.json {
+				if len(raws) == 1 {
+					return printJSON(g.stdout, raws[0])
+				}
+				return writeJSON(g.stdout, jobPage{Jobs: rows})
+			}
+			if len(rows) == 0 {
+				fmt.Fprintln(g.stdout, "No jobs match.")
+				return nil
+			}
+			now := time.Now()
+			// RETRIES, not attempts out of a maximum: the API has no
+			// maximum attempt, and after --reset-attempts the attempt
+			// number goes on while the budget starts again.
+			t := newTable(g.stdout, "ID", "TYPE", "STATUS", "ATTEMPT", "RETRIES", "LAST ERROR CLASS", "NEXT RETRY", "UPDATED")
+			for _, j := range rows {
+				t.row(j.ID, j.JobType, j.Status, strconv.Itoa(j.Attempt), jobRetries(j), j.LastErrorClass,
+					nextRetry(j, now), relTime(&j.UpdatedAt, now))
+			}
+			if err := t.flush(); err != nil {
+				return err
+			}
+			if next != "" {
+				fmt.Fprintf(g.stderr, "More jobs: add --cursor %s (or --all).\n", next)
+			}
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&jobType, "type", "", "job type")
+	f.StringSliceVar(&statuses, "status", nil, "job statuses: "+strings.Join(jobStatuses, ", ")+" (repeat or comma-separate)")
+	f.StringVar(&errorClass, "error-class", "", "class of the last error, e.g. rate_limit")
+	f.IntVar(&minRetries, "min-retry-count", 0, "jobs that used at least this many retries")
+	f.StringVar(&since, "since", "", "changed at or after (RFC 3339, or a duration back from now such as 24h)")
+	f.StringVar(&until, "until", "", "changed before (RFC 3339, or a duration back from now)")
+	f.IntVar(&limit, "limit", 100, "page size (1-1000)")
+	f.StringVar(&cursor, "cursor", "", "continue after a previous page")
+	f.BoolVar(&all, "all", false, "fetch every page")
+	return cmd
+}
+
+// jobRetries is retries used out of the budget; a job whose budget the
+// scheduler has not decided yet shows the count alone.
+func jobRetries(j jobRow) string {
+	if j.MaxRetries == nil {
+		return strconv.Itoa(j.RetryCount)
+	}
+	return fmt.Sprintf("%d/%d", j.RetryCount, *j.MaxRetries)
+}
+
+// nextRetry is when a waiting job runs again; next_retry_at of a finished
+// job is history, not a plan.
+func nextRetry(j jobRow, now time.Time) string {
+	if j.Status != "retrying" && j.Status != "held" {
+		return ""
+	}
+	return relTime(j.NextRetryAt, now)
+}
+
+// jobErr names the job in err unless the API's message does already.
+func jobErr(what, id string, err error) error {
+	var ae *apiError
+	if errors.As(err, &ae) && strings.Contains(ae.Message, id) {
+		return fmt.Errorf("%s: %w", what, err)
+	}
+	return fmt.Errorf("%s %s: %w", what, id, err)
+}
+
+func newJobsShowCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:     "show ID",
+		Short:   "Show one job and its attempt history",
+		Example: `  retryd jobs show 01JA2Q8M9X3T7V5W6Y4Z2B1C0D`,
+		Args:    args(1, "ID"),
+		RunE: func(cmd *cobra.Command, a []string) error {
+			id := a[0]
+			var v jobView
+			if done, err := g.fetch(cmd, "/v1/jobs/"+seg(id), nil, &v, func(err error) error { return jobErr("show job", id, err) }); done {
+				return err
+			}
+			return printJob(g, id, v)
+		},
+	}
+}
+
+func printJob(g *globals, id string, v jobView) error {
+	now := time.Now()
+	if j := v.Job; j != nil {
+		status := j.Status
+		if j.StatusReason != "" {
+			status += " (" + j.StatusReason + ")"
+		}
+		pairs := []string{"ID", j.ID, "Type", j.JobType, "Status", status, "Attempt", strconv.Itoa(j.Attempt)}
+		if j.MaxRetries != nil {
+			pairs = append(pairs, "Retries used", retriesUsed(j.RetryCount, *j.MaxRetries))
+		} else {
+			pairs = append(pairs, "Retries used", strconv.Itoa(j.RetryCount))
+		}
+		if !j.RetryEnabled {
+			pairs = append(pairs, "Retries", "disabled for this job")
+		}
+		if j.CurrentStep != "" {
+			pairs = append(pairs, "Current step", j.CurrentStep)
+		}
+		if j.LastErrorClass != "" || j.LastErrorMessage != "" {
+			pairs = append(pairs, "Last error", strings.TrimPrefix(j.LastErrorClass+": "+j.LastErrorMessage, ": "))
+		}
+		if j.LastErrorTimestamp != nil {
+			pairs = append(pairs, "Last error at", stamp(j.LastErrorTimestamp, now))
+		}
+		if j.LastAttemptAt != nil {
+			pairs = append(pairs, "Last attempt", stamp(j.LastAttemptAt, now))
+		}
+		if next := nextRetry(*j, now); next != "" {
+			pairs = append(pairs, "Next retry", stamp(j.NextRetryAt, now))
+		}
+		pairs = append(pairs, "Created", stamp(&j.CreatedAt, now), "Updated", stamp(&j.UpdatedAt, now))
+		if j.CompletedAt != nil {
+			pairs = append(pairs, "Completed", stamp(j.CompletedAt, now))
+		}
+		if err := keyValues(g.stdout, pairs...); err != nil {
+			return err
+		}
+	} else {
+		// The scheduler's history is written before the projection folds
+		// the job, so a fresh job can have history and no row yet.
+		fmt.Fprintf(g.stdout, "Job %s is not in the jobs table yet; its history:\n", id)
+	}
+	fmt.Fprintf(g.stdout, "\nAttempts (%d events):\n", len(v.History))
+	if len(v.History) == 0 {
+		fmt.Fprintln(g.stdout, "  (no history: the job never failed)")
+		return nil
+	}
+	t := newTable(g.stdout, "TIME", "EVENT", "ATTEMPT", "CLASS", "MESSAGE", "DELAY", "DECIDED BY")
+	for _, h := range v.History {
+		delay := ""
+		if h.DelayMS != nil {
+			delay = msDuration(*h.DelayMS)
+		}
+		t.row(h.At.Local().Format("2006-01-02 15:04:05.000"), h.Event, strconv.Itoa(h.Attempt), h.ErrorClass,
+			trunc(historyDetail(h), 60), delay, h.DecidedBy)
+	}
+	return t.flush()
+}
+
+func newJobsActionCmd(g *globals, action string) *cobra.Command {
+	var reason string
+	var reset bool
+	cmd := &cobra.Command{
+		Use:  action + " ID",
+		Args: args(1, "ID"),
+		RunE: func(cmd *cobra.Command, a []string) error {
+			id := a[0]
+			body := map[string]any{}
+			if reason != "" {
+				body["reason"] = reason
+			}
+			if reset {
+				body["reset_attempts"] = true
+			}
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			var res jobActionView
+			raw, err := c.post(cmd.Context(), "/v1/jobs/"+seg(id)+"/"+action, body, &res)
+			if err != nil {
+				return jobErr(action+" job", id, err)
+			}
+			if g.json {
+				return printJSON(g.stdout, raw)
+			}
+			// 202: the scheduler recorded the action; the jobs table
+			// follows once the projection folds the event.
+			what := "Retry of job %s accepted: a new attempt is scheduled now"
+			if action == "cancel" {
+				what = "Cancelled job %s's pending retry"
+			}
+			fmt.Fprintf(g.stdout, what+" (by %s).\n", res.ID, res.By)
+			fmt.Fprintf(g.stdout, "Its status follows in a moment: retryd jobs show %s\n", res.ID)
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&reason, "reason", "", "why (recorded in the job's history)")
+	if action == "retry" {
+		cmd.Short = "Retry a job now, from any status (failed and cancelled included)"
+		cmd.Example = `  retryd jobs retry 01JA2Q8M9X3T7V5W6Y4Z2B1C0D --reason "token renewed"
+  retryd jobs retry 01JA2Q8M9X3T7V5W6Y4Z2B1C0D --reset-attempts`
+		cmd.Flags().BoolVar(&reset, "reset-attempts", false, "give the job its whole retry budget again")
+	} else {
+		cmd.Short = "Cancel a job's pending retry"
+		cmd.Example = `  retryd jobs cancel 01JA2Q8M9X3T7V5W6Y4Z2B1C0D --reason "customer left"`
+	}
+	return cmd
+}
+
+// parseRate reads --rate as jobs per second: "5" or "5/s".
+func parseRate(v string) (float64, error) {
+	n, err := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(v), "/s"), 64)
+	if err != nil || !(n > 0 && n <= 1000) {
+		return 0, fmt.Errorf("--rate %q: want jobs per second above 0 and at most 1000, such as 5 or 5/s", v)
+	}
+	return n, nil
+}
+
+func newJobsBulkRetryCmd(g *globals) *cobra.Command {
+	var (
+		statuses                                  []string
+		jobType, errorClass, since, until, reason string
+		rate                                      string
+		minRetries                                int
+		dryRun, reset, wait                       bool
+	)
+	cmd := &cobra.Command{
+		Use:   "bulk-retry",
+		Short: "Retry the jobs of a type and status at a bounded rate (try --dry-run first)",
+		Long: `bulk-retry retries every job of --type in --status (and the other
+filters), at --rate jobs per second, as a durable operation of the jobs
+API: it survives restarts. --dry-run counts the matches and changes
+nothing; otherwise the operation's id is printed, and --wait follows its
+progress until it finished.`,
+		Example: `  retryd jobs bulk-retry --type send_email --status failed_max_retries --error-class rate_limit --dry-run
+  retryd jobs bulk-retry --type send_email --status failed_max_retries --rate 5/s --reason "quota raised" --wait`,
+		Args: args(0),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			// Both are required: a bulk action names what it acts on
+			// rather than falling back to every failed job.
+			if jobType == "" {
+				return usageErrorf(cmd, "--type is required: the job type to retry")
+			}
+			if len(statuses) == 0 {
+				return usageErrorf(cmd, "--status is required: one or more of %s", strings.Join(jobStatuses, ", "))
+			}
+			if err := checkStatuses(cmd, statuses); err != nil {
+				return err
+			}
+			if minRetries < 0 {
+				return usageErrorf(cmd, "--min-retry-count must not be negative, got %d", minRetries)
+			}
+			filter := map[string]any{"status": statuses, "job_type": jobType}
+			if errorClass != "" {
+				filter["error_class"] = errorClass
+			}
+			if minRetries > 0 {
+				filter["min_retry_count"] = minRetries
+			}
+			if err := timeFlags(cmd, since, until, func(name string, t time.Time) { filter[name] = t }); err != nil {
+				return err
+			}
+			body := map[string]any{"filter": filter, "dry_run": dryRun}
+			if rate != "" {
+				n, err := parseRate(rate)
+				if err != nil {
+					return usageErrorf(cmd, "%v", err)
+				}
+				body["rate_per_second"] = n
+			}
+			if reason != "" {
+				body["reason"] = reason
+			}
+			if reset {
+				body["reset_attempts"] = true
+			}
+			if dryRun && wait {
+				return usageErrorf(cmd, "--wait has nothing to wait for with --dry-run")
+			}
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			if dryRun {
+				var res struct {
+					Matched int64 `json:"matched"`
+				}
+				raw, err := c.post(cmd.Context(), "/v1/jobs/bulk-retry", body, &res)
+				if err != nil {
+					return fmt.Errorf("bulk retry %s jobs (dry run): %w", jobType, err)
+				}
+				if g.json {
+					return printJSON(g.stdout, raw)
+				}
+				fmt.Fprintf(g.stdout, "Dry run: %d job(s) would be retried; nothing was changed.\n", res.Matched)
+				return nil
+			}
+			var op operationView
+			raw, err := c.post(cmd.Context(), "/v1/jobs/bulk-retry", body, &op)
+			if err != nil {
+				return fmt.Errorf("bulk retry %s jobs: %w", jobType, err)
+			}
+			o := op.Operation
+			if !g.json {
+				fmt.Fprintf(g.stdout, "Started bulk retry %s: %d job(s) at %.4g/s.\n", o.ID, o.Total, o.RatePerSecond)
+			}
+			if !wait {
+				if g.json {
+					return printJSON(g.stdout, raw)
+				}
+				fmt.Fprintf(g.stdout, "Follow it with: retryd jobs operation %s --wait\n", o.ID)
+				return nil
+			}
+			return followOperation(cmd, g, c, o.ID)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&jobType, "type", "", "job type (required)")
+	f.StringSliceVar(&statuses, "status", nil, "job statuses (required; repeat or comma-separate): "+strings.Join(jobStatuses, ", "))
+	f.StringVar(&errorClass, "error-class", "", "class of the last error, e.g. rate_limit")
+	f.IntVar(&minRetries, "min-retry-count", 0, "jobs that used at least this many retries")
+	f.StringVar(&since, "since", "", "changed at or after (RFC 3339, or a duration back from now such as 24h)")
+	f.StringVar(&until, "until", "", "changed before (RFC 3339, or a duration back from now)")
+	f.BoolVar(&dryRun, "dry-run", false, "count the jobs that would be retried, change nothing")
+	f.StringVar(&rate, "rate", "", "jobs released per second, 5 or 5/s (the server's default is 10, at most 1000)")
+	f.StringVar(&reason, "reason", "", "why (recorded on every retried job)")
+	f.BoolVar(&reset, "reset-attempts", false, "give every job its whole retry budget again")
+	f.BoolVar(&wait, "wait", false, "follow the operation's progress until it finished")
+	return cmd
+}
+
+func newJobsOperationCmd(g *globals) *cobra.Command {
+	var wait, cancel bool
+	cmd := &cobra.Command{
+		Use:     "operation ID",
+		Aliases: []string{"operations", "op"},
+		Short:   "Show a bulk retry's progress; --wait follows it, --cancel stops it",
+		Example: `  retryd jobs operation op-01JA2Q8M9X3T7V5W6Y4Z2B1C0D
+  retryd jobs operation op-01JA2Q8M9X3T7V5W6Y4Z2B1C0D --wait`,
+		Args: args(1, "ID"),
+		RunE: func(cmd *cobra.Command, a []string) error {
+			id := a[0]
+			if wait && cancel {
+				return usageErrorf(cmd, "--wait and --cancel exclude each other")
+			}
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			if wait {
+				return followOperation(cmd, g, c, id)
+			}
+			var op operationView
+			var raw json.RawMessage
+			if cancel {
+				raw, err = c.post(cmd.Context(), "/v1/operations/"+seg(id)+"/cancel", nil, &op)
+			} else {
+				raw, err = c.get(cmd.Context(), "/v1/operations/"+seg(id), nil, &op)
+			}
+			if err != nil {
+				what := "show operation"
+				if cancel {
+					what = "cancel operation"
+				}
+				return jobErr(what, id, err)
+			}
+			if g.json {
+				return printJSON(g.stdout, raw)
+			}
+			printOperationProgress(g.stdout, op)
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&wait, "wait", false, "follow the progress until the operation finished")
+	cmd.Flags().BoolVar(&cancel, "cancel", false, "stop the operation: its pending jobs are not retried")
+	return cmd
+}
+
+// followOperation polls an operation until it is no longer running,
+// printing a progress line (on stderr, so that --json output stays one
+// document) each time it moves, then the outcome. An operation that ends
+// with failed jobs or cancelled is a failure: exit code 1.
+func followOperation(cmd *cobra.Command, g *globals, c *apiClient, id string) error {
+	tick := time.NewTicker(250 * time.Millisecond)
+	defer tick.Stop()
+	last := ""
+	for {
+		var op operationView
+		raw, err := c.get(cmd.Context(), "/v1/operations/"+seg(id), nil, &op)
+		if err != nil {
+			return jobErr("wait for operation", id, err)
+		}
+		o := op.Operation
+		if o.Status != "running" {
+			if g.json {
+				if err := printJSON(g.stdout, raw); err != nil {
+					return err
+				}
+			} else {
+				printOperationProgress(g.stdout, op)
+			}
+			if o.Status != "completed" || o.Failed > 0 {
+				return fmt.Errorf("bulk retry %s: %s with %d of %d job(s) failed", o.ID, o.Status, o.Failed, o.Total)
+			}
+			return nil
+		}
+		if p := progressLine(op); p != last {
+			fmt.Fprintln(g.stderr, p)
+			last = p
+		}
+		select {
+		case <-cmd.Context().Done():
+			return fmt.Errorf("wait for operation %s: %w", id, cmd.Context().Err())
+		case <-tick.C:
+		}
+	}
+}
+
+func progressLine(op operationView) string {
+	o := op.Operation
+	done := o.Total - o.Pending
+	return fmt.Sprintf("%s: %d/%d done (%d released, %d skipped, %d failed), %d pending",
+		o.ID, done, o.Total, o.Released, o.Skipped, o.Failed, o.Pending)
+}
+
+func printOperationProgress(w io.Writer, op operationView) {
+	o := op.Operation
+	fmt.Fprintf(w, "Operation %s: %s, %d job(s) at %.4g/s: %d released, %d skipped, %d failed, %d pending.\n",
+		o.ID, o.Status, o.Total, o.RatePerSecond, o.Released, o.Skipped, o.Failed, o.Pending)
+	if len(op.Problems) > 0 {
+		t := newTable(w, "JOB", "STATE", "ERROR")
+		for _, p := range op.Problems {
+			t.row(p.JobID, p.State, trunc(p.Error, 80))
+		}
+		_ = t.flush()
+	}
+}
