@@ -258,7 +258,10 @@ func printRetry(g *globals, v retryView) error {
 		fmt.Fprintln(g.stdout, "  (no history)")
 		return nil
 	}
-	t := newTable(g.stdout, "TIME", "EVENT", "ATTEMPT", "ERROR CLASS", "DECIDED BY", "DELAY", "POLICY", "NEXT ATTEMPT", "DETAIL")
+	// EXECUTOR is the worker instance that ran the attempt, as its
+	// failed, held or succeeded fact said: "-" on the scheduler's rows
+	// and for owners that do not say.
+	t := newTable(g.stdout, "TIME", "EVENT", "ATTEMPT", "EXECUTOR", "ERROR CLASS", "DECIDED BY", "DELAY", "POLICY", "NEXT ATTEMPT", "DETAIL")
 	for _, h := range v.History {
 		delay, policy := "", ""
 		if h.DelayMS != nil {
@@ -271,7 +274,7 @@ func printRetry(g *globals, v retryView) error {
 		if h.NextAttemptAt != nil {
 			next = h.NextAttemptAt.Local().Format("15:04:05.000")
 		}
-		t.row(h.At.Local().Format("2006-01-02 15:04:05.000"), h.Event, strconv.Itoa(h.Attempt), h.ErrorClass,
+		t.row(h.At.Local().Format("2006-01-02 15:04:05.000"), h.Event, strconv.Itoa(h.Attempt), h.Executor, h.ErrorClass,
 			h.DecidedBy, delay, policy, next, trunc(historyDetail(h), 70))
 	}
 	return t.flush()

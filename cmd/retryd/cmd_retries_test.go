@@ -52,8 +52,9 @@ func TestRetriesCommands(t *testing.T) {
 		require.Regexp(t, `State:\s+scheduled`, out)
 		require.Regexp(t, `Policy:\s+job-cli_slow v1`, out) // policies set names it kind-job_type
 		require.Regexp(t, `Next attempt:\s+\S+ \(in (1h|59m)`, out)
-		require.Regexp(t, `failed\s+1\s+timeout`, out)
-		require.Regexp(t, `scheduled\s+2\s+timeout\s+backoff\s+1h\s+job-cli_slow v1`, out)
+		require.Regexp(t, `EVENT\s+ATTEMPT\s+EXECUTOR\s+ERROR CLASS`, out)
+		require.Regexp(t, `failed\s+1\s+-\s+timeout`, out, "no executor: the failure does not name one")
+		require.Regexp(t, `scheduled\s+2\s+-\s+timeout\s+backoff\s+1h\s+job-cli_slow v1`, out)
 		require.Contains(t, out, "retry.job.*."+a)
 
 		var v retryView
@@ -67,7 +68,7 @@ func TestRetriesCommands(t *testing.T) {
 		until := time.Now().Add(2 * time.Hour).UTC()
 		m, err := contract.NewLifecycleMsg("retryd/test", contract.Held, contract.HeldData{
 			Kind: contract.KindJob, ID: h, Attempt: 1, JobType: "cli_slow", Reason: contract.HoldPause,
-			Until: &until, HoldKey: "crm", Detail: "source_paused: source is paused",
+			Until: &until, HoldKey: "crm", Detail: "source_paused: source is paused", Executor: "worker-h-7",
 		}, time.Now())
 		require.NoError(t, err)
 		_, err = b.stack.JS.PublishMsg(b.ctx, m)
@@ -76,9 +77,9 @@ func TestRetriesCommands(t *testing.T) {
 		out := b.ok(t, "retries", "show", "job", h)
 		require.Regexp(t, `Retries used:\s+0 of 3`, out)
 		require.Regexp(t, `Held:\s+pause since .*hold key crm \(uses no retry\)`, out)
-		require.Regexp(t, `held\s+1\s+.*source_paused: source is paused`, out)
+		require.Regexp(t, `held\s+1\s+worker-h-7\s+.*source_paused: source is paused`, out)
 		// Two hours: past the policy's max delay, not capped by it.
-		require.Regexp(t, `scheduled\s+2\s+-\s+pause_until\s+(2h|1h59m)\S*\s+job-cli_slow v1\s+\S+\s+held: pause; base \S+; retry 0 of 3`, out)
+		require.Regexp(t, `scheduled\s+2\s+-\s+-\s+pause_until\s+(2h|1h59m)\S*\s+job-cli_slow v1\s+\S+\s+held: pause; base \S+; retry 0 of 3`, out)
 	})
 
 	t.Run("cancel", func(t *testing.T) {

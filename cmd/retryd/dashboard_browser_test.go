@@ -295,7 +295,7 @@ func TestDashboardBrowser(t *testing.T) {
 	heldID := contract.NewID()
 	until := time.Now().Add(2 * time.Hour).UTC()
 	b.held(t, contract.HeldData{Kind: contract.KindJob, ID: heldID, Attempt: 1, JobType: "dash_hold", Reason: contract.HoldPause,
-		Until: &until, HoldKey: "dash_partner", Detail: "source_paused: source is paused until 2h from now"})
+		Until: &until, HoldKey: "dash_partner", Detail: "source_paused: source is paused until 2h from now", Executor: "dash-worker-1"})
 	b.waitRetry(t, "job", heldID, "scheduled")
 	openItem(heldID)
 	require.NoError(t, chromedp.Do(ctx,
@@ -306,6 +306,7 @@ func TestDashboardBrowser(t *testing.T) {
 	require.Contains(t, heldEvent, "Attempt 1 held back (pause)")
 	require.Contains(t, heldEvent, "hold key dash_partner")
 	require.Contains(t, heldEvent, "source_paused: source is paused")
+	require.Contains(t, heldEvent, "executor dash-worker-1", "the instance that held the attempt")
 	decision := text(t, ctx, `[data-test="timeline"] li[data-decided-by="pause_until"]`)
 	require.Contains(t, decision, "Held back by its owner: paused until")
 	require.Contains(t, decision, "no retry spent (0 of 3 used)")

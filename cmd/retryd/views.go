@@ -53,6 +53,7 @@ type historyEntry struct {
 	NextAttemptAt *time.Time      `json:"next_attempt_at"`
 	Detail        json.RawMessage `json:"detail"`
 	MsgID         string          `json:"msg_id"`
+	Executor      string          `json:"executor"`
 	At            time.Time       `json:"at"`
 }
 

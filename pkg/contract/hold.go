@@ -59,6 +59,9 @@ type HeldData struct {
 	MaxRetries   *int  `json:"max_retries,omitempty"`
 	RetryEnabled *bool `json:"retry_enabled,omitempty"`
 	TimeoutMS    int64 `json:"timeout_ms,omitempty"`
+	// Executor names the worker instance that held the attempt back, as
+	// on FailedData.
+	Executor string `json:"executor,omitempty"`
 }
 
 // ReleasedData is published by an owner on retry.<kind>.released.<hold_key>
@@ -126,6 +129,9 @@ func (d HeldData) Validate() error {
 		return fieldErr("data.detail", fmt.Sprintf("is longer than %d bytes", MaxMessageLen))
 	}
 	if err := validateOptionalTokens(d.JobType, d.Source); err != nil {
+		return err
+	}
+	if err := ValidateExecutor("data.executor", d.Executor); err != nil {
 		return err
 	}
 	return validateWork(d.MaxRetries, d.TimeoutMS, d.Payload, d.Checkpoint, d.Metadata)

@@ -3,7 +3,10 @@ package contract
 import (
 	"encoding/json"
 	"fmt"
+	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
 )
 
 // ErrorInfo is what went wrong in an attempt. Class is one of the error
@@ -40,6 +43,9 @@ type FailedData struct {
 	Payload      json.RawMessage   `json:"payload,omitempty"`
 	Checkpoint   json.RawMessage   `json:"checkpoint,omitempty"`
 	Metadata     map[string]string `json:"metadata,omitempty"`
+	// Executor names the worker instance that ran the attempt (see
+	// ValidateExecutor); empty when the owner does not say.
+	Executor string `json:"executor,omitempty"`
 }
 
 // SucceededData is published by the owner when attempt Attempt worked.
@@ -48,6 +54,9 @@ type SucceededData struct {
 	ID       string            `json:"id"`
 	Attempt  int               `json:"attempt"`
 	Metadata map[string]string `json:"metadata,omitempty"`
+	// Executor names the worker instance that ran the attempt, as on
+	// FailedData.
+	Executor string `json:"executor,omitempty"`
 }
 
 // Decision says why the scheduler chose a time: the policy and version, the
@@ -202,6 +211,23 @@ func validateOptionalTokens(jobType, source string) error {
 	return nil
 }
 
+// ValidateExecutor checks the executor of an attempt: at most MaxTokenLen
+// bytes of printable text. It is a label for operators, not a subject
+// token, so host names with capitals and dots fit; printable keeps it from
+// breaking the CLI's table and the dashboard's line. Empty means unknown
+// (an owner that does not say) and is valid.
+func ValidateExecutor(field, executor string) error {
+	switch {
+	case len(executor) > MaxTokenLen:
+		return fieldErr(field, fmt.Sprintf("is %d bytes, more than the limit of %d", len(executor), MaxTokenLen))
+	case !utf8.ValidString(executor):
+		return fieldErr(field, "is not valid UTF-8")
+	case strings.IndexFunc(executor, func(r rune) bool { return !unicode.IsPrint(r) }) >= 0:
+		return fieldErr(field, fmt.Sprintf("%q must be printable text", executor))
+	}
+	return nil
+}
+
 func validateMetadata(md map[string]string) error {
 	if len(md) > 32 {
 		return fieldErr("data.metadata", "has more than 32 entries")
@@ -240,12 +266,18 @@ func (d FailedData) Validate() error {
 	if err := validateOptionalTokens(d.JobType, d.Source); err != nil {
 		return err
 	}
+	if err := ValidateExecutor("data.executor", d.Executor); err != nil {
+		return err
+	}
 	return validateWork(d.MaxRetries, d.TimeoutMS, d.Payload, d.Checkpoint, d.Metadata)
 }
 
 // Validate checks a succeeded event.
 func (d SucceededData) Validate() error {
 	if err := validateItem(d.Kind, d.ID, d.Attempt); err != nil {
+		return err
+	}
+	if err := ValidateExecutor("data.executor", d.Executor); err != nil {
 		return err
 	}
 	return validateMetadata(d.Metadata)

@@ -28,8 +28,9 @@ func lifecycleSamples() map[contract.Lifecycle]any {
 			Payload:    json.RawMessage(`{"to":"a@example.com"}`),
 			Checkpoint: json.RawMessage(`{"last_node":"render"}`),
 			Metadata:   map[string]string{"tenant": "t1"},
+			Executor:   "Worker-7.example.com-4242",
 		},
-		contract.Succeeded: contract.SucceededData{Kind: contract.KindJob, ID: "01JQ7Z3K5W", Attempt: 3, Metadata: map[string]string{"took_ms": "12"}},
+		contract.Succeeded: contract.SucceededData{Kind: contract.KindJob, ID: "01JQ7Z3K5W", Attempt: 3, Metadata: map[string]string{"took_ms": "12"}, Executor: "worker-7-4242"},
 		contract.Scheduled: contract.ScheduledData{
 			Kind: contract.KindEvent, ID: "01JQ7Z3K5W", Attempt: 2, NextAttemptAt: next, Source: "shop",
 			Decision: contract.Decision{Policy: "event-default", PolicyVersion: 1, DecidedBy: contract.DecidedByRetryAfter, ErrorClass: "rate_limit",
@@ -54,6 +55,7 @@ func lifecycleSamples() map[contract.Lifecycle]any {
 			Kind: contract.KindEvent, ID: "01JQ7Z3K5W", Attempt: 3, Reason: contract.HoldPause, Until: &next,
 			HoldKey: "shop", Detail: "source is paused", Source: "shop",
 			Payload: json.RawMessage(`{"n":1}`), Metadata: map[string]string{"type": "invoice.paid"},
+			Executor: "ingress-0-1",
 		},
 		contract.Released: contract.ReleasedData{Kind: contract.KindEvent, HoldKey: "shop", Reason: contract.ReleaseResume, By: "api", ReleasedAt: now},
 	}
@@ -165,6 +167,39 @@ func TestLifecycleMinimalRoundTrip(t *testing.T) {
 	require.NoError(t, err)
 }
 
+// The executor of an attempt is optional: a fact from an owner that does
+// not name one (an older worker) decodes with none, the longest one fits,
+// and the decoder refuses one the builder would have refused.
+func TestExecutorOnTheWire(t *testing.T) {
+	t.Parallel()
+	longest := strings.Repeat("é", contract.MaxTokenLen/2) // 64 bytes, 32 runes
+	msg, err := contract.NewLifecycleMsg("retryd/worker", contract.Failed,
+		contract.FailedData{Kind: "job", ID: "j1", Attempt: 1, Executor: longest}, now)
+	require.NoError(t, err)
+	require.Contains(t, string(msg.Data), `"executor":"`+longest+`"`)
+	got, err := contract.DecodeLifecycle(msg.Subject, msg.Data)
+	require.NoError(t, err)
+	require.Equal(t, longest, got.Failed.Executor)
+
+	old, err := contract.NewLifecycleMsg("retryd/worker", contract.Succeeded,
+		contract.SucceededData{Kind: "job", ID: "j1", Attempt: 1}, now)
+	require.NoError(t, err)
+	require.NotContains(t, string(old.Data), "executor", "absent, not empty: older schedulers refuse the field")
+	got, err = contract.DecodeLifecycle(old.Subject, old.Data)
+	require.NoError(t, err)
+	require.Empty(t, got.Succeeded.Executor)
+
+	forged := strings.Replace(string(msg.Data), longest, "a\\u0007b", 1)
+	_, err = contract.DecodeLifecycle(msg.Subject, []byte(forged))
+	requireFieldErr(t, err, contract.ErrInvalid, "data.executor")
+	tooLong := strings.Replace(string(msg.Data), longest, longest+"x", 1)
+	_, err = contract.DecodeLifecycle(msg.Subject, []byte(tooLong))
+	requireFieldErr(t, err, contract.ErrInvalid, "data.executor")
+
+	require.NoError(t, contract.ValidateExecutor("executor", ""), "empty is unknown")
+	require.NoError(t, contract.ValidateExecutor("executor", "MacBook-Pro.local-981"))
+}
+
 func TestNewLifecycleMsgRefuses(t *testing.T) {
 	t.Parallel()
 	valid := contract.FailedData{Kind: "event", ID: "e1", Attempt: 1}
@@ -215,6 +250,11 @@ func TestNewLifecycleMsgRefuses(t *testing.T) {
 		{"cancelled attempt", contract.Cancelled, contract.CancelledData{Kind: "job", ID: "e1", Attempt: -1, By: "op"}, contract.ErrInvalid, "data.attempt"},
 		{"due payload", contract.Due, contract.DueData{Kind: "job", ID: "e1", Attempt: 2, Payload: json.RawMessage(`[1,]`)}, contract.ErrInvalid, "data.payload"},
 		{"succeeded attempt", contract.Succeeded, contract.SucceededData{Kind: "job", ID: "e1"}, contract.ErrInvalid, "data.attempt"},
+		{"executor too long", contract.Failed, contract.FailedData{Kind: "job", ID: "e1", Attempt: 1, Executor: strings.Repeat("w", contract.MaxTokenLen+1)}, contract.ErrInvalid, "data.executor"},
+		{"executor with a newline", contract.Failed, contract.FailedData{Kind: "job", ID: "e1", Attempt: 1, Executor: "host\nevil"}, contract.ErrInvalid, "data.executor"},
+		{"executor with a tab", contract.Succeeded, contract.SucceededData{Kind: "job", ID: "e1", Attempt: 1, Executor: "host\t1"}, contract.ErrInvalid, "data.executor"},
+		{"executor not UTF-8", contract.Succeeded, contract.SucceededData{Kind: "job", ID: "e1", Attempt: 1, Executor: "host\xff"}, contract.ErrInvalid, "data.executor"},
+		{"executor of a hold with a control character", contract.Held, contract.HeldData{Kind: "job", ID: "e1", Attempt: 1, Reason: "pause", Executor: "host\x1b[31m"}, contract.ErrInvalid, "data.executor"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -4,11 +4,17 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
+	"strconv"
+	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/pkg/errclass"
 )
 
@@ -42,6 +48,15 @@ type Config struct {
 	// Source is the CloudEvents source of the outcomes this worker
 	// publishes. Default "retryd/worker".
 	Source string
+	// ExecutorID names this worker instance on every failed, succeeded
+	// and held fact it publishes (field executor), so an item's history
+	// says which instance ran each attempt. At most 64 bytes of printable
+	// text (contract.ValidateExecutor). Default: the host name, "-" and
+	// the process id, e.g. "worker-7f9c-4242", with the host name
+	// shortened so that the whole fits 64 bytes (a pod's host name is its
+	// name). The scheduler must be upgraded first: an older one refuses
+	// the field (docs/contract.md, "Upgrade order").
+	ExecutorID string
 	// Concurrency is how many jobs of each type run at once in this
 	// process. Default 4.
 	Concurrency int
@@ -98,6 +113,12 @@ func (c *Config) validate() error {
 	if len(c.Source) > 256 {
 		return errors.New("Config.Source must be at most 256 characters")
 	}
+	if c.ExecutorID == "" {
+		c.ExecutorID = defaultExecutorID(os.Hostname, os.Getpid())
+	}
+	if err := contract.ValidateExecutor("Config.ExecutorID", c.ExecutorID); err != nil {
+		return err
+	}
 	if c.Concurrency == 0 {
 		c.Concurrency = DefaultConcurrency
 	}
@@ -152,4 +173,28 @@ func (c *Config) validate() error {
 		c.Now = time.Now
 	}
 	return nil
+}
+
+// defaultExecutorID is "<host name>-<pid>", shortened to
+// contract.MaxTokenLen bytes by cutting the host name (at a rune
+// boundary), not the pid: two processes on one host must stay apart.
+// Characters the contract refuses become '_'; a host name that cannot be
+// read is "unknown".
+func defaultExecutorID(hostname func() (string, error), pid int) string {
+	host, err := hostname()
+	if err != nil || host == "" {
+		host = "unknown"
+	}
+	host = strings.Map(func(r rune) rune {
+		if r == utf8.RuneError || !unicode.IsPrint(r) {
+			return '_'
+		}
+		return r
+	}, host)
+	suffix := "-" + strconv.Itoa(pid)
+	for len(host)+len(suffix) > contract.MaxTokenLen {
+		_, size := utf8.DecodeLastRuneInString(host)
+		host = host[:len(host)-size]
+	}
+	return host + suffix
 }

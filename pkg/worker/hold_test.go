@@ -319,7 +319,7 @@ func TestContractDocShowsTheHeldTheWorkerPublishes(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	now := time.Date(2025, 3, 14, 15, 9, 26, 0, time.UTC)
-	b.newWorker(t, worker.Config{Source: "billing-worker", Now: func() time.Time { return now }}, map[string]worker.Handler{
+	b.newWorker(t, worker.Config{Source: "billing-worker", ExecutorID: "billing-worker-7-4242", Now: func() time.Time { return now }}, map[string]worker.Handler{
 		"email_campaign": func(_ context.Context, job *worker.Job) error {
 			if err := job.SetCheckpoint(map[string]string{"last_node": "render"}); err != nil {
 				return err

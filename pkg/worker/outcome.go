@@ -49,6 +49,7 @@ func (w *Worker) succeededMsg(d contract.JobData) (*outcomeMsg, error) {
 		ID:       d.ID,
 		Attempt:  d.Attempt,
 		Metadata: d.Metadata,
+		Executor: w.cfg.ExecutorID,
 	}, w.cfg.Now())
 	if err != nil {
 		return nil, err
@@ -118,6 +119,7 @@ func (w *Worker) failedMsg(d contract.JobData, checkpoint json.RawMessage, res a
 		Payload:      d.Payload,
 		Checkpoint:   checkpoint,
 		Metadata:     d.Metadata,
+		Executor:     w.cfg.ExecutorID,
 	}
 	msg, err := contract.NewLifecycleMsg(w.cfg.Source, contract.Failed, fd, w.cfg.Now())
 	if errors.Is(err, contract.ErrTooLarge) && len(checkpoint) > 0 {

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -149,6 +150,9 @@ func TestSucceededIsPublishedThenAcked(t *testing.T) {
 	require.Equal(t, id, ev.ID)
 	require.Equal(t, 1, ev.Succeeded.Attempt)
 	require.Equal(t, contract.LifecycleMsgID(contract.KindJob, contract.Succeeded, id, 1), ev.Envelope.ID)
+	host, err := os.Hostname()
+	require.NoError(t, err)
+	require.Equal(t, fmt.Sprintf("%s-%d", host, os.Getpid()), ev.Succeeded.Executor, "the default executor is host name and pid")
 	b.settled(t, contract.StreamJobs, "worker-email")
 
 	job := got.Load()
@@ -227,7 +231,7 @@ func TestFailuresAreClassified(t *testing.T) {
 func TestFailedCarriesPayloadCheckpointAndOverrides(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	b.newWorker(t, worker.Config{}, map[string]worker.Handler{
+	b.newWorker(t, worker.Config{ExecutorID: "Enrich-Pod.7 (blue)"}, map[string]worker.Handler{
 		"enrich": func(_ context.Context, job *worker.Job) error {
 			if err := job.SetCheckpoint(map[string]any{"step": "fetch", "rows": 10}); err != nil {
 				return err
@@ -252,6 +256,7 @@ func TestFailedCarriesPayloadCheckpointAndOverrides(t *testing.T) {
 	require.True(t, *f.RetryEnabled)
 	require.EqualValues(t, 60_000, f.TimeoutMS)
 	require.Equal(t, map[string]string{"tenant": "t1"}, f.Metadata, "the overrides are fields, not metadata")
+	require.Equal(t, "Enrich-Pod.7 (blue)", f.Executor, "the failed fact names the instance that ran the attempt")
 	require.Equal(t, contract.LifecycleMsgID(contract.KindJob, contract.Failed, id, 1), ev.Envelope.ID)
 	b.settled(t, contract.StreamJobs, "worker-enrich")
 }
@@ -653,6 +658,8 @@ func TestConfigValidation(t *testing.T) {
 		{worker.Config{JS: b.js, Timeout: -time.Second}, "Config.Timeout"},
 		{worker.Config{JS: b.js, RepublishAfter: -time.Second}, "Config.RepublishAfter"},
 		{worker.Config{JS: b.js, PendingLimit: -2}, "Config.PendingLimit"},
+		{worker.Config{JS: b.js, ExecutorID: strings.Repeat("w", contract.MaxTokenLen+1)}, "Config.ExecutorID"},
+		{worker.Config{JS: b.js, ExecutorID: "host\n1"}, "Config.ExecutorID"},
 	} {
 		_, err := worker.New(tc.cfg)
 		require.ErrorContains(t, err, tc.want)

@@ -30,7 +30,11 @@ type HistoryEntry struct {
 	NextAttemptAt *time.Time      `json:"next_attempt_at,omitempty"`
 	Detail        json.RawMessage `json:"detail,omitempty"`
 	MsgID         string          `json:"msg_id,omitempty"`
-	At            time.Time       `json:"at"`
+	// Executor is the worker instance that ran the attempt, as the
+	// owner's failed, held or succeeded fact named it (migration 00105);
+	// empty when it did not say and on the scheduler's own rows.
+	Executor string    `json:"executor,omitempty"`
+	At       time.Time `json:"at"`
 }
 
 // InsertHistory appends entries in order with one COPY: the due emission
@@ -63,7 +67,7 @@ func InsertHistory(ctx context.Context, q Copier, entries ...HistoryEntry) error
 		}
 		rows[i] = []any{e.Kind, e.ItemID, int32(e.Attempt), e.Event, e.JobType, e.Source, e.ErrorClass,
 			e.ErrorMessage, e.DelayMS, e.DecidedBy, e.PolicyName, int32(e.PolicyVersion), e.NextAttemptAt,
-			detail, e.MsgID, at}
+			detail, e.MsgID, e.Executor, at}
 	}
 	if _, err := q.CopyFrom(ctx, pgx.Identifier{"retry_history"}, historyCopyColumns, pgx.CopyFromRows(rows)); err != nil {
 		return fmt.Errorf("insert retry history: %w", err)
@@ -72,10 +76,10 @@ func InsertHistory(ctx context.Context, q Copier, entries ...HistoryEntry) error
 }
 
 var historyCopyColumns = []string{"kind", "item_id", "attempt", "event", "job_type", "source", "error_class",
-	"error_message", "delay_ms", "decided_by", "policy_name", "policy_version", "next_attempt_at", "detail", "msg_id", "at"}
+	"error_message", "delay_ms", "decided_by", "policy_name", "policy_version", "next_attempt_at", "detail", "msg_id", "executor", "at"}
 
 const historyColumns = `id, kind, item_id, attempt, event, job_type, source, error_class, error_message,
-	delay_ms, decided_by, policy_name, policy_version, next_attempt_at, detail, msg_id, at`
+	delay_ms, decided_by, policy_name, policy_version, next_attempt_at, detail, msg_id, executor, at`
 
 // History returns every entry of an item, oldest first.
 func History(ctx context.Context, q Querier, kind, itemID string) ([]HistoryEntry, error) {
@@ -90,7 +94,7 @@ WHERE kind = $1 AND item_id = $2 ORDER BY id`, kind, itemID)
 		var e HistoryEntry
 		if err := rows.Scan(&e.ID, &e.Kind, &e.ItemID, &e.Attempt, &e.Event, &e.JobType, &e.Source,
 			&e.ErrorClass, &e.ErrorMessage, &e.DelayMS, &e.DecidedBy, &e.PolicyName, &e.PolicyVersion,
-			&e.NextAttemptAt, (*[]byte)(&e.Detail), &e.MsgID, &e.At); err != nil {
+			&e.NextAttemptAt, (*[]byte)(&e.Detail), &e.MsgID, &e.Executor, &e.At); err != nil {
 			return nil, fmt.Errorf("read history of %s/%s: %w", kind, itemID, err)
 		}
 		if string(e.Detail) == "{}" {

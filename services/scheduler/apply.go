@@ -132,6 +132,7 @@ func recordFailure(row *retrystore.Retry, f fact, class string) (retrystore.Retr
 	r.HeldSince, r.HoldReason, r.HoldKey = nil, "", ""
 
 	h := entry(&r, fd.Attempt, contract.Failed, f.msgID, f.at)
+	h.Executor = fd.Executor
 	h.ErrorClass = class
 	h.ErrorMessage = fd.Error.Message
 	h.Detail = failedDetail(fd)
@@ -248,7 +249,9 @@ func applySucceeded(row *retrystore.Retry, f fact) change {
 	r.State = retrystore.StateSucceeded
 	r.Attempt = max(r.Attempt, sd.Attempt)
 	r.ResolvedAt = &at
-	history = append(history, entry(&r, sd.Attempt, contract.Succeeded, f.msgID, f.at))
+	h := entry(&r, sd.Attempt, contract.Succeeded, f.msgID, f.at)
+	h.Executor = sd.Executor
+	history = append(history, h)
 	return change{row: &r, history: history, outcome: contract.Succeeded}
 }
 

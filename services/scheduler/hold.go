@@ -33,6 +33,7 @@ func heldFact(f fact) (*contract.HeldData, bool) {
 	hd := &contract.HeldData{
 		Kind: fd.Kind, ID: fd.ID, Attempt: fd.Attempt, Reason: reason, Detail: fd.Error.Message,
 		JobType: fd.JobType, Source: fd.Source, Payload: fd.Payload, Checkpoint: fd.Checkpoint, Metadata: fd.Metadata,
+		Executor: fd.Executor,
 	}
 	if fd.RetryAfter != nil {
 		until := f.at.Add(fd.RetryAfter.Delay(f.at))
@@ -120,6 +121,7 @@ func recordHold(row *retrystore.Retry, f fact, hd *contract.HeldData) (retrystor
 	r.HoldReason, r.HoldKey = hd.Reason, hd.HoldKey
 
 	h := entry(&r, hd.Attempt, contract.Held, f.msgID, f.at)
+	h.Executor = hd.Executor
 	h.Detail = heldDetail(hd)
 	return r, h
 }

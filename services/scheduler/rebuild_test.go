@@ -52,10 +52,13 @@ func TestRebuildEqualsOriginal(t *testing.T) {
 		for a := 1; a <= fails; a++ {
 			fd := failed("rb", id, a, "network")
 			fd.Checkpoint = []byte(fmt.Sprintf(`{"step":%d}`, a))
+			if i%2 == 0 { // the others come from workers that name no executor
+				fd.Executor = fmt.Sprintf("worker-%d", a)
+			}
 			b.publish(t, contract.Failed, fd)
 			b.waitRow(t, "rb", id, inState(retrystore.StateDue, a+1))
 		}
-		b.publish(t, contract.Succeeded, contract.SucceededData{Kind: "rb", ID: id, Attempt: fails + 1})
+		b.publish(t, contract.Succeeded, contract.SucceededData{Kind: "rb", ID: id, Attempt: fails + 1, Executor: "worker-ok"})
 	}
 	// Exhausted by budget, by class, by a job-level override.
 	for a := 1; a <= 4; a++ {
@@ -97,7 +100,7 @@ func TestRebuildEqualsOriginal(t *testing.T) {
 	b.storeAgain(t, dup)
 	b.publish(t, contract.Failed, contract.FailedData{Kind: "rb-slow", ID: "th", Attempt: 1, Reason: "source_throttled",
 		Error: contract.ErrorInfo{Class: "rate_limit", Message: "slow down"}, RetryAfter: contract.RetryAfterDuration(20 * time.Minute),
-		Payload: []byte(`{"event":"e1"}`), Metadata: map[string]string{"source": "crm"}})
+		Payload: []byte(`{"event":"e1"}`), Metadata: map[string]string{"source": "crm"}, Executor: "Ingress 0"})
 	b.publish(t, contract.Failed, failed("rb", "d1", 1, "timeout"))
 
 	b.waitRow(t, "rb", "e1", inState(retrystore.StateExhausted, 4))
@@ -111,6 +114,9 @@ func TestRebuildEqualsOriginal(t *testing.T) {
 	require.NoError(t, s.Stop(stopCtx))
 	wantRows, wantHistory := snapshot(t, b.ctx, b.pool)
 	require.Len(t, wantRows, 30+11)
+	// The executors are in the history the rebuild must reproduce.
+	require.Equal(t, []string{"worker-1", "", "", "worker-ok"}, executors(b.history(t, "rb", "s00")))
+	require.Equal(t, "Ingress 0", b.history(t, "rb-slow", "th")[0].Executor, "a legacy hold keeps its executor")
 
 	_, err = scheduler.Rebuild(b.ctx, b.js, b.pool, testLogger())
 	require.ErrorIs(t, err, scheduler.ErrNotEmpty)

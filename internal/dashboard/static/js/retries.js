@@ -445,6 +445,9 @@ function timelineItem(e, ctx) {
   const d = detailOf(e);
   const meta = eventMeta(e, d, ctx).filter(Boolean);
   if (e.policy_name) meta.push(`policy ${e.policy_name} v${e.policy_version}`);
+  // The worker instance that ran the attempt (failed, held, succeeded),
+  // when its owner said: where to look for its logs.
+  if (e.executor) meta.push(`executor ${e.executor}`);
   const decision = (e.event === "scheduled" || e.event === "rescheduled") && e.decided_by;
   return h("li", { "data-event": e.event, "data-decided-by": decision || null, style: { "--c": stateColors[e.event] || (e.event === "failed" ? "#b91c1c" : "#9ca3af") } },
     h("div", { class: "ev-head" },
