@@ -252,13 +252,14 @@ func printJob(g *globals, id string, v jobView) error {
 		fmt.Fprintln(g.stdout, "  (no history: the job never failed)")
 		return nil
 	}
-	t := newTable(g.stdout, "TIME", "EVENT", "ATTEMPT", "CLASS", "MESSAGE", "DELAY", "DECIDED BY")
+	// EXECUTOR: the worker instance that ran the attempt (as in retries show).
+	t := newTable(g.stdout, "TIME", "EVENT", "ATTEMPT", "EXECUTOR", "CLASS", "MESSAGE", "DELAY", "DECIDED BY")
 	for _, h := range v.History {
 		delay := ""
 		if h.DelayMS != nil {
 			delay = msDuration(*h.DelayMS)
 		}
-		t.row(h.At.Local().Format("2006-01-02 15:04:05.000"), h.Event, strconv.Itoa(h.Attempt), h.ErrorClass,
+		t.row(h.At.Local().Format("2006-01-02 15:04:05.000"), h.Event, strconv.Itoa(h.Attempt), h.Executor, h.ErrorClass,
 			trunc(historyDetail(h), 60), delay, h.DecidedBy)
 	}
 	return t.flush()

@@ -107,9 +107,9 @@ func TestJobsCommands(t *testing.T) {
 		require.Regexp(t, `Last error:\s+timeout: upstream timed out after 30s`, out)
 		require.Regexp(t, `Next retry:\s+\S+ \(in (1h|59m)`, out)
 		require.Contains(t, out, "Attempts (2 events):")
-		require.Regexp(t, `TIME\s+EVENT\s+ATTEMPT\s+CLASS\s+MESSAGE\s+DELAY\s+DECIDED BY`, out)
-		require.Regexp(t, `failed\s+1\s+timeout\s+upstream timed out after 30s\s+-\s+-`, out)
-		require.Regexp(t, `scheduled\s+2\s+timeout\s+base 1h; retry 1 of 3\s+1h\s+backoff`, out)
+		require.Regexp(t, `TIME\s+EVENT\s+ATTEMPT\s+EXECUTOR\s+CLASS\s+MESSAGE\s+DELAY\s+DECIDED BY`, out)
+		require.Regexp(t, `failed\s+1\s+\S+\s+timeout\s+upstream timed out after 30s\s+-\s+-`, out)
+		require.Regexp(t, `scheduled\s+2\s+-\s+timeout\s+base 1h; retry 1 of 3\s+1h\s+backoff`, out)
 
 		var v jobView
 		b.okJSON(t, &v, "jobs", "show", a)
@@ -131,7 +131,7 @@ func TestJobsCommands(t *testing.T) {
 		}
 		require.NotNil(t, manual, "history: %v", events(v.History))
 		require.Equal(t, "manual", manual.DecidedBy)
-		require.Regexp(t, `rescheduled\s+3\s+rate_limit\s+.*limit lifted.*manual`, b.ok(t, "jobs", "show", c))
+		require.Regexp(t, `rescheduled\s+3\s+-\s+rate_limit\s+.*limit lifted.*manual`, b.ok(t, "jobs", "show", c))
 
 		var res jobActionView
 		b.okJSON(t, &res, "jobs", "retry", c, "--reset-attempts")
