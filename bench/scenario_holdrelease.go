@@ -50,7 +50,8 @@ type holdReleaseResult struct {
 	// sequence order (n minus the longest increasing run of sequence
 	// numbers); maxBehind is the farthest one event came after its place.
 	outOfPlace, maxBehind int
-	fullest               int // most admissions in one rate window (paced phase)
+	fullest               int   // most admissions in one rate window (paced phase)
+	windows               []int // admissions per window, first to last (paced phase)
 	// waitsPerEvent is dues handed back to wait for their turn per event;
 	// dueLate and admitLate are the p99 of how long after its release
 	// time (its slot, when paced) an event's due was emitted and the
@@ -146,6 +147,7 @@ func runHoldRelease(ctx context.Context, env Env) error {
 	within := paced.steady >= 0.95*float64(rate) && paced.steady <= 1.05*float64(rate)
 	fmt.Fprintf(env.Out, "paced release at %d/s ±5%% (steady %.0f/s, never more than %d in a window): %s\n",
 		rate, paced.steady, rate, verdict(within && paced.fullest <= rate))
+	fmt.Fprintf(env.Out, "admissions per 1 s window of the paced release: %v\n", paced.windows)
 	if unlimited.rate < float64(rate) {
 		fmt.Fprintf(env.Out, "note: the gate admitted at most %.0f/s without a limit on this machine, below the %d/s limit: the machine, not the limit, paces the second phase\n",
 			unlimited.rate, rate)
@@ -291,6 +293,9 @@ func holdReleaseOrder(ctx context.Context, r *retrydSys, source string, limit in
 	if limit > 0 {
 		for _, c := range perWindow {
 			res.fullest = max(res.fullest, c)
+		}
+		for sec := first.Unix(); sec <= last.Unix(); sec++ {
+			res.windows = append(res.windows, perWindow[sec])
 		}
 	}
 	// The order consumers see: EVENTS, by stream sequence. (admitted_at
