@@ -216,13 +216,17 @@ func TestHeartbeatsThatChangeNothing(t *testing.T) {
 	require.True(t, r.LeaseExpiresAt.Equal(lease), "lease %s, was %s", r.LeaseExpiresAt, lease)
 
 	b.publishRunFinished(t, "enrich", d0.RunID, contract.RunCompleted)
+	// Waited for by its effect: the consumer's pending count can lag the
+	// publish (CI run Y found the consumer "idle" and the run still
+	// requested).
+	require.Eventually(t, func() bool { return b.run(t, d0.RunID).Status == triggerstore.RunCompleted }, eventually, tick)
 	b.settled(t, contract.StreamRuns, ConsumerRuns)
 	finished := b.run(t, d0.RunID)
-	require.Equal(t, triggerstore.RunCompleted, finished.Status)
 
 	// After the end, and for a run nobody launched: ignored.
 	b.publishHeartbeat(t, "enrich", d0.RunID)
 	b.publishHeartbeat(t, "enrich", "run-nobody-launched")
+	require.Eventually(t, func() bool { return counter(t, b.svc.metrics.heartbeats, heartbeatIgnored) >= 2 }, eventually, tick)
 	b.settled(t, contract.StreamRuns, ConsumerRuns)
 	require.Equal(t, 2.0, counter(t, b.svc.metrics.heartbeats, heartbeatIgnored))
 	after := b.run(t, d0.RunID)
