@@ -228,3 +228,31 @@ func TestReleaseLineFollowsIngestOrder(t *testing.T) {
 		})
 	}
 }
+
+// A throttled newcomer behind a release line does not pass the line's
+// events whose slots have come: the releaser admits those at its next
+// pass, and the newcomer's due, evaluated between the two, waits.
+func TestNewcomerWaitsForTheReleaseLineAhead(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	const source = "behind"
+	_, err := ingressstore.PutSource(b.ctx, b.pool, ingressstore.SourceConfig{Source: source, RateLimit: 1000, RateWindow: time.Second})
+	require.NoError(t, err)
+	line := b.holdLine(t, source, 3)
+	id, v := b.gateID(t, source, "invoice.paid")
+	require.False(t, v.Admitted, "queued behind the line")
+	require.Equal(t, ingressstore.ReasonSourceThrottled, v.Reason)
+	// Its slot, and so every slot of the line ahead of it, has come.
+	require.Eventually(t, func() bool {
+		var come bool
+		require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT slot_at <= now() FROM event_source_holds WHERE event_id = $1`, id).Scan(&come))
+		return come
+	}, 10*time.Second, 5*time.Millisecond)
+
+	_, err = b.gateDueErr(t, source, id)
+	var wait *ingressstore.WaitError
+	require.ErrorAs(t, err, &wait, "the line ahead is admitted first")
+
+	require.Equal(t, line, releasedIDs(b.admitReleased(t, 100)))
+	require.True(t, b.gateDue(t, source, id).Admitted, "then its turn")
+}

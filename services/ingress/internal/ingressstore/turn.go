@@ -65,9 +65,15 @@ func (e *WaitError) Error() string {
 // again for its turn, in the same place.
 func ownTurn(ctx context.Context, tx pgx.Tx, v Verdict, src Source, id string, slotAt, now time.Time) (Verdict, error) {
 	limit := *src.RateLimit
-	ahead, waiting, err := holdersAhead(ctx, tx, src.Source, slotAt, now)
+	ahead, waiting, lined, err := holdersAhead(ctx, tx, src.Source, slotAt, now)
 	if err != nil {
 		return Verdict{}, err
+	}
+	if lined {
+		// Events of a release line ahead of it whose slots have come:
+		// the releaser admits them at its next pass (every releaseTick),
+		// and admitting this one now would pass them.
+		return Verdict{}, &WaitError{Until: now.Add(turnRecheck), Now: now, Ahead: ahead, Behind: true}
 	}
 	start, next := window(now, src.RateWindow)
 	admitted, err := windowAdmitted(ctx, tx, src.Source, start)
@@ -131,23 +137,27 @@ func maxTime(a, b time.Time) time.Time {
 // holdersAhead counts the holders of source in line before the one at
 // slotAt: their slots are earlier and they have not been admitted. It also
 // returns the latest turn one of them waits for, or waited for less than
-// turnLate ago (zero when none does).
+// turnLate ago (zero when none does), and whether one of them is in a
+// release line with its slot come (its releaser admits it in a moment;
+// one whose slot passed releaseLate ago has no releaser running).
 // A holder past holderGrace no longer counts (its due may be lost; the
 // scheduler's re-emission still finds its row).
-func holdersAhead(ctx context.Context, tx pgx.Tx, source string, slotAt, now time.Time) (int, time.Time, error) {
+func holdersAhead(ctx context.Context, tx pgx.Tx, source string, slotAt, now time.Time) (int, time.Time, bool, error) {
 	var n int
 	var waiting *time.Time
+	var lined bool
 	err := tx.QueryRow(ctx, `
-		SELECT count(*), max(waits_until) FILTER (WHERE waits_until > $4)
+		SELECT count(*), max(waits_until) FILTER (WHERE waits_until > $4),
+			coalesce(bool_or(released AND slot_at <= $5 AND slot_at > $6), false)
 		FROM event_source_holds WHERE source = $1 AND slot_at > $2 AND slot_at < $3`,
-		source, now.Add(-holderGrace), slotAt, now.Add(-turnLate)).Scan(&n, &waiting)
+		source, now.Add(-holderGrace), slotAt, now.Add(-turnLate), now, now.Add(-releaseLate)).Scan(&n, &waiting, &lined)
 	if err != nil {
-		return 0, time.Time{}, fmt.Errorf("count holders ahead: %w", err)
+		return 0, time.Time{}, false, fmt.Errorf("count holders ahead: %w", err)
 	}
 	if waiting == nil {
-		return n, time.Time{}, nil
+		return n, time.Time{}, lined, nil
 	}
-	return n, *waiting, nil
+	return n, *waiting, lined, nil
 }
 
 // MarkWaiting records that the holder of event id waits for its turn at
