@@ -52,26 +52,14 @@ token (--token or RETRYD_TOKEN). See docs/security.md.`,
 			if err != nil {
 				return err
 			}
-			var entries []auditEntry
-			var raws []json.RawMessage
-			next := ""
-			for {
-				var page auditPage
-				raw, err := c.get(cmd.Context(), "/v1/audit", q, &page)
-				if err != nil {
-					return fmt.Errorf("list audit: %w", err)
-				}
-				raws = append(raws, raw)
-				entries = append(entries, page.Entries...)
-				next = page.NextCursor
-				if !all || next == "" {
-					break
-				}
-				q.Set("cursor", next)
+			entries, single, next, err := fetchPages(cmd.Context(), c, "/v1/audit", q, all,
+				func(p auditPage) ([]auditEntry, string) { return p.Entries, p.NextCursor })
+			if err != nil {
+				return fmt.Errorf("list audit: %w", err)
 			}
 			if g.json {
-				if len(raws) == 1 {
-					return printJSON(g.stdout, raws[0])
+				if single != nil {
+					return printJSON(g.stdout, single)
 				}
 				return writeJSON(g.stdout, auditPage{Entries: entries})
 			}

@@ -102,26 +102,14 @@ func newJobsListCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			var rows []jobRow
-			var raws []json.RawMessage
-			next := ""
-			for {
-				var page jobPage
-				raw, err := c.get(cmd.Context(), "/v1/jobs", q, &page)
-				if err != nil {
-					return fmt.Errorf("list jobs: %w", err)
-				}
-				raws = append(raws, raw)
-				rows = append(rows, page.Jobs...)
-				next = page.NextCursor
-				if !all || next == "" {
-					break
-				}
-				q.Set("cursor", next)
+			rows, single, next, err := fetchPages(cmd.Context(), c, "/v1/jobs", q, all,
+				func(p jobPage) ([]jobRow, string) { return p.Jobs, p.NextCursor })
+			if err != nil {
+				return fmt.Errorf("list jobs: %w", err)
 			}
 			if g.json {
-				if len(raws) == 1 {
-					return printJSON(g.stdout, raws[0])
+				if single != nil {
+					return printJSON(g.stdout, single)
 				}
 				return writeJSON(g.stdout, jobPage{Jobs: rows})
 			}

@@ -109,26 +109,14 @@ func newRetriesListCmd(g *globals) *cobra.Command {
 				}
 			}
 			q.Set("limit", strconv.Itoa(limit))
-			var rows []retryRow
-			var raws []json.RawMessage
-			next := ""
-			for {
-				var page retryPage
-				raw, err := c.get(cmd.Context(), "/v1/retries", q, &page)
-				if err != nil {
-					return fmt.Errorf("list retries: %w", err)
-				}
-				raws = append(raws, raw)
-				rows = append(rows, page.Retries...)
-				next = page.NextCursor
-				if !all || next == "" {
-					break
-				}
-				q.Set("cursor", next)
+			rows, single, next, err := fetchPages(cmd.Context(), c, "/v1/retries", q, all,
+				func(p retryPage) ([]retryRow, string) { return p.Retries, p.NextCursor })
+			if err != nil {
+				return fmt.Errorf("list retries: %w", err)
 			}
 			if g.json {
-				if len(raws) == 1 {
-					return printJSON(g.stdout, raws[0])
+				if single != nil {
+					return printJSON(g.stdout, single)
 				}
 				return writeJSON(g.stdout, retryPage{Retries: rows})
 			}
