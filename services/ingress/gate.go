@@ -21,13 +21,9 @@ import (
 // handleIngest is the gate: one event from INGEST, stored once and admitted
 // or deferred in one transaction.
 func (s *Service) handleIngest(ctx context.Context, msg jetstream.Msg) error {
-	env, err := decodeIngest(msg)
+	env, ingestSeq, err := decodeIngest(msg)
 	if err != nil {
 		return err
-	}
-	var ingestSeq uint64
-	if md, err := msg.Metadata(); err == nil {
-		ingestSeq = md.Sequence.Stream
 	}
 	body, err := env.Marshal()
 	if err != nil {
@@ -88,18 +84,20 @@ func (s *Service) handleIngest(ctx context.Context, msg jetstream.Msg) error {
 // decodeIngest validates a message from ingest.<source>: what intake
 // publishes (a complete envelope) or what a producer published itself (a
 // producer event whose id may be in Nats-Msg-Id only). A missing time is
-// the stream's timestamp, so a redelivery stores the same envelope.
-func decodeIngest(msg jetstream.Msg) (contract.Envelope, error) {
+// the stream's timestamp, so a redelivery stores the same envelope. It
+// also returns the message's INGEST sequence (0 when unknown), the order
+// a release line follows.
+func decodeIngest(msg jetstream.Msg) (contract.Envelope, uint64, error) {
 	source, err := contract.ParseIngestSubject(msg.Subject())
 	if err != nil {
-		return contract.Envelope{}, err
+		return contract.Envelope{}, 0, err
 	}
 	ev, err := contract.DecodeProducerEvent(msg.Data())
 	if err != nil {
-		return contract.Envelope{}, err
+		return contract.Envelope{}, 0, err
 	}
 	if ev.Source != source {
-		return contract.Envelope{}, invalid("source", fmt.Sprintf("%q does not match the subject %s", ev.Source, msg.Subject()))
+		return contract.Envelope{}, 0, invalid("source", fmt.Sprintf("%q does not match the subject %s", ev.Source, msg.Subject()))
 	}
 	var hdrID string
 	if h := msg.Headers(); h != nil {
@@ -108,20 +106,20 @@ func decodeIngest(msg jetstream.Msg) (contract.Envelope, error) {
 	id := ev.ID
 	switch {
 	case id == "" && hdrID == "":
-		return contract.Envelope{}, invalid("id", "is required: set the event's id or the Nats-Msg-Id header")
+		return contract.Envelope{}, 0, invalid("id", "is required: set the event's id or the Nats-Msg-Id header")
 	case id == "":
 		if err := contract.ValidateID("Nats-Msg-Id", hdrID); err != nil {
-			return contract.Envelope{}, err
+			return contract.Envelope{}, 0, err
 		}
 		id = hdrID
 	case hdrID != "" && hdrID != id:
-		return contract.Envelope{}, invalid("id", fmt.Sprintf("%q does not match the Nats-Msg-Id header %q", id, hdrID))
+		return contract.Envelope{}, 0, invalid("id", fmt.Sprintf("%q does not match the Nats-Msg-Id header %q", id, hdrID))
 	}
-	at := time.Now()
+	at, seq := time.Now(), uint64(0)
 	if md, err := msg.Metadata(); err == nil {
-		at = md.Timestamp
+		at, seq = md.Timestamp, md.Sequence.Stream
 	}
-	return ev.Envelope(id, at), nil
+	return ev.Envelope(id, at), seq, nil
 }
 
 func invalid(field, reason string) error {

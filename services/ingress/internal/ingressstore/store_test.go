@@ -134,6 +134,9 @@ func TestInsertEventStoresAnIDOnce(t *testing.T) {
 	require.Equal(t, ingressstore.StatusReceived, ev.Status)
 	require.JSONEq(t, `{"v":1}`, string(ev.Envelope))
 	require.Nil(t, ev.AdmittedAt)
+	var seq int64
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT ingest_seq FROM workflow_events WHERE event_id = 'ev-1'`).Scan(&seq))
+	require.EqualValues(t, 1, seq, "a redelivery keeps the event's place in arrival order")
 
 	changed, err := ingressstore.SetEventStatus(b.ctx, b.pool, "ev-1", ingressstore.StatusAdmitted, ingressstore.StatusReceived)
 	require.NoError(t, err)
