@@ -35,8 +35,36 @@ const (
 // message comes back and the handler finds it applied.
 type batchMsg struct {
 	jetstream.Msg
-	hand *inHand
-	done atomic.Bool
+	hand  *inHand
+	owner *batchOwner
+	done  atomic.Bool
+}
+
+// batchOwner is what Settle needs of the consumer a batch message came
+// from.
+type batchOwner struct {
+	g        *Group
+	consumer string
+	log      zerolog.Logger
+}
+
+// Settle settles m, a message a BatchHandler was handed, as a Handler's
+// err settles its message (see the package doc): nil acks it, NakAfter
+// hands it back for later, Reject or a malformed error terminates it
+// (counting the malformed), ErrAbandon leaves it in hand for the batch's
+// error to leave, anything else hands it back as a failure. A handler
+// that decides message by message uses it to settle each one by the rules
+// a Handler's messages follow. It reports false, and does nothing, when m
+// is not a batch message.
+func Settle(m jetstream.Msg, err error) bool {
+	bm, ok := m.(*batchMsg)
+	if !ok || bm.owner == nil {
+		return false
+	}
+	if !errors.Is(err, ErrAbandon) {
+		bm.owner.g.settle(bm.owner.consumer, bm.owner.log, bm, err)
+	}
+	return true
 }
 
 // forget marks m finished with; it reports whether it was not already.
@@ -83,8 +111,10 @@ func (g *Group) startBatch(r *running) {
 // for a batch worker. The queue holds one batch, so a slow handler holds
 // the pull back.
 func (g *Group) enqueue(r *running) jetstream.MessageHandler {
+	owner := &batchOwner{g: g, consumer: r.spec.Config.Durable,
+		log: g.log.With().Str("consumer", r.spec.Config.Durable).Logger()}
 	return func(msg jetstream.Msg) {
-		m := &batchMsg{Msg: msg, hand: r.hand}
+		m := &batchMsg{Msg: msg, hand: r.hand, owner: owner}
 		r.hand.add(m)
 		select {
 		case r.queue <- m:

@@ -76,6 +76,51 @@ func TestBatchHandedOverInOrder(t *testing.T) {
 	require.Greater(t, slices.Max(sizes), 1, "what was delivered together is handed over together")
 }
 
+// Settle settles a batch's message as a Handler's error would settle it
+// alone: acked, terminated and counted as malformed, handed back for
+// later, handed back as a failure, or left in hand for the batch's error.
+func TestSettleByHandlerError(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	for _, id := range []string{"ok", "bad", "later", "away", "left"} {
+		b.publish(t, "jobs.settle", id)
+	}
+	var seen calls
+	b.start(t, b.config(), batchSpec("settle", 10, func(_ context.Context, msgs []jetstream.Msg) error {
+		var leave error
+		for _, m := range msgs {
+			id := string(m.Data())
+			first := seen.add(id) == 1
+			var err error
+			switch {
+			case !first:
+			case id == "bad":
+				err = fmt.Errorf("%w: no id", contract.ErrInvalid)
+			case id == "later":
+				err = durable.NakAfter(10 * time.Millisecond)
+			case id == "away":
+				err = errors.New("database away")
+			case id == "left":
+				leave = fmt.Errorf("crash: %w", durable.ErrAbandon)
+				err = leave
+			}
+			assert.True(t, durable.Settle(m, err))
+		}
+		// Leaves "left" (its first delivery) for redelivery; nothing else
+		// is unsettled.
+		return leave
+	}))
+	b.settled(t, "settle")
+	require.Equal(t, 1, seen.get("ok"))
+	require.Equal(t, 1, seen.get("bad"), "terminated")
+	require.Equal(t, 2, seen.get("later"), "handed back, then acked")
+	require.Equal(t, 2, seen.get("away"), "handed back as a failure, then acked")
+	require.Equal(t, 2, seen.get("left"), "left unacked, delivered again after the ack wait")
+	require.Equal(t, 1.0, testutil.ToFloat64(b.malformed.WithLabelValues("settle")))
+	require.Equal(t, 1.0, testutil.ToFloat64(b.failed.WithLabelValues("settle")))
+	require.False(t, durable.Settle(nil, nil), "not a batch message")
+}
+
 // The handler settles messages one by one with their own methods; its
 // error settles only the ones it left.
 func TestBatchSettlesEachMessage(t *testing.T) {

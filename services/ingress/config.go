@@ -100,8 +100,10 @@ type Config struct {
 	// AckWait is the consumers' ack wait: a message not acked by then (an
 	// instance died) is delivered again.
 	AckWait time.Duration
-	// Concurrency is how many messages the gate and the retry consumer each
-	// process at once per instance.
+	// Concurrency is how many sources the gate decides at once (the events
+	// of one source are decided in arrival order, one batch in one
+	// transaction), and how many dues the retry consumer processes at once,
+	// per instance.
 	Concurrency int
 	// PausedClass is the error class of source_paused deferrals:
 	// errclass.Temporary (default) or errclass.RateLimit. Throttled

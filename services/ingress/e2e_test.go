@@ -313,9 +313,9 @@ func TestE2EManualRetryOfEndedDeferral(t *testing.T) {
 // than every held event at every window edge.
 func TestE2EThrottledBurstIsAdmittedInOrderOneDueEach(t *testing.T) {
 	t.Parallel()
-	// One message at a time per consumer, so arrival order is the
-	// gate's order.
-	b := setup(t, func(c *ingress.Config) { c.Concurrency = 1 })
+	// The default concurrency: the gate decides a source's events in
+	// arrival order whatever it is.
+	b := setup(t)
 	b.withScheduler(t, 50*time.Millisecond, 100*time.Millisecond, 2)
 	const limit, n = 10, 60
 	b.putSource(t, "stream", map[string]any{"rate_limit": limit, "rate_window": "1s"})

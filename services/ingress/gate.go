@@ -10,75 +10,101 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/retryd/retryd/internal/durable"
 	"github.com/retryd/retryd/pkg/contract"
+	"github.com/retryd/retryd/pkg/tracing"
 	"github.com/retryd/retryd/projections/inbox"
 	"github.com/retryd/retryd/projections/outbox"
 	"github.com/retryd/retryd/services/ingress/internal/ingressstore"
 )
 
-// handleIngest is the gate: one event from INGEST, stored once and admitted
-// or deferred in one transaction.
-func (s *Service) handleIngest(ctx context.Context, msg jetstream.Msg) error {
-	env, ingestSeq, err := decodeIngest(msg)
+// ingestItem is one decoded message of INGEST.
+type ingestItem struct {
+	msg jetstream.Msg
+	ev  ingressstore.Event
+	seq uint64
+	// ctx carries the message's consumer span; the outbox rows written for
+	// it continue that trace.
+	ctx  context.Context
+	span trace.Span
+}
+
+// gated is what the gate decided for one event.
+type gated struct {
+	duplicate bool
+	v         ingressstore.Verdict
+}
+
+// newIngestItem decodes msg and starts its consumer span.
+func newIngestItem(ctx context.Context, msg jetstream.Msg) (ingestItem, error) {
+	env, seq, err := decodeIngest(msg)
 	if err != nil {
-		return err
+		return ingestItem{}, err
 	}
 	body, err := env.Marshal()
 	if err != nil {
-		return fmt.Errorf("%w: %w", contract.ErrInvalid, err)
+		return ingestItem{}, fmt.Errorf("%w: %w", contract.ErrInvalid, err)
 	}
-	ev := ingressstore.Event{ID: env.ID, Source: env.Source, Type: env.Type, Envelope: body}
-	var duplicate bool
-	var v ingressstore.Verdict
-	err = s.inTx(ctx, func(tx pgx.Tx) error {
-		first, err := inbox.Claim(ctx, tx, ConsumerGate, ev.ID)
+	it := ingestItem{msg: msg, seq: seq, ev: ingressstore.Event{ID: env.ID, Source: env.Source, Type: env.Type, Envelope: body}}
+	it.ctx, it.span = tracing.StartConsume(ctx, msg.Subject(), ConsumerGate, msg.Headers())
+	return it, nil
+}
+
+// gateEvent stores it's event once and admits or defers it, inside tx.
+func (s *Service) gateEvent(tx pgx.Tx, it ingestItem) (gated, error) {
+	ctx, ev := it.ctx, it.ev
+	first, err := inbox.Claim(ctx, tx, ConsumerGate, ev.ID)
+	if err != nil {
+		return gated{}, err
+	}
+	if first {
+		first, err = ingressstore.InsertEvent(ctx, tx, ev.ID, ev.Source, ev.Type, ev.Envelope, it.seq)
 		if err != nil {
-			return err
+			return gated{}, err
 		}
-		if first {
-			first, err = ingressstore.InsertEvent(ctx, tx, ev.ID, ev.Source, ev.Type, body, ingestSeq)
-			if err != nil {
-				return err
-			}
-		}
-		if duplicate = !first; duplicate {
-			return nil
-		}
-		if v, err = ingressstore.Gate(ctx, tx, ev.Source, ev.Type, ev.ID); err != nil {
-			return err
-		}
-		return s.apply(ctx, tx, ev, 1, v)
-	})
-	source := s.metrics.sources.label(ev.Source)
+	}
+	if !first {
+		return gated{duplicate: true}, nil
+	}
+	v, err := ingressstore.Gate(ctx, tx, ev.Source, ev.Type, ev.ID)
+	if err != nil {
+		return gated{}, err
+	}
+	return gated{v: v}, s.apply(ctx, tx, ev, 1, v)
+}
+
+// gateError is how a message whose event the gate could not decide is
+// settled.
+func (s *Service) gateError(it ingestItem, err error) error {
 	switch {
 	case errors.Is(err, ingressstore.ErrTypeNotAllowed):
-		s.metrics.gate.WithLabelValues(source, decisionRejected).Inc()
+		s.metrics.gate.WithLabelValues(s.metrics.sources.label(it.ev.Source), decisionRejected).Inc()
 		// Counted as a gate rejection, not as malformed input.
 		return durable.Reject(fmt.Errorf("type: %w", err))
 	case errors.Is(err, ingressstore.ErrWindowFilled):
 		// Rolled back: the event is evaluated again in a moment and
 		// queues behind the window's admissions.
 		return durable.NakAfter(windowFilledRetry)
-	case err != nil:
-		return fmt.Errorf("gate event %s: %w", ev.ID, err)
-	case duplicate:
+	}
+	return fmt.Errorf("gate event %s: %w", it.ev.ID, err)
+}
+
+// reportGated counts and logs a decision once it is committed.
+func (s *Service) reportGated(it ingestItem, g gated) {
+	source := s.metrics.sources.label(it.ev.Source)
+	switch {
+	case g.duplicate:
 		s.metrics.gate.WithLabelValues(source, decisionDuplicate).Inc()
-		s.log.Debug().Str("source", ev.Source).Str("event_id", ev.ID).Msg("event already stored")
-		return nil
-	}
-	if err := s.cfg.Failpoint.At(ctx, FailpointGateCommitted); err != nil {
-		return err
-	}
-	s.relay.Kick()
-	if v.Admitted {
+		s.log.Debug().Str("source", it.ev.Source).Str("event_id", it.ev.ID).Msg("event already stored")
+		return
+	case g.v.Admitted:
 		s.metrics.gate.WithLabelValues(source, decisionAdmitted).Inc()
-	} else {
+	default:
 		s.metrics.gate.WithLabelValues(source, decisionDeferred).Inc()
 	}
-	s.logVerdict(ev, 1, v)
-	return nil
+	s.logVerdict(it.ev, 1, g.v)
 }
 
 // decodeIngest validates a message from ingest.<source>: what intake

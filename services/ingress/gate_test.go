@@ -1,6 +1,7 @@
 package ingress_test
 
 import (
+	"fmt"
 	"net/http"
 	"strings"
 	"testing"
@@ -265,4 +266,82 @@ func TestReleaseLineAdmitsInArrivalOrder(t *testing.T) {
 	require.Equal(t, 2, b.lifecycle(t, "waiting")[contract.Succeeded][0].Succeeded.Attempt)
 	require.Equal(t, "deferred", b.status(t, "paused"), "the event behind waits for its own slot")
 	require.Equal(t, map[string]int{"first": 1, "waiting": 1}, b.admittedIDs(t))
+}
+
+// A burst published at once is decided in arrival order per source with
+// the default concurrency: the window's admissions reach EVENTS in order
+// and the held events' slots follow arrival order (before, parallel
+// workers took slots in the order they reached the source). An event the
+// source refuses sends its source's batch to one transaction per event,
+// still in order; a duplicate in the burst is stored once.
+func TestGateDecidesEachSourceInArrivalOrder(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	const limit = 20
+	b.putSource(t, "burst", map[string]any{"rate_limit": limit, "rate_window": "8760h"})
+	b.putSource(t, "picky", map[string]any{"rate_limit": limit, "rate_window": "8760h", "allowed_types": []string{"tick.happened"}})
+
+	var burst, picky []string
+	var futures []jetstream.PubAckFuture
+	publish := func(source, id, typ string, header bool) {
+		msg := nats.NewMsg("ingest." + source)
+		msg.Data = []byte(fmt.Sprintf(`{"id":%q,"source":%q,"type":%q}`, id, source, typ))
+		if header {
+			msg.Header.Set(nats.MsgIdHdr, id)
+		}
+		f, err := b.js.PublishMsgAsync(msg)
+		require.NoError(t, err)
+		futures = append(futures, f)
+	}
+	for i := range 150 {
+		id := fmt.Sprintf("b-%03d", i)
+		burst = append(burst, id)
+		publish("burst", id, "tick.happened", true)
+		if i%2 == 0 {
+			id := fmt.Sprintf("p-%03d", i)
+			typ := "tick.happened"
+			if i == 40 {
+				typ = "tick.refused"
+			} else {
+				picky = append(picky, id)
+			}
+			publish("picky", id, typ, true)
+		}
+		if i == 60 {
+			// The same event again, past JetStream's deduplication (no
+			// Nats-Msg-Id): the gate's inbox stores it once.
+			publish("burst", "b-005", "tick.happened", false)
+		}
+	}
+	for _, f := range futures {
+		select {
+		case <-f.Ok():
+		case err := <-f.Err():
+			require.NoError(t, err)
+		case <-b.ctx.Done():
+			t.Fatal("publish acks outstanding")
+		}
+	}
+	b.waitCount(t, len(burst)+len(picky), `SELECT count(*) FROM workflow_events WHERE status IN ('admitted', 'deferred')`)
+	require.Eventually(t, func() bool {
+		return b.counter(t, "retryd_ingress_gate_total", map[string]string{"source": "picky", "decision": "rejected"}) == 1 &&
+			b.counter(t, "retryd_ingress_gate_total", map[string]string{"source": "burst", "decision": "duplicate"}) == 1
+	}, eventually, 20*time.Millisecond)
+
+	for source, want := range map[string][]string{"burst": burst, "picky": picky} {
+		require.Eventually(t, func() bool {
+			return len(streamMsgs(t, b.ctx, b.js, contract.StreamEvents, "events."+source+".")) == limit
+		}, eventually, 20*time.Millisecond, source)
+		var admitted []string
+		for _, m := range streamMsgs(t, b.ctx, b.js, contract.StreamEvents, "events."+source+".") {
+			admitted = append(admitted, m.Header.Get(nats.MsgIdHdr))
+		}
+		require.Equal(t, want[:limit], admitted, "%s: the window's admissions in arrival order", source)
+		rows, err := b.pool.Query(b.ctx, `SELECT event_id FROM event_source_holds WHERE source = $1 ORDER BY slot_at`, source)
+		require.NoError(t, err)
+		held, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		require.NoError(t, err)
+		require.Equal(t, want[limit:], held, "%s: the held events' slots in arrival order", source)
+	}
+	b.drained(t, ingress.ConsumerGate)
 }

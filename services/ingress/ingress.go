@@ -106,23 +106,41 @@ func (s *Service) OperatorHandler() http.Handler { return s.operator }
 
 func (s *Service) consumerSpecs() []durable.Spec {
 	spec := func(stream string, h durable.Handler, workers int, name string, filters ...string) durable.Spec {
-		return durable.Spec{Stream: stream, Handle: tracing.ConsumeHandler(name, h), Workers: workers, Config: jetstream.ConsumerConfig{
-			Durable:        name,
-			FilterSubjects: filters,
-			AckPolicy:      jetstream.AckExplicitPolicy,
-			AckWait:        s.cfg.AckWait,
-			MaxDeliver:     -1,
-			MaxAckPending:  1000,
-			DeliverPolicy:  jetstream.DeliverAllPolicy,
-		}}
+		return durable.Spec{Stream: stream, Handle: tracing.ConsumeHandler(name, h), Workers: workers,
+			Config: s.consumerConfig(name, filters...)}
 	}
 	return []durable.Spec{
-		spec(contract.StreamIngest, s.handleIngest, s.cfg.Concurrency, ConsumerGate, "ingest.*"),
+		s.gateSpec(),
 		spec(contract.StreamRetries, s.handleDue, s.cfg.Concurrency, ConsumerRetry, "retry.event.due.*"),
 		spec(contract.StreamRetries, s.handleRetryState, 1, ConsumerRetryState,
 			"retry.event.scheduled.*", "retry.event.rescheduled.*", "retry.event.exhausted.*", "retry.event.cancelled.*"),
 	}
 }
+
+// consumerConfig is the durable consumer name of ingress, on filters.
+func (s *Service) consumerConfig(name string, filters ...string) jetstream.ConsumerConfig {
+	return jetstream.ConsumerConfig{
+		Durable:        name,
+		FilterSubjects: filters,
+		AckPolicy:      jetstream.AckExplicitPolicy,
+		AckWait:        s.cfg.AckWait,
+		MaxDeliver:     -1,
+		MaxAckPending:  1000,
+		DeliverPolicy:  jetstream.DeliverAllPolicy,
+	}
+}
+
+// gateSpec is the gate's consumer: one batch at a time, so the gate sees
+// INGEST in stream order (see handleIngest). In-progress acks keep a batch
+// the database is slow to decide from being delivered again meanwhile.
+func (s *Service) gateSpec() durable.Spec {
+	return durable.Spec{Stream: contract.StreamIngest, HandleBatch: s.handleIngest, Workers: 1, Batch: gateBatch,
+		Progress: s.cfg.AckWait / 4, Config: s.consumerConfig(ConsumerGate, "ingest.*")}
+}
+
+// gateBatch bounds the events the gate decides together; a source's
+// share of a batch is one transaction.
+const gateBatch = 100
 
 // Start creates or updates the durable consumers and starts consuming,
 // the outbox relay and the reconciler. ctx bounds the setup only; the
