@@ -152,7 +152,7 @@ func runHoldRelease(ctx context.Context, env Env) error {
 		fmt.Fprintf(env.Out, "note: the gate admitted at most %.0f/s without a limit on this machine, below the %d/s limit: the machine, not the limit, paces the second phase\n",
 			unlimited.rate, rate)
 	}
-	fmt.Fprintf(env.Out, "out of place: events that must move for the admissions (by admitted_at) to follow arrival order; the gate decides each source in arrival order (concurrency %d: sources at once)\n",
+	fmt.Fprintf(env.Out, "out of place: events that must move for the admissions on EVENTS to follow arrival order; the gate decides each source in arrival order (concurrency %d: sources at once)\n",
 		ingress.DefaultConcurrency)
 	fmt.Fprintf(env.Out, "\nthrottled burst: %s events sent at once to a source limited to %d/s (no pause): all admitted in %s (ideal %s), "+
 		"%d out of place (max %d behind), at most %d in a window, %.2f due events per event (target <= 1.1), %.2f dues handed back to wait for their turn per event, %d exhausted: %s\n",

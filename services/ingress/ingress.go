@@ -111,7 +111,8 @@ func (s *Service) consumerSpecs() []durable.Spec {
 	}
 	return []durable.Spec{
 		s.gateSpec(),
-		spec(contract.StreamRetries, s.handleDue, s.cfg.Concurrency, ConsumerRetry, "retry.event.due.*"),
+		{Stream: contract.StreamRetries, HandleBatch: s.handleDues, Workers: 1, Batch: consumeBatch,
+			Progress: s.cfg.AckWait / 4, Config: s.consumerConfig(ConsumerRetry, "retry.event.due.*")},
 		spec(contract.StreamRetries, s.handleRetryState, 1, ConsumerRetryState,
 			"retry.event.scheduled.*", "retry.event.rescheduled.*", "retry.event.exhausted.*", "retry.event.cancelled.*"),
 	}
@@ -131,16 +132,17 @@ func (s *Service) consumerConfig(name string, filters ...string) jetstream.Consu
 }
 
 // gateSpec is the gate's consumer: one batch at a time, so the gate sees
-// INGEST in stream order (see handleIngest). In-progress acks keep a batch
+// INGEST in stream order (see handleIngest; the due consumer runs the
+// same way, see handleDues). In-progress acks keep a batch
 // the database is slow to decide from being delivered again meanwhile.
 func (s *Service) gateSpec() durable.Spec {
-	return durable.Spec{Stream: contract.StreamIngest, HandleBatch: s.handleIngest, Workers: 1, Batch: gateBatch,
+	return durable.Spec{Stream: contract.StreamIngest, HandleBatch: s.handleIngest, Workers: 1, Batch: consumeBatch,
 		Progress: s.cfg.AckWait / 4, Config: s.consumerConfig(ConsumerGate, "ingest.*")}
 }
 
-// gateBatch bounds the events the gate decides together; a source's
-// share of a batch is one transaction.
-const gateBatch = 100
+// consumeBatch bounds the messages the gate and the due consumer decide
+// together; a source's share of a batch is one transaction.
+const consumeBatch = 100
 
 // Start creates or updates the durable consumers and starts consuming,
 // the outbox relay and the reconciler. ctx bounds the setup only; the

@@ -92,64 +92,44 @@ type dueOutcome struct {
 	verdict ingressstore.Verdict
 }
 
-// handleDue evaluates a deferred event again when the scheduler says its
-// next attempt is due.
-func (s *Service) handleDue(ctx context.Context, msg jetstream.Msg) error {
-	due, msgID, err := decodeDue(msg)
-	if err != nil {
-		return err
-	}
-	var delivered uint64 = 1
-	if md, err := msg.Metadata(); err == nil {
-		delivered = md.NumDelivered
-	}
-	var out dueOutcome
-	err = s.inTx(ctx, func(tx pgx.Tx) error {
-		var err error
-		out, err = s.decideDue(ctx, tx, msgID, due, delivered < unconfirmedDeliveries)
-		if err == nil && out.result == dueUndecided {
-			err = errors.New("no outcome decided")
-		}
-		return err
-	})
-	if line, ok := errors.AsType[*ingressstore.LineError](err); ok {
+// dueAnswer is how the due of it is settled once its source's
+// transaction committed (it.err is its decision's error, rolled back to
+// its savepoint): handed back to wait for its turn or a line, evaluated
+// again at once, or acked. decided reports a decision that committed
+// something (the failpoint's point).
+func (s *Service) dueAnswer(ctx context.Context, it *dueItem) (answer error, decided bool) {
+	due := it.due
+	if line, ok := errors.AsType[*ingressstore.LineError](it.err); ok {
 		// Rolled back, claim included: the same due comes back once the
 		// releaser had time to admit the event (or the event left the
 		// line), at most a minute from now, each time.
 		s.metrics.retry(due.Source, retryWaited)
-		return durable.NakAfter(min(max(line.Until.Sub(line.Now), time.Millisecond), maxLineWait))
+		return durable.NakAfter(min(max(line.Until.Sub(line.Now), time.Millisecond), maxLineWait)), false
 	}
 	var turn *ingressstore.WaitError
-	if errors.As(err, &turn) {
+	if errors.As(it.err, &turn) {
 		// Rolled back: the hold keeps its place, and the same due comes
 		// back at the holder's turn (no new due, nothing to tell the
 		// scheduler).
 		s.metrics.retry(due.Source, retryWaited)
 		if !turn.Behind {
 			if err := ingressstore.MarkWaiting(ctx, s.cfg.Pool, due.ID, turn.Until); err != nil {
-				return err
+				return err, false
 			}
 		}
-		return durable.NakAfter(max(turn.Until.Sub(turn.Now), time.Millisecond))
+		return durable.NakAfter(max(turn.Until.Sub(turn.Now), time.Millisecond)), false
 	}
-	if errors.Is(err, ingressstore.ErrWindowFilled) {
-		return durable.NakAfter(windowFilledRetry)
+	switch {
+	case errors.Is(it.err, ingressstore.ErrWindowFilled):
+		return durable.NakAfter(windowFilledRetry), false
+	case it.err != nil:
+		return fmt.Errorf("handle due %s: %w", it.msgID, it.err), false
+	case it.out.result == dueDuplicate:
+		return nil, false
+	case it.out.result == dueUnconfirmed:
+		return durable.NakAfter(unconfirmedDelay), false
 	}
-	if err != nil {
-		return fmt.Errorf("handle due %s: %w", msgID, err)
-	}
-	switch out.result {
-	case dueDuplicate:
-		return nil
-	case dueUnconfirmed:
-		return durable.NakAfter(unconfirmedDelay)
-	}
-	if err := s.cfg.Failpoint.At(ctx, FailpointRetryCommitted); err != nil {
-		return err
-	}
-	s.relay.Kick()
-	s.reportDue(due, out)
-	return nil
+	return nil, true
 }
 
 // decodeDue validates a message of retry.event.due.<id> and returns its
