@@ -77,7 +77,7 @@ func TestAnalyticsAndBulkRetry(t *testing.T) {
 
 	t.Run("bulk-retry", func(t *testing.T) {
 		out := b.ok(t, "retries", "bulk-retry", "--job-type", "cli_broken", "--error-class", "validation", "--dry-run")
-		require.Equal(t, "Dry run: 3 job(s) match; nothing was retried.\n", out)
+		require.Equal(t, "Dry run: 3 job(s) would be retried; nothing was changed.\n", out)
 		var dry struct {
 			DryRun  bool  `json:"dry_run"`
 			Matched int64 `json:"matched"`

@@ -139,6 +139,20 @@ func (g *globals) applyContext(cmd *cobra.Command) error {
 	return nil
 }
 
+// editContexts loads the saved contexts, lets edit change them and saves
+// them. With need set, name must be a saved context.
+func editContexts(g *globals, verb, name string, need bool, edit func(f *contextFile)) error {
+	f, err := loadContexts(g.config)
+	if err != nil {
+		return err
+	}
+	if _, ok := f.Contexts[name]; need && !ok {
+		return fmt.Errorf("%s context: no saved context %q (retryd context ls)", verb, name)
+	}
+	edit(&f)
+	return f.save(g.config)
+}
+
 func newContextCmd(g *globals) *cobra.Command {
 	cmd := group(&cobra.Command{
 		Use:   "context",
@@ -154,15 +168,13 @@ RETRYD_CONTEXT picks one for a single command.`,
 		Short: "Save --api, --token and --ca-file under NAME (and use it when none is chosen yet)",
 		Args:  args(1, "NAME"),
 		RunE: func(_ *cobra.Command, a []string) error {
-			f, err := loadContexts(g.config)
+			err := editContexts(g, "save", a[0], false, func(f *contextFile) {
+				f.Contexts[a[0]] = cliContext{API: g.api, Token: g.token, CAFile: g.caFile}
+				if f.Current == "" {
+					f.Current = a[0]
+				}
+			})
 			if err != nil {
-				return err
-			}
-			f.Contexts[a[0]] = cliContext{API: g.api, Token: g.token, CAFile: g.caFile}
-			if f.Current == "" {
-				f.Current = a[0]
-			}
-			if err := f.save(g.config); err != nil {
 				return err
 			}
 			fmt.Fprintf(g.stderr, "saved context %s (%s)\n", a[0], g.api)
@@ -174,15 +186,7 @@ RETRYD_CONTEXT picks one for a single command.`,
 		Short: "Make NAME the context commands use",
 		Args:  args(1, "NAME"),
 		RunE: func(_ *cobra.Command, a []string) error {
-			f, err := loadContexts(g.config)
-			if err != nil {
-				return err
-			}
-			if _, ok := f.Contexts[a[0]]; !ok {
-				return fmt.Errorf("use context: no saved context %q (retryd context ls)", a[0])
-			}
-			f.Current = a[0]
-			return f.save(g.config)
+			return editContexts(g, "use", a[0], true, func(f *contextFile) { f.Current = a[0] })
 		},
 	}
 	rm := &cobra.Command{
@@ -190,18 +194,12 @@ RETRYD_CONTEXT picks one for a single command.`,
 		Short: "Forget context NAME (and its token)",
 		Args:  args(1, "NAME"),
 		RunE: func(_ *cobra.Command, a []string) error {
-			f, err := loadContexts(g.config)
-			if err != nil {
-				return err
-			}
-			if _, ok := f.Contexts[a[0]]; !ok {
-				return fmt.Errorf("remove context: no saved context %q", a[0])
-			}
-			delete(f.Contexts, a[0])
-			if f.Current == a[0] {
-				f.Current = ""
-			}
-			return f.save(g.config)
+			return editContexts(g, "remove", a[0], true, func(f *contextFile) {
+				delete(f.Contexts, a[0])
+				if f.Current == a[0] {
+					f.Current = ""
+				}
+			})
 		},
 	}
 	ls := &cobra.Command{

@@ -65,15 +65,28 @@ func (e *WaitError) Error() string {
 // again for its turn, in the same place.
 func ownTurn(ctx context.Context, tx pgx.Tx, v Verdict, src Source, id string, slotAt, now time.Time) (Verdict, error) {
 	limit := *src.RateLimit
-	ahead, waiting, lined, err := holdersAhead(ctx, tx, src.Source, slotAt, now)
+	h, err := holdersAhead(ctx, tx, src.Source, slotAt, now)
 	if err != nil {
 		return Verdict{}, err
 	}
-	if lined {
+	ahead, waiting := h.ahead, h.waiting
+	gap := turnGap(src.RateWindow, limit)
+	switch {
+	case h.lined:
 		// Events of a release line ahead of it whose slots have come:
 		// the releaser admits them at its next pass (every releaseTick),
 		// and admitting this one now would pass them.
 		return Verdict{}, &WaitError{Until: now.Add(turnRecheck), Now: now, Ahead: ahead, Behind: true}
+	case h.come:
+		// A holder ahead whose slot has come is not admitted yet: its due
+		// was handed back a moment ago (and comes back about when this
+		// one would) or is on its way. Admitting this one now would pass
+		// it; it waits right after it, by its place in line.
+		at := now.Add(turnRecheck)
+		if !waiting.IsZero() {
+			at = maxTime(waiting, at).Add(time.Duration(ahead) * gap)
+		}
+		return Verdict{}, &WaitError{Until: at, Now: now, Ahead: ahead, Behind: true}
 	}
 	start, next := window(now, src.RateWindow)
 	admitted, err := windowAdmitted(ctx, tx, src.Source, start)
@@ -86,7 +99,6 @@ func ownTurn(ctx context.Context, tx pgx.Tx, v Verdict, src Source, id string, s
 		v.count = &admission{source: src.Source, start: start, limit: limit, ahead: ahead}
 		return v, nil
 	}
-	gap := turnGap(src.RateWindow, limit)
 	if fits {
 		// Room for it, behind a holder waiting for its turn: after that
 		// turn, by its place in line, and not before the waiting one has
@@ -134,30 +146,42 @@ func maxTime(a, b time.Time) time.Time {
 	return b
 }
 
-// holdersAhead counts the holders of source in line before the one at
-// slotAt: their slots are earlier and they have not been admitted. It also
-// returns the latest turn one of them waits for, or waited for less than
-// turnLate ago (zero when none does), and whether one of them is in a
-// release line with its slot come (its releaser admits it in a moment;
-// one whose slot passed releaseLate ago has no releaser running).
-// A holder past holderGrace no longer counts (its due may be lost; the
+// lineAhead is what holdersAhead found before a holder in line.
+type lineAhead struct {
+	// ahead is how many holders are before it.
+	ahead int
+	// waiting is the latest turn one of them waits for, or waited for
+	// less than turnLate ago (zero when none does).
+	waiting time.Time
+	// lined: one of them is in a release line with its slot come (its
+	// releaser admits it in a moment; one whose slot passed releaseLate
+	// ago has no releaser running).
+	lined bool
+	// come: one of them, not in a release line, has its slot come less
+	// than turnLate ago and is not admitted yet.
+	come bool
+}
+
+// holdersAhead reads the holders of source in line before the one at
+// slotAt: their slots are earlier and they have not been admitted. A
+// holder past holderGrace no longer counts (its due may be lost; the
 // scheduler's re-emission still finds its row).
-func holdersAhead(ctx context.Context, tx pgx.Tx, source string, slotAt, now time.Time) (int, time.Time, bool, error) {
-	var n int
+func holdersAhead(ctx context.Context, tx pgx.Tx, source string, slotAt, now time.Time) (lineAhead, error) {
+	var h lineAhead
 	var waiting *time.Time
-	var lined bool
 	err := tx.QueryRow(ctx, `
 		SELECT count(*), max(waits_until) FILTER (WHERE waits_until > $4),
-			coalesce(bool_or(released AND slot_at <= $5 AND slot_at > $6), false)
+			coalesce(bool_or(released AND slot_at <= $5 AND slot_at > $6), false),
+			coalesce(bool_or(NOT released AND slot_at <= $5 AND slot_at > $4), false)
 		FROM event_source_holds WHERE source = $1 AND slot_at > $2 AND slot_at < $3`,
-		source, now.Add(-holderGrace), slotAt, now.Add(-turnLate), now, now.Add(-releaseLate)).Scan(&n, &waiting, &lined)
+		source, now.Add(-holderGrace), slotAt, now.Add(-turnLate), now, now.Add(-releaseLate)).Scan(&h.ahead, &waiting, &h.lined, &h.come)
 	if err != nil {
-		return 0, time.Time{}, false, fmt.Errorf("count holders ahead: %w", err)
+		return lineAhead{}, fmt.Errorf("count holders ahead: %w", err)
 	}
-	if waiting == nil {
-		return n, time.Time{}, lined, nil
+	if waiting != nil {
+		h.waiting = *waiting
 	}
-	return n, *waiting, lined, nil
+	return h, nil
 }
 
 // MarkWaiting records that the holder of event id waits for its turn at
