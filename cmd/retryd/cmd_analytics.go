@@ -11,19 +11,22 @@ import (
 )
 
 func newAnalyticsCmd(g *globals) *cobra.Command {
-	var jobType, since, until string
+	var jobType, kind, since, until string
 	var days, top int
 	cmd := &cobra.Command{
 		Use:   "analytics",
-		Short: "Job retry analytics: success rates, attempts to success, common errors",
+		Short: "Retry analytics: every kind's outcomes, and per job type success rates, attempts to success, common errors",
 		Example: `  retryd analytics
   retryd analytics --job-type send_email --days 30
-  retryd analytics --since 2h`,
+  retryd analytics --kind event --since 2h`,
 		Args: args(0),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			q := url.Values{}
 			if jobType != "" {
 				q.Set("job_type", jobType)
+			}
+			if kind != "" {
+				q.Set("kind", kind)
 			}
 			now := time.Now()
 			for name, v := range map[string]string{"since": since, "until": until} {
@@ -45,7 +48,7 @@ func newAnalyticsCmd(g *globals) *cobra.Command {
 			if top > 0 {
 				q.Set("top", strconv.Itoa(top))
 			}
-			var a analyticsView
+			var a kindsAnalyticsView
 			if done, err := g.fetch(cmd, "/v1/analytics/retries", q, &a, doing("retry analytics")); done {
 				return err
 			}
@@ -54,6 +57,7 @@ func newAnalyticsCmd(g *globals) *cobra.Command {
 	}
 	f := cmd.Flags()
 	f.StringVar(&jobType, "job-type", "", "one job type (default all)")
+	f.StringVar(&kind, "kind", "", "one kind of retried work: job, event, event-trigger, run or a custom kind (default all)")
 	f.IntVar(&days, "days", 7, "period: this many days back from now")
 	f.StringVar(&since, "since", "", "period start: RFC 3339 or a duration back from now such as 2h")
 	f.StringVar(&until, "until", "", "period end: RFC 3339 or a duration back from now")
@@ -61,9 +65,58 @@ func newAnalyticsCmd(g *globals) *cobra.Command {
 	return cmd
 }
 
-func printAnalytics(g *globals, a analyticsView) error {
+// kindsAnalyticsView is the analytics answer with its figures per kind
+// (docs/jobs.md, Analytics).
+type kindsAnalyticsView struct {
+	analyticsView
+	Kinds []kindAnalytics `json:"kinds"`
+}
+
+type kindAnalytics struct {
+	Kind          string           `json:"kind"`
+	Items         int64            `json:"items"`
+	ByState       map[string]int64 `json:"by_state"`
+	Succeeded     int64            `json:"succeeded"`
+	Exhausted     int64            `json:"exhausted"`
+	SuccessRate   *float64         `json:"success_rate"`
+	TotalRetries  int64            `json:"total_retries"`
+	RetriedItems  int64            `json:"retried_items"`
+	ErrorsByClass []struct {
+		Class string `json:"class"`
+		Count int64  `json:"count"`
+	} `json:"errors_by_class"`
+}
+
+func printAnalytics(g *globals, a kindsAnalyticsView) error {
 	w := g.stdout
-	fmt.Fprintf(w, "Jobs created %s to %s\n\n", a.Since.Local().Format(time.RFC3339), a.Until.Local().Format(time.RFC3339))
+	fmt.Fprintf(w, "Retried work first failing %s to %s\n\n", a.Since.Local().Format(time.RFC3339), a.Until.Local().Format(time.RFC3339))
+	if len(a.Kinds) == 0 {
+		fmt.Fprintln(w, "Nothing was retried in this period.")
+	} else {
+		t := newTable(w, "KIND", "ITEMS", "SUCCEEDED", "EXHAUSTED", "SUCCESS RATE", "RETRIES", "RETRIED ITEMS", "STATES", "ERRORS BY CLASS")
+		for _, k := range a.Kinds {
+			var st, classes []string
+			for _, s := range retryStates {
+				if n := k.ByState[s]; n > 0 {
+					st = append(st, fmt.Sprintf("%s %d", s, n))
+				}
+			}
+			for _, e := range k.ErrorsByClass {
+				classes = append(classes, fmt.Sprintf("%s %d", e.Class, e.Count))
+			}
+			t.row(k.Kind, itoa(k.Items), itoa(k.Succeeded), itoa(k.Exhausted), percent(k.SuccessRate),
+				itoa(k.TotalRetries), itoa(k.RetriedItems), strings.Join(st, ", "), strings.Join(classes, ", "))
+		}
+		if err := t.flush(); err != nil {
+			return err
+		}
+	}
+	return printJobAnalytics(g, a.analyticsView)
+}
+
+func printJobAnalytics(g *globals, a analyticsView) error {
+	w := g.stdout
+	fmt.Fprintf(w, "\nJobs created %s to %s\n\n", a.Since.Local().Format(time.RFC3339), a.Until.Local().Format(time.RFC3339))
 	if len(a.JobTypes) == 0 {
 		fmt.Fprintln(w, "No jobs in this period.")
 		return nil

@@ -64,12 +64,22 @@ func TestAnalyticsAndBulkRetry(t *testing.T) {
 	}, wait, 50*time.Millisecond, "analytics never showed the jobs: %+v", a)
 
 	out := b.ok(t, "analytics")
+	// Every kind first, from the scheduler's rows: both types are jobs.
+	require.Regexp(t, `(?m)^job\s+5\s+2\s+3\s+40.0%\s+2\s+2\s+succeeded 2, exhausted 3\s+validation 3, timeout 2`, out)
 	require.Regexp(t, `cli_broken\s+3\s+0\s+3\s+0.0%`, out)
 	require.Regexp(t, `cli_flaky\s+2\s+2\s+0\s+100.0%\s+2.00\s+2\s+2\s+100.0%`, out)
 	require.Regexp(t, `cli_broken\s+validation\s+3`, out)
 	require.Regexp(t, `cli_flaky\s+timeout\s+2`, out)
 	require.Regexp(t, `cli_broken\s+validation\s+3\s+payload field email is missing`, out)
 	require.Regexp(t, `cli_flaky\s+completed 2\s+1: 2`, out)
+
+	out = b.ok(t, "analytics", "--kind", "event")
+	require.Contains(t, out, "Nothing was retried in this period.", "no events here")
+	require.Contains(t, out, "No jobs in this period.", "kind event has no job types")
+	var k kindsAnalyticsView
+	b.okJSON(t, &k, "analytics", "--kind", "job")
+	require.Len(t, k.Kinds, 1)
+	require.EqualValues(t, 5, k.Kinds[0].Items)
 
 	out = b.ok(t, "analytics", "--job-type", "cli_flaky", "--since", "1h")
 	require.Contains(t, out, "cli_flaky")
