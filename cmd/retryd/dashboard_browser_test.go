@@ -365,6 +365,8 @@ func TestDashboardBrowser(t *testing.T) {
 		chromedp.WaitVisible(chromedp.CSS(`[data-test="analytics-errors"] svg rect`)),
 	))
 	require.Contains(t, eval[string](t, ctx, `document.querySelector('[data-test="analytics-errors"]').innerHTML`), "dash_flaky · timeout")
+	require.Contains(t, eval[string](t, ctx, `document.querySelector('[data-test="analytics-kinds"] tr[data-kind="job"]').textContent`), "timeout",
+		"every kind's retried work, with its errors by class")
 	shot(t, ctx, "analytics")
 
 	t.Log("pause a source")

@@ -1,5 +1,6 @@
-// The analytics view: job outcomes, retries and errors per job type and
-// error class (GET /v1/analytics/retries).
+// The analytics view: every kind's retried work, then job outcomes,
+// retries and errors per job type and error class (GET
+// /v1/analytics/retries).
 
 import { api } from "./api.js";
 import { h, clear, pct, fmtMS, stateColors, classColors } from "./dom.js";
@@ -17,7 +18,7 @@ export async function render(root, params, { navigate }) {
         h("label", {}, "Jobs created in the last",
           h("select", { "data-test": "analytics-days", onchange: (e) => navigate("analytics", { days: e.target.value }) },
             [["1", "day"], ["7", "7 days"], ["30", "30 days"]].map(([v, t]) => h("option", { value: v, text: t, selected: v === days })))),
-        h("span", { class: "count", text: "Jobs run by workers (kind job): outcomes, retries and errors" }))),
+        h("span", { class: "count", text: "Every kind of retried work, then the jobs run by workers (kind job) per type" }))),
     body));
 
   async function refresh() {
@@ -27,6 +28,7 @@ export async function render(root, params, { navigate }) {
 
   function draw(a) {
     clear(body);
+    body.appendChild(kindsPanel(a.kinds || []));
     const types = a.job_types || [];
     if (!types.length) {
       body.appendChild(h("section", { class: "panel" }, h("div", { class: "empty", text: "No jobs in this period yet. Enqueue jobs with the worker SDK (retryd dev --demo does)." })));
@@ -53,6 +55,28 @@ export async function render(root, params, { navigate }) {
 
   await refresh();
   return { refresh };
+}
+
+// kindsPanel lists each kind the scheduler retried in the period: items
+// whose first failure fell in it, their outcomes and the failed attempts
+// by error class.
+function kindsPanel(kinds) {
+  if (!kinds.length) {
+    return panel("Retried work by kind", h("div", { class: "empty", text: "Nothing was retried in this period." }), "analytics-kinds");
+  }
+  const cols = ["kind", "items", "succeeded", "exhausted", "success rate", "retries", "retried items", "errors by class"];
+  return panel("Retried work by kind", h("table", {},
+    h("thead", {}, h("tr", {}, cols.map((c) => h("th", { text: c })))),
+    h("tbody", {}, kinds.map((k) => h("tr", { "data-kind": k.kind },
+      h("td", { class: "mono", text: k.kind }),
+      h("td", { class: "num", text: k.items }),
+      h("td", { class: "num", text: k.succeeded }),
+      h("td", { class: "num", text: k.exhausted }),
+      h("td", { class: "num", text: pct(k.success_rate) }),
+      h("td", { class: "num", text: k.total_retries }),
+      h("td", { class: "num", text: k.retried_items }),
+      h("td", {}, (k.errors_by_class || []).map((c) => h("span", { class: `cls ${c.class}`, text: `${c.class} ${c.count}` }))))))),
+    "analytics-kinds");
 }
 
 function kpi(v, l) {
