@@ -25,7 +25,7 @@ func newJobsCmd(g *globals) *cobra.Command {
 		Short:   "List, inspect, retry and cancel jobs; bulk retries and their progress",
 	})
 	cmd.AddCommand(newJobsListCmd(g), newJobsShowCmd(g), newJobsActionCmd(g, "retry"), newJobsActionCmd(g, "cancel"),
-		newJobsBulkRetryCmd(g), newJobsOperationCmd(g))
+		newJobsBulkRetryCmd(g), newJobsOperationCmd(g), newJobsOperationsCmd(g))
 	return cmd
 }
 
@@ -317,7 +317,7 @@ func newJobsOperationCmd(g *globals) *cobra.Command {
 	var wait, cancel bool
 	cmd := &cobra.Command{
 		Use:     "operation ID",
-		Aliases: []string{"operations", "op"},
+		Aliases: []string{"op"},
 		Short:   "Show a bulk retry's progress; --wait follows it, --cancel stops it",
 		Example: `  retryd jobs operation op-01JA2Q8M9X3T7V5W6Y4Z2B1C0D
   retryd jobs operation op-01JA2Q8M9X3T7V5W6Y4Z2B1C0D --wait`,

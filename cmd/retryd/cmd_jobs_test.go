@@ -181,7 +181,7 @@ func TestJobsCommands(t *testing.T) {
 
 		require.Contains(t, b.ok(t, "jobs", "operation", op), "Operation "+op+": completed")
 		var ov operationView
-		b.okJSON(t, &ov, "jobs", "operations", op, "--wait")
+		b.okJSON(t, &ov, "jobs", "op", op, "--wait")
 		require.Equal(t, "completed", ov.Operation.Status)
 		require.Equal(t, 2, ov.Operation.Released)
 
@@ -194,6 +194,18 @@ func TestJobsCommands(t *testing.T) {
 		require.Equal(t, exitFailed, r.code, r.stdout)
 		require.Contains(t, r.stdout, "Operation "+m[1]+": cancelled")
 		require.Contains(t, r.stderr, "Error: bulk retry "+m[1]+": cancelled")
+
+		// The list: newest first, by status.
+		out = b.ok(t, "jobs", "operations")
+		require.Regexp(t, `(?s)^ID\s+STATUS.*`+m[1]+`\s+cancelled.*`+op+`\s+completed\s.*upstream back`, out)
+		out = b.ok(t, "jobs", "operations", "--status", "cancelled")
+		require.Contains(t, out, m[1])
+		require.NotContains(t, out, op)
+		var ops operationPage
+		b.okJSON(t, &ops, "jobs", "operations", "--limit", "1")
+		require.Len(t, ops.Operations, 1)
+		require.Equal(t, m[1], ops.Operations[0].ID)
+		require.NotEmpty(t, ops.NextCursor)
 
 		// Without --wait: the id to follow.
 		out = b.ok(t, "jobs", "bulk-retry", "--type", "cli_jobs", "--status", "cancelled")
@@ -250,6 +262,9 @@ func TestJobsUsage(t *testing.T) {
 		{[]string{"jobs", "bulk-retry", "--type", "t", "--status", "failed", "--dry-run", "--wait"}, "--wait"},
 		{[]string{"jobs", "operation"}, "takes ID"},
 		{[]string{"jobs", "operation", "op-1", "--wait", "--cancel"}, "--wait and --cancel"},
+		{[]string{"jobs", "operations", "--status", "done"}, `--status "done" is not one of running, completed, cancelled`},
+		{[]string{"jobs", "operations", "--limit", "0"}, "--limit must be between 1 and 1000"},
+		{[]string{"jobs", "operations", "op-1"}, "to show one: retryd jobs operation op-1"},
 	} {
 		r := cli(t, append([]string{"--api", "http://127.0.0.1:1"}, tc.args...)...)
 		require.Equal(t, exitUsage, r.code, "retryd %v: %s %s", tc.args, r.stdout, r.stderr)

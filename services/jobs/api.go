@@ -121,6 +121,7 @@ func (c *APIConfig) validate() error {
 //
 //	POST /v1/jobs/{id}/cancel    {"reason": "...", "by": "..."}
 //	POST /v1/jobs/bulk-retry     {"filter": {...}, "dry_run": true, "rate_per_second": 5, "reason": "..."}
+//	GET  /v1/operations?status=&limit=&cursor=
 //	GET  /v1/operations/{id}
 //	POST /v1/operations/{id}/cancel
 type API struct {
@@ -170,6 +171,8 @@ var endpoints = []serve.Endpoint[*API]{
 		Description: `Retry a job now ({"reason", "reset_attempts", "error_class"}; the token's name is recorded as by).`}, Serve: (*API).handleRetry},
 	{Route: serve.Route{Method: http.MethodPost, Path: "/v1/jobs/{id}/cancel", Role: serve.RoleOperator,
 		Description: `Cancel a job's pending retry ({"reason"}; the token's name is recorded as by).`}, Serve: (*API).handleCancel},
+	{Route: serve.Route{Method: http.MethodGet, Path: "/v1/operations", Role: serve.RoleViewer,
+		Description: "List bulk operations, newest first (?status=running|completed|cancelled&limit=&cursor=)."}, Serve: (*API).handleListOperations},
 	{Route: serve.Route{Method: http.MethodGet, Path: "/v1/operations/{id}", Role: serve.RoleViewer,
 		Description: "A bulk retry's progress."}, Serve: (*API).handleGetOperation},
 	{Route: serve.Route{Method: http.MethodPost, Path: "/v1/operations/{id}/cancel", Role: serve.RoleOperator,

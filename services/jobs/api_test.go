@@ -369,6 +369,43 @@ func TestBulkRetryCancel(t *testing.T) {
 	require.Empty(t, b.rec.Calls())
 }
 
+// GET /v1/operations lists the bulk operations newest first, a page at a
+// time, filtered by status; bad input names its field.
+func TestListOperations(t *testing.T) {
+	t.Parallel()
+	b := setupAPI(t, jobs.APIConfig{})
+	b.insertJob(t, "j0", "email_campaign", "failed", "validation", 0, time.Now())
+	var ids []string
+	for range 3 {
+		var created jobs.OperationResponse
+		require.Equal(t, 202, b.do(t, "POST", "/v1/jobs/bulk-retry", `{"filter":{},"dry_run":false}`, &created))
+		ids = append(ids, created.Operation.ID)
+	}
+	require.Equal(t, 200, b.do(t, "POST", "/v1/operations/"+ids[1]+"/cancel", "", nil))
+
+	var page jobstore.OperationPage
+	require.Equal(t, 200, b.do(t, "GET", "/v1/operations?limit=2", "", &page))
+	require.Len(t, page.Operations, 2)
+	require.Equal(t, []string{ids[2], ids[1]}, []string{page.Operations[0].ID, page.Operations[1].ID}, "newest first")
+	require.NotEmpty(t, page.NextCursor)
+	var rest jobstore.OperationPage
+	require.Equal(t, 200, b.do(t, "GET", "/v1/operations?limit=2&cursor="+page.NextCursor, "", &rest))
+	require.Len(t, rest.Operations, 1)
+	require.Equal(t, ids[0], rest.Operations[0].ID)
+	require.Empty(t, rest.NextCursor, "the last page")
+
+	var cancelled jobstore.OperationPage
+	require.Equal(t, 200, b.do(t, "GET", "/v1/operations?status=cancelled", "", &cancelled))
+	require.Len(t, cancelled.Operations, 1)
+	require.Equal(t, ids[1], cancelled.Operations[0].ID)
+
+	for query, field := range map[string]string{"status=done": "status", "limit=0": "limit", "cursor=nope": "cursor"} {
+		code, e := b.errorOf(t, "GET", "/v1/operations?"+query, "")
+		require.Equal(t, 400, code, query)
+		require.Equal(t, field, e.Field, query)
+	}
+}
+
 // blockingController holds the first RetryNow until released, as a slow
 // scheduler would.
 type blockingController struct {

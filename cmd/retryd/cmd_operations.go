@@ -1,0 +1,109 @@
+package main
+
+import (
+	"fmt"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+)
+
+// operationStatuses are the statuses GET /v1/operations filters on.
+var operationStatuses = []string{"running", "completed", "cancelled"}
+
+type operationSummary struct {
+	ID            string     `json:"id"`
+	Status        string     `json:"status"`
+	Reason        string     `json:"reason"`
+	RequestedBy   string     `json:"requested_by"`
+	RatePerSecond float64    `json:"rate_per_second"`
+	Total         int        `json:"total"`
+	Released      int        `json:"released"`
+	Skipped       int        `json:"skipped"`
+	Failed        int        `json:"failed"`
+	Pending       int        `json:"pending"`
+	CreatedAt     time.Time  `json:"created_at"`
+	FinishedAt    *time.Time `json:"finished_at"`
+}
+
+type operationPage struct {
+	Operations []operationSummary `json:"operations"`
+	NextCursor string             `json:"next_cursor,omitempty"`
+}
+
+func newJobsOperationsCmd(g *globals) *cobra.Command {
+	var status, cursor string
+	var limit int
+	var all bool
+	cmd := &cobra.Command{
+		Use:   "operations",
+		Short: "List bulk retries, newest first (--status running|completed|cancelled)",
+		Example: `  retryd jobs operations
+  retryd jobs operations --status running`,
+		Args: func(cmd *cobra.Command, a []string) error {
+			if len(a) > 0 {
+				// It was an alias of "operation ID" until 2026-11-26.
+				return usageErrorf(cmd, "%s lists the bulk retries and takes no arguments; to show one: retryd jobs operation %s",
+					cmd.CommandPath(), a[0])
+			}
+			return nil
+		},
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			q := url.Values{}
+			if status != "" {
+				if !slices.Contains(operationStatuses, status) {
+					return usageErrorf(cmd, "--status %q is not one of %s", status, strings.Join(operationStatuses, ", "))
+				}
+				q.Set("status", status)
+			}
+			if limit < 1 || limit > 1000 {
+				return usageErrorf(cmd, "--limit must be between 1 and 1000, got %d", limit)
+			}
+			q.Set("limit", strconv.Itoa(limit))
+			if cursor != "" {
+				q.Set("cursor", cursor)
+			}
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			ops, single, next, err := fetchPages(cmd.Context(), c, "/v1/operations", q, all,
+				func(p operationPage) ([]operationSummary, string) { return p.Operations, p.NextCursor })
+			if err != nil {
+				return fmt.Errorf("list operations: %w", err)
+			}
+			if g.json {
+				if single != nil {
+					return printJSON(g.stdout, single)
+				}
+				return writeJSON(g.stdout, operationPage{Operations: ops})
+			}
+			if len(ops) == 0 {
+				fmt.Fprintln(g.stdout, "No bulk operations match.")
+				return nil
+			}
+			t := newTable(g.stdout, "ID", "STATUS", "CREATED", "BY", "RATE", "TOTAL", "RELEASED", "SKIPPED", "FAILED", "PENDING", "REASON")
+			for _, o := range ops {
+				t.row(o.ID, o.Status, o.CreatedAt.Local().Format(time.DateTime), o.RequestedBy, fmt.Sprintf("%.4g/s", o.RatePerSecond),
+					strconv.Itoa(o.Total), strconv.Itoa(o.Released), strconv.Itoa(o.Skipped), strconv.Itoa(o.Failed),
+					strconv.Itoa(o.Pending), trunc(o.Reason, 60))
+			}
+			if err := t.flush(); err != nil {
+				return err
+			}
+			if next != "" {
+				fmt.Fprintf(g.stderr, "More operations: add --cursor %s (or --all).\n", next)
+			}
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&status, "status", "", "only operations in this status: "+strings.Join(operationStatuses, ", "))
+	f.IntVar(&limit, "limit", 100, "page size (1-1000)")
+	f.StringVar(&cursor, "cursor", "", "continue after a previous page")
+	f.BoolVar(&all, "all", false, "fetch every page")
+	return cmd
+}
