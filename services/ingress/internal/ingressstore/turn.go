@@ -71,22 +71,11 @@ func ownTurn(ctx context.Context, tx pgx.Tx, v Verdict, src Source, id string, s
 	}
 	ahead, waiting := h.ahead, h.waiting
 	gap := turnGap(src.RateWindow, limit)
-	switch {
-	case h.lined:
+	if h.lined {
 		// Events of a release line ahead of it whose slots have come:
 		// the releaser admits them at its next pass (every releaseTick),
 		// and admitting this one now would pass them.
 		return Verdict{}, &WaitError{Until: now.Add(turnRecheck), Now: now, Ahead: ahead, Behind: true}
-	case h.come:
-		// A holder ahead whose slot has come is not admitted yet: its due
-		// was handed back a moment ago (and comes back about when this
-		// one would) or is on its way. Admitting this one now would pass
-		// it; it waits right after it, by its place in line.
-		at := now.Add(turnRecheck)
-		if !waiting.IsZero() {
-			at = maxTime(waiting, at).Add(time.Duration(ahead) * gap)
-		}
-		return Verdict{}, &WaitError{Until: at, Now: now, Ahead: ahead, Behind: true}
 	}
 	start, next := window(now, src.RateWindow)
 	admitted, err := windowAdmitted(ctx, tx, src.Source, start)
@@ -95,6 +84,14 @@ func ownTurn(ctx context.Context, tx pgx.Tx, v Verdict, src Source, id string, s
 	}
 	fits := admitted+ahead < limit
 	if fits && waiting.IsZero() {
+		if h.come {
+			// A holder ahead whose slot has come is not admitted yet:
+			// its due is on its way or was handed back a moment ago to
+			// wait behind another. Admitting this one would pass it; it
+			// looks again in a moment. (When the window has no room, its
+			// turn below already counts the one ahead.)
+			return Verdict{}, &WaitError{Until: now.Add(turnRecheck), Now: now, Ahead: ahead, Behind: true}
+		}
 		v.Admitted = true
 		v.count = &admission{source: src.Source, start: start, limit: limit, ahead: ahead}
 		return v, nil
