@@ -6,6 +6,7 @@ package ingress_test
 import (
 	"fmt"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -327,7 +328,12 @@ func TestE2EThrottledBurstIsAdmittedInOrderOneDueEach(t *testing.T) {
 	for _, m := range streamMsgs(t, b.ctx, b.js, contract.StreamEvents, "events.stream.") {
 		order = append(order, m.Header.Get(nats.MsgIdHdr))
 	}
-	require.Equal(t, all, order, "admitted in arrival order")
+	// In arrival order: exactly when the machine keeps up. A due handed
+	// back that comes back more than 100 ms late is not waited for
+	// (docs/ingress.md), so under load a few events may land a little
+	// later (12 of 200 with other builds and tests running); dues decided
+	// in parallel put 54 to 74 out of place here.
+	requireInOrder(t, "u-", order, n/10)
 	require.Zero(t, b.count(t, `SELECT count(*) FROM event_source_windows WHERE source = 'stream' AND admitted > $1`, limit))
 	held := b.count(t, `SELECT count(*) FROM retries WHERE kind = 'event' AND source = 'stream'`)
 	require.Positive(t, held)
@@ -454,6 +460,25 @@ func requireNearOrder(t *testing.T, prefix string, ids []string, slack int) {
 	}
 }
 
+// requireInOrder requires ids (prefix and a sequence number) in sequence
+// order but for at most outOfPlace of them: n minus the longest run in
+// increasing order.
+func requireInOrder(t *testing.T, prefix string, ids []string, outOfPlace int) {
+	t.Helper()
+	var tails []int // tails[k]: the least last number of an increasing run of k+1
+	for _, id := range ids {
+		seq, err := strconv.Atoi(strings.TrimPrefix(id, prefix))
+		require.NoError(t, err, id)
+		k, _ := slices.BinarySearch(tails, seq)
+		if k == len(tails) {
+			tails = append(tails, seq)
+		} else {
+			tails[k] = seq
+		}
+	}
+	require.LessOrEqual(t, len(ids)-len(tails), outOfPlace, "events out of place: %v", ids)
+}
+
 // A pause with an until under a rate limit ends paced: each event held by
 // the pause takes its slot of the limit from the pause's end, in arrival
 // order, and comes back once, at its slot. None is admitted before the
@@ -480,7 +505,12 @@ func TestE2EPauseUntilUnderALimitEndsPacedInArrivalOrder(t *testing.T) {
 	for _, m := range streamMsgs(t, b.ctx, b.js, contract.StreamEvents, "events.until.") {
 		order = append(order, m.Header.Get(nats.MsgIdHdr))
 	}
-	require.Equal(t, all, order, "admitted in arrival order")
+	// In arrival order: exactly when the machine keeps up. A due handed
+	// back that comes back more than 100 ms late is not waited for
+	// (docs/ingress.md), so under load a few events may land a little
+	// later (12 of 200 with other builds and tests running); dues decided
+	// in parallel put 54 to 74 out of place here.
+	requireInOrder(t, "u-", order, n/10)
 	require.Zero(t, b.count(t, `SELECT count(*) FROM event_source_windows WHERE source = 'until' AND admitted > $1`, limit))
 	windows := b.count(t, `SELECT count(DISTINCT date_bin('100 milliseconds', admitted_at, 'epoch'::timestamptz)) FROM workflow_events WHERE source = 'until'`)
 	require.GreaterOrEqual(t, windows, n/limit, "paced over the windows")
