@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/retryd/retryd/pkg/contract"
 )
 
@@ -41,6 +43,24 @@ func rebuildErr(t *testing.T, err error) {
 	}
 }
 
+// decodesAgain checks what a fuzz target accepted: msg, built again from
+// it (err is the build's), decodes to the same value as want. A value
+// that does not build again passes only for rebuildErr's reason.
+func decodesAgain[T any](t *testing.T, what string, want T, msg *nats.Msg, err error, decode func(subject string, body []byte) (T, error)) {
+	t.Helper()
+	rebuildErr(t, err)
+	if err != nil {
+		return
+	}
+	got, err := decode(msg.Subject, msg.Data)
+	if err != nil {
+		t.Fatalf("rebuilt %s does not decode: %v", what, err)
+	}
+	if mustJSON(t, got) != mustJSON(t, want) {
+		t.Fatalf("round trip changed the %s:\n%s\n%s", what, mustJSON(t, want), mustJSON(t, got))
+	}
+}
+
 func lifecycleSeeds(f *testing.F) {
 	for ev, data := range lifecycleSamples() {
 		msg, err := newLifecycle(ev, data)
@@ -69,44 +89,7 @@ func FuzzDecodeLifecycle(f *testing.F) {
 		if err != nil || parts.Kind != ev.Kind || parts.ID != ev.ID || parts.Event != ev.Event {
 			t.Fatalf("decoded %s/%s/%s from subject %q (%v)", ev.Kind, ev.Event, ev.ID, subject, err)
 		}
-		var data any
-		set := 0
-		for _, p := range []any{ev.Failed, ev.Succeeded, ev.Scheduled, ev.Due, ev.Exhausted, ev.Cancelled, ev.Held, ev.Released} {
-			switch v := p.(type) {
-			case *contract.FailedData:
-				if v != nil {
-					data, set = *v, set+1
-				}
-			case *contract.SucceededData:
-				if v != nil {
-					data, set = *v, set+1
-				}
-			case *contract.ScheduledData:
-				if v != nil {
-					data, set = *v, set+1
-				}
-			case *contract.DueData:
-				if v != nil {
-					data, set = *v, set+1
-				}
-			case *contract.ExhaustedData:
-				if v != nil {
-					data, set = *v, set+1
-				}
-			case *contract.CancelledData:
-				if v != nil {
-					data, set = *v, set+1
-				}
-			case *contract.HeldData:
-				if v != nil {
-					data, set = *v, set+1
-				}
-			case *contract.ReleasedData:
-				if v != nil {
-					data, set = *v, set+1
-				}
-			}
-		}
+		data, set := lifecycleData(ev)
 		if set != 1 {
 			t.Fatalf("%d data fields set", set)
 		}
@@ -146,17 +129,9 @@ func FuzzDecodeProducerEvent(f *testing.F) {
 		// decoded from the stream.
 		env := ev.Envelope("01JFUZZ", now)
 		msg, err := contract.NewEventMsg(contract.IngestSubject(env.Source), env)
-		rebuildErr(t, err)
-		if err != nil {
-			return
-		}
-		got, err := contract.DecodeEventMsg(msg.Data)
-		if err != nil {
-			t.Fatalf("accepted event does not decode from the stream: %v", err)
-		}
-		if mustJSON(t, got) != mustJSON(t, env) {
-			t.Fatalf("round trip changed the event:\n%s\n%s", mustJSON(t, env), mustJSON(t, got))
-		}
+		decodesAgain(t, "event", env, msg, err, func(_ string, body []byte) (contract.Envelope, error) {
+			return contract.DecodeEventMsg(body)
+		})
 	})
 }
 
@@ -182,17 +157,10 @@ func FuzzDecodeJob(f *testing.F) {
 			t.Fatalf("job type %q decoded from subject %q", d.JobType, subject)
 		}
 		msg, err := contract.NewJobMsg(env.Source, d, now)
-		rebuildErr(t, err)
-		if err != nil {
-			return
-		}
-		_, again, err := contract.DecodeJob(msg.Subject, msg.Data)
-		if err != nil {
-			t.Fatalf("rebuilt job does not decode: %v", err)
-		}
-		if mustJSON(t, d) != mustJSON(t, again) {
-			t.Fatalf("round trip changed the job:\n%s\n%s", mustJSON(t, d), mustJSON(t, again))
-		}
+		decodesAgain(t, "job", d, msg, err, func(subject string, body []byte) (contract.JobData, error) {
+			_, again, err := contract.DecodeJob(subject, body)
+			return again, err
+		})
 	})
 }
 
@@ -213,17 +181,10 @@ func FuzzDecodeRunRequested(f *testing.F) {
 			t.Fatalf("run %s/%s decoded from subject %q", d.Workflow, d.RunID, subject)
 		}
 		msg, err := contract.NewRunMsg(env.Source, contract.RunRequested, d, now)
-		rebuildErr(t, err)
-		if err != nil {
-			return
-		}
-		_, again, err := contract.DecodeRunRequested(msg.Subject, msg.Data)
-		if err != nil {
-			t.Fatalf("rebuilt run does not decode: %v", err)
-		}
-		if mustJSON(t, d) != mustJSON(t, again) {
-			t.Fatalf("round trip changed the run:\n%s\n%s", mustJSON(t, d), mustJSON(t, again))
-		}
+		decodesAgain(t, "run", d, msg, err, func(subject string, body []byte) (contract.RunRequestedData, error) {
+			_, again, err := contract.DecodeRunRequested(subject, body)
+			return again, err
+		})
 	})
 }
 
