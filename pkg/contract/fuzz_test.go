@@ -8,21 +8,9 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/retryd/retryd/internal/contracttest"
 	"github.com/retryd/retryd/pkg/contract"
 )
-
-// checkDecodeErr fails unless err is a *contract.FieldError wrapping
-// exactly one of ErrInvalid and ErrTooLarge.
-func checkDecodeErr(t *testing.T, err error) {
-	t.Helper()
-	var fe *contract.FieldError
-	if !errors.As(err, &fe) {
-		t.Fatalf("error %q (%T) is not a *contract.FieldError", err, err)
-	}
-	if errors.Is(err, contract.ErrInvalid) == errors.Is(err, contract.ErrTooLarge) {
-		t.Fatalf("error %q must wrap exactly one of ErrInvalid and ErrTooLarge", err)
-	}
-}
 
 func mustJSON(t *testing.T, v any) string {
 	t.Helper()
@@ -82,7 +70,7 @@ func FuzzDecodeLifecycle(f *testing.F) {
 	f.Fuzz(func(t *testing.T, subject string, body []byte) {
 		ev, err := contract.DecodeLifecycle(subject, body)
 		if err != nil {
-			checkDecodeErr(t, err)
+			contracttest.CheckRefusal(t, err)
 			return
 		}
 		parts, err := contract.ParseRetrySubject(subject)
@@ -122,7 +110,7 @@ func FuzzDecodeProducerEvent(f *testing.F) {
 	f.Fuzz(func(t *testing.T, b []byte) {
 		ev, err := contract.DecodeProducerEvent(b)
 		if err != nil {
-			checkDecodeErr(t, err)
+			contracttest.CheckRefusal(t, err)
 			return
 		}
 		// An accepted event goes through ingress: completed, published,
@@ -150,7 +138,7 @@ func FuzzDecodeJob(f *testing.F) {
 	f.Fuzz(func(t *testing.T, subject string, body []byte) {
 		env, d, err := contract.DecodeJob(subject, body)
 		if err != nil {
-			checkDecodeErr(t, err)
+			contracttest.CheckRefusal(t, err)
 			return
 		}
 		if subject != contract.JobSubject(d.JobType) {
@@ -174,7 +162,7 @@ func FuzzDecodeRunRequested(f *testing.F) {
 	f.Fuzz(func(t *testing.T, subject string, body []byte) {
 		env, d, err := contract.DecodeRunRequested(subject, body)
 		if err != nil {
-			checkDecodeErr(t, err)
+			contracttest.CheckRefusal(t, err)
 			return
 		}
 		if subject != contract.RunSubject(d.Workflow, contract.RunRequested, d.RunID) {
@@ -195,7 +183,7 @@ func FuzzParseRetrySubject(f *testing.F) {
 	f.Fuzz(func(t *testing.T, s string) {
 		p, err := contract.ParseRetrySubject(s)
 		if err != nil {
-			checkDecodeErr(t, err)
+			contracttest.CheckRefusal(t, err)
 			return
 		}
 		if got := contract.RetrySubject(p.Kind, p.Event, p.ID); got != s {
@@ -216,7 +204,7 @@ func FuzzParseDueMsgID(f *testing.F) {
 	f.Fuzz(func(t *testing.T, s string) {
 		kind, id, attempt, err := contract.ParseDueMsgID(s)
 		if err != nil {
-			checkDecodeErr(t, err)
+			contracttest.CheckRefusal(t, err)
 			return
 		}
 		if got := contract.DueMsgID(kind, id, attempt); got != s {
