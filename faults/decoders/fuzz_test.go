@@ -7,26 +7,11 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/retryd/retryd/internal/contracttest"
 	"github.com/retryd/retryd/internal/serve"
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/services/scheduler"
 )
-
-// checkRefusal fails unless err is a *contract.FieldError wrapping
-// exactly one of ErrInvalid and ErrTooLarge.
-func checkRefusal(t *testing.T, err error) {
-	t.Helper()
-	var fe *contract.FieldError
-	if !errors.As(err, &fe) {
-		t.Fatalf("error %q (%T) is not a *contract.FieldError", err, err)
-	}
-	if errors.Is(err, contract.ErrInvalid) == errors.Is(err, contract.ErrTooLarge) {
-		t.Fatalf("error %q must wrap exactly one of ErrInvalid and ErrTooLarge", err)
-	}
-	if fe.Reason == "" {
-		t.Fatalf("error %q has no reason", err)
-	}
-}
 
 func seeds(f *testing.F) {
 	f.Add([]byte(`{"specversion":"1.0","id":"x","source":"s","type":"run.completed","time":"2025-01-01T00:00:00Z","data":{"run_id":"r1","workflow":"wf"}}`))
@@ -45,7 +30,7 @@ func FuzzDecodeRunFinished(f *testing.F) {
 		for _, subj := range []string{"runs.wf.completed.r1", "runs.wf.failed.r1", "runs.wf.requested.r1", "runs..x"} {
 			_, d, err := contract.DecodeRunFinished(subj, body)
 			if err != nil {
-				checkRefusal(t, err)
+				contracttest.CheckRefusal(t, err)
 				continue
 			}
 			if err := d.Validate(); err != nil {
@@ -60,7 +45,7 @@ func FuzzDecodeEventMsg(f *testing.F) {
 	f.Fuzz(func(t *testing.T, body []byte) {
 		env, err := contract.DecodeEventMsg(body)
 		if err != nil {
-			checkRefusal(t, err)
+			contracttest.CheckRefusal(t, err)
 			return
 		}
 		// An admitted event must be publishable again as it was decoded.
@@ -75,7 +60,7 @@ func FuzzDecodeEnvelope(f *testing.F) {
 	f.Fuzz(func(t *testing.T, body []byte) {
 		env, err := contract.DecodeEnvelope(body)
 		if err != nil {
-			checkRefusal(t, err)
+			contracttest.CheckRefusal(t, err)
 			return
 		}
 		b, err := env.Marshal()
@@ -94,16 +79,16 @@ func FuzzParseSubjects(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, subject string) {
 		if _, _, err := contract.ParseEventSubject(subject); err != nil {
-			checkRefusal(t, err)
+			contracttest.CheckRefusal(t, err)
 		}
 		if _, err := contract.ParseIngestSubject(subject); err != nil {
-			checkRefusal(t, err)
+			contracttest.CheckRefusal(t, err)
 		}
 		if _, err := contract.ParseRunSubject(subject); err != nil {
-			checkRefusal(t, err)
+			contracttest.CheckRefusal(t, err)
 		}
 		if jt, err := contract.ParseJobSubject(subject); err != nil {
-			checkRefusal(t, err)
+			contracttest.CheckRefusal(t, err)
 		} else if contract.JobSubject(jt) != subject {
 			t.Fatalf("job subject %q parsed to %q", subject, jt)
 		}
@@ -124,7 +109,7 @@ func FuzzDecodeJSONPolicy(f *testing.F) {
 		req.Header.Set("Content-Type", "application/json")
 		var p scheduler.PolicyRequest
 		if err := serve.DecodeJSON(req, 64<<10, &p); err != nil {
-			checkRefusal(t, err)
+			contracttest.CheckRefusal(t, err)
 		}
 	})
 }

@@ -102,44 +102,7 @@ func TestLifecycleRoundTrip(t *testing.T) {
 				Subject: kind + "/" + id, DataContentType: "application/json", Data: got.Envelope.Data,
 			}, got.Envelope)
 
-			var decoded any
-			set := 0
-			for _, p := range []any{got.Failed, got.Succeeded, got.Scheduled, got.Due, got.Exhausted, got.Cancelled, got.Held, got.Released} {
-				switch v := p.(type) {
-				case *contract.FailedData:
-					if v != nil {
-						decoded, set = *v, set+1
-					}
-				case *contract.SucceededData:
-					if v != nil {
-						decoded, set = *v, set+1
-					}
-				case *contract.ScheduledData:
-					if v != nil {
-						decoded, set = *v, set+1
-					}
-				case *contract.DueData:
-					if v != nil {
-						decoded, set = *v, set+1
-					}
-				case *contract.ExhaustedData:
-					if v != nil {
-						decoded, set = *v, set+1
-					}
-				case *contract.CancelledData:
-					if v != nil {
-						decoded, set = *v, set+1
-					}
-				case *contract.HeldData:
-					if v != nil {
-						decoded, set = *v, set+1
-					}
-				case *contract.ReleasedData:
-					if v != nil {
-						decoded, set = *v, set+1
-					}
-				}
-			}
+			decoded, set := lifecycleData(got)
 			require.Equal(t, 1, set, "exactly one data field is set")
 			require.Equal(t, data, decoded)
 
@@ -350,6 +313,26 @@ func itemOf(data any) (string, string, int) {
 		return d.Kind, d.HoldKey, 0
 	}
 	panic("unknown data type")
+}
+
+// lifecycleData returns the data field of a decoded event that is set, by
+// value, and how many are set (one, unless decoding is broken).
+func lifecycleData(ev contract.LifecycleEvent) (data any, set int) {
+	for _, v := range []any{deref(ev.Failed), deref(ev.Succeeded), deref(ev.Scheduled), deref(ev.Due),
+		deref(ev.Exhausted), deref(ev.Cancelled), deref(ev.Held), deref(ev.Released)} {
+		if v != nil {
+			data, set = v, set+1
+		}
+	}
+	return data, set
+}
+
+// deref is *p, or an untyped nil for a nil p so that callers can tell.
+func deref[T any](p *T) any {
+	if p == nil {
+		return nil
+	}
+	return *p
 }
 
 // Errors from types that decode themselves (times, retry_after) still name

@@ -170,29 +170,21 @@ func DecodeLifecycle(subject string, body []byte) (LifecycleEvent, error) {
 	var data item
 	switch parts.Event {
 	case Failed:
-		out.Failed = &FailedData{}
-		data = out.Failed
+		data = fill(&out.Failed)
 	case Succeeded:
-		out.Succeeded = &SucceededData{}
-		data = out.Succeeded
+		data = fill(&out.Succeeded)
 	case Scheduled, Rescheduled:
-		out.Scheduled = &ScheduledData{}
-		data = out.Scheduled
+		data = fill(&out.Scheduled)
 	case Due:
-		out.Due = &DueData{}
-		data = out.Due
+		data = fill(&out.Due)
 	case Exhausted:
-		out.Exhausted = &ExhaustedData{}
-		data = out.Exhausted
+		data = fill(&out.Exhausted)
 	case Cancelled:
-		out.Cancelled = &CancelledData{}
-		data = out.Cancelled
+		data = fill(&out.Cancelled)
 	case Held:
-		out.Held = &HeldData{}
-		data = out.Held
+		data = fill(&out.Held)
 	case Released:
-		out.Released = &ReleasedData{}
-		data = out.Released
+		data = fill(&out.Released)
 	}
 	if err := decodeShaped("data", env.Data, data); err != nil {
 		return LifecycleEvent{}, err
@@ -205,4 +197,11 @@ func DecodeLifecycle(subject string, body []byte) (LifecycleEvent, error) {
 		return LifecycleEvent{}, fieldErr("data", fmt.Sprintf("kind/id %q/%q does not match subject %q/%q", kind, id, parts.Kind, parts.ID))
 	}
 	return out, nil
+}
+
+// fill points *field at a new zero value and returns it, for the decoder
+// to fill in: the event's one data field and what is decoded are the same.
+func fill[T any](field **T) *T {
+	*field = new(T)
+	return *field
 }

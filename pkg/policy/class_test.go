@@ -120,16 +120,7 @@ func TestValidateClassBackoff(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			p := seedDefault()
-			p.ClassBackoff = tt.cb
-			err := p.Validate()
-			if tt.field == "" {
-				require.NoError(t, err)
-				return
-			}
-			var fe *contract.FieldError
-			require.ErrorAs(t, err, &fe)
-			require.Equal(t, tt.field, fe.Field)
+			requireField(t, seedWith(func(p *policy.Policy) { p.ClassBackoff = tt.cb }).Validate(), tt.field)
 		})
 	}
 }

@@ -33,6 +33,29 @@ func seedDefault() policy.Policy {
 	return p
 }
 
+// seedWith is seedDefault changed by change, when not nil.
+func seedWith(change func(*policy.Policy)) policy.Policy {
+	p := seedDefault()
+	if change != nil {
+		change(&p)
+	}
+	return p
+}
+
+// requireField asserts that err is nil when field is "", else that it is
+// a *contract.FieldError for field wrapping contract.ErrInvalid.
+func requireField(t *testing.T, err error, field string) {
+	t.Helper()
+	if field == "" {
+		require.NoError(t, err)
+		return
+	}
+	require.ErrorIs(t, err, contract.ErrInvalid)
+	var fe *contract.FieldError
+	require.ErrorAs(t, err, &fe)
+	require.Equal(t, field, fe.Field)
+}
+
 func intp(v int) *int       { return &v }
 func boolp(v bool) *bool    { return &v }
 func msp(v int64) *int64    { return &v }
@@ -321,12 +344,8 @@ func TestDecide(t *testing.T) {
 // decide runs Decide on the seeded default policy, changed by change
 // when not nil, for in failed at failedAt.
 func decide(change func(*policy.Policy), in policy.Input, r backoff.Rand) policy.Outcome {
-	p := seedDefault()
-	if change != nil {
-		change(&p)
-	}
 	in.FailedAt = failedAt
-	return policy.Decide(p, in, r)
+	return policy.Decide(seedWith(change), in, r)
 }
 
 func TestDecideSeededIsDeterministic(t *testing.T) {

@@ -84,17 +84,11 @@ func TestDecideHold(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			p := seedDefault()
-			if tt.policy != nil {
-				tt.policy(&p)
-			}
-			in := tt.in
-			in.FailedAt = failedAt
-			got := policy.Decide(p, in, fixedRand(0))
+			got := decide(tt.policy, tt.in, fixedRand(0))
 			d := got.Decision
-			require.Equal(t, in.Hold.Reason, d.HoldReason)
+			require.Equal(t, tt.in.Hold.Reason, d.HoldReason)
 			require.Equal(t, tt.retries, d.RetryCount, "a hold uses no retry")
-			require.Equal(t, p.EffectiveMaxHold().Milliseconds(), d.MaxHoldMS)
+			require.Equal(t, seedWith(tt.policy).EffectiveMaxHold().Milliseconds(), d.MaxHoldMS)
 			require.NotNil(t, d.HeldSince)
 			if tt.decidedBy == "" {
 				require.False(t, got.Retry)
@@ -103,7 +97,7 @@ func TestDecideHold(t *testing.T) {
 				return
 			}
 			require.True(t, got.Retry, d.Note)
-			require.Equal(t, in.Attempt+1, got.NextAttempt)
+			require.Equal(t, tt.in.Attempt+1, got.NextAttempt)
 			require.Equal(t, failedAt.Add(tt.delay), got.NextAttemptAt)
 			require.Equal(t, int64((tt.delay+time.Millisecond-1)/time.Millisecond), d.DelayMS)
 			require.Equal(t, d.BaseDelayMS+d.JitterMS, d.DelayMS)

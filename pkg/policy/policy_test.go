@@ -8,7 +8,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/retryd/retryd/pkg/backoff"
-	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/pkg/errclass"
 	"github.com/retryd/retryd/pkg/policy"
 )
@@ -51,17 +50,7 @@ func TestValidate(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			p := seedDefault()
-			tt.mutate(&p)
-			err := p.Validate()
-			if tt.wantField == "" {
-				require.NoError(t, err)
-				return
-			}
-			require.ErrorIs(t, err, contract.ErrInvalid)
-			var fe *contract.FieldError
-			require.ErrorAs(t, err, &fe)
-			require.Equal(t, tt.wantField, fe.Field)
+			requireField(t, seedWith(tt.mutate).Validate(), tt.wantField)
 		})
 	}
 }

@@ -76,14 +76,10 @@ func TestDecodeBody(t *testing.T) {
 	require.ErrorContains(t, err, `unknown field "max_retry"`)
 
 	_, err = policy.DecodeBody([]byte(`{"name":"a\u0000b"}`), &p)
-	var fe *contract.FieldError
-	require.ErrorAs(t, err, &fe)
-	require.Equal(t, "name", fe.Field)
-	require.ErrorIs(t, err, contract.ErrInvalid)
+	requireField(t, err, "name")
 
 	_, err = policy.DecodeBody([]byte(`{"class_backoff":{"timeout":{"jitter":"a\u0000"}}}`), &p)
-	require.ErrorAs(t, err, &fe)
-	require.Equal(t, "class_backoff.timeout.jitter", fe.Field)
+	requireField(t, err, "class_backoff.timeout.jitter")
 }
 
 // A figure of milliseconds too large for a Duration saturates, so that
@@ -96,9 +92,7 @@ func TestFromMSSaturates(t *testing.T) {
 
 	var p policy.Policy
 	require.NoError(t, json.Unmarshal([]byte(`{"name":"x","version":1,"kind":"job","multiplier":2,"jitter":"none","base_delay_ms":0,"max_delay_ms":18446744073709}`), &p))
-	var fe *contract.FieldError
-	require.ErrorAs(t, p.Validate(), &fe)
-	require.Equal(t, "max_delay_ms", fe.Field)
+	requireField(t, p.Validate(), "max_delay_ms")
 }
 
 // The seeded policies are valid, and the fallback is the "*" one.

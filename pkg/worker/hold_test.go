@@ -42,12 +42,7 @@ func TestHoldPublishesHeldNotFailed(t *testing.T) {
 			return worker.Hold(90*time.Minute, "tenant t1 is at its cap of 5 syncs", worker.WithHoldKey("tenant-t1"))
 		},
 	})
-	maxRetries, enabled := 3, true
-	id := b.enqueue(t, contract.JobData{
-		JobType: "sync_tenant", Payload: json.RawMessage(`{"tenant":"t1"}`),
-		MaxRetries: &maxRetries, RetryEnabled: &enabled, TimeoutMS: 60_000,
-		Metadata: map[string]string{"tenant": "t1"},
-	})
+	id := b.enqueueWithOverrides(t, "sync_tenant", `{"tenant":"t1"}`, 3)
 
 	ev := b.nextOutcome(t)
 	require.Equal(t, contract.Held, ev.Event)

@@ -114,6 +114,19 @@ func (b *bundle) enqueue(t *testing.T, job contract.JobData) string {
 	return id
 }
 
+// enqueueWithOverrides enqueues a job of jobType with payload, tenant t1's
+// metadata and every per-job override (maxRetries, retries enabled, a
+// 60s timeout), for the tests that check an outcome carries them on.
+func (b *bundle) enqueueWithOverrides(t *testing.T, jobType, payload string, maxRetries int) string {
+	t.Helper()
+	enabled := true
+	return b.enqueue(t, contract.JobData{
+		JobType: jobType, Payload: json.RawMessage(payload),
+		MaxRetries: &maxRetries, RetryEnabled: &enabled, TimeoutMS: 60_000,
+		Metadata: map[string]string{"tenant": "t1"},
+	})
+}
+
 // ackPending returns how many messages the consumer has delivered and not
 // yet seen acked or terminated.
 func (b *bundle) consumerInfo(t *testing.T, stream, name string) *jetstream.ConsumerInfo {
@@ -239,12 +252,7 @@ func TestFailedCarriesPayloadCheckpointAndOverrides(t *testing.T) {
 			return errors.New("connection reset by peer")
 		},
 	})
-	maxRetries, enabled := 7, true
-	id := b.enqueue(t, contract.JobData{
-		JobType: "enrich", Payload: json.RawMessage(`{"company":"acme"}`),
-		MaxRetries: &maxRetries, RetryEnabled: &enabled, TimeoutMS: 60_000,
-		Metadata: map[string]string{"tenant": "t1"},
-	})
+	id := b.enqueueWithOverrides(t, "enrich", `{"company":"acme"}`, 7)
 	ev := b.nextOutcome(t)
 	f := ev.Failed
 	require.Equal(t, id, f.ID)
