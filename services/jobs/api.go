@@ -491,11 +491,7 @@ func (a *API) action(w http.ResponseWriter, r *http.Request, name string) {
 	// A "by" in the body is ignored: the record names the token's
 	// principal.
 	req.By = serve.Actor(r)
-	if err := pgtext.Check("by", req.By, contract.MaxTokenLen); err != nil {
-		serve.WriteError(w, err)
-		return
-	}
-	if err := pgtext.Check("reason", req.Reason, contract.MaxMessageLen); err != nil {
+	if err := pgtext.CheckActor(req.By, req.Reason, contract.MaxMessageLen); err != nil {
 		serve.WriteError(w, err)
 		return
 	}
