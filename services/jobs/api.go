@@ -470,13 +470,6 @@ type ActionResponse struct {
 	ErrorClass string `json:"error_class,omitempty"`
 }
 
-func (a *API) decodeOptional(r *http.Request, v any) error {
-	if r.ContentLength == 0 {
-		return nil
-	}
-	return serve.DecodeJSON(r, a.cfg.MaxBodyBytes, v)
-}
-
 func (a *API) action(w http.ResponseWriter, r *http.Request, name string) {
 	id, err := pathID(r)
 	if err != nil {
@@ -484,7 +477,7 @@ func (a *API) action(w http.ResponseWriter, r *http.Request, name string) {
 		return
 	}
 	var req ActionRequest
-	if err := a.decodeOptional(r, &req); err != nil {
+	if err := serve.DecodeOptionalJSON(r, a.cfg.MaxBodyBytes, &req); err != nil {
 		serve.WriteError(w, err)
 		return
 	}
