@@ -22,6 +22,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/retryd/retryd/internal/pgquery"
 	"github.com/retryd/retryd/internal/serve"
 )
 
@@ -164,27 +165,19 @@ var ErrBadCursor = errors.New("cursor is not valid")
 // (keyset pagination on id: entries written meanwhile do not shift later
 // pages).
 func List(ctx context.Context, q Querier, f Filter) (Page, error) {
-	limit := f.Limit
-	if limit == 0 {
-		limit = 100
+	limit, err := pgquery.Limit(f.Limit, MaxLimit)
+	if err != nil {
+		return Page{}, fmt.Errorf("list audit: %w", err)
 	}
-	if limit < 1 || limit > MaxLimit {
-		return Page{}, fmt.Errorf("list audit: limit must be between 1 and %d, got %d", MaxLimit, f.Limit)
-	}
-	var where []string
-	var args []any
-	add := func(cond string, v any) {
-		args = append(args, v)
-		where = append(where, strings.ReplaceAll(cond, "?", "$"+strconv.Itoa(len(args))))
-	}
+	var w pgquery.Where
 	if f.Principal != "" {
-		add("principal = ?", f.Principal)
+		w.Add("principal = ?", f.Principal)
 	}
 	if f.Action != "" {
-		add("action = ?", f.Action)
+		w.Add("action = ?", f.Action)
 	}
 	if !f.Since.IsZero() {
-		add("at >= ?", f.Since)
+		w.Add("at >= ?", f.Since)
 	}
 	if f.Cursor != "" {
 		raw, err := base64.RawURLEncoding.DecodeString(f.Cursor)
@@ -195,15 +188,11 @@ func List(ctx context.Context, q Querier, f Filter) (Page, error) {
 		if err != nil || id < 1 {
 			return Page{}, ErrBadCursor
 		}
-		add("id < ?", id)
+		w.Add("id < ?", id)
 	}
-	sql := `SELECT id, at, principal, role, action, target, detail, coalesce(request_id, '') FROM audit_log`
-	if len(where) > 0 {
-		sql += " WHERE " + strings.Join(where, " AND ")
-	}
-	args = append(args, limit+1)
-	sql += " ORDER BY id DESC LIMIT $" + strconv.Itoa(len(args))
-	rows, err := q.Query(ctx, sql, args...)
+	sql := `SELECT id, at, principal, role, action, target, detail, coalesce(request_id, '') FROM audit_log` +
+		w.SQL() + " ORDER BY id DESC LIMIT " + w.Arg(limit+1)
+	rows, err := q.Query(ctx, sql, w.Args...)
 	if err != nil {
 		return Page{}, fmt.Errorf("list audit: %w", err)
 	}

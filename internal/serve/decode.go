@@ -60,6 +60,16 @@ func DecodeJSON(r *http.Request, limit int64, v any) error {
 	return contract.CheckStorable("", v)
 }
 
+// DecodeOptionalJSON is DecodeJSON for a body that may be left out (an
+// action whose fields all have defaults): a request without one leaves v
+// as it is.
+func DecodeOptionalJSON(r *http.Request, limit int64, v any) error {
+	if r.ContentLength == 0 {
+		return nil
+	}
+	return DecodeJSON(r, limit, v)
+}
+
 // RequireJSON refuses a request whose Content-Type is not JSON
 // (application/json, or a type with the +json suffix such as
 // application/cloudevents+json) with an error wrapping

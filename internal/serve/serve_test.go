@@ -200,6 +200,20 @@ func TestDecodeJSONNilBody(t *testing.T) {
 	require.ErrorIs(t, serve.DecodeJSON(r, 10, &v), contract.ErrInvalid)
 }
 
+// An action's body may be left out; one that is sent is decoded as strictly
+// as any other.
+func TestDecodeOptionalJSON(t *testing.T) {
+	t.Parallel()
+	r := httptest.NewRequest(http.MethodPost, "/", nil)
+	v := request{Name: "kept"}
+	require.NoError(t, serve.DecodeOptionalJSON(r, 10, &v))
+	require.Equal(t, "kept", v.Name)
+
+	r = httptest.NewRequest(http.MethodPost, "/", strings.NewReader(`{"name":"b","extra":1}`))
+	r.Header.Set("Content-Type", "application/json")
+	require.ErrorIs(t, serve.DecodeOptionalJSON(r, 1024, &v), contract.ErrInvalid)
+}
+
 func TestServeGracefulShutdown(t *testing.T) {
 	t.Parallel()
 	started := make(chan struct{})

@@ -5,11 +5,12 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
-	"strconv"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/retryd/retryd/internal/pgquery"
 )
 
 // MaxListLimit bounds one page of List.
@@ -35,42 +36,31 @@ type Filter struct {
 
 // where renders the filter as SQL conditions with arguments numbered
 // after args.
-func (f Filter) where(args []any) ([]string, []any) {
-	var conds []string
-	add := func(cond string, v any) {
-		args = append(args, v)
-		conds = append(conds, strings.ReplaceAll(cond, "?", "$"+strconv.Itoa(len(args))))
-	}
+func (f Filter) where(args ...any) *pgquery.Where {
+	w := &pgquery.Where{Args: args}
 	if len(f.Statuses) > 0 {
 		s := make([]string, len(f.Statuses))
 		for i, st := range f.Statuses {
 			s[i] = string(st)
 		}
-		add("status = ANY(?::text[])", s)
+		w.Add("status = ANY(?::text[])", s)
 	}
 	if f.JobType != "" {
-		add("job_type = ?", f.JobType)
+		w.Add("job_type = ?", f.JobType)
 	}
 	if f.MinRetryCount > 0 {
-		add("retry_count >= ?", f.MinRetryCount)
+		w.Add("retry_count >= ?", f.MinRetryCount)
 	}
 	if f.ErrorClass != "" {
-		add("last_error_class = ?", f.ErrorClass)
+		w.Add("last_error_class = ?", f.ErrorClass)
 	}
 	if f.Since != nil {
-		add("updated_at >= ?", *f.Since)
+		w.Add("updated_at >= ?", *f.Since)
 	}
 	if f.Until != nil {
-		add("updated_at < ?", *f.Until)
+		w.Add("updated_at < ?", *f.Until)
 	}
-	return conds, args
-}
-
-func whereSQL(conds []string) string {
-	if len(conds) == 0 {
-		return ""
-	}
-	return " WHERE " + strings.Join(conds, " AND ")
+	return w
 }
 
 // Page is one page of List: most recently changed jobs first.
@@ -83,24 +73,20 @@ type Page struct {
 // List returns the jobs matching f, most recently changed first, limit at
 // a time (0 means 100); cursor is the previous page's NextCursor.
 func List(ctx context.Context, q Querier, f Filter, limit int, cursor string) (Page, error) {
-	if limit == 0 {
-		limit = 100
+	limit, err := pgquery.Limit(limit, MaxListLimit)
+	if err != nil {
+		return Page{}, fmt.Errorf("list jobs: %w", err)
 	}
-	if limit < 1 || limit > MaxListLimit {
-		return Page{}, fmt.Errorf("list jobs: limit must be between 1 and %d, got %d", MaxListLimit, limit)
-	}
-	conds, args := f.where(nil)
+	w := f.where()
 	if cursor != "" {
 		at, id, err := decodeCursor(cursor)
 		if err != nil {
 			return Page{}, fmt.Errorf("list jobs: %w", err)
 		}
-		args = append(args, at, id)
-		conds = append(conds, fmt.Sprintf("(updated_at, job_id) < ($%d, $%d)", len(args)-1, len(args)))
+		w.Add("(updated_at, job_id) < (?, ?)", at, id)
 	}
-	args = append(args, limit+1)
-	rows, err := q.Query(ctx, `SELECT `+jobColumns+` FROM jobs`+whereSQL(conds)+
-		fmt.Sprintf(` ORDER BY updated_at DESC, job_id DESC LIMIT $%d`, len(args)), args...)
+	sql := `SELECT ` + jobColumns + ` FROM jobs` + w.SQL() + ` ORDER BY updated_at DESC, job_id DESC LIMIT ` + w.Arg(limit+1)
+	rows, err := q.Query(ctx, sql, w.Args...)
 	if err != nil {
 		return Page{}, fmt.Errorf("list jobs: %w", err)
 	}
@@ -120,9 +106,9 @@ func List(ctx context.Context, q Querier, f Filter, limit int, cursor string) (P
 
 // Count returns how many jobs match f.
 func Count(ctx context.Context, q Querier, f Filter) (int64, error) {
-	conds, args := f.where(nil)
+	w := f.where()
 	var n int64
-	if err := q.QueryRow(ctx, `SELECT count(*) FROM jobs`+whereSQL(conds), args...).Scan(&n); err != nil {
+	if err := q.QueryRow(ctx, `SELECT count(*) FROM jobs`+w.SQL(), w.Args...).Scan(&n); err != nil {
 		return 0, fmt.Errorf("count jobs: %w", err)
 	}
 	return n, nil

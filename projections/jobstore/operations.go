@@ -86,13 +86,13 @@ VALUES ($1, 'bulk_retry', 'running', $2, $3, $4, $5, $6)`,
 		op.ID, string(op.FilterJSON), op.Reason, op.RequestedBy, op.ResetAttempts, op.RatePerSecond); err != nil {
 		return Operation{}, fmt.Errorf("create bulk retry %s: %w", op.ID, err)
 	}
-	conds, args := op.Filter.where([]any{op.ID})
-	args = append(args, MaxOperationItems+1)
-	tag, err := q.Exec(ctx, `
+	w := op.Filter.where(op.ID)
+	sql := `
 INSERT INTO job_operation_items (operation_id, job_id, seq)
 SELECT $1, job_id, row_number() OVER (ORDER BY updated_at, job_id) FROM (
-	SELECT job_id, updated_at FROM jobs`+whereSQL(conds)+fmt.Sprintf(` ORDER BY updated_at, job_id LIMIT $%d`, len(args))+`
-) AS matched`, args...)
+	SELECT job_id, updated_at FROM jobs` + w.SQL() + ` ORDER BY updated_at, job_id LIMIT ` + w.Arg(MaxOperationItems+1) + `
+) AS matched`
+	tag, err := q.Exec(ctx, sql, w.Args...)
 	if err != nil {
 		return Operation{}, fmt.Errorf("create bulk retry %s: select jobs: %w", op.ID, err)
 	}

@@ -88,3 +88,13 @@ func Check(field, v string, max int) error {
 	}
 	return nil
 }
+
+// CheckActor validates who asks for an operator action and why: by (the
+// token's name, at most contract.MaxTokenLen) and reason (at most
+// maxReason bytes), each as Check does.
+func CheckActor(by, reason string, maxReason int) error {
+	if err := Check("by", by, contract.MaxTokenLen); err != nil {
+		return err
+	}
+	return Check("reason", reason, maxReason)
+}

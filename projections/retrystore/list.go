@@ -5,10 +5,11 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
-	"strconv"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/retryd/retryd/internal/pgquery"
 )
 
 // MaxListLimit bounds one page of List.
@@ -40,46 +41,32 @@ type Page struct {
 // a time (keyset pagination: a page costs the same however deep it is, and
 // rows inserted meanwhile do not shift later pages).
 func List(ctx context.Context, q Querier, f ListFilter) (Page, error) {
-	limit := f.Limit
-	if limit == 0 {
-		limit = 100
+	limit, err := pgquery.Limit(f.Limit, MaxListLimit)
+	if err != nil {
+		return Page{}, fmt.Errorf("list retries: %w", err)
 	}
-	if limit < 1 || limit > MaxListLimit {
-		return Page{}, fmt.Errorf("list retries: limit must be between 1 and %d, got %d", MaxListLimit, f.Limit)
-	}
-	var where []string
-	var args []any
-	add := func(cond string, v any) {
-		args = append(args, v)
-		where = append(where, strings.ReplaceAll(cond, "?", "$"+strconv.Itoa(len(args))))
-	}
+	var w pgquery.Where
 	if f.Kind != "" {
-		add("kind = ?", f.Kind)
+		w.Add("kind = ?", f.Kind)
 	}
 	if f.State != "" {
-		add("state = ?", string(f.State))
+		w.Add("state = ?", string(f.State))
 	}
 	if f.Source != "" {
-		add("source = ?", f.Source)
+		w.Add("source = ?", f.Source)
 	}
 	if f.JobType != "" {
-		add("job_type = ?", f.JobType)
+		w.Add("job_type = ?", f.JobType)
 	}
 	if f.Cursor != "" {
 		kind, item, err := decodeCursor(f.Cursor)
 		if err != nil {
 			return Page{}, fmt.Errorf("list retries: %w", err)
 		}
-		args = append(args, kind, item)
-		where = append(where, fmt.Sprintf("(kind, item_id) > ($%d, $%d)", len(args)-1, len(args)))
+		w.Add("(kind, item_id) > (?, ?)", kind, item)
 	}
-	sql := `SELECT ` + retryColumns + ` FROM retries`
-	if len(where) > 0 {
-		sql += ` WHERE ` + strings.Join(where, " AND ")
-	}
-	args = append(args, limit+1)
-	sql += fmt.Sprintf(` ORDER BY kind, item_id LIMIT $%d`, len(args))
-	rows, err := q.Query(ctx, sql, args...)
+	sql := `SELECT ` + retryColumns + ` FROM retries` + w.SQL() + ` ORDER BY kind, item_id LIMIT ` + w.Arg(limit+1)
+	rows, err := q.Query(ctx, sql, w.Args...)
 	if err != nil {
 		return Page{}, fmt.Errorf("list retries: %w", err)
 	}

@@ -237,11 +237,9 @@ func (s *Service) pauseSource(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var req PauseRequest
-	if r.ContentLength != 0 {
-		if err := serve.DecodeJSON(r, maxOperatorBody, &req); err != nil {
-			serve.WriteError(w, err)
-			return
-		}
+	if err := serve.DecodeOptionalJSON(r, maxOperatorBody, &req); err != nil {
+		serve.WriteError(w, err)
+		return
 	}
 	if req.Until != nil && !req.Until.After(s.cfg.Now()) {
 		serve.WriteError(w, invalid("until", fmt.Sprintf("%s is not in the future", req.Until.Format(time.RFC3339))))
@@ -423,20 +421,14 @@ func (s *Service) cancelEvent(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var req CancelRequest
-	if r.ContentLength != 0 {
-		if err := serve.DecodeJSON(r, maxOperatorBody, &req); err != nil {
-			serve.WriteError(w, err)
-			return
-		}
+	if err := serve.DecodeOptionalJSON(r, maxOperatorBody, &req); err != nil {
+		serve.WriteError(w, err)
+		return
 	}
 	// A "by" in the body is ignored: the record names the token's
 	// principal.
 	req.By = serve.Actor(r)
-	if err := pgtext.Check("by", req.By, contract.MaxTokenLen); err != nil {
-		serve.WriteError(w, err)
-		return
-	}
-	if err := pgtext.Check("reason", req.Reason, 1024); err != nil {
+	if err := pgtext.CheckActor(req.By, req.Reason, 1024); err != nil {
 		serve.WriteError(w, err)
 		return
 	}

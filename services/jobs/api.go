@@ -473,13 +473,6 @@ type ActionResponse struct {
 	ErrorClass string `json:"error_class,omitempty"`
 }
 
-func (a *API) decodeOptional(r *http.Request, v any) error {
-	if r.ContentLength == 0 {
-		return nil
-	}
-	return serve.DecodeJSON(r, a.cfg.MaxBodyBytes, v)
-}
-
 func (a *API) action(w http.ResponseWriter, r *http.Request, name string) {
 	id, err := pathID(r)
 	if err != nil {
@@ -487,18 +480,14 @@ func (a *API) action(w http.ResponseWriter, r *http.Request, name string) {
 		return
 	}
 	var req ActionRequest
-	if err := a.decodeOptional(r, &req); err != nil {
+	if err := serve.DecodeOptionalJSON(r, a.cfg.MaxBodyBytes, &req); err != nil {
 		serve.WriteError(w, err)
 		return
 	}
 	// A "by" in the body is ignored: the record names the token's
 	// principal.
 	req.By = serve.Actor(r)
-	if err := pgtext.Check("by", req.By, contract.MaxTokenLen); err != nil {
-		serve.WriteError(w, err)
-		return
-	}
-	if err := pgtext.Check("reason", req.Reason, contract.MaxMessageLen); err != nil {
+	if err := pgtext.CheckActor(req.By, req.Reason, contract.MaxMessageLen); err != nil {
 		serve.WriteError(w, err)
 		return
 	}

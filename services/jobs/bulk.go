@@ -143,11 +143,7 @@ func (a *API) handleBulkRetry(w http.ResponseWriter, r *http.Request) {
 	// A "by" in the body is ignored: the operation names the token's
 	// principal.
 	req.By = serve.Actor(r)
-	if err := pgtext.Check("by", req.By, contract.MaxTokenLen); err != nil {
-		serve.WriteError(w, err)
-		return
-	}
-	if err := pgtext.Check("reason", req.Reason, 1024); err != nil {
+	if err := pgtext.CheckActor(req.By, req.Reason, 1024); err != nil {
 		serve.WriteError(w, err)
 		return
 	}

@@ -153,15 +153,6 @@ func (s *Scheduler) handleGet(w http.ResponseWriter, r *http.Request) {
 	serve.WriteJSON(w, http.StatusOK, retryView{Retry: row, History: hist})
 }
 
-// decodeOptional decodes a JSON body when there is one; an action without
-// a body uses the defaults.
-func decodeOptional(r *http.Request, v any) error {
-	if r.ContentLength == 0 {
-		return nil
-	}
-	return serve.DecodeJSON(r, maxBodyBytes, v)
-}
-
 // cancelRequest and retryRequest keep "by" so older clients that send it
 // are not refused, but it is ignored: the record names the token's
 // principal (serve.Actor).
@@ -177,7 +168,7 @@ func (s *Scheduler) handleCancel(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var req cancelRequest
-	if err := decodeOptional(r, &req); err != nil {
+	if err := serve.DecodeOptionalJSON(r, maxBodyBytes, &req); err != nil {
 		serve.WriteError(w, err)
 		return
 	}
@@ -202,7 +193,7 @@ func (s *Scheduler) handleRetry(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var req retryRequest
-	if err := decodeOptional(r, &req); err != nil {
+	if err := serve.DecodeOptionalJSON(r, maxBodyBytes, &req); err != nil {
 		serve.WriteError(w, err)
 		return
 	}

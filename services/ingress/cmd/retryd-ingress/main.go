@@ -31,32 +31,21 @@ package main
 
 import (
 	"context"
-	"errors"
-	"fmt"
-	"net"
-	"net/http"
 	"os"
 	"time"
 
 	"github.com/rs/zerolog"
 
-	"github.com/retryd/retryd/internal/auth"
-	"github.com/retryd/retryd/internal/backends"
+	"github.com/retryd/retryd/internal/daemon"
 	"github.com/retryd/retryd/internal/envvar"
-	"github.com/retryd/retryd/internal/natsconn"
 	"github.com/retryd/retryd/internal/serve"
-	"github.com/retryd/retryd/internal/streams"
-	"github.com/retryd/retryd/internal/telemetry"
 	"github.com/retryd/retryd/migrations"
 	"github.com/retryd/retryd/pkg/errclass"
 	"github.com/retryd/retryd/services/ingress"
 )
 
 func main() {
-	log := zerolog.New(os.Stderr).With().Timestamp().Str("service", "retryd-ingress").Logger()
-	if lvl, err := zerolog.ParseLevel(envvar.String("RETRYD_LOG_LEVEL", "info")); err == nil && lvl != zerolog.NoLevel {
-		log = log.Level(lvl)
-	}
+	log := daemon.Logger("retryd-ingress")
 	ctx, stop := serve.SignalContext()
 	defer stop()
 	if err := run(ctx, log, nil); err != nil {
@@ -71,7 +60,6 @@ func main() {
 // RETRYD_OPERATOR_ADDR is set) once the service is ready.
 func run(ctx context.Context, log zerolog.Logger, ready func(addr, operatorAddr string)) error {
 	e := &envvar.Reader{}
-	dbURL := os.Getenv("DATABASE_URL")
 	addr := envvar.String("RETRYD_HTTP_ADDR", ":8081")
 	// Empty keeps every route on addr, as before the operator API could
 	// move: existing deployments and producers keep working.
@@ -98,48 +86,20 @@ func run(ctx context.Context, log zerolog.Logger, ready func(addr, operatorAddr 
 		ReconcileAfter:    e.Duration("RETRYD_INGRESS_RECONCILE_AFTER", 0),
 		InboxRetention:    e.Duration("RETRYD_INGRESS_INBOX_RETENTION", 0),
 	}
-	authCfg, err := auth.FromEnv(nil)
-	e.Add(err)
-	e.Add(authCfg.Validate(listeners...))
-	tlsCfg, err := serve.TLSFromEnv().Server()
-	e.Add(err)
-	if dbURL == "" {
-		e.Add(errors.New("DATABASE_URL is required"))
-	}
+	env := daemon.ReadEnv(e, listeners...)
 	if err := e.Err(); err != nil {
 		return err
 	}
-	shutdownTracing, err := telemetry.Setup(ctx, "retryd-ingress", log)
-	if err != nil {
-		return err
-	}
-	defer telemetry.Flush(shutdownTracing, log) // first deferred: flushes last
-
+	opts := daemon.Options{Service: "retryd-ingress", EnsureStreams: ensure, Listeners: listeners}
 	if migrate {
-		if err := migrations.Up(ctx, dbURL, log); err != nil {
-			return fmt.Errorf("migrate: %w", err)
-		}
+		opts.Migrate = migrations.Up
 	}
-	var ensureStreams *streams.Options
-	if ensure {
-		ensureStreams = &streams.Options{}
-	}
-	b, err := backends.Open(ctx, backends.Options{DatabaseURL: dbURL, NATS: natsconn.OptionsFromEnv("retryd-ingress"), EnsureStreams: ensureStreams}, log)
+	host, err := daemon.Open(ctx, env, opts, log)
 	if err != nil {
 		return err
 	}
-	defer b.Close()
-	pool, js := b.Pool, b.JS
-
-	guard, _, err := authCfg.Guard(ctx, pool, log, listeners...)
-	if err != nil {
-		return err
-	}
-	reg := serve.NewRegistry()
-	health := &serve.Health{}
-	go health.Watch(ctx, serve.DefaultProbeInterval, b.Checks()...)
-	cfg.Pool, cfg.JS, cfg.Registerer, cfg.Health = pool, js, reg, health
-	cfg.Streams = ensureStreams // nil: the service does not recreate streams either
+	defer host.Close()
+	cfg.Pool, cfg.JS, cfg.Registerer, cfg.Health, cfg.Streams = host.Pool, host.JS, host.Registry, host.Health, host.Streams
 	svc, err := ingress.New(cfg)
 	if err != nil {
 		return err
@@ -150,62 +110,18 @@ func run(ctx context.Context, log zerolog.Logger, ready func(addr, operatorAddr 
 
 	// One listener serves everything, or, with RETRYD_OPERATOR_ADDR, the
 	// intake listener serves intake alone and the operator listener the
-	// rest; both answer /healthz, /readyz and /metrics.
-	type listener struct {
-		addr    string
-		handler http.Handler
-		routes  []serve.Route
-	}
-	served := []listener{{addr, svc.Handler(), ingress.Routes()}}
+	// rest. Readiness off and consumers drained first at the stop, so
+	// nothing is half done; HTTP keeps answering intake until then.
+	served := []daemon.Listener{{Addr: addr, Handler: svc.Handler(), Routes: ingress.Routes()}}
 	if operatorAddr != "" {
-		served = []listener{{addr, svc.IntakeHandler(), ingress.IntakeRoutes()}, {operatorAddr, svc.OperatorHandler(), ingress.OperatorRoutes()}}
-	}
-	lns := make([]net.Listener, 0, len(served))
-	for _, l := range served {
-		ln, err := net.Listen("tcp", l.addr)
-		if err != nil {
-			for _, open := range lns {
-				_ = open.Close()
-			}
-			_ = svc.Stop(context.Background())
-			return fmt.Errorf("listen on %s: %w", l.addr, err)
+		served = []daemon.Listener{
+			{Addr: addr, Handler: svc.IntakeHandler(), Routes: ingress.IntakeRoutes()},
+			{Addr: operatorAddr, Handler: svc.OperatorHandler(), Routes: ingress.OperatorRoutes()},
 		}
-		lns = append(lns, ln)
 	}
-	httpCtx, stopHTTP := context.WithCancel(context.WithoutCancel(ctx))
-	defer stopHTTP()
-	httpDone := make(chan error, len(served))
-	for i, l := range served {
-		mux := serve.NewMux(reg, health)
-		mux.Handle("/v1/", l.handler)
-		mux.Handle(serve.IndexPath, serve.IndexHandler(l.routes))
-		srv := serve.NewServer("", telemetry.Handler(guard.Handler(mux), "retryd-ingress"))
-		srv.TLSConfig = tlsCfg
-		go func(ln net.Listener) { httpDone <- serve.Serve(httpCtx, srv, ln, log) }(lns[i])
-	}
+	var readyAddrs func([]string)
 	if ready != nil {
-		ready(lns[0].Addr().String(), lns[len(lns)-1].Addr().String())
+		readyAddrs = func(addrs []string) { ready(addrs[0], addrs[len(addrs)-1]) }
 	}
-
-	select {
-	case <-ctx.Done():
-		log.Info().Msg("shutting down")
-	case err := <-httpDone:
-		_ = svc.Stop(context.Background())
-		stopHTTP()
-		for range len(served) - 1 {
-			err = errors.Join(err, <-httpDone)
-		}
-		return err
-	}
-	// Readiness off and consumers drained first, so nothing is half done;
-	// the HTTP server keeps answering intake until then.
-	stopCtx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
-	defer cancel()
-	errs := []error{svc.Stop(stopCtx)}
-	stopHTTP()
-	for range served {
-		errs = append(errs, <-httpDone)
-	}
-	return errors.Join(errs...)
+	return host.Serve(ctx, log, served, svc.Stop, shutdownTimeout, readyAddrs)
 }

@@ -56,6 +56,7 @@ import (
 
 	"github.com/retryd/retryd/internal/auth"
 	"github.com/retryd/retryd/internal/backends"
+	"github.com/retryd/retryd/internal/daemon"
 	"github.com/retryd/retryd/internal/dashboard"
 	"github.com/retryd/retryd/internal/envvar"
 	"github.com/retryd/retryd/internal/natsconn"
@@ -77,10 +78,7 @@ or docs/scheduler.md.
 `
 
 func main() {
-	log := zerolog.New(os.Stderr).With().Timestamp().Str("service", "retryd-scheduler").Logger()
-	if lvl, err := zerolog.ParseLevel(envvar.String("RETRYD_LOG_LEVEL", "info")); err == nil && lvl != zerolog.NoLevel {
-		log = log.Level(lvl)
-	}
+	log := daemon.Logger("retryd-scheduler")
 	cmd := "serve"
 	if len(os.Args) > 1 {
 		cmd = os.Args[1]
@@ -124,7 +122,6 @@ func readSettings(log zerolog.Logger) (settings, error) {
 	e := &envvar.Reader{}
 	e.Renamed("RETRYD_SCHEDULER_RELAY_INTERVAL", "RETRYD_SCHEDULER_OUTBOX_INTERVAL")
 	s := settings{
-		dbURL:           os.Getenv("DATABASE_URL"),
 		addr:            envvar.String("RETRYD_HTTP_ADDR", ":8080"),
 		migrate:         e.Bool("RETRYD_MIGRATE", false),
 		jobs:            e.Bool("RETRYD_JOBS", true),
@@ -148,12 +145,8 @@ func readSettings(log zerolog.Logger) (settings, error) {
 		},
 	}
 	s.cfg.Streams.Replicas = e.Int("RETRYD_SCHEDULER_STREAM_REPLICAS")
-	authCfg, err := auth.FromEnv(nil)
-	e.Add(err)
-	s.auth = authCfg
-	e.Add(authCfg.Validate(s.addr))
-	s.tls, err = serve.TLSFromEnv().Server()
-	e.Add(err)
+	env := daemon.ReadEnv(e, s.addr)
+	s.dbURL, s.auth, s.tls = env.DatabaseURL, env.Auth, env.TLS
 	if v := os.Getenv("RETRYD_SCHEDULER_ERROR_PATTERNS"); v != "" {
 		var patterns map[errclass.Class][]string
 		if err := json.Unmarshal([]byte(v), &patterns); err != nil {
@@ -163,9 +156,6 @@ func readSettings(log zerolog.Logger) (settings, error) {
 		} else {
 			s.cfg.Classifier = c
 		}
-	}
-	if s.dbURL == "" {
-		e.Add(errors.New("DATABASE_URL is required"))
 	}
 	for _, d := range e.Deprecations() {
 		log.Warn().Msg(d)

@@ -31,30 +31,20 @@
 package main
 
 import (
-	"context"
-	"errors"
-	"fmt"
 	"os"
 	"time"
 
 	"github.com/rs/zerolog"
 
-	"github.com/retryd/retryd/internal/auth"
-	"github.com/retryd/retryd/internal/backends"
+	"github.com/retryd/retryd/internal/daemon"
 	"github.com/retryd/retryd/internal/envvar"
-	"github.com/retryd/retryd/internal/natsconn"
 	"github.com/retryd/retryd/internal/serve"
-	"github.com/retryd/retryd/internal/streams"
-	"github.com/retryd/retryd/internal/telemetry"
 	"github.com/retryd/retryd/migrations"
 	"github.com/retryd/retryd/services/triggers"
 )
 
 func main() {
-	log := zerolog.New(os.Stderr).With().Timestamp().Str("service", "retryd-triggers").Logger()
-	if lvl, err := zerolog.ParseLevel(envvar.String("RETRYD_LOG_LEVEL", "info")); err == nil && lvl != zerolog.NoLevel {
-		log = log.Level(lvl)
-	}
+	log := daemon.Logger("retryd-triggers")
 	if err := run(log); err != nil {
 		log.Error().Err(err).Msg("retryd-triggers failed")
 		os.Exit(1)
@@ -67,7 +57,6 @@ func run(log zerolog.Logger) error {
 
 	e := &envvar.Reader{}
 	e.Renamed("RETRYD_TRIGGERS_CONCURRENCY", "RETRYD_TRIGGERS_WORKERS")
-	dbURL := os.Getenv("DATABASE_URL")
 	addr := envvar.String("RETRYD_HTTP_ADDR", ":8082")
 	migrate := e.Bool("RETRYD_TRIGGERS_MIGRATE", true)
 	ensure := e.Bool("RETRYD_TRIGGERS_ENSURE_STREAMS", true)
@@ -88,51 +77,23 @@ func run(log zerolog.Logger) error {
 		RunTimeout:        e.Duration("RETRYD_TRIGGERS_RUN_TIMEOUT", 0),
 		LeaseInterval:     e.Duration("RETRYD_TRIGGERS_LEASE_INTERVAL", 0),
 	}
-	authCfg, err := auth.FromEnv(nil)
-	e.Add(err)
-	e.Add(authCfg.Validate(addr))
-	tlsCfg, err := serve.TLSFromEnv().Server()
-	e.Add(err)
-	if dbURL == "" {
-		e.Add(errors.New("DATABASE_URL is required"))
-	}
+	env := daemon.ReadEnv(e, addr)
 	if err := e.Err(); err != nil {
 		return err
 	}
 	for _, d := range e.Deprecations() {
 		log.Warn().Msg(d)
 	}
-	shutdownTracing, err := telemetry.Setup(ctx, "retryd-triggers", log)
-	if err != nil {
-		return err
-	}
-	defer telemetry.Flush(shutdownTracing, log) // first deferred: flushes last
-
+	opts := daemon.Options{Service: "retryd-triggers", EnsureStreams: ensure, Listeners: []string{addr}}
 	if migrate {
-		if err := migrations.Up(ctx, dbURL, log); err != nil {
-			return fmt.Errorf("migrate: %w", err)
-		}
+		opts.Migrate = migrations.Up
 	}
-	var ensureStreams *streams.Options
-	if ensure {
-		ensureStreams = &streams.Options{}
-	}
-	b, err := backends.Open(ctx, backends.Options{DatabaseURL: dbURL, NATS: natsconn.OptionsFromEnv("retryd-triggers"), EnsureStreams: ensureStreams}, log)
+	host, err := daemon.Open(ctx, env, opts, log)
 	if err != nil {
 		return err
 	}
-	defer b.Close()
-	pool, js := b.Pool, b.JS
-
-	guard, _, err := authCfg.Guard(ctx, pool, log, addr)
-	if err != nil {
-		return err
-	}
-	reg := serve.NewRegistry()
-	health := &serve.Health{}
-	go health.Watch(ctx, serve.DefaultProbeInterval, b.Checks()...)
-	cfg.Pool, cfg.JS, cfg.Registerer, cfg.Health = pool, js, reg, health
-	cfg.Streams = ensureStreams // nil: the service does not recreate streams either
+	defer host.Close()
+	cfg.Pool, cfg.JS, cfg.Registerer, cfg.Health, cfg.Streams = host.Pool, host.JS, host.Registry, host.Health, host.Streams
 	svc, err := triggers.New(cfg)
 	if err != nil {
 		return err
@@ -140,30 +101,8 @@ func run(log zerolog.Logger) error {
 	if err := svc.Start(ctx); err != nil {
 		return err
 	}
-
-	mux := serve.NewMux(reg, health)
-	mux.Handle("/v1/", svc.Handler())
-	mux.Handle(serve.IndexPath, serve.IndexHandler(triggers.Routes()))
-	srv := serve.NewServer(addr, telemetry.Handler(guard.Handler(mux), "retryd-triggers"))
-	srv.TLSConfig = tlsCfg
-	httpCtx, stopHTTP := context.WithCancel(context.WithoutCancel(ctx))
-	defer stopHTTP()
-	httpDone := make(chan error, 1)
-	go func() { httpDone <- serve.Run(httpCtx, srv, log) }()
-
-	select {
-	case <-ctx.Done():
-		log.Info().Msg("shutting down")
-	case err := <-httpDone:
-		_ = svc.Stop(context.Background())
-		return err
-	}
-	// Readiness off and consumers drained first; the API keeps answering
-	// until then.
-	stopCtx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
-	defer cancel()
-	stopErr := svc.Stop(stopCtx)
-	stopHTTP()
-	httpErr := <-httpDone
-	return errors.Join(stopErr, httpErr)
+	// Readiness off and consumers drained first at the stop; the API keeps
+	// answering until then.
+	served := []daemon.Listener{{Addr: addr, Handler: svc.Handler(), Routes: triggers.Routes()}}
+	return host.Serve(ctx, log, served, svc.Stop, shutdownTimeout, nil)
 }
