@@ -5,6 +5,8 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/retryd/retryd/internal/pgquery"
 )
 
 // OperationPage is one page of ListOperations: the newest first.
@@ -18,29 +20,24 @@ type OperationPage struct {
 // time (0 means 100), only those in status when it is not empty; cursor
 // is the previous page's NextCursor.
 func ListOperations(ctx context.Context, q Querier, status string, limit int, cursor string) (OperationPage, error) {
-	if limit == 0 {
-		limit = 100
+	limit, err := pgquery.Limit(limit, MaxListLimit)
+	if err != nil {
+		return OperationPage{}, fmt.Errorf("list operations: %w", err)
 	}
-	if limit < 1 || limit > MaxListLimit {
-		return OperationPage{}, fmt.Errorf("list operations: limit must be between 1 and %d, got %d", MaxListLimit, limit)
-	}
-	var conds []string
-	var args []any
+	var w pgquery.Where
 	if status != "" {
-		args = append(args, status)
-		conds = append(conds, fmt.Sprintf("status = $%d", len(args)))
+		w.Add("status = ?", status)
 	}
 	if cursor != "" {
 		at, id, err := decodeCursor(cursor)
 		if err != nil {
 			return OperationPage{}, fmt.Errorf("list operations: %w", err)
 		}
-		args = append(args, at, id)
-		conds = append(conds, fmt.Sprintf("(created_at, operation_id) < ($%d, $%d)", len(args)-1, len(args)))
+		w.Add("(created_at, operation_id) < (?, ?)", at, id)
 	}
-	args = append(args, limit+1)
-	rows, err := q.Query(ctx, `SELECT `+operationColumns+` FROM job_operations`+whereSQL(conds)+
-		fmt.Sprintf(` ORDER BY created_at DESC, operation_id DESC LIMIT $%d`, len(args)), args...)
+	sql := `SELECT ` + operationColumns + ` FROM job_operations` + w.SQL() +
+		` ORDER BY created_at DESC, operation_id DESC LIMIT ` + w.Arg(limit+1)
+	rows, err := q.Query(ctx, sql, w.Args...)
 	if err != nil {
 		return OperationPage{}, fmt.Errorf("list operations: %w", err)
 	}
