@@ -80,8 +80,12 @@ func GateDue(ctx context.Context, tx pgx.Tx, source, typ, id string) (Verdict, e
 }
 
 func gate(ctx context.Context, tx pgx.Tx, source, typ, id string, due bool) (Verdict, error) {
+	// The clock, not the transaction's start: the gate decides a source's
+	// events of a batch in one transaction, and each decision (and the
+	// time its held fact carries, the scheduler's held_since) must follow
+	// the one before it, as the events arrived.
 	var now time.Time
-	src, err := scanSource(tx.QueryRow(ctx, `SELECT `+sourceColumns+`, now() FROM event_sources s WHERE s.source = $1 FOR SHARE`, source), &now)
+	src, err := scanSource(tx.QueryRow(ctx, `SELECT `+sourceColumns+`, clock_timestamp() FROM event_sources s WHERE s.source = $1 FOR SHARE`, source), &now)
 	if errors.Is(err, pgx.ErrNoRows) {
 		// No row, no limits.
 		return Verdict{Admitted: true}, dropHold(ctx, tx, id)
