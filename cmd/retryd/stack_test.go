@@ -43,18 +43,27 @@ func testLogger(t *testing.T) zerolog.Logger {
 // setup starts a stack; handlers are worker handlers by job type.
 func setup(t *testing.T, handlers map[string]worker.Handler) *bundle {
 	t.Helper()
+	return setupStack(t, devstack.Config{Handlers: handlers})
+}
+
+// setupStack starts a stack of cfg with what every bundle has: a fresh
+// database, an embedded NATS and HTTP on free ports, quick fetches.
+func setupStack(t *testing.T, cfg devstack.Config) *bundle {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	t.Cleanup(cancel)
-	stack, err := devstack.New(devstack.Config{
-		DataDir:     t.TempDir(),
-		HTTPAddr:    "127.0.0.1:0",
-		NATSPort:    -1,
-		DatabaseURL: pgtest.NewDatabaseURL(t),
-		PoolConns:   12,
-		Logger:      testLogger(t),
-		Handlers:    handlers,
-		FetchWait:   200 * time.Millisecond,
-	})
+	cfg.DataDir, cfg.HTTPAddr, cfg.NATSPort = t.TempDir(), "127.0.0.1:0", -1
+	cfg.DatabaseURL, cfg.PoolConns = pgtest.NewDatabaseURL(t), 12
+	cfg.Logger, cfg.FetchWait = testLogger(t), 200*time.Millisecond
+	stack := startStack(ctx, t, cfg)
+	return &bundle{stack: stack, api: stack.URL(), ctx: ctx}
+}
+
+// startStack builds and starts a stack of cfg; at cleanup it stops, and
+// must stop cleanly.
+func startStack(ctx context.Context, t *testing.T, cfg devstack.Config) *devstack.Stack {
+	t.Helper()
+	stack, err := devstack.New(cfg)
 	require.NoError(t, err)
 	require.NoError(t, stack.Start(ctx))
 	t.Cleanup(func() {
@@ -62,7 +71,7 @@ func setup(t *testing.T, handlers map[string]worker.Handler) *bundle {
 		defer scancel()
 		require.NoError(t, stack.Stop(sctx))
 	})
-	return &bundle{stack: stack, api: stack.URL(), ctx: ctx}
+	return stack
 }
 
 // result is one CLI run.
