@@ -217,6 +217,27 @@ func msgIDs(msgs []jetstream.Msg) map[string]int {
 	return out
 }
 
+// requireEachOnce checks that msgs hold n distinct Nats-Msg-Ids, each
+// stored once: n messages, none emitted twice.
+func requireEachOnce(t *testing.T, msgs []jetstream.Msg, n int) {
+	t.Helper()
+	ids := msgIDs(msgs)
+	require.Len(t, ids, n)
+	for id, count := range ids {
+		require.Equal(t, 1, count, id)
+	}
+}
+
+// waitRetries polls the store until it lists n retries matching f.
+func (b *bundle) waitRetries(t *testing.T, f retrystore.ListFilter, n int) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		page, err := retrystore.List(b.ctx, b.pool, f)
+		require.NoError(t, err)
+		return len(page.Retries) == n
+	}, waitFor, 10*time.Millisecond, "%d retries of %+v", n, f)
+}
+
 func decodeDue(t *testing.T, m jetstream.Msg) contract.DueData {
 	t.Helper()
 	ev, err := contract.DecodeLifecycle(m.Subject(), m.Data())
