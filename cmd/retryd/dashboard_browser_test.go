@@ -40,12 +40,8 @@ func chromiumPath() string {
 func browser(t *testing.T) context.Context {
 	t.Helper()
 	path := chromiumPath()
-	if path == "" {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("no chromium binary found: CI must install Debian's chromium package (.ci/run does when this file exists)")
-		}
-		t.Skip("no chromium binary found (apt-get install -y chromium, or set CHROMIUM): skipping the dashboard browser test")
-	}
+	needTool(t, path, "no chromium binary found: CI must install Debian's chromium package (.ci/run does when this file exists)",
+		"no chromium binary found (apt-get install -y chromium, or set CHROMIUM): skipping the dashboard browser test")
 	allocCtx, cancelAlloc := chromedp.NewExecAllocator(context.Background(),
 		chromedp.ExecPath(path),
 		chromedp.Headless,
