@@ -2,8 +2,6 @@ package scheduler_test
 
 import (
 	"context"
-	"io"
-	"os"
 	"strconv"
 	"testing"
 	"time"
@@ -13,7 +11,6 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
 
 	"github.com/retryd/retryd/internal/natstest"
@@ -50,13 +47,6 @@ func setup(t *testing.T) *bundle {
 	return &bundle{ctx: ctx, pool: pgtest.NewPool(t), srv: srv, nc: nc, js: js}
 }
 
-func testLogger() zerolog.Logger {
-	if os.Getenv("SCHEDULER_TEST_LOG") != "" {
-		return zerolog.New(zerolog.ConsoleWriter{Out: os.Stderr}).With().Timestamp().Logger()
-	}
-	return zerolog.New(io.Discard)
-}
-
 // instance is a started scheduler and its metrics registry.
 type instance struct {
 	*scheduler.Scheduler
@@ -69,7 +59,7 @@ func (b *bundle) start(t *testing.T, mods ...func(*scheduler.Config)) instance {
 	t.Helper()
 	reg := prometheus.NewRegistry()
 	cfg := scheduler.Config{
-		Pool: b.pool, JS: b.js, Logger: testLogger(), Registerer: reg,
+		Pool: b.pool, JS: b.js, Logger: servicetest.Logger(t), Registerer: reg,
 		MaxIdle: 200 * time.Millisecond, AckWait: 2 * time.Second, MetricsInterval: 100 * time.Millisecond,
 		Streams: streams.Options{Storage: jetstream.MemoryStorage},
 	}
