@@ -174,21 +174,7 @@ func events(h []retrystore.HistoryEntry) []string {
 // streamMsgs reads every message of RETRIES matching filter.
 func (b *bundle) streamMsgs(t *testing.T, filter string) []jetstream.Msg {
 	t.Helper()
-	cons, err := b.js.OrderedConsumer(b.ctx, contract.StreamRetries, jetstream.OrderedConsumerConfig{FilterSubjects: []string{filter}})
-	require.NoError(t, err)
-	var out []jetstream.Msg
-	for {
-		batch, err := cons.FetchNoWait(1000)
-		require.NoError(t, err)
-		n := 0
-		for m := range batch.Messages() {
-			out = append(out, m)
-			n++
-		}
-		if n == 0 {
-			return out
-		}
-	}
+	return natstest.Messages(t, b.ctx, b.js, contract.StreamRetries, filter)
 }
 
 // metric sums the series of a metric whose labels include the given
