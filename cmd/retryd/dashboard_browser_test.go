@@ -141,24 +141,6 @@ func shot(t *testing.T, ctx context.Context, name string) {
 	require.NoError(t, os.WriteFile(filepath.Join(dir, name+".png"), png, 0o644))
 }
 
-// held publishes a hold, as an owner (ingress, triggers) would.
-func (b *bundle) held(t *testing.T, hd contract.HeldData) {
-	t.Helper()
-	m, err := contract.NewLifecycleMsg("retryd/test", contract.Held, hd, time.Now())
-	require.NoError(t, err)
-	_, err = b.stack.JS.PublishMsg(b.ctx, m)
-	require.NoError(t, err)
-}
-
-// released publishes the release of every hold under a key.
-func (b *bundle) released(t *testing.T, rd contract.ReleasedData) {
-	t.Helper()
-	m, err := contract.NewLifecycleMsg("retryd/test", contract.Released, rd, time.Now())
-	require.NoError(t, err)
-	_, err = b.stack.JS.PublishMsg(b.ctx, m)
-	require.NoError(t, err)
-}
-
 // text is the visible text of the first element matching a CSS selector.
 func text(t *testing.T, ctx context.Context, selector string) string {
 	t.Helper()

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -113,13 +114,40 @@ func (b *bundle) okJSON(t *testing.T, v any, args ...string) {
 // fail publishes the failure of a job's attempt, as a worker would.
 func (b *bundle) fail(t *testing.T, id, jobType string, attempt int, class, msg string) {
 	t.Helper()
-	m, err := contract.NewLifecycleMsg("retryd/test", contract.Failed, contract.FailedData{
+	b.failed(t, contract.FailedData{
 		Kind: contract.KindJob, ID: id, Attempt: attempt, JobType: jobType,
 		Error: contract.ErrorInfo{Class: class, Message: msg},
-	}, time.Now())
+	})
+}
+
+// failed publishes a failure, as an owner (a worker) would.
+func (b *bundle) failed(t *testing.T, fd contract.FailedData) {
+	t.Helper()
+	m, err := contract.NewLifecycleMsg("retryd/test", contract.Failed, fd, time.Now())
+	b.publish(t, m, err)
+}
+
+// publish publishes m, a lifecycle message built with err, on the
+// stack's NATS.
+func (b *bundle) publish(t *testing.T, m *nats.Msg, err error) {
+	t.Helper()
 	require.NoError(t, err)
 	_, err = b.stack.JS.PublishMsg(b.ctx, m)
 	require.NoError(t, err)
+}
+
+// held publishes a hold, as an owner (ingress, triggers) would.
+func (b *bundle) held(t *testing.T, hd contract.HeldData) {
+	t.Helper()
+	m, err := contract.NewLifecycleMsg("retryd/test", contract.Held, hd, time.Now())
+	b.publish(t, m, err)
+}
+
+// released publishes the release of every hold under a key.
+func (b *bundle) released(t *testing.T, rd contract.ReleasedData) {
+	t.Helper()
+	m, err := contract.NewLifecycleMsg("retryd/test", contract.Released, rd, time.Now())
+	b.publish(t, m, err)
 }
 
 // postEvent sends a producer event to ingress.
