@@ -65,8 +65,7 @@ func TestRunServesAndStopsGracefully(t *testing.T) {
 	t.Setenv("NATS_URL", srv.ClientURL())
 	t.Setenv("RETRYD_HTTP_ADDR", "127.0.0.1:0")
 	t.Setenv("RETRYD_INGRESS_ACK_WAIT", "2s")
-	const admin = adminToken
-	t.Setenv("RETRYD_ADMIN_TOKEN", admin)
+	t.Setenv("RETRYD_ADMIN_TOKEN", adminToken)
 
 	addr, _, stop := startRun(t)
 	base := "http://" + addr
@@ -83,7 +82,7 @@ func TestRunServesAndStopsGracefully(t *testing.T) {
 		return resp
 	}
 	get := func(path string) (int, string) {
-		resp := do(http.MethodGet, path, admin, "")
+		resp := do(http.MethodGet, path, adminToken, "")
 		defer resp.Body.Close()
 		b, err := io.ReadAll(resp.Body)
 		require.NoError(t, err)
@@ -98,7 +97,7 @@ func TestRunServesAndStopsGracefully(t *testing.T) {
 	resp := do(http.MethodPost, "/v1/events", "", event)
 	resp.Body.Close()
 	require.Equal(t, http.StatusUnauthorized, resp.StatusCode, "tokens are on by default")
-	resp = do(http.MethodPost, "/v1/events", admin, event)
+	resp = do(http.MethodPost, "/v1/events", adminToken, event)
 	resp.Body.Close()
 	require.Equal(t, http.StatusAccepted, resp.StatusCode)
 	require.Eventually(t, func() bool {
@@ -142,8 +141,7 @@ func TestRunSeparateOperatorListener(t *testing.T) {
 	t.Setenv("RETRYD_OPERATOR_ADDR", "127.0.0.1:0")
 	t.Setenv("RETRYD_HTTP_TLS_CERT", cert.CertFile)
 	t.Setenv("RETRYD_HTTP_TLS_KEY", cert.KeyFile)
-	const admin = adminToken
-	t.Setenv("RETRYD_ADMIN_TOKEN", admin)
+	t.Setenv("RETRYD_ADMIN_TOKEN", adminToken)
 
 	intake, operator, stop := startRun(t)
 	require.NotEqual(t, intake, operator)
@@ -152,7 +150,7 @@ func TestRunSeparateOperatorListener(t *testing.T) {
 		req, err := http.NewRequest(method, "https://"+addr+path, strings.NewReader(body))
 		require.NoError(t, err)
 		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set("Authorization", "Bearer "+admin)
+		req.Header.Set("Authorization", "Bearer "+adminToken)
 		resp, err := client.Do(req)
 		require.NoError(t, err)
 		_ = resp.Body.Close()
