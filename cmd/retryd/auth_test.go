@@ -21,7 +21,6 @@ import (
 	"github.com/retryd/retryd/internal/auth"
 	"github.com/retryd/retryd/internal/dashboard"
 	"github.com/retryd/retryd/internal/serve"
-	"github.com/retryd/retryd/migrations/pgtest"
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/services/ingress"
 	"github.com/retryd/retryd/services/jobs"
@@ -32,22 +31,9 @@ import (
 // setupTokens is setup with tokens on: the stack makes its admin token.
 func setupTokens(t *testing.T) *bundle {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	t.Cleanup(cancel)
-	stack, err := devstack.New(devstack.Config{
-		DataDir: t.TempDir(), HTTPAddr: "127.0.0.1:0", NATSPort: -1,
-		DatabaseURL: pgtest.NewDatabaseURL(t), PoolConns: 12, Logger: testLogger(t),
-		FetchWait: 200 * time.Millisecond, Auth: auth.Config{Mode: auth.ModeTokens},
-	})
-	require.NoError(t, err)
-	require.NoError(t, stack.Start(ctx))
-	t.Cleanup(func() {
-		sctx, scancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer scancel()
-		require.NoError(t, stack.Stop(sctx))
-	})
-	require.NotEmpty(t, stack.AdminToken())
-	return &bundle{stack: stack, api: stack.URL(), ctx: ctx}
+	b := setupStack(t, devstack.Config{Auth: auth.Config{Mode: auth.ModeTokens}})
+	require.NotEmpty(t, b.stack.AdminToken())
+	return b
 }
 
 // call sends one request with an optional bearer token and returns the

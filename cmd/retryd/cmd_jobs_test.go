@@ -48,13 +48,10 @@ func TestJobsCommands(t *testing.T) {
 	// Two jobs without retries: failed_max_retries at once, for bulk retry.
 	dead := []string{contract.NewID(), contract.NewID()}
 	for _, id := range dead {
-		m, err := contract.NewLifecycleMsg("retryd/test", contract.Failed, contract.FailedData{
+		b.failed(t, contract.FailedData{
 			Kind: contract.KindJob, ID: id, Attempt: 1, JobType: "cli_jobs_dead", MaxRetries: new(0),
 			Error: contract.ErrorInfo{Class: "timeout", Message: "upstream timed out"},
-		}, time.Now())
-		require.NoError(t, err)
-		_, err = b.stack.JS.PublishMsg(b.ctx, m)
-		require.NoError(t, err)
+		})
 	}
 	b.waitJob(t, a, jobStatus("retrying"))
 	b.waitJob(t, c, jobStatus("retrying"))

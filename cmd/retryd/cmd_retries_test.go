@@ -66,13 +66,10 @@ func TestRetriesCommands(t *testing.T) {
 	t.Run("show a hold", func(t *testing.T) {
 		h := contract.NewID()
 		until := time.Now().Add(2 * time.Hour).UTC()
-		m, err := contract.NewLifecycleMsg("retryd/test", contract.Held, contract.HeldData{
+		b.held(t, contract.HeldData{
 			Kind: contract.KindJob, ID: h, Attempt: 1, JobType: "cli_slow", Reason: contract.HoldPause,
 			Until: &until, HoldKey: "crm", Detail: "source_paused: source is paused", Executor: "worker-h-7",
-		}, time.Now())
-		require.NoError(t, err)
-		_, err = b.stack.JS.PublishMsg(b.ctx, m)
-		require.NoError(t, err)
+		})
 		b.waitRetry(t, "job", h, "scheduled")
 		out := b.ok(t, "retries", "show", "job", h)
 		require.Regexp(t, `Retries used:\s+0 of 3`, out)
@@ -121,13 +118,10 @@ func TestRetriesCommands(t *testing.T) {
 
 	t.Run("retry past the budget", func(t *testing.T) {
 		d := contract.NewID()
-		m, err := contract.NewLifecycleMsg("retryd/test", contract.Failed, contract.FailedData{
+		b.failed(t, contract.FailedData{
 			Kind: contract.KindJob, ID: d, Attempt: 1, JobType: "cli_budget", MaxRetries: new(0),
 			Error: contract.ErrorInfo{Class: "timeout", Message: "upstream timed out"},
-		}, time.Now())
-		require.NoError(t, err)
-		_, err = b.stack.JS.PublishMsg(b.ctx, m)
-		require.NoError(t, err)
+		})
 		b.waitRetry(t, "job", d, "exhausted")
 		require.Regexp(t, `Retries used:\s+0 of 0\n`, b.ok(t, "retries", "show", "job", d))
 

@@ -40,12 +40,8 @@ func chromiumPath() string {
 func browser(t *testing.T) context.Context {
 	t.Helper()
 	path := chromiumPath()
-	if path == "" {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("no chromium binary found: CI must install Debian's chromium package (.ci/run does when this file exists)")
-		}
-		t.Skip("no chromium binary found (apt-get install -y chromium, or set CHROMIUM): skipping the dashboard browser test")
-	}
+	needTool(t, path, "no chromium binary found: CI must install Debian's chromium package (.ci/run does when this file exists)",
+		"no chromium binary found (apt-get install -y chromium, or set CHROMIUM): skipping the dashboard browser test")
 	allocCtx, cancelAlloc := chromedp.NewExecAllocator(context.Background(),
 		chromedp.ExecPath(path),
 		chromedp.Headless,
@@ -143,24 +139,6 @@ func shot(t *testing.T, ctx context.Context, name string) {
 	png, err := chromedp.Run(ctx, chromedp.FullScreenshot(100)) // quality 100: PNG
 	require.NoError(t, err)
 	require.NoError(t, os.WriteFile(filepath.Join(dir, name+".png"), png, 0o644))
-}
-
-// held publishes a hold, as an owner (ingress, triggers) would.
-func (b *bundle) held(t *testing.T, hd contract.HeldData) {
-	t.Helper()
-	m, err := contract.NewLifecycleMsg("retryd/test", contract.Held, hd, time.Now())
-	require.NoError(t, err)
-	_, err = b.stack.JS.PublishMsg(b.ctx, m)
-	require.NoError(t, err)
-}
-
-// released publishes the release of every hold under a key.
-func (b *bundle) released(t *testing.T, rd contract.ReleasedData) {
-	t.Helper()
-	m, err := contract.NewLifecycleMsg("retryd/test", contract.Released, rd, time.Now())
-	require.NoError(t, err)
-	_, err = b.stack.JS.PublishMsg(b.ctx, m)
-	require.NoError(t, err)
 }
 
 // text is the visible text of the first element matching a CSS selector.

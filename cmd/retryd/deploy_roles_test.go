@@ -31,6 +31,21 @@ func psqlPath() string {
 	return ""
 }
 
+// needTool skips the test when path, where a tool the test runs was
+// found, is empty; in CI, which installs every such tool, it fails the
+// test with inCI instead: a missing tool there is a broken CI, not a
+// reason to test less.
+func needTool(t *testing.T, path, inCI, skip string) {
+	t.Helper()
+	if path != "" {
+		return
+	}
+	if os.Getenv("CI") == "true" {
+		t.Fatal(inCI)
+	}
+	t.Skip(skip)
+}
+
 // TestRolesSQL runs deploy/postgres/roles.sql with psql, migrates and
 // grants as the owner (what `retryd migrate` does) and checks that each
 // service role reads and writes its own rows, is refused another
@@ -38,54 +53,20 @@ func psqlPath() string {
 // by table; this checks that roles.sql and the grants fit together.
 func TestRolesSQL(t *testing.T) {
 	t.Parallel()
-	psql := psqlPath()
-	if psql == "" {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("psql not found: CI installs postgresql-15")
-		}
-		t.Skip("psql not found")
-	}
-	admin := pgtest.NewEmptyDatabaseURL(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	t.Cleanup(cancel)
 	suffix := contract.NewID()[18:] // unique names on a shared server
 	owner, db := "retryd_owner_t"+suffix, "retryd_t"+suffix
 	roles := migrations.Roles{Scheduler: "retryd_scheduler_t" + suffix, Ingress: "retryd_ingress_t" + suffix,
 		Triggers: "retryd_triggers_t" + suffix, ReadOnly: "retryd_readonly_t" + suffix}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	t.Cleanup(cancel)
+	admin, as := runRolesSQL(ctx, t, db,
+		[]string{roles.Scheduler, roles.Ingress, roles.Triggers, roles.ReadOnly, owner},
+		"owner", owner, "owner_password", "owner-pw",
+		"scheduler", roles.Scheduler, "scheduler_password", "scheduler-pw",
+		"ingress", roles.Ingress, "ingress_password", "ingress-pw",
+		"triggers", roles.Triggers, "triggers_password", "triggers-pw",
+		"readonly", roles.ReadOnly, "readonly_password", "readonly-pw")
 
-	out, err := exec.CommandContext(ctx, psql, "--no-psqlrc", "-X", "-q", "-d", admin,
-		"-v", "owner="+owner, "-v", "db="+db, "-v", "owner_password=owner-pw",
-		"-v", "scheduler="+roles.Scheduler, "-v", "scheduler_password=scheduler-pw",
-		"-v", "ingress="+roles.Ingress, "-v", "ingress_password=ingress-pw",
-		"-v", "triggers="+roles.Triggers, "-v", "triggers_password=triggers-pw",
-		"-v", "readonly="+roles.ReadOnly, "-v", "readonly_password=readonly-pw",
-		"-f", filepath.Join(deployDir, "postgres", "roles.sql")).CombinedOutput()
-	require.NoError(t, err, "psql: %s", out)
-	t.Cleanup(func() {
-		conn, err := pgx.Connect(context.Background(), admin)
-		if err != nil {
-			return
-		}
-		defer conn.Close(context.Background())
-		for _, stmt := range []string{
-			`DROP DATABASE IF EXISTS ` + pgx.Identifier{db}.Sanitize() + ` WITH (FORCE)`,
-			`DROP ROLE IF EXISTS ` + pgx.Identifier{roles.Scheduler}.Sanitize(),
-			`DROP ROLE IF EXISTS ` + pgx.Identifier{roles.Ingress}.Sanitize(),
-			`DROP ROLE IF EXISTS ` + pgx.Identifier{roles.Triggers}.Sanitize(),
-			`DROP ROLE IF EXISTS ` + pgx.Identifier{roles.ReadOnly}.Sanitize(),
-			`DROP ROLE IF EXISTS ` + pgx.Identifier{owner}.Sanitize(),
-		} {
-			_, _ = conn.Exec(context.Background(), stmt)
-		}
-	})
-
-	as := func(role, password string) string {
-		u, err := url.Parse(admin)
-		require.NoError(t, err)
-		u.User = url.UserPassword(role, password)
-		u.Path = "/" + db
-		return u.String()
-	}
 	ownerURL := as(owner, "owner-pw")
 	require.NoError(t, migrations.Up(ctx, ownerURL, zerolog.Nop()), "the owner applies the schema")
 	require.NoError(t, migrations.Grant(ctx, ownerURL, roles, zerolog.Nop()), "the owner grants its tables")
@@ -133,12 +114,57 @@ func TestRolesSQL(t *testing.T) {
 			`CREATE SCHEMA app_schema`,
 		) {
 			_, err := conn.Exec(ctx, stmt)
-			var pgErr *pgconn.PgError
-			require.True(t, errors.As(err, &pgErr), "%s: %s: %v", tc.role, stmt, err)
-			require.Equal(t, "42501", pgErr.Code, "%s: %s is refused for lack of privilege: %v", tc.role, stmt, err)
+			requireNoPrivilege(t, err, tc.role+": "+stmt)
 		}
 		require.NoError(t, conn.Close(ctx))
 	}
+}
+
+// runRolesSQL runs deploy/postgres/roles.sql with psql as the superuser
+// of a fresh server database, vars (name, value pairs) and db as its psql
+// variables; at cleanup it drops the database db and then the roles in
+// drop, in that order. It returns the superuser's URL and as, a URL to db
+// as a role with its password. Without psql the test skips, except in
+// CI, which installs it.
+func runRolesSQL(ctx context.Context, t *testing.T, db string, drop []string, vars ...string) (admin string, as func(role, password string) string) {
+	t.Helper()
+	psql := psqlPath()
+	needTool(t, psql, "psql not found: CI installs postgresql-15", "psql not found")
+	admin = pgtest.NewEmptyDatabaseURL(t)
+	args := []string{"--no-psqlrc", "-X", "-q", "-d", admin, "-v", "db=" + db}
+	for i := 0; i+1 < len(vars); i += 2 {
+		args = append(args, "-v", vars[i]+"="+vars[i+1])
+	}
+	args = append(args, "-f", filepath.Join(deployDir, "postgres", "roles.sql"))
+	out, err := exec.CommandContext(ctx, psql, args...).CombinedOutput()
+	require.NoError(t, err, "psql: %s", out)
+	t.Cleanup(func() {
+		conn, err := pgx.Connect(context.Background(), admin)
+		if err != nil {
+			return
+		}
+		defer conn.Close(context.Background())
+		_, _ = conn.Exec(context.Background(), `DROP DATABASE IF EXISTS `+pgx.Identifier{db}.Sanitize()+` WITH (FORCE)`)
+		for _, role := range drop {
+			_, _ = conn.Exec(context.Background(), `DROP ROLE IF EXISTS `+pgx.Identifier{role}.Sanitize())
+		}
+	})
+	return admin, func(role, password string) string {
+		u, err := url.Parse(admin)
+		require.NoError(t, err)
+		u.User = url.UserPassword(role, password)
+		u.Path = "/" + db
+		return u.String()
+	}
+}
+
+// requireNoPrivilege checks that err is Postgres refusing what for lack
+// of privilege (42501), not failing in some other way.
+func requireNoPrivilege(t *testing.T, err error, what string) {
+	t.Helper()
+	var pgErr *pgconn.PgError
+	require.True(t, errors.As(err, &pgErr), "%s: %v", what, err)
+	require.Equal(t, "42501", pgErr.Code, "%s is refused for lack of privilege: %v", what, err)
 }
 
 func pgxQueryRow(ctx context.Context, t *testing.T, dbURL, query string, dest ...any) error {
@@ -155,45 +181,14 @@ func pgxQueryRow(ctx context.Context, t *testing.T, dbURL, query string, dest ..
 // roles are not created, and Grant skips them.
 func TestRolesSQLLegacyApp(t *testing.T) {
 	t.Parallel()
-	psql := psqlPath()
-	if psql == "" {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("psql not found: CI installs postgresql-15")
-		}
-		t.Skip("psql not found")
-	}
-	admin := pgtest.NewEmptyDatabaseURL(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	t.Cleanup(cancel)
 	suffix := contract.NewID()[18:]
 	owner, app, db := "retryd_owner_l"+suffix, "retryd_app_l"+suffix, "retryd_l"+suffix
 	scheduler := "retryd_scheduler_l" + suffix
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	t.Cleanup(cancel)
-	out, err := exec.CommandContext(ctx, psql, "--no-psqlrc", "-X", "-q", "-d", admin,
-		"-v", "owner="+owner, "-v", "app="+app, "-v", "db="+db, "-v", "scheduler="+scheduler,
-		"-v", "owner_password=owner-pw", "-v", "app_password=app-pw",
-		"-f", filepath.Join(deployDir, "postgres", "roles.sql")).CombinedOutput()
-	require.NoError(t, err, "psql: %s", out)
-	t.Cleanup(func() {
-		conn, err := pgx.Connect(context.Background(), admin)
-		if err != nil {
-			return
-		}
-		defer conn.Close(context.Background())
-		for _, stmt := range []string{
-			`DROP DATABASE IF EXISTS ` + pgx.Identifier{db}.Sanitize() + ` WITH (FORCE)`,
-			`DROP ROLE IF EXISTS ` + pgx.Identifier{app}.Sanitize(),
-			`DROP ROLE IF EXISTS ` + pgx.Identifier{owner}.Sanitize(),
-		} {
-			_, _ = conn.Exec(context.Background(), stmt)
-		}
-	})
-	as := func(role, password string) string {
-		u, err := url.Parse(admin)
-		require.NoError(t, err)
-		u.User = url.UserPassword(role, password)
-		u.Path = "/" + db
-		return u.String()
-	}
+	admin, as := runRolesSQL(ctx, t, db, []string{app, owner},
+		"owner", owner, "app", app, "scheduler", scheduler,
+		"owner_password", "owner-pw", "app_password", "app-pw")
 	ownerURL := as(owner, "owner-pw")
 	require.NoError(t, migrations.Up(ctx, ownerURL, zerolog.Nop()))
 	require.NoError(t, migrations.Grant(ctx, ownerURL, migrations.Roles{Scheduler: scheduler}, zerolog.Nop()), "absent roles are skipped")
@@ -213,9 +208,7 @@ func TestRolesSQLLegacyApp(t *testing.T) {
 		require.NoError(t, err, stmt)
 	}
 	_, err = conn.Exec(ctx, `CREATE TABLE legacy_probe (x int)`)
-	var pgErr *pgconn.PgError
-	require.True(t, errors.As(err, &pgErr), "%v", err)
-	require.Equal(t, "42501", pgErr.Code)
+	requireNoPrivilege(t, err, "the app's DDL")
 }
 
 // TestMigrateGrantsServiceRoles runs `retryd migrate` with a service role
@@ -250,9 +243,7 @@ func TestMigrateGrantsServiceRoles(t *testing.T) {
 	var n int
 	require.NoError(t, conn.QueryRow(ctx, `SELECT count(*) FROM retries`).Scan(&n), "granted by retryd migrate")
 	_, err = conn.Exec(ctx, `DELETE FROM retries WHERE false`)
-	var pgErr *pgconn.PgError
-	require.True(t, errors.As(err, &pgErr), "%v", err)
-	require.Equal(t, "42501", pgErr.Code)
+	requireNoPrivilege(t, err, "the read-only role's DELETE")
 }
 
 // rolePools are pools connected as the service roles.

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -43,18 +44,27 @@ func testLogger(t *testing.T) zerolog.Logger {
 // setup starts a stack; handlers are worker handlers by job type.
 func setup(t *testing.T, handlers map[string]worker.Handler) *bundle {
 	t.Helper()
+	return setupStack(t, devstack.Config{Handlers: handlers})
+}
+
+// setupStack starts a stack of cfg with what every bundle has: a fresh
+// database, an embedded NATS and HTTP on free ports, quick fetches.
+func setupStack(t *testing.T, cfg devstack.Config) *bundle {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	t.Cleanup(cancel)
-	stack, err := devstack.New(devstack.Config{
-		DataDir:     t.TempDir(),
-		HTTPAddr:    "127.0.0.1:0",
-		NATSPort:    -1,
-		DatabaseURL: pgtest.NewDatabaseURL(t),
-		PoolConns:   12,
-		Logger:      testLogger(t),
-		Handlers:    handlers,
-		FetchWait:   200 * time.Millisecond,
-	})
+	cfg.DataDir, cfg.HTTPAddr, cfg.NATSPort = t.TempDir(), "127.0.0.1:0", -1
+	cfg.DatabaseURL, cfg.PoolConns = pgtest.NewDatabaseURL(t), 12
+	cfg.Logger, cfg.FetchWait = testLogger(t), 200*time.Millisecond
+	stack := startStack(ctx, t, cfg)
+	return &bundle{stack: stack, api: stack.URL(), ctx: ctx}
+}
+
+// startStack builds and starts a stack of cfg; at cleanup it stops, and
+// must stop cleanly.
+func startStack(ctx context.Context, t *testing.T, cfg devstack.Config) *devstack.Stack {
+	t.Helper()
+	stack, err := devstack.New(cfg)
 	require.NoError(t, err)
 	require.NoError(t, stack.Start(ctx))
 	t.Cleanup(func() {
@@ -62,7 +72,7 @@ func setup(t *testing.T, handlers map[string]worker.Handler) *bundle {
 		defer scancel()
 		require.NoError(t, stack.Stop(sctx))
 	})
-	return &bundle{stack: stack, api: stack.URL(), ctx: ctx}
+	return stack
 }
 
 // result is one CLI run.
@@ -104,13 +114,40 @@ func (b *bundle) okJSON(t *testing.T, v any, args ...string) {
 // fail publishes the failure of a job's attempt, as a worker would.
 func (b *bundle) fail(t *testing.T, id, jobType string, attempt int, class, msg string) {
 	t.Helper()
-	m, err := contract.NewLifecycleMsg("retryd/test", contract.Failed, contract.FailedData{
+	b.failed(t, contract.FailedData{
 		Kind: contract.KindJob, ID: id, Attempt: attempt, JobType: jobType,
 		Error: contract.ErrorInfo{Class: class, Message: msg},
-	}, time.Now())
+	})
+}
+
+// failed publishes a failure, as an owner (a worker) would.
+func (b *bundle) failed(t *testing.T, fd contract.FailedData) {
+	t.Helper()
+	m, err := contract.NewLifecycleMsg("retryd/test", contract.Failed, fd, time.Now())
+	b.publish(t, m, err)
+}
+
+// publish publishes m, a lifecycle message built with err, on the
+// stack's NATS.
+func (b *bundle) publish(t *testing.T, m *nats.Msg, err error) {
+	t.Helper()
 	require.NoError(t, err)
 	_, err = b.stack.JS.PublishMsg(b.ctx, m)
 	require.NoError(t, err)
+}
+
+// held publishes a hold, as an owner (ingress, triggers) would.
+func (b *bundle) held(t *testing.T, hd contract.HeldData) {
+	t.Helper()
+	m, err := contract.NewLifecycleMsg("retryd/test", contract.Held, hd, time.Now())
+	b.publish(t, m, err)
+}
+
+// released publishes the release of every hold under a key.
+func (b *bundle) released(t *testing.T, rd contract.ReleasedData) {
+	t.Helper()
+	m, err := contract.NewLifecycleMsg("retryd/test", contract.Released, rd, time.Now())
+	b.publish(t, m, err)
 }
 
 // postEvent sends a producer event to ingress.

@@ -67,17 +67,10 @@ func TestDevServesHTTPS(t *testing.T) {
 	cert := servetest.SelfSigned(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	t.Cleanup(cancel)
-	stack, err := devstack.New(devstack.Config{
+	stack := startStack(ctx, t, devstack.Config{
 		DataDir: t.TempDir(), HTTPAddr: "127.0.0.1:0", NATSPort: -1,
 		DatabaseURL: pgtest.NewDatabaseURL(t), Logger: testLogger(t),
 		TLS: serve.TLSConfig{CertFile: cert.CertFile, KeyFile: cert.KeyFile},
-	})
-	require.NoError(t, err)
-	require.NoError(t, stack.Start(ctx))
-	t.Cleanup(func() {
-		sctx, scancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer scancel()
-		require.NoError(t, stack.Stop(sctx))
 	})
 	require.True(t, strings.HasPrefix(stack.URL(), "https://"), stack.URL())
 

@@ -3,12 +3,10 @@ package harness
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"net/url"
 	"os"
 	"os/exec"
-	"os/user"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -18,13 +16,15 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/retryd/retryd/internal/freeaddr"
+	"github.com/retryd/retryd/migrations/pgcluster"
 )
 
 // Postgres is a Postgres cluster the suite controls: it can be stopped in
 // fast or immediate mode and started again on the same data directory and
 // port, and run under an environment of its own (LD_PRELOAD=libfaketime
 // for a skewed clock). pgcluster starts throwaway clusters but cannot
-// restart one, hence this.
+// restart one, hence this; it finds the binaries and the OS user to run
+// them as the way pgcluster does, with pgcluster's functions.
 //
 // Settings: fsync off (the suite kills processes, never the machine, so
 // the kernel keeps what was written), synchronous_commit on (a commit
@@ -45,7 +45,7 @@ type Postgres struct {
 // NewPostgres initialises a cluster in a new directory under dir (which
 // the postgres OS user must be able to enter) and returns it, stopped.
 func NewPostgres(ctx context.Context, dir string) (*Postgres, error) {
-	bin, err := postgresBinDir()
+	bin, err := pgcluster.FindBinDir("")
 	if err != nil {
 		return nil, err
 	}
@@ -54,7 +54,7 @@ func NewPostgres(ctx context.Context, dir string) (*Postgres, error) {
 		return nil, err
 	}
 	p := &Postgres{BinDir: bin, Port: port}
-	p.cred, err = postgresCredential()
+	p.cred, err = pgcluster.ServerCredential()
 	if err != nil {
 		return nil, err
 	}
@@ -146,12 +146,7 @@ func (p *Postgres) run(ctx context.Context, env []string, name string, args ...s
 	cmd := exec.CommandContext(ctx, filepath.Join(p.BinDir, name), args...)
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "PG") {
-			cmd.Env = append(cmd.Env, kv)
-		}
-	}
-	cmd.Env = append(cmd.Env, env...)
+	cmd.Env = append(pgcluster.ServerEnv(), env...)
 	cmd.Dir = p.dir
 	if p.cred != nil {
 		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: p.cred}
@@ -170,32 +165,4 @@ func (p *Postgres) chown(path string) error {
 		return fmt.Errorf("give %s to postgres: %w", path, err)
 	}
 	return nil
-}
-
-func postgresBinDir() (string, error) {
-	if initdb, err := exec.LookPath("initdb"); err == nil {
-		if real, err := filepath.EvalSymlinks(initdb); err == nil {
-			return filepath.Dir(real), nil
-		}
-	}
-	dirs, _ := filepath.Glob("/usr/lib/postgresql/*/bin")
-	for i := len(dirs) - 1; i >= 0; i-- {
-		if _, err := os.Stat(filepath.Join(dirs[i], "pg_ctl")); err == nil {
-			return dirs[i], nil
-		}
-	}
-	return "", errors.New("postgres binaries (initdb, pg_ctl) not found: apt-get install postgresql-15")
-}
-
-func postgresCredential() (*syscall.Credential, error) {
-	if os.Geteuid() != 0 {
-		return nil, nil
-	}
-	u, err := user.Lookup("postgres")
-	if err != nil {
-		return nil, fmt.Errorf("look up OS user postgres: %w", err)
-	}
-	uid, _ := strconv.ParseUint(u.Uid, 10, 32)
-	gid, _ := strconv.ParseUint(u.Gid, 10, 32)
-	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}, nil
 }

@@ -3,19 +3,14 @@ package auth_test
 import (
 	"context"
 	"encoding/json"
-	"io"
 	"net/http"
-	"net/http/httptest"
-	"strings"
 	"testing"
 	"time"
 
-	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
 
 	"github.com/retryd/retryd/internal/audit"
 	"github.com/retryd/retryd/internal/auth"
-	"github.com/retryd/retryd/internal/serve"
 	"github.com/retryd/retryd/migrations/pgtest"
 )
 
@@ -26,28 +21,9 @@ func TestAuditTrail(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool := pgtest.NewPool(t)
-	admin, err := auth.NewSecret()
-	require.NoError(t, err)
-	guard, store, err := auth.Config{Mode: auth.ModeTokens, AdminToken: admin}.Guard(ctx, pool, zerolog.Nop(), ":0")
-	require.NoError(t, err)
-	mux := serve.NewMux(nil, nil)
-	auth.NewAPI(store).Register(mux)
-	srv := httptest.NewServer(guard.Handler(mux))
-	t.Cleanup(srv.Close)
-
+	srv, admin := tokenServer(t, pool, auth.OIDCConfig{}, nil)
 	call := func(method, path, token, body string) (int, string) {
-		req, err := http.NewRequestWithContext(ctx, method, srv.URL+path, strings.NewReader(body))
-		require.NoError(t, err)
-		req.Header.Set("Authorization", "Bearer "+token)
-		if body != "" {
-			req.Header.Set("Content-Type", "application/json")
-		}
-		resp, err := srv.Client().Do(req)
-		require.NoError(t, err)
-		defer resp.Body.Close()
-		b, err := io.ReadAll(resp.Body)
-		require.NoError(t, err)
-		return resp.StatusCode, string(b)
+		return request(t, srv, method, path, token, body)
 	}
 	page := func(query, token string) audit.Page {
 		code, body := call("GET", "/v1/audit"+query, token, "")

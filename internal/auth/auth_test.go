@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -13,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
 
@@ -221,32 +223,12 @@ func TestFromEnv(t *testing.T) {
 // The token routes: admin only, the secret shown once, never listed.
 func TestTokenAPI(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	pool := pgtest.NewPool(t)
-	admin, err := auth.NewSecret()
-	require.NoError(t, err)
-	guard, store, err := auth.Config{Mode: auth.ModeTokens, AdminToken: admin}.Guard(ctx, pool, zerolog.Nop(), ":0")
-	require.NoError(t, err)
-	mux := serve.NewMux(nil, nil)
-	auth.NewAPI(store).Register(mux)
-	srv := httptest.NewServer(guard.Handler(mux))
-	t.Cleanup(srv.Close)
-
+	srv, admin := tokenServer(t, pgtest.NewPool(t), auth.OIDCConfig{}, nil)
 	call := func(method, path, token, body string) (int, map[string]any) {
-		req, err := http.NewRequestWithContext(ctx, method, srv.URL+path, strings.NewReader(body))
-		require.NoError(t, err)
-		if token != "" {
-			req.Header.Set("Authorization", "Bearer "+token)
-		}
-		if body != "" {
-			req.Header.Set("Content-Type", "application/json")
-		}
-		resp, err := srv.Client().Do(req)
-		require.NoError(t, err)
-		defer resp.Body.Close()
+		code, raw := request(t, srv, method, path, token, body)
 		var out map[string]any
-		_ = json.NewDecoder(resp.Body).Decode(&out)
-		return resp.StatusCode, out
+		_ = json.Unmarshal([]byte(raw), &out)
+		return code, out
 	}
 	code, _ := call("GET", "/v1/tokens", "", "")
 	require.Equal(t, http.StatusUnauthorized, code)
@@ -273,4 +255,45 @@ func TestTokenAPI(t *testing.T) {
 	require.NotNil(t, revoked["revoked_at"])
 	code, _ = call("DELETE", "/v1/tokens/nosuch", admin, "")
 	require.Equal(t, http.StatusNotFound, code)
+}
+
+// tokenServer serves the token API and the routes routes adds (when not
+// nil) behind the guard of auth.Config in tokens mode, with oc and a new
+// admin token, on pool. It returns the server, closed at cleanup, and
+// the admin token.
+func tokenServer(t *testing.T, pool *pgxpool.Pool, oc auth.OIDCConfig, routes func(*http.ServeMux)) (*httptest.Server, string) {
+	t.Helper()
+	admin, err := auth.NewSecret()
+	require.NoError(t, err)
+	guard, store, err := auth.Config{Mode: auth.ModeTokens, AdminToken: admin, OIDC: oc}.Guard(context.Background(), pool, zerolog.Nop(), ":0")
+	require.NoError(t, err)
+	mux := serve.NewMux(nil, nil)
+	auth.NewAPI(store).Register(mux)
+	if routes != nil {
+		routes(mux)
+	}
+	srv := httptest.NewServer(guard.Handler(mux))
+	t.Cleanup(srv.Close)
+	return srv, admin
+}
+
+// request sends a request to srv with token as its bearer token and body
+// as its JSON body (neither when empty), and returns the status and the
+// body of the answer.
+func request(t *testing.T, srv *httptest.Server, method, path, token, body string) (int, string) {
+	t.Helper()
+	req, err := http.NewRequestWithContext(context.Background(), method, srv.URL+path, strings.NewReader(body))
+	require.NoError(t, err)
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := srv.Client().Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return resp.StatusCode, string(raw)
 }

@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"crypto/rsa"
 	"encoding/json"
-	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -128,28 +127,13 @@ func signKid(t *testing.T, key *rsa.PrivateKey, kid string, claims map[string]an
 // operator route, an admin route (the token list) and whoami.
 func oidcServer(t *testing.T, iss *issuer, oc auth.OIDCConfig) (call func(method, path, token string) (int, string), admin string) {
 	t.Helper()
-	ctx := context.Background()
-	admin, err := auth.NewSecret()
-	require.NoError(t, err)
-	guard, store, err := auth.Config{Mode: auth.ModeTokens, AdminToken: admin, OIDC: oc}.Guard(ctx, pgtest.NewPool(t), zerolog.Nop(), ":0")
-	require.NoError(t, err)
-	mux := serve.NewMux(nil, nil)
-	auth.NewAPI(store).Register(mux)
-	mux.Handle("POST /v1/act", serve.Require(serve.RoleOperator, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		serve.WriteJSON(w, http.StatusOK, map[string]string{"by": serve.Actor(r)})
-	})))
-	srv := httptest.NewServer(guard.Handler(mux))
-	t.Cleanup(srv.Close)
+	srv, admin := tokenServer(t, pgtest.NewPool(t), oc, func(mux *http.ServeMux) {
+		mux.Handle("POST /v1/act", serve.Require(serve.RoleOperator, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			serve.WriteJSON(w, http.StatusOK, map[string]string{"by": serve.Actor(r)})
+		})))
+	})
 	return func(method, path, token string) (int, string) {
-		req, err := http.NewRequestWithContext(ctx, method, srv.URL+path, nil)
-		require.NoError(t, err)
-		req.Header.Set("Authorization", "Bearer "+token)
-		resp, err := srv.Client().Do(req)
-		require.NoError(t, err)
-		defer resp.Body.Close()
-		b, err := io.ReadAll(resp.Body)
-		require.NoError(t, err)
-		return resp.StatusCode, string(b)
+		return request(t, srv, method, path, token, "")
 	}, admin
 }
 

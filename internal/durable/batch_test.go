@@ -177,18 +177,7 @@ func TestBatchHandlerErrorSemantics(t *testing.T) {
 	var seen calls
 	b.start(t, b.config(), batchSpec("errs", 1, func(_ context.Context, msgs []jetstream.Msg) error {
 		id := string(msgs[0].Data())
-		n := seen.add(id)
-		switch {
-		case id == "bad":
-			return fmt.Errorf("decode: %w", contract.ErrInvalid)
-		case id == "rejected":
-			return durable.Reject(errors.New("type not allowed"))
-		case id == "flaky" && n < 3:
-			return errors.New("database away")
-		case id == "early" && n < 3:
-			return durable.NakAfter(10 * time.Millisecond)
-		}
-		return nil
+		return errorFor(id, seen.add(id))
 	}))
 	b.settled(t, "errs")
 	require.Equal(t, 1, seen.get("ok"))

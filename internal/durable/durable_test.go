@@ -109,6 +109,28 @@ func (c *calls) get(id string) int {
 	return c.n[id]
 }
 
+// errorFor is what the handlers of the settling tests, single and batch,
+// return for message id on its nth delivery: bad, huge and rejected fail
+// every time (they are terminated), flaky and early twice, abandoned
+// once; anything else works. Both modes must settle each alike.
+func errorFor(id string, n int) error {
+	switch {
+	case id == "bad":
+		return fmt.Errorf("decode: %w", contract.ErrInvalid)
+	case id == "huge":
+		return fmt.Errorf("decode: %w", contract.ErrTooLarge)
+	case id == "rejected":
+		return durable.Reject(errors.New("type not allowed"))
+	case id == "flaky" && n < 3:
+		return errors.New("database away")
+	case id == "abandoned" && n == 1:
+		return fmt.Errorf("failpoint: %w", durable.ErrAbandon)
+	case id == "early" && n < 3:
+		return durable.NakAfter(10 * time.Millisecond)
+	}
+	return nil
+}
+
 // The handler's error settles the message: ack, term (counted as
 // malformed or not), nak for a later delivery, or nothing (abandoned).
 func TestHandlerErrorSettlesTheMessage(t *testing.T) {
@@ -117,22 +139,7 @@ func TestHandlerErrorSettlesTheMessage(t *testing.T) {
 	var seen calls
 	b.start(t, b.config(), spec("settle", func(_ context.Context, msg jetstream.Msg) error {
 		id := string(msg.Data())
-		n := seen.add(id)
-		switch {
-		case id == "bad":
-			return fmt.Errorf("decode: %w", contract.ErrInvalid)
-		case id == "huge":
-			return fmt.Errorf("decode: %w", contract.ErrTooLarge)
-		case id == "rejected":
-			return durable.Reject(errors.New("type not allowed"))
-		case id == "flaky" && n < 3:
-			return errors.New("database away")
-		case id == "abandoned" && n == 1:
-			return fmt.Errorf("failpoint: %w", durable.ErrAbandon)
-		case id == "early" && n < 3:
-			return durable.NakAfter(10 * time.Millisecond)
-		}
-		return nil
+		return errorFor(id, seen.add(id))
 	}))
 	for _, id := range []string{"ok", "bad", "huge", "rejected", "flaky", "abandoned", "early"} {
 		b.publish(t, "jobs.settle", id)

@@ -39,6 +39,28 @@ func TestRunServerEnsureStreamsPublish(t *testing.T) {
 	require.True(t, nc.IsConnected())
 }
 
+// Messages reads what a filter matches, in order, and nothing when it
+// matches nothing.
+func TestMessages(t *testing.T) {
+	t.Parallel()
+	_, js := natstest.Connect(t, natstest.RunServer(t))
+	natstest.EnsureStreams(t, js)
+	ctx := context.Background()
+	for i, typ := range []string{"email", "sms", "email"} {
+		msg := nats.NewMsg(contract.JobSubject(typ))
+		msg.Data = []byte{byte('a' + i)}
+		_, err := js.PublishMsg(ctx, msg)
+		require.NoError(t, err)
+	}
+	var got []string
+	for _, m := range natstest.Messages(t, ctx, js, contract.StreamJobs, contract.JobSubject("email")) {
+		got = append(got, string(m.Data()))
+	}
+	require.Equal(t, []string{"a", "c"}, got)
+	require.Len(t, natstest.Messages(t, ctx, js, contract.StreamJobs, ">"), 3)
+	require.Empty(t, natstest.Messages(t, ctx, js, contract.StreamJobs, contract.JobSubject("push")))
+}
+
 func TestServersAreIsolated(t *testing.T) {
 	t.Parallel()
 	a := natstest.RunServer(t)

@@ -19,9 +19,11 @@ var ErrNoPostgres = errors.New("PostgreSQL server binaries (initdb, pg_ctl) not 
 // version; the server binaries are not in PATH there.
 const debianRoot = "/usr/lib/postgresql"
 
-// findBinDir returns the directory holding initdb and pg_ctl: dir if set,
+// FindBinDir returns the directory holding initdb and pg_ctl: dir if set,
 // else the one found in PATH, else the newest /usr/lib/postgresql/<major>/bin.
-func findBinDir(dir string) (string, error) {
+// Start uses it for Options.BinDir; the fault suite, which runs a server
+// it stops and restarts itself, for its own.
+func FindBinDir(dir string) (string, error) {
 	if dir != "" {
 		if !hasBinaries(dir) {
 			return "", fmt.Errorf("find postgres binaries in %s: %w", dir, ErrNoPostgres)

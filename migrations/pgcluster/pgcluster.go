@@ -75,11 +75,11 @@ type Cluster struct {
 // waits until it accepts connections. It returns ErrNoPostgres when the
 // binaries are not installed.
 func Start(ctx context.Context, opts Options) (*Cluster, error) {
-	binDir, err := findBinDir(opts.BinDir)
+	binDir, err := FindBinDir(opts.BinDir)
 	if err != nil {
 		return nil, err
 	}
-	cred, err := serverCredential()
+	cred, err := ServerCredential()
 	if err != nil {
 		return nil, err
 	}
@@ -351,7 +351,7 @@ func (c *Cluster) run(ctx context.Context, name string, args ...string) error {
 	var out bytes.Buffer
 	cmd.Stdout = io.MultiWriter(&out, c.log)
 	cmd.Stderr = cmd.Stdout
-	cmd.Env = serverEnv()
+	cmd.Env = ServerEnv()
 	// The server user may not be allowed into the caller's directory.
 	cmd.Dir = c.dataDir
 	if c.tempDir != "" {
@@ -379,9 +379,10 @@ func (c *Cluster) chown(path string) error {
 	return nil
 }
 
-// serverCredential is the postgres OS user when running as root (initdb
-// and postgres refuse to run as root), nil otherwise.
-func serverCredential() (*syscall.Credential, error) {
+// ServerCredential is the postgres OS user when running as root (initdb
+// and postgres refuse to run as root), nil otherwise: the user to run the
+// server's programs as.
+func ServerCredential() (*syscall.Credential, error) {
 	if os.Geteuid() != 0 {
 		return nil, nil
 	}
@@ -400,9 +401,10 @@ func serverCredential() (*syscall.Credential, error) {
 	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}, nil
 }
 
-// serverEnv drops the caller's PG* variables: PGDATA, PGPORT and friends
-// would otherwise change what pg_ctl and postgres do.
-func serverEnv() []string {
+// ServerEnv is the environment to run the server's programs in: the
+// caller's without its PG* variables, as PGDATA, PGPORT and friends would
+// otherwise change what pg_ctl and postgres do.
+func ServerEnv() []string {
 	var env []string
 	for _, kv := range os.Environ() {
 		if !strings.HasPrefix(kv, "PG") {

@@ -255,27 +255,11 @@ func (b *bundle) putSource(t *testing.T, source string, body map[string]any) ing
 // counter reads a counter of the bundle's registry by name and labels.
 func (b *bundle) counter(t *testing.T, name string, labels map[string]string) float64 {
 	t.Helper()
-	mfs, err := b.reg.Gather()
-	require.NoError(t, err)
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-	next:
-		for _, m := range mf.GetMetric() {
-			have := map[string]string{}
-			for _, lp := range m.GetLabel() {
-				have[lp.GetName()] = lp.GetValue()
-			}
-			for k, v := range labels {
-				if have[k] != v {
-					continue next
-				}
-			}
-			return m.GetCounter().GetValue()
-		}
+	var pairs []string
+	for k, v := range labels {
+		pairs = append(pairs, k, v)
 	}
-	return 0
+	return servicetest.Metric(t, b.reg, name, pairs...)
 }
 
 // drained waits until a consumer of ingress has handled every message.

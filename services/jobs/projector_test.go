@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/retryd/retryd/internal/natstest"
+	"github.com/retryd/retryd/internal/servicetest"
 	"github.com/retryd/retryd/migrations/pgtest"
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/projections/jobstore"
@@ -119,25 +120,11 @@ func (b *bundle) eventually(t *testing.T, id string, cond func(jobstore.Job) boo
 	return last
 }
 
-func metric(t *testing.T, reg *prometheus.Registry, name string, labels ...string) float64 {
+// metric sums the series of a metric whose labels include the given
+// name, value pairs.
+func metric(t *testing.T, reg prometheus.Gatherer, name string, labels ...string) float64 {
 	t.Helper()
-	families, err := reg.Gather()
-	require.NoError(t, err)
-	for _, f := range families {
-		if f.GetName() != name {
-			continue
-		}
-		for _, m := range f.GetMetric() {
-			match := len(m.GetLabel()) == len(labels)
-			for i := 0; match && i < len(labels); i++ {
-				match = m.GetLabel()[i].GetValue() == labels[i]
-			}
-			if match {
-				return m.GetCounter().GetValue()
-			}
-		}
-	}
-	return 0
+	return servicetest.Metric(t, reg, name, labels...)
 }
 
 // publishLife publishes the life of a job that failed with a timeout once
@@ -180,7 +167,7 @@ func TestProjectorFoldsBothStreams(t *testing.T) {
 func (b *bundle) waitApplied(t *testing.T, reg *prometheus.Registry, jobs, lifecycle float64) {
 	t.Helper()
 	require.Eventually(t, func() bool {
-		return metric(t, reg, "retryd_jobs_applied_total", "JOBS") == jobs && metric(t, reg, "retryd_jobs_applied_total", "RETRIES") == lifecycle
+		return metric(t, reg, "retryd_jobs_applied_total", "stream", "JOBS") == jobs && metric(t, reg, "retryd_jobs_applied_total", "stream", "RETRIES") == lifecycle
 	}, wait, 10*time.Millisecond)
 }
 
@@ -202,9 +189,9 @@ func TestProjectorReplayIsAbsorbedByTheInbox(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	b.startProjector(t, jobs.ProjectorConfig{Registerer: reg})
 	require.Eventually(t, func() bool {
-		return metric(t, reg, "retryd_jobs_duplicates_total", "JOBS") == 2 && metric(t, reg, "retryd_jobs_duplicates_total", "RETRIES") == 3
+		return metric(t, reg, "retryd_jobs_duplicates_total", "stream", "JOBS") == 2 && metric(t, reg, "retryd_jobs_duplicates_total", "stream", "RETRIES") == 3
 	}, wait, 10*time.Millisecond)
-	require.Zero(t, metric(t, reg, "retryd_jobs_applied_total", "JOBS"))
+	require.Zero(t, metric(t, reg, "retryd_jobs_applied_total", "stream", "JOBS"))
 	after := b.job(t, "j1")
 	require.Equal(t, before, after, "a replay changes nothing, not even updated_at")
 }
@@ -236,7 +223,7 @@ func TestProjectorCrashAfterCommitLosesNothing(t *testing.T) {
 			return info.NumAckPending == 0 && info.NumPending == 0
 		}, wait, 20*time.Millisecond, stream)
 	}
-	require.Positive(t, metric(t, reg, "retryd_jobs_duplicates_total", "JOBS")+metric(t, reg, "retryd_jobs_duplicates_total", "RETRIES"),
+	require.Positive(t, metric(t, reg, "retryd_jobs_duplicates_total", "stream", "JOBS")+metric(t, reg, "retryd_jobs_duplicates_total", "stream", "RETRIES"),
 		"the redelivered batch must have been recognised by the inbox")
 }
 
@@ -258,7 +245,7 @@ func TestProjectorTerminatesMalformedMessages(t *testing.T) {
 	b.publishJob(t, contract.JobData{ID: "good", JobType: "email", Attempt: 1}, time.Now())
 	b.eventually(t, "good", func(j jobstore.Job) bool { return j.Status == jobstore.StatusInProgress }, "good job not applied")
 	require.Eventually(t, func() bool {
-		return metric(t, b.reg, "retryd_jobs_malformed_total", "JOBS") == 2 && metric(t, b.reg, "retryd_jobs_malformed_total", "RETRIES") == 2
+		return metric(t, b.reg, "retryd_jobs_malformed_total", "consumer", "JOBS") == 2 && metric(t, b.reg, "retryd_jobs_malformed_total", "consumer", "RETRIES") == 2
 	}, wait, 10*time.Millisecond)
 	var n int
 	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM jobs`).Scan(&n))
@@ -304,7 +291,7 @@ func TestProjectorAppliesUnstorableValues(t *testing.T) {
 	require.Equal(t, "smtp down", j.LastErrorMessage)
 	require.Equal(t, "se\uFFFDnd", j.CurrentStep)
 	b.eventually(t, "big", func(j jobstore.Job) bool { return j.Status == jobstore.StatusRetrying }, "decision applied")
-	require.Eventually(t, func() bool { return metric(t, b.reg, "retryd_jobs_malformed_total", "RETRIES") == 2 }, wait, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return metric(t, b.reg, "retryd_jobs_malformed_total", "consumer", "RETRIES") == 2 }, wait, 10*time.Millisecond)
 	var n int
 	require.NoError(t, b.pool.QueryRow(b.ctx, "SELECT count(*) FROM jobs WHERE job_id IN ('nulmsg', 'why')").Scan(&n))
 	require.Zero(t, n, "malformed facts change nothing")
@@ -333,7 +320,7 @@ CREATE TRIGGER refuse_poison BEFORE INSERT OR UPDATE ON jobs FOR EACH ROW EXECUT
 	b.startProjector(t, jobs.ProjectorConfig{})
 	b.eventually(t, "after", func(j jobstore.Job) bool { return j.Status == jobstore.StatusCompleted }, "after applied")
 	b.eventually(t, "before", func(j jobstore.Job) bool { return j.Status == jobstore.StatusCompleted }, "before applied")
-	require.Eventually(t, func() bool { return metric(t, b.reg, "retryd_jobs_malformed_total", "RETRIES") == 1 }, wait, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return metric(t, b.reg, "retryd_jobs_malformed_total", "consumer", "RETRIES") == 1 }, wait, 10*time.Millisecond)
 	require.Eventually(t, func() bool {
 		c, err := b.js.Consumer(b.ctx, contract.StreamRetries, jobs.ProjectionDurable)
 		require.NoError(t, err)
@@ -377,7 +364,7 @@ func TestProjectorRecreatesDeletedConsumers(t *testing.T) {
 	ci, err := info.Info(b.ctx)
 	require.NoError(t, err)
 	require.Equal(t, ci.Delivered.Stream, ci.Delivered.Consumer, "replayed from the first message")
-	require.EqualValues(t, 2, metric(t, b.reg, "retryd_jobs_applied_total", "RETRIES"), "before and after, each applied once")
+	require.EqualValues(t, 2, metric(t, b.reg, "retryd_jobs_applied_total", "stream", "RETRIES"), "before and after, each applied once")
 }
 
 // The projection prunes its own old inbox claims at start and keeps
@@ -437,6 +424,6 @@ func TestProjectorBatchesOfBothStreamsNeverDeadlock(t *testing.T) {
 		assert.Equal(c, groups*perGroup, done)
 	}, wait, 20*time.Millisecond)
 	for _, stream := range []string{contract.StreamJobs, contract.StreamRetries} {
-		require.Zero(t, metric(t, b.reg, "retryd_jobs_apply_errors_total", stream), "batches of %s handed back (deadlocks)", stream)
+		require.Zero(t, metric(t, b.reg, "retryd_jobs_apply_errors_total", "stream", stream), "batches of %s handed back (deadlocks)", stream)
 	}
 }

@@ -73,11 +73,7 @@ func TestCrashBetweenCommitAndPublish(t *testing.T) {
 		b.publish(t, contract.Failed, failed("crash", fmt.Sprintf("c%d", i), 1, "timeout"))
 	}
 	<-crashed
-	require.Eventually(t, func() bool {
-		page, err := retrystore.List(b.ctx, b.pool, retrystore.ListFilter{Kind: "crash"})
-		require.NoError(t, err)
-		return len(page.Retries) == n
-	}, waitFor, 10*time.Millisecond)
+	b.waitRetries(t, retrystore.ListFilter{Kind: "crash"}, n)
 	stopCtx, cancel := context.WithTimeout(b.ctx, 20*time.Second)
 	defer cancel()
 	require.NoError(t, a.Stop(stopCtx))
@@ -138,11 +134,7 @@ func TestCrashBetweenDuePublishAndCommit(t *testing.T) {
 	}
 	require.Equal(t, float64(n), metric(t, c.reg, "retryd_scheduler_due_duplicates_total", "kind", "dcrash"))
 	require.Zero(t, metric(t, c.reg, "retryd_scheduler_due_total", "kind", "dcrash"))
-	dues := msgIDs(b.streamMsgs(t, "retry.dcrash.due.*"))
-	require.Len(t, dues, n)
-	for id, count := range dues {
-		require.Equal(t, 1, count, id)
-	}
+	requireEachOnce(t, b.streamMsgs(t, "retry.dcrash.due.*"), n)
 }
 
 // Two schedulers over one database: every due event is emitted once.
@@ -158,18 +150,10 @@ func TestTwoSchedulersEmitEachDueOnce(t *testing.T) {
 	for i := range n {
 		b.publish(t, contract.Failed, failed("two", fmt.Sprintf("t%d", i), 1, "timeout"))
 	}
-	require.Eventually(t, func() bool {
-		page, err := retrystore.List(b.ctx, b.pool, retrystore.ListFilter{Kind: "two", State: retrystore.StateDue, Limit: n})
-		require.NoError(t, err)
-		return len(page.Retries) == n
-	}, waitFor, 20*time.Millisecond)
+	b.waitRetries(t, retrystore.ListFilter{Kind: "two", State: retrystore.StateDue, Limit: n}, n)
 
 	stored := b.streamMsgs(t, "retry.two.due.*")
-	ids := msgIDs(stored)
-	require.Len(t, ids, n)
-	for id, count := range ids {
-		require.Equal(t, 1, count, id)
-	}
+	requireEachOnce(t, stored, n)
 	emitted := metric(t, x.reg, "retryd_scheduler_due_total", "kind", "two") + metric(t, y.reg, "retryd_scheduler_due_total", "kind", "two")
 	require.Equal(t, float64(n), emitted)
 	absorbed := metric(t, x.reg, "retryd_scheduler_due_duplicates_total") + metric(t, y.reg, "retryd_scheduler_due_duplicates_total")

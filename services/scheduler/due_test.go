@@ -86,16 +86,8 @@ func TestBurstWithTiesEmitsEachOnce(t *testing.T) {
 	small := func(c *scheduler.Config) { c.BatchSize = 7; c.Emitters = 4 }
 	x := b.start(t, small)
 	y := b.start(t, small)
-	require.Eventually(t, func() bool {
-		page, err := retrystore.List(b.ctx, b.pool, retrystore.ListFilter{Kind: "ties", State: retrystore.StateDue, Limit: n})
-		require.NoError(t, err)
-		return len(page.Retries) == n
-	}, waitFor, 10*time.Millisecond)
-	ids := msgIDs(b.streamMsgs(t, "retry.ties.due.*"))
-	require.Len(t, ids, n)
-	for id, count := range ids {
-		require.Equal(t, 1, count, id)
-	}
+	b.waitRetries(t, retrystore.ListFilter{Kind: "ties", State: retrystore.StateDue, Limit: n}, n)
+	requireEachOnce(t, b.streamMsgs(t, "retry.ties.due.*"), n)
 	emitted := metric(t, x.reg, "retryd_scheduler_due_total", "kind", "ties") + metric(t, y.reg, "retryd_scheduler_due_total", "kind", "ties")
 	require.Equal(t, float64(n), emitted, "each row was claimed by one batch")
 	for i := range n {

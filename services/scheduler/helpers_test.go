@@ -2,8 +2,6 @@ package scheduler_test
 
 import (
 	"context"
-	"io"
-	"os"
 	"strconv"
 	"testing"
 	"time"
@@ -13,7 +11,6 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
 
 	"github.com/retryd/retryd/internal/natstest"
@@ -50,13 +47,6 @@ func setup(t *testing.T) *bundle {
 	return &bundle{ctx: ctx, pool: pgtest.NewPool(t), srv: srv, nc: nc, js: js}
 }
 
-func testLogger() zerolog.Logger {
-	if os.Getenv("SCHEDULER_TEST_LOG") != "" {
-		return zerolog.New(zerolog.ConsoleWriter{Out: os.Stderr}).With().Timestamp().Logger()
-	}
-	return zerolog.New(io.Discard)
-}
-
 // instance is a started scheduler and its metrics registry.
 type instance struct {
 	*scheduler.Scheduler
@@ -69,7 +59,7 @@ func (b *bundle) start(t *testing.T, mods ...func(*scheduler.Config)) instance {
 	t.Helper()
 	reg := prometheus.NewRegistry()
 	cfg := scheduler.Config{
-		Pool: b.pool, JS: b.js, Logger: testLogger(), Registerer: reg,
+		Pool: b.pool, JS: b.js, Logger: servicetest.Logger(t), Registerer: reg,
 		MaxIdle: 200 * time.Millisecond, AckWait: 2 * time.Second, MetricsInterval: 100 * time.Millisecond,
 		Streams: streams.Options{Storage: jetstream.MemoryStorage},
 	}
@@ -184,21 +174,7 @@ func events(h []retrystore.HistoryEntry) []string {
 // streamMsgs reads every message of RETRIES matching filter.
 func (b *bundle) streamMsgs(t *testing.T, filter string) []jetstream.Msg {
 	t.Helper()
-	cons, err := b.js.OrderedConsumer(b.ctx, contract.StreamRetries, jetstream.OrderedConsumerConfig{FilterSubjects: []string{filter}})
-	require.NoError(t, err)
-	var out []jetstream.Msg
-	for {
-		batch, err := cons.FetchNoWait(1000)
-		require.NoError(t, err)
-		n := 0
-		for m := range batch.Messages() {
-			out = append(out, m)
-			n++
-		}
-		if n == 0 {
-			return out
-		}
-	}
+	return natstest.Messages(t, b.ctx, b.js, contract.StreamRetries, filter)
 }
 
 // metric sums the series of a metric whose labels include the given
@@ -215,6 +191,27 @@ func msgIDs(msgs []jetstream.Msg) map[string]int {
 		out[m.Headers().Get(contract.HeaderMsgID)]++
 	}
 	return out
+}
+
+// requireEachOnce checks that msgs hold n distinct Nats-Msg-Ids, each
+// stored once: n messages, none emitted twice.
+func requireEachOnce(t *testing.T, msgs []jetstream.Msg, n int) {
+	t.Helper()
+	ids := msgIDs(msgs)
+	require.Len(t, ids, n)
+	for id, count := range ids {
+		require.Equal(t, 1, count, id)
+	}
+}
+
+// waitRetries polls the store until it lists n retries matching f.
+func (b *bundle) waitRetries(t *testing.T, f retrystore.ListFilter, n int) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		page, err := retrystore.List(b.ctx, b.pool, f)
+		require.NoError(t, err)
+		return len(page.Retries) == n
+	}, waitFor, 10*time.Millisecond, "%d retries of %+v", n, f)
 }
 
 func decodeDue(t *testing.T, m jetstream.Msg) contract.DueData {

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/retryd/retryd/internal/servicetest"
 	"github.com/retryd/retryd/migrations/pgtest"
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/projections/retrystore"
@@ -118,11 +119,11 @@ func TestRebuildEqualsOriginal(t *testing.T) {
 	require.Equal(t, []string{"worker-1", "", "", "worker-ok"}, executors(b.history(t, "rb", "s00")))
 	require.Equal(t, "Ingress 0", b.history(t, "rb-slow", "th")[0].Executor, "a legacy hold keeps its executor")
 
-	_, err = scheduler.Rebuild(b.ctx, b.js, b.pool, testLogger())
+	_, err = scheduler.Rebuild(b.ctx, b.js, b.pool, servicetest.Logger(t))
 	require.ErrorIs(t, err, scheduler.ErrNotEmpty)
 
 	fresh := pgtest.NewPool(t)
-	stats, err := scheduler.Rebuild(b.ctx, b.js, fresh, testLogger())
+	stats, err := scheduler.Rebuild(b.ctx, b.js, fresh, servicetest.Logger(t))
 	require.NoError(t, err)
 	require.Zero(t, stats.Decided)
 	require.Zero(t, stats.Malformed)
@@ -154,7 +155,7 @@ func TestRebuildDecidesMissingDecisions(t *testing.T) {
 	b.publish(t, contract.Failed, failed("event", "lost", 1, "timeout"))
 	b.publish(t, contract.Failed, failed("event", "lost-nr", 1, "authentication"))
 
-	stats, err := scheduler.Rebuild(b.ctx, b.js, b.pool, testLogger())
+	stats, err := scheduler.Rebuild(b.ctx, b.js, b.pool, servicetest.Logger(t))
 	require.NoError(t, err)
 	require.Equal(t, 2, stats.Decided)
 	row, err := retrystore.Get(b.ctx, b.pool, "event", "lost")
@@ -216,7 +217,7 @@ func TestRebuildOperatorActionOvertakingAFailure(t *testing.T) {
 	require.NoError(t, err)
 	schedMsg(contract.Rescheduled, "manual", 3, contract.DecidedByManual, 2)
 
-	stats, err := scheduler.Rebuild(b.ctx, b.js, b.pool, testLogger())
+	stats, err := scheduler.Rebuild(b.ctx, b.js, b.pool, servicetest.Logger(t))
 	require.NoError(t, err)
 	require.Zero(t, stats.Decided)
 	require.Equal(t, 2, stats.Stale)

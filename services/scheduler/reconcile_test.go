@@ -77,11 +77,7 @@ func TestPurgedStreamPendingStillComeDue(t *testing.T) {
 		defer mu.Unlock()
 		return len(seen) == n
 	}, waitFor, 20*time.Millisecond)
-	ids := msgIDs(b.streamMsgs(t, "retry.bulk.due.*"))
-	require.Len(t, ids, n)
-	for id, c := range ids {
-		require.Equal(t, 1, c, id)
-	}
+	requireEachOnce(t, b.streamMsgs(t, "retry.bulk.due.*"), n)
 }
 
 // A deleted consumer and a deleted stream are recreated by reconciliation;

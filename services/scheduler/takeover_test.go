@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/retryd/retryd/internal/natstest"
+	"github.com/retryd/retryd/internal/servicetest"
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/projections/retrystore"
 	"github.com/retryd/retryd/services/scheduler"
@@ -27,7 +28,7 @@ func TestKilledInstanceDoesNotBlindTheNext(t *testing.T) {
 	ncA, jsA := natstest.Connect(t, b.srv)
 	killed := make(chan struct{})
 	a, err := scheduler.New(scheduler.Config{
-		Pool: b.pool, JS: jsA, Logger: testLogger(), AckWait: time.Minute,
+		Pool: b.pool, JS: jsA, Logger: servicetest.Logger(t), AckWait: time.Minute,
 		Failpoint: failAt(scheduler.FailpointPolicyCommitted, func(ctx context.Context) error {
 			select { // the process hangs here until it is killed
 			case <-killed:

@@ -141,24 +141,7 @@ func (b *bundle) republish(t *testing.T, msg *nats.Msg) {
 // streamMsgs reads every message of stream matching filter.
 func (b *bundle) streamMsgs(t *testing.T, stream, filter string) []jetstream.Msg {
 	t.Helper()
-	cons, err := b.js.OrderedConsumer(b.ctx, stream, jetstream.OrderedConsumerConfig{FilterSubjects: []string{filter}})
-	require.NoError(t, err)
-	info, err := cons.Info(b.ctx)
-	require.NoError(t, err)
-	pending := int(info.NumPending)
-	var out []jetstream.Msg
-	for len(out) < pending {
-		batch, err := cons.Fetch(pending-len(out), jetstream.FetchMaxWait(2*time.Second))
-		require.NoError(t, err)
-		n := 0
-		for m := range batch.Messages() {
-			out = append(out, m)
-			n++
-		}
-		require.NoError(t, batch.Error())
-		require.Positive(t, n, "fetch from %s returned nothing", stream)
-	}
-	return out
+	return natstest.Messages(t, b.ctx, b.js, stream, filter)
 }
 
 // requestedRuns counts the run requests in RUNS per run id.

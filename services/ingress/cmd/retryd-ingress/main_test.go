@@ -19,6 +19,43 @@ import (
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
 
+// adminToken is the bootstrap admin token the tests start the binary with.
+const adminToken = "rtd_test-admin-token-0123456789abcdef0123456789"
+
+// startRun runs the binary (run) in the background until the test ends
+// and waits until it reports its listeners ready: the intake's address
+// and the operator API's. stop ends it as SIGTERM does and requires a
+// graceful stop, with no error (exit 0).
+func startRun(t *testing.T) (intake, operator string, stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	type addrPair struct{ intake, operator string }
+	addrs := make(chan addrPair, 1)
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, zerolog.Nop(), func(intake, operator string) { addrs <- addrPair{intake, operator} })
+	}()
+	select {
+	case a := <-addrs:
+		intake, operator = a.intake, a.operator
+	case err := <-done:
+		t.Fatalf("run ended before ready: %v", err)
+	case <-time.After(time.Minute):
+		t.Fatal("not ready within a minute")
+	}
+	return intake, operator, func() {
+		t.Helper()
+		cancel()
+		select {
+		case err := <-done:
+			require.NoError(t, err, "a graceful stop exits 0")
+		case <-time.After(time.Minute):
+			t.Fatal("no stop within a minute")
+		}
+	}
+}
+
 // The binary's life: configured from the environment, ready, serving, and
 // on cancellation (the signal) stopping cleanly with no error (exit 0).
 // Not parallel: it sets environment variables.
@@ -28,23 +65,10 @@ func TestRunServesAndStopsGracefully(t *testing.T) {
 	t.Setenv("NATS_URL", srv.ClientURL())
 	t.Setenv("RETRYD_HTTP_ADDR", "127.0.0.1:0")
 	t.Setenv("RETRYD_INGRESS_ACK_WAIT", "2s")
-	const admin = "rtd_test-admin-token-0123456789abcdef0123456789"
-	t.Setenv("RETRYD_ADMIN_TOKEN", admin)
+	t.Setenv("RETRYD_ADMIN_TOKEN", adminToken)
 
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	addrs := make(chan string, 1)
-	done := make(chan error, 1)
-	go func() { done <- run(ctx, zerolog.Nop(), func(addr, _ string) { addrs <- addr }) }()
-	var base string
-	select {
-	case addr := <-addrs:
-		base = "http://" + addr
-	case err := <-done:
-		t.Fatalf("run ended before ready: %v", err)
-	case <-time.After(time.Minute):
-		t.Fatal("not ready within a minute")
-	}
+	addr, _, stop := startRun(t)
+	base := "http://" + addr
 
 	do := func(method, path, token, body string) *http.Response {
 		req, err := http.NewRequest(method, base+path, strings.NewReader(body))
@@ -58,7 +82,7 @@ func TestRunServesAndStopsGracefully(t *testing.T) {
 		return resp
 	}
 	get := func(path string) (int, string) {
-		resp := do(http.MethodGet, path, admin, "")
+		resp := do(http.MethodGet, path, adminToken, "")
 		defer resp.Body.Close()
 		b, err := io.ReadAll(resp.Body)
 		require.NoError(t, err)
@@ -73,7 +97,7 @@ func TestRunServesAndStopsGracefully(t *testing.T) {
 	resp := do(http.MethodPost, "/v1/events", "", event)
 	resp.Body.Close()
 	require.Equal(t, http.StatusUnauthorized, resp.StatusCode, "tokens are on by default")
-	resp = do(http.MethodPost, "/v1/events", admin, event)
+	resp = do(http.MethodPost, "/v1/events", adminToken, event)
 	resp.Body.Close()
 	require.Equal(t, http.StatusAccepted, resp.StatusCode)
 	require.Eventually(t, func() bool {
@@ -84,13 +108,7 @@ func TestRunServesAndStopsGracefully(t *testing.T) {
 	require.Contains(t, metrics, `retryd_ingress_intake_total{result="accepted",source="billing"} 1`)
 	require.Contains(t, metrics, "go_goroutines")
 
-	cancel()
-	select {
-	case err := <-done:
-		require.NoError(t, err, "a graceful stop exits 0")
-	case <-time.After(time.Minute):
-		t.Fatal("no stop within a minute")
-	}
+	stop()
 }
 
 func TestRunRejectsBadEnvironment(t *testing.T) {
@@ -123,32 +141,16 @@ func TestRunSeparateOperatorListener(t *testing.T) {
 	t.Setenv("RETRYD_OPERATOR_ADDR", "127.0.0.1:0")
 	t.Setenv("RETRYD_HTTP_TLS_CERT", cert.CertFile)
 	t.Setenv("RETRYD_HTTP_TLS_KEY", cert.KeyFile)
-	const admin = "rtd_test-admin-token-0123456789abcdef0123456789"
-	t.Setenv("RETRYD_ADMIN_TOKEN", admin)
+	t.Setenv("RETRYD_ADMIN_TOKEN", adminToken)
 
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	type addrPair struct{ intake, operator string }
-	addrs := make(chan addrPair, 1)
-	done := make(chan error, 1)
-	go func() {
-		done <- run(ctx, zerolog.Nop(), func(intake, operator string) { addrs <- addrPair{intake, operator} })
-	}()
-	var a addrPair
-	select {
-	case a = <-addrs:
-	case err := <-done:
-		t.Fatalf("run ended before ready: %v", err)
-	case <-time.After(time.Minute):
-		t.Fatal("not ready within a minute")
-	}
-	require.NotEqual(t, a.intake, a.operator)
+	intake, operator, stop := startRun(t)
+	require.NotEqual(t, intake, operator)
 	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: cert.Pool}}}
 	status := func(addr, method, path, body string) int {
 		req, err := http.NewRequest(method, "https://"+addr+path, strings.NewReader(body))
 		require.NoError(t, err)
 		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set("Authorization", "Bearer "+admin)
+		req.Header.Set("Authorization", "Bearer "+adminToken)
 		resp, err := client.Do(req)
 		require.NoError(t, err)
 		_ = resp.Body.Close()
@@ -156,19 +158,19 @@ func TestRunSeparateOperatorListener(t *testing.T) {
 	}
 	event := `{"id":"split-1","source":"billing","type":"invoice.paid"}`
 	batch := `{"events":[{"id":"split-2","source":"billing","type":"invoice.paid"}]}`
-	for _, addr := range []string{a.intake, a.operator} {
+	for _, addr := range []string{intake, operator} {
 		require.Equal(t, http.StatusOK, status(addr, http.MethodGet, "/healthz", ""), addr)
 		require.Equal(t, http.StatusOK, status(addr, http.MethodGet, "/readyz", ""), addr)
 	}
 	// Intake on the intake listener only.
-	require.Equal(t, http.StatusAccepted, status(a.intake, http.MethodPost, "/v1/events", event))
-	require.Equal(t, http.StatusAccepted, status(a.intake, http.MethodPost, "/v1/events:batch", batch))
-	require.Equal(t, http.StatusNotFound, status(a.operator, http.MethodPost, "/v1/events", event))
-	require.Equal(t, http.StatusNotFound, status(a.operator, http.MethodPost, "/v1/events:batch", batch))
+	require.Equal(t, http.StatusAccepted, status(intake, http.MethodPost, "/v1/events", event))
+	require.Equal(t, http.StatusAccepted, status(intake, http.MethodPost, "/v1/events:batch", batch))
+	require.Equal(t, http.StatusNotFound, status(operator, http.MethodPost, "/v1/events", event))
+	require.Equal(t, http.StatusNotFound, status(operator, http.MethodPost, "/v1/events:batch", batch))
 	// The operator API on the operator listener only.
-	require.Equal(t, http.StatusOK, status(a.operator, http.MethodGet, "/v1/sources", ""))
+	require.Equal(t, http.StatusOK, status(operator, http.MethodGet, "/v1/sources", ""))
 	require.Eventually(t, func() bool {
-		return status(a.operator, http.MethodGet, "/v1/events/split-1", "") == http.StatusOK
+		return status(operator, http.MethodGet, "/v1/events/split-1", "") == http.StatusOK
 	}, 20*time.Second, 20*time.Millisecond)
 	for _, r := range []struct{ method, path string }{
 		{http.MethodGet, "/v1/sources"},
@@ -179,14 +181,8 @@ func TestRunSeparateOperatorListener(t *testing.T) {
 		{http.MethodGet, "/v1/events/split-1"},
 		{http.MethodPost, "/v1/events/split-1/cancel"},
 	} {
-		require.Equal(t, http.StatusNotFound, status(a.intake, r.method, r.path, "{}"), "%s %s on the intake listener", r.method, r.path)
+		require.Equal(t, http.StatusNotFound, status(intake, r.method, r.path, "{}"), "%s %s on the intake listener", r.method, r.path)
 	}
 
-	cancel()
-	select {
-	case err := <-done:
-		require.NoError(t, err, "a graceful stop exits 0")
-	case <-time.After(time.Minute):
-		t.Fatal("no stop within a minute")
-	}
+	stop()
 }

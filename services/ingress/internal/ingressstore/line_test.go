@@ -9,8 +9,37 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/services/ingress/internal/ingressstore"
 )
+
+// deferPaused marks event id deferred by its source's pause, as the gate
+// does: status deferred and a first deferral for the pause.
+func (b *bundle) deferPaused(t *testing.T, id, source string) {
+	t.Helper()
+	_, err := ingressstore.SetEventStatus(b.ctx, b.pool, id, ingressstore.StatusDeferred)
+	require.NoError(t, err)
+	require.NoError(t, ingressstore.RecordDeferral(b.ctx, b.pool, ingressstore.Deferral{
+		EventID: id, Source: source, Attempt: 1, Reason: ingressstore.ReasonSourcePaused}))
+}
+
+// resumeAndPace resumes source and paces the release of its held events
+// in one transaction, as the resume API does; it returns the pace and
+// how many events it lined up.
+func (b *bundle) resumeAndPace(t *testing.T, source string) (*contract.ReleasePace, int64) {
+	t.Helper()
+	var pace *contract.ReleasePace
+	var n int64
+	require.NoError(t, pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error {
+		if _, err := ingressstore.ResumeSource(b.ctx, tx, source, "test"); err != nil {
+			return err
+		}
+		var err error
+		pace, n, err = ingressstore.PaceRelease(b.ctx, tx, source)
+		return err
+	}))
+	return pace, n
+}
 
 // holdLine defers n events of source (paused) in the order l0, l1, ...,
 // resumes it and lines them up, and returns their ids in arrival order.
@@ -22,20 +51,11 @@ func (b *bundle) holdLine(t *testing.T, source string, n int) []string {
 	for i := range n {
 		id := fmt.Sprintf("%s-%04d", source, n-i) // ids sort against arrival
 		b.insertEvent(t, id, source)
-		_, err := ingressstore.SetEventStatus(b.ctx, b.pool, id, ingressstore.StatusDeferred)
-		require.NoError(t, err)
-		require.NoError(t, ingressstore.RecordDeferral(b.ctx, b.pool, ingressstore.Deferral{
-			EventID: id, Source: source, Attempt: 1, Reason: ingressstore.ReasonSourcePaused}))
+		b.deferPaused(t, id, source)
 		ids = append(ids, id)
 	}
-	require.NoError(t, pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error {
-		if _, err := ingressstore.ResumeSource(b.ctx, tx, source, "test"); err != nil {
-			return err
-		}
-		_, got, err := ingressstore.PaceRelease(b.ctx, tx, source)
-		require.EqualValues(t, n, got)
-		return err
-	}))
+	_, lined := b.resumeAndPace(t, source)
+	require.EqualValues(t, n, lined)
 	return ids
 }
 
@@ -205,20 +225,11 @@ func TestReleaseLineFollowsIngestOrder(t *testing.T) {
 				ok, err := ingressstore.InsertEvent(b.ctx, b.pool, id, source, "invoice.paid", []byte(`{"id":"`+id+`"}`), seq)
 				require.NoError(t, err)
 				require.True(t, ok)
-				_, err = ingressstore.SetEventStatus(b.ctx, b.pool, id, ingressstore.StatusDeferred)
-				require.NoError(t, err)
-				require.NoError(t, ingressstore.RecordDeferral(b.ctx, b.pool, ingressstore.Deferral{
-					EventID: id, Source: source, Attempt: 1, Reason: ingressstore.ReasonSourcePaused}))
+				b.deferPaused(t, id, source)
 				want[n-1-i] = id
 			}
-			require.NoError(t, pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error {
-				if _, err := ingressstore.ResumeSource(b.ctx, tx, source, "test"); err != nil {
-					return err
-				}
-				_, got, err := ingressstore.PaceRelease(b.ctx, tx, source)
-				require.EqualValues(t, n, got)
-				return err
-			}))
+			_, lined := b.resumeAndPace(t, source)
+			require.EqualValues(t, n, lined)
 			var got []string
 			require.Eventually(t, func() bool {
 				got = append(got, releasedIDs(b.admitReleased(t, 100))...)

@@ -27,10 +27,7 @@ func TestPaceReleaseGivesHeldEventsSlotsInArrivalOrder(t *testing.T) {
 	for i := range 10 {
 		id := "d" + string(rune('9'-i))
 		b.insertEvent(t, id, "line")
-		_, err := ingressstore.SetEventStatus(b.ctx, b.pool, id, ingressstore.StatusDeferred)
-		require.NoError(t, err)
-		require.NoError(t, ingressstore.RecordDeferral(b.ctx, b.pool, ingressstore.Deferral{
-			EventID: id, Source: "line", Attempt: 1, Reason: ingressstore.ReasonSourcePaused}))
+		b.deferPaused(t, id, "line")
 		held = append(held, id)
 	}
 	// One admission in the current window before the pause.
@@ -38,15 +35,7 @@ func TestPaceReleaseGivesHeldEventsSlotsInArrivalOrder(t *testing.T) {
 		VALUES ('line', date_trunc('hour', now()), 1)`)
 	require.NoError(t, err)
 
-	var pace *contract.ReleasePace
-	var n int64
-	require.NoError(t, pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error {
-		if _, err := ingressstore.ResumeSource(b.ctx, tx, "line", "test"); err != nil {
-			return err
-		}
-		pace, n, err = ingressstore.PaceRelease(b.ctx, tx, "line")
-		return err
-	}))
+	pace, n := b.resumeAndPace(t, "line")
 	require.NotNil(t, pace)
 	require.EqualValues(t, len(held), n)
 	require.NoError(t, pace.Validate())
@@ -111,10 +100,7 @@ func TestPaceReleaseDuringAPauseUntilStartsAtItsEnd(t *testing.T) {
 	require.NoError(t, err)
 	for _, id := range []string{"p0", "p1", "p2"} {
 		b.insertEvent(t, id, "later")
-		_, err := ingressstore.SetEventStatus(b.ctx, b.pool, id, ingressstore.StatusDeferred)
-		require.NoError(t, err)
-		require.NoError(t, ingressstore.RecordDeferral(b.ctx, b.pool, ingressstore.Deferral{
-			EventID: id, Source: "later", Attempt: 1, Reason: ingressstore.ReasonSourcePaused}))
+		b.deferPaused(t, id, "later")
 	}
 	var pace *contract.ReleasePace
 	require.NoError(t, pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error {
