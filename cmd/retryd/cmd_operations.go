@@ -14,6 +14,7 @@ import (
 // operationStatuses are the statuses GET /v1/operations filters on.
 var operationStatuses = []string{"running", "completed", "cancelled"}
 
+// operationSummary is a bulk operation as the jobs API answers it.
 type operationSummary struct {
 	ID            string     `json:"id"`
 	Status        string     `json:"status"`

@@ -121,19 +121,8 @@ type typeAnalytics struct {
 }
 
 type operationView struct {
-	Operation struct {
-		ID            string     `json:"id"`
-		Status        string     `json:"status"`
-		RatePerSecond float64    `json:"rate_per_second"`
-		Total         int        `json:"total"`
-		Released      int        `json:"released"`
-		Skipped       int        `json:"skipped"`
-		Failed        int        `json:"failed"`
-		Pending       int        `json:"pending"`
-		CreatedAt     time.Time  `json:"created_at"`
-		FinishedAt    *time.Time `json:"finished_at"`
-	} `json:"operation"`
-	Problems []struct {
+	Operation operationSummary `json:"operation"`
+	Problems  []struct {
 		JobID string `json:"job_id"`
 		State string `json:"state"`
 		Error string `json:"error"`

@@ -362,23 +362,39 @@ func (a *API) handleList(w http.ResponseWriter, r *http.Request) {
 		serve.WriteError(w, err)
 		return
 	}
-	limit := 0
-	if v := q.Get("limit"); v != "" {
-		if limit, err = strconv.Atoi(v); err != nil || limit < 1 || limit > jobstore.MaxListLimit {
-			serve.WriteError(w, invalid("limit", fmt.Sprintf("must be between 1 and %d", jobstore.MaxListLimit)))
-			return
-		}
+	limit, ok := listLimit(w, q)
+	if !ok {
+		return
 	}
 	page, err := jobstore.List(r.Context(), a.cfg.Pool, f, limit, q.Get("cursor"))
-	if errors.Is(err, jobstore.ErrBadCursor) {
+	a.writePage(w, page, err)
+}
+
+// listLimit reads ?limit= of a list route (0 when absent); on a bad one
+// it has answered 400 naming the field.
+func listLimit(w http.ResponseWriter, q url.Values) (int, bool) {
+	v := q.Get("limit")
+	if v == "" {
+		return 0, true
+	}
+	limit, err := strconv.Atoi(v)
+	if err != nil || limit < 1 || limit > jobstore.MaxListLimit {
+		serve.WriteError(w, invalid("limit", fmt.Sprintf("must be between 1 and %d", jobstore.MaxListLimit)))
+		return 0, false
+	}
+	return limit, true
+}
+
+// writePage answers a list route with page, or with the error reading it.
+func (a *API) writePage(w http.ResponseWriter, page any, err error) {
+	switch {
+	case errors.Is(err, jobstore.ErrBadCursor):
 		serve.WriteError(w, invalid("cursor", "is not a cursor this API returned"))
-		return
-	}
-	if err != nil {
+	case err != nil:
 		a.internal(w, err)
-		return
+	default:
+		serve.WriteJSON(w, http.StatusOK, page)
 	}
-	serve.WriteJSON(w, http.StatusOK, page)
 }
 
 // JobDetail is GET /v1/jobs/{id}: the job and every lifecycle fact of it.

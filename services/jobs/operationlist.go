@@ -1,11 +1,9 @@
 package jobs
 
 import (
-	"errors"
 	"fmt"
 	"net/http"
 	"slices"
-	"strconv"
 
 	"github.com/retryd/retryd/internal/serve"
 	"github.com/retryd/retryd/projections/jobstore"
@@ -24,22 +22,10 @@ func (a *API) handleListOperations(w http.ResponseWriter, r *http.Request) {
 		serve.WriteError(w, invalid("status", fmt.Sprintf("%q is not one of running, completed, cancelled", status)))
 		return
 	}
-	limit := 0
-	if v := q.Get("limit"); v != "" {
-		var err error
-		if limit, err = strconv.Atoi(v); err != nil || limit < 1 || limit > jobstore.MaxListLimit {
-			serve.WriteError(w, invalid("limit", fmt.Sprintf("must be between 1 and %d", jobstore.MaxListLimit)))
-			return
-		}
+	limit, ok := listLimit(w, q)
+	if !ok {
+		return
 	}
 	page, err := jobstore.ListOperations(r.Context(), a.cfg.Pool, status, limit, q.Get("cursor"))
-	if errors.Is(err, jobstore.ErrBadCursor) {
-		serve.WriteError(w, invalid("cursor", "is not a cursor this API returned"))
-		return
-	}
-	if err != nil {
-		a.internal(w, err)
-		return
-	}
-	serve.WriteJSON(w, http.StatusOK, page)
+	a.writePage(w, page, err)
 }
