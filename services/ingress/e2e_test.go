@@ -502,10 +502,11 @@ func TestE2EPauseUntilUnderALimitEndsPacedInArrivalOrder(t *testing.T) {
 	}
 	// In arrival order: exactly when the machine keeps up. A due handed
 	// back that comes back more than 100 ms late is not waited for
-	// (docs/ingress.md), so under load a few events may land a little
-	// later (12 of 200 with other builds and tests running); dues decided
-	// in parallel put 54 to 74 out of place here.
-	requireInOrder(t, "u-", order, n/10)
+	// (docs/ingress.md), so under load a few groups of events land a
+	// little later (up to 12 of 200 with other builds running, 22 in CI's
+	// make test); dues decided in parallel put 54 to 74 out of place
+	// here, with less load.
+	requireInOrder(t, "u-", order, n/5)
 	require.Zero(t, b.count(t, `SELECT count(*) FROM event_source_windows WHERE source = 'until' AND admitted > $1`, limit))
 	windows := b.count(t, `SELECT count(DISTINCT date_bin('100 milliseconds', admitted_at, 'epoch'::timestamptz)) FROM workflow_events WHERE source = 'until'`)
 	require.GreaterOrEqual(t, windows, n/limit, "paced over the windows")
