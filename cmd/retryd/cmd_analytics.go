@@ -48,7 +48,7 @@ func newAnalyticsCmd(g *globals) *cobra.Command {
 			if top > 0 {
 				q.Set("top", strconv.Itoa(top))
 			}
-			var a kindsAnalyticsView
+			var a analyticsView
 			if done, err := g.fetch(cmd, "/v1/analytics/retries", q, &a, doing("retry analytics")); done {
 				return err
 			}
@@ -65,13 +65,6 @@ func newAnalyticsCmd(g *globals) *cobra.Command {
 	return cmd
 }
 
-// kindsAnalyticsView is the analytics answer with its figures per kind
-// (docs/jobs.md, Analytics).
-type kindsAnalyticsView struct {
-	analyticsView
-	Kinds []kindAnalytics `json:"kinds"`
-}
-
 type kindAnalytics struct {
 	Kind          string           `json:"kind"`
 	Items         int64            `json:"items"`
@@ -81,13 +74,22 @@ type kindAnalytics struct {
 	SuccessRate   *float64         `json:"success_rate"`
 	TotalRetries  int64            `json:"total_retries"`
 	RetriedItems  int64            `json:"retried_items"`
-	ErrorsByClass []struct {
-		Class string `json:"class"`
-		Count int64  `json:"count"`
-	} `json:"errors_by_class"`
+	ErrorsByClass []classCount     `json:"errors_by_class"`
 }
 
-func printAnalytics(g *globals, a kindsAnalyticsView) error {
+// counts joins the non-zero counts of by in the order of keys: "failed
+// 3, completed 2".
+func counts(keys []string, by map[string]int64) string {
+	var out []string
+	for _, k := range keys {
+		if n := by[k]; n > 0 {
+			out = append(out, fmt.Sprintf("%s %d", k, n))
+		}
+	}
+	return strings.Join(out, ", ")
+}
+
+func printAnalytics(g *globals, a analyticsView) error {
 	w := g.stdout
 	fmt.Fprintf(w, "Retried work first failing %s to %s\n\n", a.Since.Local().Format(time.RFC3339), a.Until.Local().Format(time.RFC3339))
 	if len(a.Kinds) == 0 {
@@ -95,23 +97,18 @@ func printAnalytics(g *globals, a kindsAnalyticsView) error {
 	} else {
 		t := newTable(w, "KIND", "ITEMS", "SUCCEEDED", "EXHAUSTED", "SUCCESS RATE", "RETRIES", "RETRIED ITEMS", "STATES", "ERRORS BY CLASS")
 		for _, k := range a.Kinds {
-			var st, classes []string
-			for _, s := range retryStates {
-				if n := k.ByState[s]; n > 0 {
-					st = append(st, fmt.Sprintf("%s %d", s, n))
-				}
-			}
+			var classes []string
 			for _, e := range k.ErrorsByClass {
 				classes = append(classes, fmt.Sprintf("%s %d", e.Class, e.Count))
 			}
 			t.row(k.Kind, itoa(k.Items), itoa(k.Succeeded), itoa(k.Exhausted), percent(k.SuccessRate),
-				itoa(k.TotalRetries), itoa(k.RetriedItems), strings.Join(st, ", "), strings.Join(classes, ", "))
+				itoa(k.TotalRetries), itoa(k.RetriedItems), counts(retryStates, k.ByState), strings.Join(classes, ", "))
 		}
 		if err := t.flush(); err != nil {
 			return err
 		}
 	}
-	return printJobAnalytics(g, a.analyticsView)
+	return printJobAnalytics(g, a)
 }
 
 func printJobAnalytics(g *globals, a analyticsView) error {
@@ -138,16 +135,11 @@ func printJobAnalytics(g *globals, a analyticsView) error {
 	fmt.Fprintln(w, "\nStatus and retries per job")
 	t = newTable(w, "JOB TYPE", "STATUS", "RETRY DISTRIBUTION (retries: jobs)")
 	for _, ta := range a.JobTypes {
-		var st, dist []string
-		for _, s := range jobStatuses {
-			if n := ta.ByStatus[s]; n > 0 {
-				st = append(st, fmt.Sprintf("%s %d", s, n))
-			}
-		}
+		var dist []string
 		for _, b := range ta.RetryDistribution {
 			dist = append(dist, fmt.Sprintf("%d: %d", b.Retries, b.Jobs))
 		}
-		t.row(ta.JobType, strings.Join(st, ", "), strings.Join(dist, ", "))
+		t.row(ta.JobType, counts(jobStatuses, ta.ByStatus), strings.Join(dist, ", "))
 	}
 	if err := t.flush(); err != nil {
 		return err

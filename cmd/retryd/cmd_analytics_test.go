@@ -76,7 +76,7 @@ func TestAnalyticsAndBulkRetry(t *testing.T) {
 	out = b.ok(t, "analytics", "--kind", "event")
 	require.Contains(t, out, "Nothing was retried in this period.", "no events here")
 	require.Contains(t, out, "No jobs in this period.", "kind event has no job types")
-	var k kindsAnalyticsView
+	var k analyticsView
 	b.okJSON(t, &k, "analytics", "--kind", "job")
 	require.Len(t, k.Kinds, 1)
 	require.EqualValues(t, 5, k.Kinds[0].Items)

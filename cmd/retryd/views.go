@@ -82,10 +82,19 @@ type policyVersion struct {
 	ChangedAt time.Time       `json:"changed_at"`
 }
 
+// analyticsView is GET /v1/analytics/retries: every kind's figures, then
+// the job types' (docs/jobs.md, Retry analytics).
 type analyticsView struct {
 	Since    time.Time       `json:"since"`
 	Until    time.Time       `json:"until"`
+	Kinds    []kindAnalytics `json:"kinds"`
 	JobTypes []typeAnalytics `json:"job_types"`
+}
+
+// classCount is a count of failures of one error class.
+type classCount struct {
+	Class string `json:"class"`
+	Count int64  `json:"count"`
 }
 
 type typeAnalytics struct {
@@ -109,11 +118,8 @@ type typeAnalytics struct {
 		Retries int   `json:"retries"`
 		Jobs    int64 `json:"jobs"`
 	} `json:"retry_distribution"`
-	ErrorsByClass []struct {
-		Class string `json:"class"`
-		Count int64  `json:"count"`
-	} `json:"errors_by_class"`
-	TopErrors []struct {
+	ErrorsByClass []classCount `json:"errors_by_class"`
+	TopErrors     []struct {
 		Pattern string `json:"pattern"`
 		Class   string `json:"class"`
 		Count   int64  `json:"count"`
