@@ -221,25 +221,61 @@ func holdReleasePhase(ctx context.Context, env Env, r *retrydSys, h http.Handler
 	return res, holdReleaseOrder(ctx, r, source, limit, &res)
 }
 
-// holdReleaseLateness reads, from the history, the p99 of how late after
-// the time the release gave it each event's due was emitted (when one was:
-// ingress admits a release line itself, and the scheduler's due is only a
-// fallback) and the event admitted.
+// holdReleaseLateness fills in how late, at p99, the scheduler's dues
+// came after the time its release gave them (when it emits them), and
+// how late ingress admitted each event after its time: its slot of the
+// release's pace (the release fact on RETRIES), by its place in arrival
+// order, or the release time without a pace. (Until 2026-11-26 the
+// admission's time came from the scheduler's history row of the release,
+// which it no longer writes for events ingress admits.)
 func holdReleaseLateness(ctx context.Context, r *retrydSys, source string, res *holdReleaseResult) error {
-	var dueMS, admitMS float64
+	var dueMS float64
 	err := r.db.pool.QueryRow(ctx, `
-		SELECT coalesce(percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM d.at - h.next_attempt_at)), 0) * 1000,
-		       coalesce(percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM e.admitted_at
-		           - coalesce((h.detail->>'owner_admits_at')::timestamptz, h.next_attempt_at))), 0) * 1000
+		SELECT coalesce(percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM d.at - h.next_attempt_at)), 0) * 1000
 		FROM retry_history h
-		LEFT JOIN retry_history d ON d.kind = h.kind AND d.item_id = h.item_id AND d.event = 'due' AND d.attempt = h.attempt
-		JOIN workflow_events e ON e.event_id = h.item_id
-		WHERE h.kind = 'event' AND h.source = $1 AND h.decided_by = 'resume'`, source).Scan(&dueMS, &admitMS)
+		JOIN retry_history d ON d.kind = h.kind AND d.item_id = h.item_id AND d.event = 'due' AND d.attempt = h.attempt
+		WHERE h.kind = 'event' AND h.source = $1 AND h.event = 'rescheduled' AND h.decided_by = 'resume'`, source).Scan(&dueMS)
 	if err != nil {
 		return fmt.Errorf("read release lateness: %w", err)
 	}
 	res.dueLate = time.Duration(dueMS * float64(time.Millisecond))
-	res.admitLate = time.Duration(admitMS * float64(time.Millisecond))
+	stream, err := r.ojs.Stream(ctx, contract.StreamRetries)
+	if err != nil {
+		return fmt.Errorf("open %s: %w", contract.StreamRetries, err)
+	}
+	m, err := stream.GetLastMsgForSubject(ctx, contract.RetrySubject(contract.KindEvent, contract.Released, source))
+	if err != nil {
+		return fmt.Errorf("read the release of %s: %w", source, err)
+	}
+	ev, err := contract.DecodeLifecycle(m.Subject, m.Data)
+	if err != nil || ev.Released == nil {
+		return fmt.Errorf("decode the release of %s: %w", source, err)
+	}
+	rows, err := r.db.pool.Query(ctx, `SELECT admitted_at FROM workflow_events WHERE source = $1 AND status = 'admitted'
+		ORDER BY ingest_seq, received_at, event_id`, source)
+	if err != nil {
+		return fmt.Errorf("read admissions: %w", err)
+	}
+	defer rows.Close()
+	var late []time.Duration
+	for rows.Next() {
+		var at time.Time
+		if err := rows.Scan(&at); err != nil {
+			return fmt.Errorf("read admission: %w", err)
+		}
+		slot := ev.Released.ReleasedAt
+		if p := ev.Released.Pace; p != nil {
+			slot = p.SlotAt(len(late))
+		}
+		late = append(late, max(at.Sub(slot), 0))
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("read admissions: %w", err)
+	}
+	if len(late) > 0 {
+		sort.Slice(late, func(i, j int) bool { return late[i] < late[j] })
+		res.admitLate = percentile(late, 0.99)
+	}
 	return nil
 }
 

@@ -62,7 +62,7 @@ func (r Roles) Grants() map[string]map[string]string {
 	// Retries, policies, holds' releases, and the jobs projection with its
 	// bulk operations (services/jobs runs in retryd-scheduler).
 	add(r.Scheduler, rw, shared...)
-	add(r.Scheduler, rw, "retries", "retry_history", "retry_hold_releases", "retry_policies", "retry_policy_versions",
+	add(r.Scheduler, rw, "retries", "retry_history", "retry_hold_releases", "retry_release_parts", "retry_policies", "retry_policy_versions",
 		"jobs", "job_operations", "job_operation_items")
 	// Events, sources and their gate, event deferrals.
 	add(r.Ingress, rw, shared...)

@@ -299,12 +299,18 @@ func TestDashboardBrowser(t *testing.T) {
 	shot(t, ctx, "held")
 
 	t.Log("a resume releases a paused item early")
-	pausedID := contract.NewID()
-	b.held(t, contract.HeldData{Kind: contract.KindJob, ID: pausedID, Attempt: 1, JobType: "dash_hold", Reason: contract.HoldPause,
-		HoldKey: "dash_resumed", Detail: "source_paused: source is paused"})
-	b.waitRetry(t, "job", pausedID, "scheduled")
-	b.released(t, contract.ReleasedData{Kind: contract.KindJob, HoldKey: "dash_resumed", Reason: contract.ReleaseResume,
-		By: "test", ReleasedAt: time.Now()})
+	// pauseAndResume holds a new item under key, paused, and releases
+	// every hold of key.
+	pauseAndResume := func(key string, ownerAdmits bool) string {
+		id := contract.NewID()
+		b.held(t, contract.HeldData{Kind: contract.KindJob, ID: id, Attempt: 1, JobType: "dash_hold", Reason: contract.HoldPause,
+			HoldKey: key, Detail: "source_paused: source is paused"})
+		b.waitRetry(t, "job", id, "scheduled")
+		b.released(t, contract.ReleasedData{Kind: contract.KindJob, HoldKey: key, Reason: contract.ReleaseResume,
+			By: "test", ReleasedAt: time.Now(), OwnerAdmits: ownerAdmits})
+		return id
+	}
+	pausedID := pauseAndResume("dash_resumed", false)
 	b.waitRetry(t, "job", pausedID, "due")
 	openItem(pausedID)
 	require.NoError(t, chromedp.Do(ctx, chromedp.WaitVisible(chromedp.CSS(`[data-test="timeline"] li[data-decided-by="resume"]`))))
@@ -312,6 +318,15 @@ func TestDashboardBrowser(t *testing.T) {
 	released := text(t, ctx, `[data-test="timeline"] li[data-decided-by="resume"]`)
 	require.Contains(t, released, "Released early: the source resumed, no retry spent")
 	require.Contains(t, released, "hold key dash_resumed")
+
+	t.Log("an item its owner admitted after a release says so on its close")
+	admittedID := pauseAndResume("dash_admitted", true)
+	m, err := contract.NewLifecycleMsg("retryd/test", contract.Succeeded, contract.SucceededData{Kind: contract.KindJob, ID: admittedID, Attempt: 2}, time.Now())
+	b.publish(t, m, err)
+	b.waitRetry(t, "job", admittedID, "succeeded")
+	openItem(admittedID)
+	require.NoError(t, chromedp.Do(ctx, chromedp.WaitVisible(chromedp.CSS(`[data-test="timeline"] li[data-event="succeeded"][data-decided-by="resume"]`))))
+	require.Contains(t, text(t, ctx, `[data-test="timeline"] li[data-event="succeeded"]`), "Admitted by its owner after a release (the source resumed), no retry spent")
 
 	t.Log("an item held past its max_hold explains why it was exhausted")
 	expiredID := contract.NewID()

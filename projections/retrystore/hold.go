@@ -39,26 +39,48 @@ WHERE kind = $1 AND hold_key = $2 AND hold_reason IN ('', $3) AND released_at >=
 
 // Released is what ReleaseHolds did.
 type Released struct {
-	Rows int64
+	// Rows is how many rows were released; Ranked how many were ranked
+	// (a row closed meanwhile is ranked, not released).
+	Rows, Ranked int64
 	// First and Last are the earliest and the latest next_attempt_at of
 	// the rows released (zero when none was).
 	First, Last time.Time
+	// Cursor is where the release stopped, for the next part.
+	Cursor ReleaseCursor
 }
 
-// ReleaseHolds carries out release rd (msgID is its message id): every
-// scheduled row of rd.Kind held under rd.HoldKey comes due, in one
-// statement. Rows are ranked by when their hold began (then by when they
-// were created, then by id). Without a pace they get next_attempt_at now()
-// plus their rank in microseconds, so the due loop emits them in arrival
-// order; rows already due by now (released before, or their pause ended)
-// are left alone. With rd.Pace the row of rank i gets rd.Pace.DueAt(i),
-// due or not, so the release runs at the owner's rate, one due per item.
+// ReleaseCursor is where a release applied in parts stopped: how many rows
+// it ranked so far, and the hold order (held_since, created_at, item_id)
+// of the last one. The zero value is the start.
+type ReleaseCursor struct {
+	Numbered  int64
+	HeldSince time.Time
+	CreatedAt time.Time
+	ItemID    string
+}
+
+// ReleaseHolds carries out release rd whole; see ReleaseHoldsPart.
+func ReleaseHolds(ctx context.Context, q Querier, msgID string, rd contract.ReleasedData, ownerGrace time.Duration) (Released, error) {
+	return ReleaseHoldsPart(ctx, q, msgID, rd, ownerGrace, ReleaseCursor{}, 0)
+}
+
+// ReleaseHoldsPart carries out release rd (msgID is its message id), or
+// with rows above 0 the part of it that follows after: at most rows rows,
+// ranked from after.Numbered+1 on. Every scheduled row of rd.Kind held
+// under rd.HoldKey comes due, set-based. Rows are ranked by when their
+// hold began (then by when they were created, then by id). Without a pace
+// they get next_attempt_at now() plus their rank in microseconds, so the
+// due loop emits them in arrival order; rows already due by now (released
+// before, or their pause ended) are left alone. With rd.Pace the row of
+// rank i gets rd.Pace.DueAt(i), due or not, so the release runs at the
+// owner's rate, one due per item.
 // A release of every hold (rd.Count 0) brings back only holds that began
 // at or before rd.ReleasedAt: a release fact the scheduler applies after
 // holds the owner decided after it (the owner's facts race on RETRIES)
 // must not bring those back early. A partial release (a freed slot) takes
 // the holds that waited longest, whenever they began: the one it frees a
-// slot for may have been held a moment after the run ended.
+// slot for may have been held a moment after the run ended; it is never
+// applied in parts.
 // Each row gets a rescheduled history entry decided by "resume". q must be
 // a transaction.
 //
@@ -70,9 +92,18 @@ type Released struct {
 // computed above and answers with succeeded. Each row's due then comes
 // ownerGrace after that time, only in case the owner never answers, and
 // its history records the owner's time (owner_admits_at).
-func ReleaseHolds(ctx context.Context, q Querier, msgID string, rd contract.ReleasedData, ownerGrace time.Duration) (Released, error) {
+//
+// A part ranks the rows it finds: a row of the release the owner closed
+// before its part ran is not ranked, and the rows after it rank one
+// earlier than the owner's line. The scheduler runs each part ahead of
+// its slots so that does not happen; when it does (the scheduler was
+// down), only the fallback due of an owner-admitted row comes earlier,
+// and a due that comes before the item's turn waits for it.
+func ReleaseHoldsPart(ctx context.Context, q Querier, msgID string, rd contract.ReleasedData, ownerGrace time.Duration,
+	after ReleaseCursor, rows int) (Released, error) {
 	var out Released
-	var first, last *time.Time
+	var first, last, lastHeld, lastCreated *time.Time
+	var lastID *string
 	var from *time.Time
 	var skip, limit int
 	windowUS, spacingUS, quantumUS := int64(0), int64(1), int64(1)
@@ -85,17 +116,26 @@ func ReleaseHolds(ctx context.Context, q Querier, msgID string, rd contract.Rele
 	if rd.OwnerAdmits {
 		graceUS = max(ownerGrace, 0).Microseconds()
 	}
+	take := rd.Count
+	if rows > 0 && rd.Count == 0 {
+		take = rows
+	}
+	var afterHeld, afterCreated *time.Time
+	if after.ItemID != "" {
+		afterHeld, afterCreated = &after.HeldSince, &after.CreatedAt
+	}
 	err := q.QueryRow(ctx, `
 WITH held AS (
 	SELECT kind, item_id, held_since, created_at FROM retries
 	WHERE kind = $1 AND hold_key = $2 AND held_since IS NOT NULL AND state = 'scheduled'
 	  AND ($7::timestamptz IS NOT NULL OR next_attempt_at > now()) AND ($5 = '' OR hold_reason = $5)
 	  AND ($6::int > 0 OR held_since <= $13)
+	  AND ($15::timestamptz IS NULL OR (held_since, created_at, item_id) > ($15::timestamptz, $16::timestamptz, $17::text))
 	ORDER BY held_since, created_at, item_id
-	LIMIT nullif($6::int, 0)
-	FOR UPDATE
+	LIMIT nullif($19::int, 0)
 ), numbered AS (
-	SELECT kind, item_id, row_number() OVER (ORDER BY held_since NULLS LAST, created_at, item_id) AS n FROM held
+	SELECT kind, item_id, held_since, created_at,
+		$18::bigint + row_number() OVER (ORDER BY held_since NULLS LAST, created_at, item_id) AS n FROM held
 ), ranked AS (
 	-- contract.ReleasePace.DueAt in microseconds: the window, the
 	-- quantum of the window holding the slot, the slot's place in it.
@@ -109,7 +149,11 @@ WITH held AS (
 			* interval '1 microsecond' END,
 		updated_at = now()
 	FROM ranked
-	WHERE r.kind = ranked.kind AND r.item_id = ranked.item_id
+	-- No FOR UPDATE above: locking each row and then updating it wrote
+	-- every tuple twice. A row closed since the snapshot is rechecked
+	-- here and left alone; it keeps its rank, so the ranks stay the
+	-- owner's.
+	WHERE r.kind = ranked.kind AND r.item_id = ranked.item_id AND r.state = 'scheduled'
 	RETURNING r.kind, r.item_id, r.attempt, r.job_type, r.source, r.policy_name, r.policy_version,
 		r.next_attempt_at, r.retry_count, r.max_retries, r.held_since, r.hold_reason
 ), hist AS (
@@ -127,15 +171,21 @@ WITH held AS (
 		$3, now()
 	FROM upd
 )
-SELECT count(*), min(next_attempt_at), max(next_attempt_at) FROM upd`,
+SELECT (SELECT count(*) FROM upd), (SELECT count(*) FROM numbered), (SELECT min(next_attempt_at) FROM upd), (SELECT max(next_attempt_at) FROM upd),
+	l.held_since, l.created_at, l.item_id
+FROM (SELECT 1) one LEFT JOIN (SELECT held_since, created_at, item_id FROM numbered ORDER BY n DESC LIMIT 1) l ON true`,
 		rd.Kind, rd.HoldKey, msgID, rd.Reason, rd.HoldReason, rd.Count, from, skip, max(limit, 1), windowUS, spacingUS, quantumUS, rd.ReleasedAt,
-		graceUS).
-		Scan(&out.Rows, &first, &last)
+		graceUS, afterHeld, afterCreated, after.ItemID, after.Numbered, take).
+		Scan(&out.Rows, &out.Ranked, &first, &last, &lastHeld, &lastCreated, &lastID)
 	if err != nil {
 		return Released{}, fmt.Errorf("release holds of %s/%s: %w", rd.Kind, rd.HoldKey, err)
 	}
+	out.Cursor = after
 	if first != nil {
 		out.First, out.Last = *first, *last
+	}
+	if lastID != nil {
+		out.Cursor = ReleaseCursor{Numbered: after.Numbered + out.Ranked, HeldSince: *lastHeld, CreatedAt: *lastCreated, ItemID: *lastID}
 	}
 	return out, nil
 }

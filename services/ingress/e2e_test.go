@@ -439,9 +439,13 @@ func TestE2EResumeUnderALimitIsPacedInArrivalOrder(t *testing.T) {
 		return b.count(t, `SELECT count(*) FROM retries WHERE kind = 'event' AND item_id LIKE 'r-%' AND state = 'succeeded'`) == n
 	}, eventually, 20*time.Millisecond, "the scheduler closes every released retry")
 	require.Zero(t, b.count(t, `SELECT count(*) FROM retries WHERE kind = 'event' AND (state = 'exhausted' OR retry_count > 0)`))
-	require.Equal(t, n, b.count(t, `SELECT count(*) FROM retry_history WHERE kind = 'event' AND decided_by = 'resume'
-		AND (detail->'pace'->>'limit')::int = 20 AND detail ? 'owner_admits_at'`),
-		"each release at its slot is in the history, with the time ingress admits it")
+	// The scheduler writes nothing on the released rows while ingress
+	// admits them (its release runs behind, for fallbacks): each close
+	// records the release, at the time ingress admitted the event.
+	require.Equal(t, n, b.count(t, `SELECT count(*) FROM retry_history WHERE kind = 'event' AND item_id LIKE 'r-%'
+		AND event = 'succeeded' AND decided_by = 'resume'`), "each release is in the history")
+	require.Zero(t, b.count(t, `SELECT count(*) FROM retry_history WHERE kind = 'event' AND item_id LIKE 'r-%' AND event = 'rescheduled'`),
+		"no row written ahead of the owner")
 }
 
 // requireNearOrder checks that ids (prefix + sequence number) were

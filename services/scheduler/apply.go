@@ -251,8 +251,30 @@ func applySucceeded(row *retrystore.Retry, f fact) change {
 	r.ResolvedAt = &at
 	h := entry(&r, sd.Attempt, contract.Succeeded, f.msgID, f.at)
 	h.Executor = sd.Executor
+	if row.State == retrystore.StateScheduled && row.HeldSince != nil {
+		// The owner admitted a held item before its hold's time: a
+		// release let it (a resume, a limit change), which the scheduler
+		// may not have written on the row yet (a release the owner admits
+		// runs behind it, releaseparts.go). The close records it.
+		h.DecidedBy = contract.DecidedByResume
+		h.Detail = admittedDetail(row)
+	}
 	history = append(history, h)
 	return change{row: &r, history: history, outcome: contract.Succeeded}
+}
+
+type admittedDetailJSON struct {
+	DecidedBy  string    `json:"decided_by"`
+	HoldKey    string    `json:"hold_key,omitempty"`
+	HoldReason string    `json:"hold_reason,omitempty"`
+	HeldSince  time.Time `json:"held_since"`
+	Note       string    `json:"note"`
+}
+
+func admittedDetail(row *retrystore.Retry) json.RawMessage {
+	b, _ := json.Marshal(admittedDetailJSON{DecidedBy: contract.DecidedByResume, HoldKey: row.HoldKey, HoldReason: row.HoldReason,
+		HeldSince: *row.HeldSince, Note: "admitted by its owner before its hold's time, after a release of the hold"})
+	return b
 }
 
 // lateDue is the history entry of the due of attempt when the owner

@@ -24,6 +24,7 @@ const (
 	DefaultEmitters          = 4
 	DefaultConsumeBatch      = 500
 	DefaultMaxAckPending     = 5000
+	DefaultReleasePart       = 1000
 	DefaultAckWait           = 2 * time.Second
 	DefaultMaxIdle           = time.Second
 	DefaultRedueAfter        = 5 * time.Minute
@@ -60,6 +61,12 @@ type Config struct {
 	// ConsumeBatch bounds the lifecycle messages applied in one policy
 	// stage transaction.
 	ConsumeBatch int
+	// ReleasePart bounds the held rows one part of a release ranks: a
+	// release of every hold of a key is applied a part at a time, each in
+	// its own transaction and each a little before its rows' slots, so a
+	// release of 100,000 holds does not take a Postgres backend for
+	// seconds (docs/ingress.md, Releases).
+	ReleasePart int
 	// MaxAckPending bounds the messages the durable consumer hands out
 	// without an ack (across all instances). One instance holds at most
 	// three ConsumeBatch (the client's pull buffer, the stage's queue and
@@ -130,6 +137,10 @@ const (
 	// rolls back, so the rows are published again (with the same
 	// Nats-Msg-Id) by the next emission.
 	FailpointDuesPublished = "due.published"
+	// FailpointReleasePart: the release loop wrote a part of a release
+	// and where it stopped, and has not committed. The transaction rolls
+	// back; the next loop, here or in another process, applies the part.
+	FailpointReleasePart = "release.part"
 )
 
 // validate fills in defaults and checks every field, naming the field in
@@ -160,6 +171,7 @@ func (c *Config) validate() error {
 		{"Emitters", &c.Emitters, DefaultEmitters, 64},
 		{"ConsumeBatch", &c.ConsumeBatch, DefaultConsumeBatch, 10_000},
 		{"MaxAckPending", &c.MaxAckPending, DefaultMaxAckPending, 1_000_000},
+		{"ReleasePart", &c.ReleasePart, DefaultReleasePart, 100_000},
 	}
 	for _, f := range ints {
 		if *f.v == 0 {

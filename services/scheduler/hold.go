@@ -142,13 +142,14 @@ func heldDetail(hd *contract.HeldData) json.RawMessage {
 
 // handleRelease applies a release fact in its own transaction: it is
 // recorded (for holds that overtook it) and every hold under its key
-// comes due now, set-based, in the order the items were first held.
-// No timer or entry per held item exists anywhere: the rows carry the
-// hold key.
+// comes due, set-based, in the order the items were first held. A
+// release of every hold is applied a part at a time (releaseparts.go):
+// the first part here, the rest by the release loop. No timer or entry
+// per held item exists anywhere: the rows carry the hold key.
 func (s *Scheduler) handleRelease(ctx context.Context, in inbound) {
 	rd := in.f.ev.Released
 	var rel retrystore.Released
-	var duplicate bool
+	var duplicate, more bool
 	err := func() error {
 		tx, err := s.begin(ctx)
 		if err != nil {
@@ -170,7 +171,12 @@ func (s *Scheduler) handleRelease(ctx context.Context, in inbound) {
 		if err := retrystore.RecordRelease(ctx, tx, rd.Kind, rd.HoldKey, rd.HoldReason, rd.ReleasedAt); err != nil {
 			return err
 		}
-		if rel, err = retrystore.ReleaseHolds(ctx, tx, in.f.msgID, *rd, s.cfg.RedueAfter); err != nil {
+		if rd.Count > 0 {
+			rel, err = retrystore.ReleaseHolds(ctx, tx, in.f.msgID, *rd, s.cfg.RedueAfter)
+			if err != nil {
+				return err
+			}
+		} else if rel, more, err = s.releaseFirstPart(ctx, tx, in.f.msgID, *rd); err != nil {
 			return err
 		}
 		if err := tx.Commit(ctx); err != nil {
@@ -187,9 +193,18 @@ func (s *Scheduler) handleRelease(ctx context.Context, in inbound) {
 		_ = in.msg.NakWithDelay(nakDelay)
 		return
 	}
+	if more {
+		s.wakeReleaseLoop()
+	}
 	switch {
 	case duplicate:
 		s.metrics.duplicate.WithLabelValues(Owner).Inc()
+	case more:
+		if rel.Rows > 0 {
+			s.wakeDueLoop(rel.First.UnixNano())
+		}
+		s.log.Info().Str("kind", rd.Kind).Str("hold_key", rd.HoldKey).Int64("released", rel.Rows).
+			Str("reason", rd.Reason).Msg("holds release started; the release loop applies the rest in parts")
 	case rel.Rows > 0:
 		s.wakeDueLoop(rel.First.UnixNano())
 		s.log.Info().Str("kind", rd.Kind).Str("hold_key", rd.HoldKey).Int64("released", rel.Rows).

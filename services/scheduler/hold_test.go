@@ -214,10 +214,12 @@ func (b *bundle) pauseHeld(t *testing.T, kind, key, idFormat string, n int) {
 // A release makes every pause hold under its key due at once, in the
 // order the items were first held; a hold decided before the release but
 // applied after it is released too. Throttle holds and other keys stay.
+// The release is applied in parts of 3 (one in the fact's transaction,
+// the rest by the release loop): the order holds across parts.
 func TestReleaseLiftsPauseHoldsInOrder(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	b.start(t)
+	b.start(t, func(c *scheduler.Config) { c.ReleasePart = 3 }) // 7 parts, in order
 	b.policy(t, "rel", "", 2, 10, 100)
 	const n = 20
 	b.pauseHeld(t, "rel", "shop", "r%02d", n)
@@ -271,7 +273,7 @@ func TestReleaseLiftsPauseHoldsInOrder(t *testing.T) {
 func TestPacedReleaseBringsEachHoldBackAtItsSlot(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	b.start(t)
+	b.start(t, func(c *scheduler.Config) { c.ReleasePart = 5 }) // each part ranks on from the last
 	b.policy(t, "pace", "", 2, 10, 100)
 	const n = 12
 	b.pauseHeld(t, "pace", "shop", "p%02d", n)
@@ -333,9 +335,11 @@ func TestReleaseLeavesHoldsDecidedAfterIt(t *testing.T) {
 }
 
 // A release whose owner admits the items itself (owner_admits) brings no
-// due at the slot: each row's due is a fallback, RedueAfter after its
-// slot, and the owner's succeeded closes the row before it. An item the
-// owner never answers for still comes back, at its fallback.
+// due at the slot and writes nothing on the rows at first: the owner's
+// succeeded closes each row and records the release (decided_by resume).
+// Half of RedueAfter after the slots the release runs behind the owner:
+// an item the owner never answered for gets a fallback due, RedueAfter
+// after its slot, and comes back then.
 func TestOwnerAdmittedReleaseEmitsOnlyFallbackDues(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -349,23 +353,39 @@ func TestOwnerAdmittedReleaseEmitsOnlyFallbackDues(t *testing.T) {
 	released := time.Now()
 	b.publish(t, contract.Released, contract.ReleasedData{Kind: "own", HoldKey: "shop", Reason: contract.ReleaseResume,
 		By: "test", ReleasedAt: released, OwnerAdmits: true})
-	for _, id := range []string{"o1", "o2"} {
-		r := b.waitRow(t, "own", id, func(r retrystore.Retry) bool {
-			return r.NextAttemptAt != nil && r.NextAttemptAt.Before(released.Add(time.Hour))
-		})
-		require.WithinDuration(t, released.Add(scheduler.DefaultRedueAfter), *r.NextAttemptAt, 10*time.Second, "%s: a fallback, RedueAfter after its time", id)
-		require.Zero(t, r.RetryCount, id)
-	}
-	h := b.history(t, "own", "o1")
-	require.Equal(t, contract.DecidedByResume, h[len(h)-1].DecidedBy)
-	require.Contains(t, string(h[len(h)-1].Detail), "owner_admits_at")
+	var behind time.Time
+	require.Eventually(t, func() bool {
+		return b.pool.QueryRow(b.ctx, `SELECT next_at FROM retry_release_parts WHERE kind = 'own' AND behind`).Scan(&behind) == nil
+	}, waitFor, 10*time.Millisecond, "the release waits behind the owner")
+	require.WithinDuration(t, released.Add(scheduler.DefaultRedueAfter/2), behind, 10*time.Second)
 
-	// The owner admits o1; o2's answer never comes, and its fallback time
-	// passes (brought forward here).
+	// The owner admits o1: the close records the release.
 	b.publish(t, contract.Succeeded, contract.SucceededData{Kind: "own", ID: "o1", Attempt: 2})
 	b.waitRow(t, "own", "o1", inState(retrystore.StateSucceeded, 2))
+	h := b.history(t, "own", "o1")
+	require.Equal(t, []string{"held:1", "scheduled:2", "succeeded:2"}, events(h))
+	require.Equal(t, contract.DecidedByResume, h[2].DecidedBy)
+	require.Contains(t, string(h[2].Detail), "after a release of the hold")
+	o2, err := retrystore.Get(b.ctx, b.pool, "own", "o2")
+	require.NoError(t, err)
+	require.True(t, o2.NextAttemptAt.After(released.Add(24*time.Hour)), "nothing written on o2 yet: %s", o2.NextAttemptAt)
+
+	// o2's answer never comes. The part behind the owner comes (brought
+	// forward here) and gives o2 its fallback.
+	_, err = b.pool.Exec(b.ctx, `UPDATE retry_release_parts SET next_at = now() WHERE kind = 'own'`)
+	require.NoError(t, err)
+	r := b.waitRow(t, "own", "o2", func(r retrystore.Retry) bool {
+		return r.NextAttemptAt != nil && r.NextAttemptAt.Before(released.Add(time.Hour))
+	})
+	require.WithinDuration(t, time.Now().Add(scheduler.DefaultRedueAfter), *r.NextAttemptAt, 10*time.Second, "a fallback, RedueAfter after the owner's time")
+	require.Zero(t, r.RetryCount)
+	h = b.history(t, "own", "o2")
+	require.Equal(t, contract.DecidedByResume, h[len(h)-1].DecidedBy)
+	require.Contains(t, string(h[len(h)-1].Detail), "owner_admits_at")
 	require.Empty(t, b.streamMsgs(t, "retry.own.due.*"), "no due at the slot")
-	_, err := b.pool.Exec(b.ctx, `UPDATE retries SET next_attempt_at = now() WHERE kind = 'own' AND item_id = 'o2'`)
+	require.Eventually(t, func() bool { return b.releasePartsLeft(t) == 0 }, waitFor, 10*time.Millisecond)
+
+	_, err = b.pool.Exec(b.ctx, `UPDATE retries SET next_attempt_at = now() WHERE kind = 'own' AND item_id = 'o2'`)
 	require.NoError(t, err)
 	var dues []jetstream.Msg
 	require.Eventually(t, func() bool {
@@ -375,6 +395,27 @@ func TestOwnerAdmittedReleaseEmitsOnlyFallbackDues(t *testing.T) {
 	require.Equal(t, "o2", decodeDue(t, dues[0]).ID)
 	b.waitQuiet(t)
 	require.Len(t, b.streamMsgs(t, "retry.own.due.*"), 1, "no due for the item the owner admitted")
+}
+
+// A release the owner admits, over holds that would come due on their own
+// before a part behind the owner ran (a pause ending in a minute), is
+// applied ahead instead: each row gets its fallback at once and does not
+// come due at the pause's end.
+func TestOwnerAdmittedReleaseOfHoldsEndingSoonRunsAhead(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.start(t)
+	b.policy(t, "soon", "", 2, 10, 100)
+	b.publish(t, contract.Held, heldUnder("shop", "soon", "e1", contract.HoldPause, at(time.Minute)))
+	b.waitRow(t, "soon", "e1", inState(retrystore.StateScheduled, 2))
+	released := time.Now()
+	b.publish(t, contract.Released, contract.ReleasedData{Kind: "soon", HoldKey: "shop", Reason: contract.ReleaseResume,
+		By: "test", ReleasedAt: released, OwnerAdmits: true})
+	r := b.waitRow(t, "soon", "e1", func(r retrystore.Retry) bool {
+		return r.NextAttemptAt != nil && r.NextAttemptAt.After(released.Add(2*time.Minute))
+	})
+	require.WithinDuration(t, released.Add(scheduler.DefaultRedueAfter), *r.NextAttemptAt, 10*time.Second)
+	require.Zero(t, b.releasePartsLeft(t))
 }
 
 // The owner's succeeded right behind its release, in one batch (the owner

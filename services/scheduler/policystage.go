@@ -145,6 +145,8 @@ func traceBatch(ctx context.Context, items []inbound, err *error) func() {
 // released items itself publishes their succeeded right behind the
 // release, often in the same batch: applied before it, they would close
 // the rows the release had to record (its decided_by "resume" history).
+// (A release that runs behind its owner writes nothing on the rows at
+// first, and the close records it; releaseparts.go.)
 func (s *Scheduler) handleBatch(ctx context.Context, msgs []jetstream.Msg) {
 	items := make([]inbound, 0, len(msgs))
 	for _, m := range msgs {

@@ -2,7 +2,7 @@
 // decisions, keeps every pending retry in Postgres and publishes due events
 // when they come due.
 //
-// A Scheduler runs four loops:
+// A Scheduler runs five loops:
 //   - the policy stage consumes failed, succeeded and cancelled facts from
 //     RETRIES (durable consumer "scheduler") and applies each, with its
 //     inbox claim, history and outgoing events (outbox), in one
@@ -13,6 +13,8 @@
 //     flushes the outbox, at start and periodically (the consumer runs on
 //     internal/durable, which also recreates it soon after the client
 //     reports it deleted);
+//   - the release loop applies the parts left of large releases of held
+//     items (releaseparts.go);
 //   - a metrics loop refreshes the pending gauges.
 //
 // Several instances may run over one database: rows are claimed with FOR
@@ -50,6 +52,8 @@ type Scheduler struct {
 	// nanoseconds) it plans to wake at, or MaxInt64 while it is not asleep.
 	wake        chan struct{}
 	plannedWake atomic.Int64
+	// releaseWake wakes the release loop when a release has parts left.
+	releaseWake chan struct{}
 	// lag is how far the policy stage is behind RETRIES (backlog.go).
 	lag *applyLag
 
@@ -83,8 +87,8 @@ func New(cfg Config) (*Scheduler, error) {
 	}
 	s := &Scheduler{
 		cfg: cfg, log: log, metrics: m, relay: relay,
-		wake: make(chan struct{}, 1),
-		lag:  newApplyLag(time.Now()),
+		wake: make(chan struct{}, 1), releaseWake: make(chan struct{}, 1),
+		lag: newApplyLag(time.Now()),
 	}
 	s.plannedWake.Store(math.MaxInt64)
 	return s, nil
@@ -139,6 +143,7 @@ func (s *Scheduler) Start(ctx context.Context) error {
 	s.cancel = cancel
 	s.goLoop(func() { s.runDueLoop(runCtx) })
 	s.goLoop(func() { s.runReconcileLoop(runCtx) })
+	s.goLoop(func() { s.runReleaseLoop(runCtx) })
 	s.goLoop(func() { s.runMetricsLoop(runCtx) })
 	s.log.Info().Int("batch_size", s.cfg.BatchSize).Int("consume_batch", s.cfg.ConsumeBatch).
 		Int("max_ack_pending", s.cfg.MaxAckPending).Dur("ack_wait", s.cfg.AckWait).Dur("max_idle", s.cfg.MaxIdle).

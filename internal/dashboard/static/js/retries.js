@@ -449,12 +449,18 @@ function timelineItem(e, ctx) {
   // when its owner said: where to look for its logs.
   if (e.executor) meta.push(`executor ${e.executor}`);
   const decision = (e.event === "scheduled" || e.event === "rescheduled") && e.decided_by;
-  return h("li", { "data-event": e.event, "data-decided-by": decision || null, style: { "--c": stateColors[e.event] || (e.event === "failed" ? "#b91c1c" : "#9ca3af") } },
+  // A close of a held item its owner admitted after a release: the
+  // release may have written nothing on the row before (it runs behind
+  // an owner that admits the items itself), so the close says it.
+  const admitted = e.event === "succeeded" && e.decided_by === "resume";
+  const why = decision ? sentence(explain(e)) + "."
+    : admitted ? `Admitted by its owner after a release (${releaseCause(d)}), no retry spent.` : null;
+  return h("li", { "data-event": e.event, "data-decided-by": e.decided_by || null, style: { "--c": stateColors[e.event] || (e.event === "failed" ? "#b91c1c" : "#9ca3af") } },
     h("div", { class: "ev-head" },
       h("span", { class: "ev-title", text: (titles[e.event] || ((x) => x.event))(e) }),
       classTag(e.error_class),
       h("span", { class: "ev-time", title: e.at, text: clock(e.at) })),
-    decision ? h("div", { class: "ev-why", "data-test": "ev-why", text: sentence(explain(e)) + "." }) : null,
+    why ? h("div", { class: "ev-why", "data-test": "ev-why", text: why }) : null,
     meta.length ? h("div", { class: "ev-meta", text: meta.join(" · ") }) : null,
     e.error_message ? h("div", { class: "ev-msg", text: e.error_message }) : null);
 }

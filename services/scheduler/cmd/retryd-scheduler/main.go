@@ -22,6 +22,7 @@
 //	RETRYD_SCHEDULER_EMITTERS              due transactions at once during a backlog (default 4)
 //	RETRYD_SCHEDULER_CONSUME_BATCH         lifecycle messages per transaction (default 500)
 //	RETRYD_SCHEDULER_MAX_ACK_PENDING       unacked messages of the consumer, all instances (default 5000)
+//	RETRYD_SCHEDULER_RELEASE_PART          held rows a release applies per transaction (default 1000)
 //	RETRYD_SCHEDULER_ACK_WAIT              consumer ack wait: a killed instance's facts are redelivered after it (default 2s)
 //	RETRYD_SCHEDULER_MAX_IDLE              longest sleep of the due loop (default 1s)
 //	RETRYD_SCHEDULER_REDUE_AFTER           re-emit an unresolved due after this plus the policy stage's lag (default 5m, > 2m)
@@ -134,6 +135,7 @@ func readSettings(log zerolog.Logger) (settings, error) {
 			Emitters:          e.Int("RETRYD_SCHEDULER_EMITTERS"),
 			ConsumeBatch:      e.Int("RETRYD_SCHEDULER_CONSUME_BATCH"),
 			MaxAckPending:     e.Int("RETRYD_SCHEDULER_MAX_ACK_PENDING"),
+			ReleasePart:       e.Int("RETRYD_SCHEDULER_RELEASE_PART"),
 			AckWait:           e.Duration("RETRYD_SCHEDULER_ACK_WAIT", 0),
 			MaxIdle:           e.Duration("RETRYD_SCHEDULER_MAX_IDLE", 0),
 			RedueAfter:        e.Duration("RETRYD_SCHEDULER_REDUE_AFTER", 0),

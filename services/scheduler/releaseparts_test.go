@@ -1,0 +1,130 @@
+package scheduler_test
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/require"
+
+	"github.com/retryd/retryd/pkg/contract"
+	"github.com/retryd/retryd/projections/retrystore"
+	"github.com/retryd/retryd/services/scheduler"
+)
+
+// resumeEntries counts the rescheduled history entries a release gave id.
+func (b *bundle) resumeEntries(t *testing.T, kind, id string) int {
+	t.Helper()
+	n := 0
+	for _, h := range b.history(t, kind, id) {
+		if h.DecidedBy == contract.DecidedByResume {
+			n++
+		}
+	}
+	return n
+}
+
+func (b *bundle) releasePartsLeft(t *testing.T) int {
+	t.Helper()
+	var n int
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM retry_release_parts`).Scan(&n))
+	return n
+}
+
+// The process dies while a release is applied in parts: the part in the
+// fact's transaction is kept, the part whose transaction never committed
+// is not. The next scheduler applies the rest from where the release
+// stopped: every held row is released once, at its own slot (ranked on
+// from the last part), and comes due once.
+func TestReleasePartsResumeAfterACrash(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	crashed := make(chan struct{})
+	var once atomic.Bool
+	a := b.start(t, func(c *scheduler.Config) {
+		c.ReleasePart = 3
+		c.Failpoint = failAt(scheduler.FailpointReleasePart, func(context.Context) error {
+			if once.CompareAndSwap(false, true) {
+				close(crashed)
+			}
+			return errCrash
+		})
+	})
+	b.policy(t, "parts", "", 2, 10, 100)
+	const n = 10
+	b.pauseHeld(t, "parts", "shop", "p%02d", n)
+	// Paced from now, the scheduler emitting the dues: every part is due
+	// at once (a second before its slots).
+	pace := &contract.ReleasePace{From: time.Now().Truncate(time.Second), Limit: 4, WindowMS: 200}
+	b.publish(t, contract.Released, contract.ReleasedData{Kind: "parts", HoldKey: "shop", Reason: contract.ReleaseLimitChanged,
+		By: "test", ReleasedAt: time.Now(), Pace: pace})
+	<-crashed
+	stopCtx, cancel := context.WithTimeout(b.ctx, 20*time.Second)
+	defer cancel()
+	require.NoError(t, a.Stop(stopCtx))
+	for i := range n {
+		want := 0
+		if i < 3 {
+			want = 1
+		}
+		require.Equal(t, want, b.resumeEntries(t, "parts", fmt.Sprintf("p%02d", i)), "p%02d: only the first part committed", i)
+	}
+	require.Equal(t, 1, b.releasePartsLeft(t), "where the release stopped is kept")
+
+	b.start(t, func(c *scheduler.Config) { c.ReleasePart = 3 })
+	require.Eventually(t, func() bool { return b.releasePartsLeft(t) == 0 }, waitFor, 10*time.Millisecond)
+	for i := range n {
+		id := fmt.Sprintf("p%02d", i)
+		var resumed []retrystore.HistoryEntry
+		for _, h := range b.history(t, "parts", id) {
+			if h.DecidedBy == contract.DecidedByResume {
+				resumed = append(resumed, h)
+			}
+		}
+		require.Len(t, resumed, 1, "%s: released once", id)
+		require.True(t, resumed[0].NextAttemptAt.Equal(pace.DueAt(i)), "%s: at its own slot %s, got %s", id, pace.DueAt(i), resumed[0].NextAttemptAt)
+	}
+	var dues []jetstream.Msg
+	require.Eventually(t, func() bool {
+		dues = b.streamMsgs(t, "retry.parts.due.*")
+		return len(dues) == n
+	}, waitFor, 10*time.Millisecond)
+	requireEachOnce(t, dues, n)
+}
+
+// A second release of every hold of a key drops the parts left of the
+// first: it ranks those rows itself, and the first would otherwise rewrite
+// them part by part at its own slots.
+func TestReleaseSupersedesThePartsLeftOfAnEarlierOne(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.start(t, func(c *scheduler.Config) { c.ReleasePart = 2 })
+	b.policy(t, "super", "", 2, 10, 100)
+	const n = 6
+	b.pauseHeld(t, "super", "shop", "s%02d", n)
+
+	// Paced an hour out: the first part now, the next ones in an hour.
+	slow := &contract.ReleasePace{From: time.Now().Truncate(time.Second).Add(time.Hour), Limit: 1, WindowMS: 1000}
+	b.publish(t, contract.Released, contract.ReleasedData{Kind: "super", HoldKey: "shop", Reason: contract.ReleaseLimitChanged,
+		By: "test", ReleasedAt: time.Now(), Pace: slow})
+	b.waitRow(t, "super", "s01", func(r retrystore.Retry) bool { return r.NextAttemptAt != nil && r.NextAttemptAt.Equal(slow.DueAt(1)) })
+	require.Equal(t, 1, b.releasePartsLeft(t))
+
+	b.publish(t, contract.Released, contract.ReleasedData{Kind: "super", HoldKey: "shop", Reason: contract.ReleaseResume,
+		By: "test", ReleasedAt: time.Now()})
+	var dues []string
+	require.Eventually(t, func() bool {
+		dues = nil
+		for _, m := range b.streamMsgs(t, "retry.super.due.*") {
+			dues = append(dues, decodeDue(t, m).ID)
+		}
+		return len(dues) == n
+	}, waitFor, 10*time.Millisecond)
+	for i, id := range dues {
+		require.Equal(t, fmt.Sprintf("s%02d", i), id, "due at once, in the order first held")
+	}
+	require.Zero(t, b.releasePartsLeft(t), "the first release's parts were dropped")
+}
