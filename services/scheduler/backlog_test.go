@@ -32,7 +32,7 @@ func TestRedueWaitsForPolicyStageBacklog(t *testing.T) {
 		})
 	})
 	b.policy(t, "lag", "", 3, 10, 10)
-	shrinkDuplicateWindow(t, b)
+	shrinkDuplicateWindow(t, b, 100*time.Millisecond)
 
 	b.failTo(t, "lag", "r1", 1, "timeout", retrystore.StateDue)
 

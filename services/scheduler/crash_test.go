@@ -24,6 +24,7 @@ func TestDuplicateFailedChangesNothing(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	s := b.start(t)
+	shrinkDuplicateWindow(t, b, time.Second)
 	hour := int64(time.Hour / time.Millisecond)
 	b.policy(t, "dup", "", 3, hour, hour)
 

@@ -311,6 +311,7 @@ func TestDuplicateInOneBatch(t *testing.T) {
 	b := setup(t)
 	b.policy(t, "twice", "", 3, 60_000, 60_000)
 	b.ensureStreams(t)
+	shrinkDuplicateWindow(t, b, time.Second)
 	msg := lifecycleMsg(t, contract.Failed, failed("twice", "x", 1, "timeout"))
 	_, err := b.js.PublishMsg(b.ctx, msg)
 	require.NoError(t, err)

@@ -140,6 +140,7 @@ func TestDuplicateHoldChangesNothing(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	s := b.start(t)
+	shrinkDuplicateWindow(t, b, time.Second)
 	b.policy(t, "hdup", "", 2, 10, 100)
 
 	msg := lifecycleMsg(t, contract.Held, held("hdup", "d1", 1, contract.HoldThrottle, at(time.Hour)))

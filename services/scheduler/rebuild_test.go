@@ -41,6 +41,7 @@ func TestRebuildEqualsOriginal(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	s := b.start(t)
+	shrinkDuplicateWindow(t, b, time.Second)
 	hour := int64(time.Hour / time.Millisecond)
 	b.policy(t, "rb", "", 3, 10, 10)
 	b.policy(t, "rb-slow", "", 3, hour, hour)

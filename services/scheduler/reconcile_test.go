@@ -128,7 +128,7 @@ func TestRedueAfterTimeout(t *testing.T) {
 	// RedueAfter (5m by default, always above the 2m duplicate window)
 	// cannot pass in a test: a re-emission is stored because the window is
 	// shrunk, and due_at moves back as if the time had passed.
-	shrinkDuplicateWindow(t, b)
+	shrinkDuplicateWindow(t, b, 100*time.Millisecond)
 
 	b.publish(t, contract.Failed, failed("rd", "r1", 1, "timeout"))
 	b.waitRow(t, "rd", "r1", inState(retrystore.StateDue, 2))
