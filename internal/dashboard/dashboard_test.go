@@ -71,7 +71,8 @@ func TestAssets(t *testing.T) {
 	for _, r := range refs {
 		visit(r[1])
 	}
-	require.True(t, seen["js/retries.js"] && seen["js/analytics.js"] && seen["js/policies.js"], "modules reached: %v", seen)
+	require.True(t, seen["js/retries.js"] && seen["js/analytics.js"] && seen["js/policies.js"] &&
+		seen["js/jobs.js"] && seen["js/jobs-bulk.js"], "modules reached: %v", seen)
 	require.Equal(t, http.StatusNotFound, get(t, h, "/nothing.js").Code)
 }
 

@@ -95,4 +95,14 @@ export const api = {
   policyTemplate: (kind) => call("GET", "/v1/policies/template", { query: { kind } }),
   putPolicy: (kind, jobType, body) => call("PUT", `/v1/policies/${seg(kind)}/${jt(jobType)}`, { body }),
   policyVersions: (kind, jobType) => call("GET", `/v1/policies/${seg(kind)}/${jt(jobType)}/versions`),
+  listJobs: (filter) => call("GET", "/v1/jobs", { query: filter }),
+  getJob: (id) => call("GET", `/v1/jobs/${seg(id)}`),
+  retryJob: (id, reason) => call("POST", `/v1/jobs/${seg(id)}/retry`, { body: { reason } }),
+  cancelJob: (id, reason) => call("POST", `/v1/jobs/${seg(id)}/cancel`, { body: { reason } }),
+  // bulkRetry's body: {filter, dry_run, rate_per_second, reason}. dry_run
+  // is required by the API, so a bulk retry never starts by accident.
+  bulkRetry: (body) => call("POST", "/v1/jobs/bulk-retry", { body }),
+  listOperations: (query) => call("GET", "/v1/operations", { query }),
+  getOperation: (id) => call("GET", `/v1/operations/${seg(id)}`),
+  cancelOperation: (id) => call("POST", `/v1/operations/${seg(id)}/cancel`),
 };

@@ -8,8 +8,9 @@ import * as retries from "./retries.js";
 import * as analytics from "./analytics.js";
 import * as sources from "./sources.js";
 import * as policies from "./policies.js";
+import * as jobs from "./jobs.js";
 
-const views = { retries, analytics, sources, policies };
+const views = { retries, jobs, analytics, sources, policies };
 const refreshMS = Number(document.querySelector('meta[name="retryd-refresh-ms"]')?.content) || 3000;
 const main = document.getElementById("view");
 
