@@ -58,6 +58,11 @@ func TestDashboardJobsBrowser(t *testing.T) {
 		return chromedp.Evaluate[chromedp.Void](fmt.Sprintf(`(() => { const s = document.querySelector(%q);
 			s.value = %q; s.dispatchEvent(new Event("change")); })()`, `select[data-test="jobs-filter-`+name+`"]`, value))
 	}
+	// empty clears a text input without an event, as a user's select-all
+	// does before typing.
+	empty := func(sel string) chromedp.Action[chromedp.Void] {
+		return chromedp.Evaluate[chromedp.Void](fmt.Sprintf(`(() => { document.querySelector(%q).value = ""; })()`, sel))
+	}
 	row := func(scope, id string) string { return fmt.Sprintf(`%s tr[data-id=%q]`, scope, id) }
 
 	t.Log("load: the jobs given up on need attention, every job is listed")
@@ -86,7 +91,7 @@ func TestDashboardJobsBrowser(t *testing.T) {
 	require.Contains(t, hash, "job_type=dj_crm")
 	require.Contains(t, hash, "status=retrying")
 	require.NoError(t, chromedp.Do(ctx,
-		chromedp.SetValue(chromedp.CSS(`input[data-test="jobs-filter-job_type"]`), ""),
+		empty(`input[data-test="jobs-filter-job_type"]`),
 		chromedp.SendKeys(chromedp.CSS(`input[data-test="jobs-filter-job_type"]`), "dj_email"+kb.Enter),
 		rowsAre(list, email1, email2),
 		pick("error_class", "network"),
@@ -165,7 +170,7 @@ func TestDashboardJobsBrowser(t *testing.T) {
 	))
 	require.Contains(t, text(t, ctx, bulk+`[data-test="bulk-error"]`), `Release rate "fast"`)
 	require.NoError(t, chromedp.Do(ctx,
-		chromedp.SetValue(chromedp.CSS(bulk+`input[data-test="bulk-rate"]`), ""),
+		empty(bulk+`input[data-test="bulk-rate"]`),
 		chromedp.SendKeys(chromedp.CSS(bulk+`input[data-test="bulk-rate"]`), "5/s"),
 		chromedp.SendKeys(chromedp.CSS(bulk+`input[data-test="bulk-reason"]`), "crm back"),
 		chromedp.Click(chromedp.CSS(bulk+`[data-test="bulk-dry-run"]`)),
@@ -201,4 +206,40 @@ func TestDashboardJobsBrowser(t *testing.T) {
 
 	require.Empty(t, errs.list(), "the page logged errors")
 	require.False(t, strings.Contains(eval[string](t, ctx, `document.getElementById("banner").textContent`), "failed"))
+}
+
+// TestDashboardJobsViewer: a viewer reads the Jobs tab and is offered no
+// retry, cancel or bulk retry; an action asked for all the same shows the
+// API's refusal.
+func TestDashboardJobsViewer(t *testing.T) {
+	t.Parallel()
+	ctx := browser(t)
+	b := setupTokens(t)
+	r := cli(t, "--api", b.api, "--token", b.stack.AdminToken(), "tokens", "create", "--name", "jobs-viewer", "--role", "viewer")
+	require.Equal(t, exitOK, r.code, r.stderr)
+	viewer := strings.TrimSpace(r.stdout)
+	id := contract.NewID()
+	b.fail(t, id, "dj_viewer", 1, "timeout", "upstream timed out")
+
+	dialogInput := `.dialog input[name="token"]`
+	require.NoError(t, chromedp.Do(ctx,
+		chromedp.Navigate(b.api+"/ui/#/jobs"),
+		chromedp.WaitVisible(chromedp.CSS(dialogInput)),
+		chromedp.SendKeys(chromedp.CSS(dialogInput), viewer),
+		chromedp.Click(chromedp.CSS(`[data-test="dialog-confirm"]`)),
+		poll(`document.getElementById("whoami").textContent === "jobs-viewer (viewer)"`),
+		chromedp.WaitVisible(chromedp.CSS(fmt.Sprintf(`[data-test="jobs-list"] tr[data-id=%q]`, id))),
+		chromedp.Click(chromedp.CSS(fmt.Sprintf(`[data-test="jobs-list"] tr[data-id=%q]`, id))),
+		chromedp.WaitVisible(chromedp.CSS(`[data-test="job-history"] tr[data-event="failed"]`)),
+	))
+	for _, sel := range []string{`[data-test="job-retry"]`, `[data-test="job-cancel"]`, `[data-test="bulk-dry-run"]`} {
+		require.True(t, eval[bool](t, ctx, fmt.Sprintf(`document.querySelector(%q)?.offsetParent === null`, sel)), "a viewer is offered no %s", sel)
+	}
+	require.NoError(t, chromedp.Do(ctx,
+		chromedp.Evaluate[chromedp.Void](`document.querySelector('[data-test="job-retry"]').click()`),
+		chromedp.WaitVisible(chromedp.CSS(`[data-test="dialog-confirm"]`)),
+		chromedp.Click(chromedp.CSS(`[data-test="dialog-confirm"]`)),
+		chromedp.WaitVisible(chromedp.CSS(`.dialog .error`)),
+	))
+	require.Contains(t, text(t, ctx, `.dialog .error`), `"jobs-viewer" has role viewer; POST /v1/jobs/`+id+`/retry needs operator`)
 }

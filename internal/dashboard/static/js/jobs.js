@@ -40,7 +40,7 @@ export async function render(root, params, { navigate }) {
   };
   const statusOptions = [["", "any status"], [GIVEN_UP, "failed or failed_max_retries"], ...STATUSES.map((s) => [s, s])];
   const bulkPanel = bulk.panel({ statuses: STATUSES, classes: CLASSES, givenUp: GIVEN_UP });
-  const layout = h("div", { class: "split" },
+  const layout = h("div", { class: "split jobs" },
     h("section", { class: "panel", "data-test": "jobs-list" },
       h("div", { class: "filters" },
         h("label", {}, "Job type", (controls.job_type = h("input", { name: "job_type", "data-test": "jobs-filter-job_type", placeholder: "e.g. send_email",
@@ -249,12 +249,16 @@ function detailOf(e) {
 }
 
 // note is an entry's message: the error of a failure, else what its
-// detail says (a decision's note, a hold's detail, a cancel's reason and
-// who), as retryd jobs show prints it.
+// detail says (a decision's note, base delay and retry budget, a hold's
+// detail, a cancel's reason and who), much as retryd jobs show prints it.
 function note(e) {
   if (e.error_message) return e.error_message;
   const d = detailOf(e);
-  return [d.hold_reason && `held: ${d.hold_reason}`, d.note, d.detail, d.reason, d.by && `by ${d.by}`].filter(Boolean).join("; ");
+  return [
+    d.hold_reason && `held: ${d.hold_reason}`, d.note, d.detail, d.reason, d.by && `by ${d.by}`,
+    d.base_delay_ms !== undefined && `base ${fmtMS(d.base_delay_ms)}`,
+    d.retry_count !== undefined && d.max_retries !== undefined && `retries used ${d.retry_count} of ${d.max_retries}`,
+  ].filter(Boolean).join("; ");
 }
 
 function historyRow(e) {
@@ -264,8 +268,8 @@ function historyRow(e) {
     h("td", { class: "num", text: e.attempt }),
     h("td", { text: e.event }),
     h("td", {}, classTag(e.error_class)),
-    h("td", { class: e.error_message ? "err" : "", title: msg, text: trunc(msg, 120) }),
+    h("td", { class: e.error_message ? "msg err" : "msg", title: msg, text: trunc(msg, 120) }),
     h("td", { class: "nowrap", text: e.delay_ms === undefined || e.delay_ms === null ? "" : fmtMS(e.delay_ms) }),
     h("td", { text: e.decided_by || "" }),
-    h("td", { class: "mono", "data-test": "executor", text: e.executor || "" }));
+    h("td", { class: "mono nowrap", "data-test": "executor", text: e.executor || "" }));
 }
