@@ -22,6 +22,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/retryd/retryd/internal/backendtest"
 	"github.com/retryd/retryd/internal/natstest"
 	"github.com/retryd/retryd/internal/serve"
 	"github.com/retryd/retryd/internal/servicetest"
@@ -75,12 +76,10 @@ func testLogger(t *testing.T) zerolog.Logger {
 
 func setup(t *testing.T) *env {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	t.Cleanup(cancel)
-	srv := natstest.RunServer(t)
-	_, js := natstest.Connect(t, srv)
+	be := backendtest.Start(t, 3*time.Minute)
+	ctx, js := be.Ctx, be.JS
 	natstest.EnsureStreams(t, js)
-	e := &env{ctx: ctx, srv: srv, js: js, pool: pgtest.NewPool(t), log: testLogger(t)}
+	e := &env{ctx: ctx, srv: be.Srv, js: js, pool: be.Pool, log: testLogger(t)}
 
 	// Fast policies for every job type the tests use: 100ms doubling, no
 	// jitter, so delays are exact.

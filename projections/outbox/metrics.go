@@ -18,39 +18,21 @@ type metrics struct {
 // service in the dev runner) share one registry: a collector that is
 // already registered is reused, and the owner label tells them apart.
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
-	m := &metrics{}
-	var err error
-	if m.published, err = promreg.Register(reg, counter("published_total",
-		"Outbox messages published and acknowledged by JetStream (duplicates included).")); err != nil {
-		return nil, err
+	b := promreg.Builder{Reg: reg, Namespace: "retryd", Subsystem: "outbox"}
+	m := &metrics{
+		published: b.CounterVec("published_total",
+			"Outbox messages published and acknowledged by JetStream (duplicates included).", "owner"),
+		duplicates: b.CounterVec("duplicates_total",
+			"Outbox messages JetStream acknowledged as duplicates (published before, e.g. by a relay that stopped before deleting them).", "owner"),
+		errors: b.CounterVec("publish_errors_total",
+			"Outbox message publishes that failed; the rows stay in the outbox and are retried.", "owner"),
+		pending: b.GaugeVec("pending",
+			"Outbox rows waiting to be published.", "owner"),
+		lag: b.GaugeVec("lag_seconds",
+			"Age of the oldest outbox row waiting to be published.", "owner"),
 	}
-	if m.duplicates, err = promreg.Register(reg, counter("duplicates_total",
-		"Outbox messages JetStream acknowledged as duplicates (published before, e.g. by a relay that stopped before deleting them).")); err != nil {
-		return nil, err
-	}
-	if m.errors, err = promreg.Register(reg, counter("publish_errors_total",
-		"Outbox message publishes that failed; the rows stay in the outbox and are retried.")); err != nil {
-		return nil, err
-	}
-	if m.pending, err = promreg.Register(reg, gauge("pending",
-		"Outbox rows waiting to be published.")); err != nil {
-		return nil, err
-	}
-	if m.lag, err = promreg.Register(reg, gauge("lag_seconds",
-		"Age of the oldest outbox row waiting to be published.")); err != nil {
+	if err := b.Err(); err != nil {
 		return nil, err
 	}
 	return m, nil
-}
-
-func counter(name, help string) *prometheus.CounterVec {
-	return prometheus.NewCounterVec(prometheus.CounterOpts{
-		Namespace: "retryd", Subsystem: "outbox", Name: name, Help: help,
-	}, []string{"owner"})
-}
-
-func gauge(name, help string) *prometheus.GaugeVec {
-	return prometheus.NewGaugeVec(prometheus.GaugeOpts{
-		Namespace: "retryd", Subsystem: "outbox", Name: name, Help: help,
-	}, []string{"owner"})
 }

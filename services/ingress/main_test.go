@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
+	"github.com/retryd/retryd/internal/backendtest"
 	"github.com/retryd/retryd/internal/natstest"
 	"github.com/retryd/retryd/internal/serve"
 	"github.com/retryd/retryd/internal/servicetest"
@@ -60,10 +61,8 @@ func testConfig(t *testing.T, pool *pgxpool.Pool, js jetstream.JetStream, reg pr
 // started ingress instance serving HTTP. opts adjust the config.
 func setup(t *testing.T, opts ...func(*ingress.Config)) *bundle {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	t.Cleanup(cancel)
-	b := &bundle{ctx: ctx, pool: pgtest.NewPool(t), srv: natstest.RunServer(t), reg: prometheus.NewRegistry()}
-	_, b.js = natstest.Connect(t, b.srv)
+	be := backendtest.Start(t, 2*time.Minute)
+	b := &bundle{ctx: be.Ctx, pool: be.Pool, srv: be.Srv, js: be.JS, reg: prometheus.NewRegistry()}
 	natstest.EnsureStreams(t, b.js)
 	cfg := testConfig(t, b.pool, b.js, b.reg)
 	for _, o := range opts {

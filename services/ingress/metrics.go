@@ -4,6 +4,8 @@ import (
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/retryd/retryd/internal/promreg"
 )
 
 // Values of the labels on ingress metrics.
@@ -43,47 +45,34 @@ type metrics struct {
 }
 
 func newMetrics(reg prometheus.Registerer, maxSources int) (*metrics, error) {
-	const ns, sub = "retryd", "ingress"
+	b := promreg.Builder{Reg: reg, Namespace: "retryd", Subsystem: "ingress"}
 	m := &metrics{
-		intake: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: ns, Subsystem: sub, Name: "intake_total",
-			Help: "Events offered over HTTP by result: accepted, duplicate (id already in INGEST), rejected (bad input: 400/413), failed (not stored in INGEST: 503).",
-		}, []string{"source", "result"}),
-		intakeLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Namespace: ns, Subsystem: sub, Name: "intake_duration_seconds",
-			Help:    "Time from request to response of POST /v1/events, PubAck included.",
-			Buckets: []float64{.0005, .001, .002, .005, .01, .025, .05, .1, .25, .5, 1, 2.5},
-		}),
-		gate: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: ns, Subsystem: sub, Name: "gate_total",
-			Help: "Events from INGEST by decision: admitted, deferred, duplicate (id already stored), rejected (type not allowed).",
-		}, []string{"source", "decision"}),
-		deferrals: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: ns, Subsystem: sub, Name: "deferrals_total",
-			Help: "Gate rejections that became failed events, first ones and retries alike, by reason.",
-		}, []string{"source", "reason"}),
-		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: ns, Subsystem: sub, Name: "retries_total",
-			Help: "Event-ingress retry lifecycle per source: scheduled, rescheduled, due, waited (a throttled event's due handed back until its turn), completed (admitted on a retry), cancelled, exhausted.",
-		}, []string{"source", "event"}),
-		malformed: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: ns, Subsystem: sub, Name: "malformed_total",
-			Help: "Messages terminated because they cannot be processed, by consumer.",
-		}, []string{"consumer"}),
-		reconciled: prometheus.NewCounter(prometheus.CounterOpts{
-			Namespace: ns, Subsystem: sub, Name: "reconciled_total",
-			Help: "Failed events published again for deferrals the scheduler had not confirmed.",
-		}),
-		rateLimited: prometheus.NewCounter(prometheus.CounterOpts{
-			Namespace: ns, Subsystem: sub, Name: "intake_rate_limited_total",
-			Help: "Intake requests refused with 429 because their caller (token) sent more than RETRYD_INTAKE_RATE allows.",
-		}),
+		intake: b.CounterVec("intake_total",
+			"Events offered over HTTP by result: accepted, duplicate (id already in INGEST), rejected (bad input: 400/413), failed (not stored in INGEST: 503).",
+			"source", "result"),
+		intakeLatency: b.Histogram("intake_duration_seconds",
+			"Time from request to response of POST /v1/events, PubAck included.",
+			[]float64{.0005, .001, .002, .005, .01, .025, .05, .1, .25, .5, 1, 2.5}),
+		gate: b.CounterVec("gate_total",
+			"Events from INGEST by decision: admitted, deferred, duplicate (id already stored), rejected (type not allowed).",
+			"source", "decision"),
+		deferrals: b.CounterVec("deferrals_total",
+			"Gate rejections that became failed events, first ones and retries alike, by reason.",
+			"source", "reason"),
+		retries: b.CounterVec("retries_total",
+			"Event-ingress retry lifecycle per source: scheduled, rescheduled, due, waited (a throttled event's due handed back until its turn), completed (admitted on a retry), cancelled, exhausted.",
+			"source", "event"),
+		malformed: b.CounterVec("malformed_total",
+			"Messages terminated because they cannot be processed, by consumer.",
+			"consumer"),
+		reconciled: b.Counter("reconciled_total",
+			"Failed events published again for deferrals the scheduler had not confirmed."),
+		rateLimited: b.Counter("intake_rate_limited_total",
+			"Intake requests refused with 429 because their caller (token) sent more than RETRYD_INTAKE_RATE allows."),
 		sources: &sourceLabels{max: maxSources, seen: map[string]struct{}{}},
 	}
-	for _, c := range []prometheus.Collector{m.intake, m.intakeLatency, m.gate, m.deferrals, m.retries, m.malformed, m.reconciled, m.rateLimited} {
-		if err := reg.Register(c); err != nil {
-			return nil, err
-		}
+	if err := b.Err(); err != nil {
+		return nil, err
 	}
 	for _, c := range []string{ConsumerGate, ConsumerRetry, ConsumerRetryState} {
 		m.malformed.WithLabelValues(c)

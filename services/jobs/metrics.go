@@ -14,29 +14,15 @@ type projectorMetrics struct {
 }
 
 func newProjectorMetrics(reg prometheus.Registerer) (*projectorMetrics, error) {
+	b := promreg.Builder{Reg: reg, Namespace: "retryd", Subsystem: "jobs"}
 	m := &projectorMetrics{
-		applied: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: "retryd", Subsystem: "jobs", Name: "applied_total",
-			Help: "Messages folded into the jobs table, by stream.",
-		}, []string{"stream"}),
-		duplicates: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: "retryd", Subsystem: "jobs", Name: "duplicates_total",
-			Help: "Messages already applied (inbox), by stream.",
-		}, []string{"stream"}),
-		malformed: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: "retryd", Subsystem: "jobs", Name: "malformed_total",
-			Help: "Messages terminated because they could not be decoded, by consumer stream.",
-		}, []string{"consumer"}),
-		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: "retryd", Subsystem: "jobs", Name: "apply_errors_total",
-			Help: "Batches rolled back and handed back for redelivery, by stream.",
-		}, []string{"stream"}),
+		applied:    b.CounterVec("applied_total", "Messages folded into the jobs table, by stream.", "stream"),
+		duplicates: b.CounterVec("duplicates_total", "Messages already applied (inbox), by stream.", "stream"),
+		malformed:  b.CounterVec("malformed_total", "Messages terminated because they could not be decoded, by consumer stream.", "consumer"),
+		errors:     b.CounterVec("apply_errors_total", "Batches rolled back and handed back for redelivery, by stream.", "stream"),
 	}
-	var err error
-	for _, c := range []**prometheus.CounterVec{&m.applied, &m.duplicates, &m.malformed, &m.errors} {
-		if *c, err = promreg.Register(reg, *c); err != nil {
-			return nil, err
-		}
+	if err := b.Err(); err != nil {
+		return nil, err
 	}
 	return m, nil
 }
@@ -46,14 +32,11 @@ type apiMetrics struct {
 }
 
 func newAPIMetrics(reg prometheus.Registerer) (*apiMetrics, error) {
+	b := promreg.Builder{Reg: reg, Namespace: "retryd", Subsystem: "jobs"}
 	m := &apiMetrics{
-		bulkItems: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: "retryd", Subsystem: "jobs", Name: "bulk_retry_items_total",
-			Help: "Jobs handled by bulk retries, by result (released, skipped, failed).",
-		}, []string{"result"}),
+		bulkItems: b.CounterVec("bulk_retry_items_total", "Jobs handled by bulk retries, by result (released, skipped, failed).", "result"),
 	}
-	var err error
-	if m.bulkItems, err = promreg.Register(reg, m.bulkItems); err != nil {
+	if err := b.Err(); err != nil {
 		return nil, err
 	}
 	return m, nil

@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/retryd/retryd/internal/backendtest"
 	"github.com/retryd/retryd/internal/natstest"
 	"github.com/retryd/retryd/internal/servicetest"
 	"github.com/retryd/retryd/migrations/pgtest"
@@ -39,11 +40,10 @@ type bundle struct {
 
 func setup(t *testing.T) *bundle {
 	t.Helper()
-	srv := natstest.RunServer(t)
-	_, js := natstest.Connect(t, srv)
-	natstest.EnsureStreams(t, js)
+	be := backendtest.Start(t, 0)
+	natstest.EnsureStreams(t, be.JS)
 	return &bundle{
-		ctx: context.Background(), pool: pgtest.NewPool(t), js: js, reg: prometheus.NewRegistry(),
+		ctx: be.Ctx, pool: be.Pool, js: be.JS, reg: prometheus.NewRegistry(),
 		log: zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.WarnLevel),
 	}
 }

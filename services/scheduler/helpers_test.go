@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
+	"github.com/retryd/retryd/internal/backendtest"
 	"github.com/retryd/retryd/internal/natstest"
 	"github.com/retryd/retryd/internal/servicetest"
 	"github.com/retryd/retryd/internal/streams"
@@ -40,11 +41,8 @@ type bundle struct {
 
 func setup(t *testing.T) *bundle {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	t.Cleanup(cancel)
-	srv := natstest.RunServer(t)
-	nc, js := natstest.Connect(t, srv)
-	return &bundle{ctx: ctx, pool: pgtest.NewPool(t), srv: srv, nc: nc, js: js}
+	be := backendtest.Start(t, 3*time.Minute)
+	return &bundle{ctx: be.Ctx, pool: be.Pool, srv: be.Srv, nc: be.NC, js: be.JS}
 }
 
 // instance is a started scheduler and its metrics registry.

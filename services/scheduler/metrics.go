@@ -31,70 +31,40 @@ type metrics struct {
 var latenessBuckets = []float64{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60}
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
-	counter := func(name, help string, labels ...string) *prometheus.CounterVec {
-		return prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "retryd", Subsystem: "scheduler", Name: name, Help: help}, labels)
-	}
-	m := &metrics{
-		scheduled:     counter("scheduled_total", "First retries scheduled.", "kind"),
-		rescheduled:   counter("rescheduled_total", "Later retries scheduled, manual retries included.", "kind"),
-		due:           counter("due_total", "Due events emitted (stored by JetStream for the first time).", "kind"),
-		succeeded:     counter("succeeded_total", "Retried items that succeeded.", "kind"),
-		exhausted:     counter("exhausted_total", "Items exhausted (dead-lettered).", "kind"),
-		cancelled:     counter("cancelled_total", "Items cancelled.", "kind"),
-		redue:         counter("redue_total", "Due events emitted again because the owner reported no outcome within RedueAfter.", "kind"),
-		dueDuplicates: counter("due_duplicates_total", "Due publishes JetStream absorbed as duplicates of an earlier publish (same Nats-Msg-Id).", "kind"),
-		lateness: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Namespace: "retryd", Subsystem: "scheduler", Name: "due_lateness_seconds",
-			Help:    "Time from next_attempt_at to the publish of the due event, by the database clock.",
-			Buckets: latenessBuckets,
-		}),
-		pending: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Namespace: "retryd", Subsystem: "scheduler", Name: "pending",
-			Help: "Retries waiting (state scheduled) or out for an outcome (state due).",
-		}, []string{"kind", "state"}),
-		outboxPending: prometheus.NewGauge(prometheus.GaugeOpts{
-			Namespace: "retryd", Subsystem: "scheduler", Name: "outbox_pending",
-			Help: "Lifecycle events in the scheduler's outbox not yet published.",
-		}),
-		outboxLag: prometheus.NewGauge(prometheus.GaugeOpts{
-			Namespace: "retryd", Subsystem: "scheduler", Name: "outbox_lag_seconds",
-			Help: "Age of the oldest unpublished event in the scheduler's outbox (0 when empty).",
-		}),
-		policyLag: prometheus.NewGauge(prometheus.GaugeOpts{
-			Namespace: "retryd", Subsystem: "scheduler", Name: "policy_lag_seconds",
-			Help: "How far the policy stage is behind RETRIES: the age of the newest applied fact while the consumer holds unapplied ones (0 when caught up). Re-emissions wait RedueAfter plus this.",
-		}),
-		busy: prometheus.NewCounter(prometheus.CounterOpts{
-			Namespace: "retryd", Subsystem: "scheduler", Name: "busy_total",
-			Help: "Facts handed back (redelivered after 5s) because another transaction held their item: a peer instance mid-batch, or frozen.",
-		}),
-		inProgress: prometheus.NewCounter(prometheus.CounterOpts{
-			Namespace: "retryd", Subsystem: "scheduler", Name: "in_progress_acks_total",
-			Help: "In-progress acks sent for facts held longer than a quarter of the ack wait (a slow batch), so that the short ack wait redelivers only a dead instance's facts.",
-		}),
-		malformed: counter("malformed_total", "Messages terminated because they could not be decoded.", "consumer"),
-		duplicate: counter("duplicate_total", "Messages already applied (inbox hit), acked without effect.", "consumer"),
-		stale:     counter("stale_total", "Facts ignored because the row moved past them (old attempt or terminal state).", "kind", "event"),
-		errors:    counter("errors_total", "Failed transactions or publishes by stage (retried).", "stage"),
-	}
-	cs := []prometheus.Collector{
-		m.scheduled, m.rescheduled, m.due, m.succeeded, m.exhausted, m.cancelled, m.redue, m.dueDuplicates,
-		m.lateness, m.pending, m.outboxPending, m.outboxLag, m.malformed, m.duplicate, m.stale, m.errors, m.policyLag, m.busy, m.inProgress,
-	}
-	for i, c := range cs {
-		got, err := promreg.Register(reg, c)
-		if err != nil {
-			return nil, err
-		}
-		cs[i] = got
-	}
 	// Several schedulers on one registry (the dev runner, tests) share the
 	// collectors registered first.
-	m.scheduled, m.rescheduled, m.due, m.succeeded = cs[0].(*prometheus.CounterVec), cs[1].(*prometheus.CounterVec), cs[2].(*prometheus.CounterVec), cs[3].(*prometheus.CounterVec)
-	m.exhausted, m.cancelled, m.redue, m.dueDuplicates = cs[4].(*prometheus.CounterVec), cs[5].(*prometheus.CounterVec), cs[6].(*prometheus.CounterVec), cs[7].(*prometheus.CounterVec)
-	m.lateness, m.pending, m.outboxPending, m.outboxLag = cs[8].(prometheus.Histogram), cs[9].(*prometheus.GaugeVec), cs[10].(prometheus.Gauge), cs[11].(prometheus.Gauge)
-	m.malformed, m.duplicate, m.stale, m.errors = cs[12].(*prometheus.CounterVec), cs[13].(*prometheus.CounterVec), cs[14].(*prometheus.CounterVec), cs[15].(*prometheus.CounterVec)
-	m.policyLag, m.busy = cs[16].(prometheus.Gauge), cs[17].(prometheus.Counter)
+	b := promreg.Builder{Reg: reg, Namespace: "retryd", Subsystem: "scheduler"}
+	m := &metrics{
+		scheduled:     b.CounterVec("scheduled_total", "First retries scheduled.", "kind"),
+		rescheduled:   b.CounterVec("rescheduled_total", "Later retries scheduled, manual retries included.", "kind"),
+		due:           b.CounterVec("due_total", "Due events emitted (stored by JetStream for the first time).", "kind"),
+		succeeded:     b.CounterVec("succeeded_total", "Retried items that succeeded.", "kind"),
+		exhausted:     b.CounterVec("exhausted_total", "Items exhausted (dead-lettered).", "kind"),
+		cancelled:     b.CounterVec("cancelled_total", "Items cancelled.", "kind"),
+		redue:         b.CounterVec("redue_total", "Due events emitted again because the owner reported no outcome within RedueAfter.", "kind"),
+		dueDuplicates: b.CounterVec("due_duplicates_total", "Due publishes JetStream absorbed as duplicates of an earlier publish (same Nats-Msg-Id).", "kind"),
+		lateness: b.Histogram("due_lateness_seconds",
+			"Time from next_attempt_at to the publish of the due event, by the database clock.", latenessBuckets),
+		pending: b.GaugeVec("pending",
+			"Retries waiting (state scheduled) or out for an outcome (state due).", "kind", "state"),
+		outboxPending: b.Gauge("outbox_pending",
+			"Lifecycle events in the scheduler's outbox not yet published."),
+		outboxLag: b.Gauge("outbox_lag_seconds",
+			"Age of the oldest unpublished event in the scheduler's outbox (0 when empty)."),
+		malformed: b.CounterVec("malformed_total", "Messages terminated because they could not be decoded.", "consumer"),
+		duplicate: b.CounterVec("duplicate_total", "Messages already applied (inbox hit), acked without effect.", "consumer"),
+		stale:     b.CounterVec("stale_total", "Facts ignored because the row moved past them (old attempt or terminal state).", "kind", "event"),
+		errors:    b.CounterVec("errors_total", "Failed transactions or publishes by stage (retried).", "stage"),
+		policyLag: b.Gauge("policy_lag_seconds",
+			"How far the policy stage is behind RETRIES: the age of the newest applied fact while the consumer holds unapplied ones (0 when caught up). Re-emissions wait RedueAfter plus this."),
+		busy: b.Counter("busy_total",
+			"Facts handed back (redelivered after 5s) because another transaction held their item: a peer instance mid-batch, or frozen."),
+		inProgress: b.Counter("in_progress_acks_total",
+			"In-progress acks sent for facts held longer than a quarter of the ack wait (a slow batch), so that the short ack wait redelivers only a dead instance's facts."),
+	}
+	if err := b.Err(); err != nil {
+		return nil, err
+	}
 	return m, nil
 }
 

@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
+	"github.com/retryd/retryd/internal/backendtest"
 	"github.com/retryd/retryd/internal/natstest"
 	"github.com/retryd/retryd/internal/serve"
 	"github.com/retryd/retryd/internal/servicetest"
@@ -58,10 +59,8 @@ func (b *bundle) testConfig(t *testing.T) Config {
 // start, it also starts one service instance and serves its API.
 func setup(t *testing.T, start bool, opts ...func(*Config)) *bundle {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	t.Cleanup(cancel)
-	b := &bundle{ctx: ctx, pool: pgtest.NewPool(t), srv: natstest.RunServer(t)}
-	b.nc, b.js = natstest.Connect(t, b.srv)
+	be := backendtest.Start(t, 3*time.Minute)
+	b := &bundle{ctx: be.Ctx, pool: be.Pool, srv: be.Srv, nc: be.NC, js: be.JS}
 	natstest.EnsureStreams(t, b.js)
 	cfg := b.testConfig(t)
 	for _, o := range opts {
