@@ -344,7 +344,7 @@ func TestReleaseLeavesHoldsDecidedAfterIt(t *testing.T) {
 func TestOwnerAdmittedReleaseEmitsOnlyFallbackDues(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	b.start(t)
+	s := b.start(t)
 	b.policy(t, "own", "", 2, 10, 100)
 	for _, id := range []string{"o1", "o2"} {
 		hd := heldUnder("shop", "own", id, contract.HoldPause, nil)
@@ -359,6 +359,7 @@ func TestOwnerAdmittedReleaseEmitsOnlyFallbackDues(t *testing.T) {
 		return b.pool.QueryRow(b.ctx, `SELECT next_at FROM retry_release_parts WHERE kind = 'own' AND behind`).Scan(&behind) == nil
 	}, waitFor, 10*time.Millisecond, "the release waits behind the owner")
 	require.WithinDuration(t, released.Add(scheduler.DefaultRedueAfter/2), behind, 10*time.Second)
+	require.Eventually(t, func() bool { return metric(t, s.reg, "retryd_scheduler_releases_pending") == 1 }, waitFor, 10*time.Millisecond)
 
 	// The owner admits o1: the close records the release.
 	b.publish(t, contract.Succeeded, contract.SucceededData{Kind: "own", ID: "o1", Attempt: 2})
@@ -385,6 +386,7 @@ func TestOwnerAdmittedReleaseEmitsOnlyFallbackDues(t *testing.T) {
 	require.Contains(t, string(h[len(h)-1].Detail), "owner_admits_at")
 	require.Empty(t, b.streamMsgs(t, "retry.own.due.*"), "no due at the slot")
 	require.Eventually(t, func() bool { return b.releasePartsLeft(t) == 0 }, waitFor, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return metric(t, s.reg, "retryd_scheduler_releases_pending") == 0 }, waitFor, 10*time.Millisecond)
 
 	_, err = b.pool.Exec(b.ctx, `UPDATE retries SET next_attempt_at = now() WHERE kind = 'own' AND item_id = 'o2'`)
 	require.NoError(t, err)

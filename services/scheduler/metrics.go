@@ -21,6 +21,7 @@ type metrics struct {
 	outboxPending        prometheus.Gauge
 	outboxLag            prometheus.Gauge
 	policyLag            prometheus.Gauge
+	releasesPending      prometheus.Gauge
 	busy                 prometheus.Counter
 	inProgress           prometheus.Counter
 
@@ -57,6 +58,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		errors:    b.CounterVec("errors_total", "Failed transactions or publishes by stage (retried).", "stage"),
 		policyLag: b.Gauge("policy_lag_seconds",
 			"How far the policy stage is behind RETRIES: the age of the newest applied fact while the consumer holds unapplied ones (0 when caught up). Re-emissions wait RedueAfter plus this."),
+		releasesPending: b.Gauge("releases_pending",
+			"Releases of held items with parts left to apply (retry_release_parts): those behind their owner wait there for the fallbacks of rows the owner did not close."),
 		busy: b.Counter("busy_total",
 			"Facts handed back (redelivered after 5s) because another transaction held their item: a peer instance mid-batch, or frozen."),
 		inProgress: b.Counter("in_progress_acks_total",
@@ -123,5 +126,9 @@ FROM outbox WHERE owner = $1`, Owner).Scan(&n, &lag)
 	}
 	s.metrics.outboxPending.Set(float64(n))
 	s.metrics.outboxLag.Set(lag)
+	if err := s.cfg.Pool.QueryRow(ctx, `SELECT count(*) FROM retry_release_parts`).Scan(&n); err != nil {
+		return fmt.Errorf("read releases pending: %w", err)
+	}
+	s.metrics.releasesPending.Set(float64(n))
 	return nil
 }
