@@ -57,7 +57,8 @@ WHERE kind = $1 AND hold_key = $2 AND ($3 = '' OR hold_reason = $3) AND (release
 
 // ClaimReleasePart locks the release whose next part is due the earliest,
 // if one is due now, skipping those another scheduler holds. nil: none.
-// q must be a transaction.
+// A row whose release does not decode is reported as a
+// *MalformedReleaseError, still locked. q must be a transaction.
 func ClaimReleasePart(ctx context.Context, q Querier) (*PendingRelease, error) {
 	var p PendingRelease
 	var raw []byte
@@ -71,10 +72,26 @@ FROM retry_release_parts WHERE next_at <= now() ORDER BY next_at LIMIT 1 FOR UPD
 		return nil, fmt.Errorf("claim release part: %w", err)
 	}
 	if err := json.Unmarshal(raw, &p.Release); err != nil {
-		return nil, fmt.Errorf("decode release %s: %w", p.MsgID, err)
+		return nil, &MalformedReleaseError{MsgID: p.MsgID, Err: err}
+	}
+	if err := p.Release.Validate(); err != nil {
+		return nil, &MalformedReleaseError{MsgID: p.MsgID, Err: err}
 	}
 	return &p, nil
 }
+
+// MalformedReleaseError is a recorded release whose data cannot be
+// decoded or is not a valid release; its row can never be applied.
+type MalformedReleaseError struct {
+	MsgID string
+	Err   error
+}
+
+func (e *MalformedReleaseError) Error() string {
+	return fmt.Sprintf("decode release %s: %v", e.MsgID, e.Err)
+}
+
+func (e *MalformedReleaseError) Unwrap() error { return e.Err }
 
 // FinishReleaseParts forgets release msgID: it has no rows left.
 func FinishReleaseParts(ctx context.Context, q Querier, msgID string) error {

@@ -2,6 +2,7 @@ package scheduler
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -63,17 +64,22 @@ func (s *Scheduler) releaseFirstPart(ctx context.Context, tx pgx.Tx, msgID strin
 			return retrystore.Released{}, err == nil, err
 		}
 	}
-	rel, err := retrystore.ReleaseHoldsPart(ctx, tx, msgID, rd, s.cfg.RedueAfter, retrystore.ReleaseCursor{}, s.cfg.ReleasePart)
+	return s.releasePart(ctx, tx, msgID, rd, retrystore.ReleaseCursor{}, false)
+}
+
+// releasePart applies the part of release rd that follows cur in tx and
+// records where it stopped and when its next part is due, or forgets the
+// release when this part found the last rows. more reports parts left.
+func (s *Scheduler) releasePart(ctx context.Context, tx pgx.Tx, msgID string, rd contract.ReleasedData, cur retrystore.ReleaseCursor,
+	behind bool) (rel retrystore.Released, more bool, err error) {
+	rel, err = retrystore.ReleaseHoldsPart(ctx, tx, msgID, rd, s.cfg.RedueAfter, cur, s.cfg.ReleasePart)
 	if err != nil {
 		return retrystore.Released{}, false, err
 	}
 	if rel.Ranked < int64(s.cfg.ReleasePart) {
-		return rel, false, nil
+		return rel, false, retrystore.FinishReleaseParts(ctx, tx, msgID)
 	}
-	if err := retrystore.SaveReleasePart(ctx, tx, msgID, rd, rel.Cursor, false, s.nextPartAt(rd, rel.Cursor, false)); err != nil {
-		return retrystore.Released{}, false, err
-	}
-	return rel, true, nil
+	return rel, true, retrystore.SaveReleasePart(ctx, tx, msgID, rd, rel.Cursor, behind, s.nextPartAt(rd, rel.Cursor, behind))
 }
 
 // slotOf is when the owner admits the item of rank i (from 0) of rd: its
@@ -126,7 +132,7 @@ func (s *Scheduler) runReleaseLoop(ctx context.Context) {
 			applied, err := s.applyReleasePart(ctx)
 			if err != nil {
 				if ctx.Err() == nil {
-					s.metrics.errors.WithLabelValues("policy").Inc()
+					s.metrics.errors.WithLabelValues("release").Inc()
 					s.log.Error().Err(err).Msg("apply release part failed, trying again")
 				}
 				wait = time.Second
@@ -163,20 +169,25 @@ func (s *Scheduler) applyReleasePart(ctx context.Context) (applied bool, err err
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
 	p, err := retrystore.ClaimReleasePart(ctx, tx)
+	var bad *retrystore.MalformedReleaseError
+	if errors.As(err, &bad) {
+		// Left in place it would be claimed first again and again, and
+		// every release behind it would wait.
+		if err := retrystore.FinishReleaseParts(ctx, tx, bad.MsgID); err != nil {
+			return false, err
+		}
+		if err := tx.Commit(ctx); err != nil {
+			return false, fmt.Errorf("commit drop of release %s: %w", bad.MsgID, err)
+		}
+		s.metrics.malformed.WithLabelValues("release").Inc()
+		s.log.Error().Err(err).Str("msg_id", bad.MsgID).Msg("dropped a release part that cannot be decoded")
+		return true, nil
+	}
 	if err != nil || p == nil {
 		return false, err
 	}
 	rd := p.Release
-	rel, err := retrystore.ReleaseHoldsPart(ctx, tx, p.MsgID, rd, s.cfg.RedueAfter, p.Cursor, s.cfg.ReleasePart)
-	if err != nil {
-		return false, err
-	}
-	done := rel.Ranked < int64(s.cfg.ReleasePart)
-	if done {
-		err = retrystore.FinishReleaseParts(ctx, tx, p.MsgID)
-	} else {
-		err = retrystore.SaveReleasePart(ctx, tx, p.MsgID, rd, rel.Cursor, p.Behind, s.nextPartAt(rd, rel.Cursor, p.Behind))
-	}
+	rel, more, err := s.releasePart(ctx, tx, p.MsgID, rd, p.Cursor, p.Behind)
 	if err != nil {
 		return false, err
 	}
@@ -189,7 +200,7 @@ func (s *Scheduler) applyReleasePart(ctx context.Context) (applied bool, err err
 	if rel.Rows > 0 {
 		s.wakeDueLoop(rel.First.UnixNano())
 	}
-	if done {
+	if !more {
 		s.log.Info().Str("kind", rd.Kind).Str("hold_key", rd.HoldKey).Int64("released", rel.Cursor.Numbered).
 			Bool("behind_owner", p.Behind).Str("reason", rd.Reason).Msg("holds released")
 	}

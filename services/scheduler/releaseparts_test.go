@@ -128,3 +128,58 @@ func TestReleaseSupersedesThePartsLeftOfAnEarlierOne(t *testing.T) {
 	}
 	require.Zero(t, b.releasePartsLeft(t), "the first release's parts were dropped")
 }
+
+// A recorded release whose data does not decode (a row written by hand,
+// a bad restore) is dropped and counted; it does not hold up the release
+// behind it, which is applied.
+func TestMalformedReleasePartIsDroppedNotBlocking(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	s := b.start(t, func(c *scheduler.Config) { c.ReleasePart = 2 })
+	b.policy(t, "badpart", "", 2, 10, 100)
+	const n = 5
+	b.pauseHeld(t, "badpart", "shop", "b%02d", n)
+	_, err := b.pool.Exec(b.ctx, `INSERT INTO retry_release_parts (msg_id, kind, hold_key, release, numbered,
+	after_held_since, after_created_at, after_item_id, next_at)
+VALUES ('bad-1', 'badpart', 'other', '{"kind": 7}', 0, now(), now(), '', now() - interval '1 hour')`)
+	require.NoError(t, err)
+
+	b.publish(t, contract.Released, contract.ReleasedData{Kind: "badpart", HoldKey: "shop", Reason: contract.ReleaseResume,
+		By: "test", ReleasedAt: time.Now()})
+	require.Eventually(t, func() bool { return b.releasePartsLeft(t) == 0 }, waitFor, 10*time.Millisecond)
+	for i := range n {
+		require.Equal(t, 1, b.resumeEntries(t, "badpart", fmt.Sprintf("b%02d", i)), "b%02d: released once", i)
+	}
+	require.Equal(t, 1.0, metric(t, s.reg, "retryd_scheduler_malformed_total", "consumer", "release"))
+}
+
+// The same release fact stored twice (republished past the duplicate
+// window) is applied once: one set of parts, one release of each row.
+func TestDuplicateReleaseIsAppliedOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	s := b.start(t, func(c *scheduler.Config) { c.ReleasePart = 2 })
+	shrinkDuplicateWindow(t, b, time.Second)
+	b.policy(t, "duprel", "", 2, 10, 100)
+	const n = 5
+	b.pauseHeld(t, "duprel", "shop", "d%02d", n)
+	msg := lifecycleMsg(t, contract.Released, contract.ReleasedData{Kind: "duprel", HoldKey: "shop", Reason: contract.ReleaseResume,
+		By: "test", ReleasedAt: time.Now()})
+	_, err := b.js.PublishMsg(b.ctx, msg)
+	require.NoError(t, err)
+	b.storeAgain(t, msg)
+	require.Eventually(t, func() bool {
+		return metric(t, s.reg, "retryd_scheduler_duplicate_total", "consumer", "scheduler") == 1
+	}, waitFor, 10*time.Millisecond, "the second copy is recognised")
+	require.Eventually(t, func() bool { return b.releasePartsLeft(t) == 0 }, waitFor, 10*time.Millisecond)
+	for i := range n {
+		require.Equal(t, 1, b.resumeEntries(t, "duprel", fmt.Sprintf("d%02d", i)), "d%02d: released once", i)
+	}
+	var dues []jetstream.Msg
+	require.Eventually(t, func() bool {
+		dues = b.streamMsgs(t, "retry.duprel.due.*")
+		return len(dues) == n
+	}, waitFor, 10*time.Millisecond)
+	b.waitQuiet(t)
+	requireEachOnce(t, b.streamMsgs(t, "retry.duprel.due.*"), n)
+}
