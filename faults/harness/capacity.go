@@ -2,6 +2,7 @@ package harness
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"strconv"
@@ -45,6 +46,23 @@ func (s *System) StoreRate(ctx context.Context) (float64, error) {
 	payload := make([]byte, 400)
 	for i := range payload {
 		payload[i] = 'a' + byte(i%26)
+	}
+	// On a cluster the new stream may have no leader yet, and a publish
+	// then finds nobody to answer ("no response from stream"): wait for
+	// one before the clock starts (CI run LL failed scenario 13 there).
+	for {
+		_, err := js.Publish(c, subject, payload, jetstream.WithMsgID(tag+"-warmup"))
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, jetstream.ErrNoStreamResponse) && !errors.Is(err, nats.ErrNoResponders) {
+			return 0, fmt.Errorf("calibration warm-up publish: %w", err)
+		}
+		select {
+		case <-c.Done():
+			return 0, fmt.Errorf("calibration stream has no leader: %w", c.Err())
+		case <-time.After(50 * time.Millisecond):
+		}
 	}
 	start := time.Now()
 	futs := make([]jetstream.PubAckFuture, 0, calibrationMsgs)
