@@ -206,8 +206,14 @@ func TestPurgedIngestAndRepeatedMessagesAdmitOnce(t *testing.T) {
 		require.Eventually(t, func() bool { return !b.post(t, event(ids[i], "billing", "invoice.paid")).Duplicate },
 			eventually, 10*time.Millisecond)
 	}
+	// drained alone read the consumer as done before the gate had decided
+	// these (a CI run on 991e407 saw 0): wait for the decisions, then make
+	// sure no more came.
+	dupes := map[string]string{"source": "billing", "decision": "duplicate"}
+	require.Eventually(t, func() bool { return b.counter(t, "retryd_ingress_gate_total", dupes) >= 4 },
+		eventually, 20*time.Millisecond)
 	b.drained(t, ingress.ConsumerGate)
-	require.EqualValues(t, 4, b.counter(t, "retryd_ingress_gate_total", map[string]string{"source": "billing", "decision": "duplicate"}))
+	require.EqualValues(t, 4, b.counter(t, "retryd_ingress_gate_total", dupes))
 
 	// The same due delivered twice admits once and reports success once
 	// (an event of a pause that ended by itself comes back by its due).
