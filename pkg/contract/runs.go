@@ -10,7 +10,9 @@ import (
 )
 
 // RunRequestedData asks for a workflow run; published by triggers on
-// runs.<workflow>.requested.<run_id> with Nats-Msg-Id "run:<run_id>".
+// runs.<workflow>.requested.<run_id> with Nats-Msg-Id
+// "run-requested:<run_id>" for the first attempt and
+// "run-requested:<run_id>:<attempt>" for a retry.
 type RunRequestedData struct {
 	RunID          string          `json:"run_id"`
 	Workflow       string          `json:"workflow"`
@@ -19,6 +21,12 @@ type RunRequestedData struct {
 	DeliveryID     string          `json:"delivery_id"`
 	EventID        string          `json:"event_id"`
 	Event          json.RawMessage `json:"event,omitempty"`
+	// Attempt is the run's attempt, 1 for the first; absent means 1.
+	Attempt int `json:"attempt,omitempty"`
+	// ResumeFrom is set on a retry whose earlier attempts completed
+	// nodes: the executor skips them, using their outputs, and runs the
+	// node after ResumeFrom.Node.
+	ResumeFrom *RunCheckpoint `json:"resume_from,omitempty"`
 }
 
 // RunFinishedData reports a run's end on runs.<workflow>.completed.<run_id>
@@ -27,6 +35,14 @@ type RunFinishedData struct {
 	RunID    string     `json:"run_id"`
 	Workflow string     `json:"workflow"`
 	Error    *ErrorInfo `json:"error,omitempty"`
+	// Attempt is the attempt that ended, as its requested message said;
+	// absent means 1. It is part of the Nats-Msg-Id, so the end of a
+	// retry is not dropped as a duplicate of the first attempt's.
+	Attempt int `json:"attempt,omitempty"`
+	// Node is the node a failed run failed at, when the executor knows.
+	Node string `json:"node,omitempty"`
+	// Executor names the engine instance that ran the attempt.
+	Executor string `json:"executor,omitempty"`
 }
 
 // RunHeartbeatData renews the lease of a run in flight; published by
@@ -40,8 +56,19 @@ type RunHeartbeatData struct {
 	Workflow string `json:"workflow"`
 }
 
-// RunMsgID is the Nats-Msg-Id of a run event: "run-<event>:<run_id>".
+// RunMsgID is the Nats-Msg-Id of a run's first requested, completed or
+// failed event: "run-<event>:<run_id>". See RunAttemptMsgID for retries.
 func RunMsgID(event, runID string) string { return "run-" + event + ":" + runID }
+
+// RunAttemptMsgID is the Nats-Msg-Id of a requested, completed or failed
+// event of attempt: RunMsgID for the first (as before retries existed),
+// "run-<event>:<run_id>:<attempt>" for the others.
+func RunAttemptMsgID(event, runID string, attempt int) string {
+	if attempt <= 1 {
+		return RunMsgID(event, runID)
+	}
+	return RunMsgID(event, runID) + ":" + strconv.Itoa(attempt)
+}
 
 // RunHeartbeatMsgID is the Nats-Msg-Id of a heartbeat:
 // "run-heartbeat:<run_id>:<unix nanoseconds>". A publish retried with the
@@ -68,6 +95,14 @@ func (d RunRequestedData) Validate() error {
 	if err := ValidateToken("data.workflow", d.Workflow); err != nil {
 		return err
 	}
+	if err := validateRunAttempt(d.Attempt); err != nil {
+		return err
+	}
+	if d.ResumeFrom != nil {
+		if err := d.ResumeFrom.validate("data.resume_from"); err != nil {
+			return err
+		}
+	}
 	return checkRaw("data.event", d.Event)
 }
 
@@ -79,6 +114,19 @@ func (d RunFinishedData) Validate() error {
 	if err := ValidateToken("data.workflow", d.Workflow); err != nil {
 		return err
 	}
+	if err := validateRunAttempt(d.Attempt); err != nil {
+		return err
+	}
+	if d.Node != "" {
+		if err := ValidateID("data.node", d.Node); err != nil {
+			return err
+		}
+	}
+	if d.Executor != "" {
+		if err := ValidateExecutor("data.executor", d.Executor); err != nil {
+			return err
+		}
+	}
 	if d.Error != nil {
 		return validateError(*d.Error)
 	}
@@ -86,8 +134,8 @@ func (d RunFinishedData) Validate() error {
 }
 
 // NewRunMsg builds a RUNS message; data is RunRequestedData for
-// "requested", RunFinishedData for "completed" and "failed" and
-// RunHeartbeatData for "heartbeat".
+// "requested", RunFinishedData for "completed" and "failed",
+// RunHeartbeatData for "heartbeat" and RunStepData for "step".
 func NewRunMsg(source, event string, data interface{ Validate() error }, now time.Time) (*nats.Msg, error) {
 	var workflow, runID string
 	switch d := data.(type) {
@@ -106,6 +154,11 @@ func NewRunMsg(source, event string, data interface{ Validate() error }, now tim
 		if event != RunHeartbeat {
 			return nil, fieldErr("event", "RunHeartbeatData goes with heartbeat")
 		}
+	case RunStepData:
+		workflow, runID = d.Workflow, d.RunID
+		if event != RunStep {
+			return nil, fieldErr("event", "RunStepData goes with step")
+		}
 	default:
 		return nil, fieldErr("data", fmt.Sprintf("%T is not run data", data))
 	}
@@ -116,8 +169,15 @@ func NewRunMsg(source, event string, data interface{ Validate() error }, now tim
 	if err != nil {
 		return nil, fmt.Errorf("marshal run data: %w", err)
 	}
-	msgID := RunMsgID(event, runID)
-	if event == RunHeartbeat {
+	var msgID string
+	switch d := data.(type) {
+	case RunRequestedData:
+		msgID = RunAttemptMsgID(event, runID, d.Attempt)
+	case RunFinishedData:
+		msgID = RunAttemptMsgID(event, runID, d.Attempt)
+	case RunStepData:
+		msgID = RunStepMsgID(runID, d.Attempt, d.Node)
+	default:
 		msgID = RunHeartbeatMsgID(runID, now)
 	}
 	return newEnvelopeMsg(RunSubject(workflow, event, runID), msgID, source, "run."+event, raw, now)

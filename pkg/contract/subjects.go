@@ -19,6 +19,10 @@ const (
 	KindEvent        = "event"
 	KindEventTrigger = "event-trigger"
 	KindJob          = "job"
+	// KindRun is a workflow run launched by a trigger: the triggers
+	// service reports its failures and launches it again, from its
+	// checkpoint, when it comes due.
+	KindRun = "run"
 )
 
 // Lifecycle is the name of a retry lifecycle event; it is the third token
@@ -69,6 +73,10 @@ const (
 	// the run keeps its concurrency slot for another run timeout. See
 	// RunHeartbeatData.
 	RunHeartbeat = "heartbeat"
+	// RunStep is an executor reporting one node of a run: completed with
+	// its output, or failed with its error. The completed nodes make the
+	// run's checkpoint. See RunStepData.
+	RunStep = "step"
 )
 
 // IngestSubject is "ingest.<source>".
@@ -171,9 +179,9 @@ func ParseRunSubject(subject string) (RunSubjectParts, error) {
 		return RunSubjectParts{}, err
 	}
 	switch p.Event {
-	case RunRequested, RunCompleted, RunFailed, RunHeartbeat:
+	case RunRequested, RunCompleted, RunFailed, RunHeartbeat, RunStep:
 	default:
-		return RunSubjectParts{}, fieldErr("subject event", fmt.Sprintf("%q is not requested, completed, failed or heartbeat", p.Event))
+		return RunSubjectParts{}, fieldErr("subject event", fmt.Sprintf("%q is not requested, completed, failed, heartbeat or step", p.Event))
 	}
 	if err := ValidateID("subject run_id", p.RunID); err != nil {
 		return RunSubjectParts{}, err

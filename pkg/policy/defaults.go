@@ -67,5 +67,7 @@ func Defaults() []Policy {
 		seeded(contract.KindJob, "email_campaign", "email-campaign", 4, additive(30*time.Minute, 2, 6*time.Hour, 5*time.Minute)),
 		seeded(contract.KindJob, "linkedin_outreach", "linkedin-outreach", 3, additive(time.Hour, 1.5, 12*time.Hour, 5*time.Minute)),
 		seeded(contract.KindJob, "workflow_step", "workflow-step", 3, backoff.Default()),
+		// 00107_run_policy.sql: seed 003's run retries.
+		seeded(contract.KindRun, "", "workflow_run", 3, backoff.Default()),
 	}
 }
