@@ -247,7 +247,7 @@ func TestRetryingRunKeepsItsConcurrencySlot(t *testing.T) {
 	b.fastRunRetries(t, 500*time.Millisecond)
 	e := b.startScriptedEngine(t, "engine", func(_, node string, attempt int) string {
 		if node == "notify" && attempt == 1 {
-			return "unavailable"
+			return "temporary"
 		}
 		return ""
 	})
