@@ -57,7 +57,7 @@ func TestTriggeredRunRetriesFromCheckpoint(t *testing.T) {
 	steps := e.steps(t, runID)
 	require.Len(t, steps, 3, "steps: %+v", steps)
 	want := []struct {
-		node, retryState      string
+		node, retryState     string
 		attempts, runAttempt int
 	}{
 		{engine.NodeFetch, "none", 1, 1},
