@@ -36,6 +36,7 @@ func main() {
 	var cfg engine.Config
 	flag.StringVar(&cfg.Workflow, "workflow", envOr("WORKFLOW", "orders"), "the workflow to run (WORKFLOW)")
 	flag.StringVar(&cfg.Executor, "executor", envOr("EXECUTOR_ID", "workflow-"+host+"-"+fmt.Sprint(os.Getpid())), "this instance's name in steps and ends (EXECUTOR_ID)")
+	flag.StringVar(&cfg.Durable, "durable", os.Getenv("WORKFLOW_DURABLE"), "the consumer's name (WORKFLOW_DURABLE; default workflow-<workflow>; the deployed runner user may use \"runner\" only)")
 	flag.DurationVar(&cfg.AckWait, "ack-wait", 30*time.Second, "how long a run's message waits for an ack or a heartbeat before redelivery")
 	flag.DurationVar(&cfg.Heartbeat, "heartbeat", 0, "how often a run in flight sends a heartbeat (default ack-wait/3)")
 	flag.IntVar(&cfg.FailFirst, "fail-first", 2, "executions of enrich that fail per run with class network (negative: none)")

@@ -139,7 +139,6 @@ func (e *Engine) consumer(ctx context.Context) (jetstream.Consumer, error) {
 		AckPolicy:      jetstream.AckExplicitPolicy,
 		AckWait:        e.cfg.AckWait,
 		DeliverPolicy:  jetstream.DeliverAllPolicy,
-		MaxAckPending:  1,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("create consumer %s: %w", e.cfg.Durable, err)
