@@ -111,7 +111,9 @@ func New(cfg Config) (*Service, error) {
 			contract.RetryFilter(contract.KindEventTrigger, contract.Exhausted),
 			contract.RetryFilter(contract.KindEventTrigger, contract.Cancelled)),
 		spec(ConsumerRuns, contract.StreamRuns, s.handleRun,
-			"runs.*."+contract.RunCompleted+".*", "runs.*."+contract.RunFailed+".*", "runs.*."+contract.RunHeartbeat+".*"),
+			"runs.*."+contract.RunCompleted+".*", "runs.*."+contract.RunFailed+".*", "runs.*."+contract.RunHeartbeat+".*",
+			"runs.*."+contract.RunStep+".*"),
+		spec(ConsumerRunRetries, contract.StreamRetries, s.handleRunRetry, runRetryFilters()...),
 	)
 	if err != nil {
 		return nil, err
