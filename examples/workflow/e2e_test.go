@@ -65,7 +65,7 @@ func TestTriggeredRunRetriesFromCheckpoint(t *testing.T) {
 	}
 	for i, w := range want {
 		s := steps[i]
-		require.Equal(t, w.node, s.Node, "step %d by position: %+v", i, steps)
+		require.Equal(t, w.node, s.Node, "step %d by reported_at: %+v", i, steps)
 		require.Equal(t, "completed", s.Status, "%+v", s)
 		require.Equal(t, w.retryState, s.RetryState, "%+v", s)
 		require.Equal(t, w.attempts, s.Attempts, "%+v", s)
