@@ -257,6 +257,9 @@ func (s *Service) relaunch(ctx context.Context, inboxID string, due contract.Due
 		s.metrics.duplicates.WithLabelValues(ConsumerRunRetries).Inc()
 		return nil
 	}
+	if err := s.cfg.failpoint.At(ctx, failpointRelaunchCommitted); err != nil {
+		return err
+	}
 	s.kick()
 	s.metrics.runsRetried.WithLabelValues(run.TriggerID).Inc()
 	s.log.Info().Str("run_id", run.ID).Str("workflow", run.Workflow).Str("trigger_id", run.TriggerID).

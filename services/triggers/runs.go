@@ -146,6 +146,11 @@ func (s *Service) handleRunFinished(ctx context.Context, msg jetstream.Msg) erro
 	if err != nil {
 		return err
 	}
+	if failed && changed {
+		if err := s.cfg.failpoint.At(ctx, failpointRunFailedCommitted); err != nil {
+			return err
+		}
+	}
 	switch {
 	case duplicate:
 		s.metrics.duplicates.WithLabelValues(ConsumerRuns).Inc()

@@ -51,6 +51,8 @@ const (
 	failpointDeliverAfterCommit  = "deliver.after-commit"
 	failpointRetryBeforeCommit   = "retry.before-commit"
 	failpointRetryAfterCommit    = "retry.after-commit"
+	failpointRunFailedCommitted  = "run-failed.after-commit"
+	failpointRelaunchCommitted   = "relaunch.after-commit"
 )
 
 // New checks the configuration and builds the service; Start runs it.
