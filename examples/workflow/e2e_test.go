@@ -37,6 +37,7 @@ func TestTriggeredRunRetriesFromCheckpoint(t *testing.T) {
 	require.Equal(t, 2, r.RetryCount)
 	require.Equal(t, 3, r.Attempt)
 	require.Equal(t, "engine-a", r.Executor)
+	require.Equal(t, "network", r.LastErrorClass, "the last failure is kept")
 
 	outputs := e.stepOutputs(t, runID)
 	require.Len(t, e.executions(t, runID, engine.NodeFetch), 1, "fetch ran once")
@@ -56,18 +57,19 @@ func TestTriggeredRunRetriesFromCheckpoint(t *testing.T) {
 	steps := e.steps(t, runID)
 	require.Len(t, steps, 3, "steps: %+v", steps)
 	want := []struct {
-		node, retryState     string
-		attempts, runAttempt int
+		node, retryState, lastErrorClass string
+		attempts, runAttempt             int
 	}{
-		{engine.NodeFetch, "none", 1, 1},
-		{engine.NodeEnrich, "succeeded", 3, 3},
-		{engine.NodeNotify, "none", 1, 3},
+		{engine.NodeFetch, "none", "", 1, 1},
+		{engine.NodeEnrich, "succeeded", "network", 3, 3},
+		{engine.NodeNotify, "none", "", 1, 3},
 	}
 	for i, w := range want {
 		s := steps[i]
 		require.Equal(t, w.node, s.Node, "step %d by reported_at: %+v", i, steps)
 		require.Equal(t, "completed", s.Status, "%+v", s)
 		require.Equal(t, w.retryState, s.RetryState, "%+v", s)
+		require.Equal(t, w.lastErrorClass, s.LastErrorClass, "%+v", s)
 		require.Equal(t, w.attempts, s.Attempts, "%+v", s)
 		require.Equal(t, w.runAttempt, s.RunAttempt, "%+v", s)
 		require.Equal(t, "engine-a", s.Executor, "%+v", s)

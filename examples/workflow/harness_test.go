@@ -146,22 +146,22 @@ func (e *env) waitRun(t *testing.T, id string, statuses ...string) run {
 
 // step is a workflow_run_steps row.
 type step struct {
-	Node, Status, RetryState, Executor string
-	Attempts, RunAttempt               int
-	Output                             json.RawMessage
+	Node, Status, RetryState, Executor, LastErrorClass string
+	Attempts, RunAttempt                               int
+	Output                                             json.RawMessage
 }
 
 func (e *env) steps(t *testing.T, runID string) []step {
 	t.Helper()
 	// reported_at (the first report's time) orders a run's nodes.
-	rows, err := e.pool.Query(e.ctx, `SELECT step_id, status, retry_state, executor, attempts, run_attempt, output
+	rows, err := e.pool.Query(e.ctx, `SELECT step_id, status, retry_state, executor, last_error_class, attempts, run_attempt, output
 		FROM workflow_run_steps WHERE run_id = $1 ORDER BY reported_at, step_id`, runID)
 	require.NoError(t, err)
 	defer rows.Close()
 	var out []step
 	for rows.Next() {
 		var s step
-		require.NoError(t, rows.Scan(&s.Node, &s.Status, &s.RetryState, &s.Executor, &s.Attempts, &s.RunAttempt, &s.Output))
+		require.NoError(t, rows.Scan(&s.Node, &s.Status, &s.RetryState, &s.Executor, &s.LastErrorClass, &s.Attempts, &s.RunAttempt, &s.Output))
 		out = append(out, s)
 	}
 	require.NoError(t, rows.Err())
