@@ -8,6 +8,15 @@ require (
 )
 
 require (
+	cel.dev/cel-go v0.33.2 // indirect
+	cel.dev/expr v0.25.2 // indirect
+	github.com/antlr4-go/antlr/v4 v4.13.1 // indirect
+	golang.org/x/exp v0.0.0-20261014143641-f0251eb4aa3e // indirect
+	google.golang.org/genproto/googleapis/api v0.0.0-20261005182115-fad411399dd8 // indirect
+	google.golang.org/genproto/googleapis/rpc v0.0.0-20261005182115-fad411399dd8 // indirect
+)
+
+require (
 	github.com/beorn7/perks v1.0.1 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
 	github.com/go-logr/logr v1.4.4 // indirect
@@ -53,7 +62,9 @@ require (
 	github.com/prometheus/client_golang v1.25.0
 	github.com/retryd/retryd/migrations v0.0.0-00010101000000-000000000000
 	github.com/retryd/retryd/projections v0.0.0-00010101000000-000000000000
+	github.com/retryd/retryd/services/ingress v0.0.0-00010101000000-000000000000
 	github.com/retryd/retryd/services/scheduler v0.0.0-00010101000000-000000000000
+	github.com/retryd/retryd/services/triggers v0.0.0-00010101000000-000000000000
 	github.com/rs/zerolog v1.35.1
 	github.com/samber/slog-zerolog/v2 v2.9.2
 	github.com/stretchr/testify v1.12.1
@@ -74,3 +85,7 @@ replace github.com/retryd/retryd/migrations => ../migrations
 replace github.com/retryd/retryd/services/jobs => ../services/jobs
 
 replace github.com/retryd/retryd/internal => ../internal
+
+replace github.com/retryd/retryd/services/triggers => ../services/triggers
+
+replace github.com/retryd/retryd/services/ingress => ../services/ingress
