@@ -225,7 +225,12 @@ func TestNATSConfig(t *testing.T) {
 		out := b.ok(t, "sources", "list") // ingress answers
 		require.Contains(t, out, "No source")
 		postJSON(t, httpSrv.URL+"/v1/triggers", `{"id":"perm-trigger","name":"perm","source":"perm","event_type":"thing.happened","workflow":"perm_flow"}`)
-		// The workflow engine under the runner user completes every run.
+		// The workflow engine under the runner user reports a node and
+		// fails each run's first attempt, then completes the retry: the
+		// triggers user reports the failure to the scheduler, reads the
+		// run's request back and launches it again (docs/runs.md).
+		_, err := pool.Exec(ctx, `UPDATE retry_policies SET base_delay_ms = 10, max_delay_ms = 20 WHERE kind = 'run' AND job_type = ''`)
+		require.NoError(t, err)
 		runnerJS := connect("runner")
 		cons, err := runnerJS.CreateOrUpdateConsumer(ctx, "RUNS", jetstream.ConsumerConfig{
 			Durable: "runner", FilterSubject: "runs.*.requested.*", AckPolicy: jetstream.AckExplicitPolicy,
@@ -236,13 +241,27 @@ func TestNATSConfig(t *testing.T) {
 			if err != nil {
 				return
 			}
-			done, err := contract.NewRunMsg("test-runner", contract.RunCompleted, contract.RunFinishedData{RunID: run.RunID, Workflow: run.Workflow}, time.Now())
-			if err == nil {
-				_, err = runnerJS.PublishMsg(ctx, done)
+			attempt := max(run.Attempt, 1)
+			step := contract.RunStepData{RunID: run.RunID, Workflow: run.Workflow, Attempt: attempt, Node: "only", Status: contract.StepCompleted}
+			event, end := contract.RunCompleted, contract.RunFinishedData{RunID: run.RunID, Workflow: run.Workflow, Attempt: attempt}
+			if attempt == 1 {
+				step.Status, step.Error = contract.StepFailed, &contract.ErrorInfo{Class: "temporary", Message: "first attempt fails"}
+				event, end.Error = contract.RunFailed, step.Error
 			}
-			if err == nil {
-				_ = m.Ack()
+			for _, out := range []struct {
+				event string
+				data  interface{ Validate() error }
+			}{{contract.RunStep, step}, {event, end}} {
+				msg, err := contract.NewRunMsg("test-runner", out.event, out.data, time.Now())
+				if err == nil {
+					_, err = runnerJS.PublishMsg(ctx, msg)
+				}
+				if err != nil {
+					t.Errorf("runner: publish %s: %v", out.event, err)
+					return
+				}
 			}
+			_ = m.Ack()
 		})
 		require.NoError(t, err)
 		t.Cleanup(cc.Stop)
@@ -261,7 +280,11 @@ func TestNATSConfig(t *testing.T) {
 				err := pool.QueryRow(ctx, `SELECT r.status FROM workflow_trigger_deliveries d JOIN workflow_runs r ON r.run_id = d.run_id
 					WHERE d.event_id = $1`, id).Scan(&status)
 				return err == nil && status == "completed"
-			}, wait, 20*time.Millisecond, "event %s admitted, delivered, run launched and completed", id)
+			}, wait, 20*time.Millisecond, "event %s admitted, delivered, run launched, failed, retried and completed", id)
+			var attempt int
+			require.NoError(t, pool.QueryRow(ctx, `SELECT r.attempt FROM workflow_trigger_deliveries d JOIN workflow_runs r ON r.run_id = d.run_id
+				WHERE d.event_id = $1`, id).Scan(&attempt))
+			require.Equal(t, 2, attempt, id)
 		}
 	})
 
@@ -288,6 +311,8 @@ func TestNATSConfig(t *testing.T) {
 			{"scheduler", "pub", "ingest.x"},
 			{"scheduler", "sub", "retry.>"},
 			{"runner", "pub", "runs.x.requested.y"},
+			{"runner", "pub", "retry.run.failed.y"},
+			{"triggers", "pub", "retry.run.scheduled.y"},
 			// Replies are private: nobody reads another user's inbox (a
 			// worker's pulled jobs arrive on _INBOX_worker).
 			{"producer", "sub", "_INBOX.>"},
