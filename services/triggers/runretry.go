@@ -218,15 +218,25 @@ func (s *Service) relaunch(ctx context.Context, inboxID string, due contract.Due
 		if err != nil || !claimed {
 			return err
 		}
-		if run, changed, full, err = triggerstore.RelaunchRun(ctx, tx, due.ID, due.Attempt, s.cfg.RunTimeout); err != nil || !changed {
-			if full {
-				// Rolled back with the claim: the due comes again.
-				return durable.NakAfter(slotWait)
-			}
+		if run, changed, full, err = triggerstore.RelaunchRun(ctx, tx, due.ID, due.Attempt, s.cfg.RunTimeout); err != nil {
 			return err
+		}
+		if full {
+			// Rolled back with the claim: the due comes again.
+			return durable.NakAfter(slotWait)
 		}
 		if now, err = triggerstore.Now(ctx, tx); err != nil {
 			return err
+		}
+		if !changed {
+			if run.Status == triggerstore.RunCompleted {
+				// An operator's retry of a run that completed: nothing
+				// to run, and the scheduler's retry is closed rather than
+				// left due.
+				run.Attempt = due.Attempt
+				return s.runSucceeded(ctx, tx, run, now)
+			}
+			return nil
 		}
 		req := contract.RunRequestedData{
 			RunID: run.ID, Workflow: run.Workflow, TriggerID: run.TriggerID, DeliveryID: run.DeliveryID,

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/retryd/retryd/pkg/contract"
+	"github.com/retryd/retryd/services/scheduler"
 	"github.com/retryd/retryd/services/triggers/internal/triggerstore"
 )
 
@@ -139,7 +140,7 @@ func (b *bundle) waitRun(t *testing.T, id string, status triggerstore.RunStatus)
 func TestRunRetriesResumeFromTheFailedNode(t *testing.T) {
 	t.Parallel()
 	b := setup(t, true)
-	b.startScheduler(t)
+	sched := b.startScheduler(t)
 	b.fastRunRetries(t, 50*time.Millisecond)
 	failures := b.duplicate(t, "runs.*.failed.*")
 	dues := b.duplicate(t, "retry.run.due.*")
@@ -202,6 +203,18 @@ func TestRunRetriesResumeFromTheFailedNode(t *testing.T) {
 	require.GreaterOrEqual(t, dues.Load(), int64(2))
 	require.Equal(t, 2.0, counter(t, b.svc.metrics.runsRetried, tr.ID))
 	require.Equal(t, 1.0, counter(t, b.svc.metrics.runsFinished, tr.ID, "completed"))
+
+	// An operator's retry of the completed run runs nothing, and the
+	// scheduler's retry is closed again instead of staying due.
+	_, err = sched.RetryNow(b.ctx, contract.KindRun, d.RunID, scheduler.RetryNowOptions{By: "alice", Reason: "check"})
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		var attempt int
+		return b.pool.QueryRow(b.ctx, `SELECT state, attempt FROM retries WHERE kind = 'run' AND item_id = $1`, d.RunID).Scan(&state, &attempt) == nil &&
+			state == "succeeded" && attempt == 4
+	}, eventually, tick)
+	require.Zero(t, e.requested(d.RunID, 4))
+	require.Equal(t, triggerstore.RunCompleted, b.run(t, d.RunID).Status)
 }
 
 // A failure of a class the policy does not retry ends the run at once:
