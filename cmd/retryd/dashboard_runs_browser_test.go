@@ -145,6 +145,18 @@ func TestDashboardRunsBrowser(t *testing.T) {
 	require.True(t, slices.ContainsFunc(v.History, func(h historyEntry) bool { return h.Event == "rescheduled" && h.DecidedBy == "manual" }),
 		"history: %v", events(v.History))
 
+	t.Log("its retry timeline: the scheduler's decisions, on the Retries tab")
+	require.NoError(t, chromedp.Do(ctx,
+		chromedp.Click(chromedp.CSS(`[data-test="run-retry-history"]`)),
+		poll(`document.querySelector('.tabs a[data-view="retries"]').classList.contains("active")`),
+		poll(`document.querySelector('[data-test="timeline"]')?.innerText.includes("crm back up")`),
+	))
+	require.Equal(t, "due", eval[string](t, ctx, `document.querySelector('[data-test="detail-state"]').dataset.state`))
+	require.NoError(t, chromedp.Do(ctx,
+		chromedp.Navigate(b.api+"/ui/#/runs?workflow=onboard"),
+		rowsAre(retrying, done, running),
+	))
+
 	t.Log("a run in progress offers no retry")
 	require.NoError(t, chromedp.Do(ctx,
 		chromedp.Click(chromedp.CSS(row(running))),

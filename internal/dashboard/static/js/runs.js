@@ -136,6 +136,13 @@ export async function render(root, params, { navigate }) {
           h("thead", {}, h("tr", {}, ["Node", "Status", "Attempts", "Retry", "Error", "Executor", "Output"].map((t) => h("th", { text: t })))),
           h("tbody", {}, steps.map((s) => stepRow(s, now)))))
           : h("p", { class: "muted", text: "No step reported yet." }),
+        // The scheduler's decisions (why it retried, when, by whom) are
+        // the retry of kind run on the Retries tab; a run that never
+        // failed has none.
+        RETRYABLE.has(r.status) || r.retry_count > 0
+          ? h("p", { class: "hint" }, "Why it retried: ",
+            h("a", { href: `#/retries?kind=run&item=${encodeURIComponent(`run/${r.id}`)}`, "data-test": "run-retry-history", text: "its retry timeline" }))
+          : null,
         h("p", { class: "hint" }, "From the terminal: ", h("code", { text: `retryd runs show ${r.id}` }))));
   }
 
