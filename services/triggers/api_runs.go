@@ -31,8 +31,8 @@ var runEndpoints = []serve.Endpoint[*Service]{
 // allEndpoints is the trigger API with the run views.
 func allEndpoints() []serve.Endpoint[*Service] { return slices.Concat(endpoints, runEndpoints) }
 
-// RunStatuses are the statuses of a workflow run (migration 00304).
-var RunStatuses = []string{"requested", "in_progress", "retrying", "completed", "failed", "failed_max_retries"}
+// runViewStatuses are the statuses of a workflow run (migration 00304).
+var runViewStatuses = []string{"requested", "in_progress", "retrying", "completed", "failed", "failed_max_retries"}
 
 // runPermanentlyFailed is the alias status of GET /v1/runs, as the jobs
 // API has it: the runs retryd gave up on, a non-retryable error or a spent
@@ -133,8 +133,8 @@ func runStatuses(s string) ([]string, error) {
 	if s == runPermanentlyFailed {
 		return []string{"failed", "failed_max_retries"}, nil
 	}
-	if !slices.Contains(RunStatuses, s) {
-		return nil, invalidField("status", fmt.Sprintf("%q is not one of %s or %s", s, strings.Join(RunStatuses, ", "), runPermanentlyFailed))
+	if !slices.Contains(runViewStatuses, s) {
+		return nil, invalidField("status", fmt.Sprintf("%q is not one of %s or %s", s, strings.Join(runViewStatuses, ", "), runPermanentlyFailed))
 	}
 	return []string{s}, nil
 }

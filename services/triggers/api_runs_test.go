@@ -10,8 +10,8 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// testRun is a row of workflow_runs the run views test inserts directly.
-type testRun struct {
+// viewRunRow is a row of workflow_runs the run views test inserts directly.
+type viewRunRow struct {
 	id, workflow, trigger, status, class, message, node, executor string
 	attempt, retries                                              int
 	maxRetries                                                    *int
@@ -19,7 +19,7 @@ type testRun struct {
 	nextRetryAt                                                   *time.Time
 }
 
-func (b *bundle) insertRun(t *testing.T, r testRun) {
+func (b *bundle) insertViewRun(t *testing.T, r viewRunRow) {
 	t.Helper()
 	var errAt *time.Time
 	if r.class != "" {
@@ -37,29 +37,29 @@ func (b *bundle) insertRun(t *testing.T, r testRun) {
 	require.NoError(t, err)
 }
 
-func (b *bundle) insertStep(t *testing.T, runID, node string, position int, status string, attempts int, retryState, class, message, executor, output string) {
+func (b *bundle) insertViewStep(t *testing.T, runID, node string, position int, status string, attempts int, retryState, class, message, executor, output string) {
 	t.Helper()
 	_, err := b.pool.Exec(b.ctx, `
 		INSERT INTO workflow_run_steps (run_id, step_id, position, status, attempts, run_attempt, retry_state,
 			last_error_class, last_error_message, executor, output, next_attempt_at)
 		VALUES ($1, $2, $3, $4, $5::int, $5::int, $6::text, $7, $8, $9, $10::jsonb, CASE WHEN $6::text = 'scheduled' THEN now() + interval '1 minute' END)`,
-		runID, node, position, status, attempts, retryState, class, message, executor, nullJSON(output))
+		runID, node, position, status, attempts, retryState, class, message, executor, viewJSON(output))
 	require.NoError(t, err)
 }
 
-func nullJSON(s string) any {
+func viewJSON(s string) any {
 	if s == "" {
 		return nil
 	}
 	return s
 }
 
-type runPage struct {
+type runListPage struct {
 	Runs       []RunView `json:"runs"`
 	NextCursor string    `json:"next_cursor"`
 }
 
-func runIDs(p runPage) []string {
+func listedRunIDs(p runListPage) []string {
 	ids := make([]string, len(p.Runs))
 	for i, r := range p.Runs {
 		ids[i] = r.ID
@@ -73,7 +73,7 @@ func TestRunsAPI(t *testing.T) {
 	base := time.Now().UTC().Add(-time.Hour).Truncate(time.Millisecond)
 	next := base.Add(2 * time.Hour)
 	three := 3
-	runs := []testRun{
+	runs := []viewRunRow{
 		{id: "run-a", workflow: "onboard", trigger: "t-1", status: "completed", requestedAt: base},
 		{id: "run-b", workflow: "onboard", trigger: "t-1", status: "retrying", class: "timeout", message: "crm timed out",
 			node: "enrich", executor: "engine-1", attempt: 2, retries: 1, maxRetries: &three, requestedAt: base.Add(time.Minute), nextRetryAt: &next},
@@ -84,26 +84,26 @@ func TestRunsAPI(t *testing.T) {
 		{id: "run-e", workflow: "onboard", status: "in_progress", node: "start", requestedAt: base.Add(4 * time.Minute)},
 	}
 	for _, r := range runs {
-		b.insertRun(t, r)
+		b.insertViewRun(t, r)
 	}
-	b.insertStep(t, "run-b", "fetch", 0, "completed", 2, "none", "", "", "engine-1", `{"rows": 3}`)
-	b.insertStep(t, "run-b", "enrich", 1, "failed", 2, "scheduled", "timeout", "crm timed out", "engine-1", "")
-	b.insertStep(t, "run-b", "notify", 2, "completed", 1, "succeeded", "", "", "engine-2", `"sent"`)
+	b.insertViewStep(t, "run-b", "fetch", 0, "completed", 2, "none", "", "", "engine-1", `{"rows": 3}`)
+	b.insertViewStep(t, "run-b", "enrich", 1, "failed", 2, "scheduled", "timeout", "crm timed out", "engine-1", "")
+	b.insertViewStep(t, "run-b", "notify", 2, "completed", 1, "succeeded", "", "", "engine-2", `"sent"`)
 
-	list := func(query string) runPage {
+	list := func(query string) runListPage {
 		t.Helper()
-		var p runPage
+		var p runListPage
 		require.Equal(t, http.StatusOK, b.do(t, http.MethodGet, "/v1/runs"+query, nil, &p), query)
 		return p
 	}
-	require.Equal(t, []string{"run-e", "run-d", "run-c", "run-b", "run-a"}, runIDs(list("")), "newest first")
-	require.Equal(t, []string{"run-e", "run-b", "run-a"}, runIDs(list("?workflow=onboard")))
-	require.Equal(t, []string{"run-d", "run-c"}, runIDs(list("?trigger_id=t-2")))
-	require.Equal(t, []string{"run-c", "run-b"}, runIDs(list("?error_class=timeout")))
-	require.Equal(t, []string{"run-d", "run-c"}, runIDs(list("?status=permanently_failed")), "the alias is failed and failed_max_retries")
-	require.Equal(t, []string{"run-e", "run-b"}, runIDs(list("?status=retrying,in_progress")))
-	require.Equal(t, []string{"run-e", "run-b"}, runIDs(list("?status=retrying&status=in_progress")), "status may be repeated")
-	require.Equal(t, []string{"run-b"}, runIDs(list("?status=retrying&workflow=onboard&error_class=timeout&trigger_id=t-1")))
+	require.Equal(t, []string{"run-e", "run-d", "run-c", "run-b", "run-a"}, listedRunIDs(list("")), "newest first")
+	require.Equal(t, []string{"run-e", "run-b", "run-a"}, listedRunIDs(list("?workflow=onboard")))
+	require.Equal(t, []string{"run-d", "run-c"}, listedRunIDs(list("?trigger_id=t-2")))
+	require.Equal(t, []string{"run-c", "run-b"}, listedRunIDs(list("?error_class=timeout")))
+	require.Equal(t, []string{"run-d", "run-c"}, listedRunIDs(list("?status=permanently_failed")), "the alias is failed and failed_max_retries")
+	require.Equal(t, []string{"run-e", "run-b"}, listedRunIDs(list("?status=retrying,in_progress")))
+	require.Equal(t, []string{"run-e", "run-b"}, listedRunIDs(list("?status=retrying&status=in_progress")), "status may be repeated")
+	require.Equal(t, []string{"run-b"}, listedRunIDs(list("?status=retrying&workflow=onboard&error_class=timeout&trigger_id=t-1")))
 	require.Empty(t, list("?workflow=nothing").Runs)
 
 	// Pages: two at a time, the cursor continues where the page ended.
@@ -112,7 +112,7 @@ func TestRunsAPI(t *testing.T) {
 	for pages := 0; ; pages++ {
 		require.Less(t, pages, 4)
 		p := list("?limit=2&cursor=" + url.QueryEscape(cursor))
-		seen = append(seen, runIDs(p)...)
+		seen = append(seen, listedRunIDs(p)...)
 		if p.NextCursor == "" {
 			break
 		}
