@@ -35,7 +35,9 @@ CREATE INDEX workflow_runs_list_idx ON workflow_runs (requested_at DESC, run_id 
 CREATE INDEX workflow_runs_status_idx ON workflow_runs (status, requested_at DESC, run_id DESC);
 
 -- A node of a run, as its executor reported it. status: completed or
--- failed (its last report); attempts: how many attempts of the run ran it;
+-- failed (its last report); reported_at: when the executor first reported
+-- it (its message's time), which orders a run's nodes, since reports are
+-- applied concurrently; attempts: how many attempts of the run ran it;
 -- retry_state: none, scheduled (the run comes back at next_attempt_at and
 -- starts at this node), exhausted (it will not), succeeded (completed
 -- after failing). output is what a retry resumes with.
@@ -45,7 +47,7 @@ ALTER TABLE workflow_run_steps
     ADD CONSTRAINT workflow_run_steps_status_check CHECK (status IN ('completed', 'failed')),
     ADD CONSTRAINT workflow_run_steps_retry_state_check
         CHECK (retry_state IN ('none', 'scheduled', 'exhausted', 'succeeded')),
-    ADD COLUMN position           integer     NOT NULL DEFAULT 0,
+    ADD COLUMN reported_at        timestamptz NOT NULL DEFAULT now(),
     ADD COLUMN attempts           integer     NOT NULL DEFAULT 0 CHECK (attempts >= 0),
     ADD COLUMN run_attempt        integer     NOT NULL DEFAULT 1,
     ADD COLUMN output             jsonb,
@@ -57,7 +59,7 @@ ALTER TABLE workflow_run_steps
 ALTER TABLE workflow_run_steps
     DROP CONSTRAINT IF EXISTS workflow_run_steps_status_check,
     DROP CONSTRAINT IF EXISTS workflow_run_steps_retry_state_check,
-    DROP COLUMN IF EXISTS position,
+    DROP COLUMN IF EXISTS reported_at,
     DROP COLUMN IF EXISTS attempts,
     DROP COLUMN IF EXISTS run_attempt,
     DROP COLUMN IF EXISTS output,

@@ -130,3 +130,68 @@ func TestConfigValidation(t *testing.T) {
 	_, err = New(cfg)
 	require.NoError(t, err)
 }
+
+// An instance that dies after committing a run's failure, and one that
+// dies after committing its relaunch, before anything is published or
+// acked: the next instance publishes the retry fact and the new request
+// once each, and the redelivered messages change nothing.
+func TestCrashOnTheRunRetryPath(t *testing.T) {
+	t.Parallel()
+	b := setup(t, false)
+	tr := b.createTrigger(t, TriggerInput{ID: "flaky", Name: "flaky", Source: "shop", EventType: "order.placed", Workflow: "fulfil"})
+	crashAt := func(point string, relay bool) *Service {
+		cfg := b.testConfig(t)
+		cfg.noRelay = !relay
+		cfg.failpoint = func(_ context.Context, name string) error {
+			if name == point {
+				return fmt.Errorf("killed")
+			}
+			return nil
+		}
+		return b.start(t, cfg)
+	}
+	first := crashAt("deliver.never", true)
+	b.publishEvent(t, "shop", "order.placed", "o1", map[string]any{})
+	d := b.waitDelivery(t, DeliveryID("o1", tr.ID), func(d triggerstore.Delivery) bool { return d.Status == triggerstore.StatusLaunched })
+	stopNow(t, first)
+
+	second := crashAt(failpointRunFailedCommitted, false)
+	fail, err := contract.NewRunMsg("test/engine", contract.RunFailed, contract.RunFinishedData{RunID: d.RunID, Workflow: "fulfil",
+		Attempt: 1, Node: "pack", Error: &contract.ErrorInfo{Class: "network", Message: "reset"}}, time.Now())
+	require.NoError(t, err)
+	_, err = b.js.PublishMsg(b.ctx, fail)
+	require.NoError(t, err)
+	b.waitRun(t, d.RunID, triggerstore.RunRetrying)
+	require.Empty(t, b.lifecycleOf(t, contract.KindRun, contract.Failed), "nothing was published before the crash")
+	stopNow(t, second)
+
+	// The relay of this one publishes the failure; it dies after it
+	// commits the relaunch, whose request may or may not have gone out.
+	third := crashAt(failpointRelaunchCommitted, true)
+	f := findLifecycleOf(t, b, contract.KindRun, contract.Failed, d.RunID, 1)
+	require.Equal(t, "network", f.Failed.Error.Class)
+	require.Eventually(t, func() bool { return counter(t, third.metrics.duplicates, ConsumerRuns) >= 1 }, eventually, tick,
+		"the failure is redelivered and found applied")
+	due, err := contract.NewLifecycleMsg("test/scheduler", contract.Due, contract.DueData{
+		Kind: contract.KindRun, ID: d.RunID, Attempt: 2, NextAttemptAt: time.Now().UTC(), Checkpoint: f.Failed.Checkpoint,
+	}, time.Now())
+	require.NoError(t, err)
+	_, err = b.js.PublishMsg(b.ctx, due)
+	require.NoError(t, err)
+	b.waitRun(t, d.RunID, triggerstore.RunRequested)
+	stopNow(t, third)
+
+	fourth := b.start(t, b.testConfig(t))
+	require.Eventually(t, func() bool { return b.outboxEmpty(t) }, eventually, tick)
+	require.Eventually(t, func() bool { return counter(t, fourth.metrics.duplicates, ConsumerRunRetries) >= 1 }, eventually, tick,
+		"the due is redelivered and found applied")
+	require.Len(t, b.lifecycleOf(t, contract.KindRun, contract.Failed), 1)
+	var attempts []int
+	for _, m := range b.streamMsgs(t, contract.StreamRuns, "runs.fulfil.requested."+d.RunID) {
+		_, req, err := contract.DecodeRunRequested(m.Subject(), m.Data())
+		require.NoError(t, err)
+		attempts = append(attempts, max(req.Attempt, 1))
+	}
+	require.Equal(t, []int{1, 2}, attempts, "each attempt requested once")
+	require.Equal(t, 2, b.run(t, d.RunID).Attempt)
+}

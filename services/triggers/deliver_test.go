@@ -99,9 +99,14 @@ func findHeld(t *testing.T, b *bundle, deliveryID string, attempt int) *contract
 
 func findLifecycle(t *testing.T, b *bundle, ev contract.Lifecycle, deliveryID string, attempt int) contract.LifecycleEvent {
 	t.Helper()
+	return findLifecycleOf(t, b, contract.KindEventTrigger, ev, deliveryID, attempt)
+}
+
+func findLifecycleOf(t *testing.T, b *bundle, kind string, ev contract.Lifecycle, deliveryID string, attempt int) contract.LifecycleEvent {
+	t.Helper()
 	var found contract.LifecycleEvent
 	require.Eventually(t, func() bool {
-		for _, e := range b.lifecycle(t, ev) {
+		for _, e := range b.lifecycleOf(t, kind, ev) {
 			if e.ID == deliveryID && e.Attempt() == attempt {
 				found = e
 				return true

@@ -361,9 +361,11 @@ func TestFreedSlotReleasesTheOldestWaitingDelivery(t *testing.T) {
 	require.GreaterOrEqual(t, resumed, m-1, "each waiting delivery was released by a freed slot (a hold that overtook a release is released too)")
 }
 
-// A run whose completion never arrives holds its slot only for the run
-// timeout: then it is failed as run_timeout (on the run and its delivery)
-// and the delivery that waited longest launches.
+// A run whose completion never arrives holds its slot only while its
+// attempts time out and its retries last: each attempt fails as
+// run_timeout (on the run and its delivery), and once the scheduler gives
+// up the delivery that waited longest launches. Here the run policy
+// allows no retry.
 func TestRunTimeoutFreesTheSlot(t *testing.T) {
 	t.Parallel()
 	b := setup(t, true, func(c *Config) {
@@ -373,6 +375,8 @@ func TestRunTimeoutFreesTheSlot(t *testing.T) {
 	b.startScheduler(t)
 	_, err := b.pool.Exec(b.ctx, `UPDATE retry_policies SET base_delay_ms = 60000, max_delay_ms = 60000
 		WHERE kind = 'event-trigger' AND job_type = ''`)
+	require.NoError(t, err)
+	_, err = b.pool.Exec(b.ctx, `UPDATE retry_policies SET max_retries = 0 WHERE kind = 'run' AND job_type = ''`)
 	require.NoError(t, err)
 	// No executor: no run ever reports its end.
 	tr := b.createTrigger(t, TriggerInput{ID: "stuck", Name: "stuck", Source: "crm", EventType: "lead.created",
@@ -386,20 +390,21 @@ func TestRunTimeoutFreesTheSlot(t *testing.T) {
 	b.waitDelivery(t, second, func(d triggerstore.Delivery) bool { return d.Status == triggerstore.StatusLaunched })
 	run, err := triggerstore.GetRun(b.ctx, b.pool, d0.RunID)
 	require.NoError(t, err)
-	require.Equal(t, triggerstore.RunFailed, run.Status)
-	require.Equal(t, triggerstore.RunTimeoutReason, run.Error)
+	require.Equal(t, triggerstore.RunFailedMaxRetries, run.Status)
+	require.Equal(t, "timeout", run.LastErrorClass)
 	require.GreaterOrEqual(t, run.FinishedAt.Sub(run.RequestedAt), 500*time.Millisecond, "not before the run timeout")
 	d0, err = triggerstore.GetDelivery(b.ctx, b.pool, first)
 	require.NoError(t, err)
 	require.Equal(t, triggerstore.RunTimeoutReason, d0.StatusReason)
-	require.Equal(t, 1.0, counter(t, b.svc.metrics.runsFinished, tr.ID, triggerstore.RunTimeoutReason))
+	require.Equal(t, 1.0, counter(t, b.svc.metrics.runsFailed, tr.ID, "timeout"))
+	require.Equal(t, 1.0, counter(t, b.svc.metrics.runsFinished, tr.ID, string(triggerstore.RunFailedMaxRetries)))
 
 	// A completion that arrives after the timeout changes nothing.
 	b.publishRunFinished(t, "enrich", d0.RunID, contract.RunCompleted)
 	b.settled(t, contract.StreamRuns, ConsumerRuns)
 	run, err = triggerstore.GetRun(b.ctx, b.pool, d0.RunID)
 	require.NoError(t, err)
-	require.Equal(t, triggerstore.RunFailed, run.Status)
+	require.Equal(t, triggerstore.RunFailedMaxRetries, run.Status)
 }
 
 // A burst far over a throttle waits in a line: each held delivery gets its

@@ -159,8 +159,14 @@ func (b *bundle) requestedRuns(t *testing.T) map[string]int {
 // event in RETRIES, in order.
 func (b *bundle) lifecycle(t *testing.T, ev contract.Lifecycle) []contract.LifecycleEvent {
 	t.Helper()
+	return b.lifecycleOf(t, contract.KindEventTrigger, ev)
+}
+
+// lifecycleOf is lifecycle for any kind (runs are kind run).
+func (b *bundle) lifecycleOf(t *testing.T, kind string, ev contract.Lifecycle) []contract.LifecycleEvent {
+	t.Helper()
 	var out []contract.LifecycleEvent
-	for _, m := range b.streamMsgs(t, contract.StreamRetries, contract.RetryFilter(contract.KindEventTrigger, ev)) {
+	for _, m := range b.streamMsgs(t, contract.StreamRetries, contract.RetryFilter(kind, ev)) {
 		le, err := contract.DecodeLifecycle(m.Subject(), m.Data())
 		require.NoError(t, err)
 		out = append(out, le)

@@ -114,12 +114,13 @@ func TestRunTimeoutPerTriggerOverridesTheDefault(t *testing.T) {
 	n, err := b.svc.ExpireRuns(b.ctx)
 	require.NoError(t, err)
 	require.Equal(t, 2, n)
-	for id, status := range map[string]triggerstore.RunStatus{"dflt": triggerstore.RunFailed, "short": triggerstore.RunFailed, "long": triggerstore.RunRequested} {
+	for id, status := range map[string]triggerstore.RunStatus{"dflt": triggerstore.RunRetrying, "short": triggerstore.RunRetrying, "long": triggerstore.RunRequested} {
 		r := b.run(t, runs[id])
 		require.Equal(t, status, r.Status, id)
-		if status == triggerstore.RunFailed {
+		if status == triggerstore.RunRetrying {
 			require.Equal(t, triggerstore.RunTimeoutReason, r.Error, id)
-			require.Equal(t, 1.0, counter(t, b.svc.metrics.runsFinished, id, triggerstore.RunTimeoutReason), id)
+			require.Equal(t, 1.0, counter(t, b.svc.metrics.runsFailed, id, "timeout"), id)
+			findLifecycleOf(t, b, contract.KindRun, contract.Failed, r.ID, 1)
 		}
 	}
 	inFlight, err := triggerstore.CountInFlight(b.ctx, b.pool, long.ID)
@@ -128,8 +129,9 @@ func TestRunTimeoutPerTriggerOverridesTheDefault(t *testing.T) {
 }
 
 // Heartbeats keep a run's slot past its original timeout; once they stop,
-// the run expires as run_timeout (on the run and its delivery) and the
-// delivery that waited longest launches, the newer one still waits.
+// the attempt expires as run_timeout (on the run and its delivery), and
+// once the scheduler gives up on the run (no retry, here) the delivery
+// that waited longest launches, the newer one still waits.
 func TestHeartbeatKeepsTheLeaseUntilItStops(t *testing.T) {
 	t.Parallel()
 	b := setup(t, true, func(c *Config) { c.LeaseInterval = 100 * time.Millisecond })
@@ -137,6 +139,8 @@ func TestHeartbeatKeepsTheLeaseUntilItStops(t *testing.T) {
 	// Only a freed slot may launch a waiting delivery, not its backoff.
 	_, err := b.pool.Exec(b.ctx, `UPDATE retry_policies SET base_delay_ms = 60000, max_delay_ms = 60000
 		WHERE kind = 'event-trigger' AND job_type = ''`)
+	require.NoError(t, err)
+	_, err = b.pool.Exec(b.ctx, `UPDATE retry_policies SET max_retries = 0 WHERE kind = 'run' AND job_type = ''`)
 	require.NoError(t, err)
 	const timeout = 2 * time.Second
 	tr := b.createTrigger(t, TriggerInput{ID: "beat", Name: "beat", Source: "crm", EventType: "lead.created",
@@ -168,11 +172,11 @@ func TestHeartbeatKeepsTheLeaseUntilItStops(t *testing.T) {
 	// run_timeout and the oldest waiting delivery takes the slot.
 	b.waitDelivery(t, second, func(d triggerstore.Delivery) bool { return d.Status == triggerstore.StatusLaunched })
 	r = b.run(t, d0.RunID)
-	require.Equal(t, triggerstore.RunFailed, r.Status)
-	require.Equal(t, triggerstore.RunTimeoutReason, r.Error)
+	require.Equal(t, triggerstore.RunFailedMaxRetries, r.Status)
+	require.Equal(t, "timeout", r.LastErrorClass)
 	require.False(t, r.FinishedAt.Before(lastLease), "not before the last lease ended")
 	require.Equal(t, triggerstore.RunTimeoutReason, b.delivery(t, first).StatusReason)
-	require.Equal(t, 1.0, counter(t, b.svc.metrics.runsFinished, tr.ID, triggerstore.RunTimeoutReason))
+	require.Equal(t, 1.0, counter(t, b.svc.metrics.runsFailed, tr.ID, "timeout"))
 	require.Equal(t, triggerstore.StatusConcurrencyLimited, b.delivery(t, third).Status, "oldest first: the newer delivery still waits")
 }
 

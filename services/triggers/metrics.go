@@ -22,6 +22,9 @@ type metrics struct {
 	exhausted          *prometheus.CounterVec
 	cancelled          *prometheus.CounterVec
 	runsFinished       *prometheus.CounterVec
+	runsFailed         *prometheus.CounterVec
+	runsRetried        *prometheus.CounterVec
+	steps              *prometheus.CounterVec
 	heartbeats         *prometheus.CounterVec
 	malformed          *prometheus.CounterVec
 	duplicates         *prometheus.CounterVec
@@ -43,7 +46,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		retrySucceeded:     counter("retry_succeeded_total", "Held deliveries that launched on a retry.", "trigger_id"),
 		exhausted:          counter("exhausted_total", "Held deliveries the scheduler gave up on.", "trigger_id"),
 		cancelled:          counter("cancelled_total", "Held deliveries cancelled, by reason.", "trigger_id", "reason"),
-		runsFinished:       counter("runs_finished_total", "Runs that completed or failed, freeing a concurrency slot.", "trigger_id", "status"),
+		runsFinished:       counter("runs_finished_total", "Runs that ended (completed, failed or failed_max_retries), freeing a concurrency slot.", "trigger_id", "status"),
+		runsFailed:         counter("runs_failed_total", "Failed run attempts reported to the scheduler, by error class (run_timeout attempts are class timeout).", "trigger_id", "class"),
+		runsRetried:        counter("runs_retried_total", "Runs launched again from their checkpoint (retry.run.due handled).", "trigger_id"),
+		steps:              counter("run_steps_total", "Run nodes reported by executors and recorded, by status.", "status"),
 		heartbeats:         counter("heartbeats_total", "Run heartbeats by result: extended (a run in flight kept its slot) or ignored (the run finished, or retryd did not launch it).", "result"),
 		malformed:          counter("malformed_total", "Messages terminated because they cannot be decoded or validated.", "consumer"),
 		duplicates:         counter("duplicates_total", "Messages already applied (redeliveries, replays).", "consumer"),
@@ -52,7 +58,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Failed events published again for held deliveries the scheduler never confirmed."}),
 	}
 	for _, c := range []prometheus.Collector{m.launched, m.filtered, m.throttled, m.throttleWaits, m.concurrencyLimited, m.retried,
-		m.retrySucceeded, m.exhausted, m.cancelled, m.runsFinished, m.heartbeats, m.malformed, m.duplicates, m.errors, m.reconciled} {
+		m.retrySucceeded, m.exhausted, m.cancelled, m.runsFinished, m.runsFailed, m.runsRetried, m.steps, m.heartbeats, m.malformed, m.duplicates, m.errors, m.reconciled} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

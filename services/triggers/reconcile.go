@@ -11,6 +11,7 @@ import (
 
 	"github.com/retryd/retryd/internal/wait"
 	"github.com/retryd/retryd/pkg/contract"
+	"github.com/retryd/retryd/pkg/errclass"
 	"github.com/retryd/retryd/projections/inbox"
 	"github.com/retryd/retryd/projections/outbox"
 	"github.com/retryd/retryd/services/triggers/internal/triggerstore"
@@ -68,7 +69,7 @@ func (s *Service) prune(ctx context.Context) {
 	if s.cfg.InboxRetention <= 0 {
 		return
 	}
-	n, err := inbox.Prune(ctx, s.cfg.Pool, s.cfg.InboxRetention, ConsumerEvents, ConsumerRetry, ConsumerRetryState, ConsumerRuns)
+	n, err := inbox.Prune(ctx, s.cfg.Pool, s.cfg.InboxRetention, ConsumerEvents, ConsumerRetry, ConsumerRetryState, ConsumerRuns, ConsumerRunRetries)
 	if err != nil && ctx.Err() == nil {
 		s.log.Error().Err(err).Msg("prune inbox")
 	} else if n > 0 {
@@ -180,12 +181,14 @@ func (s *Service) leaseLoop() {
 	}
 }
 
-// ExpireRuns fails, as run_timeout, the runs whose lease has ended: no
-// heartbeat and no completed or failed message came within their
-// trigger's run timeout (Config.RunTimeout unless the trigger sets its
-// own), because a message was lost or the executor died. It releases one
-// waiting delivery per slot freed, in the same transaction, and returns
-// how many runs it failed (at most 500 a call).
+// ExpireRuns fails, as run_timeout (class timeout), the attempts of the
+// runs whose lease has ended: no heartbeat and no completed or failed
+// message came within their trigger's run timeout (Config.RunTimeout
+// unless the trigger sets its own), because a message was lost or the
+// executor died. Each goes to retrying and is reported to the scheduler
+// in the same transaction, like a failure its executor reported; it keeps
+// its slot until it ends. It returns how many runs it failed (at most 500
+// a call).
 func (s *Service) ExpireRuns(ctx context.Context) (int, error) {
 	var runs []triggerstore.Run
 	err := pgx.BeginFunc(ctx, s.cfg.Pool, func(tx pgx.Tx) error {
@@ -197,10 +200,7 @@ func (s *Service) ExpireRuns(ctx context.Context) (int, error) {
 			return err
 		}
 		for _, r := range runs {
-			if r.TriggerID == "" {
-				continue
-			}
-			if err := s.releaseSlot(ctx, tx, r); err != nil {
+			if err := s.runFailure(ctx, tx, r, timeoutError(), now); err != nil {
 				return err
 			}
 		}
@@ -213,13 +213,13 @@ func (s *Service) ExpireRuns(ctx context.Context) (int, error) {
 		s.kick()
 	}
 	for _, r := range runs {
-		s.metrics.runsFinished.WithLabelValues(r.TriggerID, triggerstore.RunTimeoutReason).Inc()
+		s.metrics.runsFailed.WithLabelValues(r.TriggerID, string(errclass.Timeout)).Inc()
 		ev := s.log.Warn().Str("run_id", r.ID).Str("workflow", r.Workflow).Str("trigger_id", r.TriggerID).
 			Str("delivery_id", r.DeliveryID)
 		if r.LeaseExpiresAt != nil {
 			ev = ev.Time("lease_expires_at", *r.LeaseExpiresAt)
 		}
-		ev.Msg("run's lease ended without a heartbeat or its end: failed as run_timeout, its slot freed")
+		ev.Msg("run's lease ended without a heartbeat or its end: attempt failed as run_timeout, retry asked of the scheduler")
 	}
 	return len(runs), nil
 }

@@ -55,12 +55,24 @@ func TestConcurrencyLimitAndRelease(t *testing.T) {
 	require.Equal(t, 2, d2.RetryAttempts)
 	findLifecycle(t, b, contract.Succeeded, id2, 3)
 
+	// A failed run asks the scheduler for a retry and keeps its slot
+	// until the scheduler gives up on it.
 	b.publishRunFinished(t, "enrich", d2.RunID, contract.RunFailed)
+	require.Eventually(t, func() bool {
+		r, err := triggerstore.GetRun(b.ctx, b.pool, d2.RunID)
+		return err == nil && r.Status == triggerstore.RunRetrying
+	}, eventually, tick)
+	findLifecycleOf(t, b, contract.KindRun, contract.Failed, d2.RunID, 1)
+	n, err := triggerstore.CountInFlight(b.ctx, b.pool, tr.ID)
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	publishLifecycle(t, b, contract.Exhausted, contract.ExhaustedData{Kind: contract.KindRun, ID: d2.RunID, Attempt: 1,
+		Reason: contract.ExhaustedNonRetryable, Error: contract.ErrorInfo{Message: "run failed"}, Policy: "workflow_run", PolicyVersion: 1})
 	require.Eventually(t, func() bool {
 		r, err := triggerstore.GetRun(b.ctx, b.pool, d2.RunID)
 		return err == nil && r.Status == triggerstore.RunFailed
 	}, eventually, tick)
-	n, err := triggerstore.CountInFlight(b.ctx, b.pool, tr.ID)
+	n, err = triggerstore.CountInFlight(b.ctx, b.pool, tr.ID)
 	require.NoError(t, err)
 	require.Zero(t, n)
 

@@ -22,8 +22,11 @@ func (s *Service) handleRun(ctx context.Context, msg jetstream.Msg) error {
 	if err != nil {
 		return err
 	}
-	if p.Event == contract.RunHeartbeat {
+	switch p.Event {
+	case contract.RunHeartbeat:
 		return s.handleHeartbeat(ctx, msg)
+	case contract.RunStep:
+		return s.handleRunStep(ctx, msg)
 	}
 	return s.handleRunFinished(ctx, msg)
 }
@@ -75,13 +78,14 @@ const (
 	heartbeatIgnored  = "ignored"
 )
 
-// handleRunFinished marks a run completed or failed
-// (runs.<workflow>.completed|failed.<run_id>), which frees its trigger's
-// concurrency slot, and in the same transaction puts
-// retry.event-trigger.released.<trigger_id> in the outbox: the scheduler
-// makes the delivery that has waited longest for a slot due at once. No
-// per-delivery state is kept anywhere: the held rows carry the trigger id
-// as their hold key.
+// handleRunFinished applies a run's end (runs.<workflow>.completed|failed.<run_id>).
+// A completion ends the run, frees its trigger's concurrency slot and, in
+// the same transaction, puts retry.event-trigger.released.<trigger_id> in
+// the outbox: the scheduler makes the delivery that has waited longest
+// for a slot due at once. A failure of the attempt in flight moves the
+// run to retrying and reports it to the scheduler (retry.run.failed),
+// which decides whether and when it runs again; the run keeps its slot
+// until it ends (runretry.go).
 func (s *Service) handleRunFinished(ctx context.Context, msg jetstream.Msg) error {
 	env, data, err := contract.DecodeRunFinished(msg.Subject(), msg.Data())
 	if err != nil {
@@ -91,15 +95,7 @@ func (s *Service) handleRunFinished(ctx context.Context, msg jetstream.Msg) erro
 	if err != nil {
 		return err
 	}
-	status := triggerstore.RunCompleted
-	errText := ""
-	if p.Event == contract.RunFailed {
-		status = triggerstore.RunFailed
-		errText = "run failed"
-		if data.Error != nil && data.Error.Class != "" {
-			errText = "run failed: " + data.Error.Class
-		}
-	}
+	failed := p.Event == contract.RunFailed
 	var (
 		run       triggerstore.Run
 		changed   bool
@@ -116,18 +112,44 @@ func (s *Service) handleRunFinished(ctx context.Context, msg jetstream.Msg) erro
 			duplicate = true
 			return nil
 		}
-		run, changed, err = triggerstore.FinishRun(ctx, tx, data.RunID, status, errText)
-		if errors.Is(err, triggerstore.ErrNotFound) {
-			unknown = true
-			return nil
-		}
-		if err != nil || !changed || run.TriggerID == "" {
+		now, err := triggerstore.Now(ctx, tx)
+		if err != nil {
 			return err
+		}
+		if failed {
+			e := contract.ErrorInfo{Message: "run failed"}
+			if data.Error != nil {
+				e = *data.Error
+			}
+			run, changed, err = triggerstore.FailRun(ctx, tx, data.RunID, triggerstore.RunFailure{
+				Attempt: max(data.Attempt, 1), Class: e.Class, Message: e.Message, Node: data.Node, Executor: data.Executor,
+			})
+			if err != nil || !changed {
+				return unknownRun(err, &unknown)
+			}
+			return s.runFailure(ctx, tx, run, e, now)
+		}
+		run, changed, err = triggerstore.CompleteRun(ctx, tx, data.RunID, data.Executor)
+		if err != nil || !changed {
+			return unknownRun(err, &unknown)
+		}
+		if run.Retried() {
+			if err := s.runSucceeded(ctx, tx, run, now); err != nil {
+				return err
+			}
+		}
+		if run.TriggerID == "" {
+			return nil
 		}
 		return s.releaseSlot(ctx, tx, run)
 	})
 	if err != nil {
 		return err
+	}
+	if failed && changed {
+		if err := s.cfg.failpoint.At(ctx, failpointRunFailedCommitted); err != nil {
+			return err
+		}
 	}
 	switch {
 	case duplicate:
@@ -138,13 +160,30 @@ func (s *Service) handleRunFinished(ctx context.Context, msg jetstream.Msg) erro
 		s.log.Debug().Str("run_id", data.RunID).Str("workflow", data.Workflow).Msg("finished run not launched by a trigger")
 	case changed:
 		s.kick()
-		s.metrics.runsFinished.WithLabelValues(run.TriggerID, string(status)).Inc()
-		s.log.Info().Str("run_id", run.ID).Str("workflow", run.Workflow).Str("trigger_id", run.TriggerID).
-			Str("delivery_id", run.DeliveryID).Str("status", string(status)).Msg("run finished")
+		ev := s.log.Info().Str("run_id", run.ID).Str("workflow", run.Workflow).Str("trigger_id", run.TriggerID).
+			Str("delivery_id", run.DeliveryID).Int("attempt", run.Attempt).Str("status", string(run.Status))
+		if failed {
+			s.metrics.runsFailed.WithLabelValues(run.TriggerID, run.LastErrorClass).Inc()
+			ev = ev.Str("class", run.LastErrorClass).Str("node", run.CurrentNodeID)
+		} else {
+			s.metrics.runsFinished.WithLabelValues(run.TriggerID, string(run.Status)).Inc()
+		}
+		ev.Msg("run " + p.Event)
 	default:
+		// A failure of an attempt that is no longer in flight, or an end
+		// the run already had.
 		s.metrics.duplicates.WithLabelValues(ConsumerRuns).Inc()
 	}
 	return nil
+}
+
+// unknownRun turns ErrNotFound into unknown and keeps other errors.
+func unknownRun(err error, unknown *bool) error {
+	if errors.Is(err, triggerstore.ErrNotFound) {
+		*unknown = true
+		return nil
+	}
+	return err
 }
 
 // releaseSlot puts in tx's outbox the release of the one delivery of

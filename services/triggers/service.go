@@ -51,6 +51,8 @@ const (
 	failpointDeliverAfterCommit  = "deliver.after-commit"
 	failpointRetryBeforeCommit   = "retry.before-commit"
 	failpointRetryAfterCommit    = "retry.after-commit"
+	failpointRunFailedCommitted  = "run-failed.after-commit"
+	failpointRelaunchCommitted   = "relaunch.after-commit"
 )
 
 // New checks the configuration and builds the service; Start runs it.
@@ -111,7 +113,9 @@ func New(cfg Config) (*Service, error) {
 			contract.RetryFilter(contract.KindEventTrigger, contract.Exhausted),
 			contract.RetryFilter(contract.KindEventTrigger, contract.Cancelled)),
 		spec(ConsumerRuns, contract.StreamRuns, s.handleRun,
-			"runs.*."+contract.RunCompleted+".*", "runs.*."+contract.RunFailed+".*", "runs.*."+contract.RunHeartbeat+".*"),
+			"runs.*."+contract.RunCompleted+".*", "runs.*."+contract.RunFailed+".*", "runs.*."+contract.RunHeartbeat+".*",
+			"runs.*."+contract.RunStep+".*"),
+		spec(ConsumerRunRetries, contract.StreamRetries, s.handleRunRetry, runRetryFilters()...),
 	)
 	if err != nil {
 		return nil, err

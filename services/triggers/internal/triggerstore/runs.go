@@ -7,19 +7,36 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-
-	"github.com/retryd/retryd/projections/pgtext"
 )
 
 // RunStatus is where a workflow run stands.
 type RunStatus string
 
+// A run is requested when launched, in_progress once its executor
+// reports a node, retrying between a retryable failure and its next
+// attempt, and ends completed, failed (not retryable, or cancelled) or
+// failed_max_retries (seed 003's statuses). It holds its trigger's
+// concurrency slot until it ends.
 const (
-	RunRequested RunStatus = "requested"
-	RunRunning   RunStatus = "running"
-	RunCompleted RunStatus = "completed"
-	RunFailed    RunStatus = "failed"
+	RunRequested        RunStatus = "requested"
+	RunInProgress       RunStatus = "in_progress"
+	RunRetrying         RunStatus = "retrying"
+	RunCompleted        RunStatus = "completed"
+	RunFailed           RunStatus = "failed"
+	RunFailedMaxRetries RunStatus = "failed_max_retries"
 )
+
+// Ended reports whether the run has ended for good.
+func (s RunStatus) Ended() bool {
+	return s == RunCompleted || s == RunFailed || s == RunFailedMaxRetries
+}
+
+// inFlightStatuses are the statuses that hold a concurrency slot, as SQL.
+const inFlightStatuses = `('requested', 'in_progress', 'retrying')`
+
+// leasedStatuses are the statuses whose lease can end: an executor has
+// the run.
+const leasedStatuses = `('requested', 'in_progress')`
 
 // Run is a row of workflow_runs: the run a delivery launched.
 type Run struct {
@@ -38,16 +55,34 @@ type Run struct {
 	LeaseExpiresAt *time.Time
 	FinishedAt     *time.Time
 	UpdatedAt      time.Time
+
+	// Retries (docs/runs.md). Attempt is the attempt in flight or the
+	// last one; RetryCount the retries the scheduler scheduled;
+	// MaxRetries the policy's limit as its last decision said.
+	Attempt            int
+	RetryCount         int
+	MaxRetries         *int
+	RetryEnabled       bool
+	CurrentNodeID      string
+	LastErrorClass     string
+	LastErrorMessage   string
+	LastErrorTimestamp *time.Time
+	NextRetryAt        *time.Time
+	Executor           string
 }
 
 const runColumns = `run_id, workflow, coalesce(delivery_id, ''), coalesce(trigger_id, ''),
-	coalesce(event_id, ''), status, error, requested_at, lease_expires_at, finished_at, updated_at`
+	coalesce(event_id, ''), status, error, requested_at, lease_expires_at, finished_at, updated_at,
+	attempt, retry_count, max_retries, retry_enabled, current_node_id, last_error_class,
+	last_error_message, last_error_timestamp, next_retry_at, executor`
 
 func scanRun(row interface{ Scan(...any) error }) (Run, error) {
 	var r Run
 	var status string
 	if err := row.Scan(&r.ID, &r.Workflow, &r.DeliveryID, &r.TriggerID, &r.EventID, &status,
-		&r.Error, &r.RequestedAt, &r.LeaseExpiresAt, &r.FinishedAt, &r.UpdatedAt); err != nil {
+		&r.Error, &r.RequestedAt, &r.LeaseExpiresAt, &r.FinishedAt, &r.UpdatedAt,
+		&r.Attempt, &r.RetryCount, &r.MaxRetries, &r.RetryEnabled, &r.CurrentNodeID, &r.LastErrorClass,
+		&r.LastErrorMessage, &r.LastErrorTimestamp, &r.NextRetryAt, &r.Executor); err != nil {
 		return Run{}, err
 	}
 	r.Status = RunStatus(status)
@@ -84,7 +119,7 @@ func CountInFlight(ctx context.Context, db DB, triggerID string) (int, error) {
 	var n int
 	if err := db.QueryRow(ctx, `
 		SELECT count(*) FROM workflow_runs
-		WHERE trigger_id = $1 AND status IN ('requested', 'running')`, triggerID).Scan(&n); err != nil {
+		WHERE trigger_id = $1 AND status IN `+inFlightStatuses, triggerID).Scan(&n); err != nil {
 		return 0, fmt.Errorf("count runs in flight: %w", err)
 	}
 	return n, nil
@@ -107,22 +142,26 @@ func WaitingForSlot(ctx context.Context, db DB, triggerID string) (bool, error) 
 // status_reason it leaves on the run's delivery.
 const RunTimeoutReason = "run_timeout"
 
-// ExpireRuns fails, as run_timeout, up to limit runs in flight whose
-// lease ended before now (no heartbeat and no completed or failed message
-// came in time), earliest lease first, and records run_timeout as their
-// deliveries' status_reason: their concurrency slots are free again. A
-// run without a lease (launched before leases existed) ends at its
-// requested_at plus defaultTimeout. Runs locked by another transaction (a
-// heartbeat being applied) are skipped. It returns the runs it failed.
+// ExpireRuns fails, as run_timeout (class timeout), the attempts of up to
+// limit runs in flight whose lease ended before now (no heartbeat and no
+// completed or failed message came in time), earliest lease first, and
+// records run_timeout as their deliveries' status_reason. The runs go to
+// retrying, like any failed attempt: the caller reports the failures to
+// the scheduler, and a run keeps its slot until it ends. A run without a
+// lease (launched before leases existed) ends at its requested_at plus
+// defaultTimeout. Runs locked by another transaction (a heartbeat being
+// applied) are skipped. It returns the runs it failed.
 func ExpireRuns(ctx context.Context, db DB, now time.Time, defaultTimeout time.Duration, limit int) ([]Run, error) {
 	rows, err := db.Query(ctx, `
 		WITH expired AS (
 			-- finished_at is the clock the lease was judged by, not the
 			-- transaction's start, which may come before the lease ended.
-			UPDATE workflow_runs r SET status = 'failed', error = $3, finished_at = $1, updated_at = now()
+			UPDATE workflow_runs r SET status = 'retrying', error = $3, last_error_class = 'timeout',
+			    last_error_message = 'no heartbeat and no end within the run timeout',
+			    last_error_timestamp = $1, next_retry_at = NULL, updated_at = now()
 			WHERE r.run_id IN (
 				SELECT run_id FROM workflow_runs
-				WHERE status IN ('requested', 'running')
+				WHERE status IN `+leasedStatuses+`
 				  AND (lease_expires_at < $1 OR (lease_expires_at IS NULL AND requested_at < $1 - $4 * interval '1 millisecond'))
 				ORDER BY coalesce(lease_expires_at, requested_at) LIMIT $2
 				FOR UPDATE SKIP LOCKED)
@@ -158,7 +197,7 @@ func ExtendLease(ctx context.Context, db DB, id string, sentAt time.Time, defaul
 		        (SELECT t.run_timeout_ms FROM workflow_triggers t WHERE t.trigger_id = r.trigger_id), $3
 		    ) * interval '1 millisecond'),
 		    updated_at = now()
-		WHERE r.run_id = $1 AND r.status IN ('requested', 'running')
+		WHERE r.run_id = $1 AND r.status IN `+leasedStatuses+`
 		RETURNING `+runColumns, id, sentAt, defaultTimeout.Milliseconds()))
 	if err == nil {
 		return r, true, nil
@@ -172,26 +211,3 @@ func ExtendLease(ctx context.Context, db DB, id string, sentAt time.Time, defaul
 
 // maxRunError bounds the error text kept for a failed run.
 const maxRunError = 1024
-
-// FinishRun marks a requested or running run completed or failed, freeing
-// its concurrency slot. A run that already finished is left as it was
-// (changed is false); ErrNotFound means retryd did not launch it.
-func FinishRun(ctx context.Context, db DB, id string, status RunStatus, errMsg string) (r Run, changed bool, err error) {
-	if status != RunCompleted && status != RunFailed {
-		return Run{}, false, fmt.Errorf("finish run: status %q is not completed or failed", status)
-	}
-	errMsg = pgtext.Clean(pgtext.Truncate(errMsg, maxRunError))
-	r, err = scanRun(db.QueryRow(ctx, `
-		UPDATE workflow_runs
-		SET status = $2, error = $3, finished_at = now(), updated_at = now()
-		WHERE run_id = $1 AND status IN ('requested', 'running')
-		RETURNING `+runColumns, id, string(status), errMsg))
-	if err == nil {
-		return r, true, nil
-	}
-	if !errors.Is(err, pgx.ErrNoRows) {
-		return Run{}, false, fmt.Errorf("finish run: %w", err)
-	}
-	r, err = GetRun(ctx, db, id)
-	return r, false, err
-}

@@ -250,12 +250,13 @@ func TestRunsAndConcurrency(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 2, n)
 
-	r, changed, err := triggerstore.FinishRun(b.ctx, b.pool, "r1", triggerstore.RunCompleted, "")
+	r, changed, err := triggerstore.CompleteRun(b.ctx, b.pool, "r1", "engine-1")
 	require.NoError(t, err)
 	require.True(t, changed)
 	require.Equal(t, triggerstore.RunCompleted, r.Status)
+	require.Equal(t, "engine-1", r.Executor)
 	require.NotNil(t, r.FinishedAt)
-	r, changed, err = triggerstore.FinishRun(b.ctx, b.pool, "r1", triggerstore.RunFailed, "late")
+	r, changed, err = triggerstore.FailRun(b.ctx, b.pool, "r1", triggerstore.RunFailure{Attempt: 1, Message: "late"})
 	require.NoError(t, err)
 	require.False(t, changed, "a finished run stays as it finished")
 	require.Equal(t, triggerstore.RunCompleted, r.Status)
@@ -264,9 +265,9 @@ func TestRunsAndConcurrency(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
 
-	_, _, err = triggerstore.FinishRun(b.ctx, b.pool, "unknown", triggerstore.RunCompleted, "")
+	_, _, err = triggerstore.CompleteRun(b.ctx, b.pool, "unknown", "")
 	require.ErrorIs(t, err, triggerstore.ErrNotFound)
-	_, _, err = triggerstore.FinishRun(b.ctx, b.pool, "r2", triggerstore.RunRequested, "")
+	_, _, err = triggerstore.EndRun(b.ctx, b.pool, "r2", triggerstore.RunRequested, "", 0, nil)
 	require.Error(t, err)
 }
 
@@ -299,8 +300,9 @@ func TestRunLeases(t *testing.T) {
 	var ids []string
 	for _, r := range expired {
 		ids = append(ids, r.ID)
-		require.Equal(t, triggerstore.RunFailed, r.Status)
+		require.Equal(t, triggerstore.RunRetrying, r.Status, "an attempt that timed out is retried")
 		require.Equal(t, triggerstore.RunTimeoutReason, r.Error)
+		require.Equal(t, "timeout", r.LastErrorClass)
 	}
 	require.Equal(t, []string{"legacy-old", "ended"}, ids, "earliest lease first")
 
@@ -511,4 +513,111 @@ func TestThrottleSlotLine(t *testing.T) {
 	n, err := triggerstore.ThrottleHoldersAhead(b.ctx, b.pool, "t1", "k", "H2", now.Add(-time.Minute), now.Add(20*time.Second))
 	require.NoError(t, err)
 	require.Equal(t, 1, n, "H1 is ahead of H2")
+}
+
+// A run's retry path in the store: steps make the checkpoint, a failure
+// of the attempt in flight moves it to retrying (a stale one does not),
+// it keeps its slot, a relaunch is applied once per attempt, a step of
+// an attempt is recorded once, and the scheduler's exhaustion ends it.
+func TestRunRetryPath(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := b.ctx
+	inserted, err := triggerstore.InsertRun(ctx, b.pool, triggerstore.Run{ID: "r1", Workflow: "w", DeliveryID: "d-r1", TriggerID: "t1", EventID: "e", RequestedAt: time.Now()})
+	require.NoError(t, err)
+	require.True(t, inserted)
+
+	step := func(attempt int, node, status string, out string) bool {
+		t.Helper()
+		d := contract.RunStepData{RunID: "r1", Workflow: "w", Attempt: attempt, Node: node, Status: status, Executor: "engine-1"}
+		if status == contract.StepCompleted {
+			d.Output = json.RawMessage(out)
+		} else {
+			d.Error = &contract.ErrorInfo{Class: "network", Message: out}
+		}
+		var recorded bool
+		require.NoError(t, pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+			var err error
+			_, recorded, err = triggerstore.RecordStep(ctx, tx, d, time.Now())
+			return err
+		}))
+		return recorded
+	}
+	require.True(t, step(1, "fetch", contract.StepCompleted, `{"n":1}`))
+	require.False(t, step(1, "fetch", contract.StepCompleted, `{"n":1}`), "one report per node and attempt")
+	require.True(t, step(1, "enrich", contract.StepFailed, "reset"))
+	r, err := triggerstore.GetRun(ctx, b.pool, "r1")
+	require.NoError(t, err)
+	require.Equal(t, triggerstore.RunInProgress, r.Status)
+	require.Equal(t, "enrich", r.CurrentNodeID)
+
+	_, changed, err := triggerstore.FailRun(ctx, b.pool, "r1", triggerstore.RunFailure{Attempt: 2, Class: "network", Message: "reset"})
+	require.NoError(t, err)
+	require.False(t, changed, "attempt 2 is not in flight")
+	r, changed, err = triggerstore.FailRun(ctx, b.pool, "r1", triggerstore.RunFailure{Attempt: 1, Class: "network", Message: "reset", Node: "enrich"})
+	require.NoError(t, err)
+	require.True(t, changed)
+	require.Equal(t, triggerstore.RunRetrying, r.Status)
+	require.Equal(t, "network", r.LastErrorClass)
+	require.True(t, r.Retried())
+	n, err := triggerstore.CountInFlight(ctx, b.pool, "t1")
+	require.NoError(t, err)
+	require.Equal(t, 1, n, "a retrying run keeps its slot")
+
+	cp, err := triggerstore.Checkpoint(ctx, b.pool, "r1")
+	require.NoError(t, err)
+	require.Equal(t, &contract.RunCheckpoint{Node: "fetch", Outputs: map[string]json.RawMessage{"fetch": json.RawMessage(`{"n": 1}`)}}, cp)
+
+	next := time.Now().Add(time.Second).UTC().Truncate(time.Microsecond)
+	three := 3
+	ok, err := triggerstore.ScheduleRunRetry(ctx, b.pool, "r1", 1, next, 1, &three, map[string]any{"policy": "workflow_run"})
+	require.NoError(t, err)
+	require.True(t, ok)
+	steps, err := triggerstore.Steps(ctx, b.pool, "r1")
+	require.NoError(t, err)
+	require.Len(t, steps, 2)
+	require.Equal(t, "scheduled", steps[1].RetryState)
+	require.Equal(t, 1, steps[1].RetryAttempts)
+
+	relaunch := func(attempt int) (triggerstore.Run, bool) {
+		var r triggerstore.Run
+		var changed bool
+		require.NoError(t, pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+			var err error
+			r, changed, _, err = triggerstore.RelaunchRun(ctx, tx, "r1", attempt, time.Minute)
+			return err
+		}))
+		return r, changed
+	}
+	r, changed = relaunch(2)
+	require.True(t, changed)
+	require.Equal(t, triggerstore.RunRequested, r.Status)
+	require.Equal(t, 2, r.Attempt)
+	require.NotNil(t, r.LeaseExpiresAt)
+	_, changed = relaunch(2)
+	require.False(t, changed, "a due delivered twice launches once")
+
+	require.True(t, step(2, "enrich", contract.StepFailed, "reset again"))
+	_, changed, err = triggerstore.FailRun(ctx, b.pool, "r1", triggerstore.RunFailure{Attempt: 2, Class: "network", Message: "reset again"})
+	require.NoError(t, err)
+	require.True(t, changed)
+	r, changed, err = triggerstore.EndRun(ctx, b.pool, "r1", triggerstore.RunFailedMaxRetries, "exhausted: max_retries", 3, &three)
+	require.NoError(t, err)
+	require.True(t, changed)
+	require.Equal(t, triggerstore.RunFailedMaxRetries, r.Status)
+	require.Equal(t, 3, r.RetryCount)
+	steps, err = triggerstore.Steps(ctx, b.pool, "r1")
+	require.NoError(t, err)
+	require.Equal(t, "exhausted", steps[1].RetryState)
+	require.Equal(t, 2, steps[1].Attempts)
+	n, err = triggerstore.CountInFlight(ctx, b.pool, "t1")
+	require.NoError(t, err)
+	require.Zero(t, n)
+
+	// A step of a run retryd did not launch.
+	require.NoError(t, pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+		_, _, err := triggerstore.RecordStep(ctx, tx, contract.RunStepData{RunID: "nope", Workflow: "w", Node: "a", Status: contract.StepCompleted}, time.Now())
+		require.ErrorIs(t, err, triggerstore.ErrNotFound)
+		return nil
+	}))
 }
