@@ -56,7 +56,6 @@ type runPage struct {
 
 type runStep struct {
 	Node             string          `json:"node"`
-	Position         int             `json:"position"`
 	Status           string          `json:"status"`
 	Attempts         int             `json:"attempts"`
 	RunAttempt       int             `json:"run_attempt"`

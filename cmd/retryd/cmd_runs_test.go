@@ -23,17 +23,18 @@ func (b *bundle) insertRun(t *testing.T, id, workflow, status string, requestedA
 	}
 }
 
-// insertRunStep writes a step of a run.
-func (b *bundle) insertRunStep(t *testing.T, runID, node string, position int, status string, attempts int, retryState, class, msg, executor, output string) {
+// insertRunStep writes a step of a run; order orders the steps as their
+// first reports would (reported_at).
+func (b *bundle) insertRunStep(t *testing.T, runID, node string, order int, status string, attempts int, retryState, class, msg, executor, output string) {
 	t.Helper()
 	var out any
 	if output != "" {
 		out = output
 	}
-	_, err := b.stack.Pool.Exec(b.ctx, `INSERT INTO workflow_run_steps (run_id, step_id, position, status, attempts, run_attempt,
+	_, err := b.stack.Pool.Exec(b.ctx, `INSERT INTO workflow_run_steps (run_id, step_id, reported_at, status, attempts, run_attempt,
 			retry_state, last_error_class, last_error_message, executor, output)
-		VALUES ($1, $2, $3, $4, $5::int, $5::int, $6, $7, $8, $9, $10::jsonb)`,
-		runID, node, position, status, attempts, retryState, class, msg, executor, out)
+		VALUES ($1, $2, now() - interval '1 hour' + $3::int * interval '1 second', $4, $5::int, $5::int, $6, $7, $8, $9, $10::jsonb)`,
+		runID, node, order, status, attempts, retryState, class, msg, executor, out)
 	require.NoError(t, err)
 }
 

@@ -69,9 +69,9 @@ type RunView struct {
 	FinishedAt         *time.Time `json:"finished_at,omitempty"`
 }
 
-func viewRun(r triggerstore.RunRecord) RunView {
+func viewRun(r triggerstore.Run) RunView {
 	return RunView{
-		ID: r.ID, Workflow: r.Workflow, Status: r.Status, TriggerID: r.TriggerID, DeliveryID: r.DeliveryID,
+		ID: r.ID, Workflow: r.Workflow, Status: string(r.Status), TriggerID: r.TriggerID, DeliveryID: r.DeliveryID,
 		EventID: r.EventID, Attempt: r.Attempt, RetryCount: r.RetryCount, MaxRetries: r.MaxRetries,
 		RetryEnabled: r.RetryEnabled, CurrentNodeID: r.CurrentNodeID, Error: r.Error,
 		LastErrorClass: r.LastErrorClass, LastErrorMessage: r.LastErrorMessage,
@@ -82,8 +82,7 @@ func viewRun(r triggerstore.RunRecord) RunView {
 
 // StepView is how the API shows a step (a node) of a run.
 type StepView struct {
-	Node     string `json:"node"`
-	Position int    `json:"position"`
+	Node string `json:"node"`
 	// Status is the node's last report: completed or failed.
 	Status string `json:"status"`
 	// Attempts is how many attempts of the run ran the node; RunAttempt
@@ -91,25 +90,28 @@ type StepView struct {
 	Attempts   int `json:"attempts"`
 	RunAttempt int `json:"run_attempt"`
 	// RetryState: none, scheduled (the run comes back at NextAttemptAt
-	// and starts at this node), exhausted or succeeded.
+	// and starts at this node), exhausted or succeeded (completed after
+	// failing).
 	RetryState       string          `json:"retry_state"`
 	NextAttemptAt    *time.Time      `json:"next_attempt_at,omitempty"`
 	RetryAttempts    int             `json:"retry_attempts"`
-	RetryMetadata    json.RawMessage `json:"retry_metadata,omitempty"`
 	LastErrorClass   string          `json:"last_error_class,omitempty"`
 	LastErrorMessage string          `json:"last_error_message,omitempty"`
 	Executor         string          `json:"executor,omitempty"`
 	Output           json.RawMessage `json:"output,omitempty"`
-	CreatedAt        time.Time       `json:"created_at"`
-	UpdatedAt        time.Time       `json:"updated_at"`
+	// ReportedAt is when the executor first reported the node: it orders
+	// a run's steps.
+	ReportedAt time.Time `json:"reported_at"`
+	CreatedAt  time.Time `json:"created_at"`
+	UpdatedAt  time.Time `json:"updated_at"`
 }
 
-func viewStep(s triggerstore.StepRecord) StepView {
+func viewStep(s triggerstore.Step) StepView {
 	return StepView{
-		Node: s.Node, Position: s.Position, Status: s.Status, Attempts: s.Attempts, RunAttempt: s.RunAttempt,
+		Node: s.Node, Status: s.Status, Attempts: s.Attempts, RunAttempt: s.RunAttempt,
 		RetryState: s.RetryState, NextAttemptAt: s.NextAttemptAt, RetryAttempts: s.RetryAttempts,
-		RetryMetadata: s.RetryMetadata, LastErrorClass: s.LastErrorClass, LastErrorMessage: s.LastErrorMessage,
-		Executor: s.Executor, Output: s.Output, CreatedAt: s.CreatedAt, UpdatedAt: s.UpdatedAt,
+		LastErrorClass: s.LastErrorClass, LastErrorMessage: s.LastErrorMessage,
+		Executor: s.Executor, Output: s.Output, ReportedAt: s.ReportedAt, CreatedAt: s.CreatedAt, UpdatedAt: s.UpdatedAt,
 	}
 }
 
@@ -121,7 +123,7 @@ type RunPage struct {
 }
 
 // RunDetail is GET /v1/runs/{id}: the run and its steps in the order they
-// were first reported.
+// were first reported (reported_at).
 type RunDetail struct {
 	Run   RunView    `json:"run"`
 	Steps []StepView `json:"steps"`
@@ -199,7 +201,7 @@ func (s *Service) listRuns(w http.ResponseWriter, r *http.Request) {
 		s.writeErr(w, r, err)
 		return
 	}
-	page, err := triggerstore.ListRunRecords(r.Context(), s.cfg.Pool, f, limit, q.Get("cursor"))
+	page, err := triggerstore.ListRuns(r.Context(), s.cfg.Pool, f, limit, q.Get("cursor"))
 	if errors.Is(err, triggerstore.ErrBadRunCursor) {
 		err = invalidField("cursor", "is not a cursor this API returned")
 	}
@@ -220,12 +222,12 @@ func (s *Service) getRun(w http.ResponseWriter, r *http.Request) {
 		s.writeErr(w, r, err)
 		return
 	}
-	run, err := triggerstore.GetRunRecord(r.Context(), s.cfg.Pool, id)
+	run, err := triggerstore.GetRun(r.Context(), s.cfg.Pool, id)
 	if err != nil {
 		s.writeErr(w, r, storeErr(err, "run "+id))
 		return
 	}
-	steps, err := triggerstore.RunStepRecords(r.Context(), s.cfg.Pool, id)
+	steps, err := triggerstore.Steps(r.Context(), s.cfg.Pool, id)
 	if err != nil {
 		s.writeErr(w, r, err)
 		return

@@ -37,13 +37,14 @@ func (b *bundle) insertViewRun(t *testing.T, r viewRunRow) {
 	require.NoError(t, err)
 }
 
-func (b *bundle) insertViewStep(t *testing.T, runID, node string, position int, status string, attempts int, retryState, class, message, executor, output string) {
+func (b *bundle) insertViewStep(t *testing.T, runID, node string, order int, status string, attempts int, retryState, class, message, executor, output string) {
 	t.Helper()
 	_, err := b.pool.Exec(b.ctx, `
-		INSERT INTO workflow_run_steps (run_id, step_id, position, status, attempts, run_attempt, retry_state,
+		INSERT INTO workflow_run_steps (run_id, step_id, reported_at, status, attempts, run_attempt, retry_state,
 			last_error_class, last_error_message, executor, output, next_attempt_at)
-		VALUES ($1, $2, $3, $4, $5::int, $5::int, $6::text, $7, $8, $9, $10::jsonb, CASE WHEN $6::text = 'scheduled' THEN now() + interval '1 minute' END)`,
-		runID, node, position, status, attempts, retryState, class, message, executor, viewJSON(output))
+		VALUES ($1, $2, now() - interval '1 hour' + $3::int * interval '1 second', $4, $5::int, $5::int, $6::text, $7, $8, $9,
+			$10::jsonb, CASE WHEN $6::text = 'scheduled' THEN now() + interval '1 minute' END)`,
+		runID, node, order, status, attempts, retryState, class, message, executor, viewJSON(output))
 	require.NoError(t, err)
 }
 
@@ -86,9 +87,10 @@ func TestRunsAPI(t *testing.T) {
 	for _, r := range runs {
 		b.insertViewRun(t, r)
 	}
+	// Inserted out of order: the steps are shown in the order reported.
+	b.insertViewStep(t, "run-b", "notify", 2, "completed", 1, "succeeded", "", "", "engine-2", `"sent"`)
 	b.insertViewStep(t, "run-b", "fetch", 0, "completed", 2, "none", "", "", "engine-1", `{"rows": 3}`)
 	b.insertViewStep(t, "run-b", "enrich", 1, "failed", 2, "scheduled", "timeout", "crm timed out", "engine-1", "")
-	b.insertViewStep(t, "run-b", "notify", 2, "completed", 1, "succeeded", "", "", "engine-2", `"sent"`)
 
 	list := func(query string) runListPage {
 		t.Helper()
