@@ -256,10 +256,19 @@ func printRun(g *globals, v runView) error {
 	fmt.Fprintf(g.stdout, "\nSteps (%d):\n", len(v.Steps))
 	if len(v.Steps) == 0 {
 		fmt.Fprintln(g.stdout, "  (no step reported yet)")
-		return nil
+	} else if err := printRunSteps(g, v.Steps, now); err != nil {
+		return err
 	}
+	// Why it retried is the scheduler's history of the run.
+	if contains(runFailedStatuses, r.Status) || r.RetryCount > 0 {
+		fmt.Fprintf(g.stdout, "\nWhy it retried: retryd retries show run %s\n", r.ID)
+	}
+	return nil
+}
+
+func printRunSteps(g *globals, steps []runStep, now time.Time) error {
 	t := newTable(g.stdout, "NODE", "STATUS", "ATTEMPTS", "RUN ATTEMPT", "RETRY STATE", "EXECUTOR", "ERROR", "OUTPUT")
-	for _, s := range v.Steps {
+	for _, s := range steps {
 		retry := s.RetryState
 		if s.RetryState == "scheduled" && s.NextAttemptAt != nil {
 			retry += " " + relTime(s.NextAttemptAt, now)

@@ -97,7 +97,10 @@ func TestRunsCommands(t *testing.T) {
 		require.Len(t, v.Steps, 2)
 		require.Equal(t, "enrich", v.Steps[1].Node)
 
-		require.Contains(t, b.ok(t, "runs", "show", fresh), "(no step reported yet)")
+		require.Contains(t, out, "Why it retried: retryd retries show run "+retrying)
+		out = b.ok(t, "runs", "show", fresh)
+		require.Contains(t, out, "(no step reported yet)")
+		require.NotContains(t, out, "Why it retried")
 		r := b.cli(t, "runs", "show", "run-nope")
 		require.Equal(t, exitFailed, r.code)
 		require.Contains(t, r.stderr, "run run-nope")
