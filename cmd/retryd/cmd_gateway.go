@@ -46,7 +46,7 @@ func (u upstreams) routes() []route {
 		{u.scheduler, []string{"/v1/retries", "/v1/retries/", "/v1/policies", "/v1/policies/", "/v1/tokens", "/v1/tokens/", "/v1/audit"}},
 		{u.ingress, []string{"/v1/events", "/v1/events:batch"}},
 		{cmp.Or(u.ingressOperator, u.ingress), []string{"/v1/events/", "/v1/sources", "/v1/sources/"}},
-		{u.triggers, []string{"/v1/triggers", "/v1/triggers/", "/v1/deliveries/"}},
+		{u.triggers, []string{"/v1/triggers", "/v1/triggers/", "/v1/deliveries/", "/v1/runs", "/v1/runs/"}},
 		{u.jobs, []string{"/v1/jobs", "/v1/jobs/", "/v1/analytics/", "/v1/operations/"}},
 	}
 }
@@ -96,7 +96,7 @@ func newGatewayCmd(g *globals) *cobra.Command {
 services behind one address, routing each path to the service that owns it:
 /v1/retries, /v1/policies, /v1/tokens and /v1/audit to the scheduler,
 /v1/events and /v1/sources to ingress (its operator routes to
---ingress-operator when given), /v1/triggers and /v1/deliveries to
+--ingress-operator when given), /v1/triggers, /v1/deliveries and /v1/runs to
 triggers, /v1/jobs, /v1/analytics and /v1/operations to the jobs API (--jobs, by default the
 scheduler). The CLI's --api points at it. With --database-url (or
 DATABASE_URL) the dashboard shows the counts of retries by state.

@@ -144,7 +144,7 @@ func newRetriesListCmd(g *globals) *cobra.Command {
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&kind, "kind", "", "kind: event, event-trigger, job or your own")
+	f.StringVar(&kind, "kind", "", "kind: event, event-trigger, job, run or your own")
 	f.StringVar(&state, "state", "", "state: "+strings.Join(retryStates, ", "))
 	f.StringVar(&source, "source", "", "event source")
 	f.StringVar(&jobType, "job-type", "", "job type")

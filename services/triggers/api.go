@@ -42,7 +42,7 @@ var endpoints = []serve.Endpoint[*Service]{
 }
 
 // Routes lists the trigger API, for the index at GET /v1/.
-func Routes() []serve.Route { return serve.Routes(endpoints) }
+func Routes() []serve.Route { return serve.Routes(allEndpoints()) }
 
 // Handler serves the trigger API under /v1/ (Routes lists it), to the
 // principals a serve.Guard in front finds, by the role each route names.
@@ -50,7 +50,7 @@ func Routes() []serve.Route { return serve.Routes(endpoints) }
 // type-checked before it is saved.
 func (s *Service) Handler() http.Handler {
 	mux := http.NewServeMux()
-	serve.Mount(mux, s, endpoints)
+	serve.Mount(mux, s, allEndpoints())
 	mux.HandleFunc("/v1/", func(w http.ResponseWriter, r *http.Request) {
 		serve.WriteError(w, fmt.Errorf("%s %s: %w", r.Method, r.URL.Path, serve.ErrNotFound))
 	})

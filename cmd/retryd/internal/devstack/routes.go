@@ -23,7 +23,7 @@ func (s *Stack) routes() http.Handler {
 	}
 	mount(s.Scheduler.Handler(), "/v1/retries", "/v1/retries/", "/v1/policies", "/v1/policies/")
 	mount(s.Ingress.Handler(), "/v1/events", "/v1/events/", "/v1/events:batch", "/v1/sources", "/v1/sources/")
-	mount(s.Triggers.Handler(), "/v1/triggers", "/v1/triggers/", "/v1/deliveries/")
+	mount(s.Triggers.Handler(), "/v1/triggers", "/v1/triggers/", "/v1/deliveries/", "/v1/runs", "/v1/runs/")
 	s.JobsAPI.Register(mux)
 	auth.NewAPI(s.tokens).Register(mux)
 	mux.Handle(serve.IndexPath, serve.IndexHandler(scheduler.Routes(), ingress.Routes(), triggers.Routes(), jobs.Routes(), auth.Routes()))

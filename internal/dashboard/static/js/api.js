@@ -99,6 +99,9 @@ export const api = {
   getJob: (id) => call("GET", `/v1/jobs/${seg(id)}`),
   retryJob: (id, reason) => call("POST", `/v1/jobs/${seg(id)}/retry`, { body: { reason } }),
   cancelJob: (id, reason) => call("POST", `/v1/jobs/${seg(id)}/cancel`, { body: { reason } }),
+  // Runs are the triggers service's; a run's retry is retryNow("run", id).
+  listRuns: (filter) => call("GET", "/v1/runs", { query: filter }),
+  getRun: (id) => call("GET", `/v1/runs/${seg(id)}`),
   // bulkRetry's body: {filter, dry_run, rate_per_second, reason}. dry_run
   // is required by the API, so a bulk retry never starts by accident.
   bulkRetry: (body) => call("POST", "/v1/jobs/bulk-retry", { body }),

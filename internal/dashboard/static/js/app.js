@@ -9,8 +9,9 @@ import * as analytics from "./analytics.js";
 import * as sources from "./sources.js";
 import * as policies from "./policies.js";
 import * as jobs from "./jobs.js";
+import * as runs from "./runs.js";
 
-const views = { retries, jobs, analytics, sources, policies };
+const views = { retries, jobs, runs, analytics, sources, policies };
 const refreshMS = Number(document.querySelector('meta[name="retryd-refresh-ms"]')?.content) || 3000;
 const main = document.getElementById("view");
 

@@ -9,7 +9,7 @@ const STATES = [
   ["scheduled", "pending (scheduled)"], ["due", "due (running)"], ["exhausted", "exhausted"],
   ["succeeded", "succeeded"], ["cancelled", "cancelled"], ["any", "any state"],
 ];
-const KINDS = ["", "event", "event-trigger", "job"];
+const KINDS = ["", "event", "event-trigger", "job", "run"];
 const PAGE = 200;
 
 export async function render(root, params, { navigate }) {

@@ -1,0 +1,339 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+)
+
+// The runs commands work the triggers service's run views (GET /v1/runs,
+// GET /v1/runs/{id}): the workflow runs triggers launched, their retry
+// state and their steps. A run's manual retry is the scheduler's, as for
+// any kind: POST /v1/retries/run/{id}/retry.
+
+// runStatuses are the statuses of a workflow run; permanently_failed is
+// the API's alias of failed and failed_max_retries.
+var runStatuses = []string{"requested", "in_progress", "retrying", "completed", "failed", "failed_max_retries", "permanently_failed"}
+
+// runFailedStatuses are those of a run that failed: the ones a manual
+// retry is for.
+var runFailedStatuses = []string{"retrying", "failed", "failed_max_retries"}
+
+type runRow struct {
+	ID                 string     `json:"id"`
+	Workflow           string     `json:"workflow"`
+	Status             string     `json:"status"`
+	TriggerID          string     `json:"trigger_id"`
+	DeliveryID         string     `json:"delivery_id"`
+	EventID            string     `json:"event_id"`
+	Attempt            int        `json:"attempt"`
+	RetryCount         int        `json:"retry_count"`
+	MaxRetries         *int       `json:"max_retries"`
+	RetryEnabled       bool       `json:"retry_enabled"`
+	CurrentNodeID      string     `json:"current_node_id"`
+	Error              string     `json:"error"`
+	LastErrorClass     string     `json:"last_error_class"`
+	LastErrorMessage   string     `json:"last_error_message"`
+	LastErrorTimestamp *time.Time `json:"last_error_timestamp"`
+	NextRetryAt        *time.Time `json:"next_retry_at"`
+	Executor           string     `json:"executor"`
+	LeaseExpiresAt     *time.Time `json:"lease_expires_at"`
+	RequestedAt        time.Time  `json:"requested_at"`
+	UpdatedAt          time.Time  `json:"updated_at"`
+	FinishedAt         *time.Time `json:"finished_at"`
+}
+
+type runPage struct {
+	Runs       []runRow `json:"runs"`
+	NextCursor string   `json:"next_cursor,omitempty"`
+}
+
+type runStep struct {
+	Node             string          `json:"node"`
+	Status           string          `json:"status"`
+	Attempts         int             `json:"attempts"`
+	RunAttempt       int             `json:"run_attempt"`
+	RetryState       string          `json:"retry_state"`
+	NextAttemptAt    *time.Time      `json:"next_attempt_at"`
+	LastErrorClass   string          `json:"last_error_class"`
+	LastErrorMessage string          `json:"last_error_message"`
+	Executor         string          `json:"executor"`
+	Output           json.RawMessage `json:"output"`
+}
+
+// runView is GET /v1/runs/{id}.
+type runView struct {
+	Run   runRow    `json:"run"`
+	Steps []runStep `json:"steps"`
+}
+
+func newRunsCmd(g *globals) *cobra.Command {
+	cmd := group(&cobra.Command{
+		Use:     "runs",
+		Aliases: []string{"run"},
+		Short:   "List and inspect the workflow runs triggers launched; retry a failed run",
+	})
+	cmd.AddCommand(newRunsListCmd(g), newRunsShowCmd(g), newRunsRetryCmd(g))
+	return cmd
+}
+
+func newRunsListCmd(g *globals) *cobra.Command {
+	var (
+		statuses                              []string
+		workflow, trigger, errorClass, cursor string
+		limit                                 int
+		all                                   bool
+	)
+	cmd := &cobra.Command{
+		Use:   "list",
+		Short: "List workflow runs by workflow, trigger, status and last error class, newest first",
+		Example: `  retryd runs list --status retrying
+  retryd runs list --workflow onboard --status permanently_failed --all
+  retryd runs list --error-class timeout --json`,
+		Args: args(0),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			for _, s := range statuses {
+				if !contains(runStatuses, s) {
+					return usageErrorf(cmd, "--status %q is not one of %s", s, strings.Join(runStatuses, ", "))
+				}
+			}
+			if limit < 1 || limit > 500 {
+				return usageErrorf(cmd, "--limit must be between 1 and 500, got %d", limit)
+			}
+			if all && cursor != "" {
+				return usageErrorf(cmd, "--cursor and --all exclude each other: --all starts at the first page")
+			}
+			q := url.Values{}
+			for k, v := range map[string]string{"workflow": workflow, "trigger_id": trigger, "error_class": errorClass, "cursor": cursor} {
+				if v != "" {
+					q.Set(k, v)
+				}
+			}
+			if len(statuses) > 0 {
+				q.Set("status", strings.Join(statuses, ","))
+			}
+			q.Set("limit", strconv.Itoa(limit))
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			rows, single, next, err := fetchPages(cmd.Context(), c, "/v1/runs", q, all,
+				func(p runPage) ([]runRow, string) { return p.Runs, p.NextCursor })
+			if err != nil {
+				return fmt.Errorf("list runs: %w", err)
+			}
+			if g.json {
+				if single != nil {
+					return printJSON(g.stdout, single)
+				}
+				return writeJSON(g.stdout, runPage{Runs: rows})
+			}
+			if len(rows) == 0 {
+				fmt.Fprintln(g.stdout, "No runs match.")
+				return nil
+			}
+			now := time.Now()
+			t := newTable(g.stdout, "ID", "WORKFLOW", "STATUS", "ATTEMPT", "RETRIES", "NODE", "LAST ERROR CLASS", "NEXT RETRY", "REQUESTED")
+			for _, r := range rows {
+				t.row(r.ID, r.Workflow, r.Status, strconv.Itoa(r.Attempt), runRetries(r), r.CurrentNodeID, r.LastErrorClass,
+					runNextRetry(r, now), relTime(&r.RequestedAt, now))
+			}
+			if err := t.flush(); err != nil {
+				return err
+			}
+			if next != "" {
+				fmt.Fprintf(g.stderr, "More runs: add --cursor %s (or --all).\n", next)
+			}
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&workflow, "workflow", "", "workflow name")
+	f.StringVar(&trigger, "trigger", "", "id of the trigger that launched the runs")
+	f.StringSliceVar(&statuses, "status", nil, "run statuses: "+strings.Join(runStatuses, ", ")+" (repeat or comma-separate)")
+	f.StringVar(&errorClass, "error-class", "", "class of the last error, e.g. timeout")
+	f.IntVar(&limit, "limit", 100, "page size (1-500)")
+	f.StringVar(&cursor, "cursor", "", "continue after a previous page")
+	f.BoolVar(&all, "all", false, "fetch every page")
+	return cmd
+}
+
+// runRetries is retries used out of the budget; before the scheduler's
+// first decision the budget is not known and the count shows alone.
+func runRetries(r runRow) string {
+	if r.MaxRetries == nil {
+		return strconv.Itoa(r.RetryCount)
+	}
+	return fmt.Sprintf("%d/%d", r.RetryCount, *r.MaxRetries)
+}
+
+// runNextRetry is when a retrying run comes back; next_retry_at of a run
+// that moved on is history, not a plan.
+func runNextRetry(r runRow, now time.Time) string {
+	if r.Status != "retrying" {
+		return ""
+	}
+	return relTime(r.NextRetryAt, now)
+}
+
+// runErr names the run in err unless the API's message does already.
+func runErr(what, id string, err error) error {
+	var ae *apiError
+	if errors.As(err, &ae) && strings.Contains(ae.Message, id) {
+		return fmt.Errorf("%s: %w", what, err)
+	}
+	return fmt.Errorf("%s %s: %w", what, id, err)
+}
+
+func newRunsShowCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:     "show ID",
+		Short:   "Show one workflow run, its retry state and its steps",
+		Example: `  retryd runs show run-7K2Q8M9X3T7V5W6Y4Z2B1C0DAB`,
+		Args:    args(1, "ID"),
+		RunE: func(cmd *cobra.Command, a []string) error {
+			id := a[0]
+			var v runView
+			if done, err := g.fetch(cmd, "/v1/runs/"+seg(id), nil, &v, func(err error) error { return runErr("show run", id, err) }); done {
+				return err
+			}
+			return printRun(g, v)
+		},
+	}
+}
+
+func printRun(g *globals, v runView) error {
+	now := time.Now()
+	r := v.Run
+	pairs := []string{"ID", r.ID, "Workflow", r.Workflow, "Status", r.Status, "Attempt", strconv.Itoa(r.Attempt)}
+	if r.MaxRetries != nil {
+		pairs = append(pairs, "Retries used", retriesUsed(r.RetryCount, *r.MaxRetries))
+	} else {
+		pairs = append(pairs, "Retries used", strconv.Itoa(r.RetryCount))
+	}
+	if !r.RetryEnabled {
+		pairs = append(pairs, "Retries", "disabled for this run")
+	}
+	if next := runNextRetry(r, now); next != "" {
+		pairs = append(pairs, "Next retry", stamp(r.NextRetryAt, now))
+	}
+	if r.CurrentNodeID != "" {
+		pairs = append(pairs, "Current node", r.CurrentNodeID)
+	}
+	if r.LastErrorClass != "" || r.LastErrorMessage != "" {
+		pairs = append(pairs, "Last error", strings.TrimPrefix(r.LastErrorClass+": "+r.LastErrorMessage, ": "))
+	}
+	if r.LastErrorTimestamp != nil {
+		pairs = append(pairs, "Last error at", stamp(r.LastErrorTimestamp, now))
+	}
+	if r.Error != "" {
+		pairs = append(pairs, "Error", r.Error)
+	}
+	if r.Executor != "" {
+		pairs = append(pairs, "Executor", r.Executor)
+	}
+	for _, p := range [][2]string{{"Trigger", r.TriggerID}, {"Delivery", r.DeliveryID}, {"Event", r.EventID}} {
+		if p[1] != "" {
+			pairs = append(pairs, p[0], p[1])
+		}
+	}
+	pairs = append(pairs, "Requested", stamp(&r.RequestedAt, now), "Updated", stamp(&r.UpdatedAt, now))
+	if r.LeaseExpiresAt != nil && r.FinishedAt == nil && (r.Status == "requested" || r.Status == "in_progress") {
+		pairs = append(pairs, "Lease until", stamp(r.LeaseExpiresAt, now))
+	}
+	if r.FinishedAt != nil {
+		pairs = append(pairs, "Finished", stamp(r.FinishedAt, now))
+	}
+	if err := keyValues(g.stdout, pairs...); err != nil {
+		return err
+	}
+	fmt.Fprintf(g.stdout, "\nSteps (%d):\n", len(v.Steps))
+	if len(v.Steps) == 0 {
+		fmt.Fprintln(g.stdout, "  (no step reported yet)")
+	} else if err := printRunSteps(g, v.Steps, now); err != nil {
+		return err
+	}
+	// Why it retried is the scheduler's history of the run.
+	if contains(runFailedStatuses, r.Status) || r.RetryCount > 0 {
+		fmt.Fprintf(g.stdout, "\nWhy it retried: retryd retries show run %s\n", r.ID)
+	}
+	return nil
+}
+
+func printRunSteps(g *globals, steps []runStep, now time.Time) error {
+	t := newTable(g.stdout, "NODE", "STATUS", "ATTEMPTS", "RUN ATTEMPT", "RETRY STATE", "EXECUTOR", "ERROR", "OUTPUT")
+	for _, s := range steps {
+		retry := s.RetryState
+		if s.RetryState == "scheduled" && s.NextAttemptAt != nil {
+			retry += " " + relTime(s.NextAttemptAt, now)
+		}
+		out := ""
+		if len(s.Output) > 0 && string(s.Output) != "null" {
+			out = string(s.Output)
+		}
+		t.row(s.Node, s.Status, strconv.Itoa(s.Attempts), strconv.Itoa(s.RunAttempt), retry, s.Executor,
+			trunc(strings.TrimPrefix(s.LastErrorClass+": "+s.LastErrorMessage, ": "), 60), trunc(out, 60))
+	}
+	return t.flush()
+}
+
+func newRunsRetryCmd(g *globals) *cobra.Command {
+	var reason string
+	var reset bool
+	cmd := &cobra.Command{
+		Use:   "retry ID",
+		Short: "Retry a failed workflow run now, from its checkpoint (the scheduler's retry of kind run)",
+		Long: `retry asks the scheduler to retry the run now (POST /v1/retries/run/ID/retry):
+the run comes back from its last completed node, recorded as decided_by
+manual. Only a run that failed has a retry at the scheduler: one that is
+retrying, failed or failed_max_retries.`,
+		Example: `  retryd runs retry run-7K2Q8M9X3T7V5W6Y4Z2B1C0DAB --reason "crm back up"
+  retryd runs retry run-7K2Q8M9X3T7V5W6Y4Z2B1C0DAB --reset-attempts`,
+		Args: args(1, "ID"),
+		RunE: func(cmd *cobra.Command, a []string) error {
+			id := a[0]
+			body := map[string]any{}
+			if reason != "" {
+				body["reason"] = reason
+			}
+			if reset {
+				body["reset_attempts"] = true
+			}
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			var v retryView
+			raw, err := c.post(cmd.Context(), "/v1/retries/run/"+seg(id)+"/retry", body, &v)
+			if isNotFound(err) {
+				// No retry at the scheduler: say whether the run exists
+				// and why it has none.
+				var rv runView
+				if _, gerr := c.get(cmd.Context(), "/v1/runs/"+seg(id), nil, &rv); gerr == nil {
+					return fmt.Errorf("retry run %s: it is %s and has no retry at the scheduler: only a run that failed (%s) can be retried",
+						id, rv.Run.Status, strings.Join(runFailedStatuses, ", "))
+				} else if isNotFound(gerr) {
+					return fmt.Errorf("retry run %s: no such run", id)
+				}
+			}
+			if err != nil {
+				return runErr("retry run", id, err)
+			}
+			if g.json {
+				return printJSON(g.stdout, raw)
+			}
+			fmt.Fprintf(g.stdout, "Retry of run %s accepted: attempt %d is scheduled now, decided_by manual.\n", id, v.Retry.Attempt)
+			fmt.Fprintf(g.stdout, "Its status follows in a moment: retryd runs show %s\n", id)
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&reason, "reason", "", "why (recorded in the run's retry history)")
+	cmd.Flags().BoolVar(&reset, "reset-attempts", false, "give the run its whole retry budget again")
+	return cmd
+}

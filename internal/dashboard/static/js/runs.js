@@ -1,0 +1,248 @@
+// The runs view: the workflow runs triggers launched, filtered by
+// workflow, status and last error class (kept in the address), and for
+// the selected one its retry state and its steps: which node ran how many
+// times, on which executor, with what error or output. A run that failed
+// is retried by hand through the scheduler (kind run), like any item.
+
+import { api } from "./api.js";
+import { h, clear, badge, classTag, relTime, dateTime, trunc } from "./dom.js";
+import { actionDialog, toast } from "./dialog.js";
+import { CLASSES } from "./jobs.js";
+
+export const STATUSES = ["requested", "in_progress", "retrying", "failed_max_retries", "failed", "completed"];
+// The API's alias for failed and failed_max_retries, as on the jobs view.
+const GIVEN_UP = "permanently_failed";
+// Statuses of a run that failed: only those have a retry at the
+// scheduler, so only those are offered one.
+const RETRYABLE = new Set(["retrying", "failed", "failed_max_retries"]);
+const PAGE = 100;
+const MAX_PAGE = 500;
+const FILTERS = ["workflow", "status", "error_class"];
+const COLUMNS = ["ID", "Workflow", "Status", "Attempt", "Retries", "Node", "Last error", "Requested"];
+
+export async function render(root, params, { navigate }) {
+  let p = { ...params };
+  const go = (patch) => navigate("runs", { ...p, ...patch });
+  const list = h("tbody");
+  const count = h("span", { class: "count", "data-test": "runs-count" });
+  const more = h("button", { class: "small", "data-test": "runs-more", hidden: true, text: "More", onclick: () => load(true).catch((e) => toast(e.message, true)) });
+  const detail = h("section", { class: "panel detail", "data-test": "run-detail", hidden: true });
+  const controls = {};
+  let rows = [];
+  let cursor = "";
+
+  const filterSelect = (name, label, options) => {
+    controls[name] = h("select", { name, "data-test": `runs-filter-${name}`, onchange: (e) => go({ [name]: e.target.value, run: "" }) },
+      options.map(([v, text]) => h("option", { value: v, text })));
+    return h("label", {}, label, controls[name]);
+  };
+  const statusOptions = [["", "any status"], [GIVEN_UP, "failed or failed_max_retries"], ...STATUSES.map((s) => [s, s])];
+  const layout = h("div", { class: "split runs" },
+    h("section", { class: "panel", "data-test": "runs-list" },
+      h("div", { class: "filters" },
+        h("label", {}, "Workflow", (controls.workflow = h("input", { name: "workflow", "data-test": "runs-filter-workflow", placeholder: "e.g. onboard",
+          onchange: (e) => go({ workflow: e.target.value.trim(), run: "" }) }))),
+        filterSelect("status", "Status", statusOptions),
+        filterSelect("error_class", "Last error class", [["", "any class"], ...CLASSES.map((c) => [c, c])]),
+        count),
+      h("div", { class: "table-wrap" }, h("table", {}, head(), list)),
+      h("div", { class: "panel-body", style: { "text-align": "center" } }, more)),
+    detail);
+  root.appendChild(layout);
+  syncControls();
+
+  // syncControls shows the filters of the hash, which the back button
+  // changes too; a class or status the list does not know is added to it.
+  function syncControls() {
+    for (const k of FILTERS) {
+      const el = controls[k];
+      const v = p[k] || "";
+      if (el.tagName === "SELECT" && ![...el.options].some((o) => o.value === v)) el.appendChild(h("option", { value: v, text: v }));
+      el.value = v;
+    }
+  }
+
+  const pageSize = () => Math.min(Math.max(Number(p.limit) || PAGE, 1), MAX_PAGE);
+
+  // Loads run one after another, so the last one asked for is the one
+  // shown: a filter changed twice, "More" during a refresh.
+  let loading = Promise.resolve();
+  function load(append = false) {
+    const next = loading.then(() => loadPage(append));
+    loading = next.catch(() => {});
+    return next;
+  }
+
+  async function loadPage(append) {
+    // A refresh reads as many runs as are shown, so the pages "More"
+    // added stay (up to the API's 500).
+    const limit = append ? pageSize() : Math.min(Math.max(rows.length, pageSize()), MAX_PAGE);
+    const page = await api.listRuns({ workflow: p.workflow, status: p.status, error_class: p.error_class, limit, cursor: append ? cursor : "" });
+    rows = append ? rows.concat(page.runs) : page.runs;
+    cursor = page.next_cursor || "";
+    more.hidden = !cursor;
+    count.textContent = `${rows.length}${cursor ? "+" : ""} ${rows.length === 1 ? "run" : "runs"}`;
+    drawRows();
+  }
+
+  function drawRows() {
+    clear(list);
+    if (!rows.length) {
+      list.appendChild(h("tr", {}, h("td", { colspan: COLUMNS.length, class: "empty", text: "No runs match these filters." })));
+      return;
+    }
+    const now = Date.now();
+    for (const r of rows) {
+      list.appendChild(h("tr", { class: `clickable${p.run === r.id ? " selected" : ""}`, "data-id": r.id, "data-status": r.status,
+        onclick: () => go({ run: r.id }) },
+        h("td", { class: "id", title: r.id, text: shortID(r.id) }),
+        h("td", { class: "mono", text: r.workflow }),
+        h("td", {}, badge(r.status)),
+        h("td", { class: "num", text: String(r.attempt) }),
+        h("td", { class: "num", text: `${r.retry_count}/${r.max_retries ?? "–"}` }),
+        h("td", { class: "mono", text: r.current_node_id || "" }),
+        h("td", { class: "lasterr", title: r.last_error_message || "" }, classTag(r.last_error_class)),
+        h("td", { class: "nowrap muted", title: r.requested_at, text: relTime(r.requested_at, now) })));
+    }
+  }
+
+  async function loadDetail() {
+    layout.classList.toggle("with-detail", !!p.run);
+    detail.hidden = !p.run;
+    if (!p.run) return;
+    let view;
+    try {
+      view = await api.getRun(p.run);
+    } catch (e) {
+      clear(detail).appendChild(h("div", { class: "panel-body" }, h("p", { class: "err", text: e.status === 404 ? `No run ${p.run}.` : e.message })));
+      return;
+    }
+    drawDetail(view);
+  }
+
+  function drawDetail({ run: r, steps }) {
+    const now = Date.now();
+    clear(detail).append(
+      h("div", { class: "panel-head" },
+        h("div", {}, h("h2", { text: `run / ${r.id}` }), h("div", { class: "muted", text: `workflow ${r.workflow}` })),
+        h("span", { "data-test": "run-status", "data-status": r.status, style: { "margin-left": "auto" } }, badge(r.status)),
+        h("button", { class: "small", title: "Close", onclick: () => go({ run: "" }), text: "✕" })),
+      h("div", { class: "panel-body stack" },
+        RETRYABLE.has(r.status) ? h("div", { class: "actions" },
+          h("button", { class: "primary needs-operator", "data-test": "run-retry", onclick: () => retry(r.id), text: "Retry" })) : null,
+        h("dl", { class: "kv", "data-test": "run-facts" }, facts(r, now)),
+        h("h3", { text: `Steps (${steps.length})`, style: { "font-size": "14px" } }),
+        steps.length ? h("div", { class: "table-wrap" }, h("table", { class: "history", "data-test": "run-steps" },
+          h("thead", {}, h("tr", {}, ["Node", "Status", "Attempts", "Retry", "Error", "Executor", "Output"].map((t) => h("th", { text: t })))),
+          h("tbody", {}, steps.map((s) => stepRow(s, now)))))
+          : h("p", { class: "muted", text: "No step reported yet." }),
+        // The scheduler's decisions (why it retried, when, by whom) are
+        // the retry of kind run on the Retries tab; a run that never
+        // failed has none.
+        RETRYABLE.has(r.status) || r.retry_count > 0
+          ? h("p", { class: "hint" }, "Why it retried: ",
+            h("a", { href: `#/retries?kind=run&item=${encodeURIComponent(`run/${r.id}`)}`, "data-test": "run-retry-history", text: "its retry timeline" }))
+          : null,
+        h("p", { class: "hint" }, "From the terminal: ", h("code", { text: `retryd runs show ${r.id}` }))));
+  }
+
+  async function retry(id) {
+    const done = await actionDialog({
+      title: `Retry run ${trunc(id, 30)} now?`,
+      message: "The run comes back now from its last completed node, recorded as decided_by manual.",
+      confirm: "Retry",
+      fields: [{ name: "reason", label: "Reason", placeholder: "e.g. crm back up" }],
+      action: async (v) => {
+        try {
+          return await api.retryNow("run", id, v.reason);
+        } catch (e) {
+          // The scheduler has a retry of a run only once it failed.
+          if (e.status === 404) throw new Error(`Run ${id} has no retry at the scheduler: only a run that failed can be retried.`);
+          throw e;
+        }
+      },
+    });
+    // The status follows once the triggers service applies the due retry.
+    if (done) { toast(`Retrying run ${id}`); await refresh(); }
+  }
+
+  async function refresh() {
+    await Promise.all([load(false), loadDetail()]);
+  }
+
+  await refresh();
+  return {
+    refresh,
+    async update(params) {
+      const next = { ...params };
+      const listChanged = [...FILTERS, "limit"].some((k) => (next[k] || "") !== (p[k] || ""));
+      p = next;
+      syncControls();
+      if (listChanged) {
+        rows = [];
+        await refresh();
+        return;
+      }
+      drawRows();
+      await loadDetail();
+    },
+  };
+}
+
+function head() {
+  return h("thead", {}, h("tr", {}, COLUMNS.map((t) => h("th", { text: t }))));
+}
+
+// shortID: run ids are "run-" and 26 characters; the full id is the
+// row's title.
+function shortID(id) {
+  return id.length > 16 ? id.slice(0, 14) + "…" : id;
+}
+
+function kv(k, v, test) {
+  return [h("dt", { text: k }), h("dd", { text: v, "data-test": test })];
+}
+
+function retriesUsed(r) {
+  if (r.max_retries === null || r.max_retries === undefined) return String(r.retry_count);
+  const used = r.retry_count > r.max_retries ? `${r.retry_count}, over the ${r.max_retries} allowed` : `${r.retry_count} of ${r.max_retries}`;
+  return r.retry_enabled ? used : `${used} (retries disabled)`;
+}
+
+function facts(r, now) {
+  const at = (iso) => `${dateTime(iso)} (${relTime(iso, now)})`;
+  return [
+    kv("Status", r.status),
+    kv("Attempt", String(r.attempt), "run-attempt"),
+    kv("Retries used", retriesUsed(r), "run-retries"),
+    r.next_retry_at && r.status === "retrying" ? kv("Next retry", at(r.next_retry_at), "run-next-retry") : null,
+    r.current_node_id ? kv("Current node", r.current_node_id) : null,
+    r.last_error_class || r.last_error_message
+      ? kv("Last error", [r.last_error_class, r.last_error_message].filter(Boolean).join(": "), "run-last-error") : null,
+    r.last_error_timestamp ? kv("Last error at", at(r.last_error_timestamp)) : null,
+    r.error ? kv("Error", r.error) : null,
+    r.executor ? kv("Executor", r.executor, "run-executor") : null,
+    r.trigger_id ? kv("Trigger", r.trigger_id) : null,
+    r.delivery_id ? kv("Delivery", r.delivery_id) : null,
+    r.event_id ? kv("Event", r.event_id) : null,
+    kv("Requested", at(r.requested_at)),
+    kv("Updated", at(r.updated_at)),
+    r.lease_expires_at && (r.status === "requested" || r.status === "in_progress") ? kv("Lease until", at(r.lease_expires_at)) : null,
+    r.finished_at ? kv("Finished", at(r.finished_at)) : null,
+  ];
+}
+
+function stepRow(s, now) {
+  const err = [s.last_error_class, s.last_error_message].filter(Boolean).join(": ");
+  const out = s.output === undefined || s.output === null ? "" : JSON.stringify(s.output);
+  let retry = s.retry_state === "none" ? "" : s.retry_state;
+  if (s.retry_state === "scheduled" && s.next_attempt_at) retry += ` ${relTime(s.next_attempt_at, now)}`;
+  return h("tr", { "data-node": s.node, "data-status": s.status },
+    h("td", { class: "mono", text: s.node }),
+    h("td", {}, badge(s.status)),
+    h("td", { class: "num", "data-test": "step-attempts", title: `last reported by run attempt ${s.run_attempt}`, text: String(s.attempts) }),
+    h("td", { class: "nowrap", "data-test": "step-retry", text: retry }),
+    h("td", { class: err ? "msg err" : "msg", "data-test": "step-error", title: err, text: trunc(err, 120) }),
+    h("td", { class: "mono nowrap", "data-test": "executor", text: s.executor || "" }),
+    h("td", { class: "mono msg", "data-test": "step-output", title: out, text: trunc(out, 80) }));
+}

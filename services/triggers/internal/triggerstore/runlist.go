@@ -1,0 +1,108 @@
+package triggerstore
+
+import (
+	"context"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/retryd/retryd/internal/pgquery"
+)
+
+// The operator views' list of workflow runs: filtered, newest first, a
+// page at a time. It only reads; one run is GetRun, its steps Steps.
+
+// MaxRunListLimit bounds one page of ListRuns.
+const MaxRunListLimit = 500
+
+// ErrBadRunCursor is returned by ListRuns for a cursor it did not
+// produce.
+var ErrBadRunCursor = errors.New("cursor is not valid")
+
+// RunFilter selects runs; zero fields match everything.
+type RunFilter struct {
+	Workflow  string
+	TriggerID string
+	// Statuses matches any of them.
+	Statuses []string
+	// ErrorClass matches the class of the run's last error.
+	ErrorClass string
+}
+
+// RunPage is one page of ListRuns, newest first.
+type RunPage struct {
+	Runs []Run
+	// NextCursor is empty on the last page.
+	NextCursor string
+}
+
+// ListRuns returns the runs matching f, newest (requested_at) first,
+// limit at a time (0 means 100); cursor is the previous page's
+// NextCursor.
+func ListRuns(ctx context.Context, db DB, f RunFilter, limit int, cursor string) (RunPage, error) {
+	limit, err := pgquery.Limit(limit, MaxRunListLimit)
+	if err != nil {
+		return RunPage{}, fmt.Errorf("list runs: %w", err)
+	}
+	var w pgquery.Where
+	if f.Workflow != "" {
+		w.Add("workflow = ?", f.Workflow)
+	}
+	if f.TriggerID != "" {
+		w.Add("trigger_id = ?", f.TriggerID)
+	}
+	if len(f.Statuses) > 0 {
+		w.Add("status = ANY(?::text[])", f.Statuses)
+	}
+	if f.ErrorClass != "" {
+		w.Add("last_error_class = ?", f.ErrorClass)
+	}
+	if cursor != "" {
+		at, id, err := decodeRunCursor(cursor)
+		if err != nil {
+			return RunPage{}, fmt.Errorf("list runs: %w", err)
+		}
+		w.Add("(requested_at, run_id) < (?, ?)", at, id)
+	}
+	sql := `SELECT ` + runColumns + ` FROM workflow_runs` + w.SQL() +
+		` ORDER BY requested_at DESC, run_id DESC LIMIT ` + w.Arg(limit+1)
+	rows, err := db.Query(ctx, sql, w.Args...)
+	if err != nil {
+		return RunPage{}, fmt.Errorf("list runs: %w", err)
+	}
+	runs, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Run, error) { return scanRun(row) })
+	if err != nil {
+		return RunPage{}, fmt.Errorf("list runs: %w", err)
+	}
+	page := RunPage{Runs: runs}
+	if len(page.Runs) > limit {
+		page.Runs = page.Runs[:limit]
+		last := page.Runs[limit-1]
+		page.NextCursor = encodeRunCursor(last.RequestedAt, last.ID)
+	}
+	return page, nil
+}
+
+func encodeRunCursor(at time.Time, id string) string {
+	return base64.RawURLEncoding.EncodeToString([]byte(at.UTC().Format(time.RFC3339Nano) + "|" + id))
+}
+
+func decodeRunCursor(c string) (time.Time, string, error) {
+	b, err := base64.RawURLEncoding.DecodeString(c)
+	if err != nil {
+		return time.Time{}, "", ErrBadRunCursor
+	}
+	ts, id, ok := strings.Cut(string(b), "|")
+	if !ok || id == "" {
+		return time.Time{}, "", ErrBadRunCursor
+	}
+	at, err := time.Parse(time.RFC3339Nano, ts)
+	if err != nil {
+		return time.Time{}, "", ErrBadRunCursor
+	}
+	return at, id, nil
+}
