@@ -3,7 +3,9 @@ package contract
 import (
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -133,112 +135,101 @@ func (d RunFinishedData) Validate() error {
 	return nil
 }
 
+// runData is what NewRunMsg and the decoders need of each kind of run
+// data.
+type runData interface {
+	Validate() error
+	run() (workflow, runID string)
+	// events are the RUNS events the data goes with.
+	events() []string
+	msgID(event string, now time.Time) string
+}
+
+func (d RunRequestedData) run() (string, string) { return d.Workflow, d.RunID }
+func (d RunFinishedData) run() (string, string)  { return d.Workflow, d.RunID }
+func (d RunHeartbeatData) run() (string, string) { return d.Workflow, d.RunID }
+func (d RunStepData) run() (string, string)      { return d.Workflow, d.RunID }
+
+func (RunRequestedData) events() []string { return []string{RunRequested} }
+func (RunFinishedData) events() []string  { return []string{RunCompleted, RunFailed} }
+func (RunHeartbeatData) events() []string { return []string{RunHeartbeat} }
+func (RunStepData) events() []string      { return []string{RunStep} }
+
+func (d RunRequestedData) msgID(event string, _ time.Time) string {
+	return RunAttemptMsgID(event, d.RunID, d.Attempt)
+}
+func (d RunFinishedData) msgID(event string, _ time.Time) string {
+	return RunAttemptMsgID(event, d.RunID, d.Attempt)
+}
+func (d RunHeartbeatData) msgID(_ string, now time.Time) string {
+	return RunHeartbeatMsgID(d.RunID, now)
+}
+func (d RunStepData) msgID(_ string, _ time.Time) string {
+	return RunStepMsgID(d.RunID, d.Attempt, d.Node)
+}
+
 // NewRunMsg builds a RUNS message; data is RunRequestedData for
 // "requested", RunFinishedData for "completed" and "failed",
 // RunHeartbeatData for "heartbeat" and RunStepData for "step".
 func NewRunMsg(source, event string, data interface{ Validate() error }, now time.Time) (*nats.Msg, error) {
-	var workflow, runID string
-	switch d := data.(type) {
-	case RunRequestedData:
-		workflow, runID = d.Workflow, d.RunID
-		if event != RunRequested {
-			return nil, fieldErr("event", "RunRequestedData goes with requested")
-		}
-	case RunFinishedData:
-		workflow, runID = d.Workflow, d.RunID
-		if event != RunCompleted && event != RunFailed {
-			return nil, fieldErr("event", "RunFinishedData goes with completed or failed")
-		}
-	case RunHeartbeatData:
-		workflow, runID = d.Workflow, d.RunID
-		if event != RunHeartbeat {
-			return nil, fieldErr("event", "RunHeartbeatData goes with heartbeat")
-		}
-	case RunStepData:
-		workflow, runID = d.Workflow, d.RunID
-		if event != RunStep {
-			return nil, fieldErr("event", "RunStepData goes with step")
-		}
-	default:
+	d, ok := data.(runData)
+	if !ok {
 		return nil, fieldErr("data", fmt.Sprintf("%T is not run data", data))
 	}
-	if err := data.Validate(); err != nil {
+	if !slices.Contains(d.events(), event) {
+		return nil, fieldErr("event", fmt.Sprintf("%T goes with %s", data, strings.Join(d.events(), " or ")))
+	}
+	if err := d.Validate(); err != nil {
 		return nil, fmt.Errorf("build run %s event: %w", event, err)
 	}
 	raw, err := json.Marshal(data)
 	if err != nil {
 		return nil, fmt.Errorf("marshal run data: %w", err)
 	}
-	var msgID string
-	switch d := data.(type) {
-	case RunRequestedData:
-		msgID = RunAttemptMsgID(event, runID, d.Attempt)
-	case RunFinishedData:
-		msgID = RunAttemptMsgID(event, runID, d.Attempt)
-	case RunStepData:
-		msgID = RunStepMsgID(runID, d.Attempt, d.Node)
-	default:
-		msgID = RunHeartbeatMsgID(runID, now)
-	}
-	return newEnvelopeMsg(RunSubject(workflow, event, runID), msgID, source, "run."+event, raw, now)
+	workflow, runID := d.run()
+	return newEnvelopeMsg(RunSubject(workflow, event, runID), d.msgID(event, now), source, "run."+event, raw, now)
 }
 
-// DecodeRunRequested strictly decodes a runs.*.requested.* message.
-func DecodeRunRequested(subject string, body []byte) (Envelope, RunRequestedData, error) {
-	var d RunRequestedData
+// decodeRun strictly decodes a RUNS message whose data is a T: the
+// subject's event must be one T goes with, and its workflow and run id
+// the data's.
+func decodeRun[T any, PT interface {
+	*T
+	runData
+}](subject string, body []byte) (Envelope, T, error) {
+	var d T
 	env, err := decodeTyped(subject, body, &d, func() error {
 		p, err := ParseRunSubject(subject)
 		if err != nil {
 			return err
 		}
-		if p.Event != RunRequested {
-			return fieldErr("subject event", fmt.Sprintf("%q is not requested", p.Event))
+		pd := PT(&d)
+		if !slices.Contains(pd.events(), p.Event) {
+			return fieldErr("subject event", fmt.Sprintf("%q is not %s", p.Event, strings.Join(pd.events(), " or ")))
 		}
-		if err := d.Validate(); err != nil {
+		if err := pd.Validate(); err != nil {
 			return err
 		}
-		return matchRunSubject(p, d.Workflow, d.RunID)
+		workflow, runID := pd.run()
+		return matchRunSubject(p, workflow, runID)
 	})
 	return env, d, err
+}
+
+// DecodeRunRequested strictly decodes a runs.*.requested.* message.
+func DecodeRunRequested(subject string, body []byte) (Envelope, RunRequestedData, error) {
+	return decodeRun[RunRequestedData](subject, body)
 }
 
 // DecodeRunFinished strictly decodes a runs.*.completed.* or runs.*.failed.*
 // message.
 func DecodeRunFinished(subject string, body []byte) (Envelope, RunFinishedData, error) {
-	var d RunFinishedData
-	env, err := decodeTyped(subject, body, &d, func() error {
-		p, err := ParseRunSubject(subject)
-		if err != nil {
-			return err
-		}
-		if p.Event != RunCompleted && p.Event != RunFailed {
-			return fieldErr("subject event", fmt.Sprintf("%q is not completed or failed", p.Event))
-		}
-		if err := d.Validate(); err != nil {
-			return err
-		}
-		return matchRunSubject(p, d.Workflow, d.RunID)
-	})
-	return env, d, err
+	return decodeRun[RunFinishedData](subject, body)
 }
 
 // DecodeRunHeartbeat strictly decodes a runs.*.heartbeat.* message.
 func DecodeRunHeartbeat(subject string, body []byte) (Envelope, RunHeartbeatData, error) {
-	var d RunHeartbeatData
-	env, err := decodeTyped(subject, body, &d, func() error {
-		p, err := ParseRunSubject(subject)
-		if err != nil {
-			return err
-		}
-		if p.Event != RunHeartbeat {
-			return fieldErr("subject event", fmt.Sprintf("%q is not heartbeat", p.Event))
-		}
-		if err := d.Validate(); err != nil {
-			return err
-		}
-		return matchRunSubject(p, d.Workflow, d.RunID)
-	})
-	return env, d, err
+	return decodeRun[RunHeartbeatData](subject, body)
 }
 
 // matchRunSubject checks that the data is about the run its subject names.

@@ -137,19 +137,5 @@ func validateRunAttempt(attempt int) error {
 
 // DecodeRunStep strictly decodes a runs.*.step.* message.
 func DecodeRunStep(subject string, body []byte) (Envelope, RunStepData, error) {
-	var d RunStepData
-	env, err := decodeTyped(subject, body, &d, func() error {
-		p, err := ParseRunSubject(subject)
-		if err != nil {
-			return err
-		}
-		if p.Event != RunStep {
-			return fieldErr("subject event", fmt.Sprintf("%q is not step", p.Event))
-		}
-		if err := d.Validate(); err != nil {
-			return err
-		}
-		return matchRunSubject(p, d.Workflow, d.RunID)
-	})
-	return env, d, err
+	return decodeRun[RunStepData](subject, body)
 }
