@@ -130,9 +130,11 @@ var definitions = []definition{
 	},
 	{
 		name:        contract.StreamJobs,
-		subjects:    []string{"jobs.*"},
+		// jobs.<job_type> is the normal priority band (and every job
+		// published before priorities); high and low have their own token.
+		subjects:    []string{"jobs.*", "jobs.*.high", "jobs.*.low"},
 		maxAge:      DefaultMaxAge,
-		description: "retryd: work for workers, read by the workers and the jobs projection (jobs.<job_type>)",
+		description: "retryd: work for workers, read by the workers and the jobs projection (jobs.<job_type>, jobs.<job_type>.high, jobs.<job_type>.low)",
 	},
 }
 
