@@ -129,7 +129,7 @@ var definitions = []definition{
 		description: "retryd: workflow runs requested, completed and failed (runs.<workflow>.<event>.<run_id>)",
 	},
 	{
-		name:        contract.StreamJobs,
+		name: contract.StreamJobs,
 		// jobs.<job_type> is the normal priority band (and every job
 		// published before priorities); high and low have their own token.
 		subjects:    []string{"jobs.*", "jobs.*.high", "jobs.*.low"},
