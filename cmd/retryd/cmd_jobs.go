@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+
+	"github.com/retryd/retryd/pkg/contract"
 )
 
 // The jobs commands work the jobs API (services/jobs): the jobs table the
@@ -59,6 +61,7 @@ func newJobsListCmd(g *globals) *cobra.Command {
 	var (
 		statuses                                  []string
 		jobType, errorClass, cursor, since, until string
+		priority                                  string
 		limit, minRetries                         int
 		all                                       bool
 	)
@@ -83,6 +86,13 @@ func newJobsListCmd(g *globals) *cobra.Command {
 				return usageErrorf(cmd, "--cursor and --all exclude each other: --all starts at the first page")
 			}
 			q := url.Values{}
+			if priority != "" {
+				p, err := contract.ParsePriority("--priority", priority)
+				if err != nil {
+					return usageErrorf(cmd, "--priority must be high, normal or low, got %q", priority)
+				}
+				q.Set("priority", string(p))
+			}
 			for k, v := range map[string]string{"job_type": jobType, "error_class": errorClass, "cursor": cursor} {
 				if v != "" {
 					q.Set(k, v)
@@ -121,9 +131,9 @@ func newJobsListCmd(g *globals) *cobra.Command {
 			// RETRIES, not attempts out of a maximum: the API has no
 			// maximum attempt, and after --reset-attempts the attempt
 			// number goes on while the budget starts again.
-			t := newTable(g.stdout, "ID", "TYPE", "STATUS", "ATTEMPT", "RETRIES", "LAST ERROR CLASS", "NEXT RETRY", "UPDATED")
+			t := newTable(g.stdout, "ID", "TYPE", "STATUS", "PRIORITY", "ATTEMPT", "RETRIES", "LAST ERROR CLASS", "NEXT RETRY", "UPDATED")
 			for _, j := range rows {
-				t.row(j.ID, j.JobType, j.Status, strconv.Itoa(j.Attempt), jobRetries(j), j.LastErrorClass,
+				t.row(j.ID, j.JobType, j.Status, jobPriority(j), strconv.Itoa(j.Attempt), jobRetries(j), j.LastErrorClass,
 					nextRetry(j, now), relTime(&j.UpdatedAt, now))
 			}
 			if err := t.flush(); err != nil {
@@ -139,6 +149,7 @@ func newJobsListCmd(g *globals) *cobra.Command {
 	f.StringVar(&jobType, "type", "", "job type")
 	f.StringSliceVar(&statuses, "status", nil, "job statuses: "+strings.Join(jobStatuses, ", ")+" (repeat or comma-separate)")
 	f.StringVar(&errorClass, "error-class", "", "class of the last error, e.g. rate_limit")
+	f.StringVar(&priority, "priority", "", "priority band: high, normal or low")
 	f.IntVar(&minRetries, "min-retry-count", 0, "jobs that used at least this many retries")
 	f.StringVar(&since, "since", "", "changed at or after (RFC 3339, or a duration back from now such as 24h)")
 	f.StringVar(&until, "until", "", "changed before (RFC 3339, or a duration back from now)")
@@ -192,6 +203,15 @@ func newJobsShowCmd(g *globals) *cobra.Command {
 	}
 }
 
+// jobPriority is a job's band; an API from before priorities sends none,
+// and its jobs are normal.
+func jobPriority(j jobRow) string {
+	if j.Priority == "" {
+		return string(contract.PriorityNormal)
+	}
+	return j.Priority
+}
+
 func printJob(g *globals, id string, v jobView) error {
 	now := time.Now()
 	if j := v.Job; j != nil {
@@ -199,7 +219,7 @@ func printJob(g *globals, id string, v jobView) error {
 		if j.StatusReason != "" {
 			status += " (" + j.StatusReason + ")"
 		}
-		pairs := []string{"ID", j.ID, "Type", j.JobType, "Status", status, "Attempt", strconv.Itoa(j.Attempt)}
+		pairs := []string{"ID", j.ID, "Type", j.JobType, "Status", status, "Priority", jobPriority(*j), "Attempt", strconv.Itoa(j.Attempt)}
 		if j.MaxRetries != nil {
 			pairs = append(pairs, "Retries used", retriesUsed(j.RetryCount, *j.MaxRetries))
 		} else {

@@ -44,7 +44,9 @@ func TestJobsCommands(t *testing.T) {
 
 	a, c := contract.NewID(), contract.NewID()
 	b.fail(t, a, "cli_jobs", 1, "timeout", "upstream timed out after 30s")
-	b.fail(t, c, "cli_jobs", 1, "rate_limit", "429 too many requests")
+	// c's worker names its priority band.
+	b.failed(t, contract.FailedData{Kind: contract.KindJob, ID: c, Attempt: 1, JobType: "cli_jobs", Priority: contract.PriorityHigh,
+		Error: contract.ErrorInfo{Class: "rate_limit", Message: "429 too many requests"}})
 	// Two jobs without retries: failed_max_retries at once, for bulk retry.
 	dead := []string{contract.NewID(), contract.NewID()}
 	for _, id := range dead {
@@ -63,9 +65,17 @@ func TestJobsCommands(t *testing.T) {
 		out := b.ok(t, "jobs", "list", "--type", "cli_jobs")
 		lines := strings.Split(strings.TrimSpace(out), "\n")
 		require.Len(t, lines, 3, out)
-		require.Regexp(t, `^ID\s+TYPE\s+STATUS\s+ATTEMPT\s+RETRIES\s+LAST ERROR CLASS\s+NEXT RETRY\s+UPDATED$`, lines[0])
-		require.Regexp(t, a+`\s+cli_jobs\s+retrying\s+2\s+1/3\s+timeout\s+in (1h|59m)\S*\s+\S+ ago`, out)
-		require.Regexp(t, c+`\s+cli_jobs\s+retrying\s+2\s+1/3\s+rate_limit\s+in (1h|59m)`, out)
+		require.Regexp(t, `^ID\s+TYPE\s+STATUS\s+PRIORITY\s+ATTEMPT\s+RETRIES\s+LAST ERROR CLASS\s+NEXT RETRY\s+UPDATED$`, lines[0])
+		require.Regexp(t, a+`\s+cli_jobs\s+retrying\s+normal\s+2\s+1/3\s+timeout\s+in (1h|59m)\S*\s+\S+ ago`, out)
+		require.Regexp(t, c+`\s+cli_jobs\s+retrying\s+high\s+2\s+1/3\s+rate_limit\s+in (1h|59m)`, out)
+
+		// The priority band filters too.
+		out = b.ok(t, "jobs", "list", "--type", "cli_jobs", "--priority", "HIGH")
+		require.Contains(t, out, c)
+		require.NotContains(t, out, a)
+		pr := b.cli(t, "jobs", "list", "--priority", "urgent")
+		require.Equal(t, exitUsage, pr.code, pr.stderr)
+		require.Contains(t, pr.stderr, "--priority")
 
 		// Filters: status and the last error's class.
 		out = b.ok(t, "jobs", "list", "--type", "cli_jobs", "--status", "retrying,held", "--error-class", "timeout")

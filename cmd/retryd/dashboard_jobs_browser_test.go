@@ -30,7 +30,8 @@ func TestDashboardJobsBrowser(t *testing.T) {
 	b.failed(t, contract.FailedData{Kind: contract.KindJob, ID: email1, Attempt: 1, JobType: "dj_email", Executor: "dj-worker-1",
 		Error: contract.ErrorInfo{Class: "timeout", Message: "smtp: timed out after 5s"}})
 	b.fail(t, email2, "dj_email", 1, "network", "dial tcp 10.0.0.7:587: connection refused")
-	b.fail(t, crm, "dj_crm", 1, "rate_limit", "crm: 429 too many requests")
+	b.failed(t, contract.FailedData{Kind: contract.KindJob, ID: crm, Attempt: 1, JobType: "dj_crm", Priority: contract.PriorityHigh,
+		Error: contract.ErrorInfo{Class: "rate_limit", Message: "crm: 429 too many requests"}})
 	// Without retries they fail for good at once: they need an operator.
 	dead := []string{contract.NewID(), contract.NewID()}
 	for _, id := range dead {
@@ -76,6 +77,8 @@ func TestDashboardJobsBrowser(t *testing.T) {
 	require.Contains(t, text(t, ctx, row(attention, dead[0])), "0/0")
 	require.Contains(t, text(t, ctx, row(list, crm)), "rate_limit")
 	require.Contains(t, text(t, ctx, row(list, crm)), "1/3")
+	require.Equal(t, "high", text(t, ctx, row(list, crm)+` [data-test="priority"]`))
+	require.Equal(t, "normal", text(t, ctx, row(list, email1)+` [data-test="priority"]`))
 	shot(t, ctx, "jobs")
 
 	t.Log("filter by job type, status and error class")
@@ -99,6 +102,16 @@ func TestDashboardJobsBrowser(t *testing.T) {
 	))
 	// The escalation list keeps every type.
 	require.NoError(t, chromedp.Do(ctx, rowsAre(attention, dead...)))
+
+	t.Log("filter by priority band")
+	require.NoError(t, chromedp.Do(ctx,
+		chromedp.Navigate(b.api+"/ui/#/jobs?priority=high"),
+		rowsAre(list, crm),
+		pick("priority", "normal"),
+		rowsAre(list, email1, email2, dead[0], dead[1]),
+		pick("priority", ""),
+		rowsAre(list, email1, email2, crm, dead[0], dead[1]),
+	))
 
 	t.Log("a page at a time")
 	require.NoError(t, chromedp.Do(ctx,

@@ -3,12 +3,14 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -169,7 +171,10 @@ func TestNATSConfig(t *testing.T) {
 	workerReg := prometheus.NewRegistry()
 	w, err := worker.New(worker.Config{JS: workerJS, Logger: slog.New(slogzerolog.Option{Logger: &log, NoTimestamp: true}.NewZerologHandler()), FetchWait: 200 * time.Millisecond, Registerer: workerReg})
 	require.NoError(t, err)
+	// ran records each attempt's priority band, as the worker saw it.
+	var ran sync.Map
 	require.NoError(t, w.Handle("perm_job", func(_ context.Context, j *worker.Job) error {
+		ran.Store(fmt.Sprintf("%s:%d", j.ID, j.Attempt), j.Priority)
 		if j.Attempt == 1 {
 			return errclass.New(errclass.Temporary, "first attempt fails")
 		}
@@ -219,6 +224,29 @@ func TestNATSConfig(t *testing.T) {
 		sum, err := scheduler.Summary(ctx, pools.readOnly)
 		require.NoError(t, err)
 		require.NotEmpty(t, sum.Counts)
+	})
+
+	t.Run("high priority job retried in its band", func(t *testing.T) {
+		b.ok(t, "policies", "set", "job", "perm_job", "--max-retries", "2", "--base-delay", "10ms", "--max-delay", "20ms")
+		id, err := worker.Enqueue(ctx, workerJS, contract.JobData{JobType: "perm_job", Priority: contract.PriorityHigh})
+		require.NoError(t, err)
+		require.Eventually(t, func() bool {
+			r, err := retrystore.Get(ctx, pool, contract.KindJob, id)
+			return err == nil && r.State == retrystore.StateSucceeded
+		}, wait, 20*time.Millisecond)
+		r, err := retrystore.Get(ctx, pool, contract.KindJob, id)
+		require.NoError(t, err)
+		require.Equal(t, "high", r.Priority, "the scheduler kept the band of the failure")
+		for _, attempt := range []int{1, 2} {
+			p, ok := ran.Load(fmt.Sprintf("%s:%d", id, attempt))
+			require.True(t, ok, "attempt %d ran", attempt)
+			require.Equal(t, contract.PriorityHigh, p, "attempt %d ran in the high band", attempt)
+		}
+		require.Eventually(t, func() bool {
+			var v jobView
+			b.okJSON(t, &v, "jobs", "show", id)
+			return v.Job != nil && v.Job.Status == "completed" && v.Job.Priority == "high"
+		}, wait, 20*time.Millisecond, "the projection shows the band")
 	})
 
 	t.Run("event admitted and delivered, run launched and finished", func(t *testing.T) {

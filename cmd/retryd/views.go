@@ -153,6 +153,7 @@ type jobRow struct {
 	ID                 string     `json:"id"`
 	JobType            string     `json:"job_type"`
 	Status             string     `json:"status"`
+	Priority           string     `json:"priority,omitempty"`
 	Attempt            int        `json:"attempt"`
 	RetryCount         int        `json:"retry_count"`
 	MaxRetries         *int       `json:"max_retries"`

@@ -128,11 +128,13 @@ var definitions = []definition{
 		maxAge:      DefaultMaxAge,
 		description: "retryd: workflow runs requested, completed and failed (runs.<workflow>.<event>.<run_id>)",
 	},
+	// jobs.<job_type> is the normal priority band (and every job published
+	// before priorities); high and low have their own token.
 	{
 		name:        contract.StreamJobs,
-		subjects:    []string{"jobs.*"},
+		subjects:    []string{"jobs.*", "jobs.*.high", "jobs.*.low"},
 		maxAge:      DefaultMaxAge,
-		description: "retryd: work for workers, read by the workers and the jobs projection (jobs.<job_type>)",
+		description: "retryd: work for workers, read by the workers and the jobs projection (jobs.<job_type>, jobs.<job_type>.high, jobs.<job_type>.low)",
 	},
 }
 

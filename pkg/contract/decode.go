@@ -255,6 +255,8 @@ func typeName(goType string) string {
 		return "a number"
 	case goType == "string", goType == "time.Time":
 		return "a string"
+	case goType == "contract.Priority":
+		return "a string: high, normal or low"
 	case goType == "bool":
 		return "a boolean"
 	case strings.HasPrefix(goType, "map"), strings.HasPrefix(goType, "struct"):

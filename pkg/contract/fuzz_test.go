@@ -127,6 +127,8 @@ func FuzzDecodeJob(f *testing.F) {
 	for _, d := range []contract.JobData{
 		{ID: "j1", JobType: "email", Attempt: 1},
 		{ID: "j1", JobType: "email", Attempt: 3, Payload: json.RawMessage(`{"a":1}`), Checkpoint: json.RawMessage(`{"n":2}`), MaxRetries: intPtr(2), RetryEnabled: boolPtr(true), TimeoutMS: 100, Metadata: map[string]string{"k": "v"}},
+		{ID: "j2", JobType: "email", Attempt: 1, Priority: contract.PriorityHigh},
+		{ID: "j3", JobType: "email", Attempt: 2, Priority: contract.PriorityLow},
 	} {
 		msg, err := contract.NewJobMsg("w", d, now)
 		if err != nil {
@@ -141,7 +143,7 @@ func FuzzDecodeJob(f *testing.F) {
 			contracttest.CheckRefusal(t, err)
 			return
 		}
-		if subject != contract.JobSubject(d.JobType) {
+		if subject != contract.JobSubjectFor(d.JobType, d.Priority) {
 			t.Fatalf("job type %q decoded from subject %q", d.JobType, subject)
 		}
 		msg, err := contract.NewJobMsg(env.Source, d, now)

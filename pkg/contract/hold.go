@@ -59,6 +59,9 @@ type HeldData struct {
 	MaxRetries   *int  `json:"max_retries,omitempty"`
 	RetryEnabled *bool `json:"retry_enabled,omitempty"`
 	TimeoutMS    int64 `json:"timeout_ms,omitempty"`
+	// Priority is a held job's priority band (empty: normal), kept for
+	// its next run as a failed event's is.
+	Priority Priority `json:"priority,omitempty"`
 	// Executor names the worker instance that held the attempt back, as
 	// on FailedData.
 	Executor string `json:"executor,omitempty"`
@@ -132,6 +135,9 @@ func (d HeldData) Validate() error {
 		return err
 	}
 	if err := ValidateExecutor("data.executor", d.Executor); err != nil {
+		return err
+	}
+	if err := ValidatePriority("data.priority", d.Priority); err != nil {
 		return err
 	}
 	return validateWork(d.MaxRetries, d.TimeoutMS, d.Payload, d.Checkpoint, d.Metadata)

@@ -9,14 +9,18 @@ import (
 	"github.com/nats-io/nats.go"
 )
 
-// JobData is a unit of work on jobs.<job_type>. A first run has Attempt 1
-// and no checkpoint; a retry (routed from retry.job.due.<id>) carries the
-// attempt number and the checkpoint of the last failure, so a multi-step job
-// resumes where it stopped.
+// JobData is a unit of work on jobs.<job_type> (normal priority) or
+// jobs.<job_type>.<band> (high, low). A first run has Attempt 1 and no
+// checkpoint; a retry (routed from retry.job.due.<id>) carries the attempt
+// number and the checkpoint of the last failure, so a multi-step job
+// resumes where it stopped, and the job's priority.
 type JobData struct {
-	ID           string            `json:"id"`
-	JobType      string            `json:"job_type"`
-	Attempt      int               `json:"attempt"`
+	ID      string `json:"id"`
+	JobType string `json:"job_type"`
+	Attempt int    `json:"attempt"`
+	// Priority is the job's band: high, normal or low; empty is normal.
+	// It decides the subject (JobSubjectFor) and must match it.
+	Priority     Priority          `json:"priority,omitempty"`
 	Payload      json.RawMessage   `json:"payload,omitempty"`
 	Checkpoint   json.RawMessage   `json:"checkpoint,omitempty"`
 	MaxRetries   *int              `json:"max_retries,omitempty"`
@@ -77,10 +81,14 @@ func (d JobData) Validate() error {
 	if err := ValidateAttempt("data.attempt", d.Attempt); err != nil {
 		return err
 	}
+	if err := ValidatePriority("data.priority", d.Priority); err != nil {
+		return err
+	}
 	return validateWork(d.MaxRetries, d.TimeoutMS, d.Payload, d.Checkpoint, d.Metadata)
 }
 
-// NewJobMsg builds the message for jobs.<job_type>.
+// NewJobMsg builds the message for jobs.<job_type>, or
+// jobs.<job_type>.<band> for a high or low priority job.
 func NewJobMsg(source string, d JobData, now time.Time) (*nats.Msg, error) {
 	if err := d.Validate(); err != nil {
 		return nil, fmt.Errorf("build job: %w", err)
@@ -89,7 +97,7 @@ func NewJobMsg(source string, d JobData, now time.Time) (*nats.Msg, error) {
 	if err != nil {
 		return nil, fmt.Errorf("marshal job: %w", err)
 	}
-	msg, err := newEnvelopeMsg(JobSubject(d.JobType), JobMsgID(d.ID, d.Attempt), source, "job.requested", raw, now)
+	msg, err := newEnvelopeMsg(JobSubjectFor(d.JobType, d.Priority), JobMsgID(d.ID, d.Attempt), source, "job.requested", raw, now)
 	if err != nil {
 		return nil, err
 	}
@@ -102,18 +110,26 @@ func NewJobMsg(source string, d JobData, now time.Time) (*nats.Msg, error) {
 	return msg, nil
 }
 
-// DecodeJob strictly decodes a jobs.<job_type> message.
+// DecodeJob strictly decodes a jobs.<job_type> or jobs.<job_type>.<band>
+// message. The job's priority must be the subject's band (no priority and
+// normal both belong on jobs.<job_type>).
 func DecodeJob(subject string, body []byte) (Envelope, JobData, error) {
 	var d JobData
 	env, err := decodeTyped(subject, body, &d, func() error {
-		jt, err := ParseJobSubject(subject)
+		jt, band, err := ParseJobSubjectBand(subject)
 		if err != nil {
 			return err
 		}
 		if jt != d.JobType {
 			return fieldErr("data.job_type", fmt.Sprintf("%q does not match subject job type %q", d.JobType, jt))
 		}
-		return d.Validate()
+		if err := d.Validate(); err != nil {
+			return err
+		}
+		if d.Priority.Band() != band {
+			return fieldErr("data.priority", fmt.Sprintf("%q does not match the subject's band %q (%s)", d.Priority.Band(), band, JobSubjectFor(jt, d.Priority)))
+		}
+		return nil
 	})
 	return env, d, err
 }

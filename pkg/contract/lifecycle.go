@@ -37,12 +37,15 @@ type FailedData struct {
 	// MaxRetries and RetryEnabled are job-level overrides of the policy;
 	// TimeoutMS is the job's own timeout. The scheduler keeps all three
 	// and sends them back on the due.
-	MaxRetries   *int              `json:"max_retries,omitempty"`
-	RetryEnabled *bool             `json:"retry_enabled,omitempty"`
-	TimeoutMS    int64             `json:"timeout_ms,omitempty"`
-	Payload      json.RawMessage   `json:"payload,omitempty"`
-	Checkpoint   json.RawMessage   `json:"checkpoint,omitempty"`
-	Metadata     map[string]string `json:"metadata,omitempty"`
+	MaxRetries   *int  `json:"max_retries,omitempty"`
+	RetryEnabled *bool `json:"retry_enabled,omitempty"`
+	TimeoutMS    int64 `json:"timeout_ms,omitempty"`
+	// Priority is a job's priority band (empty: normal), kept by the
+	// scheduler and sent back on the due so the retry runs in its band.
+	Priority   Priority          `json:"priority,omitempty"`
+	Payload    json.RawMessage   `json:"payload,omitempty"`
+	Checkpoint json.RawMessage   `json:"checkpoint,omitempty"`
+	Metadata   map[string]string `json:"metadata,omitempty"`
 	// Executor names the worker instance that ran the attempt (see
 	// ValidateExecutor); empty when the owner does not say.
 	Executor string `json:"executor,omitempty"`
@@ -149,6 +152,10 @@ type DueData struct {
 	MaxRetries   *int  `json:"max_retries,omitempty"`
 	RetryEnabled *bool `json:"retry_enabled,omitempty"`
 	TimeoutMS    int64 `json:"timeout_ms,omitempty"`
+	// Priority is the job's priority band as its last failed or held
+	// event carried it (empty: normal); the due router publishes the job
+	// on that band's subject.
+	Priority Priority `json:"priority,omitempty"`
 }
 
 // Values of ExhaustedData.Reason.
@@ -269,6 +276,9 @@ func (d FailedData) Validate() error {
 	if err := ValidateExecutor("data.executor", d.Executor); err != nil {
 		return err
 	}
+	if err := ValidatePriority("data.priority", d.Priority); err != nil {
+		return err
+	}
 	return validateWork(d.MaxRetries, d.TimeoutMS, d.Payload, d.Checkpoint, d.Metadata)
 }
 
@@ -300,6 +310,9 @@ func (d DueData) Validate() error {
 		return err
 	}
 	if err := validateOptionalTokens(d.JobType, d.Source); err != nil {
+		return err
+	}
+	if err := ValidatePriority("data.priority", d.Priority); err != nil {
 		return err
 	}
 	return validateWork(d.MaxRetries, d.TimeoutMS, d.Payload, d.Checkpoint, d.Metadata)

@@ -105,7 +105,8 @@ func RunSubject(workflow, event, runID string) string {
 	return "runs." + workflow + "." + event + "." + runID
 }
 
-// JobSubject is "jobs.<job_type>".
+// JobSubject is "jobs.<job_type>": a job of normal priority, or of none
+// (see JobSubjectFor for the other bands).
 func JobSubject(jobType string) string { return "jobs." + jobType }
 
 // RetrySubjectParts is a parsed RETRIES subject.
@@ -189,14 +190,40 @@ func ParseRunSubject(subject string) (RunSubjectParts, error) {
 	return p, nil
 }
 
-// ParseJobSubject returns the job type of "jobs.<job_type>".
+// ParseJobSubject returns the job type of "jobs.<job_type>" or
+// "jobs.<job_type>.<band>" (high or low).
 func ParseJobSubject(subject string) (string, error) {
+	jt, _, err := ParseJobSubjectBand(subject)
+	return jt, err
+}
+
+// ParseJobSubjectBand splits "jobs.<job_type>" (band normal) and
+// "jobs.<job_type>.high" or "jobs.<job_type>.low". A normal job has no
+// band token: "jobs.<job_type>.normal" is not a job subject.
+func ParseJobSubjectBand(subject string) (string, Priority, error) {
 	toks := strings.Split(subject, ".")
-	if len(toks) != 2 || toks[0] != "jobs" {
-		return "", fieldErr("subject", fmt.Sprintf("%q is not of the form jobs.<job_type>", subject))
+	if (len(toks) != 2 && len(toks) != 3) || toks[0] != "jobs" {
+		return "", "", fieldErr("subject", fmt.Sprintf("%q is not of the form jobs.<job_type> or jobs.<job_type>.<high|low>", subject))
 	}
 	if err := ValidateToken("subject job_type", toks[1]); err != nil {
-		return "", err
+		return "", "", err
 	}
-	return toks[1], nil
+	if len(toks) == 2 {
+		return toks[1], PriorityNormal, nil
+	}
+	switch p := Priority(toks[2]); p {
+	case PriorityHigh, PriorityLow:
+		return toks[1], p, nil
+	}
+	return "", "", fieldErr("subject band", fmt.Sprintf("%q is not high or low (normal jobs use jobs.<job_type>)", truncateReason(toks[2])))
+}
+
+// JobFilters are the subject filters of every band of one job type,
+// highest first.
+func JobFilters(jobType string) []string {
+	out := make([]string, 0, len(Priorities))
+	for _, p := range Priorities {
+		out = append(out, JobSubjectFor(jobType, p))
+	}
+	return out
 }

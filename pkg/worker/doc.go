@@ -11,6 +11,12 @@
 // Hold instead: the job waits without using a retry. Enqueue submits a
 // job.
 //
+// A job has a priority band (contract.JobData.Priority: high, normal or
+// low; none is normal), each on its own subject and durable consumer. The
+// bands of a type share its Config.Concurrency slots, and a free slot
+// takes a waiting high job before a normal one, a normal one before a low
+// one. Retries keep the job's band.
+//
 // Jobs are delivered at least once: the outcome is published before the job
 // is acked, so a crash in between runs the attempt again. Key external
 // effects with Job.IdempotencyKey, and record the progress of multi-step

@@ -13,8 +13,9 @@ import (
 // EnqueueSource is the CloudEvents source of jobs published by Enqueue.
 const EnqueueSource = "retryd/enqueue"
 
-// Enqueue publishes the first attempt of a job on jobs.<job_type> and
-// returns its id. An empty ID gets a new ULID; Attempt must be 0 or 1.
+// Enqueue publishes the first attempt of a job on jobs.<job_type>, or on
+// jobs.<job_type>.high or .low when job.Priority says so, and returns its
+// id. An empty ID gets a new ULID; Attempt must be 0 or 1.
 // The Nats-Msg-Id is "job:<id>:1", so enqueueing the same id twice within
 // the stream's duplicate window stores one job.
 func Enqueue(ctx context.Context, js jetstream.JetStream, job contract.JobData) (string, error) {

@@ -159,6 +159,7 @@ func (w *Worker) heldMsg(d contract.JobData, checkpoint json.RawMessage, h *Hold
 		MaxRetries:   d.MaxRetries,
 		RetryEnabled: d.RetryEnabled,
 		TimeoutMS:    d.TimeoutMS,
+		Priority:     d.Priority,
 		Executor:     w.cfg.ExecutorID,
 	}
 	msg, err := contract.NewLifecycleMsg(w.cfg.Source, contract.Held, hd, now)

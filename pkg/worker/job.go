@@ -41,6 +41,9 @@ type Job struct {
 	// Timeout is the job's own timeout (its timeout_ms), zero when it runs
 	// under the worker's timeout for its type. ctx ends when it passes.
 	Timeout time.Duration
+	// Priority is the job's band (high, normal or low), the same on every
+	// attempt: a retry runs in the band the job was enqueued in.
+	Priority contract.Priority
 
 	mu sync.Mutex
 }
@@ -56,6 +59,7 @@ func newJob(d contract.JobData) *Job {
 		MaxRetries:   d.MaxRetries,
 		RetryEnabled: d.RetryEnabled,
 		Timeout:      time.Duration(d.TimeoutMS) * time.Millisecond,
+		Priority:     d.Priority.Band(),
 	}
 }
 

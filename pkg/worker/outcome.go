@@ -116,6 +116,7 @@ func (w *Worker) failedMsg(d contract.JobData, checkpoint json.RawMessage, res a
 		MaxRetries:   d.MaxRetries,
 		RetryEnabled: d.RetryEnabled,
 		TimeoutMS:    d.TimeoutMS,
+		Priority:     d.Priority,
 		Payload:      d.Payload,
 		Checkpoint:   checkpoint,
 		Metadata:     d.Metadata,

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -23,13 +24,22 @@ const outcomeLookupTimeout = 5 * time.Second
 type pull struct {
 	stream string
 	cfg    jetstream.ConsumerConfig
-	// cons is used by its fetch loop only.
+	// cons is the consumer handle; a band's loop and its idle wait both
+	// pull with it, and either may create the consumer again.
+	mu   sync.Mutex
 	cons jetstream.Consumer
 	// replay is set when this worker created the consumer (nil: it
 	// existed already). A new consumer delivers the whole stream
 	// (DeliverAll); what it held then is checked for an outcome before it
 	// runs (see alreadyDone).
 	replay atomic.Pointer[replayGuard]
+}
+
+// consumer is the handle to pull with.
+func (p *pull) consumer() jetstream.Consumer {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.cons
 }
 
 // replayGuard is what a newly created consumer's history is checked with.
@@ -135,7 +145,9 @@ func (w *Worker) recreateIfDeleted(p *pull, log *slog.Logger) {
 		log.Warn("consumer missing; creating it again failed, trying at the next pull", slog.Any("error", err), slog.String("stream", p.stream))
 		return
 	}
+	p.mu.Lock()
 	p.cons = cons
+	p.mu.Unlock()
 	w.m.recreated.Inc()
 	log.Warn("consumer was deleted; created it again", slog.String("stream", p.stream))
 }

@@ -15,7 +15,8 @@ import (
 const routerBatch = 64
 
 // consumeDues runs the due router: every retry.job.due.<id> becomes a job
-// message on jobs.<job_type> carrying the attempt, payload and checkpoint,
+// message on jobs.<job_type> (jobs.<job_type>.<band> for a high or low
+// priority job) carrying the attempt, payload, checkpoint and priority,
 // with the due's Nats-Msg-Id, so a due routed twice is stored once. Any
 // worker process can route any job type.
 func (w *Worker) consumeDues(p *pull) {
@@ -87,6 +88,7 @@ func dueToJob(msg jetstream.Msg) (contract.JobData, error) {
 		MaxRetries:   d.MaxRetries,
 		RetryEnabled: d.RetryEnabled,
 		TimeoutMS:    d.TimeoutMS,
+		Priority:     d.Priority,
 	}
 	restoreOverrides(&data)
 	if err := data.Validate(); err != nil {

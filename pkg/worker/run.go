@@ -22,16 +22,22 @@ const fetchBackoff = time.Second
 
 // consumeJobs pulls jobs of one type, never more than Concurrency at a
 // time: it only asks the broker for as many messages as it has free slots,
-// so nothing waits in a local buffer while its ack wait runs out.
+// so nothing waits in a local buffer while its ack wait runs out. The
+// type's priority bands share the slots, highest band first (see
+// consumeBands).
 //
 // A slow handler keeps its slot (and its message, with in-progress acks)
 // and nothing else: the loop pulls for the free slots while it runs, and
-// each job type has its own consumer and slots, so slow or poison jobs of
+// each job type has its own consumers and slots, so slow or poison jobs of
 // one type never hold up another type.
-func (w *Worker) consumeJobs(jobType string, h Handler, p *pull) {
-	defer w.loops.Done()
+func (w *Worker) consumeJobs(jobType string, h Handler, pulls []*pull) {
 	slots := make(chan struct{}, w.cfg.Concurrency)
-	w.fetchLoop(p, slots, w.inSlot(slots, func(msg jetstream.Msg) { w.process(p, jobType, h, msg) }))
+	bands := make([]*band, len(pulls))
+	for i, p := range pulls {
+		bands[i] = &band{priority: contract.Priorities[i], p: p,
+			dispatch: w.inSlot(slots, func(msg jetstream.Msg) { w.process(p, jobType, h, msg) })}
+	}
+	w.consumeBands(bands, slots)
 }
 
 // inSlot returns a dispatch func for fetchLoop that runs handle on its own
@@ -68,7 +74,7 @@ func (w *Worker) fetchLoop(p *pull, slots chan struct{}, dispatch func(jetstream
 			}
 		}
 		fctx, cancel := context.WithTimeout(w.loopCtx, w.cfg.FetchWait)
-		batch, err := p.cons.Fetch(free, jetstream.FetchContext(fctx))
+		batch, err := p.consumer().Fetch(free, jetstream.FetchContext(fctx))
 		got := 0
 		if err == nil {
 			for msg := range batch.Messages() {
@@ -126,7 +132,7 @@ type attemptResult struct {
 func (w *Worker) process(p *pull, jobType string, h Handler, msg jetstream.Msg) {
 	_, data, err := contract.DecodeJob(msg.Subject(), msg.Data())
 	if err != nil {
-		w.terminate(ConsumerName(jobType), msg, err)
+		w.terminate(p.cfg.Durable, msg, err)
 		return
 	}
 	log := w.jobLog(data)

@@ -117,9 +117,10 @@ func (w *Worker) JobTypes() []string {
 // ConsumerName is the durable consumer of a job type: "worker-<job_type>".
 func ConsumerName(jobType string) string { return "worker-" + jobType }
 
-// Start creates or updates the durable consumers (worker-<job_type> on JOBS
-// for every registered type, worker-due-router on RETRIES unless disabled)
-// and starts consuming. ctx bounds the setup only; Stop ends the worker.
+// Start creates or updates the durable consumers (on JOBS, one per
+// priority band of every registered type: worker-<job_type> for the
+// normal band, worker-<job_type>=high and worker-<job_type>=low; on
+// RETRIES, worker-due-router unless disabled) and starts consuming. ctx bounds the setup only; Stop ends the worker.
 func (w *Worker) Start(ctx context.Context) error {
 	w.mu.Lock()
 	if w.started || w.loopCtx.Err() != nil {
@@ -137,25 +138,27 @@ func (w *Worker) Start(ctx context.Context) error {
 		return errors.New("start worker: no handlers and the due router is disabled: nothing to run")
 	}
 
-	pulls := make(map[string]*pull, len(types))
+	pulls := make(map[string][]*pull, len(types))
 	for _, t := range types {
-		p, err := w.newPull(ctx, contract.StreamJobs, jetstream.ConsumerConfig{
-			Durable:       ConsumerName(t),
-			Description:   "retryd worker SDK: runs jobs of type " + t,
-			FilterSubject: contract.JobSubject(t),
-			DeliverPolicy: jetstream.DeliverAllPolicy,
-			AckPolicy:     jetstream.AckExplicitPolicy,
-			AckWait:       w.cfg.AckWait,
-			MaxAckPending: w.cfg.MaxAckPending,
-			// Never give up on a job: a message the broker dropped after N
-			// deliveries would be a lost job. Poison jobs fail and go
-			// through the retry policy instead.
-			MaxDeliver: -1,
-		})
-		if err != nil {
-			return err
+		for _, prio := range contract.Priorities {
+			p, err := w.newPull(ctx, contract.StreamJobs, jetstream.ConsumerConfig{
+				Durable:       BandConsumerName(t, prio),
+				Description:   "retryd worker SDK: runs " + string(prio) + " priority jobs of type " + t,
+				FilterSubject: contract.JobSubjectFor(t, prio),
+				DeliverPolicy: jetstream.DeliverAllPolicy,
+				AckPolicy:     jetstream.AckExplicitPolicy,
+				AckWait:       w.cfg.AckWait,
+				MaxAckPending: w.cfg.MaxAckPending,
+				// Never give up on a job: a message the broker dropped after N
+				// deliveries would be a lost job. Poison jobs fail and go
+				// through the retry policy instead.
+				MaxDeliver: -1,
+			})
+			if err != nil {
+				return err
+			}
+			pulls[t] = append(pulls[t], p)
 		}
-		pulls[t] = p
 	}
 	var router *pull
 	if !w.cfg.DisableDueRouter {

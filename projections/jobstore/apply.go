@@ -57,6 +57,9 @@ type fact struct {
 	nextRetryAt   *time.Time
 	statusReason  string
 	completedAt   *time.Time
+	// priority is the job's band when the fact says (a job message always
+	// does: none is normal); nil leaves the column alone.
+	priority *string
 }
 
 // The upsert. A new row takes the fact as is, with max_retries and
@@ -69,12 +72,13 @@ type fact struct {
 // $7 max_retries, $8 retry_enabled, $9 current_step, $10 checkpoint,
 // $11 has error, $12 error message, $13 error class, $14 fact time,
 // $15 last_attempt_at, $16 next_retry_at, $17 status_reason,
-// $18 completed_at, $19 is a decision (scheduled, exhausted).
+// $18 completed_at, $19 is a decision (scheduled, exhausted),
+// $20 priority (NULL: leave it; a new row is normal).
 const upsertSQL = `
 INSERT INTO jobs AS j (job_id, job_type, status, attempt, state_seq, decision_seq, checkpoint_seq,
 	last_error_seq, retry_count, max_retries, retry_enabled, current_step, checkpoint,
 	last_error_message, last_error_class, last_error_timestamp, last_attempt_at, next_retry_at,
-	status_reason, created_at, updated_at, completed_at)
+	status_reason, created_at, updated_at, completed_at, priority)
 SELECT $1, $2, $3, $4, $5::bigint,
 	CASE WHEN $19::bool THEN $5::bigint ELSE 0 END,
 	CASE WHEN $10::json IS NULL THEN 0 ELSE $5::bigint END,
@@ -83,7 +87,8 @@ SELECT $1, $2, $3, $4, $5::bigint,
 	COALESCE($9::text, ''), $10::json,
 	CASE WHEN $11::bool THEN $12 ELSE '' END, CASE WHEN $11::bool THEN $13 ELSE '' END,
 	CASE WHEN $11::bool THEN $14::timestamptz END,
-	$15::timestamptz, $16::timestamptz, $17, $14::timestamptz, now(), $18::timestamptz
+	$15::timestamptz, $16::timestamptz, $17, $14::timestamptz, now(), $18::timestamptz,
+	COALESCE($20::text, 'normal')
 FROM (SELECT 1) AS one
 LEFT JOIN LATERAL (
 	SELECT max_retries, enabled FROM retry_policies
@@ -92,6 +97,7 @@ LEFT JOIN LATERAL (
 ) AS p ON true
 ON CONFLICT (job_id) DO UPDATE SET
 	job_type = CASE WHEN j.job_type = '' THEN EXCLUDED.job_type ELSE j.job_type END,
+	priority = COALESCE($20::text, j.priority),
 	attempt = GREATEST(j.attempt, EXCLUDED.attempt),
 	created_at = LEAST(j.created_at, EXCLUDED.created_at),
 	last_attempt_at = GREATEST(j.last_attempt_at, EXCLUDED.last_attempt_at),
@@ -133,7 +139,7 @@ func (f fact) apply(ctx context.Context, q Querier) error {
 	_, err := q.Exec(ctx, upsertSQL,
 		f.jobID, f.jobType, string(f.status), f.attempt, f.seq, int4(f.retryCount), int4(f.maxRetries),
 		f.retryEnabled, step, cp, f.hasError, pgtext.Clean(f.errMessage), pgtext.Clean(f.errClass),
-		f.at, f.lastAttemptAt, f.nextRetryAt, pgtext.Clean(f.statusReason), f.completedAt, f.decision)
+		f.at, f.lastAttemptAt, f.nextRetryAt, pgtext.Clean(f.statusReason), f.completedAt, f.decision, f.priority)
 	if err != nil {
 		return fmt.Errorf("apply %s fact to job %s: %w", f.status, f.jobID, err)
 	}
@@ -158,6 +164,7 @@ func ApplyJob(ctx context.Context, q Querier, d contract.JobData, at time.Time) 
 		status: StatusInProgress, at: at, lastAttemptAt: &at,
 		maxRetries: d.MaxRetries, retryEnabled: d.RetryEnabled,
 	}
+	f.setPriority(d.Priority.Band())
 	f.setCheckpoint(d.Checkpoint)
 	return f.apply(ctx, q)
 }
@@ -177,6 +184,7 @@ func ApplyLifecycle(ctx context.Context, q Querier, ev contract.LifecycleEvent) 
 		f.jobType, f.attempt, f.seq, f.status = d.JobType, d.Attempt, position(d.Attempt, rankFailed), StatusInProgress
 		f.maxRetries, f.retryEnabled = d.MaxRetries, d.RetryEnabled
 		f.hasError, f.errClass, f.errMessage = true, d.Error.Class, d.Error.Message
+		f.setPriority(d.Priority)
 		f.setCheckpoint(d.Checkpoint)
 	case ev.Held != nil:
 		// A hold takes the place of the attempt's outcome, as a failure
@@ -184,6 +192,7 @@ func ApplyLifecycle(ctx context.Context, q Querier, ev contract.LifecycleEvent) 
 		d := ev.Held
 		f.jobType, f.attempt, f.seq, f.status = d.JobType, d.Attempt, position(d.Attempt, rankFailed), StatusHeld
 		f.statusReason = heldReason(d.Reason, d.Detail)
+		f.setPriority(d.Priority)
 		if d.Until != nil {
 			until := d.Until.UTC()
 			f.nextRetryAt = &until
@@ -230,6 +239,16 @@ func ApplyLifecycle(ctx context.Context, q Querier, ev contract.LifecycleEvent) 
 		return nil
 	}
 	return f.apply(ctx, q)
+}
+
+// setPriority records a band the fact names; an empty one (an owner that
+// does not send it) leaves the row's.
+func (f *fact) setPriority(p contract.Priority) {
+	if p == "" {
+		return
+	}
+	s := string(p)
+	f.priority = &s
 }
 
 // heldReason is a held job's status_reason: "held: <reason>", then the

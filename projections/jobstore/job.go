@@ -53,6 +53,8 @@ type Job struct {
 	ID      string `json:"id"`
 	JobType string `json:"job_type"`
 	Status  Status `json:"status"`
+	// Priority is the job's band: high, normal or low (migration 00404).
+	Priority string `json:"priority"`
 	// Attempt is the latest attempt seen (1-based).
 	Attempt int `json:"attempt"`
 	// RetryCount is how many retries the job used, as the scheduler counts
@@ -80,14 +82,14 @@ type Job struct {
 
 const jobColumns = `job_id, job_type, status, attempt, retry_count, max_retries, retry_enabled,
 	current_step, checkpoint, last_error_message, last_error_class, last_error_timestamp,
-	last_attempt_at, next_retry_at, status_reason, created_at, updated_at, completed_at`
+	last_attempt_at, next_retry_at, status_reason, created_at, updated_at, completed_at, priority`
 
 func scanJob(row pgx.Row) (Job, error) {
 	var j Job
 	var status string
 	err := row.Scan(&j.ID, &j.JobType, &status, &j.Attempt, &j.RetryCount, &j.MaxRetries, &j.RetryEnabled,
 		&j.CurrentStep, (*[]byte)(&j.Checkpoint), &j.LastErrorMessage, &j.LastErrorClass, &j.LastErrorTimestamp,
-		&j.LastAttemptAt, &j.NextRetryAt, &j.StatusReason, &j.CreatedAt, &j.UpdatedAt, &j.CompletedAt)
+		&j.LastAttemptAt, &j.NextRetryAt, &j.StatusReason, &j.CreatedAt, &j.UpdatedAt, &j.CompletedAt, &j.Priority)
 	j.Status = Status(status)
 	return j, err
 }

@@ -25,6 +25,8 @@ type Filter struct {
 	// Statuses matches any of them.
 	Statuses []Status
 	JobType  string
+	// Priority keeps one band: high, normal or low.
+	Priority string
 	// MinRetryCount keeps jobs that used at least this many retries.
 	MinRetryCount int
 	// ErrorClass matches the class of the job's last error.
@@ -47,6 +49,9 @@ func (f Filter) where(args ...any) *pgquery.Where {
 	}
 	if f.JobType != "" {
 		w.Add("job_type = ?", f.JobType)
+	}
+	if f.Priority != "" {
+		w.Add("priority = ?", f.Priority)
 	}
 	if f.MinRetryCount > 0 {
 		w.Add("retry_count >= ?", f.MinRetryCount)

@@ -68,7 +68,10 @@ type Retry struct {
 	MaxRetriesOverride *int `json:"max_retries_override,omitempty"`
 	// TimeoutMS is the job's own timeout (migration 00104), given back on
 	// its due with MaxRetriesOverride and RetryEnabled.
-	TimeoutMS        *int64            `json:"timeout_ms,omitempty"`
+	TimeoutMS *int64 `json:"timeout_ms,omitempty"`
+	// Priority is a job's priority band (migration 00108), given back on
+	// its due: empty when the job had none (normal).
+	Priority         string            `json:"priority,omitempty"`
 	JobType          string            `json:"job_type,omitempty"`
 	Source           string            `json:"source,omitempty"`
 	PolicyName       string            `json:"policy_name"`
@@ -112,7 +115,7 @@ const retryColumns = `kind, item_id, state, attempt, retry_count, budget_base, m
 	retry_enabled, max_retries_override, job_type, source, policy_name, policy_version,
 	next_attempt_at, due_at, due_emissions, last_error_class, last_error_message, last_error_at,
 	last_reason, exhausted_reason, payload, checkpoint, metadata, created_at, updated_at, resolved_at,
-	trace_context, held_since, hold_reason, hold_key, timeout_ms`
+	trace_context, held_since, hold_reason, hold_key, timeout_ms, priority`
 
 func scanRetry(row pgx.Row, extra ...any) (Retry, error) {
 	var r Retry
@@ -124,6 +127,7 @@ func scanRetry(row pgx.Row, extra ...any) (Retry, error) {
 		&r.NextAttemptAt, &r.DueAt, &r.DueEmissions, &r.LastErrorClass, &r.LastErrorMessage, &r.LastErrorAt,
 		&r.LastReason, &r.ExhaustedReason, (*[]byte)(&r.Payload), (*[]byte)(&r.Checkpoint), &metadata,
 		&r.CreatedAt, &r.UpdatedAt, &r.ResolvedAt, &r.TraceContext, &r.HeldSince, &r.HoldReason, &r.HoldKey, &r.TimeoutMS,
+		&r.Priority,
 	}
 	if err := row.Scan(append(dest, extra...)...); err != nil {
 		return Retry{}, err
@@ -220,9 +224,9 @@ INSERT INTO retries (kind, item_id, state, attempt, retry_count, budget_base, ma
 	retry_enabled, max_retries_override, job_type, source, policy_name, policy_version,
 	next_attempt_at, due_at, due_emissions, last_error_class, last_error_message, last_error_at,
 	last_reason, exhausted_reason, payload, checkpoint, metadata, resolved_at, trace_context,
-	held_since, hold_reason, hold_key, timeout_ms)
+	held_since, hold_reason, hold_key, timeout_ms, priority)
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19,
-	$20, $21, $22, $23, $24, $25, $26, $27, $28, $29, $30)
+	$20, $21, $22, $23, $24, $25, $26, $27, $28, $29, $30, $31)
 ON CONFLICT (kind, item_id) DO UPDATE SET
 	state = EXCLUDED.state, attempt = EXCLUDED.attempt, retry_count = EXCLUDED.retry_count,
 	budget_base = EXCLUDED.budget_base, max_retries = EXCLUDED.max_retries,
@@ -236,7 +240,7 @@ ON CONFLICT (kind, item_id) DO UPDATE SET
 	checkpoint = EXCLUDED.checkpoint, metadata = EXCLUDED.metadata,
 	resolved_at = EXCLUDED.resolved_at, trace_context = EXCLUDED.trace_context,
 	held_since = EXCLUDED.held_since, hold_reason = EXCLUDED.hold_reason, hold_key = EXCLUDED.hold_key,
-	timeout_ms = EXCLUDED.timeout_ms, updated_at = now()
+	timeout_ms = EXCLUDED.timeout_ms, priority = EXCLUDED.priority, updated_at = now()
 RETURNING ` + retryColumns
 
 func saveArgs(r Retry) ([]any, error) {
@@ -255,7 +259,7 @@ func saveArgs(r Retry) ([]any, error) {
 		r.RetryEnabled, r.MaxRetriesOverride, r.JobType, r.Source, r.PolicyName, r.PolicyVersion,
 		r.NextAttemptAt, r.DueAt, r.DueEmissions, r.LastErrorClass, r.LastErrorMessage, r.LastErrorAt,
 		r.LastReason, r.ExhaustedReason, rawOrNil(r.Payload), rawOrNil(r.Checkpoint), mdJSON, r.ResolvedAt, r.TraceContext,
-		r.HeldSince, r.HoldReason, r.HoldKey, r.TimeoutMS}, nil
+		r.HeldSince, r.HoldReason, r.HoldKey, r.TimeoutMS, r.Priority}, nil
 }
 
 // GetManyForUpdate reads and locks the rows of keys, in key order (the

@@ -111,7 +111,7 @@ func (c *APIConfig) validate() error {
 // retries in the background (Start/Stop):
 //
 //	GET  /v1/analytics/retries?kind=&job_type=&since=&until=&days=&top=
-//	GET  /v1/jobs?status=&job_type=&min_retry_count=&error_class=&since=&until=&limit=&cursor=
+//	GET  /v1/jobs?status=&job_type=&priority=&min_retry_count=&error_class=&since=&until=&limit=&cursor=
 //	GET  /v1/jobs/{id}
 //	POST /v1/jobs/{id}/retry     {"reason": "...", "by": "...", "reset_attempts": false, "error_class": "..."}
 //
@@ -162,7 +162,7 @@ var endpoints = []serve.Endpoint[*API]{
 	{Route: serve.Route{Method: http.MethodGet, Path: "/v1/analytics/retries", Role: serve.RoleViewer,
 		Description: "Retry analytics per kind and per job type (?kind=&job_type=&days=&since=&until=&top=)."}, Serve: (*API).handleAnalytics},
 	{Route: serve.Route{Method: http.MethodGet, Path: "/v1/jobs", Role: serve.RoleViewer,
-		Description: "List jobs (?status=&job_type=&min_retry_count=&error_class=&since=&until=&limit=&cursor=)."}, Serve: (*API).handleList},
+		Description: "List jobs (?status=&job_type=&priority=&min_retry_count=&error_class=&since=&until=&limit=&cursor=)."}, Serve: (*API).handleList},
 	{Route: serve.Route{Method: http.MethodPost, Path: "/v1/jobs/bulk-retry", Role: serve.RoleOperator,
 		Description: "Retry the jobs a filter selects, at a limited rate; answers with an operation."}, Serve: (*API).handleBulkRetry},
 	{Route: serve.Route{Method: http.MethodGet, Path: "/v1/jobs/{id}", Role: serve.RoleViewer,
@@ -326,6 +326,12 @@ func listFilter(q url.Values) (jobstore.Filter, error) {
 	var err error
 	if f.JobType, err = queryJobType(q); err != nil {
 		return f, err
+	}
+	if v := q.Get("priority"); v != "" {
+		if err := contract.ValidatePriority("priority", contract.Priority(v)); err != nil {
+			return f, err
+		}
+		f.Priority = v
 	}
 	if v := q.Get("min_retry_count"); v != "" {
 		n, err := strconv.Atoi(v)

@@ -198,7 +198,8 @@ func (p *Projector) consumerConfig(stream string) jetstream.ConsumerConfig {
 	}
 	if stream == contract.StreamJobs {
 		cfg.Description = "retryd jobs projection: attempts queued"
-		cfg.FilterSubject = "jobs.*"
+		// Every priority band: jobs.<job_type>, jobs.<job_type>.high, .low.
+		cfg.FilterSubject = "jobs.>"
 	} else {
 		cfg.Description = "retryd jobs projection: job lifecycle"
 		cfg.FilterSubjects = retryFilters

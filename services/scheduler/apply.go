@@ -79,9 +79,13 @@ func acceptsFailure(row *retrystore.Retry, attempt int) bool {
 	return row == nil || (pending(row) && row.Attempt == attempt)
 }
 
-// keepOverrides copies a job's overrides, as a failed or held event
-// carries them, into the row: its due gives them back.
-func keepOverrides(r *retrystore.Retry, maxRetries *int, retryEnabled *bool, timeoutMS int64) {
+// keepOverrides copies a job's overrides and priority, as a failed or
+// held event carries them, into the row: its due gives them back. A fact
+// without a priority leaves the row's (an owner that does not send one).
+func keepOverrides(r *retrystore.Retry, maxRetries *int, retryEnabled *bool, timeoutMS int64, priority contract.Priority) {
+	if priority != "" {
+		r.Priority = string(priority)
+	}
 	if maxRetries != nil {
 		v := *maxRetries
 		r.MaxRetriesOverride = &v
@@ -108,7 +112,7 @@ func recordFailure(row *retrystore.Retry, f fact, class string) (retrystore.Retr
 	if fd.Source != "" {
 		r.Source = fd.Source
 	}
-	keepOverrides(&r, fd.MaxRetries, fd.RetryEnabled, fd.TimeoutMS)
+	keepOverrides(&r, fd.MaxRetries, fd.RetryEnabled, fd.TimeoutMS, fd.Priority)
 	if len(fd.Payload) > 0 {
 		r.Payload = fd.Payload
 	}

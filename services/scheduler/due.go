@@ -372,7 +372,7 @@ func (s *Scheduler) publishDue(ctx context.Context, items []*dueItem, now, selec
 		dd := &contract.DueData{
 			Kind: r.Kind, ID: r.ItemID, Attempt: r.Attempt, NextAttemptAt: next,
 			JobType: r.JobType, Source: r.Source, Payload: r.Payload, Checkpoint: r.Checkpoint, Metadata: r.Metadata,
-			MaxRetries: r.MaxRetriesOverride,
+			MaxRetries: r.MaxRetriesOverride, Priority: contract.Priority(r.Priority),
 		}
 		if !r.RetryEnabled {
 			dd.RetryEnabled = &r.RetryEnabled

@@ -107,7 +107,7 @@ func recordHold(row *retrystore.Retry, f fact, hd *contract.HeldData) (retrystor
 	if hd.Metadata != nil {
 		r.Metadata = hd.Metadata
 	}
-	keepOverrides(&r, hd.MaxRetries, hd.RetryEnabled, hd.TimeoutMS)
+	keepOverrides(&r, hd.MaxRetries, hd.RetryEnabled, hd.TimeoutMS, hd.Priority)
 	r.State = retrystore.StateScheduled
 	r.Attempt = hd.Attempt
 	r.RetryCount = max(hd.Attempt-1-r.BudgetBase, 0)

@@ -175,9 +175,23 @@ func TestRunRetriesResumeFromTheFailedNode(t *testing.T) {
 		require.Equal(t, 1, e.requested(d.RunID, attempt), "attempt %d requested once", attempt)
 	}
 
-	steps, err := triggerstore.Steps(b.ctx, b.pool, d.RunID)
-	require.NoError(t, err)
-	require.Len(t, steps, 3)
+	// Reports are applied concurrently: the run's end can come before
+	// its last steps.
+	var steps []triggerstore.Step
+	require.Eventually(t, func() bool {
+		var err error
+		steps, err = triggerstore.Steps(b.ctx, b.pool, d.RunID)
+		require.NoError(t, err)
+		if len(steps) != 3 {
+			return false
+		}
+		for _, s := range steps {
+			if s.Status != contract.StepCompleted {
+				return false
+			}
+		}
+		return true
+	}, eventually, tick)
 	for i, want := range []struct {
 		node, state       string
 		attempts, retries int
@@ -206,7 +220,7 @@ func TestRunRetriesResumeFromTheFailedNode(t *testing.T) {
 
 	// An operator's retry of the completed run runs nothing, and the
 	// scheduler's retry is closed again instead of staying due.
-	_, err = sched.RetryNow(b.ctx, contract.KindRun, d.RunID, scheduler.RetryNowOptions{By: "alice", Reason: "check"})
+	_, err := sched.RetryNow(b.ctx, contract.KindRun, d.RunID, scheduler.RetryNowOptions{By: "alice", Reason: "check"})
 	require.NoError(t, err)
 	require.Eventually(t, func() bool {
 		var attempt int

@@ -17,8 +17,11 @@ const PAGE = 100;
 const ATTENTION = 20;
 // Statuses with a pending retry to cancel; the API answers 409 for the rest.
 const PENDING = new Set(["retrying", "held", "in_progress"]);
-const FILTERS = ["job_type", "status", "error_class"];
-const COLUMNS = ["ID", "Type", "Status", "Retries", "Last error", "Updated"];
+// Priority bands, highest first (jobs.<job_type>.high, jobs.<job_type>,
+// jobs.<job_type>.low).
+export const PRIORITIES = ["high", "normal", "low"];
+const FILTERS = ["job_type", "status", "priority", "error_class"];
+const COLUMNS = ["ID", "Type", "Status", "Priority", "Retries", "Last error", "Updated"];
 
 export async function render(root, params, { navigate }) {
   let p = { ...params };
@@ -46,6 +49,7 @@ export async function render(root, params, { navigate }) {
         h("label", {}, "Job type", (controls.job_type = h("input", { name: "job_type", "data-test": "jobs-filter-job_type", placeholder: "e.g. send_email",
           onchange: (e) => go({ job_type: e.target.value.trim(), job: "" }) }))),
         filterSelect("status", "Status", statusOptions),
+        filterSelect("priority", "Priority", [["", "any priority"], ...PRIORITIES.map((v) => [v, v])]),
         filterSelect("error_class", "Last error class", [["", "any class"], ...CLASSES.map((c) => [c, c])]),
         count),
       h("div", { class: "table-wrap" }, h("table", {}, head(), list)),
@@ -87,7 +91,7 @@ export async function render(root, params, { navigate }) {
     // A refresh reads as many jobs as are shown, so the pages "More"
     // added stay (up to the API's 1000).
     const limit = append ? pageSize() : Math.min(Math.max(rows.length, pageSize()), 1000);
-    const page = await api.listJobs({ job_type: p.job_type, status: p.status, error_class: p.error_class, limit, cursor: append ? cursor : "" });
+    const page = await api.listJobs({ job_type: p.job_type, status: p.status, priority: p.priority, error_class: p.error_class, limit, cursor: append ? cursor : "" });
     rows = append ? rows.concat(page.jobs) : page.jobs;
     cursor = page.next_cursor || "";
     more.hidden = !cursor;
@@ -115,6 +119,7 @@ export async function render(root, params, { navigate }) {
         h("td", { class: "id", title: j.id, text: shortID(j.id) }),
         h("td", { class: "mono", text: j.job_type }),
         h("td", {}, badge(j.status)),
+        h("td", { class: `priority ${j.priority || "normal"}`, "data-test": "priority", text: j.priority || "normal" }),
         h("td", { class: "num", text: `${j.retry_count}/${j.max_retries ?? "–"}` }),
         h("td", { class: "lasterr", title: j.last_error_message || "" }, classTag(j.last_error_class)),
         h("td", { class: "nowrap muted", title: j.updated_at, text: relTime(j.updated_at, now) })));
@@ -232,6 +237,7 @@ function facts(j, now) {
   const at = (iso) => `${dateTime(iso)} (${relTime(iso, now)})`;
   return [
     kv("Status", j.status_reason ? `${j.status} (${j.status_reason})` : j.status),
+    kv("Priority", j.priority || "normal"),
     kv("Attempt", String(j.attempt)),
     kv("Retries used", retriesUsed(j)),
     j.current_step ? kv("Current step", j.current_step) : null,

@@ -213,20 +213,34 @@ func RecordStep(ctx context.Context, tx pgx.Tx, d contract.RunStepData, reported
 	if d.Status == contract.StepCompleted && len(d.Output) > 0 {
 		output = string(d.Output)
 	}
+	// Reports are applied concurrently with the run's end and the
+	// scheduler's decision: a failed node reported after them takes the
+	// retry state they gave the run.
+	failedState, retries, next := "none", 0, (*time.Time)(nil)
+	if d.Status == contract.StepFailed && attempt == r.Attempt {
+		switch {
+		case r.Status == RunFailed || r.Status == RunFailedMaxRetries:
+			failedState = "exhausted"
+		case r.Status == RunRetrying && r.NextRetryAt != nil:
+			failedState, retries, next = "scheduled", 1, r.NextRetryAt
+		}
+	}
 	tag, err := tx.Exec(ctx, `
 		INSERT INTO workflow_run_steps AS s (run_id, step_id, status, attempts, run_attempt, output,
-		    last_error_class, last_error_message, executor, reported_at)
-		VALUES ($1, $2, $3, 1, $4, $5, $6, $7, $8, $9)
+		    last_error_class, last_error_message, executor, reported_at, retry_state, retry_attempts, next_attempt_at)
+		VALUES ($1, $2, $3, 1, $4, $5, $6, $7, $8, $9, $10, $11, $12)
 		ON CONFLICT (run_id, step_id) DO UPDATE SET
 		    status = EXCLUDED.status, attempts = s.attempts + 1, run_attempt = EXCLUDED.run_attempt,
 		    output = EXCLUDED.output, executor = EXCLUDED.executor,
 		    last_error_class = CASE WHEN EXCLUDED.status = 'failed' THEN EXCLUDED.last_error_class ELSE s.last_error_class END,
 		    last_error_message = CASE WHEN EXCLUDED.status = 'failed' THEN EXCLUDED.last_error_message ELSE s.last_error_message END,
 		    retry_state = CASE WHEN EXCLUDED.status = 'completed' AND s.status = 'failed' THEN 'succeeded'
-		                       WHEN EXCLUDED.status = 'failed' THEN 'none' ELSE s.retry_state END,
-		    next_attempt_at = NULL, updated_at = now()
+		                       WHEN EXCLUDED.status = 'failed' THEN EXCLUDED.retry_state ELSE s.retry_state END,
+		    retry_attempts = s.retry_attempts + EXCLUDED.retry_attempts,
+		    next_attempt_at = EXCLUDED.next_attempt_at, updated_at = now()
 		WHERE s.run_attempt < EXCLUDED.run_attempt`,
-		d.RunID, d.Node, d.Status, attempt, output, errClass, errMsg, pgtext.Truncate(d.Executor, 128), reportedAt)
+		d.RunID, d.Node, d.Status, attempt, output, errClass, errMsg, pgtext.Truncate(d.Executor, 128), reportedAt,
+		failedState, retries, next)
 	if err != nil {
 		return Run{}, false, fmt.Errorf("record step: %w", err)
 	}
