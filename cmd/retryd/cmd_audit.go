@@ -3,9 +3,8 @@ package main
 import (
 	"bytes"
 	"encoding/json"
-	"fmt"
+	"io"
 	"net/url"
-	"strconv"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -15,9 +14,8 @@ import (
 const maxAuditLimit = 500
 
 func newAuditCmd(g *globals) *cobra.Command {
-	var principal, action, since, cursor string
-	var limit int
-	var all bool
+	var principal, action, since string
+	var pages *pager
 	cmd := &cobra.Command{
 		Use:   "audit",
 		Short: "The audit trail: who did which operator or admin action (admin)",
@@ -31,11 +29,8 @@ token (--token or RETRYD_TOKEN). See docs/security.md.`,
   retryd audit --action source.pause --json`,
 		Args: args(0),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if limit < 1 || limit > maxAuditLimit {
-				return usageErrorf(cmd, "--limit must be between 1 and %d, got %d", maxAuditLimit, limit)
-			}
 			q := url.Values{}
-			for k, v := range map[string]string{"principal": principal, "action": action, "cursor": cursor} {
+			for k, v := range map[string]string{"principal": principal, "action": action} {
 				if v != "" {
 					q.Set(k, v)
 				}
@@ -47,46 +42,25 @@ token (--token or RETRYD_TOKEN). See docs/security.md.`,
 				}
 				q.Set("since", t.UTC().Format(time.RFC3339))
 			}
-			q.Set("limit", strconv.Itoa(limit))
-			c, err := g.client()
-			if err != nil {
-				return err
-			}
-			entries, single, next, err := fetchPages(cmd.Context(), c, "/v1/audit", q, all,
-				func(p auditPage) ([]auditEntry, string) { return p.Entries, p.NextCursor })
-			if err != nil {
-				return fmt.Errorf("list audit: %w", err)
-			}
-			if g.json {
-				if single != nil {
-					return printJSON(g.stdout, single)
-				}
-				return writeJSON(g.stdout, auditPage{Entries: entries})
-			}
-			if len(entries) == 0 {
-				fmt.Fprintln(g.stdout, "No audit entries match.")
-				return nil
-			}
-			t := newTable(g.stdout, "AT", "PRINCIPAL", "ROLE", "ACTION", "TARGET", "DETAIL")
-			for _, e := range entries {
-				t.row(e.At.Local().Format(time.DateTime), e.Principal, e.Role, e.Action, e.Target, compactDetail(e.Detail))
-			}
-			if err := t.flush(); err != nil {
-				return err
-			}
-			if next != "" {
-				fmt.Fprintf(g.stderr, "More entries: add --cursor %s (or --all).\n", next)
-			}
-			return nil
+			return list(cmd, g, pages, q, listing[auditPage, auditEntry]{
+				path: "/v1/audit", what: "audit", none: "No audit entries match.", more: "entries",
+				rows: func(p auditPage) ([]auditEntry, string) { return p.Entries, p.NextCursor },
+				page: func(entries []auditEntry) auditPage { return auditPage{Entries: entries} },
+				table: func(w io.Writer, entries []auditEntry) error {
+					t := newTable(w, "AT", "PRINCIPAL", "ROLE", "ACTION", "TARGET", "DETAIL")
+					for _, e := range entries {
+						t.row(e.At.Local().Format(time.DateTime), e.Principal, e.Role, e.Action, e.Target, compactDetail(e.Detail))
+					}
+					return t.flush()
+				},
+			})
 		},
 	}
 	f := cmd.Flags()
 	f.StringVar(&principal, "principal", "", "only this token name's actions")
 	f.StringVar(&action, "action", "", "only this action, such as source.pause or token.revoke")
 	f.StringVar(&since, "since", "", "only entries from then on: RFC 3339 or a duration back from now such as 24h")
-	f.IntVar(&limit, "limit", 100, fmt.Sprintf("page size (1-%d)", maxAuditLimit))
-	f.StringVar(&cursor, "cursor", "", "continue after a previous page")
-	f.BoolVar(&all, "all", false, "fetch every page")
+	pages = addPager(cmd, maxAuditLimit)
 	return cmd
 }
 

@@ -59,11 +59,11 @@ func timeFlags(cmd *cobra.Command, since, until string, set func(name string, t 
 
 func newJobsListCmd(g *globals) *cobra.Command {
 	var (
-		statuses                                  []string
-		jobType, errorClass, cursor, since, until string
-		priority                                  string
-		limit, minRetries                         int
-		all                                       bool
+		statuses                          []string
+		jobType, errorClass, since, until string
+		priority                          string
+		minRetries                        int
+		pages                             *pager
 	)
 	cmd := &cobra.Command{
 		Use:   "list",
@@ -76,14 +76,8 @@ func newJobsListCmd(g *globals) *cobra.Command {
 			if err := checkStatuses(cmd, statuses); err != nil {
 				return err
 			}
-			if limit < 1 || limit > 1000 {
-				return usageErrorf(cmd, "--limit must be between 1 and 1000, got %d", limit)
-			}
 			if minRetries < 0 {
 				return usageErrorf(cmd, "--min-retry-count must not be negative, got %d", minRetries)
-			}
-			if all && cursor != "" {
-				return usageErrorf(cmd, "--cursor and --all exclude each other: --all starts at the first page")
 			}
 			q := url.Values{}
 			if priority != "" {
@@ -93,7 +87,7 @@ func newJobsListCmd(g *globals) *cobra.Command {
 				}
 				q.Set("priority", string(p))
 			}
-			for k, v := range map[string]string{"job_type": jobType, "error_class": errorClass, "cursor": cursor} {
+			for k, v := range map[string]string{"job_type": jobType, "error_class": errorClass} {
 				if v != "" {
 					q.Set(k, v)
 				}
@@ -107,42 +101,23 @@ func newJobsListCmd(g *globals) *cobra.Command {
 			if err := timeFlags(cmd, since, until, func(name string, t time.Time) { q.Set(name, t.Format(time.RFC3339Nano)) }); err != nil {
 				return err
 			}
-			q.Set("limit", strconv.Itoa(limit))
-			c, err := g.client()
-			if err != nil {
-				return err
-			}
-			rows, single, next, err := fetchPages(cmd.Context(), c, "/v1/jobs", q, all,
-				func(p jobPage) ([]jobRow, string) { return p.Jobs, p.NextCursor })
-			if err != nil {
-				return fmt.Errorf("list jobs: %w", err)
-			}
-			if g.json {
-				if single != nil {
-					return printJSON(g.stdout, single)
-				}
-				return writeJSON(g.stdout, jobPage{Jobs: rows})
-			}
-			if len(rows) == 0 {
-				fmt.Fprintln(g.stdout, "No jobs match.")
-				return nil
-			}
-			now := time.Now()
-			// RETRIES, not attempts out of a maximum: the API has no
-			// maximum attempt, and after --reset-attempts the attempt
-			// number goes on while the budget starts again.
-			t := newTable(g.stdout, "ID", "TYPE", "STATUS", "PRIORITY", "ATTEMPT", "RETRIES", "LAST ERROR CLASS", "NEXT RETRY", "UPDATED")
-			for _, j := range rows {
-				t.row(j.ID, j.JobType, j.Status, jobPriority(j), strconv.Itoa(j.Attempt), jobRetries(j), j.LastErrorClass,
-					nextRetry(j, now), relTime(&j.UpdatedAt, now))
-			}
-			if err := t.flush(); err != nil {
-				return err
-			}
-			if next != "" {
-				fmt.Fprintf(g.stderr, "More jobs: add --cursor %s (or --all).\n", next)
-			}
-			return nil
+			return list(cmd, g, pages, q, listing[jobPage, jobRow]{
+				path: "/v1/jobs", what: "jobs", none: "No jobs match.", more: "jobs",
+				rows: func(p jobPage) ([]jobRow, string) { return p.Jobs, p.NextCursor },
+				page: func(rows []jobRow) jobPage { return jobPage{Jobs: rows} },
+				table: func(w io.Writer, rows []jobRow) error {
+					now := time.Now()
+					// RETRIES, not attempts out of a maximum: the API has no
+					// maximum attempt, and after --reset-attempts the attempt
+					// number goes on while the budget starts again.
+					t := newTable(w, "ID", "TYPE", "STATUS", "PRIORITY", "ATTEMPT", "RETRIES", "LAST ERROR CLASS", "NEXT RETRY", "UPDATED")
+					for _, j := range rows {
+						t.row(j.ID, j.JobType, j.Status, jobPriority(j), strconv.Itoa(j.Attempt), jobRetries(j), j.LastErrorClass,
+							nextRetry(j, now), relTime(&j.UpdatedAt, now))
+					}
+					return t.flush()
+				},
+			})
 		},
 	}
 	f := cmd.Flags()
@@ -153,9 +128,7 @@ func newJobsListCmd(g *globals) *cobra.Command {
 	f.IntVar(&minRetries, "min-retry-count", 0, "jobs that used at least this many retries")
 	f.StringVar(&since, "since", "", "changed at or after (RFC 3339, or a duration back from now such as 24h)")
 	f.StringVar(&until, "until", "", "changed before (RFC 3339, or a duration back from now)")
-	f.IntVar(&limit, "limit", 100, "page size (1-1000)")
-	f.StringVar(&cursor, "cursor", "", "continue after a previous page")
-	f.BoolVar(&all, "all", false, "fetch every page")
+	pages = addPager(cmd, 1000)
 	return cmd
 }
 

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"io"
 	"net/url"
 	"slices"
 	"strconv"
@@ -36,9 +37,8 @@ type operationPage struct {
 }
 
 func newJobsOperationsCmd(g *globals) *cobra.Command {
-	var status, cursor string
-	var limit int
-	var all bool
+	var status string
+	var pages *pager
 	cmd := &cobra.Command{
 		Use:   "operations",
 		Short: "List bulk retries, newest first (--status running|completed|cancelled)",
@@ -60,51 +60,24 @@ func newJobsOperationsCmd(g *globals) *cobra.Command {
 				}
 				q.Set("status", status)
 			}
-			if limit < 1 || limit > 1000 {
-				return usageErrorf(cmd, "--limit must be between 1 and 1000, got %d", limit)
-			}
-			q.Set("limit", strconv.Itoa(limit))
-			if cursor != "" {
-				q.Set("cursor", cursor)
-			}
-			c, err := g.client()
-			if err != nil {
-				return err
-			}
-			ops, single, next, err := fetchPages(cmd.Context(), c, "/v1/operations", q, all,
-				func(p operationPage) ([]operationSummary, string) { return p.Operations, p.NextCursor })
-			if err != nil {
-				return fmt.Errorf("list operations: %w", err)
-			}
-			if g.json {
-				if single != nil {
-					return printJSON(g.stdout, single)
-				}
-				return writeJSON(g.stdout, operationPage{Operations: ops})
-			}
-			if len(ops) == 0 {
-				fmt.Fprintln(g.stdout, "No bulk operations match.")
-				return nil
-			}
-			t := newTable(g.stdout, "ID", "STATUS", "CREATED", "BY", "RATE", "TOTAL", "RELEASED", "SKIPPED", "FAILED", "PENDING", "REASON")
-			for _, o := range ops {
-				t.row(o.ID, o.Status, o.CreatedAt.Local().Format(time.DateTime), o.RequestedBy, fmt.Sprintf("%.4g/s", o.RatePerSecond),
-					strconv.Itoa(o.Total), strconv.Itoa(o.Released), strconv.Itoa(o.Skipped), strconv.Itoa(o.Failed),
-					strconv.Itoa(o.Pending), trunc(o.Reason, 60))
-			}
-			if err := t.flush(); err != nil {
-				return err
-			}
-			if next != "" {
-				fmt.Fprintf(g.stderr, "More operations: add --cursor %s (or --all).\n", next)
-			}
-			return nil
+			return list(cmd, g, pages, q, listing[operationPage, operationSummary]{
+				path: "/v1/operations", what: "operations", none: "No bulk operations match.", more: "operations",
+				rows: func(p operationPage) ([]operationSummary, string) { return p.Operations, p.NextCursor },
+				page: func(ops []operationSummary) operationPage { return operationPage{Operations: ops} },
+				table: func(w io.Writer, ops []operationSummary) error {
+					t := newTable(w, "ID", "STATUS", "CREATED", "BY", "RATE", "TOTAL", "RELEASED", "SKIPPED", "FAILED", "PENDING", "REASON")
+					for _, o := range ops {
+						t.row(o.ID, o.Status, o.CreatedAt.Local().Format(time.DateTime), o.RequestedBy, fmt.Sprintf("%.4g/s", o.RatePerSecond),
+							strconv.Itoa(o.Total), strconv.Itoa(o.Released), strconv.Itoa(o.Skipped), strconv.Itoa(o.Failed),
+							strconv.Itoa(o.Pending), trunc(o.Reason, 60))
+					}
+					return t.flush()
+				},
+			})
 		},
 	}
 	f := cmd.Flags()
 	f.StringVar(&status, "status", "", "only operations in this status: "+strings.Join(operationStatuses, ", "))
-	f.IntVar(&limit, "limit", 100, "page size (1-1000)")
-	f.StringVar(&cursor, "cursor", "", "continue after a previous page")
-	f.BoolVar(&all, "all", false, "fetch every page")
+	pages = addPager(cmd, 1000)
 	return cmd
 }

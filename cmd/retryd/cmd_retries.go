@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -81,9 +82,8 @@ func newRetriesCmd(g *globals) *cobra.Command {
 }
 
 func newRetriesListCmd(g *globals) *cobra.Command {
-	var kind, state, source, jobType, cursor string
-	var limit int
-	var all bool
+	var kind, state, source, jobType string
+	var pages *pager
 	cmd := &cobra.Command{
 		Use:   "list",
 		Short: "List retries, filtered by kind, state, source and job type",
@@ -95,52 +95,30 @@ func newRetriesListCmd(g *globals) *cobra.Command {
 			if state != "" && !contains(retryStates, state) {
 				return usageErrorf(cmd, "--state %q is not one of %s", state, strings.Join(retryStates, ", "))
 			}
-			if limit < 1 || limit > 1000 {
-				return usageErrorf(cmd, "--limit must be between 1 and 1000, got %d", limit)
-			}
-			c, err := g.client()
-			if err != nil {
-				return err
-			}
 			q := url.Values{}
-			for k, v := range map[string]string{"kind": kind, "state": state, "source": source, "job_type": jobType, "cursor": cursor} {
+			for k, v := range map[string]string{"kind": kind, "state": state, "source": source, "job_type": jobType} {
 				if v != "" {
 					q.Set(k, v)
 				}
 			}
-			q.Set("limit", strconv.Itoa(limit))
-			rows, single, next, err := fetchPages(cmd.Context(), c, "/v1/retries", q, all,
-				func(p retryPage) ([]retryRow, string) { return p.Retries, p.NextCursor })
-			if err != nil {
-				return fmt.Errorf("list retries: %w", err)
-			}
-			if g.json {
-				if single != nil {
-					return printJSON(g.stdout, single)
-				}
-				return writeJSON(g.stdout, retryPage{Retries: rows})
-			}
-			if len(rows) == 0 {
-				fmt.Fprintln(g.stdout, "No retries match.")
-				return nil
-			}
-			now := time.Now()
-			t := newTable(g.stdout, "KIND", "ID", "STATE", "ATTEMPT", "RETRIES", "NEXT ATTEMPT", "JOB TYPE", "SOURCE", "LAST ERROR")
-			for _, r := range rows {
-				next := ""
-				if r.State == "scheduled" || r.State == "due" {
-					next = relTime(r.NextAttemptAt, now)
-				}
-				t.row(r.Kind, r.ID, r.State, strconv.Itoa(r.Attempt), fmt.Sprintf("%d/%d", r.RetryCount, r.MaxRetries),
-					next, r.JobType, r.Source, lastError(r))
-			}
-			if err := t.flush(); err != nil {
-				return err
-			}
-			if next != "" {
-				fmt.Fprintf(g.stderr, "More retries: add --cursor %s (or --all).\n", next)
-			}
-			return nil
+			return list(cmd, g, pages, q, listing[retryPage, retryRow]{
+				path: "/v1/retries", what: "retries", none: "No retries match.", more: "retries",
+				rows: func(p retryPage) ([]retryRow, string) { return p.Retries, p.NextCursor },
+				page: func(rows []retryRow) retryPage { return retryPage{Retries: rows} },
+				table: func(w io.Writer, rows []retryRow) error {
+					now := time.Now()
+					t := newTable(w, "KIND", "ID", "STATE", "ATTEMPT", "RETRIES", "NEXT ATTEMPT", "JOB TYPE", "SOURCE", "LAST ERROR")
+					for _, r := range rows {
+						next := ""
+						if r.State == "scheduled" || r.State == "due" {
+							next = relTime(r.NextAttemptAt, now)
+						}
+						t.row(r.Kind, r.ID, r.State, strconv.Itoa(r.Attempt), fmt.Sprintf("%d/%d", r.RetryCount, r.MaxRetries),
+							next, r.JobType, r.Source, lastError(r))
+					}
+					return t.flush()
+				},
+			})
 		},
 	}
 	f := cmd.Flags()
@@ -148,9 +126,7 @@ func newRetriesListCmd(g *globals) *cobra.Command {
 	f.StringVar(&state, "state", "", "state: "+strings.Join(retryStates, ", "))
 	f.StringVar(&source, "source", "", "event source")
 	f.StringVar(&jobType, "job-type", "", "job type")
-	f.IntVar(&limit, "limit", 100, "page size (1-1000)")
-	f.StringVar(&cursor, "cursor", "", "continue after a previous page")
-	f.BoolVar(&all, "all", false, "fetch every page")
+	pages = addPager(cmd, 1000)
 	return cmd
 }
 

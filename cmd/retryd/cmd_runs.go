@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/url"
 	"strconv"
 	"strings"
@@ -85,10 +86,9 @@ func newRunsCmd(g *globals) *cobra.Command {
 
 func newRunsListCmd(g *globals) *cobra.Command {
 	var (
-		statuses                              []string
-		workflow, trigger, errorClass, cursor string
-		limit                                 int
-		all                                   bool
+		statuses                      []string
+		workflow, trigger, errorClass string
+		pages                         *pager
 	)
 	cmd := &cobra.Command{
 		Use:   "list",
@@ -103,14 +103,8 @@ func newRunsListCmd(g *globals) *cobra.Command {
 					return usageErrorf(cmd, "--status %q is not one of %s", s, strings.Join(runStatuses, ", "))
 				}
 			}
-			if limit < 1 || limit > 500 {
-				return usageErrorf(cmd, "--limit must be between 1 and 500, got %d", limit)
-			}
-			if all && cursor != "" {
-				return usageErrorf(cmd, "--cursor and --all exclude each other: --all starts at the first page")
-			}
 			q := url.Values{}
-			for k, v := range map[string]string{"workflow": workflow, "trigger_id": trigger, "error_class": errorClass, "cursor": cursor} {
+			for k, v := range map[string]string{"workflow": workflow, "trigger_id": trigger, "error_class": errorClass} {
 				if v != "" {
 					q.Set(k, v)
 				}
@@ -118,39 +112,20 @@ func newRunsListCmd(g *globals) *cobra.Command {
 			if len(statuses) > 0 {
 				q.Set("status", strings.Join(statuses, ","))
 			}
-			q.Set("limit", strconv.Itoa(limit))
-			c, err := g.client()
-			if err != nil {
-				return err
-			}
-			rows, single, next, err := fetchPages(cmd.Context(), c, "/v1/runs", q, all,
-				func(p runPage) ([]runRow, string) { return p.Runs, p.NextCursor })
-			if err != nil {
-				return fmt.Errorf("list runs: %w", err)
-			}
-			if g.json {
-				if single != nil {
-					return printJSON(g.stdout, single)
-				}
-				return writeJSON(g.stdout, runPage{Runs: rows})
-			}
-			if len(rows) == 0 {
-				fmt.Fprintln(g.stdout, "No runs match.")
-				return nil
-			}
-			now := time.Now()
-			t := newTable(g.stdout, "ID", "WORKFLOW", "STATUS", "ATTEMPT", "RETRIES", "NODE", "LAST ERROR CLASS", "NEXT RETRY", "REQUESTED")
-			for _, r := range rows {
-				t.row(r.ID, r.Workflow, r.Status, strconv.Itoa(r.Attempt), runRetries(r), r.CurrentNodeID, r.LastErrorClass,
-					runNextRetry(r, now), relTime(&r.RequestedAt, now))
-			}
-			if err := t.flush(); err != nil {
-				return err
-			}
-			if next != "" {
-				fmt.Fprintf(g.stderr, "More runs: add --cursor %s (or --all).\n", next)
-			}
-			return nil
+			return list(cmd, g, pages, q, listing[runPage, runRow]{
+				path: "/v1/runs", what: "runs", none: "No runs match.", more: "runs",
+				rows: func(p runPage) ([]runRow, string) { return p.Runs, p.NextCursor },
+				page: func(rows []runRow) runPage { return runPage{Runs: rows} },
+				table: func(w io.Writer, rows []runRow) error {
+					now := time.Now()
+					t := newTable(w, "ID", "WORKFLOW", "STATUS", "ATTEMPT", "RETRIES", "NODE", "LAST ERROR CLASS", "NEXT RETRY", "REQUESTED")
+					for _, r := range rows {
+						t.row(r.ID, r.Workflow, r.Status, strconv.Itoa(r.Attempt), runRetries(r), r.CurrentNodeID, r.LastErrorClass,
+							runNextRetry(r, now), relTime(&r.RequestedAt, now))
+					}
+					return t.flush()
+				},
+			})
 		},
 	}
 	f := cmd.Flags()
@@ -158,9 +133,7 @@ func newRunsListCmd(g *globals) *cobra.Command {
 	f.StringVar(&trigger, "trigger", "", "id of the trigger that launched the runs")
 	f.StringSliceVar(&statuses, "status", nil, "run statuses: "+strings.Join(runStatuses, ", ")+" (repeat or comma-separate)")
 	f.StringVar(&errorClass, "error-class", "", "class of the last error, e.g. timeout")
-	f.IntVar(&limit, "limit", 100, "page size (1-500)")
-	f.StringVar(&cursor, "cursor", "", "continue after a previous page")
-	f.BoolVar(&all, "all", false, "fetch every page")
+	pages = addPager(cmd, 500)
 	return cmd
 }
 
