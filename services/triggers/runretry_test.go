@@ -205,6 +205,7 @@ func TestRunRetriesResumeFromTheFailedNode(t *testing.T) {
 		require.Equal(t, "engine-1", s.Executor)
 	}
 	require.Equal(t, "network", steps[1].LastErrorClass)
+	require.Equal(t, "notify", b.run(t, d.RunID).CurrentNodeID, "the last node reported, even after the run's end")
 
 	// The scheduler's record: two failures, two retries, closed by the
 	// run's success.

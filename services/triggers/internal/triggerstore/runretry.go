@@ -247,11 +247,17 @@ func RecordStep(ctx context.Context, tx pgx.Tx, d contract.RunStepData, reported
 	if tag.RowsAffected() == 0 {
 		return r, false, nil
 	}
-	if attempt == r.Attempt && (r.Status == RunRequested || r.Status == RunInProgress) {
+	// The node the executor reported last (by its clock) in the attempt
+	// is the run's current node, unless the run failed: then it stays the
+	// node the failure named. A run whose completion was applied before
+	// its last steps still moves on to them.
+	if attempt == r.Attempt && (r.Status == RunRequested || r.Status == RunInProgress || r.Status == RunCompleted) {
 		r, err = scanRun(tx.QueryRow(ctx, `
-			UPDATE workflow_runs SET status = 'in_progress', current_node_id = $2,
+			UPDATE workflow_runs SET status = CASE WHEN status = 'requested' THEN 'in_progress' ELSE status END,
+			    current_node_id = CASE WHEN EXISTS (SELECT 1 FROM workflow_run_steps s
+			        WHERE s.run_id = $1 AND s.run_attempt = $5 AND s.reported_at > $4) THEN current_node_id ELSE $2 END,
 			    executor = CASE WHEN $3 = '' THEN executor ELSE $3 END, updated_at = now()
-			WHERE run_id = $1 RETURNING `+runColumns, d.RunID, d.Node, pgtext.Truncate(d.Executor, 128)))
+			WHERE run_id = $1 RETURNING `+runColumns, d.RunID, d.Node, pgtext.Truncate(d.Executor, 128), reportedAt, attempt))
 		if err != nil {
 			return Run{}, false, fmt.Errorf("record step: %w", err)
 		}
