@@ -79,10 +79,11 @@ func (s *Service) prune(ctx context.Context) {
 
 // Reconcile publishes the held event again for held deliveries whose
 // last held attempt the scheduler has not confirmed for
-// Config.ReconcileAfter: their held event may have been lost with a
-// purged RETRIES stream or a restored scheduler database. The held
-// event keeps its Nats-Msg-Id, so a scheduler that has it treats the
-// repeat as a duplicate. It returns how many it republished.
+// Config.ReconcileAfter, and the failure of runs it has not answered:
+// those facts may have been lost with a purged RETRIES stream or a
+// restored scheduler database. They keep their Nats-Msg-Id, so a
+// scheduler that has them treats the repeat as a duplicate. It returns
+// how many it republished.
 func (s *Service) Reconcile(ctx context.Context) (int, error) {
 	now, err := triggerstore.Now(ctx, s.cfg.Pool)
 	if err != nil {
@@ -105,8 +106,42 @@ func (s *Service) Reconcile(ctx context.Context) (int, error) {
 				Msg("scheduler never confirmed the retry; held event published again")
 		}
 	}
+	runs, err := s.reconcileRuns(ctx, now)
+	n += runs
 	if n > 0 {
 		s.kick()
+	}
+	return n, err
+}
+
+// reconcileRuns reports again the failures of runs the scheduler has not
+// answered for Config.ReconcileAfter, under the same message ids: a
+// scheduler that has them treats the repeat as a duplicate.
+func (s *Service) reconcileRuns(ctx context.Context, now time.Time) (int, error) {
+	list, err := triggerstore.UnconfirmedRunRetries(ctx, s.cfg.Pool, now.Add(-s.cfg.ReconcileAfter), reconcileBatch)
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, listed := range list {
+		done := false
+		err := pgx.BeginFunc(ctx, s.cfg.Pool, func(tx pgx.Tx) error {
+			run, ok, err := triggerstore.LockUnconfirmedRun(ctx, tx, listed.ID, listed.Attempt)
+			if err != nil || !ok {
+				return err
+			}
+			done = true
+			return s.runFailure(ctx, tx, run, contract.ErrorInfo{Class: run.LastErrorClass, Message: run.LastErrorMessage}, now)
+		})
+		if err != nil {
+			return n, fmt.Errorf("reconcile run %s: %w", listed.ID, err)
+		}
+		if done {
+			n++
+			s.metrics.reconciled.Inc()
+			s.log.Warn().Str("run_id", listed.ID).Str("trigger_id", listed.TriggerID).Int("attempt", listed.Attempt).
+				Msg("scheduler never answered the run's failure; failure published again")
+		}
 	}
 	return n, nil
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
+	"github.com/retryd/retryd/internal/natstest"
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/services/scheduler"
 	"github.com/retryd/retryd/services/triggers/internal/triggerstore"
@@ -306,4 +307,46 @@ func TestMalformedRunStepIsRejected(t *testing.T) {
 		require.NoError(t, err)
 	}
 	require.Eventually(t, func() bool { return counter(t, b.svc.metrics.malformed, ConsumerRuns) >= 3 }, eventually, tick)
+}
+
+// A run's failure lost with RETRIES before the scheduler read it is
+// published again once ReconcileAfter has passed without an answer, and
+// not once the scheduler answered: the run would otherwise hold its slot
+// for good.
+func TestReconcileRepublishesUnansweredRunFailures(t *testing.T) {
+	t.Parallel()
+	b := setup(t, true, func(c *Config) { c.ReconcileAfter = 2 * time.Second })
+	tr := b.createTrigger(t, TriggerInput{ID: "lost", Name: "lost", Source: "crm", EventType: "lead.created", Workflow: "lost", MaxConcurrency: intp(1)})
+	b.publishEvent(t, "crm", "lead.created", "l-1", map[string]any{})
+	d := b.waitDelivery(t, DeliveryID("l-1", tr.ID), func(d triggerstore.Delivery) bool { return d.Status == triggerstore.StatusLaunched })
+	fail, err := contract.NewRunMsg("test/engine", contract.RunFailed, contract.RunFinishedData{RunID: d.RunID, Workflow: "lost",
+		Attempt: 1, Error: &contract.ErrorInfo{Class: "network", Message: "reset"}}, time.Now())
+	require.NoError(t, err)
+	_, err = b.js.PublishMsg(b.ctx, fail)
+	require.NoError(t, err)
+	b.waitRun(t, d.RunID, triggerstore.RunRetrying)
+	findLifecycleOf(t, b, contract.KindRun, contract.Failed, d.RunID, 1)
+	require.Eventually(t, func() bool { return b.outboxEmpty(t) }, eventually, tick)
+
+	require.NoError(t, b.js.DeleteStream(b.ctx, contract.StreamRetries))
+	natstest.EnsureStreams(t, b.js)
+	require.Eventually(t, func() bool {
+		n, err := b.svc.Reconcile(b.ctx)
+		require.NoError(t, err)
+		return n == 1
+	}, eventually, 100*time.Millisecond)
+	f := findLifecycleOf(t, b, contract.KindRun, contract.Failed, d.RunID, 1)
+	require.Equal(t, "network", f.Failed.Error.Class)
+	n, err := b.svc.Reconcile(b.ctx)
+	require.NoError(t, err)
+	require.Zero(t, n, "a republished failure waits ReconcileAfter again")
+
+	publishLifecycle(t, b, contract.Scheduled, contract.ScheduledData{Kind: contract.KindRun, ID: d.RunID, Attempt: 2,
+		NextAttemptAt: time.Now().Add(time.Hour), Decision: contract.Decision{Policy: "workflow_run", MaxRetries: 3, RetryCount: 1}})
+	require.Eventually(t, func() bool { return b.run(t, d.RunID).NextRetryAt != nil }, eventually, tick)
+	_, err = b.pool.Exec(b.ctx, `UPDATE workflow_runs SET updated_at = updated_at - interval '1 hour' WHERE run_id = $1`, d.RunID)
+	require.NoError(t, err)
+	n, err = b.svc.Reconcile(b.ctx)
+	require.NoError(t, err)
+	require.Zero(t, n, "an answered failure is not published again")
 }

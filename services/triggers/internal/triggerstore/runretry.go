@@ -321,3 +321,39 @@ func Checkpoint(ctx context.Context, db DB, runID string) (*contract.RunCheckpoi
 	}
 	return cp, nil
 }
+
+// UnconfirmedRunRetries lists runs whose failure the scheduler has not
+// answered (retrying, with no next_retry_at) since before olderThan: the
+// failure fact may have been lost with a purged RETRIES stream, and the
+// run would hold its slot for good.
+func UnconfirmedRunRetries(ctx context.Context, db DB, olderThan time.Time, limit int) ([]Run, error) {
+	rows, err := db.Query(ctx, `
+		SELECT `+runColumns+` FROM workflow_runs
+		WHERE status = 'retrying' AND next_retry_at IS NULL AND updated_at < $1
+		ORDER BY updated_at LIMIT $2`, olderThan, limit)
+	if err != nil {
+		return nil, fmt.Errorf("list unconfirmed run retries: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Run, error) { return scanRun(row) })
+	if err != nil {
+		return nil, fmt.Errorf("list unconfirmed run retries: %w", err)
+	}
+	return out, nil
+}
+
+// LockUnconfirmedRun locks a run listed by UnconfirmedRunRetries and
+// touches it, so the next pass waits again; ok is false when it was
+// answered or moved on since the listing.
+func LockUnconfirmedRun(ctx context.Context, tx pgx.Tx, id string, attempt int) (r Run, ok bool, err error) {
+	r, err = scanRun(tx.QueryRow(ctx, `
+		UPDATE workflow_runs SET updated_at = now()
+		WHERE run_id = $1 AND attempt = $2 AND status = 'retrying' AND next_retry_at IS NULL
+		RETURNING `+runColumns, id, attempt))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Run{}, false, nil
+	}
+	if err != nil {
+		return Run{}, false, fmt.Errorf("lock unconfirmed run: %w", err)
+	}
+	return r, true, nil
+}
