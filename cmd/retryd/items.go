@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"net/http"
 	"strconv"
 	"strings"
 	"time"
@@ -78,18 +79,7 @@ func actionBody(reason string, reset bool) map[string]any {
 // an error (passed through fail); otherwise the caller prints out its
 // own way.
 func (g *globals) send(cmd *cobra.Command, path string, body, out any, fail func(error) error) (done bool, err error) {
-	c, err := g.client()
-	if err != nil {
-		return true, err
-	}
-	raw, err := c.post(cmd.Context(), path, body, out)
-	if err != nil {
-		return true, fail(err)
-	}
-	if g.json {
-		return true, printJSON(g.stdout, raw)
-	}
-	return false, nil
+	return g.request(cmd, http.MethodPost, path, nil, body, out, fail)
 }
 
 // showByID is the RunE of a show command: GET path+ID into a V and show
