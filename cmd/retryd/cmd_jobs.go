@@ -30,11 +30,12 @@ func newJobsCmd(g *globals) *cobra.Command {
 	return cmd
 }
 
-// checkStatuses reports the first of list that is not a job status.
-func checkStatuses(cmd *cobra.Command, list []string) error {
+// checkStatuses reports the first of list (--status) that is not one of
+// known: jobStatuses, or runStatuses for runs.
+func checkStatuses(cmd *cobra.Command, list, known []string) error {
 	for _, s := range list {
-		if !contains(jobStatuses, s) {
-			return usageErrorf(cmd, "--status %q is not one of %s", s, strings.Join(jobStatuses, ", "))
+		if !contains(known, s) {
+			return usageErrorf(cmd, "--status %q is not one of %s", s, strings.Join(known, ", "))
 		}
 	}
 	return nil
@@ -72,7 +73,7 @@ func newJobsListCmd(g *globals) *cobra.Command {
   retryd jobs list --status retrying --json`,
 		Args: args(0),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := checkStatuses(cmd, statuses); err != nil {
+			if err := checkStatuses(cmd, statuses, jobStatuses); err != nil {
 				return err
 			}
 			if minRetries < 0 {

@@ -97,10 +97,8 @@ func newRunsListCmd(g *globals) *cobra.Command {
   retryd runs list --error-class timeout --json`,
 		Args: args(0),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			for _, s := range statuses {
-				if !contains(runStatuses, s) {
-					return usageErrorf(cmd, "--status %q is not one of %s", s, strings.Join(runStatuses, ", "))
-				}
+			if err := checkStatuses(cmd, statuses, runStatuses); err != nil {
+				return err
 			}
 			q := url.Values{}
 			for k, v := range map[string]string{"workflow": workflow, "trigger_id": trigger, "error_class": errorClass} {
