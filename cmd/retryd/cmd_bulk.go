@@ -88,7 +88,7 @@ func (b *bulkRetry) body(cmd *cobra.Command) (map[string]any, error) {
 			return nil, usageErrorf(cmd, "--status is required: one or more of %s", strings.Join(jobStatuses, ", "))
 		}
 	}
-	if err := checkStatuses(cmd, b.statuses); err != nil {
+	if err := checkStatuses(cmd, b.statuses, jobStatuses); err != nil {
 		return nil, err
 	}
 	if b.minRetries < 0 {

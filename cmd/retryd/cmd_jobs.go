@@ -2,7 +2,6 @@ package main
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net/url"
@@ -31,11 +30,12 @@ func newJobsCmd(g *globals) *cobra.Command {
 	return cmd
 }
 
-// checkStatuses reports the first of list that is not a job status.
-func checkStatuses(cmd *cobra.Command, list []string) error {
+// checkStatuses reports the first of list (--status) that is not one of
+// known: jobStatuses, or runStatuses for runs.
+func checkStatuses(cmd *cobra.Command, list, known []string) error {
 	for _, s := range list {
-		if !contains(jobStatuses, s) {
-			return usageErrorf(cmd, "--status %q is not one of %s", s, strings.Join(jobStatuses, ", "))
+		if !contains(known, s) {
+			return usageErrorf(cmd, "--status %q is not one of %s", s, strings.Join(known, ", "))
 		}
 	}
 	return nil
@@ -73,7 +73,7 @@ func newJobsListCmd(g *globals) *cobra.Command {
   retryd jobs list --status retrying --json`,
 		Args: args(0),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := checkStatuses(cmd, statuses); err != nil {
+			if err := checkStatuses(cmd, statuses, jobStatuses); err != nil {
 				return err
 			}
 			if minRetries < 0 {
@@ -112,7 +112,7 @@ func newJobsListCmd(g *globals) *cobra.Command {
 					// number goes on while the budget starts again.
 					t := newTable(w, "ID", "TYPE", "STATUS", "PRIORITY", "ATTEMPT", "RETRIES", "LAST ERROR CLASS", "NEXT RETRY", "UPDATED")
 					for _, j := range rows {
-						t.row(j.ID, j.JobType, j.Status, jobPriority(j), strconv.Itoa(j.Attempt), jobRetries(j), j.LastErrorClass,
+						t.row(j.ID, j.JobType, j.Status, jobPriority(j), strconv.Itoa(j.Attempt), retriesCell(j.RetryCount, j.MaxRetries), j.LastErrorClass,
 							nextRetry(j, now), relTime(&j.UpdatedAt, now))
 					}
 					return t.flush()
@@ -132,15 +132,6 @@ func newJobsListCmd(g *globals) *cobra.Command {
 	return cmd
 }
 
-// jobRetries is retries used out of the budget; a job whose budget the
-// scheduler has not decided yet shows the count alone.
-func jobRetries(j jobRow) string {
-	if j.MaxRetries == nil {
-		return strconv.Itoa(j.RetryCount)
-	}
-	return fmt.Sprintf("%d/%d", j.RetryCount, *j.MaxRetries)
-}
-
 // nextRetry is when a waiting job runs again; next_retry_at of a finished
 // job is history, not a plan.
 func nextRetry(j jobRow, now time.Time) string {
@@ -150,29 +141,13 @@ func nextRetry(j jobRow, now time.Time) string {
 	return relTime(j.NextRetryAt, now)
 }
 
-// jobErr names the job in err unless the API's message does already.
-func jobErr(what, id string, err error) error {
-	var ae *apiError
-	if errors.As(err, &ae) && strings.Contains(ae.Message, id) {
-		return fmt.Errorf("%s: %w", what, err)
-	}
-	return fmt.Errorf("%s %s: %w", what, id, err)
-}
-
 func newJobsShowCmd(g *globals) *cobra.Command {
 	return &cobra.Command{
 		Use:     "show ID",
 		Short:   "Show one job and its attempt history",
 		Example: `  retryd jobs show 01JA2Q8M9X3T7V5W6Y4Z2B1C0D`,
 		Args:    args(1, "ID"),
-		RunE: func(cmd *cobra.Command, a []string) error {
-			id := a[0]
-			var v jobView
-			if done, err := g.fetch(cmd, "/v1/jobs/"+seg(id), nil, &v, func(err error) error { return jobErr("show job", id, err) }); done {
-				return err
-			}
-			return printJob(g, id, v)
-		},
+		RunE:    showByID(g, "/v1/jobs/", "job", func(id string, v jobView) error { return printJob(g, id, v) }),
 	}
 }
 
@@ -193,23 +168,11 @@ func printJob(g *globals, id string, v jobView) error {
 			status += " (" + j.StatusReason + ")"
 		}
 		pairs := []string{"ID", j.ID, "Type", j.JobType, "Status", status, "Priority", jobPriority(*j), "Attempt", strconv.Itoa(j.Attempt)}
-		if j.MaxRetries != nil {
-			pairs = append(pairs, "Retries used", retriesUsed(j.RetryCount, *j.MaxRetries))
-		} else {
-			pairs = append(pairs, "Retries used", strconv.Itoa(j.RetryCount))
-		}
-		if !j.RetryEnabled {
-			pairs = append(pairs, "Retries", "disabled for this job")
-		}
+		pairs = append(pairs, budgetPairs(j.RetryCount, j.MaxRetries, j.RetryEnabled, "job")...)
 		if j.CurrentStep != "" {
 			pairs = append(pairs, "Current step", j.CurrentStep)
 		}
-		if j.LastErrorClass != "" || j.LastErrorMessage != "" {
-			pairs = append(pairs, "Last error", strings.TrimPrefix(j.LastErrorClass+": "+j.LastErrorMessage, ": "))
-		}
-		if j.LastErrorTimestamp != nil {
-			pairs = append(pairs, "Last error at", stamp(j.LastErrorTimestamp, now))
-		}
+		pairs = append(pairs, lastErrorPairs(j.LastErrorClass, j.LastErrorMessage, j.LastErrorTimestamp, now)...)
 		if j.LastAttemptAt != nil {
 			pairs = append(pairs, "Last attempt", stamp(j.LastAttemptAt, now))
 		}
@@ -254,24 +217,10 @@ func newJobsActionCmd(g *globals, action string) *cobra.Command {
 		Args: args(1, "ID"),
 		RunE: func(cmd *cobra.Command, a []string) error {
 			id := a[0]
-			body := map[string]any{}
-			if reason != "" {
-				body["reason"] = reason
-			}
-			if reset {
-				body["reset_attempts"] = true
-			}
-			c, err := g.client()
-			if err != nil {
-				return err
-			}
 			var res jobActionView
-			raw, err := c.post(cmd.Context(), "/v1/jobs/"+seg(id)+"/"+action, body, &res)
-			if err != nil {
-				return jobErr(action+" job", id, err)
-			}
-			if g.json {
-				return printJSON(g.stdout, raw)
+			if done, err := g.send(cmd, "/v1/jobs/"+seg(id)+"/"+action, actionBody(reason, reset), &res,
+				func(err error) error { return idErr(action+" job", id, err) }); done {
+				return err
 			}
 			// 202: the scheduler recorded the action; the jobs table
 			// follows once the projection folds the event.
@@ -339,7 +288,7 @@ func newJobsOperationCmd(g *globals) *cobra.Command {
 				if cancel {
 					what = "cancel operation"
 				}
-				return jobErr(what, id, err)
+				return idErr(what, id, err)
 			}
 			if g.json {
 				return printJSON(g.stdout, raw)
@@ -365,7 +314,7 @@ func followOperation(cmd *cobra.Command, g *globals, c *apiClient, id string) er
 		var op operationView
 		raw, err := c.get(cmd.Context(), "/v1/operations/"+seg(id), nil, &op)
 		if err != nil {
-			return jobErr("wait for operation", id, err)
+			return idErr("wait for operation", id, err)
 		}
 		o := op.Operation
 		if o.Status != "running" {

@@ -33,11 +33,17 @@ func (g *globals) client() (*apiClient, error) {
 // (the API's passed through fail, which says what the command was
 // doing); otherwise the caller prints out its own way.
 func (g *globals) fetch(cmd *cobra.Command, path string, q url.Values, out any, fail func(error) error) (done bool, err error) {
+	return g.request(cmd, http.MethodGet, path, q, nil, out, fail)
+}
+
+// request is fetch (GET) and send (POST): the call, then --json or the
+// caller's own printing.
+func (g *globals) request(cmd *cobra.Command, method, path string, q url.Values, body, out any, fail func(error) error) (done bool, err error) {
 	c, err := g.client()
 	if err != nil {
 		return true, err
 	}
-	raw, err := c.get(cmd.Context(), path, q, out)
+	raw, err := c.call(cmd.Context(), method, path, q, body, out)
 	if err != nil {
 		return true, fail(err)
 	}

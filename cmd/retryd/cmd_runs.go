@@ -2,7 +2,6 @@ package main
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net/url"
@@ -98,10 +97,8 @@ func newRunsListCmd(g *globals) *cobra.Command {
   retryd runs list --error-class timeout --json`,
 		Args: args(0),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			for _, s := range statuses {
-				if !contains(runStatuses, s) {
-					return usageErrorf(cmd, "--status %q is not one of %s", s, strings.Join(runStatuses, ", "))
-				}
+			if err := checkStatuses(cmd, statuses, runStatuses); err != nil {
+				return err
 			}
 			q := url.Values{}
 			for k, v := range map[string]string{"workflow": workflow, "trigger_id": trigger, "error_class": errorClass} {
@@ -120,7 +117,7 @@ func newRunsListCmd(g *globals) *cobra.Command {
 					now := time.Now()
 					t := newTable(w, "ID", "WORKFLOW", "STATUS", "ATTEMPT", "RETRIES", "NODE", "LAST ERROR CLASS", "NEXT RETRY", "REQUESTED")
 					for _, r := range rows {
-						t.row(r.ID, r.Workflow, r.Status, strconv.Itoa(r.Attempt), runRetries(r), r.CurrentNodeID, r.LastErrorClass,
+						t.row(r.ID, r.Workflow, r.Status, strconv.Itoa(r.Attempt), retriesCell(r.RetryCount, r.MaxRetries), r.CurrentNodeID, r.LastErrorClass,
 							runNextRetry(r, now), relTime(&r.RequestedAt, now))
 					}
 					return t.flush()
@@ -137,15 +134,6 @@ func newRunsListCmd(g *globals) *cobra.Command {
 	return cmd
 }
 
-// runRetries is retries used out of the budget; before the scheduler's
-// first decision the budget is not known and the count shows alone.
-func runRetries(r runRow) string {
-	if r.MaxRetries == nil {
-		return strconv.Itoa(r.RetryCount)
-	}
-	return fmt.Sprintf("%d/%d", r.RetryCount, *r.MaxRetries)
-}
-
 // runNextRetry is when a retrying run comes back; next_retry_at of a run
 // that moved on is history, not a plan.
 func runNextRetry(r runRow, now time.Time) string {
@@ -155,29 +143,13 @@ func runNextRetry(r runRow, now time.Time) string {
 	return relTime(r.NextRetryAt, now)
 }
 
-// runErr names the run in err unless the API's message does already.
-func runErr(what, id string, err error) error {
-	var ae *apiError
-	if errors.As(err, &ae) && strings.Contains(ae.Message, id) {
-		return fmt.Errorf("%s: %w", what, err)
-	}
-	return fmt.Errorf("%s %s: %w", what, id, err)
-}
-
 func newRunsShowCmd(g *globals) *cobra.Command {
 	return &cobra.Command{
 		Use:     "show ID",
 		Short:   "Show one workflow run, its retry state and its steps",
 		Example: `  retryd runs show run-7K2Q8M9X3T7V5W6Y4Z2B1C0DAB`,
 		Args:    args(1, "ID"),
-		RunE: func(cmd *cobra.Command, a []string) error {
-			id := a[0]
-			var v runView
-			if done, err := g.fetch(cmd, "/v1/runs/"+seg(id), nil, &v, func(err error) error { return runErr("show run", id, err) }); done {
-				return err
-			}
-			return printRun(g, v)
-		},
+		RunE:    showByID(g, "/v1/runs/", "run", func(_ string, v runView) error { return printRun(g, v) }),
 	}
 }
 
@@ -185,26 +157,14 @@ func printRun(g *globals, v runView) error {
 	now := time.Now()
 	r := v.Run
 	pairs := []string{"ID", r.ID, "Workflow", r.Workflow, "Status", r.Status, "Attempt", strconv.Itoa(r.Attempt)}
-	if r.MaxRetries != nil {
-		pairs = append(pairs, "Retries used", retriesUsed(r.RetryCount, *r.MaxRetries))
-	} else {
-		pairs = append(pairs, "Retries used", strconv.Itoa(r.RetryCount))
-	}
-	if !r.RetryEnabled {
-		pairs = append(pairs, "Retries", "disabled for this run")
-	}
+	pairs = append(pairs, budgetPairs(r.RetryCount, r.MaxRetries, r.RetryEnabled, "run")...)
 	if next := runNextRetry(r, now); next != "" {
 		pairs = append(pairs, "Next retry", stamp(r.NextRetryAt, now))
 	}
 	if r.CurrentNodeID != "" {
 		pairs = append(pairs, "Current node", r.CurrentNodeID)
 	}
-	if r.LastErrorClass != "" || r.LastErrorMessage != "" {
-		pairs = append(pairs, "Last error", strings.TrimPrefix(r.LastErrorClass+": "+r.LastErrorMessage, ": "))
-	}
-	if r.LastErrorTimestamp != nil {
-		pairs = append(pairs, "Last error at", stamp(r.LastErrorTimestamp, now))
-	}
+	pairs = append(pairs, lastErrorPairs(r.LastErrorClass, r.LastErrorMessage, r.LastErrorTimestamp, now)...)
 	if r.Error != "" {
 		pairs = append(pairs, "Error", r.Error)
 	}
@@ -271,35 +231,10 @@ retrying, failed or failed_max_retries.`,
 		Args: args(1, "ID"),
 		RunE: func(cmd *cobra.Command, a []string) error {
 			id := a[0]
-			body := map[string]any{}
-			if reason != "" {
-				body["reason"] = reason
-			}
-			if reset {
-				body["reset_attempts"] = true
-			}
-			c, err := g.client()
-			if err != nil {
-				return err
-			}
 			var v retryView
-			raw, err := c.post(cmd.Context(), "/v1/retries/run/"+seg(id)+"/retry", body, &v)
-			if isNotFound(err) {
-				// No retry at the scheduler: say whether the run exists
-				// and why it has none.
-				var rv runView
-				if _, gerr := c.get(cmd.Context(), "/v1/runs/"+seg(id), nil, &rv); gerr == nil {
-					return fmt.Errorf("retry run %s: it is %s and has no retry at the scheduler: only a run that failed (%s) can be retried",
-						id, rv.Run.Status, strings.Join(runFailedStatuses, ", "))
-				} else if isNotFound(gerr) {
-					return fmt.Errorf("retry run %s: no such run", id)
-				}
-			}
-			if err != nil {
-				return runErr("retry run", id, err)
-			}
-			if g.json {
-				return printJSON(g.stdout, raw)
+			if done, err := g.send(cmd, "/v1/retries/run/"+seg(id)+"/retry", actionBody(reason, reset), &v,
+				func(err error) error { return runRetryErr(cmd, g, id, err) }); done {
+				return err
 			}
 			fmt.Fprintf(g.stdout, "Retry of run %s accepted: attempt %d is scheduled now, decided_by manual.\n", id, v.Retry.Attempt)
 			fmt.Fprintf(g.stdout, "Its status follows in a moment: retryd runs show %s\n", id)
@@ -309,4 +244,24 @@ retrying, failed or failed_max_retries.`,
 	cmd.Flags().StringVar(&reason, "reason", "", "why (recorded in the run's retry history)")
 	cmd.Flags().BoolVar(&reset, "reset-attempts", false, "give the run its whole retry budget again")
 	return cmd
+}
+
+// runRetryErr explains a failed run retry. The scheduler answers 404 for
+// a run it has no retry of: say whether the run exists and why it has
+// none.
+func runRetryErr(cmd *cobra.Command, g *globals, id string, err error) error {
+	if isNotFound(err) {
+		var rv runView
+		c, cerr := g.client()
+		if cerr != nil {
+			return cerr
+		}
+		if _, gerr := c.get(cmd.Context(), "/v1/runs/"+seg(id), nil, &rv); gerr == nil {
+			return fmt.Errorf("retry run %s: it is %s and has no retry at the scheduler: only a run that failed (%s) can be retried",
+				id, rv.Run.Status, strings.Join(runFailedStatuses, ", "))
+		} else if isNotFound(gerr) {
+			return fmt.Errorf("retry run %s: no such run", id)
+		}
+	}
+	return idErr("retry run", id, err)
 }

@@ -72,7 +72,7 @@ func TestAssets(t *testing.T) {
 		visit(r[1])
 	}
 	require.True(t, seen["js/retries.js"] && seen["js/analytics.js"] && seen["js/policies.js"] &&
-		seen["js/jobs.js"] && seen["js/jobs-bulk.js"] && seen["js/runs.js"], "modules reached: %v", seen)
+		seen["js/jobs.js"] && seen["js/jobs-bulk.js"] && seen["js/runs.js"] && seen["js/list.js"], "modules reached: %v", seen)
 	require.Equal(t, http.StatusNotFound, get(t, h, "/nothing.js").Code)
 }
 

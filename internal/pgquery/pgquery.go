@@ -1,6 +1,7 @@
 // Package pgquery holds what the stores' list queries (jobstore,
-// retrystore, the audit log) build alike: a WHERE clause of conditions
-// with numbered arguments, and the page size they accept.
+// retrystore, the audit log, the triggers' runs) build alike: a WHERE
+// clause of conditions with numbered arguments, the page size they accept
+// and the keyset cursor of the lists ordered by time.
 package pgquery
 
 import (

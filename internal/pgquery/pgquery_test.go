@@ -1,7 +1,9 @@
 package pgquery_test
 
 import (
+	"encoding/base64"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -32,4 +34,18 @@ func TestLimit(t *testing.T) {
 	require.EqualError(t, err, "limit must be between 1 and 500, got 501")
 	_, err = pgquery.Limit(-1, 500)
 	require.EqualError(t, err, "limit must be between 1 and 500, got -1")
+}
+
+func TestTimeCursorRoundTrips(t *testing.T) {
+	t.Parallel()
+	at := time.Date(2026, 11, 26, 9, 30, 0, 123456789, time.FixedZone("CET", 3600))
+	gotAt, id, ok := pgquery.DecodeTimeCursor(pgquery.EncodeTimeCursor(at, "run-01|x"))
+	require.True(t, ok)
+	require.True(t, at.Equal(gotAt))
+	require.Equal(t, "run-01|x", id)
+	for _, bad := range []string{"", "!!", base64.RawURLEncoding.EncodeToString([]byte("no-bar")),
+		base64.RawURLEncoding.EncodeToString([]byte("2026-11-26T09:30:00Z|")), base64.RawURLEncoding.EncodeToString([]byte("yesterday|j-1"))} {
+		_, _, ok := pgquery.DecodeTimeCursor(bad)
+		require.False(t, ok, bad)
+	}
 }

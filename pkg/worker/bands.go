@@ -2,7 +2,6 @@ package worker
 
 import (
 	"context"
-	"log/slog"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -88,20 +87,9 @@ func (w *Worker) consumeBands(bands []*band, slots chan struct{}) {
 	defer w.loops.Done()
 	gate := &idleGate{arrivals: make(chan arrival, len(bands)), rearm: make(chan struct{}, len(bands))}
 	for {
-		select {
-		case slots <- struct{}{}:
-		case <-w.loopCtx.Done():
+		free := w.claimSlots(slots)
+		if free == 0 {
 			return
-		}
-		free := 1
-	more:
-		for free < cap(slots) {
-			select {
-			case slots <- struct{}{}:
-				free++
-			default:
-				break more
-			}
 		}
 		got := 0
 		for _, b := range bands {
@@ -135,22 +123,11 @@ func (w *Worker) sweepBand(b *band, free int, slots chan struct{}) int {
 	batch, err := b.p.consumer().FetchNoWait(free)
 	got := 0
 	if err == nil {
-		for msg := range batch.Messages() {
-			got++
-			if w.loopCtx.Err() != nil {
-				_ = msg.Nak()
-				<-slots
-				continue
-			}
-			b.dispatch(msg)
-		}
-		err = batch.Error()
+		got, err = w.dispatchBatch(batch, slots, b.dispatch)
 	}
-	if err != nil && !isFetchEnd(err) && w.loopCtx.Err() == nil {
-		log := w.log.With(slog.String("consumer", b.p.cfg.Durable))
-		log.Warn("pull failed; trying again", slog.Any("error", err))
-		w.recreateIfDeleted(b.p, log)
-	}
+	// No pause here: when no band had a job the loop's idle wait follows,
+	// and a failed pull there pauses (waitBand).
+	w.pullFailed(b.p, err)
 	return got
 }
 
@@ -211,10 +188,7 @@ func (w *Worker) waitBand(b *band, gate *idleGate) {
 		}
 		err = batch.Error()
 	}
-	if err != nil && !isFetchEnd(err) && w.loopCtx.Err() == nil {
-		log := w.log.With(slog.String("consumer", b.p.cfg.Durable))
-		log.Warn("pull failed; trying again", slog.Any("error", err))
-		w.recreateIfDeleted(b.p, log)
+	if w.pullFailed(b.p, err) {
 		select {
 		case <-time.After(fetchBackoff):
 		case <-w.loopCtx.Done():

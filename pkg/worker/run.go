@@ -56,46 +56,22 @@ func (w *Worker) inSlot(slots chan struct{}, handle func(jetstream.Msg)) func(je
 // fetchLoop pulls up to the number of free slots in slots and hands every
 // message to dispatch, which must release one slot per message when done.
 func (w *Worker) fetchLoop(p *pull, slots chan struct{}, dispatch func(jetstream.Msg)) {
-	log := w.log.With(slog.String("consumer", p.cfg.Durable))
 	for {
-		select {
-		case slots <- struct{}{}:
-		case <-w.loopCtx.Done():
+		free := w.claimSlots(slots)
+		if free == 0 {
 			return
-		}
-		free := 1
-	more:
-		for free < cap(slots) {
-			select {
-			case slots <- struct{}{}:
-				free++
-			default:
-				break more
-			}
 		}
 		fctx, cancel := context.WithTimeout(w.loopCtx, w.cfg.FetchWait)
 		batch, err := p.consumer().Fetch(free, jetstream.FetchContext(fctx))
 		got := 0
 		if err == nil {
-			for msg := range batch.Messages() {
-				got++
-				if w.loopCtx.Err() != nil {
-					// Stopping: hand it straight back rather than start it.
-					_ = msg.Nak()
-					<-slots
-					continue
-				}
-				dispatch(msg)
-			}
-			err = batch.Error()
+			got, err = w.dispatchBatch(batch, slots, dispatch)
 		}
 		cancel()
 		for range free - got {
 			<-slots
 		}
-		if err != nil && !isFetchEnd(err) && w.loopCtx.Err() == nil {
-			log.Warn("pull failed; trying again", slog.Any("error", err))
-			w.recreateIfDeleted(p, log)
+		if w.pullFailed(p, err) {
 			select {
 			case <-time.After(fetchBackoff):
 			case <-w.loopCtx.Done():
@@ -103,6 +79,58 @@ func (w *Worker) fetchLoop(p *pull, slots chan struct{}, dispatch func(jetstream
 			}
 		}
 	}
+}
+
+// claimSlots waits for one free slot, then takes every other slot free
+// at that moment, and returns how many it holds (0 when the worker
+// stops): a loop asks the broker for no more jobs than it can start, so
+// none waits in a local buffer while its ack wait runs out.
+func (w *Worker) claimSlots(slots chan struct{}) int {
+	select {
+	case slots <- struct{}{}:
+	case <-w.loopCtx.Done():
+		return 0
+	}
+	free := 1
+	for free < cap(slots) {
+		select {
+		case slots <- struct{}{}:
+			free++
+		default:
+			return free
+		}
+	}
+	return free
+}
+
+// dispatchBatch hands every message of batch to dispatch, each in one of
+// the slots the caller holds, and returns how many came and the pull's
+// error.
+func (w *Worker) dispatchBatch(batch jetstream.MessageBatch, slots chan struct{}, dispatch func(jetstream.Msg)) (got int, err error) {
+	for msg := range batch.Messages() {
+		got++
+		if w.loopCtx.Err() != nil {
+			// Stopping: hand it straight back rather than start it.
+			_ = msg.Nak()
+			<-slots
+			continue
+		}
+		dispatch(msg)
+	}
+	return got, batch.Error()
+}
+
+// pullFailed reports whether err is a failed pull of p, not one of its
+// normal ends nor the worker stopping; it logs it and recreates p's
+// consumer if it was deleted. The caller decides whether to pause.
+func (w *Worker) pullFailed(p *pull, err error) bool {
+	if err == nil || isFetchEnd(err) || w.loopCtx.Err() != nil {
+		return false
+	}
+	log := w.log.With(slog.String("consumer", p.cfg.Durable))
+	log.Warn("pull failed; trying again", slog.Any("error", err))
+	w.recreateIfDeleted(p, log)
+	return true
 }
 
 // isFetchEnd reports the normal ends of a pull: it timed out, was

@@ -2,10 +2,8 @@ package jobstore
 
 import (
 	"context"
-	"encoding/base64"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -84,9 +82,9 @@ func List(ctx context.Context, q Querier, f Filter, limit int, cursor string) (P
 	}
 	w := f.where()
 	if cursor != "" {
-		at, id, err := decodeCursor(cursor)
-		if err != nil {
-			return Page{}, fmt.Errorf("list jobs: %w", err)
+		at, id, ok := pgquery.DecodeTimeCursor(cursor)
+		if !ok {
+			return Page{}, fmt.Errorf("list jobs: %w", ErrBadCursor)
 		}
 		w.Add("(updated_at, job_id) < (?, ?)", at, id)
 	}
@@ -104,7 +102,7 @@ func List(ctx context.Context, q Querier, f Filter, limit int, cursor string) (P
 	if len(page.Jobs) > limit {
 		page.Jobs = page.Jobs[:limit]
 		last := page.Jobs[limit-1]
-		page.NextCursor = encodeCursor(last.UpdatedAt, last.ID)
+		page.NextCursor = pgquery.EncodeTimeCursor(last.UpdatedAt, last.ID)
 	}
 	return page, nil
 }
@@ -117,24 +115,4 @@ func Count(ctx context.Context, q Querier, f Filter) (int64, error) {
 		return 0, fmt.Errorf("count jobs: %w", err)
 	}
 	return n, nil
-}
-
-func encodeCursor(at time.Time, id string) string {
-	return base64.RawURLEncoding.EncodeToString([]byte(at.UTC().Format(time.RFC3339Nano) + "|" + id))
-}
-
-func decodeCursor(c string) (time.Time, string, error) {
-	b, err := base64.RawURLEncoding.DecodeString(c)
-	if err != nil {
-		return time.Time{}, "", ErrBadCursor
-	}
-	ts, id, ok := strings.Cut(string(b), "|")
-	if !ok || id == "" {
-		return time.Time{}, "", ErrBadCursor
-	}
-	at, err := time.Parse(time.RFC3339Nano, ts)
-	if err != nil {
-		return time.Time{}, "", ErrBadCursor
-	}
-	return at, id, nil
 }

@@ -29,9 +29,9 @@ func ListOperations(ctx context.Context, q Querier, status string, limit int, cu
 		w.Add("status = ?", status)
 	}
 	if cursor != "" {
-		at, id, err := decodeCursor(cursor)
-		if err != nil {
-			return OperationPage{}, fmt.Errorf("list operations: %w", err)
+		at, id, ok := pgquery.DecodeTimeCursor(cursor)
+		if !ok {
+			return OperationPage{}, fmt.Errorf("list operations: %w", ErrBadCursor)
 		}
 		w.Add("(created_at, operation_id) < (?, ?)", at, id)
 	}
@@ -50,7 +50,7 @@ func ListOperations(ctx context.Context, q Querier, status string, limit int, cu
 	if len(page.Operations) > limit {
 		page.Operations = page.Operations[:limit]
 		last := page.Operations[limit-1]
-		page.NextCursor = encodeCursor(last.CreatedAt, last.ID)
+		page.NextCursor = pgquery.EncodeTimeCursor(last.CreatedAt, last.ID)
 	}
 	return page, nil
 }

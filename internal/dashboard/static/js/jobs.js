@@ -7,13 +7,13 @@ import { api } from "./api.js";
 import { h, clear, badge, classTag, relTime, dateTime, clock, fmtMS, trunc } from "./dom.js";
 import { actionDialog, toast } from "./dialog.js";
 import * as bulk from "./jobs-bulk.js";
+import * as list from "./list.js";
 
 export const STATUSES = ["retrying", "held", "in_progress", "failed_max_retries", "failed", "cancelled", "completed"];
 export const CLASSES = ["timeout", "rate_limit", "network", "temporary", "validation", "authentication", "permission", "unknown"];
 // The API's alias for failed and failed_max_retries: a non-retryable error
 // or a spent budget. Cancelled jobs are left out: an operator stopped them.
 export const GIVEN_UP = "permanently_failed";
-const PAGE = 100;
 const ATTENTION = 20;
 // Statuses with a pending retry to cancel; the API answers 409 for the rest.
 const PENDING = new Set(["retrying", "held", "in_progress"]);
@@ -26,78 +26,39 @@ const COLUMNS = ["ID", "Type", "Status", "Priority", "Retries", "Last error", "U
 export async function render(root, params, { navigate }) {
   let p = { ...params };
   const go = (patch) => navigate("jobs", { ...p, ...patch });
-  const list = h("tbody");
+  const tbody = h("tbody");
   const attention = h("tbody");
-  const count = h("span", { class: "count", "data-test": "jobs-count" });
   const attentionCount = h("span", { class: "count", "data-test": "attention-count" });
-  const more = h("button", { class: "small", "data-test": "jobs-more", hidden: true, text: "More", onclick: () => load(true).catch((e) => toast(e.message, true)) });
   const detail = h("section", { class: "panel detail", "data-test": "job-detail", hidden: true });
-  const controls = {};
-  let rows = [];
-  let cursor = "";
-
-  const filterSelect = (name, label, options) => {
-    controls[name] = h("select", { name, "data-test": `jobs-filter-${name}`, onchange: (e) => go({ [name]: e.target.value, job: "" }) },
-      options.map(([v, text]) => h("option", { value: v, text })));
-    return h("label", {}, label, controls[name]);
-  };
+  const filters = list.filters("jobs", "job", go);
+  // Up to the API's 1000 a page.
+  const jobs = list.pages({ view: "jobs", noun: "job", max: 1000, limit: () => p.limit,
+    fetch: async (limit, cursor) => {
+      const page = await api.listJobs({ job_type: p.job_type, status: p.status, priority: p.priority, error_class: p.error_class, limit, cursor });
+      return { rows: page.jobs, next_cursor: page.next_cursor };
+    },
+    shown: (rows) => drawRows(tbody, rows, "No jobs match these filters.") });
   const statusOptions = [["", "any status"], [GIVEN_UP, "failed or failed_max_retries"], ...STATUSES.map((s) => [s, s])];
   const bulkPanel = bulk.panel({ statuses: STATUSES, classes: CLASSES, givenUp: GIVEN_UP });
   const layout = h("div", { class: "split jobs" },
     h("section", { class: "panel", "data-test": "jobs-list" },
       h("div", { class: "filters" },
-        h("label", {}, "Job type", (controls.job_type = h("input", { name: "job_type", "data-test": "jobs-filter-job_type", placeholder: "e.g. send_email",
-          onchange: (e) => go({ job_type: e.target.value.trim(), job: "" }) }))),
-        filterSelect("status", "Status", statusOptions),
-        filterSelect("priority", "Priority", [["", "any priority"], ...PRIORITIES.map((v) => [v, v])]),
-        filterSelect("error_class", "Last error class", [["", "any class"], ...CLASSES.map((c) => [c, c])]),
-        count),
-      h("div", { class: "table-wrap" }, h("table", {}, head(), list)),
-      h("div", { class: "panel-body", style: { "text-align": "center" } }, more)),
+        filters.input("job_type", "Job type", "e.g. send_email"),
+        filters.select("status", "Status", statusOptions),
+        filters.select("priority", "Priority", [["", "any priority"], ...PRIORITIES.map((v) => [v, v])]),
+        filters.select("error_class", "Last error class", [["", "any class"], ...CLASSES.map((c) => [c, c])]),
+        jobs.count),
+      h("div", { class: "table-wrap" }, h("table", {}, list.head(COLUMNS), tbody)),
+      h("div", { class: "panel-body", style: { "text-align": "center" } }, jobs.more)),
     detail);
   root.appendChild(h("div", { class: "stack" },
     h("div", { class: "grid2" },
       h("section", { class: "panel", "data-test": "jobs-attention" },
         h("div", { class: "panel-head" }, h("h2", { text: "Needs attention" }), attentionCount),
-        h("div", { class: "table-wrap" }, h("table", {}, head(), attention))),
+        h("div", { class: "table-wrap" }, h("table", {}, list.head(COLUMNS), attention))),
       bulkPanel.el),
     layout));
-  syncControls();
-
-  // syncControls shows the filters of the hash, which the back button
-  // changes too; a class the list does not know is added to it.
-  function syncControls() {
-    for (const k of FILTERS) {
-      const el = controls[k];
-      const v = p[k] || "";
-      if (el.tagName === "SELECT" && ![...el.options].some((o) => o.value === v)) el.appendChild(h("option", { value: v, text: v }));
-      el.value = v;
-    }
-  }
-
-  // pageSize: ?limit= of the hash, else PAGE.
-  const pageSize = () => Math.min(Math.max(Number(p.limit) || PAGE, 1), 1000);
-
-  // Loads run one after another, so the last one asked for is the one
-  // shown: a filter changed twice, "More" during a refresh.
-  let loading = Promise.resolve();
-  function load(append = false) {
-    const next = loading.then(() => loadPage(append));
-    loading = next.catch(() => {});
-    return next;
-  }
-
-  async function loadPage(append) {
-    // A refresh reads as many jobs as are shown, so the pages "More"
-    // added stay (up to the API's 1000).
-    const limit = append ? pageSize() : Math.min(Math.max(rows.length, pageSize()), 1000);
-    const page = await api.listJobs({ job_type: p.job_type, status: p.status, priority: p.priority, error_class: p.error_class, limit, cursor: append ? cursor : "" });
-    rows = append ? rows.concat(page.jobs) : page.jobs;
-    cursor = page.next_cursor || "";
-    more.hidden = !cursor;
-    count.textContent = `${rows.length}${cursor ? "+" : ""} ${rows.length === 1 ? "job" : "jobs"}`;
-    drawRows(list, rows, "No jobs match these filters.");
-  }
+  filters.sync(p);
 
   async function loadAttention() {
     const page = await api.listJobs({ status: GIVEN_UP, limit: ATTENTION });
@@ -106,16 +67,9 @@ export async function render(root, params, { navigate }) {
     drawRows(attention, page.jobs, "No failed job needs an operator.");
   }
 
-  function drawRows(tbody, jobs, empty) {
-    clear(tbody);
-    if (!jobs.length) {
-      tbody.appendChild(h("tr", {}, h("td", { colspan: COLUMNS.length, class: "empty", text: empty })));
-      return;
-    }
-    const now = Date.now();
-    for (const j of jobs) {
-      tbody.appendChild(h("tr", { class: `clickable${p.job === j.id ? " selected" : ""}`, "data-id": j.id, "data-status": j.status,
-        onclick: () => go({ job: j.id }) },
+  function drawRows(body, rows, empty) {
+    list.drawRows(body, rows, COLUMNS, empty, (j, now) =>
+      list.itemRow(j, p.job, (id) => go({ job: id }),
         h("td", { class: "id", title: j.id, text: shortID(j.id) }),
         h("td", { class: "mono", text: j.job_type }),
         h("td", {}, badge(j.status)),
@@ -123,22 +77,9 @@ export async function render(root, params, { navigate }) {
         h("td", { class: "num", text: `${j.retry_count}/${j.max_retries ?? "–"}` }),
         h("td", { class: "lasterr", title: j.last_error_message || "" }, classTag(j.last_error_class)),
         h("td", { class: "nowrap muted", title: j.updated_at, text: relTime(j.updated_at, now) })));
-    }
   }
 
-  async function loadDetail() {
-    layout.classList.toggle("with-detail", !!p.job);
-    detail.hidden = !p.job;
-    if (!p.job) return;
-    let view;
-    try {
-      view = await api.getJob(p.job);
-    } catch (e) {
-      clear(detail).appendChild(h("div", { class: "panel-body" }, h("p", { class: "err", text: e.status === 404 ? `No job ${p.job}.` : e.message })));
-      return;
-    }
-    drawDetail(p.job, view);
-  }
+  const loadDetail = () => list.loadDetail(layout, detail, "job", () => p.job, api.getJob, (view) => drawDetail(p.job, view));
 
   function drawDetail(id, { job: j, history }) {
     const now = Date.now();
@@ -188,7 +129,7 @@ export async function render(root, params, { navigate }) {
   }
 
   async function refresh() {
-    await Promise.all([load(false), loadAttention(), loadDetail(), bulkPanel.refresh()]);
+    await Promise.all([jobs.load(false), loadAttention(), loadDetail(), bulkPanel.refresh()]);
   }
 
   await refresh();
@@ -197,22 +138,18 @@ export async function render(root, params, { navigate }) {
     destroy: bulkPanel.destroy,
     async update(params) {
       const next = { ...params };
-      const listChanged = [...FILTERS, "limit"].some((k) => (next[k] || "") !== (p[k] || ""));
+      const listChanged = list.changed([...FILTERS, "limit"], next, p);
       p = next;
-      syncControls();
+      filters.sync(p);
       if (listChanged) {
-        rows = [];
-        await Promise.all([load(false), loadDetail()]);
+        jobs.reset();
+        await Promise.all([jobs.load(false), loadDetail()]);
         return;
       }
-      drawRows(list, rows, "No jobs match these filters.");
+      drawRows(tbody, jobs.rows(), "No jobs match these filters.");
       await Promise.all([loadAttention(), loadDetail()]);
     },
   };
-}
-
-function head() {
-  return h("thead", {}, h("tr", {}, COLUMNS.map((t) => h("th", { text: t }))));
 }
 
 // shortID keeps a ULID's time part and a little more: enough to tell jobs
@@ -221,25 +158,14 @@ function shortID(id) {
   return id.length > 12 ? id.slice(0, 10) + "…" : id;
 }
 
-function kv(k, v) {
-  return [h("dt", { text: k }), h("dd", { text: v })];
-}
-
-// A manual retry without a reset may go past the budget; "3 of 2" would
-// read as a counting error.
-function retriesUsed(j) {
-  if (j.max_retries === null || j.max_retries === undefined) return String(j.retry_count);
-  const used = j.retry_count > j.max_retries ? `${j.retry_count}, over the ${j.max_retries} allowed` : `${j.retry_count} of ${j.max_retries}`;
-  return j.retry_enabled ? used : `${used} (retries disabled)`;
-}
-
 function facts(j, now) {
+  const kv = list.kv;
   const at = (iso) => `${dateTime(iso)} (${relTime(iso, now)})`;
   return [
     kv("Status", j.status_reason ? `${j.status} (${j.status_reason})` : j.status),
     kv("Priority", j.priority || "normal"),
     kv("Attempt", String(j.attempt)),
-    kv("Retries used", retriesUsed(j)),
+    kv("Retries used", list.retriesUsed(j)),
     j.current_step ? kv("Current step", j.current_step) : null,
     j.last_error_class || j.last_error_message ? kv("Last error", [j.last_error_class, j.last_error_message].filter(Boolean).join(": ")) : null,
     j.next_retry_at && PENDING.has(j.status) ? kv("Next retry", at(j.next_retry_at)) : null,

@@ -8,6 +8,7 @@ import { api } from "./api.js";
 import { h, clear, badge, classTag, relTime, dateTime, trunc } from "./dom.js";
 import { actionDialog, toast } from "./dialog.js";
 import { CLASSES } from "./jobs.js";
+import * as list from "./list.js";
 
 export const STATUSES = ["requested", "in_progress", "retrying", "failed_max_retries", "failed", "completed"];
 // The API's alias for failed and failed_max_retries, as on the jobs view.
@@ -15,86 +16,39 @@ const GIVEN_UP = "permanently_failed";
 // Statuses of a run that failed: only those have a retry at the
 // scheduler, so only those are offered one.
 const RETRYABLE = new Set(["retrying", "failed", "failed_max_retries"]);
-const PAGE = 100;
-const MAX_PAGE = 500;
 const FILTERS = ["workflow", "status", "error_class"];
 const COLUMNS = ["ID", "Workflow", "Status", "Attempt", "Retries", "Node", "Last error", "Requested"];
 
 export async function render(root, params, { navigate }) {
   let p = { ...params };
   const go = (patch) => navigate("runs", { ...p, ...patch });
-  const list = h("tbody");
-  const count = h("span", { class: "count", "data-test": "runs-count" });
-  const more = h("button", { class: "small", "data-test": "runs-more", hidden: true, text: "More", onclick: () => load(true).catch((e) => toast(e.message, true)) });
+  const tbody = h("tbody");
   const detail = h("section", { class: "panel detail", "data-test": "run-detail", hidden: true });
-  const controls = {};
-  let rows = [];
-  let cursor = "";
-
-  const filterSelect = (name, label, options) => {
-    controls[name] = h("select", { name, "data-test": `runs-filter-${name}`, onchange: (e) => go({ [name]: e.target.value, run: "" }) },
-      options.map(([v, text]) => h("option", { value: v, text })));
-    return h("label", {}, label, controls[name]);
-  };
+  const filters = list.filters("runs", "run", go);
+  // Up to the API's 500 a page.
+  const runs = list.pages({ view: "runs", noun: "run", max: 500, limit: () => p.limit,
+    fetch: async (limit, cursor) => {
+      const page = await api.listRuns({ workflow: p.workflow, status: p.status, error_class: p.error_class, limit, cursor });
+      return { rows: page.runs, next_cursor: page.next_cursor };
+    },
+    shown: drawRows });
   const statusOptions = [["", "any status"], [GIVEN_UP, "failed or failed_max_retries"], ...STATUSES.map((s) => [s, s])];
   const layout = h("div", { class: "split runs" },
     h("section", { class: "panel", "data-test": "runs-list" },
       h("div", { class: "filters" },
-        h("label", {}, "Workflow", (controls.workflow = h("input", { name: "workflow", "data-test": "runs-filter-workflow", placeholder: "e.g. onboard",
-          onchange: (e) => go({ workflow: e.target.value.trim(), run: "" }) }))),
-        filterSelect("status", "Status", statusOptions),
-        filterSelect("error_class", "Last error class", [["", "any class"], ...CLASSES.map((c) => [c, c])]),
-        count),
-      h("div", { class: "table-wrap" }, h("table", {}, head(), list)),
-      h("div", { class: "panel-body", style: { "text-align": "center" } }, more)),
+        filters.input("workflow", "Workflow", "e.g. onboard"),
+        filters.select("status", "Status", statusOptions),
+        filters.select("error_class", "Last error class", [["", "any class"], ...CLASSES.map((c) => [c, c])]),
+        runs.count),
+      h("div", { class: "table-wrap" }, h("table", {}, list.head(COLUMNS), tbody)),
+      h("div", { class: "panel-body", style: { "text-align": "center" } }, runs.more)),
     detail);
   root.appendChild(layout);
-  syncControls();
+  filters.sync(p);
 
-  // syncControls shows the filters of the hash, which the back button
-  // changes too; a class or status the list does not know is added to it.
-  function syncControls() {
-    for (const k of FILTERS) {
-      const el = controls[k];
-      const v = p[k] || "";
-      if (el.tagName === "SELECT" && ![...el.options].some((o) => o.value === v)) el.appendChild(h("option", { value: v, text: v }));
-      el.value = v;
-    }
-  }
-
-  const pageSize = () => Math.min(Math.max(Number(p.limit) || PAGE, 1), MAX_PAGE);
-
-  // Loads run one after another, so the last one asked for is the one
-  // shown: a filter changed twice, "More" during a refresh.
-  let loading = Promise.resolve();
-  function load(append = false) {
-    const next = loading.then(() => loadPage(append));
-    loading = next.catch(() => {});
-    return next;
-  }
-
-  async function loadPage(append) {
-    // A refresh reads as many runs as are shown, so the pages "More"
-    // added stay (up to the API's 500).
-    const limit = append ? pageSize() : Math.min(Math.max(rows.length, pageSize()), MAX_PAGE);
-    const page = await api.listRuns({ workflow: p.workflow, status: p.status, error_class: p.error_class, limit, cursor: append ? cursor : "" });
-    rows = append ? rows.concat(page.runs) : page.runs;
-    cursor = page.next_cursor || "";
-    more.hidden = !cursor;
-    count.textContent = `${rows.length}${cursor ? "+" : ""} ${rows.length === 1 ? "run" : "runs"}`;
-    drawRows();
-  }
-
-  function drawRows() {
-    clear(list);
-    if (!rows.length) {
-      list.appendChild(h("tr", {}, h("td", { colspan: COLUMNS.length, class: "empty", text: "No runs match these filters." })));
-      return;
-    }
-    const now = Date.now();
-    for (const r of rows) {
-      list.appendChild(h("tr", { class: `clickable${p.run === r.id ? " selected" : ""}`, "data-id": r.id, "data-status": r.status,
-        onclick: () => go({ run: r.id }) },
+  function drawRows(rows) {
+    list.drawRows(tbody, rows, COLUMNS, "No runs match these filters.", (r, now) =>
+      list.itemRow(r, p.run, (id) => go({ run: id }),
         h("td", { class: "id", title: r.id, text: shortID(r.id) }),
         h("td", { class: "mono", text: r.workflow }),
         h("td", {}, badge(r.status)),
@@ -103,22 +57,9 @@ export async function render(root, params, { navigate }) {
         h("td", { class: "mono", text: r.current_node_id || "" }),
         h("td", { class: "lasterr", title: r.last_error_message || "" }, classTag(r.last_error_class)),
         h("td", { class: "nowrap muted", title: r.requested_at, text: relTime(r.requested_at, now) })));
-    }
   }
 
-  async function loadDetail() {
-    layout.classList.toggle("with-detail", !!p.run);
-    detail.hidden = !p.run;
-    if (!p.run) return;
-    let view;
-    try {
-      view = await api.getRun(p.run);
-    } catch (e) {
-      clear(detail).appendChild(h("div", { class: "panel-body" }, h("p", { class: "err", text: e.status === 404 ? `No run ${p.run}.` : e.message })));
-      return;
-    }
-    drawDetail(view);
-  }
+  const loadDetail = () => list.loadDetail(layout, detail, "run", () => p.run, api.getRun, drawDetail);
 
   function drawDetail({ run: r, steps }) {
     const now = Date.now();
@@ -167,7 +108,7 @@ export async function render(root, params, { navigate }) {
   }
 
   async function refresh() {
-    await Promise.all([load(false), loadDetail()]);
+    await Promise.all([runs.load(false), loadDetail()]);
   }
 
   await refresh();
@@ -175,22 +116,18 @@ export async function render(root, params, { navigate }) {
     refresh,
     async update(params) {
       const next = { ...params };
-      const listChanged = [...FILTERS, "limit"].some((k) => (next[k] || "") !== (p[k] || ""));
+      const listChanged = list.changed([...FILTERS, "limit"], next, p);
       p = next;
-      syncControls();
+      filters.sync(p);
       if (listChanged) {
-        rows = [];
+        runs.reset();
         await refresh();
         return;
       }
-      drawRows();
+      drawRows(runs.rows());
       await loadDetail();
     },
   };
-}
-
-function head() {
-  return h("thead", {}, h("tr", {}, COLUMNS.map((t) => h("th", { text: t }))));
 }
 
 // shortID: run ids are "run-" and 26 characters; the full id is the
@@ -199,22 +136,13 @@ function shortID(id) {
   return id.length > 16 ? id.slice(0, 14) + "…" : id;
 }
 
-function kv(k, v, test) {
-  return [h("dt", { text: k }), h("dd", { text: v, "data-test": test })];
-}
-
-function retriesUsed(r) {
-  if (r.max_retries === null || r.max_retries === undefined) return String(r.retry_count);
-  const used = r.retry_count > r.max_retries ? `${r.retry_count}, over the ${r.max_retries} allowed` : `${r.retry_count} of ${r.max_retries}`;
-  return r.retry_enabled ? used : `${used} (retries disabled)`;
-}
-
 function facts(r, now) {
+  const kv = list.kv;
   const at = (iso) => `${dateTime(iso)} (${relTime(iso, now)})`;
   return [
     kv("Status", r.status),
     kv("Attempt", String(r.attempt), "run-attempt"),
-    kv("Retries used", retriesUsed(r), "run-retries"),
+    kv("Retries used", list.retriesUsed(r), "run-retries"),
     r.next_retry_at && r.status === "retrying" ? kv("Next retry", at(r.next_retry_at), "run-next-retry") : null,
     r.current_node_id ? kv("Current node", r.current_node_id) : null,
     r.last_error_class || r.last_error_message

@@ -2,11 +2,8 @@ package triggerstore
 
 import (
 	"context"
-	"encoding/base64"
 	"errors"
 	"fmt"
-	"strings"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -62,9 +59,9 @@ func ListRuns(ctx context.Context, db DB, f RunFilter, limit int, cursor string)
 		w.Add("last_error_class = ?", f.ErrorClass)
 	}
 	if cursor != "" {
-		at, id, err := decodeRunCursor(cursor)
-		if err != nil {
-			return RunPage{}, fmt.Errorf("list runs: %w", err)
+		at, id, ok := pgquery.DecodeTimeCursor(cursor)
+		if !ok {
+			return RunPage{}, fmt.Errorf("list runs: %w", ErrBadRunCursor)
 		}
 		w.Add("(requested_at, run_id) < (?, ?)", at, id)
 	}
@@ -82,27 +79,7 @@ func ListRuns(ctx context.Context, db DB, f RunFilter, limit int, cursor string)
 	if len(page.Runs) > limit {
 		page.Runs = page.Runs[:limit]
 		last := page.Runs[limit-1]
-		page.NextCursor = encodeRunCursor(last.RequestedAt, last.ID)
+		page.NextCursor = pgquery.EncodeTimeCursor(last.RequestedAt, last.ID)
 	}
 	return page, nil
-}
-
-func encodeRunCursor(at time.Time, id string) string {
-	return base64.RawURLEncoding.EncodeToString([]byte(at.UTC().Format(time.RFC3339Nano) + "|" + id))
-}
-
-func decodeRunCursor(c string) (time.Time, string, error) {
-	b, err := base64.RawURLEncoding.DecodeString(c)
-	if err != nil {
-		return time.Time{}, "", ErrBadRunCursor
-	}
-	ts, id, ok := strings.Cut(string(b), "|")
-	if !ok || id == "" {
-		return time.Time{}, "", ErrBadRunCursor
-	}
-	at, err := time.Parse(time.RFC3339Nano, ts)
-	if err != nil {
-		return time.Time{}, "", ErrBadRunCursor
-	}
-	return at, id, nil
 }
