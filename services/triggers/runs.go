@@ -112,10 +112,6 @@ func (s *Service) handleRunFinished(ctx context.Context, msg jetstream.Msg) erro
 			duplicate = true
 			return nil
 		}
-		now, err := triggerstore.Now(ctx, tx)
-		if err != nil {
-			return err
-		}
 		if failed {
 			e := contract.ErrorInfo{Message: "run failed"}
 			if data.Error != nil {
@@ -127,14 +123,14 @@ func (s *Service) handleRunFinished(ctx context.Context, msg jetstream.Msg) erro
 			if err != nil || !changed {
 				return unknownRun(err, &unknown)
 			}
-			return s.runFailure(ctx, tx, run, e, now)
+			return s.runFailure(ctx, tx, run, e, *run.LastErrorTimestamp)
 		}
 		run, changed, err = triggerstore.CompleteRun(ctx, tx, data.RunID, data.Executor)
 		if err != nil || !changed {
 			return unknownRun(err, &unknown)
 		}
 		if run.Retried() {
-			if err := s.runSucceeded(ctx, tx, run, now); err != nil {
+			if err := s.runSucceeded(ctx, tx, run, *run.FinishedAt); err != nil {
 				return err
 			}
 		}
