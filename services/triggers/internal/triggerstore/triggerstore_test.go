@@ -621,3 +621,47 @@ func TestRunRetryPath(t *testing.T) {
 		return nil
 	}))
 }
+
+// An operator's retry of a run that ended takes a slot like a new run:
+// with the trigger's max concurrency in flight it is refused as full and
+// nothing changes; once a slot is free it launches.
+func TestRelaunchOfAnEndedRunWaitsForASlot(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := b.ctx
+	_, err := triggerstore.CreateTrigger(ctx, b.pool, "t1", definition()) // max concurrency 2
+	require.NoError(t, err)
+	for _, id := range []string{"ended", "a", "b"} {
+		_, err := triggerstore.InsertRun(ctx, b.pool, triggerstore.Run{ID: id, Workflow: "onboard", DeliveryID: "d-" + id, TriggerID: "t1", RequestedAt: time.Now()})
+		require.NoError(t, err)
+	}
+	_, _, err = triggerstore.FailRun(ctx, b.pool, "ended", triggerstore.RunFailure{Attempt: 1, Class: "validation", Message: "bad"})
+	require.NoError(t, err)
+	_, changed, err := triggerstore.EndRun(ctx, b.pool, "ended", triggerstore.RunFailed, "exhausted: non_retryable", 0, nil)
+	require.NoError(t, err)
+	require.True(t, changed)
+
+	relaunch := func() (triggerstore.Run, bool, bool) {
+		var r triggerstore.Run
+		var changed, full bool
+		require.NoError(t, pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+			var err error
+			r, changed, full, err = triggerstore.RelaunchRun(ctx, tx, "ended", 2, time.Minute)
+			return err
+		}))
+		return r, changed, full
+	}
+	r, changed, full := relaunch()
+	require.True(t, full, "a and b hold both slots")
+	require.False(t, changed)
+	require.Equal(t, triggerstore.RunFailed, r.Status)
+
+	_, _, err = triggerstore.CompleteRun(ctx, b.pool, "a", "")
+	require.NoError(t, err)
+	r, changed, full = relaunch()
+	require.False(t, full)
+	require.True(t, changed)
+	require.Equal(t, triggerstore.RunRequested, r.Status)
+	require.Equal(t, 2, r.Attempt)
+	require.Nil(t, r.FinishedAt)
+}
