@@ -1,0 +1,186 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats-server/v2/server"
+)
+
+// costProbe reads the counters of one system run at the start and the end
+// of its measured window, and profiles the bench process's CPU in between.
+type costProbe struct {
+	pg     *pgServer
+	db     string      // the system's database
+	ns     *natsServer // nil for a system without NATS (River)
+	system string
+	run    int
+	dir    string // --profile-dir; "" keeps the profile in memory only
+
+	conn       *pgx.Conn
+	postmaster int // 0: Postgres CPU unavailable
+	pmErr      error
+
+	mu       sync.Mutex
+	begun    chan struct{}
+	start    counters
+	profile  *cpuProfile
+	startErr error
+}
+
+// newCostProbe connects to the admin database; the connection and its
+// queries stay in the admin database, outside the system's statements.
+func newCostProbe(ctx context.Context, pg *pgServer, db string, ns *natsServer, system string, run int, dir string) (*costProbe, error) {
+	conn, err := pgx.Connect(ctx, pg.admin)
+	if err != nil {
+		return nil, fmt.Errorf("connect to postgres: %w", err)
+	}
+	p := &costProbe{pg: pg, db: db, ns: ns, system: system, run: run, dir: dir, conn: conn, begun: make(chan struct{})}
+	p.postmaster, p.pmErr = pg.postmasterPID(ctx)
+	return p, nil
+}
+
+// begin reads the counters as the window opens. The meter calls it from a
+// goroutine of its own, so the owner callback that opened the window is
+// not held up.
+func (p *costProbe) begin(ctx context.Context) {
+	defer close(p.begun)
+	c, err := p.read(ctx)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.start, p.startErr = c, err
+	// After the reads, so the profile holds the window and not the probe.
+	p.profile = startCPUProfile()
+}
+
+// end reads the counters as the window closes and returns the window's
+// cost; completed and dur are the meter's.
+func (p *costProbe) end(ctx context.Context, completed int, dur time.Duration) (costRun, []string) {
+	<-p.begun
+	p.mu.Lock()
+	prof, start, startErr := p.profile, p.start, p.startErr
+	p.mu.Unlock()
+	var notes []string
+	split, err := prof.stop(p.path())
+	if err != nil {
+		notes = append(notes, "CPU split unavailable: "+err.Error())
+	}
+	c, err := p.read(ctx)
+	if err == nil {
+		err = startErr
+	}
+	if err != nil {
+		notes = append(notes, "counters: "+err.Error())
+	}
+	return costRun{delta: c.sub(start), dur: dur, completed: completed, cpuSplit: split}, notes
+}
+
+func (p *costProbe) path() string {
+	if p.dir == "" {
+		return ""
+	}
+	return fmt.Sprintf("%s/cycles-%s-run%d.pprof", p.dir, p.system, p.run)
+}
+
+func (p *costProbe) close(ctx context.Context) {
+	_ = p.conn.Close(context.WithoutCancel(ctx))
+}
+
+// read takes one reading. What cannot be read stays unavailable; only a
+// failed query on a server that should answer it is an error.
+func (p *costProbe) read(ctx context.Context) (counters, error) {
+	var c counters
+	if self, err := readProcStat(os.Getpid()); err == nil {
+		c.set(costBenchCPU, int64(self.ownTicks()))
+	}
+	if p.postmaster > 0 {
+		if pm, err := readProcStat(p.postmaster); err == nil {
+			if kids, err := childrenOf(p.postmaster); err == nil {
+				c.set(costPostgresCPU, int64(treeTicks(pm, kids)))
+			}
+		}
+	}
+	if p.pg.noStatements == "" {
+		var n int64
+		err := p.conn.QueryRow(ctx, `SELECT coalesce(sum(s.calls), 0)::bigint
+			FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid WHERE d.datname = $1`, p.db).Scan(&n)
+		if err != nil {
+			return c, fmt.Errorf("read pg_stat_statements: %w", err)
+		}
+		c.set(costStatements, n)
+	}
+	var xacts, rows, wal int64
+	err := p.conn.QueryRow(ctx, `SELECT xact_commit + xact_rollback, tup_inserted + tup_updated + tup_deleted,
+			pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint
+		FROM pg_stat_database WHERE datname = $1`, p.db).Scan(&xacts, &rows, &wal)
+	if err != nil {
+		return c, fmt.Errorf("read pg_stat_database: %w", err)
+	}
+	c.set(costXacts, xacts)
+	c.set(costRowsWritten, rows)
+	c.set(costWALBytes, wal)
+	if p.ns != nil {
+		if err := p.readNATS(&c); err != nil {
+			return c, err
+		}
+	}
+	return c, nil
+}
+
+// readNATS reads the server's own view (no client round trips, which
+// would add to the bytes counted).
+func (p *costProbe) readNATS(c *counters) error {
+	vz, err := p.ns.srv.Varz(nil)
+	if err != nil {
+		return fmt.Errorf("read nats varz: %w", err)
+	}
+	c.set(costNATSBytes, vz.InBytes+vz.OutBytes)
+	jsz, err := p.ns.srv.Jsz(&server.JSzOptions{Streams: true, Accounts: true})
+	if err != nil {
+		return fmt.Errorf("read jetstream state: %w", err)
+	}
+	var msgs, bytes int64
+	for _, acc := range jsz.AccountDetails {
+		for _, st := range acc.Streams {
+			// Streams keep messages for days (limits retention), so the
+			// last sequence counts the messages stored in the window and
+			// the bytes only grow.
+			msgs += int64(st.State.LastSeq)
+			bytes += int64(st.State.Bytes)
+		}
+	}
+	c.set(costJSMsgs, msgs)
+	c.set(costJSBytes, bytes)
+	return nil
+}
+
+// measureCost has meter read the costs of its window: the first reading as
+// the window opens, the second when finish is called once the window is
+// over. A probe that cannot start leaves the figures unavailable, not the
+// run failed.
+func measureCost(ctx context.Context, env Env, meter *cycleMeter, db string, ns *natsServer, system string) (finish func(*cycleResult)) {
+	if env.cycleRun == 0 {
+		// Not the cycles scenario (growth runs cycles too).
+		return func(*cycleResult) {}
+	}
+	p, err := newCostProbe(ctx, env.pg, db, ns, system, env.cycleRun, env.ProfileDir)
+	if err != nil {
+		return func(res *cycleResult) { res.costNotes = append(res.costNotes, "cost probe: "+err.Error()) }
+	}
+	meter.onOpen = func() { p.begin(ctx) }
+	return func(res *cycleResult) {
+		defer p.close(ctx)
+		run, notes := p.end(ctx, res.completed, res.dur)
+		res.cost, res.costNotes = &run, append(res.costNotes, notes...)
+		if p.pmErr != nil {
+			res.costNotes = append(res.costNotes, "Postgres CPU unavailable: "+p.pmErr.Error())
+		}
+		if env.pg.noStatements != "" {
+			res.costNotes = append(res.costNotes, "statements unavailable (pg_stat_statements: "+env.pg.noStatements+")")
+		}
+	}
+}
