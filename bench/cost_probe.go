@@ -19,7 +19,7 @@ type costProbe struct {
 	ns     *natsServer // nil for a system without NATS (River)
 	system string
 	run    int
-	dir    string // --profile-dir; "" keeps the profile in memory only
+	prefix string // --cycles-profile; "" keeps the profile in memory only
 
 	conn       *pgx.Conn
 	postmaster int // 0: Postgres CPU unavailable
@@ -34,12 +34,12 @@ type costProbe struct {
 
 // newCostProbe connects to the admin database; the connection and its
 // queries stay in the admin database, outside the system's statements.
-func newCostProbe(ctx context.Context, pg *pgServer, db string, ns *natsServer, system string, run int, dir string) (*costProbe, error) {
+func newCostProbe(ctx context.Context, pg *pgServer, db string, ns *natsServer, system string, run int, prefix string) (*costProbe, error) {
 	conn, err := pgx.Connect(ctx, pg.admin)
 	if err != nil {
 		return nil, fmt.Errorf("connect to postgres: %w", err)
 	}
-	p := &costProbe{pg: pg, db: db, ns: ns, system: system, run: run, dir: dir, conn: conn, begun: make(chan struct{})}
+	p := &costProbe{pg: pg, db: db, ns: ns, system: system, run: run, prefix: prefix, conn: conn, begun: make(chan struct{})}
 	p.postmaster, p.pmErr = pg.postmasterPID(ctx)
 	return p, nil
 }
@@ -80,10 +80,10 @@ func (p *costProbe) end(ctx context.Context, completed int, dur time.Duration) (
 }
 
 func (p *costProbe) path() string {
-	if p.dir == "" {
+	if p.prefix == "" {
 		return ""
 	}
-	return fmt.Sprintf("%s/cycles-%s-run%d.pprof", p.dir, p.system, p.run)
+	return fmt.Sprintf("%s-%s-run%d.pprof", p.prefix, p.system, p.run)
 }
 
 func (p *costProbe) close(ctx context.Context) {
@@ -167,7 +167,7 @@ func measureCost(ctx context.Context, env Env, meter *cycleMeter, db string, ns 
 		// Not the cycles scenario (growth runs cycles too).
 		return func(*cycleResult) {}
 	}
-	p, err := newCostProbe(ctx, env.pg, db, ns, system, env.cycleRun, env.ProfileDir)
+	p, err := newCostProbe(ctx, env.pg, db, ns, system, env.cycleRun, env.CyclesProfile)
 	if err != nil {
 		return func(res *cycleResult) { res.costNotes = append(res.costNotes, "cost probe: "+err.Error()) }
 	}

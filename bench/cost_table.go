@@ -9,15 +9,29 @@ import (
 // costRow is one line of the per-cycle cost table.
 type costRow struct {
 	label  string
-	metric string // record name (cycles, SYSTEM, cost_METRIC_per_cycle)
+	metric string // record name: cost_METRIC_per_cycle, or cost_METRIC when unit is cores
 	unit   string
 	value  func(t costTotal) (float64, bool)
 	format func(v float64) string
 }
 
-func countFmt(v float64) string { return fmt.Sprintf("%.2f", v) }
+// River's statements and transactions are well under one per cycle (it
+// works jobs in sets), so small figures get more digits.
+func countFmt(v float64) string {
+	if v < 0.1 {
+		return fmt.Sprintf("%.4f", v)
+	}
+	return fmt.Sprintf("%.2f", v)
+}
+
 func bytesFmt(v float64) string { return fmt.Sprintf("%.0f B", v) }
-func msFmt(v float64) string    { return fmt.Sprintf("%.3f ms", v) }
+
+func msFmt(v float64) string {
+	if v < 0.01 {
+		return fmt.Sprintf("%.4f ms", v)
+	}
+	return fmt.Sprintf("%.3f ms", v)
+}
 
 func perCycleRow(label, metric, unit string, m costMetric, format func(float64) string) costRow {
 	return costRow{label: label, metric: metric, unit: unit, format: format,
@@ -32,8 +46,8 @@ func cpuRow(label, metric string, m costMetric, hz int) costRow {
 		}}
 }
 
-func splitRow(component string, hz int) costRow {
-	return costRow{label: "  of which " + component, metric: "cpu_" + component, unit: "ms", format: msFmt,
+func splitRow(component, metric string, hz int) costRow {
+	return costRow{label: "  of which " + component, metric: metric, unit: "ms", format: msFmt,
 		value: func(t costTotal) (float64, bool) {
 			split, ok := t.splitPerCycle(hz)
 			d, has := split[component]
@@ -97,11 +111,11 @@ func printCycleCost(env Env, costs map[string]*costTotal) {
 		perCycleRow("JetStream bytes stored", "js_bytes", "B", costJSBytes, bytesFmt),
 		perCycleRow("NATS bytes in + out (all connections)", "nats_bytes", "B", costNATSBytes, bytesFmt),
 		cpuRow("CPU, bench process (/proc)", "cpu_bench", costBenchCPU, hz),
-		splitRow(compScheduler, hz),
-		splitRow(compNATS, hz),
-		splitRow(compRiver, hz),
-		splitRow(compOwner, hz),
-		splitRow(compRuntime, hz),
+		splitRow(compScheduler, "cpu_scheduler", hz),
+		splitRow(compNATS, "cpu_nats_server", hz),
+		splitRow(compRiver, "cpu_river_client", hz),
+		splitRow(compOwner, "cpu_owner", hz),
+		splitRow(compRuntime, "cpu_runtime", hz),
 		cpuRow("CPU, Postgres (postmaster and children)", "cpu_postgres", costPostgresCPU, hz),
 		totalCPURow(hz),
 		busyRow("cores busy, bench process (not per cycle)", "cores_bench", costBenchCPU, hz),
@@ -139,7 +153,11 @@ func printCycleCost(env Env, costs map[string]*costTotal) {
 			}
 			seen = true
 			cells = append(cells, r.format(v))
-			env.rec.add("cycles", n, "cost_"+r.metric+"_per_cycle", v, r.unit, map[string]any{"cycles": costs[n].completed, "seconds": costs[n].dur.Seconds()})
+			name := "cost_" + r.metric + "_per_cycle"
+			if r.unit == "cores" {
+				name = "cost_" + r.metric
+			}
+			env.rec.add("cycles", n, name, v, r.unit, map[string]any{"cycles": costs[n].completed, "seconds": costs[n].dur.Seconds()})
 		}
 		if !seen {
 			continue
