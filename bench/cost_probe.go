@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"sync"
@@ -70,10 +71,7 @@ func (p *costProbe) end(ctx context.Context, completed int, dur time.Duration) (
 		notes = append(notes, "CPU split unavailable: "+err.Error())
 	}
 	c, err := p.read(ctx)
-	if err == nil {
-		err = startErr
-	}
-	if err != nil {
+	if err = errors.Join(startErr, err); err != nil {
 		notes = append(notes, "counters: "+err.Error())
 	}
 	return costRun{delta: c.sub(start), dur: dur, completed: completed, cpuSplit: split}, notes
@@ -90,9 +88,11 @@ func (p *costProbe) close(ctx context.Context) {
 	_ = p.conn.Close(context.WithoutCancel(ctx))
 }
 
-// read takes one reading. What cannot be read stays unavailable; only a
-// failed query on a server that should answer it is an error.
+// read takes one reading. What cannot be read stays unavailable; a failed
+// query on a server that should answer it is also reported, after the
+// other counters are read.
 func (p *costProbe) read(ctx context.Context) (counters, error) {
+	var errs []error
 	var c counters
 	if self, err := readProcStat(os.Getpid()); err == nil {
 		c.set(costBenchCPU, int64(self.ownTicks()))
@@ -109,26 +109,28 @@ func (p *costProbe) read(ctx context.Context) (counters, error) {
 		err := p.conn.QueryRow(ctx, `SELECT coalesce(sum(s.calls), 0)::bigint
 			FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid WHERE d.datname = $1`, p.db).Scan(&n)
 		if err != nil {
-			return c, fmt.Errorf("read pg_stat_statements: %w", err)
+			errs = append(errs, fmt.Errorf("read pg_stat_statements: %w", err))
+		} else {
+			c.set(costStatements, n)
 		}
-		c.set(costStatements, n)
 	}
 	var xacts, rows, wal int64
 	err := p.conn.QueryRow(ctx, `SELECT xact_commit + xact_rollback, tup_inserted + tup_updated + tup_deleted,
 			pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint
 		FROM pg_stat_database WHERE datname = $1`, p.db).Scan(&xacts, &rows, &wal)
 	if err != nil {
-		return c, fmt.Errorf("read pg_stat_database: %w", err)
+		errs = append(errs, fmt.Errorf("read pg_stat_database: %w", err))
+	} else {
+		c.set(costXacts, xacts)
+		c.set(costRowsWritten, rows)
+		c.set(costWALBytes, wal)
 	}
-	c.set(costXacts, xacts)
-	c.set(costRowsWritten, rows)
-	c.set(costWALBytes, wal)
 	if p.ns != nil {
 		if err := p.readNATS(&c); err != nil {
-			return c, err
+			errs = append(errs, err)
 		}
 	}
-	return c, nil
+	return c, errors.Join(errs...)
 }
 
 // readNATS reads the server's own view (no client round trips, which

@@ -90,6 +90,10 @@ func startPostgres(ctx context.Context, adminURL, syncCommit string) (*pgServer,
 	// breakdown then says the figure is unavailable.
 	if _, err := conn.Exec(ctx, "CREATE EXTENSION IF NOT EXISTS pg_stat_statements"); err != nil {
 		p.noStatements = err.Error()
+	} else if _, err := conn.Exec(ctx, "SELECT 1 FROM pg_stat_statements LIMIT 1"); err != nil {
+		// The extension installs without the library; the view then
+		// fails ("must be loaded via shared_preload_libraries").
+		p.noStatements = err.Error()
 	}
 	return p, nil
 }
