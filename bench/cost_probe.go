@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"runtime/pprof"
 	"sync"
 	"time"
 
@@ -26,11 +27,14 @@ type costProbe struct {
 	postmaster int // 0: Postgres CPU unavailable
 	pmErr      error
 
+	// mu is held by begin for its reading, so abort cannot close the
+	// connection under it; closed makes a late begin do nothing.
 	mu       sync.Mutex
 	begun    chan struct{}
 	start    counters
 	profile  *cpuProfile
 	startErr error
+	closed   bool
 }
 
 // newCostProbe connects to the admin database; the connection and its
@@ -49,13 +53,31 @@ func newCostProbe(ctx context.Context, pg *pgServer, db string, ns *natsServer, 
 // goroutine of its own, so the owner callback that opened the window is
 // not held up.
 func (p *costProbe) begin(ctx context.Context) {
-	defer close(p.begun)
-	c, err := p.read(ctx)
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.start, p.startErr = c, err
+	defer close(p.begun)
+	if p.closed {
+		return
+	}
+	p.start, p.startErr = p.read(ctx)
 	// After the reads, so the profile holds the window and not the probe.
 	p.profile = startCPUProfile()
+}
+
+// abort ends the probe of a run that failed: it stops the profile begin
+// started (Go has one at a time, and the next run wants its own) and
+// closes the connection. After end it does nothing.
+func (p *costProbe) abort(ctx context.Context) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return
+	}
+	p.closed = true
+	if p.profile != nil && p.profile.err == nil {
+		pprof.StopCPUProfile()
+	}
+	p.close(ctx)
 }
 
 // end reads the counters as the window closes and returns the window's
@@ -63,8 +85,10 @@ func (p *costProbe) begin(ctx context.Context) {
 func (p *costProbe) end(ctx context.Context, completed int, dur time.Duration) (costRun, []string) {
 	<-p.begun
 	p.mu.Lock()
+	defer p.mu.Unlock()
+	defer p.close(ctx)
+	p.closed = true
 	prof, start, startErr := p.profile, p.start, p.startErr
-	p.mu.Unlock()
 	var notes []string
 	split, err := prof.stop(p.path())
 	if err != nil {
@@ -162,20 +186,20 @@ func (p *costProbe) readNATS(c *counters) error {
 
 // measureCost has meter read the costs of its window: the first reading as
 // the window opens, the second when finish is called once the window is
-// over. A probe that cannot start leaves the figures unavailable, not the
-// run failed.
-func measureCost(ctx context.Context, env Env, meter *cycleMeter, db string, ns *natsServer, system string) (finish func(*cycleResult)) {
+// over. A run that fails before that defers abort. A probe that cannot
+// start leaves the figures unavailable, not the run failed.
+func measureCost(ctx context.Context, env Env, meter *cycleMeter, db string, ns *natsServer, system string) (finish func(*cycleResult), abort func()) {
 	if env.cycleRun == 0 {
 		// Not the cycles scenario (growth runs cycles too).
-		return func(*cycleResult) {}
+		return func(*cycleResult) {}, func() {}
 	}
 	p, err := newCostProbe(ctx, env.pg, db, ns, system, env.cycleRun, env.CyclesProfile)
 	if err != nil {
-		return func(res *cycleResult) { res.costNotes = append(res.costNotes, "cost probe: "+err.Error()) }
+		return func(res *cycleResult) { res.costNotes = append(res.costNotes, "cost probe: "+err.Error()) }, func() {}
 	}
 	meter.onOpen = func() { p.begin(ctx) }
+	abort = func() { p.abort(ctx) }
 	return func(res *cycleResult) {
-		defer p.close(ctx)
 		run, notes := p.end(ctx, res.completed, res.dur)
 		res.cost, res.costNotes = &run, append(res.costNotes, notes...)
 		if p.pmErr != nil {
@@ -184,5 +208,5 @@ func measureCost(ctx context.Context, env Env, meter *cycleMeter, db string, ns 
 		if env.pg.noStatements != "" {
 			res.costNotes = append(res.costNotes, "statements unavailable (pg_stat_statements: "+env.pg.noStatements+")")
 		}
-	}
+	}, abort
 }

@@ -175,7 +175,8 @@ func riverCycles(ctx context.Context, env Env, window int, warmup, dur time.Dura
 
 	var need atomic.Int64
 	meter := newCycleMeter(window, warmup, dur)
-	finishCost := measureCost(ctx, env, meter, r.db, nil, "River")
+	finishCost, abortCost := measureCost(ctx, env, meter, r.db, nil, "River")
+	defer abortCost()
 	runCtx, stop := context.WithCancel(ctx)
 	defer stop()
 	go func() {

@@ -264,7 +264,8 @@ func (r *retrydSys) cycles(ctx context.Context, window int, warmup, dur time.Dur
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	meter := newCycleMeter(window, warmup, dur)
-	finishCost := measureCost(ctx, r.env, meter, r.db.name, r.ns, "retryd")
+	finishCost, abortCost := measureCost(ctx, r.env, meter, r.db.name, r.ns, "retryd")
+	defer abortCost()
 	// Items are started from this goroutine and from the replenisher.
 	var seq atomic.Int64
 	errc := make(chan error, 1)
