@@ -15,6 +15,10 @@ type cycleResult struct {
 	latency    summary // item start to completion
 	warmup     time.Duration
 	durability string
+	// cost is what the window cost (nil for a system the bench does not
+	// measure it for); costNotes say what could not be read.
+	cost      *costRun
+	costNotes []string
 }
 
 // maxWarmup bounds the wait for the first window to cycle through.
@@ -36,6 +40,9 @@ type cycleMeter struct {
 	lat       latencies
 	end       chan struct{}
 	over      atomic.Bool
+	// onOpen, if set, runs in a goroutine of its own as the window opens
+	// (the cost probe's first reading).
+	onOpen func()
 }
 
 func newCycleMeter(window int, warmup, dur time.Duration) *cycleMeter {
@@ -67,6 +74,9 @@ func (m *cycleMeter) open(now time.Time) {
 		return
 	}
 	m.from, m.to = now, now.Add(m.dur)
+	if m.onOpen != nil {
+		go m.onOpen()
+	}
 	time.AfterFunc(m.dur, func() {
 		m.over.Store(true)
 		close(m.end)

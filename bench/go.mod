@@ -3,6 +3,7 @@ module github.com/retryd/retryd/bench
 go 1.26.0
 
 require (
+	github.com/google/pprof v0.0.0-20261105003125-4bf881d7fb0b
 	github.com/retryd/retryd/internal v0.0.0-00010101000000-000000000000
 	github.com/retryd/retryd/migrations v0.0.0-00010101000000-000000000000
 	github.com/retryd/retryd/pkg v0.0.0-00010101000000-000000000000

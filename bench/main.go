@@ -41,6 +41,12 @@ type Env struct {
 	// (recovery, memory); empty means build it with the go command.
 	SchedulerBin string
 	Sizes        sizes
+	// CyclesProfile prefixes the files cycles writes the CPU profile of
+	// each system run's measured window to (PREFIX-SYSTEM-runN.pprof);
+	// "" writes none.
+	CyclesProfile string
+
+	cycleRun int // the cycles run under way (1-based), to name its profile
 
 	pg   *pgServer // the run's Postgres, started before the first scenario
 	rec  *recorder // figures for --json and --plot
@@ -96,6 +102,7 @@ func run() int {
 	natsSyncFlag := fs.String("nats-sync", "default", "sync_interval of the embedded nats-servers: default (2m), always, or a duration")
 	schedBin := fs.String("scheduler-bin", os.Getenv("BENCH_SCHEDULER_BIN"), "retryd-scheduler binary for recovery and memory (default: go build it)")
 	only := fs.String("systems", "", "run only these systems, comma separated (e.g. retryd,River); default all")
+	cyclesProfile := fs.String("cycles-profile", "", "cycles: write the CPU profile of each run's measured window to PREFIX-SYSTEM-runN.pprof")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the bench process (in-process systems included) here")
 	jsonOut := fs.String("json", "", "append every figure to this file as JSON lines")
 	plotOut := fs.String("plot", "", "write the lateness plot (PNG) here after the run")
@@ -166,7 +173,7 @@ func run() int {
 	defer stop()
 	env := Env{
 		Quick: *quick, DatabaseURL: *dbURL, Out: os.Stdout, NATSSync: natsSync(*natsSyncFlag),
-		SchedulerBin: *schedBin, Sizes: sz, only: splitList(*only),
+		SchedulerBin: *schedBin, Sizes: sz, CyclesProfile: *cyclesProfile, only: splitList(*only),
 		rec: &recorder{run: map[string]any{
 			"quick": *quick, "nats_sync": *natsSyncFlag, "synchronous_commit": *syncCommit,
 			"scheduler_batch_size":    os.Getenv("RETRYD_SCHEDULER_BATCH_SIZE"),

@@ -76,12 +76,16 @@ func startNATS(sync natsSync) (*natsServer, error) {
 		JetStreamMaxStore:  64 << 30,
 	}
 	sync.apply(o)
-	srv, err := server.NewServer(o)
+	var srv *server.Server
+	labelled(context.Background(), compNATS, func(context.Context) {
+		if srv, err = server.NewServer(o); err == nil {
+			go srv.Start()
+		}
+	})
 	if err != nil {
 		_ = os.RemoveAll(dir)
 		return nil, fmt.Errorf("new nats server: %w", err)
 	}
-	go srv.Start()
 	if !srv.ReadyForConnections(10 * time.Second) {
 		srv.Shutdown()
 		_ = os.RemoveAll(dir)

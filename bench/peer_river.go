@@ -107,8 +107,9 @@ func newRiver(ctx context.Context, pg *pgServer, work func(*river.Job[benchJobAr
 	return r, nil
 }
 
-func (r *riverSys) start(ctx context.Context) error {
-	if err := r.client.Start(ctx); err != nil {
+func (r *riverSys) start(ctx context.Context) (err error) {
+	labelled(ctx, compRiver, func(ctx context.Context) { err = r.client.Start(ctx) })
+	if err != nil {
 		return fmt.Errorf("start river: %w", err)
 	}
 	return nil
@@ -174,6 +175,8 @@ func riverCycles(ctx context.Context, env Env, window int, warmup, dur time.Dura
 
 	var need atomic.Int64
 	meter := newCycleMeter(window, warmup, dur)
+	finishCost, abortCost := measureCost(ctx, env, meter, r.db, nil, "River")
+	defer abortCost()
 	runCtx, stop := context.WithCancel(ctx)
 	defer stop()
 	go func() {
@@ -217,6 +220,7 @@ func riverCycles(ctx context.Context, env Env, window int, warmup, dur time.Dura
 		return cycleResult{}, err
 	}
 	res := meter.result()
+	finishCost(&res)
 	res.durability = r.durability(ctx)
 	return res, nil
 }

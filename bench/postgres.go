@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"net/url"
 	"os"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 
@@ -21,6 +23,8 @@ type pgServer struct {
 	admin      string
 	cluster    *pgcluster.Cluster
 	syncCommit string // "" leaves the server's setting
+	// noStatements says why pg_stat_statements is not usable ("" if it is).
+	noStatements string
 }
 
 // pgTuning is applied to a cluster the bench starts itself. Durability is
@@ -32,6 +36,9 @@ var pgTuning = []string{
 	"max_wal_size = '8GB'",
 	"checkpoint_timeout = '15min'",
 	"max_connections = 300",
+	// For the per-cycle cost breakdown (statements per cycle); it adds a
+	// counter update per statement, not an fsync.
+	"shared_preload_libraries = 'pg_stat_statements'",
 }
 
 // startPostgres connects to adminURL, or starts a cluster in a temporary
@@ -78,6 +85,16 @@ func startPostgres(ctx context.Context, adminURL, syncCommit string) (*pgServer,
 		return nil, fmt.Errorf("connect to postgres: %w", err)
 	}
 	defer conn.Close(ctx)
+	// pg_stat_statements shows every database's statements from the admin
+	// database. A server given by URL may not preload it: the cost
+	// breakdown then says the figure is unavailable.
+	if _, err := conn.Exec(ctx, "CREATE EXTENSION IF NOT EXISTS pg_stat_statements"); err != nil {
+		p.noStatements = err.Error()
+	} else if _, err := conn.Exec(ctx, "SELECT 1 FROM pg_stat_statements LIMIT 1"); err != nil {
+		// The extension installs without the library; the view then
+		// fails ("must be loaded via shared_preload_libraries").
+		p.noStatements = err.Error()
+	}
 	return p, nil
 }
 
@@ -93,6 +110,40 @@ func tune(ctx context.Context, url string) error {
 		}
 	}
 	return nil
+}
+
+// postmasterPID returns the pid of the server's postmaster, from
+// postmaster.pid in its data directory. For a server given by URL that
+// works only when it runs on this machine and the bench may read its data
+// directory; the CPU figure of Postgres is unavailable otherwise.
+func (p *pgServer) postmasterPID(ctx context.Context) (int, error) {
+	dir := ""
+	if p.cluster != nil {
+		dir = p.cluster.DataDir()
+	} else {
+		conn, err := pgx.Connect(ctx, p.admin)
+		if err != nil {
+			return 0, fmt.Errorf("connect to postgres: %w", err)
+		}
+		defer conn.Close(ctx)
+		if err := conn.QueryRow(ctx, "SHOW data_directory").Scan(&dir); err != nil {
+			return 0, fmt.Errorf("show data_directory: %w", err)
+		}
+	}
+	b, err := os.ReadFile(filepath.Join(dir, "postmaster.pid"))
+	if err != nil {
+		return 0, fmt.Errorf("read postmaster.pid: %w", err)
+	}
+	first, _, _ := strings.Cut(string(b), "\n")
+	pid, err := strconv.Atoi(strings.TrimSpace(first))
+	if err != nil {
+		return 0, fmt.Errorf("parse postmaster.pid: %w", err)
+	}
+	// A stale file of another server, or one in another pid namespace.
+	if _, err := readProcStat(pid); err != nil {
+		return 0, fmt.Errorf("postmaster %d: %w", pid, err)
+	}
+	return pid, nil
 }
 
 func (p *pgServer) stop(ctx context.Context) {

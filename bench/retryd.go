@@ -109,7 +109,13 @@ func startRetryd(ctx context.Context, env Env, noScheduler bool) (_ *retrydSys, 
 	return r, nil
 }
 
-func (r *retrydSys) startScheduler(ctx context.Context) error {
+func (r *retrydSys) startScheduler(ctx context.Context) (err error) {
+	// Its connection's goroutines and its loops carry the label.
+	labelled(ctx, compScheduler, func(ctx context.Context) { err = r.startSchedulerLabelled(ctx) })
+	return err
+}
+
+func (r *retrydSys) startSchedulerLabelled(ctx context.Context) error {
 	nc, js, err := r.ns.connect("retryd-scheduler")
 	if err != nil {
 		return err
@@ -258,6 +264,8 @@ func (r *retrydSys) cycles(ctx context.Context, window int, warmup, dur time.Dur
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	meter := newCycleMeter(window, warmup, dur)
+	finishCost, abortCost := measureCost(ctx, r.env, meter, r.db.name, r.ns, "retryd")
+	defer abortCost()
 	// Items are started from this goroutine and from the replenisher.
 	var seq atomic.Int64
 	errc := make(chan error, 1)
@@ -288,6 +296,7 @@ func (r *retrydSys) cycles(ctx context.Context, window int, warmup, dur time.Dur
 		return cycleResult{}, err
 	}
 	res := meter.result()
+	finishCost(&res)
 	res.durability = r.durability(ctx)
 	return res, nil
 }

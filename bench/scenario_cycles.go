@@ -36,8 +36,17 @@ func runCycles(ctx context.Context, env Env) error {
 	results := map[string]*agg{}
 	systems := pick(env, cycleSystems, func(s cycleSystem) string { return s.name })
 	order := append(append([]cycleSystem(nil), systems...), reversed(systems)...)
+	costs := map[string]*costTotal{}
 	for i, sys := range order {
-		res, err := sys.run(ctx, env, s.CycleWindow, s.CycleWarmup, per)
+		runEnv := env
+		runEnv.cycleRun = i + 1
+		var res cycleResult
+		var err error
+		// Everything the run starts without a label of its own is the
+		// owner's (see cost_profile.go).
+		labelled(ctx, compOwner, func(ctx context.Context) {
+			res, err = sys.run(ctx, runEnv, s.CycleWindow, s.CycleWarmup, per)
+		})
 		if err != nil {
 			return fmt.Errorf("%s (run %d): %w", sys.name, i+1, err)
 		}
@@ -50,6 +59,15 @@ func runCycles(ctx context.Context, env Env) error {
 		}
 		a.runs = append(a.runs, res)
 		a.durability = res.durability
+		if res.cost != nil {
+			if costs[sys.name] == nil {
+				costs[sys.name] = &costTotal{}
+			}
+			costs[sys.name].add(*res.cost)
+		}
+		for _, n := range res.costNotes {
+			fmt.Fprintf(env.Out, "    cost: %s\n", n)
+		}
 	}
 	rate := func(name string) float64 {
 		a := results[name]
@@ -85,6 +103,7 @@ func runCycles(ctx context.Context, env Env) error {
 		fmt.Fprintf(env.Out, "  %-13s %s\n", sys.name, results[sys.name].durability)
 	}
 	fmt.Fprintln(env.Out, "cycle = retryd: failed published -> succeeded PubAck; River: job inserted -> job_completed event; NakWithDelay: published -> acked")
+	printCycleCost(env, costs)
 	return nil
 }
 
