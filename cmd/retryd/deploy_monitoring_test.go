@@ -235,7 +235,7 @@ func TestRegisteredMetricsAreFound(t *testing.T) {
 	m := registeredMetrics(t)
 	// Each way of declaring a metric is seen, with its labels.
 	for name, labels := range map[string][]string{
-		"retryd_scheduler_pending":                    {"kind", "state"},
+		"retryd_scheduler_pending":                     {"kind", "state"},
 		"retryd_scheduler_due_lateness_seconds_bucket": {"le"},
 		"retryd_scheduler_outbox_lag_seconds":          nil,
 		"retryd_outbox_lag_seconds":                    {"owner"},
@@ -380,11 +380,11 @@ func TestGrafanaDashboard(t *testing.T) {
 	}
 	// What the dashboard is for (issue 20) is on it.
 	for _, n := range []string{
-		"retryd_scheduler_pending",                     // retries by state
-		"retryd_scheduler_due_lateness_seconds_bucket", // due lateness
+		"retryd_scheduler_pending",                                       // retries by state
+		"retryd_scheduler_due_lateness_seconds_bucket",                   // due lateness
 		"retryd_scheduler_due_total", "retryd_scheduler_succeeded_total", // cycle rate
-		"retryd_scheduler_exhausted_total",    // exhausted by kind
-		"retryd_scheduler_policy_lag_seconds", // consumer lag
+		"retryd_scheduler_exhausted_total",                   // exhausted by kind
+		"retryd_scheduler_policy_lag_seconds",                // consumer lag
 		"retryd_outbox_pending", "retryd_outbox_lag_seconds", // outbox backlog
 		"retryd_triggers_held_deliveries", "retryd_scheduler_releases_pending", // holds
 		"retryd_triggers_runs_failed_total", "retryd_triggers_runs_retried_total", // run retries
