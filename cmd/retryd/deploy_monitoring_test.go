@@ -296,7 +296,7 @@ func checkPromQL(t *testing.T, where, expr, legend string, registered map[string
 		}
 	}
 	for _, l := range legendLabel.FindAllStringSubmatch(legend, -1) {
-		require.Contains(t, all, l[1], "%s: legend %q names a label %q does not have", where, legend, expr)
+		require.Contains(t, all, l[1], "%s: legend %q names %s, a label %q does not have", where, legend, l[1], expr)
 	}
 	for _, lv := range labelValues.FindAllStringSubmatch(bare, -1) {
 		require.Contains(t, registered[lv[1]], lv[2], "%s: %s has no label %s", where, lv[1], lv[2])
