@@ -235,7 +235,7 @@ func (s *Service) ExpireRuns(ctx context.Context) (int, error) {
 			return err
 		}
 		for _, r := range runs {
-			if err := s.runFailure(ctx, tx, r, timeoutError(), now); err != nil {
+			if err := s.failedAttempt(ctx, tx, r, timeoutError(), now); err != nil {
 				return err
 			}
 		}

@@ -111,6 +111,19 @@ func (s *Service) runFailure(ctx context.Context, tx pgx.Tx, run triggerstore.Ru
 	return outbox.Insert(ctx, tx, OutboxOwner, msg)
 }
 
+// failedAttempt reports the failed attempt of a run FailRun or the lease
+// loop moved to retrying; a run they ended (its retries were cancelled)
+// frees its slot instead.
+func (s *Service) failedAttempt(ctx context.Context, tx pgx.Tx, run triggerstore.Run, e contract.ErrorInfo, now time.Time) error {
+	if run.Status != triggerstore.RunFailed {
+		return s.runFailure(ctx, tx, run, e, now)
+	}
+	if run.TriggerID == "" {
+		return nil
+	}
+	return s.releaseSlot(ctx, tx, run)
+}
+
 // runSucceeded closes the scheduler's retry of a run that completed.
 func (s *Service) runSucceeded(ctx context.Context, tx pgx.Tx, run triggerstore.Run, now time.Time) error {
 	msg, err := contract.NewLifecycleMsg(EventSource, contract.Succeeded, contract.SucceededData{
@@ -169,6 +182,16 @@ func (s *Service) handleRunRetry(ctx context.Context, msg jetstream.Msg) error {
 			run, applied, err = triggerstore.EndRun(ctx, tx, ev.ID, status, "exhausted: "+x.Reason, x.RetryCount, &mr)
 		case ev.Cancelled != nil:
 			run, applied, err = triggerstore.EndRun(ctx, tx, ev.ID, triggerstore.RunFailed, "cancelled by "+ev.Cancelled.By, 0, nil)
+			if err == nil && !applied {
+				// An attempt is in flight: it is not stopped, but it is
+				// the last.
+				stopped, err := triggerstore.StopRunRetries(ctx, tx, ev.ID)
+				if err != nil || !stopped {
+					return err
+				}
+				applied = true
+				return nil
+			}
 		default:
 			return invalidField("subject", fmt.Sprintf("%q is not due, scheduled, rescheduled, exhausted or cancelled", msg.Subject()))
 		}

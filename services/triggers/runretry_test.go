@@ -350,3 +350,50 @@ func TestReconcileRepublishesUnansweredRunFailures(t *testing.T) {
 	require.NoError(t, err)
 	require.Zero(t, n, "an answered failure is not published again")
 }
+
+// An operator's cancel of a run's retries that arrives while an attempt
+// runs stops no work, but makes that attempt the last: when it fails the
+// run ends failed and frees its slot, with no retry asked of a scheduler
+// that would not answer. A cancel of a retrying run ends it at once.
+func TestCancelOfARunsRetries(t *testing.T) {
+	t.Parallel()
+	b := setup(t, true)
+	tr := b.createTrigger(t, TriggerInput{ID: "stop", Name: "stop", Source: "crm", EventType: "lead.created", Workflow: "stop", MaxConcurrency: intp(2)})
+	runs := map[string]string{}
+	for _, ev := range []string{"in-flight", "waiting"} {
+		b.publishEvent(t, "crm", "lead.created", ev, map[string]any{})
+		runs[ev] = b.waitDelivery(t, DeliveryID(ev, tr.ID), func(d triggerstore.Delivery) bool { return d.Status == triggerstore.StatusLaunched }).RunID
+	}
+	fail := func(runID string) {
+		t.Helper()
+		msg, err := contract.NewRunMsg("test/engine", contract.RunFailed, contract.RunFinishedData{RunID: runID, Workflow: "stop",
+			Attempt: 1, Error: &contract.ErrorInfo{Class: "network", Message: "reset"}}, time.Now())
+		require.NoError(t, err)
+		_, err = b.js.PublishMsg(b.ctx, msg)
+		require.NoError(t, err)
+	}
+	cancel := func(runID string) {
+		publishLifecycle(t, b, contract.Cancelled, contract.CancelledData{Kind: contract.KindRun, ID: runID, Attempt: 1, By: "alice"})
+	}
+
+	fail(runs["waiting"])
+	b.waitRun(t, runs["waiting"], triggerstore.RunRetrying)
+	cancel(runs["waiting"])
+	r := b.waitRun(t, runs["waiting"], triggerstore.RunFailed)
+	require.Equal(t, "cancelled by alice", r.Error)
+
+	cancel(runs["in-flight"])
+	require.Eventually(t, func() bool { return !b.run(t, runs["in-flight"]).RetryEnabled }, eventually, tick)
+	require.Equal(t, triggerstore.RunRequested, b.run(t, runs["in-flight"]).Status, "the attempt goes on")
+	fail(runs["in-flight"])
+	r = b.waitRun(t, runs["in-flight"], triggerstore.RunFailed)
+	require.Equal(t, "network", r.LastErrorClass)
+	require.NotNil(t, r.FinishedAt)
+	n, err := triggerstore.CountInFlight(b.ctx, b.pool, tr.ID)
+	require.NoError(t, err)
+	require.Zero(t, n)
+	require.Eventually(t, func() bool { return b.outboxEmpty(t) }, eventually, tick)
+	for _, f := range b.lifecycleOf(t, contract.KindRun, contract.Failed) {
+		require.NotEqual(t, runs["in-flight"], f.ID, "no retry is asked for the last attempt")
+	}
+}

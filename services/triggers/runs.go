@@ -123,7 +123,7 @@ func (s *Service) handleRunFinished(ctx context.Context, msg jetstream.Msg) erro
 			if err != nil || !changed {
 				return unknownRun(err, &unknown)
 			}
-			return s.runFailure(ctx, tx, run, e, *run.LastErrorTimestamp)
+			return s.failedAttempt(ctx, tx, run, e, *run.LastErrorTimestamp)
 		}
 		run, changed, err = triggerstore.CompleteRun(ctx, tx, data.RunID, data.Executor)
 		if err != nil || !changed {
@@ -161,7 +161,8 @@ func (s *Service) handleRunFinished(ctx context.Context, msg jetstream.Msg) erro
 		if failed {
 			s.metrics.runsFailed.WithLabelValues(run.TriggerID, run.LastErrorClass).Inc()
 			ev = ev.Str("class", run.LastErrorClass).Str("node", run.CurrentNodeID)
-		} else {
+		}
+		if run.Status.Ended() {
 			s.metrics.runsFinished.WithLabelValues(run.TriggerID, string(run.Status)).Inc()
 		}
 		ev.Msg("run " + p.Event)

@@ -25,9 +25,11 @@ type RunFailure struct {
 
 // FailRun moves a run whose attempt failed to retrying: it keeps its
 // concurrency slot while the scheduler decides, and its error is
-// recorded. Only the attempt in flight can fail (changed is false for a
-// stale or repeated report, or a run that ended); ErrNotFound means
-// retryd did not launch it.
+// recorded. A run whose retries an operator cancelled while the attempt
+// ran (retry_enabled false) ends failed instead, and the caller frees its
+// slot. Only the attempt in flight can fail (changed is false for a stale
+// or repeated report, or a run that ended); ErrNotFound means retryd did
+// not launch it.
 func FailRun(ctx context.Context, db DB, id string, f RunFailure) (r Run, changed bool, err error) {
 	msg := pgtext.Clean(pgtext.Truncate(f.Message, maxRunError))
 	errText := "run failed"
@@ -36,7 +38,9 @@ func FailRun(ctx context.Context, db DB, id string, f RunFailure) (r Run, change
 	}
 	r, err = scanRun(db.QueryRow(ctx, `
 		UPDATE workflow_runs
-		SET status = 'retrying', error = $3, last_error_class = $4, last_error_message = $5,
+		SET status = CASE WHEN retry_enabled THEN 'retrying' ELSE 'failed' END,
+		    finished_at = CASE WHEN retry_enabled THEN NULL ELSE now() END,
+		    error = $3, last_error_class = $4, last_error_message = $5,
 		    last_error_timestamp = now(), current_node_id = CASE WHEN $6 = '' THEN current_node_id ELSE $6 END,
 		    executor = CASE WHEN $7 = '' THEN executor ELSE $7 END, next_retry_at = NULL, updated_at = now()
 		WHERE run_id = $1 AND attempt = $2 AND status IN `+leasedStatuses+`
@@ -102,9 +106,11 @@ func ScheduleRunRetry(ctx context.Context, db DB, id string, attempt int, next t
 	return true, nil
 }
 
-// EndRun ends a run the scheduler gave up on (exhausted, or cancelled by
-// an operator) as status, freeing its slot. changed is false when the run
-// had already ended.
+// EndRun ends a retrying run the scheduler gave up on (exhausted, or
+// cancelled by an operator) as status, freeing its slot. changed is false
+// when the run is not retrying: it ended already, or an attempt is in
+// flight (an operator's cancel then stops no work; the attempt's own end
+// decides).
 func EndRun(ctx context.Context, db DB, id string, status RunStatus, errText string, retryCount int, maxRetries *int) (r Run, changed bool, err error) {
 	if status != RunFailed && status != RunFailedMaxRetries {
 		return Run{}, false, fmt.Errorf("end run: status %q is not failed or failed_max_retries", status)
@@ -113,7 +119,7 @@ func EndRun(ctx context.Context, db DB, id string, status RunStatus, errText str
 		UPDATE workflow_runs
 		SET status = $2, error = $3, retry_count = GREATEST(retry_count, $4), max_retries = coalesce($5, max_retries),
 		    next_retry_at = NULL, finished_at = now(), updated_at = now()
-		WHERE run_id = $1 AND status IN `+inFlightStatuses+`
+		WHERE run_id = $1 AND status = 'retrying'
 		RETURNING `+runColumns, id, string(status), pgtext.Clean(pgtext.Truncate(errText, maxRunError)), retryCount, maxRetries))
 	if errors.Is(err, pgx.ErrNoRows) {
 		r, err = GetRun(ctx, db, id)
@@ -128,6 +134,20 @@ func EndRun(ctx context.Context, db DB, id string, status RunStatus, errText str
 		return Run{}, false, fmt.Errorf("end run steps: %w", err)
 	}
 	return r, true, nil
+}
+
+// StopRunRetries records an operator's cancel of a run's retries that
+// arrived while an attempt is in flight: the attempt goes on, and if it
+// fails the run ends failed instead of retrying (the scheduler, whose
+// retry is cancelled, would not answer). changed is false when no
+// attempt is in flight.
+func StopRunRetries(ctx context.Context, db DB, id string) (bool, error) {
+	tag, err := db.Exec(ctx, `UPDATE workflow_runs SET retry_enabled = false, updated_at = now()
+		WHERE run_id = $1 AND status IN `+leasedStatuses+` AND retry_enabled`, id)
+	if err != nil {
+		return false, fmt.Errorf("stop run retries: %w", err)
+	}
+	return tag.RowsAffected() == 1, nil
 }
 
 // RelaunchRun starts attempt of a run the scheduler brought back: it is
@@ -161,7 +181,7 @@ func RelaunchRun(ctx context.Context, tx pgx.Tx, id string, attempt int, default
 	}
 	r, err = scanRun(tx.QueryRow(ctx, `
 		UPDATE workflow_runs r
-		SET status = 'requested', attempt = $2, next_retry_at = NULL, finished_at = NULL, error = '',
+		SET status = 'requested', attempt = $2, next_retry_at = NULL, finished_at = NULL, error = '', retry_enabled = true,
 		    lease_expires_at = now() + coalesce(
 		        (SELECT t.run_timeout_ms FROM workflow_triggers t WHERE t.trigger_id = r.trigger_id), $3
 		    ) * interval '1 millisecond',

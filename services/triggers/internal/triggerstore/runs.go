@@ -156,7 +156,9 @@ func ExpireRuns(ctx context.Context, db DB, now time.Time, defaultTimeout time.D
 		WITH expired AS (
 			-- finished_at is the clock the lease was judged by, not the
 			-- transaction's start, which may come before the lease ended.
-			UPDATE workflow_runs r SET status = 'retrying', error = $3, last_error_class = 'timeout',
+			UPDATE workflow_runs r SET status = CASE WHEN r.retry_enabled THEN 'retrying' ELSE 'failed' END,
+			    finished_at = CASE WHEN r.retry_enabled THEN NULL ELSE $1 END,
+			    error = $3, last_error_class = 'timeout',
 			    last_error_message = 'no heartbeat and no end within the run timeout',
 			    last_error_timestamp = $1, next_retry_at = NULL, updated_at = now()
 			WHERE r.run_id IN (

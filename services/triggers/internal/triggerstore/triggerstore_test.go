@@ -665,3 +665,20 @@ func TestRelaunchOfAnEndedRunWaitsForASlot(t *testing.T) {
 	require.Equal(t, 2, r.Attempt)
 	require.Nil(t, r.FinishedAt)
 }
+
+// The scheduler's end of a run applies to a retrying run only: a cancel
+// that arrives while an attempt is in flight frees no slot the attempt
+// still uses.
+func TestEndRunOnlyEndsARetryingRun(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	_, err := triggerstore.InsertRun(b.ctx, b.pool, triggerstore.Run{ID: "r1", Workflow: "w", DeliveryID: "d-r1", TriggerID: "t1", RequestedAt: time.Now()})
+	require.NoError(t, err)
+	r, changed, err := triggerstore.EndRun(b.ctx, b.pool, "r1", triggerstore.RunFailed, "cancelled by alice", 0, nil)
+	require.NoError(t, err)
+	require.False(t, changed)
+	require.Equal(t, triggerstore.RunRequested, r.Status)
+	n, err := triggerstore.CountInFlight(b.ctx, b.pool, "t1")
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+}
