@@ -219,6 +219,9 @@ func (s *Scheduler) action(ctx context.Context, kind, id string, do func(tx pgx.
 		s.relay.Kick()
 	}
 	s.metrics.outcome(ch.outcome, kind)
+	if ch.outcome == contract.Exhausted {
+		s.metrics.exhaustedRow(ch.row)
+	}
 	r := *ch.row
 	if r.State == retrystore.StateScheduled && r.NextAttemptAt != nil {
 		s.wakeDueLoop(r.NextAttemptAt.UnixNano())

@@ -79,6 +79,7 @@ func TestBackoffScheduleUntilExhausted(t *testing.T) {
 	require.Equal(t, 2.0, metric(t, s.reg, "retryd_scheduler_rescheduled_total", "kind", "bt"))
 	require.Equal(t, 3.0, metric(t, s.reg, "retryd_scheduler_due_total", "kind", "bt"))
 	require.Equal(t, 1.0, metric(t, s.reg, "retryd_scheduler_exhausted_total", "kind", "bt"))
+	require.Equal(t, 1.0, metric(t, s.reg, "retryd_scheduler_exhausted_by_class_total", "kind", "bt", "class", "timeout", "reason", "max_retries"))
 	require.Equal(t, 3.0, metric(t, s.reg, "retryd_scheduler_due_lateness_seconds"))
 }
 

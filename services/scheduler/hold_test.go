@@ -132,6 +132,7 @@ func TestHoldExpiresAfterMaxHold(t *testing.T) {
 	require.Equal(t, contract.ExhaustedHoldExpired, msgs[0].Reason)
 	require.Contains(t, msgs[0].Error.Message, "max_hold")
 	require.Equal(t, 1.0, metric(t, s.reg, "retryd_scheduler_exhausted_total", "kind", "hx"))
+	require.Equal(t, 1.0, metric(t, s.reg, "retryd_scheduler_exhausted_by_class_total", "kind", "hx", "class", "none", "reason", "hold_expired"))
 }
 
 // The same hold delivered twice, or republished after the duplicate

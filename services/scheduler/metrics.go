@@ -14,6 +14,7 @@ import (
 
 type metrics struct {
 	scheduled, rescheduled, due, succeeded, exhausted, cancelled *prometheus.CounterVec
+	exhaustedBy                                                  *prometheus.CounterVec
 
 	redue, dueDuplicates *prometheus.CounterVec
 	lateness             prometheus.Histogram
@@ -41,6 +42,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		due:           b.CounterVec("due_total", "Due events emitted (stored by JetStream for the first time).", "kind"),
 		succeeded:     b.CounterVec("succeeded_total", "Retried items that succeeded.", "kind"),
 		exhausted:     b.CounterVec("exhausted_total", "Items exhausted (dead-lettered).", "kind"),
+		exhaustedBy: b.CounterVec("exhausted_by_class_total",
+			"Items exhausted, by the class of their last error (none for a hold that expired) and the reason (max_retries, non_retryable, retries_disabled, hold_expired).",
+			"kind", "class", "reason"),
 		cancelled:     b.CounterVec("cancelled_total", "Items cancelled.", "kind"),
 		redue:         b.CounterVec("redue_total", "Due events emitted again because the owner reported no outcome within RedueAfter.", "kind"),
 		dueDuplicates: b.CounterVec("due_duplicates_total", "Due publishes JetStream absorbed as duplicates of an earlier publish (same Nats-Msg-Id).", "kind"),
@@ -69,6 +73,16 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		return nil, err
 	}
 	return m, nil
+}
+
+// exhaustedRow counts an exhausted row by its last error's class and the
+// reason; outcome counts it by kind.
+func (m *metrics) exhaustedRow(r *retrystore.Retry) {
+	class := r.LastErrorClass
+	if class == "" {
+		class = "none"
+	}
+	m.exhaustedBy.WithLabelValues(r.Kind, class, r.ExhaustedReason).Inc()
 }
 
 func (m *metrics) outcome(ev contract.Lifecycle, kind string) {

@@ -278,6 +278,9 @@ func (s *Scheduler) observe(r applied) {
 	}
 	s.metrics.outcome(r.ch.outcome, ev.Kind)
 	row := r.ch.row
+	if r.ch.outcome == contract.Exhausted {
+		s.metrics.exhaustedRow(row)
+	}
 	l := s.log.Debug()
 	if r.ch.outcome == contract.Exhausted || r.ch.outcome == contract.Cancelled {
 		l = s.log.Info()
