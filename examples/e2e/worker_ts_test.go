@@ -44,13 +44,22 @@ const workerTSDir = "../worker-ts"
 //     decoders, headers included;
 //   - SIGTERM drains: the running job finishes and reports, and node
 //     exits 0.
+//
+// Before the stack starts, the example's own unit tests (node --test) and
+// its type check (tsc over the JSDoc types) run in the same copy.
 func TestTypeScriptWorker(t *testing.T) {
 	t.Parallel()
 	dir := npmInstall(t)
-	unit := exec.Command("node", "--test", "protocol.test.mjs")
-	unit.Dir = dir
-	out, err := unit.CombinedOutput()
-	require.NoError(t, err, "node --test protocol.test.mjs:\n%s", out)
+	// The protocol's unit tests, and the types: tsc checks the JSDoc
+	// types of every file (npm run typecheck).
+	var out []byte
+	var err error
+	for _, args := range [][]string{{"node", "--test", "protocol.test.mjs"}, {"npm", "run", "-s", "typecheck"}} {
+		cmd := exec.Command(args[0], args[1:]...)
+		cmd.Dir = dir
+		out, err = cmd.CombinedOutput()
+		require.NoError(t, err, "%s:\n%s", strings.Join(args, " "), out)
+	}
 	e := setup(t)
 	w := startNode(t, dir, "main.mjs", map[string]string{
 		"NATS_URL":        e.srv.ClientURL(),
@@ -190,7 +199,7 @@ func ciSet() bool {
 	return ci != "" && ci != "false" && ci != "0"
 }
 
-// npmInstall copies the example (sources, package.json and lock) to a
+// npmInstall copies the example (sources, package.json, lock, tsconfig) to a
 // temp dir and runs `npm ci` there, so the repository gets no
 // node_modules. Without node or npm it skips, unless CI is set.
 func npmInstall(t *testing.T) string {
@@ -217,7 +226,8 @@ func npmInstall(t *testing.T) string {
 	files, err := filepath.Glob(filepath.Join(workerTSDir, "*.mjs"))
 	require.NoError(t, err)
 	require.NotEmpty(t, files)
-	for _, f := range append(files, filepath.Join(workerTSDir, "package.json"), filepath.Join(workerTSDir, "package-lock.json")) {
+	for _, f := range append(files, filepath.Join(workerTSDir, "package.json"), filepath.Join(workerTSDir, "package-lock.json"),
+		filepath.Join(workerTSDir, "tsconfig.json")) {
 		b, err := os.ReadFile(f)
 		require.NoError(t, err)
 		require.NoError(t, os.WriteFile(filepath.Join(dir, filepath.Base(f)), b, 0o644))

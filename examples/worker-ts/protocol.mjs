@@ -168,7 +168,7 @@ function checkEnvelope(env) {
     check(env[f] === undefined || (typeof env[f] === "string" && noNUL(env[f])), f, "must be a string");
   }
   check(isObject(env.data), "data", "is required and must be an object");
-  return env;
+  return /** @type {Envelope} */ (env);
 }
 
 /** @param {Record<string, any>} d */
@@ -264,10 +264,7 @@ export function dueToJob(subject, body, msgID) {
 /** @param {string} source @param {string} id @param {string} type @param {object} data @param {Date} now @param {string} [subject] */
 function envelope(source, id, type, data, now, subject) {
   /** @type {Envelope} */
-  const env = { specversion: "1.0", id, source, type, time: now.toISOString() };
-  if (subject) env.subject = subject;
-  env.datacontenttype = "application/json";
-  env.data = data;
+  const env = { specversion: "1.0", id, source, type, time: now.toISOString(), ...(subject ? { subject } : {}), datacontenttype: "application/json", data };
   const body = JSON.stringify(env);
   check(Buffer.byteLength(body) <= LIMITS.envelopeBytes - 512, "envelope", "is larger than the 1 MiB a stream stores");
   return body;
@@ -334,7 +331,7 @@ export function failedData(job, checkpoint, err, executor) {
   const error = { message: reportable(err.message) };
   if (err.class) error.class = err.class;
   if (err.nonRetryable) error.non_retryable = true;
-  /** @type {Record<string, any>} */
+  /** @type {{ id: string, attempt: number } & Record<string, any>} */
   const d = { id: job.id, attempt: job.attempt, error };
   if (err.retryAfter !== undefined) d.retry_after = Math.max(0, Math.ceil(err.retryAfter));
   d.job_type = job.job_type;
@@ -349,7 +346,7 @@ export function failedData(job, checkpoint, err, executor) {
 
 /** @param {JobData} job @param {string} executor */
 export function succeededData(job, executor) {
-  /** @type {Record<string, any>} */
+  /** @type {{ id: string, attempt: number } & Record<string, any>} */
   const d = { id: job.id, attempt: job.attempt };
   if (job.metadata !== undefined) d.metadata = job.metadata;
   if (executor) d.executor = executor;
