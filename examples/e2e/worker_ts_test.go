@@ -42,6 +42,7 @@ const workerTSDir = "../worker-ts"
 //     completes;
 //   - what the worker published decodes with pkg/contract's strict
 //     decoders, headers included;
+//   - a malformed job message is terminated, not run;
 //   - SIGTERM drains: the running job finishes and reports, and node
 //     exits 0.
 //
@@ -52,12 +53,10 @@ func TestTypeScriptWorker(t *testing.T) {
 	dir := npmInstall(t)
 	// The protocol's unit tests, and the types: tsc checks the JSDoc
 	// types of every file (npm run typecheck).
-	var out []byte
-	var err error
 	for _, args := range [][]string{{"node", "--test", "protocol.test.mjs"}, {"npm", "run", "-s", "typecheck"}} {
 		cmd := exec.Command(args[0], args[1:]...)
 		cmd.Dir = dir
-		out, err = cmd.CombinedOutput()
+		out, err := cmd.CombinedOutput()
 		require.NoError(t, err, "%s:\n%s", strings.Join(args, " "), out)
 	}
 	e := setup(t)
@@ -116,9 +115,8 @@ func TestTypeScriptWorker(t *testing.T) {
 
 	// On the wire: the failed fact, its due routed as a job by the
 	// TypeScript router, and the success, each as pkg/contract decodes it.
-	var lc contract.LifecycleEvent
 	failed := lastMsg(t, e, contract.StreamRetries, "retry.job.failed."+resume)
-	lc, err = contract.DecodeLifecycle(failed.Subject, failed.Data)
+	lc, err := contract.DecodeLifecycle(failed.Subject, failed.Data)
 	require.NoError(t, err)
 	require.NoError(t, contract.CheckLifecycleHeaders(failed.Header, lc))
 	require.Equal(t, "job-failed:"+resume+":1", failed.Header.Get(contract.HeaderMsgID))
