@@ -37,11 +37,11 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	// collectors registered first.
 	b := promreg.Builder{Reg: reg, Namespace: "retryd", Subsystem: "scheduler"}
 	m := &metrics{
-		scheduled:     b.CounterVec("scheduled_total", "First retries scheduled.", "kind"),
-		rescheduled:   b.CounterVec("rescheduled_total", "Later retries scheduled, manual retries included.", "kind"),
-		due:           b.CounterVec("due_total", "Due events emitted (stored by JetStream for the first time).", "kind"),
-		succeeded:     b.CounterVec("succeeded_total", "Retried items that succeeded.", "kind"),
-		exhausted:     b.CounterVec("exhausted_total", "Items exhausted (dead-lettered).", "kind"),
+		scheduled:   b.CounterVec("scheduled_total", "First retries scheduled.", "kind"),
+		rescheduled: b.CounterVec("rescheduled_total", "Later retries scheduled, manual retries included.", "kind"),
+		due:         b.CounterVec("due_total", "Due events emitted (stored by JetStream for the first time).", "kind"),
+		succeeded:   b.CounterVec("succeeded_total", "Retried items that succeeded.", "kind"),
+		exhausted:   b.CounterVec("exhausted_total", "Items exhausted (dead-lettered).", "kind"),
 		exhaustedBy: b.CounterVec("exhausted_by_class_total",
 			"Items exhausted, by the class of their last error (none for a hold that expired) and the reason (max_retries, non_retryable, retries_disabled, hold_expired).",
 			"kind", "class", "reason"),
