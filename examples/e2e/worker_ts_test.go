@@ -77,8 +77,14 @@ func TestTypeScriptWorker(t *testing.T) {
 	e.waitJob(t, high, jobstore.StatusCompleted)
 	e.projected(t)
 
+	// The job's status comes from the jobs projection, its history from
+	// the scheduler, which may apply the success a moment later.
 	var detail jobs.JobDetail
-	require.Equal(t, 200, e.call(t, "GET", "/v1/jobs/"+resume, nil, &detail))
+	require.Eventually(t, func() bool {
+		detail = jobs.JobDetail{}
+		require.Equal(t, 200, e.call(t, "GET", "/v1/jobs/"+resume, nil, &detail))
+		return len(detail.History) >= 4
+	}, 30*time.Second, 50*time.Millisecond, "the scheduler records the success")
 	j := detail.Job
 	require.Equal(t, jobstore.StatusCompleted, j.Status)
 	require.Equal(t, 2, j.Attempt)
@@ -147,8 +153,13 @@ func TestTypeScriptWorker(t *testing.T) {
 	require.NoError(t, contract.CheckLifecycleHeaders(succeeded.Header, lc))
 	require.Equal(t, "job-succeeded:"+resume+":2", succeeded.Header.Get(contract.HeaderMsgID))
 
-	// Validation: final after attempt 1.
-	require.Equal(t, 200, e.call(t, "GET", "/v1/jobs/"+invalid, nil, &detail))
+	// Validation: final after attempt 1 (again, the history may come a
+	// moment after the status).
+	require.Eventually(t, func() bool {
+		detail = jobs.JobDetail{}
+		require.Equal(t, 200, e.call(t, "GET", "/v1/jobs/"+invalid, nil, &detail))
+		return len(detail.History) >= 2 && detail.Job.StatusReason != ""
+	}, 30*time.Second, 50*time.Millisecond, "the scheduler records the exhaustion")
 	require.Equal(t, jobstore.StatusFailed, detail.Job.Status)
 	require.Equal(t, "non_retryable", detail.Job.StatusReason)
 	require.Equal(t, "validation", detail.Job.LastErrorClass)
