@@ -25,6 +25,13 @@ func readYAML(t *testing.T, path string) []map[string]any {
 	t.Helper()
 	raw, err := os.ReadFile(path)
 	require.NoError(t, err)
+	return decodeYAML(t, path, raw)
+}
+
+// decodeYAML decodes every document of raw, read from where; empty
+// documents are left out.
+func decodeYAML(t *testing.T, where string, raw []byte) []map[string]any {
+	t.Helper()
 	dec := yaml.NewDecoder(bytes.NewReader(raw))
 	var docs []map[string]any
 	for {
@@ -33,7 +40,7 @@ func readYAML(t *testing.T, path string) []map[string]any {
 		if errors.Is(err, io.EOF) {
 			break
 		}
-		require.NoError(t, err, path)
+		require.NoError(t, err, where)
 		if doc != nil {
 			docs = append(docs, doc)
 		}
@@ -387,19 +394,29 @@ func TestOperationsDocCoversEnvironment(t *testing.T) {
 	t.Parallel()
 	doc, err := os.ReadFile("../../docs/operations.md")
 	require.NoError(t, err)
+	for v := range readEnvironment(t) {
+		require.Contains(t, string(doc), "`"+v+"`", "docs/operations.md documents %s", v)
+	}
+}
+
+// readEnvironment lists the variables a service binary, the packages
+// configuring them (natsconn, auth, serve, daemon) or the CLI's root
+// reads: each RETRYD_, NATS_ and DATABASE_ name quoted in their sources.
+func readEnvironment(t *testing.T) map[string]bool {
+	t.Helper()
 	mains, err := filepath.Glob("../../services/*/cmd/*/main.go")
 	require.NoError(t, err)
 	require.Len(t, mains, 3)
 	vars := map[string]bool{}
-	for _, f := range append(mains, "../../internal/natsconn/natsconn.go", "../../internal/auth/config.go", "../../internal/serve/tls.go", "root.go") {
+	for _, f := range append(mains, "../../internal/natsconn/natsconn.go", "../../internal/auth/config.go", "../../internal/serve/tls.go", "../../internal/daemon/daemon.go", "root.go") {
 		src, err := os.ReadFile(f)
 		require.NoError(t, err)
-		for _, m := range regexp.MustCompile(`"((?:RETRYD|NATS|DATABASE)_[A-Z_]+)"`).FindAllStringSubmatch(string(src), -1) {
+		for _, m := range envName.FindAllStringSubmatch(string(src), -1) {
 			vars[m[1]] = true
 		}
 	}
 	require.Contains(t, vars, "RETRYD_SCHEDULER_BATCH_SIZE", "the variables are found")
-	for v := range vars {
-		require.Contains(t, string(doc), "`"+v+"`", "docs/operations.md documents %s", v)
-	}
+	return vars
 }
+
+var envName = regexp.MustCompile(`"((?:RETRYD|NATS|DATABASE)_[A-Z_]+)"`)

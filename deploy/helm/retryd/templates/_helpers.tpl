@@ -49,8 +49,6 @@ the container connects to NATS. */}}
 {{- define "retryd.env" -}}
 {{- $v := .root.Values }}
 {{- $own := index $v .component }}
-- name: RETRYD_LOG_LEVEL
-  value: {{ $v.logLevel | quote }}
 {{- if .nats }}
 - name: NATS_URL
   value: {{ $v.nats.url | quote }}
