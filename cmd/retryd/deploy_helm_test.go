@@ -127,6 +127,7 @@ func TestHelmChart(t *testing.T) {
 		policies := objs["NetworkPolicy"]
 		require.ElementsMatch(t, []string{"Ingress", "Egress"}, strs(t, dig(t, policies["retryd-default-deny"], "spec", "policyTypes")))
 		require.NotContains(t, dig(t, policies["retryd-default-deny"], "spec"), "ingress")
+		require.NotContains(t, dig(t, policies["retryd-default-deny"], "spec"), "egress")
 		open := map[string]int{}
 		for name, p := range policies {
 			rules, _ := dig(t, p, "spec").(map[string]any)["ingress"].([]any)
@@ -138,6 +139,10 @@ func TestHelmChart(t *testing.T) {
 			}
 		}
 		require.Equal(t, map[string]int{"ingress": 8081, "gateway": 8080}, open)
+		// Ingress's operator port is the gateway's alone.
+		fromGateway := dig(t, policies["retryd-from-gateway"], "spec")
+		require.Contains(t, strs(t, dig(t, fromGateway, "podSelector", "matchExpressions").([]any)[0].(map[string]any)["values"]), "ingress")
+		require.Contains(t, dig(t, fromGateway, "ingress").([]any)[0].(map[string]any)["ports"], map[string]any{"protocol": "TCP", "port": 8083})
 	})
 
 	t.Run("external", func(t *testing.T) {
