@@ -103,8 +103,8 @@ func TestHelmChart(t *testing.T) {
 		require.Empty(t, objs["Secret"], "secrets are referenced, never rendered")
 		require.Len(t, objs["Deployment"], len(chartComponents))
 		for name, dep := range objs["Deployment"] {
-			// The deploy/k8s checks hold for the chart too: the default
-			// secretName of each component is its Secret there.
+			// The default secretName of each component is its Secret in
+			// secrets.example.yaml.
 			checkDeployment(t, dep, name, secrets, binaries)
 			checkChartDeployment(t, objs, name, reads)
 			require.Equal(t, 2, dig(t, dep, "spec", "replicas"), name)
