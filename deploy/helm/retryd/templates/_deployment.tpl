@@ -70,11 +70,16 @@ spec:
           envFrom:
             - secretRef:
                 name: {{ include "retryd.secretName" . }}
+          {{- $env := include "retryd.env" . | trim }}
+          {{- if or .env $env }}
           env:
             {{- with .env }}
             {{- toYaml . | nindent 12 }}
             {{- end }}
-            {{- include "retryd.env" . | trim | nindent 12 }}
+            {{- with $env }}
+            {{- . | nindent 12 }}
+            {{- end }}
+          {{- end }}
           # Started: the process serves HTTP (it may wait for NATS and
           # Postgres before that).
           startupProbe:
