@@ -25,6 +25,13 @@ func readYAML(t *testing.T, path string) []map[string]any {
 	t.Helper()
 	raw, err := os.ReadFile(path)
 	require.NoError(t, err)
+	return decodeYAML(t, path, raw)
+}
+
+// decodeYAML decodes every document of raw, read from where; empty
+// documents are left out.
+func decodeYAML(t *testing.T, where string, raw []byte) []map[string]any {
+	t.Helper()
 	dec := yaml.NewDecoder(bytes.NewReader(raw))
 	var docs []map[string]any
 	for {
@@ -33,7 +40,7 @@ func readYAML(t *testing.T, path string) []map[string]any {
 		if errors.Is(err, io.EOF) {
 			break
 		}
-		require.NoError(t, err, path)
+		require.NoError(t, err, where)
 		if doc != nil {
 			docs = append(docs, doc)
 		}
@@ -261,89 +268,8 @@ func sorted(s []string) []string {
 	return out
 }
 
-func TestKubernetesManifests(t *testing.T) {
-	t.Parallel()
-	dir := filepath.Join(deployDir, "k8s")
-	kust := readYAML(t, filepath.Join(dir, "kustomization.yaml"))[0]
-	resources := strs(t, kust["resources"])
-	files, err := filepath.Glob(filepath.Join(dir, "*.yaml"))
-	require.NoError(t, err)
-	for _, f := range files {
-		base := filepath.Base(f)
-		if base == "kustomization.yaml" || base == "nats-values.yaml" || base == "secrets.example.yaml" {
-			continue
-		}
-		require.Contains(t, resources, base, "kustomization.yaml lists %s", base)
-	}
-
-	secrets := map[string]map[string]any{}
-	for _, doc := range readYAML(t, filepath.Join(dir, "secrets.example.yaml")) {
-		require.Equal(t, "Secret", doc["kind"])
-		secrets[dig(t, doc, "metadata", "name").(string)] = dig(t, doc, "stringData").(map[string]any)
-	}
-	config := readYAML(t, filepath.Join(dir, "config.yaml"))[0]
-	require.Equal(t, "3", dig(t, config, "data", "RETRYD_SCHEDULER_STREAM_REPLICAS"))
-	binaries := dockerBinaries(t)
-
-	deployments := map[string]bool{}
-	policies := map[string]map[string]any{}
-	for _, res := range resources {
-		for _, doc := range readYAML(t, filepath.Join(dir, res)) {
-			if doc["kind"] != "Namespace" {
-				require.Equal(t, "retryd", dig(t, doc, "metadata", "namespace"), "%s %s", res, doc["kind"])
-			}
-			switch doc["kind"] {
-			case "Deployment":
-				name := dig(t, doc, "metadata", "name").(string)
-				deployments[name] = true
-				checkDeployment(t, doc, name, secrets, binaries)
-			case "NetworkPolicy":
-				policies[dig(t, doc, "metadata", "name").(string)] = dig(t, doc, "spec").(map[string]any)
-			case "Job":
-				require.Equal(t, false, dig(t, doc, "spec", "template", "spec", "automountServiceAccountToken"), "the setup Job has no API token")
-				for _, c := range dig(t, doc, "spec", "template", "spec", "containers").([]any) {
-					cmd := strs(t, dig(t, c, "command"))
-					require.Contains(t, binaries, cmd[0])
-				}
-				require.Contains(t, secrets, "retryd-setup")
-				require.Contains(t, secrets["retryd-setup"]["DATABASE_URL"], "retryd_owner", "migrations run as the owner")
-			}
-		}
-	}
-	require.Equal(t, map[string]bool{"retryd-scheduler": true, "retryd-ingress": true, "retryd-triggers": true, "retryd-gateway": true}, deployments)
-
-	// Network policies: everything denied by default, in and out; only
-	// ingress's intake and the gateway open to anyone.
-	deny := policies["retryd-default-deny"]
-	require.NotNil(t, deny)
-	require.Empty(t, dig(t, deny, "podSelector"))
-	require.ElementsMatch(t, []string{"Ingress", "Egress"}, strs(t, dig(t, deny, "policyTypes")))
-	require.NotContains(t, deny, "ingress")
-	require.NotContains(t, deny, "egress")
-	open := map[string]int{}
-	for name, spec := range policies {
-		rules, _ := spec["ingress"].([]any)
-		for _, r := range rules {
-			if _, ok := r.(map[string]any)["from"]; ok {
-				continue
-			}
-			ports := dig(t, r, "ports").([]any)
-			require.Len(t, ports, 1, "%s opens one port to anyone", name)
-			target := dig(t, spec, "podSelector", "matchLabels", "app.kubernetes.io/name").(string)
-			open[target] = dig(t, ports[0], "port").(int)
-		}
-	}
-	require.Equal(t, map[string]int{"retryd-ingress": 8081, "retryd-gateway": 8080}, open)
-	// Ingress's operator port is the gateway's alone.
-	fromGateway := policies["retryd-from-gateway"]
-	require.Contains(t, strs(t, dig(t, fromGateway, "podSelector", "matchExpressions").([]any)[0].(map[string]any)["values"]), "retryd-ingress")
-	var gwPorts []int
-	for _, p := range dig(t, fromGateway, "ingress").([]any)[0].(map[string]any)["ports"].([]any) {
-		gwPorts = append(gwPorts, dig(t, p, "port").(int))
-	}
-	require.Contains(t, gwPorts, 8083)
-}
-
+// checkDeployment checks a Deployment of the Helm chart against the
+// Secret of deploy/k8s/secrets.example.yaml it reads.
 func checkDeployment(t *testing.T, doc map[string]any, name string, secrets map[string]map[string]any, binaries []string) {
 	t.Helper()
 	pod := dig(t, doc, "spec", "template", "spec")
@@ -387,19 +313,29 @@ func TestOperationsDocCoversEnvironment(t *testing.T) {
 	t.Parallel()
 	doc, err := os.ReadFile("../../docs/operations.md")
 	require.NoError(t, err)
+	for v := range readEnvironment(t) {
+		require.Contains(t, string(doc), "`"+v+"`", "docs/operations.md documents %s", v)
+	}
+}
+
+// readEnvironment lists the variables a service binary, the packages
+// configuring them (natsconn, auth, serve, daemon) or the CLI's root
+// reads: each RETRYD_, NATS_ and DATABASE_ name quoted in their sources.
+func readEnvironment(t *testing.T) map[string]bool {
+	t.Helper()
 	mains, err := filepath.Glob("../../services/*/cmd/*/main.go")
 	require.NoError(t, err)
 	require.Len(t, mains, 3)
 	vars := map[string]bool{}
-	for _, f := range append(mains, "../../internal/natsconn/natsconn.go", "../../internal/auth/config.go", "../../internal/serve/tls.go", "root.go") {
+	for _, f := range append(mains, "../../internal/natsconn/natsconn.go", "../../internal/auth/config.go", "../../internal/serve/tls.go", "../../internal/daemon/daemon.go", "root.go") {
 		src, err := os.ReadFile(f)
 		require.NoError(t, err)
-		for _, m := range regexp.MustCompile(`"((?:RETRYD|NATS|DATABASE)_[A-Z_]+)"`).FindAllStringSubmatch(string(src), -1) {
+		for _, m := range envName.FindAllStringSubmatch(string(src), -1) {
 			vars[m[1]] = true
 		}
 	}
 	require.Contains(t, vars, "RETRYD_SCHEDULER_BATCH_SIZE", "the variables are found")
-	for v := range vars {
-		require.Contains(t, string(doc), "`"+v+"`", "docs/operations.md documents %s", v)
-	}
+	return vars
 }
+
+var envName = regexp.MustCompile(`"((?:RETRYD|NATS|DATABASE)_[A-Z_]+)"`)
