@@ -34,6 +34,7 @@ func TestOpenAPIResponses(t *testing.T) {
 		apiCall{method: post, path: "/v1/tokens", as: "admin", body: `{"name":"openapi-producer","role":"producer"}`, want: created, keep: keepToken("producer")},
 		apiCall{method: post, path: "/v1/tokens", as: "admin", body: `{"name":"openapi-revoked","role":"operator","expires_at":"2999-01-01T00:00:00Z"}`, want: created,
 			keep: func(body []byte) { revokedID = field(t, body, "id") }},
+		apiCall{method: post, path: "/v1/tokens", as: "admin", body: `{"name":"openapi-viewer","role":"viewer"}`, want: http.StatusConflict},
 		apiCall{method: post, path: "/v1/tokens", as: "admin", body: `{"name":"x"}`, contentType: "text/plain", want: http.StatusUnsupportedMediaType, refused: true},
 		apiCall{method: post, path: "/v1/tokens", as: "admin", body: `{"name":"x","role":"root"}`, want: http.StatusBadRequest, refused: true},
 		apiCall{method: get, path: "/v1/tokens", as: "admin", want: ok},
@@ -77,6 +78,7 @@ func TestOpenAPIResponses(t *testing.T) {
 	c.run(
 		apiCall{method: put, path: "/v1/sources/shop", as: "admin", body: `{"rate_limit":1000,"rate_window":"1m","allowed_types":["order.created"]}`, want: ok},
 		apiCall{method: put, path: "/v1/sources/shop", as: "admin", body: `{"rate_limit":1000}`, want: http.StatusBadRequest},
+		apiCall{method: put, path: "/v1/sources/quiet", as: "admin", body: `{}`, want: ok},
 		apiCall{method: get, path: "/v1/sources", as: "viewer", want: ok},
 		apiCall{method: get, path: "/v1/sources/shop", as: "viewer", want: ok},
 		apiCall{method: get, path: "/v1/sources/nowhere", as: "viewer", want: http.StatusNotFound},
