@@ -24,7 +24,7 @@ func TestOpenAPIResponses(t *testing.T) {
 		ok, created, accepted, noContent = http.StatusOK, http.StatusCreated, http.StatusAccepted, http.StatusNoContent
 	)
 	keepToken := func(role string) func([]byte) {
-		return func(body []byte) { c.tokens[role] = field(t, body, "token") }
+		return func(body []byte) { c.tokens[role] = jsonString(t, body, "token") }
 	}
 	var revokedID string
 
@@ -33,7 +33,7 @@ func TestOpenAPIResponses(t *testing.T) {
 		apiCall{method: post, path: "/v1/tokens", as: "admin", body: `{"name":"openapi-viewer","role":"viewer"}`, want: created, keep: keepToken("viewer")},
 		apiCall{method: post, path: "/v1/tokens", as: "admin", body: `{"name":"openapi-producer","role":"producer"}`, want: created, keep: keepToken("producer")},
 		apiCall{method: post, path: "/v1/tokens", as: "admin", body: `{"name":"openapi-revoked","role":"operator","expires_at":"2999-01-01T00:00:00Z"}`, want: created,
-			keep: func(body []byte) { revokedID = field(t, body, "id") }},
+			keep: func(body []byte) { revokedID = jsonString(t, body, "id") }},
 		apiCall{method: post, path: "/v1/tokens", as: "admin", body: `{"name":"openapi-viewer","role":"viewer"}`, want: http.StatusConflict},
 		apiCall{method: post, path: "/v1/tokens", as: "admin", body: `{"name":"x"}`, contentType: "text/plain", want: http.StatusUnsupportedMediaType, refused: true},
 		apiCall{method: post, path: "/v1/tokens", as: "admin", body: `{"name":"x","role":"root"}`, want: http.StatusBadRequest, refused: true},
@@ -187,7 +187,7 @@ func TestOpenAPIResponses(t *testing.T) {
 		apiCall{method: post, path: "/v1/jobs/bulk-retry", as: "admin", body: `{"filter":{"job_type":"openapi_dead"}}`, want: http.StatusBadRequest, refused: true},
 		apiCall{method: post, path: "/v1/jobs/bulk-retry", as: "admin", want: accepted,
 			body: `{"filter":{"status":["failed_max_retries"],"job_type":"openapi_dead"},"dry_run":false,"rate_per_second":1,"reason":"openapi test"}`,
-			keep: func(body []byte) { opID = field(t, body, "operation", "id") }},
+			keep: func(body []byte) { opID = jsonString(t, body, "operation", "id") }},
 	)
 	c.run(
 		apiCall{method: get, path: "/v1/operations", as: "viewer", want: ok},

@@ -139,8 +139,11 @@ func (c *specChecker) waitFor(path, as string, ok func(status int, body []byte) 
 	c.t.Helper()
 	var status int
 	var body []byte
+	// Built once, outside the polling goroutine: a GET without a body can
+	// be sent again.
+	req := c.request(apiCall{method: http.MethodGet, path: path, as: as})
 	if !assert.Eventually(c.t, func() bool {
-		resp, err := http.DefaultClient.Do(c.request(apiCall{method: http.MethodGet, path: path, as: as}))
+		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
 			return false
 		}
@@ -165,8 +168,8 @@ func (c *specChecker) unexercised() []string {
 	return out
 }
 
-// field reads a string at a path of keys from a JSON object.
-func field(t *testing.T, body []byte, keys ...string) string {
+// jsonString reads the string at a path of keys of a JSON object.
+func jsonString(t *testing.T, body []byte, keys ...string) string {
 	t.Helper()
 	var v any
 	requireJSON(t, body, &v)
