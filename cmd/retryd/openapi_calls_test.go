@@ -195,6 +195,7 @@ func TestOpenAPIResponses(t *testing.T) {
 		apiCall{method: get, path: "/v1/operations/" + opID, as: "viewer", want: ok},
 		apiCall{method: post, path: "/v1/operations/" + opID + "/cancel", as: "admin", want: ok},
 		apiCall{method: get, path: "/v1/operations/op-missing", as: "viewer", want: http.StatusNotFound},
+		apiCall{method: get, path: "/ui/api/summary", as: "viewer", want: ok},
 		apiCall{method: get, path: "/v1/audit", as: "admin", want: ok},
 		apiCall{method: get, path: "/v1/audit?principal=admin&limit=5", as: "admin", want: ok},
 		apiCall{method: get, path: "/v1/audit?colour=red", as: "admin", want: http.StatusBadRequest},

@@ -42,8 +42,9 @@ func (r servedRoute) String() string { return r.method + " " + r.path }
 
 // servedRoutes is every route the dev stack serves: the services' lists
 // (as GET /v1/ indexes them), the index itself, and what serve.NewMux and
-// serve.Guard add to every binary. whoami needs a valid token of any role,
-// which no serve.Role names: the spec says "any".
+// serve.Guard add to every binary, and the dashboard's one JSON route (its
+// page and assets under /ui/ are HTML and files). whoami needs a valid
+// token of any role, which no serve.Role names: the spec says "any".
 func servedRoutes() []servedRoute {
 	var out []servedRoute
 	for _, r := range slices.Concat(scheduler.Routes(), ingress.Routes(), triggers.Routes(), jobs.Routes(), auth.Routes()) {
@@ -59,6 +60,7 @@ func servedRoutes() []servedRoute {
 		servedRoute{http.MethodGet, "/healthz", public},
 		servedRoute{http.MethodGet, "/readyz", public},
 		servedRoute{http.MethodGet, "/metrics", public},
+		servedRoute{http.MethodGet, "/ui/api/summary", serve.RoleViewer.String()},
 	)
 }
 
