@@ -143,9 +143,7 @@ func (b *bulkRetry) run(cmd *cobra.Command, g *globals) error {
 		return err
 	}
 	if b.dryRun {
-		var res struct {
-			Matched int64 `json:"matched"`
-		}
+		var res dryRunView
 		raw, err := c.post(cmd.Context(), "/v1/jobs/bulk-retry", body, &res)
 		if err != nil {
 			return fmt.Errorf("bulk retry %s (dry run): %w", what, err)

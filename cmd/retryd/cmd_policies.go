@@ -48,9 +48,7 @@ func newPoliciesListCmd(g *globals) *cobra.Command {
 		Short: "List every policy",
 		Args:  args(0),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			var res struct {
-				Policies []policy.Policy `json:"policies"`
-			}
+			var res policyList
 			if done, err := g.fetch(cmd, "/v1/policies", nil, &res, doing("list policies")); done {
 				return err
 			}
@@ -142,9 +140,7 @@ func newPoliciesVersionsCmd(g *globals) *cobra.Command {
 		Args:  args(1, "KIND", "JOB_TYPE"),
 		RunE: func(cmd *cobra.Command, a []string) error {
 			kind, jobType := policyArgs(a)
-			var res struct {
-				Versions []policyVersion `json:"versions"`
-			}
+			var res policyVersionList
 			if done, err := g.fetch(cmd, policyPath(kind, jobType)+"/versions", nil, &res, doing("policy versions "+policyName(kind, jobType))); done {
 				return err
 			}

@@ -25,9 +25,7 @@ func newSourcesListCmd(g *globals) *cobra.Command {
 		Short: "List the sources that have a gate (rate limit, pause or allowed types)",
 		Args:  args(0),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			var res struct {
-				Sources []sourceView `json:"sources"`
-			}
+			var res sourceList
 			if done, err := g.fetch(cmd, "/v1/sources", nil, &res, doing("list sources")); done {
 				return err
 			}

@@ -84,9 +84,7 @@ func newTokensListCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			var res struct {
-				Tokens []auth.Token `json:"tokens"`
-			}
+			var res tokenList
 			raw, err := c.get(cmd.Context(), "/v1/tokens", nil, &res)
 			if err != nil {
 				return fmt.Errorf("list tokens: %w", err)

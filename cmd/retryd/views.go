@@ -3,6 +3,9 @@ package main
 import (
 	"encoding/json"
 	"time"
+
+	"github.com/retryd/retryd/internal/auth"
+	"github.com/retryd/retryd/pkg/policy"
 )
 
 // The API's answers as the CLI reads them. Only the fields it shows are
@@ -73,6 +76,31 @@ type sourceView struct {
 	Deferred     int64      `json:"deferred"`
 	UpdatedBy    string     `json:"updated_by"`
 	UpdatedAt    time.Time  `json:"updated_at"`
+}
+
+// policyList is GET /v1/policies.
+type policyList struct {
+	Policies []policy.Policy `json:"policies"`
+}
+
+// policyVersionList is GET /v1/policies/{kind}/{job_type}/versions.
+type policyVersionList struct {
+	Versions []policyVersion `json:"versions"`
+}
+
+// sourceList is GET /v1/sources.
+type sourceList struct {
+	Sources []sourceView `json:"sources"`
+}
+
+// tokenList is GET /v1/tokens.
+type tokenList struct {
+	Tokens []auth.Token `json:"tokens"`
+}
+
+// dryRunView answers a dry run of POST /v1/jobs/bulk-retry.
+type dryRunView struct {
+	Matched int64 `json:"matched"`
 }
 
 type policyVersion struct {
