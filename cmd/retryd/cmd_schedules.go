@@ -87,7 +87,9 @@ func newSchedulesCmd(g *globals) *cobra.Command {
 	return cmd
 }
 
-func schedulePath(jobType, name string) string { return "/v1/schedules/" + seg(jobType) + "/" + seg(name) }
+func schedulePath(jobType, name string) string {
+	return "/v1/schedules/" + seg(jobType) + "/" + seg(name)
+}
 
 func newSchedulesListCmd(g *globals) *cobra.Command {
 	return &cobra.Command{
