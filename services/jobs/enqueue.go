@@ -36,20 +36,39 @@ const (
 // one job.
 const HeaderIdempotencyKey = "Idempotency-Key"
 
-// EnqueueRequest is the body of POST /v1/jobs: a job (contract.JobData
-// without attempt and checkpoint, which only retries carry), when to
-// run it first, and for how long its id stays unique.
-type EnqueueRequest struct {
-	// ID names the job; without it the job's id comes from the
-	// Idempotency-Key header, or is a new ULID.
-	ID           string            `json:"id,omitempty"`
-	JobType      string            `json:"job_type"`
+// JobFields are what a client sets of a job it enqueues or schedules:
+// contract.JobData less the id, the type (named elsewhere) and what only
+// retries carry (attempt, checkpoint).
+type JobFields struct {
 	Priority     contract.Priority `json:"priority,omitempty"`
 	Payload      json.RawMessage   `json:"payload,omitempty"`
 	MaxRetries   *int              `json:"max_retries,omitempty"`
 	RetryEnabled *bool             `json:"retry_enabled,omitempty"`
 	TimeoutMS    int64             `json:"timeout_ms,omitempty"`
 	Metadata     map[string]string `json:"metadata,omitempty"`
+}
+
+// firstRun is the first attempt of the job id of jobType with f.
+func (f JobFields) firstRun(id, jobType string) contract.JobData {
+	return contract.JobData{
+		ID: id, JobType: jobType, Attempt: 1, Priority: f.Priority, Payload: f.Payload,
+		MaxRetries: f.MaxRetries, RetryEnabled: f.RetryEnabled, TimeoutMS: f.TimeoutMS, Metadata: f.Metadata,
+	}
+}
+
+func jobFieldsOf(d contract.JobData) JobFields {
+	return JobFields{Priority: d.Priority, Payload: d.Payload, MaxRetries: d.MaxRetries,
+		RetryEnabled: d.RetryEnabled, TimeoutMS: d.TimeoutMS, Metadata: d.Metadata}
+}
+
+// EnqueueRequest is the body of POST /v1/jobs: a job, when to run it
+// first, and for how long its id stays unique.
+type EnqueueRequest struct {
+	// ID names the job; without it the job's id comes from the
+	// Idempotency-Key header, or is a new ULID.
+	ID      string `json:"id,omitempty"`
+	JobType string `json:"job_type"`
+	JobFields
 	// RunAt delays the first run: a JetStream message schedule fires it
 	// then. Empty or past runs it now.
 	RunAt *time.Time `json:"run_at,omitempty"`
@@ -125,10 +144,7 @@ func (a *API) handleEnqueue(w http.ResponseWriter, r *http.Request) {
 
 // job checks the request and builds its first attempt.
 func (req EnqueueRequest) job(idempotencyKey string) (contract.JobData, time.Duration, error) {
-	job := contract.JobData{
-		ID: req.ID, JobType: req.JobType, Attempt: 1, Priority: req.Priority, Payload: req.Payload,
-		MaxRetries: req.MaxRetries, RetryEnabled: req.RetryEnabled, TimeoutMS: req.TimeoutMS, Metadata: req.Metadata,
-	}
+	job := req.firstRun(req.ID, req.JobType)
 	if err := contract.ValidateToken("job_type", req.JobType); err != nil {
 		return job, 0, err
 	}

@@ -2,7 +2,6 @@ package jobs
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -28,14 +27,9 @@ type ScheduleRequest struct {
 	Every string `json:"every,omitempty"`
 	// Cron is six fields, seconds first ("0 30 2 * * *"), or @hourly,
 	// @daily, @weekly, @monthly, @yearly.
-	Cron         string            `json:"cron,omitempty"`
-	TimeZone     string            `json:"time_zone,omitempty"`
-	Priority     contract.Priority `json:"priority,omitempty"`
-	Payload      json.RawMessage   `json:"payload,omitempty"`
-	MaxRetries   *int              `json:"max_retries,omitempty"`
-	RetryEnabled *bool             `json:"retry_enabled,omitempty"`
-	TimeoutMS    int64             `json:"timeout_ms,omitempty"`
-	Metadata     map[string]string `json:"metadata,omitempty"`
+	Cron     string `json:"cron,omitempty"`
+	TimeZone string `json:"time_zone,omitempty"`
+	JobFields
 }
 
 // ScheduleView is a periodic schedule as the API shows it.
@@ -47,13 +41,8 @@ type ScheduleView struct {
 	TimeZone string `json:"time_zone,omitempty"`
 	// JobID is the schedule's job id; each tick's job is
 	// "<job_id>-<its sequence in JOBS>".
-	JobID        string            `json:"job_id"`
-	Priority     contract.Priority `json:"priority,omitempty"`
-	Payload      json.RawMessage   `json:"payload,omitempty"`
-	MaxRetries   *int              `json:"max_retries,omitempty"`
-	RetryEnabled *bool             `json:"retry_enabled,omitempty"`
-	TimeoutMS    int64             `json:"timeout_ms,omitempty"`
-	Metadata     map[string]string `json:"metadata,omitempty"`
+	JobID string `json:"job_id"`
+	JobFields
 	// UpdatedAt is when this version of the schedule was stored.
 	UpdatedAt time.Time `json:"updated_at"`
 }
@@ -101,11 +90,7 @@ func (a *API) handlePutSchedule(w http.ResponseWriter, r *http.Request) {
 		serve.WriteError(w, err)
 		return
 	}
-	job := contract.JobData{
-		ID: scheduleJobID(name), JobType: jobType, Attempt: 1, Priority: req.Priority, Payload: req.Payload,
-		MaxRetries: req.MaxRetries, RetryEnabled: req.RetryEnabled, TimeoutMS: req.TimeoutMS, Metadata: req.Metadata,
-	}
-	msg, err := contract.NewScheduleMsg(EnqueueSource, name, pattern, req.TimeZone, job, a.cfg.Now())
+	msg, err := contract.NewScheduleMsg(EnqueueSource, name, pattern, req.TimeZone, req.firstRun(scheduleJobID(name), jobType), a.cfg.Now())
 	if err != nil {
 		serve.WriteError(w, err)
 		return
@@ -224,8 +209,7 @@ func (a *API) schedule(ctx context.Context, jobType, name string) (ScheduleView,
 	}
 	return ScheduleView{
 		JobType: jobType, Name: name, Pattern: raw.Header.Get(contract.HeaderSchedule),
-		TimeZone: raw.Header.Get(contract.HeaderScheduleTimeZone), JobID: job.ID, Priority: job.Priority,
-		Payload: job.Payload, MaxRetries: job.MaxRetries, RetryEnabled: job.RetryEnabled, TimeoutMS: job.TimeoutMS,
-		Metadata: job.Metadata, UpdatedAt: raw.Time.UTC(),
+		TimeZone: raw.Header.Get(contract.HeaderScheduleTimeZone), JobID: job.ID, JobFields: jobFieldsOf(job),
+		UpdatedAt: raw.Time.UTC(),
 	}, nil
 }
