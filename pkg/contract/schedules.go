@@ -97,7 +97,7 @@ func NewScheduleMsg(source, name, pattern, timeZone string, d JobData, now time.
 	if len(d.ID) > MaxScheduleIDLen {
 		return nil, fmt.Errorf("build schedule: %w", fieldErr("data.id", fmt.Sprintf("is %d characters, more than the %d a schedule's job may have", len(d.ID), MaxScheduleIDLen)))
 	}
-	if err := validateSchedulePattern(pattern, timeZone); err != nil {
+	if err := ValidateSchedulePattern(pattern, timeZone); err != nil {
 		return nil, fmt.Errorf("build schedule: %w", err)
 	}
 	msg, err := NewJobMsg(source, d, now)
@@ -132,7 +132,10 @@ func NewDelayedJobMsg(source string, d JobData, runAt, now time.Time) (*nats.Msg
 	return msg, nil
 }
 
-func validateSchedulePattern(pattern, timeZone string) error {
+// ValidateSchedulePattern checks a periodic schedule's pattern and time
+// zone as far as a client can; the server parses cron expressions. The
+// errors name the request fields every, cron and time_zone.
+func ValidateSchedulePattern(pattern, timeZone string) error {
 	if every, ok := strings.CutPrefix(pattern, "@every "); ok {
 		d, err := time.ParseDuration(every)
 		switch {

@@ -84,7 +84,13 @@ func (a *API) handlePutSchedule(w http.ResponseWriter, r *http.Request) {
 	}
 	pattern, err := req.pattern()
 	if err == nil {
+		err = contract.ValidateSchedulePattern(pattern, req.TimeZone)
+	}
+	if err == nil {
 		err = contract.ValidateToken("job_type", jobType)
+	}
+	if err == nil {
+		err = contract.ValidateToken("name", name)
 	}
 	if err != nil {
 		serve.WriteError(w, err)
@@ -99,7 +105,7 @@ func (a *API) handlePutSchedule(w http.ResponseWriter, r *http.Request) {
 		// The server is the judge of a cron expression.
 		var apiErr *jetstream.APIError
 		if errors.As(err, &apiErr) && apiErr.Code == http.StatusBadRequest {
-			serve.WriteError(w, invalid("cron", "the server refused the schedule: "+apiErr.Description))
+			serve.WriteError(w, invalid("cron", "is refused by the server: "+apiErr.Description))
 			return
 		}
 		a.internal(w, fmt.Errorf("publish schedule %s/%s: %w", jobType, name, err))
