@@ -24,6 +24,8 @@ type apiClient struct {
 	http    *http.Client
 	timeout time.Duration
 	token   string // bearer token (--token, RETRYD_TOKEN); empty sends none
+	// header is sent with every request (an Idempotency-Key).
+	header http.Header
 }
 
 func newAPIClient(base string, timeout time.Duration) (*apiClient, error) {
@@ -92,6 +94,9 @@ func (c *apiClient) do(ctx context.Context, method, path string, query url.Value
 	}
 	if c.token != "" {
 		req.Header.Set("Authorization", "Bearer "+c.token)
+	}
+	for k, v := range c.header {
+		req.Header[k] = v
 	}
 	resp, err := c.http.Do(req)
 	if err != nil {

@@ -23,9 +23,9 @@ func newJobsCmd(g *globals) *cobra.Command {
 	cmd := group(&cobra.Command{
 		Use:     "jobs",
 		Aliases: []string{"job"},
-		Short:   "List, inspect, retry and cancel jobs; bulk retries and their progress",
+		Short:   "Enqueue, list, inspect, retry and cancel jobs; bulk retries and their progress",
 	})
-	cmd.AddCommand(newJobsListCmd(g), newJobsShowCmd(g), newJobsActionCmd(g, "retry"), newJobsActionCmd(g, "cancel"),
+	cmd.AddCommand(newJobsListCmd(g), newJobsShowCmd(g), newJobsEnqueueCmd(g), newJobsActionCmd(g, "retry"), newJobsActionCmd(g, "cancel"),
 		newJobsBulkRetryCmd(g), newJobsOperationCmd(g), newJobsOperationsCmd(g))
 	return cmd
 }

@@ -22,7 +22,7 @@ func newStreamsCmd(g *globals) *cobra.Command {
 		Use:     "streams",
 		Aliases: []string{"stream"},
 		Short:   "retryd's JetStream streams: export, create, inspect",
-		Long: `retryd's five streams: INGEST, EVENTS, RETRIES, RUNS and JOBS. ensure and
+		Long: `retryd's six streams: INGEST, EVENTS, RETRIES, RUNS, SCHEDULES and JOBS. ensure and
 list connect to NATS with the NATS_* environment variables (NATS_URL,
 NATS_CREDS, NATS_TLS_CA, ...; see docs/operations.md) or --nats-url.`,
 	})

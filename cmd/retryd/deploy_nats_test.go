@@ -154,7 +154,7 @@ func TestNATSConfig(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, proj.Start(ctx))
 	stop("jobs projection", proj.Stop)
-	api, err := jobs.NewAPI(jobs.APIConfig{Pool: pools.scheduler, Retry: scheduler.RetryController{S: sched}, Logger: log})
+	api, err := jobs.NewAPI(jobs.APIConfig{Pool: pools.scheduler, Retry: scheduler.RetryController{S: sched}, JS: schedJS, Logger: log})
 	require.NoError(t, err)
 
 	ing, err := ingress.New(ingress.Config{Pool: pools.ingress, JS: connect("ingress"), Logger: log})
@@ -247,6 +247,32 @@ func TestNATSConfig(t *testing.T) {
 			b.okJSON(t, &v, "jobs", "show", id)
 			return v.Job != nil && v.Job.Status == "completed" && v.Job.Priority == "high"
 		}, wait, 20*time.Millisecond, "the projection shows the band")
+	})
+
+	t.Run("jobs enqueued over HTTP, delayed and on a schedule", func(t *testing.T) {
+		// The jobs API (scheduler user) publishes on JOBS, delays on
+		// SCHEDULES and keeps schedules there; JOBS copies what fires.
+		var now, later enqueued
+		b.okJSON(t, &now, "jobs", "enqueue", "perm_job", "--idempotency-key", "perm-now")
+		b.okJSON(t, &later, "jobs", "enqueue", "perm_job", "--id", "perm-later", "--in", "1s")
+		b.ok(t, "schedules", "create", "perm_job", "perm-tick", "--every", "1s")
+		var list scheduleList
+		b.okJSON(t, &list, "schedules", "list")
+		require.Len(t, list.Schedules, 1)
+		ticked := func() bool {
+			found := false
+			ran.Range(func(k, _ any) bool {
+				found = strings.HasPrefix(k.(string), "sched-perm-tick-")
+				return !found
+			})
+			return found
+		}
+		require.Eventually(t, func() bool {
+			_, a := ran.Load(now.ID + ":1")
+			_, b := ran.Load("perm-later:1")
+			return a && b && ticked()
+		}, wait, 20*time.Millisecond, "the worker ran the job, the delayed job and a tick")
+		b.ok(t, "schedules", "delete", "perm_job", "perm-tick")
 	})
 
 	t.Run("event admitted and delivered, run launched and finished", func(t *testing.T) {
@@ -397,7 +423,7 @@ func TestNATSConfig(t *testing.T) {
 			names = append(names, n)
 		}
 		require.NoError(t, lister.Err())
-		require.ElementsMatch(t, []string{"INGEST", "EVENTS", "RETRIES", "RUNS", "JOBS"}, names)
+		require.ElementsMatch(t, []string{"INGEST", "EVENTS", "RETRIES", "RUNS", "SCHEDULES", "JOBS"}, names)
 		stream, err := js.Stream(ctx, "RETRIES")
 		require.NoError(t, err)
 		require.Positive(t, stream.CachedInfo().State.Msgs, "the job subtest left lifecycle facts")

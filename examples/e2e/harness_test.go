@@ -101,7 +101,7 @@ func setup(t *testing.T) *env {
 	require.NoError(t, proj.Start(ctx))
 	t.Cleanup(func() { stop(t, proj.Stop) })
 
-	api, err := jobs.NewAPI(jobs.APIConfig{Pool: e.pool, Retry: retryController{sched}, Logger: e.log, ScanInterval: 50 * time.Millisecond})
+	api, err := jobs.NewAPI(jobs.APIConfig{Pool: e.pool, Retry: retryController{sched}, JS: js, Logger: e.log, ScanInterval: 50 * time.Millisecond})
 	require.NoError(t, err)
 	require.NoError(t, api.Start(ctx))
 	t.Cleanup(func() { stop(t, api.Stop) })

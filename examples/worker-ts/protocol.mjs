@@ -224,6 +224,28 @@ export function decodeJob(subject, body) {
   return { envelope, job: /** @type {JobData} */ (d) };
 }
 
+/**
+ * Gives a job a periodic schedule fired the id of its tick, as
+ * pkg/contract.FiredJobID does (docs/worker-sdk.md, "Jobs fired by a
+ * schedule"): a periodic schedule fires the same body every tick, so the
+ * tick's job is "<data.id>-<its stream sequence in JOBS>". A job without
+ * the Nats-Scheduler header, or a delayed one (Nats-Schedule-Next
+ * "purge"), keeps its id.
+ * @param {JobData} job
+ * @param {string | undefined} scheduler the Nats-Scheduler header
+ * @param {string | undefined} next the Nats-Schedule-Next header
+ * @param {number} seq the message's stream sequence in JOBS
+ * @returns {JobData}
+ */
+export function nameFired(job, scheduler, next, seq) {
+  if (!scheduler || next === "purge") {
+    return job;
+  }
+  const id = `${job.id}-${seq}`;
+  check(ID_RE.test(id), "data.id", "a tick's id must be 1-128 characters of [A-Za-z0-9_-]");
+  return { ...job, id };
+}
+
 const DUE_FIELDS = new Set(["kind", "id", "attempt", "next_attempt_at", "job_type", "source", "payload", "checkpoint", "metadata", "max_retries", "retry_enabled", "timeout_ms", "priority"]);
 
 /**

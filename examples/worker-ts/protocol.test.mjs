@@ -4,7 +4,7 @@
 
 import assert from "node:assert/strict";
 import { test } from "node:test";
-import { ContractError, decodeJob, dueToJob, failedData, jobMsg, lifecycleMsg, reportable } from "./protocol.mjs";
+import { ContractError, decodeJob, dueToJob, failedData, jobMsg, lifecycleMsg, nameFired, reportable } from "./protocol.mjs";
 
 const enc = (/** @type {unknown} */ v) => new TextEncoder().encode(typeof v === "string" ? v : JSON.stringify(v));
 const env = (/** @type {Record<string, unknown>} */ data, /** @type {Record<string, unknown>} */ extra = {}) => ({
@@ -15,6 +15,14 @@ const env = (/** @type {Record<string, unknown>} */ data, /** @type {Record<stri
 test("a job decodes, with its band from the subject", () => {
   const { job } = decodeJob("jobs.send.high", enc(env({ id: "01J", job_type: "send", attempt: 1, priority: "high", payload: { a: 1 } })));
   assert.deepEqual(job, { id: "01J", job_type: "send", attempt: 1, priority: "high", payload: { a: 1 } });
+});
+
+test("a periodic schedule's tick is named by its sequence; a delayed job keeps its id", () => {
+  const job = { id: "sched-nightly", job_type: "report", attempt: 1 };
+  assert.equal(nameFired(job, "schedules.report.nightly", "2025-03-14T15:09:27Z", 42).id, "sched-nightly-42");
+  assert.equal(nameFired(job, "delayed.report.x", "purge", 42).id, "sched-nightly");
+  assert.equal(nameFired(job, undefined, undefined, 42).id, "sched-nightly");
+  assert.throws(() => nameFired({ ...job, id: "x".repeat(127) }, "schedules.report.nightly", "t", 42), ContractError);
 });
 
 test("malformed jobs are refused, naming the field", () => {

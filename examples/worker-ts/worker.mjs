@@ -230,7 +230,8 @@ export async function startWorker(cfg, handlers) {
   async function runJob(type, band, m) {
     let data;
     try {
-      data = protocol.decodeJob(m.subject, m.data).job;
+      data = protocol.nameFired(protocol.decodeJob(m.subject, m.data).job,
+        m.headers?.get("Nats-Scheduler"), m.headers?.get("Nats-Schedule-Next"), m.seq);
     } catch (err) {
       // Malformed: terminated with the reason, never redelivered.
       m.term(String(/** @type {Error} */ (err).message).slice(0, 200));

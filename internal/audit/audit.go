@@ -46,6 +46,8 @@ const (
 	TriggerDisable  = "trigger.disable"  // trigger/<id>
 	TokenCreate     = "token.create"     // token/<id>
 	TokenRevoke     = "token.revoke"     // token/<id>
+	SchedulePut     = "schedule.put"     // schedule/<job_type>/<name>
+	ScheduleDelete  = "schedule.delete"  // schedule/<job_type>/<name>
 )
 
 // maxDetailValue caps each string of a detail, so a long reason cannot

@@ -32,7 +32,7 @@ func TestRunServerEnsureStreamsPublish(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, ack.Duplicate)
 
-	for _, name := range []string{"INGEST", "EVENTS", "RETRIES", "RUNS", "JOBS"} {
+	for _, name := range []string{"INGEST", "EVENTS", "RETRIES", "RUNS", "SCHEDULES", "JOBS"} {
 		_, err := js.Stream(ctx, name)
 		require.NoError(t, err, name)
 	}

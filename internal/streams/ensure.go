@@ -10,7 +10,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// Ensure creates the five streams, or updates them to the configuration of
+// Ensure creates the six streams, or updates them to the configuration of
 // opts when they exist. It is idempotent and safe to call from several
 // processes at once (every service calls it at start) and after a stream
 // was deleted, which it recreates empty.

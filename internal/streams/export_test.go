@@ -110,7 +110,7 @@ func TestExportR3(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
 	require.NoError(t, streams.Export(dir, streams.Options{Replicas: 3}))
-	require.Equal(t, []string{"EVENTS.json", "INGEST.json", "JOBS.json", "RETRIES.json", "RUNS.json"}, jsonFiles(t, dir))
+	require.Equal(t, []string{"EVENTS.json", "INGEST.json", "JOBS.json", "RETRIES.json", "RUNS.json", "SCHEDULES.json"}, jsonFiles(t, dir))
 	for _, name := range streams.Names {
 		raw, err := os.ReadFile(filepath.Join(dir, name+".json"))
 		require.NoError(t, err)

@@ -1,4 +1,4 @@
-// Package streams defines retryd's five JetStream streams and creates them.
+// Package streams defines retryd's six JetStream streams and creates them.
 //
 // The configuration is the same everywhere it is used: Ensure creates or
 // updates the streams at service start, Export writes them as JSON files
@@ -43,6 +43,7 @@ var Names = []string{
 	contract.StreamEvents,
 	contract.StreamRetries,
 	contract.StreamRuns,
+	contract.StreamSchedules,
 	contract.StreamJobs,
 }
 
@@ -74,6 +75,9 @@ func (o Options) Validate() error {
 		if !isStream(name) {
 			return fmt.Errorf("Options.MaxAge: %q is not a retryd stream (%v)", name, Names)
 		}
+		if name == contract.StreamSchedules {
+			return fmt.Errorf("Options.MaxAge: %s has no max age: its schedules live until deleted", name)
+		}
 		if age < DuplicateWindow {
 			return fmt.Errorf("Options.MaxAge[%s] must be at least the duplicate window %s, got %s", name, DuplicateWindow, age)
 		}
@@ -100,6 +104,11 @@ type definition struct {
 	// (`$JS.API.DIRECT.GET.<stream>.<subject>`) that a NATS permission can
 	// narrow: workers check a job's outcome on retry.job.* only.
 	allowDirect bool
+	// schedules turns on JetStream message schedules (which the server
+	// pairs with roll-ups: each schedule subject keeps its latest message).
+	schedules bool
+	// sources are the streams whose subjects this one copies in, mapped.
+	sources []*jetstream.StreamSource
 }
 
 var definitions = []definition{
@@ -128,18 +137,36 @@ var definitions = []definition{
 		maxAge:      DefaultMaxAge,
 		description: "retryd: workflow runs requested, completed and failed (runs.<workflow>.<event>.<run_id>)",
 	},
+	// Schedules of jobs, periodic and delayed, and the jobs they fire
+	// (contract.StreamSchedules says why they are not on JOBS). No max
+	// age: a schedule lives until it is deleted (or, delayed, fires);
+	// each fired message expires by its own TTL (contract.FiredTTL) once
+	// JOBS has long had its copy.
+	{
+		name:        contract.StreamSchedules,
+		subjects:    []string{"schedules.*.*", "delayed.*.*", "fired.jobs.*", "fired.jobs.*.high", "fired.jobs.*.low"},
+		description: "retryd: job schedules (schedules.<job_type>.<name>), delayed first runs (delayed.<job_type>.<id>) and what they fire (fired.jobs.<job_type>), copied into JOBS",
+		schedules:   true,
+	},
 	// jobs.<job_type> is the normal priority band (and every job published
-	// before priorities); high and low have their own token.
+	// before priorities); high and low have their own token. The jobs that
+	// schedules fire come in from SCHEDULES, "fired." dropped.
 	{
 		name:        contract.StreamJobs,
 		subjects:    []string{"jobs.*", "jobs.*.high", "jobs.*.low"},
 		maxAge:      DefaultMaxAge,
 		description: "retryd: work for workers, read by the workers and the jobs projection (jobs.<job_type>, jobs.<job_type>.high, jobs.<job_type>.low)",
+		sources: []*jetstream.StreamSource{{
+			Name: contract.StreamSchedules,
+			SubjectTransforms: []jetstream.SubjectTransformConfig{
+				{Source: "fired.jobs.>", Destination: "jobs.>"},
+			},
+		}},
 	},
 }
 
-// Configs returns the configuration of the five streams, INGEST, EVENTS,
-// RETRIES, RUNS and JOBS, in that order. Limits that retryd leaves open are
+// Configs returns the configuration of the six streams, INGEST, EVENTS,
+// RETRIES, RUNS, SCHEDULES and JOBS, in that order. Limits that retryd leaves open are
 // written as the server stores them (-1, unlimited) so that a config read
 // back from the server compares equal.
 func Configs(opts Options) []jetstream.StreamConfig {
@@ -168,6 +195,10 @@ func Configs(opts Options) []jetstream.StreamConfig {
 			Storage:           opts.Storage,
 			Replicas:          replicas,
 			AllowDirect:       d.allowDirect,
+			AllowMsgSchedules: d.schedules,
+			AllowRollup:       d.schedules,
+			AllowMsgTTL:       d.schedules,
+			Sources:           d.sources,
 			Duplicates:        DuplicateWindow,
 			Compression:       jetstream.NoCompression,
 		})

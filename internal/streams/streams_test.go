@@ -55,12 +55,16 @@ func TestConfigsDocumentedChoices(t *testing.T) {
 		require.Equal(t, 1, c.Replicas, c.Name)
 		require.NotEmpty(t, c.Description, c.Name)
 		want := 7 * 24 * time.Hour
-		if c.Name == contract.StreamRetries {
+		switch c.Name {
+		case contract.StreamRetries:
 			want = 30 * 24 * time.Hour
+		case contract.StreamSchedules:
+			want = 0 // a schedule lives until deleted; fired jobs expire by their TTL
 		}
+		require.Equal(t, c.Name == contract.StreamSchedules, c.AllowMsgSchedules, c.Name)
 		require.Equal(t, want, c.MaxAge, c.Name)
 	}
-	require.Equal(t, []string{"INGEST", "EVENTS", "RETRIES", "RUNS", "JOBS"}, names)
+	require.Equal(t, []string{"INGEST", "EVENTS", "RETRIES", "RUNS", "SCHEDULES", "JOBS"}, names)
 	require.Equal(t, streams.Names, names)
 
 	r3 := streams.Configs(streams.Options{Replicas: 3, MaxAge: map[string]time.Duration{"JOBS": time.Hour}})

@@ -159,6 +159,9 @@ type attemptResult struct {
 // Nats-Msg-Id absorb the repeated report.
 func (w *Worker) process(p *pull, jobType string, h Handler, msg jetstream.Msg) {
 	_, data, err := contract.DecodeJob(msg.Subject(), msg.Data())
+	if err == nil {
+		err = nameFired(&data, msg)
+	}
 	if err != nil {
 		w.terminate(p.cfg.Durable, msg, err)
 		return
@@ -362,3 +365,16 @@ func truncate(s string, n int) string {
 }
 
 func utf8RuneStart(b byte) bool { return b&0xC0 != 0x80 }
+
+// nameFired gives a job fired by a periodic schedule the id of its tick
+// (contract.FiredJobID), from the message's sequence in JOBS.
+func nameFired(d *contract.JobData, msg jetstream.Msg) error {
+	if msg.Headers().Get(contract.HeaderScheduler) == "" {
+		return nil
+	}
+	meta, err := msg.Metadata()
+	if err != nil {
+		return fmt.Errorf("read fired job metadata: %w", err)
+	}
+	return d.NameFired(msg.Headers(), meta.Sequence.Stream)
+}

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
@@ -48,10 +49,13 @@ const (
 	DefaultAnalyticsDays = 7
 )
 
-// APIConfig configures the jobs API. Pool and Retry are required.
+// APIConfig configures the jobs API. Pool, Retry and JS are required.
 type APIConfig struct {
 	Pool  *pgxpool.Pool
 	Retry RetryController
+	// JS publishes the jobs of POST /v1/jobs and keeps the schedules on
+	// the SCHEDULES stream.
+	JS jetstream.JetStream
 	// Logger gets ids, types and counts, never error messages of jobs.
 	Logger zerolog.Logger
 	// Registerer receives the bulk retry metrics; nil means a private
@@ -78,6 +82,8 @@ func (c *APIConfig) validate() error {
 		return errors.New("APIConfig.Pool is required")
 	case c.Retry == nil:
 		return errors.New("APIConfig.Retry is required")
+	case c.JS == nil:
+		return errors.New("APIConfig.JS is required")
 	case c.LeaseTTL < 0:
 		return fmt.Errorf("APIConfig.LeaseTTL must not be negative, got %s", c.LeaseTTL)
 	case c.ScanInterval < 0:
@@ -111,6 +117,7 @@ func (c *APIConfig) validate() error {
 // retries in the background (Start/Stop):
 //
 //	GET  /v1/analytics/retries?kind=&job_type=&since=&until=&days=&top=
+//	POST /v1/jobs                {"job_type": "...", "payload": {...}, "run_at": "...", "unique_for": "24h"}
 //	GET  /v1/jobs?status=&job_type=&priority=&min_retry_count=&error_class=&since=&until=&limit=&cursor=
 //	GET  /v1/jobs/{id}
 //	POST /v1/jobs/{id}/retry     {"reason": "...", "by": "...", "reset_attempts": false, "error_class": "..."}
@@ -124,6 +131,7 @@ func (c *APIConfig) validate() error {
 //	GET  /v1/operations?status=&limit=&cursor=
 //	GET  /v1/operations/{id}
 //	POST /v1/operations/{id}/cancel
+//	GET|PUT|DELETE /v1/schedules/{job_type}/{name}, GET /v1/schedules
 type API struct {
 	cfg APIConfig
 	log zerolog.Logger
@@ -161,6 +169,8 @@ func NewAPI(cfg APIConfig) (*API, error) {
 var endpoints = []serve.Endpoint[*API]{
 	{Route: serve.Route{Method: http.MethodGet, Path: "/v1/analytics/retries", Role: serve.RoleViewer,
 		Description: "Retry analytics per kind and per job type (?kind=&job_type=&days=&since=&until=&top=)."}, Serve: (*API).handleAnalytics},
+	{Route: serve.Route{Method: http.MethodPost, Path: "/v1/jobs", Role: serve.RoleProducer,
+		Description: `Enqueue a job ({"job_type", "payload", "run_at", "unique_for", ...}; header Idempotency-Key names it).`}, Serve: (*API).handleEnqueue},
 	{Route: serve.Route{Method: http.MethodGet, Path: "/v1/jobs", Role: serve.RoleViewer,
 		Description: "List jobs (?status=&job_type=&priority=&min_retry_count=&error_class=&since=&until=&limit=&cursor=)."}, Serve: (*API).handleList},
 	{Route: serve.Route{Method: http.MethodPost, Path: "/v1/jobs/bulk-retry", Role: serve.RoleOperator,
@@ -171,6 +181,14 @@ var endpoints = []serve.Endpoint[*API]{
 		Description: `Retry a job now ({"reason", "reset_attempts", "error_class"}; the token's name is recorded as by).`}, Serve: (*API).handleRetry},
 	{Route: serve.Route{Method: http.MethodPost, Path: "/v1/jobs/{id}/cancel", Role: serve.RoleOperator,
 		Description: `Cancel a job's pending retry ({"reason"}; the token's name is recorded as by).`}, Serve: (*API).handleCancel},
+	{Route: serve.Route{Method: http.MethodGet, Path: "/v1/schedules", Role: serve.RoleViewer,
+		Description: "List periodic job schedules."}, Serve: (*API).handleListSchedules},
+	{Route: serve.Route{Method: http.MethodGet, Path: "/v1/schedules/{job_type}/{name}", Role: serve.RoleViewer,
+		Description: "One periodic job schedule."}, Serve: (*API).handleGetSchedule},
+	{Route: serve.Route{Method: http.MethodPut, Path: "/v1/schedules/{job_type}/{name}", Role: serve.RoleAdmin,
+		Description: `Create or replace a periodic job schedule ({"every"} or {"cron", "time_zone"}, and the job's fields).`}, Serve: (*API).handlePutSchedule},
+	{Route: serve.Route{Method: http.MethodDelete, Path: "/v1/schedules/{job_type}/{name}", Role: serve.RoleAdmin,
+		Description: "Delete a periodic job schedule."}, Serve: (*API).handleDeleteSchedule},
 	{Route: serve.Route{Method: http.MethodGet, Path: "/v1/operations", Role: serve.RoleViewer,
 		Description: "List bulk operations, newest first (?status=running|completed|cancelled&limit=&cursor=)."}, Serve: (*API).handleListOperations},
 	{Route: serve.Route{Method: http.MethodGet, Path: "/v1/operations/{id}", Role: serve.RoleViewer,

@@ -78,7 +78,7 @@ func setupAPI(t *testing.T, cfg jobs.APIConfig) *apiBundle {
 	t.Helper()
 	b := setup(t)
 	rec := &recorder{errors: map[string]error{}}
-	cfg.Pool, cfg.Logger = b.pool, b.log
+	cfg.Pool, cfg.JS, cfg.Logger = b.pool, b.js, b.log
 	if cfg.Retry == nil {
 		cfg.Retry = rec
 	}
@@ -332,7 +332,7 @@ func TestBulkRetryResumesAfterItsRunnerDies(t *testing.T) {
 	require.Eventually(t, func() bool { return len(b.rec.Calls()) >= 3 }, wait, 5*time.Millisecond)
 	require.NoError(t, b.api.Stop(b.ctx)) // the runner dies; the lease runs out
 
-	second, err := jobs.NewAPI(jobs.APIConfig{Pool: b.pool, Retry: b.rec, Logger: b.log, Runner: "second",
+	second, err := jobs.NewAPI(jobs.APIConfig{Pool: b.pool, Retry: b.rec, JS: b.js, Logger: b.log, Runner: "second",
 		LeaseTTL: time.Second, ScanInterval: 50 * time.Millisecond})
 	require.NoError(t, err)
 	b.start(t, second)

@@ -399,6 +399,18 @@ func decode(stream string, m jetstream.Msg) (decoded, error) {
 		if err != nil {
 			return decoded{}, err
 		}
+		if m.Headers().Get(contract.HeaderScheduler) != "" {
+			// A schedule fired it: the server dropped the Nats-Msg-Id,
+			// and a periodic schedule's ticks share one body.
+			meta, err := m.Metadata()
+			if err != nil {
+				return decoded{}, fmt.Errorf("read fired job metadata: %w", err)
+			}
+			if err := job.NameFired(m.Headers(), meta.Sequence.Stream); err != nil {
+				return decoded{}, err
+			}
+			d.msgID = contract.JobMsgID(job.ID, job.Attempt)
+		}
 		d.job, d.at = &job, env.Time
 		if d.msgID == "" {
 			d.msgID = env.ID

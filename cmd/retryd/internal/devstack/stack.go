@@ -309,7 +309,7 @@ func (s *Stack) startServices(ctx context.Context) error {
 	s.Projector = proj
 	s.onStop("jobs projection", proj.Stop)
 
-	api, err := jobs.NewAPI(jobs.APIConfig{Pool: s.Pool, Retry: scheduler.RetryController{S: sched}, Logger: lg("jobs-api"), Registerer: reg})
+	api, err := jobs.NewAPI(jobs.APIConfig{Pool: s.Pool, Retry: scheduler.RetryController{S: sched}, JS: s.JS, Logger: lg("jobs-api"), Registerer: reg})
 	if err != nil {
 		return fmt.Errorf("new jobs API: %w", err)
 	}

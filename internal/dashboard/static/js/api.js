@@ -102,6 +102,8 @@ export const api = {
   // Runs are the triggers service's; a run's retry is retryNow("run", id).
   listRuns: (filter) => call("GET", "/v1/runs", { query: filter }),
   getRun: (id) => call("GET", `/v1/runs/${seg(id)}`),
+  listSchedules: () => call("GET", "/v1/schedules"),
+  deleteSchedule: (jobType, name) => call("DELETE", `/v1/schedules/${seg(jobType)}/${seg(name)}`),
   // bulkRetry's body: {filter, dry_run, rate_per_second, reason}. dry_run
   // is required by the API, so a bulk retry never starts by accident.
   bulkRetry: (body) => call("POST", "/v1/jobs/bulk-retry", { body }),

@@ -10,8 +10,9 @@ import * as sources from "./sources.js";
 import * as policies from "./policies.js";
 import * as jobs from "./jobs.js";
 import * as runs from "./runs.js";
+import * as schedules from "./schedules.js";
 
-const views = { retries, jobs, runs, analytics, sources, policies };
+const views = { retries, jobs, runs, schedules, analytics, sources, policies };
 const refreshMS = Number(document.querySelector('meta[name="retryd-refresh-ms"]')?.content) || 3000;
 const main = document.getElementById("view");
 

@@ -286,7 +286,7 @@ func startJobs(ctx context.Context, sched *scheduler.Scheduler, pool *pgxpool.Po
 	if err := proj.Start(ctx); err != nil {
 		return nil, fmt.Errorf("start jobs projection: %w", err)
 	}
-	api, err := jobs.NewAPI(jobs.APIConfig{Pool: pool, Retry: scheduler.RetryController{S: sched},
+	api, err := jobs.NewAPI(jobs.APIConfig{Pool: pool, Retry: scheduler.RetryController{S: sched}, JS: js,
 		Logger: log.With().Str("component", "jobs-api").Logger(), Registerer: reg})
 	if err != nil {
 		return nil, errors.Join(fmt.Errorf("new jobs API: %w", err), proj.Stop(context.WithoutCancel(ctx)))
