@@ -5,6 +5,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/retryd/retryd/internal/pgrows"
 )
 
 // Status of a workflow event.
@@ -39,7 +43,7 @@ type Event struct {
 
 const eventColumns = `event_id, source, type, status, envelope, received_at, admitted_at, updated_at`
 
-func scanEvent(row interface{ Scan(...any) error }) (Event, error) {
+func scanEvent(row pgx.Row) (Event, error) {
 	var ev Event
 	var status string
 	var env []byte
@@ -73,22 +77,14 @@ func InsertEvent(ctx context.Context, db DB, id, source, typ string, envelope []
 
 // GetEvent reads an event.
 func GetEvent(ctx context.Context, db DB, id string) (Event, error) {
-	ev, err := scanEvent(db.QueryRow(ctx, `SELECT `+eventColumns+` FROM workflow_events WHERE event_id = $1`, id))
-	if err != nil {
-		return Event{}, fmt.Errorf("get workflow event: %w", notFound(err))
-	}
-	return ev, nil
+	return pgrows.One(ctx, db, "get workflow event", scanEvent, `SELECT `+eventColumns+` FROM workflow_events WHERE event_id = $1`, id)
 }
 
 // LockEvent reads an event and locks its row until the transaction ends,
 // so the gate, the retry consumer and the cancel API see one another's
 // decisions.
 func LockEvent(ctx context.Context, db DB, id string) (Event, error) {
-	ev, err := scanEvent(db.QueryRow(ctx, `SELECT `+eventColumns+` FROM workflow_events WHERE event_id = $1 FOR UPDATE`, id))
-	if err != nil {
-		return Event{}, fmt.Errorf("lock workflow event: %w", notFound(err))
-	}
-	return ev, nil
+	return pgrows.One(ctx, db, "lock workflow event", scanEvent, `SELECT `+eventColumns+` FROM workflow_events WHERE event_id = $1 FOR UPDATE`, id)
 }
 
 // SetEventStatus moves an event to status. Admitted also sets admitted_at.

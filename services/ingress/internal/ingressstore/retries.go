@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/retryd/retryd/internal/pgrows"
 	"github.com/retryd/retryd/projections/pgtext"
 )
 
@@ -56,7 +57,7 @@ func (r Retry) Confirmed() bool { return r.ScheduledAttempt > r.Attempts }
 
 const retryColumns = `event_id, source, retry_state, attempts, scheduled_attempt, next_attempt_at, last_error, metadata, created_at, updated_at`
 
-func scanRetry(row interface{ Scan(...any) error }) (Retry, error) {
+func scanRetry(row pgx.Row) (Retry, error) {
 	var r Retry
 	var state string
 	var md []byte
@@ -75,11 +76,7 @@ func scanRetry(row interface{ Scan(...any) error }) (Retry, error) {
 
 // GetRetry reads an event's retry row.
 func GetRetry(ctx context.Context, db DB, eventID string) (Retry, error) {
-	r, err := scanRetry(db.QueryRow(ctx, `SELECT `+retryColumns+` FROM event_ingress_retries WHERE event_id = $1`, eventID))
-	if err != nil {
-		return Retry{}, fmt.Errorf("get event ingress retry: %w", notFound(err))
-	}
-	return r, nil
+	return pgrows.One(ctx, db, "get event ingress retry", scanRetry, `SELECT `+retryColumns+` FROM event_ingress_retries WHERE event_id = $1`, eventID)
 }
 
 // Deferral is one rejection by the gate.
@@ -234,22 +231,13 @@ func ResolveRetry(ctx context.Context, db DB, eventID string, state RetryState, 
 // lost with RETRIES), skipping rows other instances hold. Call it inside a
 // transaction and Touch what you republish.
 func Unconfirmed(ctx context.Context, db DB, olderThan time.Duration, limit int) ([]Retry, error) {
-	rows, err := db.Query(ctx, `
+	return pgrows.All(ctx, db, "find unconfirmed retries", scanRetry, `
 		SELECT `+retryColumns+` FROM event_ingress_retries
 		WHERE retry_state = 'scheduled' AND scheduled_attempt <= attempts
 		  AND updated_at < now() - $1 * interval '1 millisecond'
 		ORDER BY updated_at
 		LIMIT $2
 		FOR UPDATE SKIP LOCKED`, olderThan.Milliseconds(), limit)
-	if err != nil {
-		return nil, fmt.Errorf("find unconfirmed retries: %w", err)
-	}
-	defer rows.Close()
-	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Retry, error) { return scanRetry(row) })
-	if err != nil {
-		return nil, fmt.Errorf("find unconfirmed retries: %w", err)
-	}
-	return out, nil
 }
 
 // Touch bumps a retry row's updated_at, postponing its next

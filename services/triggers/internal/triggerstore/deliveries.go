@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/retryd/retryd/internal/pgrows"
 	"github.com/retryd/retryd/projections/pgtext"
 )
 
@@ -147,24 +148,16 @@ func InsertDelivery(ctx context.Context, db DB, d Delivery) (inserted bool, err 
 
 // GetDelivery reads a delivery.
 func GetDelivery(ctx context.Context, db DB, id string) (Delivery, error) {
-	d, err := scanDelivery(db.QueryRow(ctx,
-		`SELECT `+deliveryColumns+` FROM workflow_trigger_deliveries WHERE delivery_id = $1`, id))
-	if err != nil {
-		return Delivery{}, fmt.Errorf("get delivery: %w", notFound(err))
-	}
-	return d, nil
+	return pgrows.One(ctx, db, "get delivery", scanDelivery,
+		`SELECT `+deliveryColumns+` FROM workflow_trigger_deliveries WHERE delivery_id = $1`, id)
 }
 
 // LockDelivery reads a delivery and locks its row until the transaction
 // ends. Take the trigger's lock first (LockTrigger): every path locks
 // trigger, then delivery.
 func LockDelivery(ctx context.Context, db DB, id string) (Delivery, error) {
-	d, err := scanDelivery(db.QueryRow(ctx,
-		`SELECT `+deliveryColumns+` FROM workflow_trigger_deliveries WHERE delivery_id = $1 FOR UPDATE`, id))
-	if err != nil {
-		return Delivery{}, fmt.Errorf("lock delivery: %w", notFound(err))
-	}
-	return d, nil
+	return pgrows.One(ctx, db, "lock delivery", scanDelivery,
+		`SELECT `+deliveryColumns+` FROM workflow_trigger_deliveries WHERE delivery_id = $1 FOR UPDATE`, id)
 }
 
 // SaveOutcome writes the result of a retry attempt: status, reason, the
@@ -276,14 +269,7 @@ func applyTerminal(ctx context.Context, db DB, id string, attempt int, status St
 		    retry_metadata = retry_metadata || $5::jsonb, updated_at = now()
 		WHERE delivery_id = $1`+guard+`
 		RETURNING `+deliveryColumns, id, attempt, string(status), string(state), m, pgtext.Clean(reason)))
-	if err == nil {
-		return d, true, nil
-	}
-	if !errors.Is(err, pgx.ErrNoRows) {
-		return Delivery{}, false, fmt.Errorf("apply %s: %w", state, err)
-	}
-	d, err = GetDelivery(ctx, db, id)
-	return d, false, err
+	return updatedOrCurrent(d, err, "apply "+string(state), func() (Delivery, error) { return GetDelivery(ctx, db, id) })
 }
 
 // ListDeliveriesOptions filters and pages ListDeliveries. Before is the
@@ -301,7 +287,7 @@ func ListDeliveries(ctx context.Context, db DB, o ListDeliveriesOptions) ([]Deli
 	if limit <= 0 {
 		limit = 100
 	}
-	rows, err := db.Query(ctx, `
+	return pgrows.All(ctx, db, "list deliveries", scanDelivery, `
 		SELECT `+deliveryColumns+` FROM workflow_trigger_deliveries d
 		WHERE trigger_id = $1
 		  AND ($2 = '' OR status = $2)
@@ -309,14 +295,6 @@ func ListDeliveries(ctx context.Context, db DB, o ListDeliveriesOptions) ([]Deli
 		        SELECT created_at, delivery_id FROM workflow_trigger_deliveries WHERE delivery_id = $3))
 		ORDER BY created_at DESC, delivery_id DESC
 		LIMIT $4`, o.TriggerID, string(o.Status), o.Before, limit)
-	if err != nil {
-		return nil, fmt.Errorf("list deliveries: %w", err)
-	}
-	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Delivery, error) { return scanDelivery(r) })
-	if err != nil {
-		return nil, fmt.Errorf("list deliveries: %w", err)
-	}
-	return out, nil
 }
 
 // Unconfirmed lists held deliveries whose last failed attempt the
@@ -324,20 +302,12 @@ func ListDeliveries(ctx context.Context, db DB, o ListDeliveriesOptions) ([]Deli
 // attempt) since before olderThan: their failed event may never have
 // reached the scheduler.
 func Unconfirmed(ctx context.Context, db DB, olderThan time.Time, limit int) ([]Delivery, error) {
-	rows, err := db.Query(ctx, `
+	return pgrows.All(ctx, db, "list unconfirmed deliveries", scanDelivery, `
 		SELECT `+deliveryColumns+` FROM workflow_trigger_deliveries
 		WHERE retry_state = 'scheduled' AND scheduled_attempt <= retry_attempts
 		  AND status IN ('throttled', 'concurrency_limited') AND updated_at < $1
 		ORDER BY updated_at
 		LIMIT $2`, olderThan, limit)
-	if err != nil {
-		return nil, fmt.Errorf("list unconfirmed deliveries: %w", err)
-	}
-	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Delivery, error) { return scanDelivery(r) })
-	if err != nil {
-		return nil, fmt.Errorf("list unconfirmed deliveries: %w", err)
-	}
-	return out, nil
 }
 
 // CountByStatus counts a trigger's deliveries per status.

@@ -1,0 +1,54 @@
+package pgrows_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/retryd/retryd/internal/pgrows"
+	"github.com/retryd/retryd/migrations/pgtest"
+	"github.com/retryd/retryd/pkg/contract"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+func scanNumber(row pgx.Row) (int, error) {
+	var n int
+	err := row.Scan(&n)
+	return n, err
+}
+
+// One maps a missing row to contract.ErrNotFound and names what failed;
+// All returns every row, and [] (not nil) for none.
+func TestOneAndAll(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pgtest.NewPool(t)
+
+	n, err := pgrows.One(ctx, pool, "get number", scanNumber, `SELECT $1::int`, 7)
+	require.NoError(t, err)
+	require.Equal(t, 7, n)
+
+	_, err = pgrows.One(ctx, pool, "get number", scanNumber, `SELECT 1 WHERE false`)
+	require.ErrorIs(t, err, contract.ErrNotFound)
+	require.EqualError(t, err, "get number: "+contract.ErrNotFound.Error())
+
+	_, err = pgrows.One(ctx, pool, "get number", scanNumber, `SELECT 'x'::text`)
+	require.Error(t, err)
+	require.NotErrorIs(t, err, contract.ErrNotFound)
+	require.Contains(t, err.Error(), "get number: ")
+
+	ns, err := pgrows.All(ctx, pool, "list numbers", scanNumber, `SELECT generate_series(1, $1::int)`, 3)
+	require.NoError(t, err)
+	require.Equal(t, []int{1, 2, 3}, ns)
+
+	ns, err = pgrows.All(ctx, pool, "list numbers", scanNumber, `SELECT 1 WHERE false`)
+	require.NoError(t, err)
+	require.NotNil(t, ns)
+	require.Empty(t, ns)
+
+	_, err = pgrows.All(ctx, pool, "list numbers", scanNumber, `SELECT FROM no_such_table`)
+	require.ErrorContains(t, err, "list numbers: ")
+}
