@@ -209,11 +209,7 @@ func (s *Service) listRuns(w http.ResponseWriter, r *http.Request) {
 		s.writeErr(w, r, err)
 		return
 	}
-	out := RunPage{Runs: make([]RunView, len(page.Runs)), NextCursor: page.NextCursor}
-	for i, run := range page.Runs {
-		out.Runs[i] = viewRun(run)
-	}
-	serve.WriteJSON(w, http.StatusOK, out)
+	serve.WriteJSON(w, http.StatusOK, RunPage{Runs: viewAll(page.Runs, viewRun), NextCursor: page.NextCursor})
 }
 
 func (s *Service) getRun(w http.ResponseWriter, r *http.Request) {
@@ -232,9 +228,5 @@ func (s *Service) getRun(w http.ResponseWriter, r *http.Request) {
 		s.writeErr(w, r, err)
 		return
 	}
-	out := RunDetail{Run: viewRun(run), Steps: make([]StepView, len(steps))}
-	for i, st := range steps {
-		out.Steps[i] = viewStep(st)
-	}
-	serve.WriteJSON(w, http.StatusOK, out)
+	serve.WriteJSON(w, http.StatusOK, RunDetail{Run: viewRun(run), Steps: viewAll(steps, viewStep)})
 }
