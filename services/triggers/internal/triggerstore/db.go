@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/retryd/retryd/internal/pgquery"
 	"github.com/retryd/retryd/projections/pgdb"
 )
 
@@ -50,4 +51,13 @@ func updatedOrCurrent[T any](v T, err error, what string, current func() (T, err
 	}
 	v, err = current()
 	return v, false, err
+}
+
+// pageSize is the page a list asked for limit reads: pgquery.DefaultLimit
+// when it asks for none.
+func pageSize(limit int) int {
+	if limit <= 0 {
+		return pgquery.DefaultLimit
+	}
+	return limit
 }

@@ -283,10 +283,6 @@ type ListDeliveriesOptions struct {
 
 // ListDeliveries lists a trigger's deliveries, newest first.
 func ListDeliveries(ctx context.Context, db DB, o ListDeliveriesOptions) ([]Delivery, error) {
-	limit := o.Limit
-	if limit <= 0 {
-		limit = 100
-	}
 	return pgrows.All(ctx, db, "list deliveries", scanDelivery, `
 		SELECT `+deliveryColumns+` FROM workflow_trigger_deliveries d
 		WHERE trigger_id = $1
@@ -294,7 +290,7 @@ func ListDeliveries(ctx context.Context, db DB, o ListDeliveriesOptions) ([]Deli
 		  AND ($3 = '' OR (created_at, delivery_id) < (
 		        SELECT created_at, delivery_id FROM workflow_trigger_deliveries WHERE delivery_id = $3))
 		ORDER BY created_at DESC, delivery_id DESC
-		LIMIT $4`, o.TriggerID, string(o.Status), o.Before, limit)
+		LIMIT $4`, o.TriggerID, string(o.Status), o.Before, pageSize(o.Limit))
 }
 
 // Unconfirmed lists held deliveries whose last failed attempt the

@@ -267,10 +267,6 @@ type ListTriggersOptions struct {
 
 // ListTriggers lists triggers that are not deleted, ordered by id.
 func ListTriggers(ctx context.Context, db DB, o ListTriggersOptions) ([]Trigger, error) {
-	limit := o.Limit
-	if limit <= 0 {
-		limit = 100
-	}
 	return pgrows.All(ctx, db, "list triggers", scanTrigger, `
 		SELECT `+triggerColumns+` FROM workflow_triggers
 		WHERE deleted_at IS NULL
@@ -279,7 +275,7 @@ func ListTriggers(ctx context.Context, db DB, o ListTriggersOptions) ([]Trigger,
 		  AND ($3::boolean IS NULL OR enabled = $3)
 		  AND trigger_id > $4
 		ORDER BY trigger_id
-		LIMIT $5`, o.Source, o.EventType, o.Enabled, o.After, limit)
+		LIMIT $5`, o.Source, o.EventType, o.Enabled, o.After, pageSize(o.Limit))
 }
 
 // MatchingTriggerIDs returns the enabled, not deleted triggers of a source
