@@ -135,37 +135,10 @@ func RecordDeferral(ctx context.Context, db DB, d Deferral) error {
 // confirmations (an attempt already evaluated, an older confirmation, a
 // resolved deferral) change nothing; applied says whether this one did.
 func ConfirmScheduled(ctx context.Context, db DB, eventID string, attempt int, next time.Time, decision map[string]any) (applied bool, err error) {
-	applied, err = schedule(ctx, db, `
-		UPDATE event_ingress_retries
-		SET retry_state = 'scheduled',
-		    scheduled_attempt = $2,
-		    next_attempt_at = $3,
-		    metadata = metadata || $4::jsonb,
-		    updated_at = now()
-		WHERE event_id = $1
+	return schedule(ctx, db, "confirm scheduled retry", `metadata`, `
 		  AND retry_state IN ('scheduled', 'due')
-		  AND $2 > attempts
 		  AND $2 >= scheduled_attempt`,
 		eventID, attempt, next, decision)
-	if err != nil {
-		return false, fmt.Errorf("confirm scheduled retry: %w", err)
-	}
-	return applied, nil
-}
-
-// schedule runs update, which schedules eventID's deferral ($1) for
-// attempt ($2) at next ($3) with the decision merged into its metadata
-// ($4), and reports whether it changed the row.
-func schedule(ctx context.Context, db DB, update, eventID string, attempt int, next time.Time, decision map[string]any) (bool, error) {
-	md, err := json.Marshal(pgtext.CleanMap(decision))
-	if err != nil {
-		return false, fmt.Errorf("encode decision: %w", err)
-	}
-	tag, err := db.Exec(ctx, update, eventID, attempt, next.UTC(), string(md))
-	if err != nil {
-		return false, err
-	}
-	return tag.RowsAffected() == 1, nil
 }
 
 // ReopenRetry applies the scheduler's confirmation of a new attempt to a
@@ -175,22 +148,35 @@ func schedule(ctx context.Context, db DB, update, eventID string, attempt int, n
 // replay) changes nothing. reopened says whether this one did. The caller
 // moves the event back to deferred.
 func ReopenRetry(ctx context.Context, db DB, eventID string, attempt int, next time.Time, decision map[string]any) (reopened bool, err error) {
-	reopened, err = schedule(ctx, db, `
+	return schedule(ctx, db, "reopen retry", `(metadata - 'cancelled_by' - 'cancel_reason' - 'cancel_published')`, `
+		  AND retry_state IN ('exhausted', 'cancelled')
+		  AND $2 > scheduled_attempt`,
+		eventID, attempt, next, decision)
+}
+
+// schedule schedules eventID's deferral for attempt ($2, one the gate has
+// not evaluated yet) at next, with the decision merged into kept, what it
+// keeps of its metadata, and reports whether it changed the row. guard
+// says which rows it applies to.
+func schedule(ctx context.Context, db DB, what, kept, guard, eventID string, attempt int, next time.Time, decision map[string]any) (bool, error) {
+	md, err := json.Marshal(pgtext.CleanMap(decision))
+	if err != nil {
+		return false, fmt.Errorf("%s: encode decision: %w", what, err)
+	}
+	tag, err := db.Exec(ctx, `
 		UPDATE event_ingress_retries
 		SET retry_state = 'scheduled',
 		    scheduled_attempt = $2,
 		    next_attempt_at = $3,
-		    metadata = (metadata - 'cancelled_by' - 'cancel_reason' - 'cancel_published') || $4::jsonb,
+		    metadata = `+kept+` || $4::jsonb,
 		    updated_at = now()
 		WHERE event_id = $1
-		  AND retry_state IN ('exhausted', 'cancelled')
-		  AND $2 > attempts
-		  AND $2 > scheduled_attempt`,
-		eventID, attempt, next, decision)
+		  AND $2 > attempts`+guard,
+		eventID, attempt, next.UTC(), string(md))
 	if err != nil {
-		return false, fmt.Errorf("reopen retry: %w", err)
+		return false, fmt.Errorf("%s: %w", what, err)
 	}
-	return reopened, nil
+	return tag.RowsAffected() == 1, nil
 }
 
 // CompleteRetry marks a deferral admitted at attempt.
