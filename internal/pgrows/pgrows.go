@@ -1,8 +1,9 @@
-// Package pgrows reads a query's rows into values, for the stores of the
-// services (triggerstore, ingressstore): one row, where no row is
-// contract.ErrNotFound, or all of them. The scan functions stay with the
-// store that owns the table; this package only runs the query, collects
-// the rows and names the failure.
+// Package pgrows runs the statements of the stores of the services
+// (triggerstore, ingressstore) row-wise: it reads one row, where no row is
+// contract.ErrNotFound, or all of them, and tells whether a statement
+// changed its row. The scan functions stay with the store that owns the
+// table; this package only runs the statement, collects the rows and
+// names the failure.
 package pgrows
 
 import (
@@ -11,6 +12,7 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/retryd/retryd/pkg/contract"
 )
@@ -50,4 +52,21 @@ func All[T any](ctx context.Context, db Querier, what string, scan func(pgx.Row)
 		return nil, fmt.Errorf("%s: %w", what, err)
 	}
 	return out, nil
+}
+
+// Execer is what a change needs from a connection: a *pgxpool.Pool, a
+// *pgx.Conn or a pgx.Tx.
+type Execer interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+}
+
+// Changed runs sql, which changes one row at the most (an INSERT … ON
+// CONFLICT DO NOTHING, an UPDATE of one row with a guard), and reports
+// whether it changed one. Errors are wrapped as "what: …".
+func Changed(ctx context.Context, db Execer, what, sql string, args ...any) (bool, error) {
+	tag, err := db.Exec(ctx, sql, args...)
+	if err != nil {
+		return false, fmt.Errorf("%s: %w", what, err)
+	}
+	return tag.RowsAffected() == 1, nil
 }

@@ -52,3 +52,24 @@ func TestOneAndAll(t *testing.T) {
 	_, err = pgrows.All(ctx, pool, "list numbers", scanNumber, `SELECT FROM no_such_table`)
 	require.ErrorContains(t, err, "list numbers: ")
 }
+
+// Changed reports whether the statement changed a row, and names what
+// failed.
+func TestChanged(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pgtest.NewPool(t)
+	_, err := pool.Exec(ctx, `CREATE TABLE pgrows_test (id text PRIMARY KEY)`)
+	require.NoError(t, err)
+
+	insert := `INSERT INTO pgrows_test (id) VALUES ($1) ON CONFLICT DO NOTHING`
+	changed, err := pgrows.Changed(ctx, pool, "insert row", insert, "a")
+	require.NoError(t, err)
+	require.True(t, changed)
+	changed, err = pgrows.Changed(ctx, pool, "insert row", insert, "a")
+	require.NoError(t, err)
+	require.False(t, changed, "the row exists")
+
+	_, err = pgrows.Changed(ctx, pool, "insert row", `INSERT INTO no_such_table VALUES (1)`)
+	require.ErrorContains(t, err, "insert row: ")
+}

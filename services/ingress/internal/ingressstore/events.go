@@ -65,14 +65,10 @@ func InsertEvent(ctx context.Context, db DB, id, source, typ string, envelope []
 		v := int64(ingestSeq)
 		seq = &v
 	}
-	tag, err := db.Exec(ctx, `
+	return pgrows.Changed(ctx, db, "insert workflow event", `
 		INSERT INTO workflow_events (event_id, source, type, status, envelope, ingest_seq)
 		VALUES ($1, $2, $3, 'received', $4, $5)
 		ON CONFLICT (event_id) DO NOTHING`, id, source, typ, string(envelope), seq)
-	if err != nil {
-		return false, fmt.Errorf("insert workflow event: %w", err)
-	}
-	return tag.RowsAffected() == 1, nil
 }
 
 // GetEvent reads an event.

@@ -163,7 +163,7 @@ func schedule(ctx context.Context, db DB, what, kept, guard, eventID string, att
 	if err != nil {
 		return false, fmt.Errorf("%s: encode decision: %w", what, err)
 	}
-	tag, err := db.Exec(ctx, `
+	return pgrows.Changed(ctx, db, what, `
 		UPDATE event_ingress_retries
 		SET retry_state = 'scheduled',
 		    scheduled_attempt = $2,
@@ -173,10 +173,6 @@ func schedule(ctx context.Context, db DB, what, kept, guard, eventID string, att
 		WHERE event_id = $1
 		  AND $2 > attempts`+guard,
 		eventID, attempt, next.UTC(), string(md))
-	if err != nil {
-		return false, fmt.Errorf("%s: %w", what, err)
-	}
-	return tag.RowsAffected() == 1, nil
 }
 
 // CompleteRetry marks a deferral admitted at attempt.
@@ -198,7 +194,7 @@ func ResolveRetry(ctx context.Context, db DB, eventID string, state RetryState, 
 	if state != RetryCancelled && state != RetryExhausted {
 		return false, fmt.Errorf("resolve retry: state %q is not cancelled or exhausted", state)
 	}
-	tag, err := db.Exec(ctx, `
+	return pgrows.Changed(ctx, db, "resolve retry", `
 		UPDATE event_ingress_retries
 		SET retry_state = $2,
 		    next_attempt_at = NULL,
@@ -206,10 +202,6 @@ func ResolveRetry(ctx context.Context, db DB, eventID string, state RetryState, 
 		    updated_at = now()
 		WHERE event_id = $1 AND retry_state NOT IN ('completed', 'cancelled', 'exhausted')`,
 		eventID, string(state), pgtext.Clean(lastError))
-	if err != nil {
-		return false, fmt.Errorf("resolve retry: %w", err)
-	}
-	return tag.RowsAffected() == 1, nil
 }
 
 // Unconfirmed locks up to limit deferrals the scheduler has not confirmed

@@ -131,7 +131,7 @@ func InsertDelivery(ctx context.Context, db DB, d Delivery) (inserted bool, err 
 	if err != nil {
 		return false, err
 	}
-	tag, err := db.Exec(ctx, `
+	return pgrows.Changed(ctx, db, "insert delivery", `
 		INSERT INTO workflow_trigger_deliveries (delivery_id, trigger_id, trigger_version, event_id,
 			source, event_type, throttle_key, status, status_reason, run_id, retry_state,
 			next_attempt_at, retry_attempts, retry_metadata, launched_at)
@@ -140,10 +140,6 @@ func InsertDelivery(ctx context.Context, db DB, d Delivery) (inserted bool, err 
 		d.ID, d.TriggerID, d.TriggerVersion, d.EventID, d.Source, d.EventType, pgtext.Clean(d.ThrottleKey),
 		string(d.Status), pgtext.Clean(d.StatusReason), nullString(d.RunID), string(d.RetryState), d.NextAttemptAt,
 		d.RetryAttempts, meta, d.LaunchedAt)
-	if err != nil {
-		return false, fmt.Errorf("insert delivery: %w", err)
-	}
-	return tag.RowsAffected() == 1, nil
 }
 
 // GetDelivery reads a delivery.
@@ -224,7 +220,7 @@ func ApplyScheduled(ctx context.Context, db DB, id string, attempt int, next tim
 	if err != nil {
 		return false, err
 	}
-	tag, err := db.Exec(ctx, `
+	return pgrows.Changed(ctx, db, "apply scheduled", `
 		UPDATE workflow_trigger_deliveries
 		SET retry_state = 'scheduled', next_attempt_at = $3,
 		    retry_attempts = GREATEST(retry_attempts, $2 - 1),
@@ -233,10 +229,6 @@ func ApplyScheduled(ctx context.Context, db DB, id string, attempt int, next tim
 		WHERE delivery_id = $1 AND retry_attempts <= $2 - 1
 		  AND ((status IN ('throttled', 'concurrency_limited') AND scheduled_attempt <= $2)
 		       OR ($5 AND status IN ('exhausted', 'cancelled', 'filtered') AND scheduled_attempt < $2))`, id, attempt, next, m, manual)
-	if err != nil {
-		return false, fmt.Errorf("apply scheduled: %w", err)
-	}
-	return tag.RowsAffected() == 1, nil
 }
 
 // ApplyExhausted records that the scheduler gave up on a held delivery

@@ -129,12 +129,8 @@ func EndRun(ctx context.Context, db DB, id string, status RunStatus, errText str
 // retry is cancelled, would not answer). changed is false when no
 // attempt is in flight.
 func StopRunRetries(ctx context.Context, db DB, id string) (bool, error) {
-	tag, err := db.Exec(ctx, `UPDATE workflow_runs SET retry_enabled = false, updated_at = now()
+	return pgrows.Changed(ctx, db, "stop run retries", `UPDATE workflow_runs SET retry_enabled = false, updated_at = now()
 		WHERE run_id = $1 AND status IN `+leasedStatuses+` AND retry_enabled`, id)
-	if err != nil {
-		return false, fmt.Errorf("stop run retries: %w", err)
-	}
-	return tag.RowsAffected() == 1, nil
 }
 
 // RelaunchRun starts attempt of a run the scheduler brought back: it is

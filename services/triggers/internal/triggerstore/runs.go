@@ -94,15 +94,11 @@ func scanRun(row pgx.Row) (Run, error) {
 // (r.LeaseExpiresAt). A delivery launches at most one run: inserted is
 // false when the run id or the delivery already has a run.
 func InsertRun(ctx context.Context, db DB, r Run) (inserted bool, err error) {
-	tag, err := db.Exec(ctx, `
+	return pgrows.Changed(ctx, db, "insert run", `
 		INSERT INTO workflow_runs (run_id, workflow, delivery_id, trigger_id, event_id, status, requested_at, lease_expires_at)
 		VALUES ($1, $2, $3, $4, $5, 'requested', $6, $7)
 		ON CONFLICT DO NOTHING`,
 		r.ID, r.Workflow, nullString(r.DeliveryID), nullString(r.TriggerID), nullString(r.EventID), r.RequestedAt, r.LeaseExpiresAt)
-	if err != nil {
-		return false, fmt.Errorf("insert run: %w", err)
-	}
-	return tag.RowsAffected() == 1, nil
 }
 
 // GetRun reads a run.
