@@ -43,11 +43,20 @@ func One[T any](ctx context.Context, db Querier, what string, scan func(pgx.Row)
 // slice (a JSON list shows [] rather than null). Errors are wrapped as
 // "what: …".
 func All[T any](ctx context.Context, db Querier, what string, scan func(pgx.Row) (T, error), sql string, args ...any) ([]T, error) {
+	return collect(ctx, db, what, func(r pgx.CollectableRow) (T, error) { return scan(r) }, sql, args...)
+}
+
+// Strings reads the one text column of every row sql returns, like All.
+func Strings(ctx context.Context, db Querier, what, sql string, args ...any) ([]string, error) {
+	return collect(ctx, db, what, pgx.RowTo[string], sql, args...)
+}
+
+func collect[T any](ctx context.Context, db Querier, what string, fn pgx.RowToFunc[T], sql string, args ...any) ([]T, error) {
 	rows, err := db.Query(ctx, sql, args...)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", what, err)
 	}
-	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (T, error) { return scan(r) })
+	out, err := pgx.CollectRows(rows, fn)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", what, err)
 	}

@@ -21,7 +21,7 @@ func scanNumber(row pgx.Row) (int, error) {
 }
 
 // One maps a missing row to contract.ErrNotFound and names what failed;
-// All returns every row, and [] (not nil) for none.
+// All and Strings return every row, and [] (not nil) for none.
 func TestOneAndAll(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -51,6 +51,13 @@ func TestOneAndAll(t *testing.T) {
 
 	_, err = pgrows.All(ctx, pool, "list numbers", scanNumber, `SELECT FROM no_such_table`)
 	require.ErrorContains(t, err, "list numbers: ")
+
+	names, err := pgrows.Strings(ctx, pool, "list names", `SELECT unnest($1::text[])`, []string{"a", "b"})
+	require.NoError(t, err)
+	require.Equal(t, []string{"a", "b"}, names)
+	names, err = pgrows.Strings(ctx, pool, "list names", `SELECT 'a' WHERE false`)
+	require.NoError(t, err)
+	require.Equal(t, []string{}, names)
 }
 
 // Changed reports whether the statement changed a row, and names what

@@ -281,18 +281,10 @@ func ListTriggers(ctx context.Context, db DB, o ListTriggersOptions) ([]Trigger,
 // MatchingTriggerIDs returns the enabled, not deleted triggers of a source
 // and event type, in id order.
 func MatchingTriggerIDs(ctx context.Context, db DB, source, eventType string) ([]string, error) {
-	rows, err := db.Query(ctx, `
+	return pgrows.Strings(ctx, db, "match triggers", `
 		SELECT trigger_id FROM workflow_triggers
 		WHERE source = $1 AND event_type = $2 AND enabled AND deleted_at IS NULL
 		ORDER BY trigger_id`, source, eventType)
-	if err != nil {
-		return nil, fmt.Errorf("match triggers: %w", err)
-	}
-	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		return nil, fmt.Errorf("match triggers: %w", err)
-	}
-	return ids, nil
 }
 
 // ListVersions returns every version of a trigger, deleted or not, oldest
