@@ -241,13 +241,13 @@ func SetEnabled(ctx context.Context, db DB, id string, enabled bool) (t Trigger,
 // deletion. The row stays so deliveries waiting for a retry can tell a
 // deleted trigger (cancel) from one that never existed.
 func DeleteTrigger(ctx context.Context, db DB, id string) (Trigger, error) {
-	t, err := scanTrigger(db.QueryRow(ctx, `
+	t, err := pgrows.One(ctx, db, "delete trigger", scanTrigger, `
 		UPDATE workflow_triggers
 		SET deleted_at = now(), version = version + 1, updated_at = now()
 		WHERE trigger_id = $1 AND deleted_at IS NULL
-		RETURNING `+triggerColumns, id))
+		RETURNING `+triggerColumns, id)
 	if err != nil {
-		return Trigger{}, fmt.Errorf("delete trigger: %w", notFound(err))
+		return Trigger{}, err
 	}
 	if err := insertVersion(ctx, db, t, true); err != nil {
 		return Trigger{}, err
