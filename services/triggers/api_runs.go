@@ -171,18 +171,18 @@ func runFilter(q url.Values) (triggerstore.RunFilter, error) {
 		}
 	}
 	f.Workflow, f.TriggerID, f.ErrorClass = q.Get("workflow"), q.Get("trigger_id"), q.Get("error_class")
-	if f.Workflow != "" {
-		if err := contract.ValidateToken("workflow", f.Workflow); err != nil {
-			return f, err
+	for _, p := range []struct {
+		name, value string
+		check       func(field, v string) error
+	}{
+		{"workflow", f.Workflow, contract.ValidateToken},
+		{"trigger_id", f.TriggerID, contract.ValidateID},
+		{"error_class", f.ErrorClass, contract.ValidateToken},
+	} {
+		if p.value == "" {
+			continue
 		}
-	}
-	if f.TriggerID != "" {
-		if err := contract.ValidateID("trigger_id", f.TriggerID); err != nil {
-			return f, err
-		}
-	}
-	if f.ErrorClass != "" {
-		if err := contract.ValidateToken("error_class", f.ErrorClass); err != nil {
+		if err := p.check(p.name, p.value); err != nil {
 			return f, err
 		}
 	}
