@@ -24,6 +24,8 @@ var (
 	ErrConflict = errors.New("already exists")
 )
 
+var notFound = pgdb.NotFound
+
 // Now reads the database clock. Launch times and throttle windows use it,
 // not the clocks of the service instances, so instances with skewed clocks
 // still count the same window.

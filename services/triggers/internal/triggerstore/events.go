@@ -5,10 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"time"
-
-	"github.com/jackc/pgx/v5"
-
-	"github.com/retryd/retryd/internal/pgrows"
 )
 
 // KeepEvent stores the envelope of an event triggers holds a delivery
@@ -25,13 +21,11 @@ func KeepEvent(ctx context.Context, db DB, id string, envelope json.RawMessage) 
 // GetEvent returns the envelope KeepEvent stored for event id, or
 // ErrNotFound.
 func GetEvent(ctx context.Context, db DB, id string) (json.RawMessage, error) {
-	return pgrows.One(ctx, db, "get trigger event", scanEnvelope, `SELECT envelope FROM trigger_events WHERE event_id = $1`, id)
-}
-
-func scanEnvelope(row pgx.Row) (json.RawMessage, error) {
 	var env []byte
-	err := row.Scan(&env)
-	return env, err
+	if err := db.QueryRow(ctx, `SELECT envelope FROM trigger_events WHERE event_id = $1`, id).Scan(&env); err != nil {
+		return nil, fmt.Errorf("get trigger event: %w", notFound(err))
+	}
+	return env, nil
 }
 
 // PruneEvents deletes the stored events none of whose deliveries is held
