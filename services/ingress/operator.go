@@ -110,10 +110,15 @@ func sourceParam(r *http.Request) (string, error) {
 	return source, contract.ValidateToken("source", source)
 }
 
+func eventParam(r *http.Request) (string, error) {
+	id := r.PathValue("id")
+	return id, contract.ValidateID("id", id)
+}
+
 func (s *Service) listSources(w http.ResponseWriter, r *http.Request) {
 	list, err := ingressstore.ListSources(r.Context(), s.cfg.Pool)
 	if err != nil {
-		s.internal(w, err)
+		s.writeErr(w, r, err)
 		return
 	}
 	views := make([]SourceView, len(list))
@@ -130,12 +135,8 @@ func (s *Service) getSource(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	src, err := ingressstore.GetSource(r.Context(), s.cfg.Pool, source)
-	if errors.Is(err, ingressstore.ErrNotFound) {
-		serve.WriteError(w, fmt.Errorf("source %q has no gate configured (it has no limits): %w", source, serve.ErrNotFound))
-		return
-	}
 	if err != nil {
-		s.internal(w, err)
+		s.writeErr(w, r, notFoundAs(err, fmt.Sprintf("source %q has no gate configured (it has no limits)", source)))
 		return
 	}
 	serve.WriteJSON(w, http.StatusOK, sourceView(src))
@@ -210,7 +211,7 @@ func (s *Service) putSource(w http.ResponseWriter, r *http.Request) {
 		return s.release(r.Context(), tx, source, contract.ReleaseLimitChanged, serve.Actor(r))
 	})
 	if err != nil {
-		s.internal(w, err)
+		s.writeErr(w, r, err)
 		return
 	}
 	s.relay.Kick()
@@ -261,7 +262,7 @@ func (s *Service) pauseSource(w http.ResponseWriter, r *http.Request) {
 		return audit.Record(r.Context(), tx, audit.SourcePause, "source/"+source, d)
 	})
 	if err != nil {
-		s.internal(w, err)
+		s.writeErr(w, r, err)
 		return
 	}
 	e := s.log.Info().Str("source", source)
@@ -293,12 +294,8 @@ func (s *Service) resumeSource(w http.ResponseWriter, r *http.Request) {
 		}
 		return s.release(r.Context(), tx, source, contract.ReleaseResume, serve.Actor(r))
 	})
-	if errors.Is(err, ingressstore.ErrNotFound) {
-		serve.WriteError(w, fmt.Errorf("source %q has no gate configured: %w", source, serve.ErrNotFound))
-		return
-	}
 	if err != nil {
-		s.internal(w, err)
+		s.writeErr(w, r, notFoundAs(err, fmt.Sprintf("source %q has no gate configured", source)))
 		return
 	}
 	s.relay.Kick()
@@ -381,23 +378,19 @@ func (s *Service) eventView(ctx context.Context, db ingressstore.DB, ev ingresss
 }
 
 func (s *Service) getEvent(w http.ResponseWriter, r *http.Request) {
-	id := r.PathValue("id")
-	if err := contract.ValidateID("id", id); err != nil {
+	id, err := eventParam(r)
+	if err != nil {
 		serve.WriteError(w, err)
 		return
 	}
 	ev, err := ingressstore.GetEvent(r.Context(), s.cfg.Pool, id)
-	if errors.Is(err, ingressstore.ErrNotFound) {
-		serve.WriteError(w, fmt.Errorf("event %q is not stored (not accepted, or still in INGEST): %w", id, serve.ErrNotFound))
-		return
-	}
 	if err != nil {
-		s.internal(w, err)
+		s.writeErr(w, r, notFoundAs(err, fmt.Sprintf("event %q is not stored (not accepted, or still in INGEST)", id)))
 		return
 	}
 	v, err := s.eventView(r.Context(), s.cfg.Pool, ev)
 	if err != nil {
-		s.internal(w, err)
+		s.writeErr(w, r, err)
 		return
 	}
 	serve.WriteJSON(w, http.StatusOK, v)
@@ -415,8 +408,8 @@ type CancelRequest struct {
 // cancelled event again is a no-op (200); an event already admitted or
 // exhausted is a conflict (409).
 func (s *Service) cancelEvent(w http.ResponseWriter, r *http.Request) {
-	id := r.PathValue("id")
-	if err := contract.ValidateID("id", id); err != nil {
+	id, err := eventParam(r)
+	if err != nil {
 		serve.WriteError(w, err)
 		return
 	}
@@ -434,14 +427,11 @@ func (s *Service) cancelEvent(w http.ResponseWriter, r *http.Request) {
 	}
 	var view EventView
 	var cancelled bool
-	err := s.inTx(r.Context(), func(tx pgx.Tx) error {
+	err = s.inTx(r.Context(), func(tx pgx.Tx) error {
 		cancelled = false
 		ev, err := ingressstore.LockEvent(r.Context(), tx, id)
-		if errors.Is(err, ingressstore.ErrNotFound) {
-			return fmt.Errorf("event %q is not stored: %w", id, serve.ErrNotFound)
-		}
 		if err != nil {
-			return err
+			return notFoundAs(err, fmt.Sprintf("event %q is not stored", id))
 		}
 		switch ev.Status {
 		case ingressstore.StatusCancelled:
@@ -471,11 +461,7 @@ func (s *Service) cancelEvent(w http.ResponseWriter, r *http.Request) {
 		return err
 	})
 	if err != nil {
-		if errors.Is(err, serve.ErrNotFound) || errors.Is(err, serve.ErrConflict) {
-			serve.WriteError(w, err)
-			return
-		}
-		s.internal(w, err)
+		s.writeErr(w, r, err)
 		return
 	}
 	if cancelled {
@@ -486,7 +472,20 @@ func (s *Service) cancelEvent(w http.ResponseWriter, r *http.Request) {
 	serve.WriteJSON(w, http.StatusOK, view)
 }
 
-func (s *Service) internal(w http.ResponseWriter, err error) {
-	s.log.Error().Err(err).Msg("operator api")
+// writeErr answers err; the service's own failures (5xx) are logged, the
+// client's are only answered.
+func (s *Service) writeErr(w http.ResponseWriter, r *http.Request, err error) {
+	if status, _ := serve.Describe(err); status >= 500 {
+		s.log.Error().Err(err).Str("method", r.Method).Str("path", r.URL.Path).Msg("operator api")
+	}
 	serve.WriteError(w, err)
+}
+
+// notFoundAs says what a store's ErrNotFound in err means to the client
+// (a 404 with that message); other errors stay as they are.
+func notFoundAs(err error, what string) error {
+	if errors.Is(err, ingressstore.ErrNotFound) {
+		return fmt.Errorf("%s: %w", what, serve.ErrNotFound)
+	}
+	return err
 }

@@ -7,10 +7,10 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/retryd/retryd/internal/durable"
+	"github.com/retryd/retryd/internal/lifecyclemsg"
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/projections/inbox"
 	"github.com/retryd/retryd/projections/outbox"
@@ -135,14 +135,11 @@ func (s *Service) dueAnswer(ctx context.Context, it *dueItem) (answer error, dec
 // decodeDue validates a message of retry.event.due.<id> and returns its
 // due and its message id.
 func decodeDue(msg jetstream.Msg) (*contract.DueData, string, error) {
-	lc, err := contract.DecodeLifecycle(msg.Subject(), msg.Data())
+	lc, err := lifecyclemsg.Decode(msg, contract.KindEvent, contract.Due)
 	if err != nil {
 		return nil, "", err
 	}
-	if lc.Kind != contract.KindEvent || lc.Due == nil {
-		return nil, "", invalid("subject", fmt.Sprintf("%s is not an event due", msg.Subject()))
-	}
-	return lc.Due, lifecycleMsgID(msg, lc), nil
+	return lc.Due, lifecyclemsg.InboxID(msg, lc.Envelope), nil
 }
 
 // reportDue counts and logs a due handled and committed.
@@ -317,15 +314,4 @@ func (s *Service) cancelDeferral(ctx context.Context, tx pgx.Tx, ev ingressstore
 		return err
 	}
 	return outbox.Insert(ctx, tx, OutboxOwner, m)
-}
-
-// lifecycleMsgID is the message's Nats-Msg-Id, or the envelope id (they
-// are the same for messages built by contract.NewLifecycleMsg).
-func lifecycleMsgID(msg jetstream.Msg, lc contract.LifecycleEvent) string {
-	if h := msg.Headers(); h != nil {
-		if id := h.Get(nats.MsgIdHdr); id != "" {
-			return id
-		}
-	}
-	return lc.Envelope.ID
 }

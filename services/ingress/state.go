@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/retryd/retryd/internal/lifecyclemsg"
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/projections/inbox"
 	"github.com/retryd/retryd/services/ingress/internal/ingressstore"
@@ -17,14 +18,11 @@ import (
 // step with the scheduler: scheduled/rescheduled confirm a deferral and set
 // its next attempt; exhausted and cancelled end it.
 func (s *Service) handleRetryState(ctx context.Context, msg jetstream.Msg) error {
-	lc, err := contract.DecodeLifecycle(msg.Subject(), msg.Data())
+	lc, err := lifecyclemsg.Decode(msg, contract.KindEvent)
 	if err != nil {
 		return err
 	}
-	if lc.Kind != contract.KindEvent {
-		return invalid("subject", fmt.Sprintf("%s is not an event retry", msg.Subject()))
-	}
-	msgID := lifecycleMsgID(msg, lc)
+	msgID := lifecyclemsg.InboxID(msg, lc.Envelope)
 	var applied, reopened bool
 	var source string
 	err = s.inTx(ctx, func(tx pgx.Tx) error {

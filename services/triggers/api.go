@@ -236,6 +236,15 @@ func (s *Service) logChange(t triggerstore.Trigger, what string) {
 		Str("type", t.EventType).Str("workflow", t.Workflow).Bool("enabled", t.Enabled).Msg("trigger " + what)
 }
 
+// viewAll is the API's view of each of xs, in order.
+func viewAll[T, V any](xs []T, view func(T) V) []V {
+	out := make([]V, len(xs))
+	for i, x := range xs {
+		out[i] = view(x)
+	}
+	return out
+}
+
 // queryLimit reads ?limit= (1 to 500, default 100).
 func queryLimit(r *http.Request) (int, error) {
 	v := r.URL.Query().Get("limit")
@@ -273,10 +282,7 @@ func (s *Service) listTriggers(w http.ResponseWriter, r *http.Request) {
 	out := struct {
 		Triggers []TriggerView `json:"triggers"`
 		Next     string        `json:"next,omitempty"`
-	}{Triggers: make([]TriggerView, len(ts))}
-	for i, t := range ts {
-		out.Triggers[i] = viewTrigger(t)
-	}
+	}{Triggers: viewAll(ts, viewTrigger)}
 	if len(ts) == o.Limit {
 		out.Next = ts[len(ts)-1].ID
 	}
@@ -296,10 +302,7 @@ func (s *Service) listVersions(w http.ResponseWriter, r *http.Request) {
 	}
 	out := struct {
 		Versions []VersionView `json:"versions"`
-	}{Versions: make([]VersionView, len(vs))}
-	for i, v := range vs {
-		out.Versions[i] = viewVersion(v)
-	}
+	}{Versions: viewAll(vs, viewVersion)}
 	serve.WriteJSON(w, http.StatusOK, out)
 }
 
@@ -367,10 +370,7 @@ func (s *Service) listDeliveries(w http.ResponseWriter, r *http.Request) {
 	out := struct {
 		Deliveries []DeliveryView `json:"deliveries"`
 		Next       string         `json:"next,omitempty"`
-	}{Deliveries: make([]DeliveryView, len(ds))}
-	for i, d := range ds {
-		out.Deliveries[i] = viewDelivery(d)
-	}
+	}{Deliveries: viewAll(ds, viewDelivery)}
 	if len(ds) == o.Limit {
 		out.Next = ds[len(ds)-1].ID
 	}

@@ -171,18 +171,18 @@ func runFilter(q url.Values) (triggerstore.RunFilter, error) {
 		}
 	}
 	f.Workflow, f.TriggerID, f.ErrorClass = q.Get("workflow"), q.Get("trigger_id"), q.Get("error_class")
-	if f.Workflow != "" {
-		if err := contract.ValidateToken("workflow", f.Workflow); err != nil {
-			return f, err
+	for _, p := range []struct {
+		name, value string
+		check       func(field, v string) error
+	}{
+		{"workflow", f.Workflow, contract.ValidateToken},
+		{"trigger_id", f.TriggerID, contract.ValidateID},
+		{"error_class", f.ErrorClass, contract.ValidateToken},
+	} {
+		if p.value == "" {
+			continue
 		}
-	}
-	if f.TriggerID != "" {
-		if err := contract.ValidateID("trigger_id", f.TriggerID); err != nil {
-			return f, err
-		}
-	}
-	if f.ErrorClass != "" {
-		if err := contract.ValidateToken("error_class", f.ErrorClass); err != nil {
+		if err := p.check(p.name, p.value); err != nil {
 			return f, err
 		}
 	}
@@ -209,11 +209,7 @@ func (s *Service) listRuns(w http.ResponseWriter, r *http.Request) {
 		s.writeErr(w, r, err)
 		return
 	}
-	out := RunPage{Runs: make([]RunView, len(page.Runs)), NextCursor: page.NextCursor}
-	for i, run := range page.Runs {
-		out.Runs[i] = viewRun(run)
-	}
-	serve.WriteJSON(w, http.StatusOK, out)
+	serve.WriteJSON(w, http.StatusOK, RunPage{Runs: viewAll(page.Runs, viewRun), NextCursor: page.NextCursor})
 }
 
 func (s *Service) getRun(w http.ResponseWriter, r *http.Request) {
@@ -232,9 +228,5 @@ func (s *Service) getRun(w http.ResponseWriter, r *http.Request) {
 		s.writeErr(w, r, err)
 		return
 	}
-	out := RunDetail{Run: viewRun(run), Steps: make([]StepView, len(steps))}
-	for i, st := range steps {
-		out.Steps[i] = viewStep(st)
-	}
-	serve.WriteJSON(w, http.StatusOK, out)
+	serve.WriteJSON(w, http.StatusOK, RunDetail{Run: viewRun(run), Steps: viewAll(steps, viewStep)})
 }

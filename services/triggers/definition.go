@@ -61,7 +61,16 @@ type ThrottleInput struct {
 
 // TriggerView is how the API shows a trigger.
 type TriggerView struct {
-	ID             string        `json:"id"`
+	ID string `json:"id"`
+	DefinitionView
+	Version   int       `json:"version"`
+	CreatedAt time.Time `json:"created_at"`
+	UpdatedAt time.Time `json:"updated_at"`
+}
+
+// DefinitionView is a trigger's definition as the API shows it, in a
+// trigger (TriggerView) and in each of its versions (VersionView).
+type DefinitionView struct {
 	Name           string        `json:"name"`
 	Source         string        `json:"source"`
 	EventType      string        `json:"event_type"`
@@ -69,13 +78,10 @@ type TriggerView struct {
 	Throttle       *ThrottleView `json:"throttle,omitempty"`
 	MaxConcurrency int           `json:"max_concurrency,omitempty"`
 	// RunTimeout is left out when the trigger uses the service's default.
-	RunTimeout   string    `json:"run_timeout,omitempty"`
-	RunTimeoutMS int64     `json:"run_timeout_ms,omitempty"`
-	Workflow     string    `json:"workflow"`
-	Enabled      bool      `json:"enabled"`
-	Version      int       `json:"version"`
-	CreatedAt    time.Time `json:"created_at"`
-	UpdatedAt    time.Time `json:"updated_at"`
+	RunTimeout   string `json:"run_timeout,omitempty"`
+	RunTimeoutMS int64  `json:"run_timeout_ms,omitempty"`
+	Workflow     string `json:"workflow"`
+	Enabled      bool   `json:"enabled"`
 }
 
 // ThrottleView is a trigger's throttle as the API shows it.
@@ -88,54 +94,33 @@ type ThrottleView struct {
 
 // VersionView is one entry of GET /v1/triggers/{id}/versions.
 type VersionView struct {
-	Version        int           `json:"version"`
-	Name           string        `json:"name"`
-	Source         string        `json:"source"`
-	EventType      string        `json:"event_type"`
-	Predicate      string        `json:"predicate"`
-	Throttle       *ThrottleView `json:"throttle,omitempty"`
-	MaxConcurrency int           `json:"max_concurrency,omitempty"`
-	RunTimeout     string        `json:"run_timeout,omitempty"`
-	RunTimeoutMS   int64         `json:"run_timeout_ms,omitempty"`
-	Workflow       string        `json:"workflow"`
-	Enabled        bool          `json:"enabled"`
-	Deleted        bool          `json:"deleted,omitempty"`
-	CreatedAt      time.Time     `json:"created_at"`
+	Version int `json:"version"`
+	DefinitionView
+	Deleted   bool      `json:"deleted,omitempty"`
+	CreatedAt time.Time `json:"created_at"`
 }
 
-func throttleView(d triggerstore.Definition) *ThrottleView {
-	if d.ThrottleLimit == 0 {
-		return nil
+func viewDefinition(d triggerstore.Definition) DefinitionView {
+	v := DefinitionView{
+		Name: d.Name, Source: d.Source, EventType: d.EventType, Predicate: d.Predicate,
+		MaxConcurrency: d.MaxConcurrency, Workflow: d.Workflow, Enabled: d.Enabled,
 	}
-	return &ThrottleView{Limit: d.ThrottleLimit, Window: d.ThrottleWindow.String(), WindowMS: d.ThrottleWindow.Milliseconds(), Key: d.ThrottleKey}
-}
-
-// runTimeoutView is a trigger's own run timeout as text and milliseconds,
-// both empty when it uses the service's default.
-func runTimeoutView(d triggerstore.Definition) (string, int64) {
-	if d.RunTimeout == 0 {
-		return "", 0
+	if d.ThrottleLimit != 0 {
+		v.Throttle = &ThrottleView{Limit: d.ThrottleLimit, Window: d.ThrottleWindow.String(), WindowMS: d.ThrottleWindow.Milliseconds(), Key: d.ThrottleKey}
 	}
-	return d.RunTimeout.String(), d.RunTimeout.Milliseconds()
+	// Zero is the service's default: both stay empty.
+	if d.RunTimeout != 0 {
+		v.RunTimeout, v.RunTimeoutMS = d.RunTimeout.String(), d.RunTimeout.Milliseconds()
+	}
+	return v
 }
 
 func viewTrigger(t triggerstore.Trigger) TriggerView {
-	rt, rtMS := runTimeoutView(t.Definition)
-	return TriggerView{
-		ID: t.ID, Name: t.Name, Source: t.Source, EventType: t.EventType, Predicate: t.Predicate,
-		Throttle: throttleView(t.Definition), MaxConcurrency: t.MaxConcurrency, RunTimeout: rt, RunTimeoutMS: rtMS,
-		Workflow: t.Workflow, Enabled: t.Enabled, Version: t.Version, CreatedAt: t.CreatedAt, UpdatedAt: t.UpdatedAt,
-	}
+	return TriggerView{ID: t.ID, DefinitionView: viewDefinition(t.Definition), Version: t.Version, CreatedAt: t.CreatedAt, UpdatedAt: t.UpdatedAt}
 }
 
 func viewVersion(v triggerstore.Version) VersionView {
-	d := v.Definition
-	rt, rtMS := runTimeoutView(d)
-	return VersionView{
-		Version: v.Version, Name: d.Name, Source: d.Source, EventType: d.EventType, Predicate: d.Predicate,
-		Throttle: throttleView(d), MaxConcurrency: d.MaxConcurrency, RunTimeout: rt, RunTimeoutMS: rtMS, Workflow: d.Workflow,
-		Enabled: d.Enabled, Deleted: v.Deleted, CreatedAt: v.CreatedAt,
-	}
+	return VersionView{Version: v.Version, DefinitionView: viewDefinition(v.Definition), Deleted: v.Deleted, CreatedAt: v.CreatedAt}
 }
 
 func invalidField(field, reason string) error {

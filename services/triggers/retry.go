@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/retryd/retryd/internal/durable"
+	"github.com/retryd/retryd/internal/lifecyclemsg"
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/projections/inbox"
 	"github.com/retryd/retryd/projections/outbox"
@@ -29,15 +30,6 @@ type throttleWait struct{ until, now time.Time }
 
 func (w *throttleWait) Error() string {
 	return "throttle window full until " + w.until.Format(time.RFC3339Nano)
-}
-
-// msgID is the message's Nats-Msg-Id, or the envelope id that the
-// contract builders set to the same value.
-func msgID(msg jetstream.Msg, env contract.Envelope) string {
-	if id := msg.Headers().Get(contract.HeaderMsgID); id != "" {
-		return id
-	}
-	return env.ID
 }
 
 // handleDue retries a held delivery (retry.event-trigger.due.<id>):
@@ -67,14 +59,11 @@ func (s *Service) handleDue(ctx context.Context, msg jetstream.Msg) error {
 // decodeTriggerDue validates a message of retry.event-trigger.due.<id>
 // and returns its due and the id its inbox row takes.
 func decodeTriggerDue(msg jetstream.Msg) (contract.DueData, string, error) {
-	ev, err := contract.DecodeLifecycle(msg.Subject(), msg.Data())
+	ev, err := lifecyclemsg.Decode(msg, contract.KindEventTrigger, contract.Due)
 	if err != nil {
 		return contract.DueData{}, "", err
 	}
-	if ev.Due == nil || ev.Kind != contract.KindEventTrigger {
-		return contract.DueData{}, "", invalidField("subject", fmt.Sprintf("%q is not an event-trigger due event", msg.Subject()))
-	}
-	return *ev.Due, msgID(msg, ev.Envelope), nil
+	return *ev.Due, lifecyclemsg.InboxID(msg, ev.Envelope), nil
 }
 
 // applyDue applies a due inside tx: claim it, lock the trigger and the
@@ -285,12 +274,9 @@ func (s *Service) cancelUnknown(ctx context.Context, inboxID string, due contrac
 // scheduler: scheduled/rescheduled set next_attempt_at, exhausted and
 // cancelled end the delivery.
 func (s *Service) handleRetryState(ctx context.Context, msg jetstream.Msg) error {
-	ev, err := contract.DecodeLifecycle(msg.Subject(), msg.Data())
+	ev, err := lifecyclemsg.Decode(msg, contract.KindEventTrigger)
 	if err != nil {
 		return err
-	}
-	if ev.Kind != contract.KindEventTrigger {
-		return invalidField("subject", fmt.Sprintf("%q is not an event-trigger lifecycle event", msg.Subject()))
 	}
 	var (
 		applied   bool
@@ -299,7 +285,7 @@ func (s *Service) handleRetryState(ctx context.Context, msg jetstream.Msg) error
 	)
 	err = pgx.BeginFunc(ctx, s.cfg.Pool, func(tx pgx.Tx) error {
 		applied, duplicate = false, false
-		claimed, err := inbox.Claim(ctx, tx, ConsumerRetryState, msgID(msg, ev.Envelope))
+		claimed, err := inbox.Claim(ctx, tx, ConsumerRetryState, lifecyclemsg.InboxID(msg, ev.Envelope))
 		if err != nil {
 			return err
 		}

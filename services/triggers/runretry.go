@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/retryd/retryd/internal/durable"
+	"github.com/retryd/retryd/internal/lifecyclemsg"
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/pkg/errclass"
 	"github.com/retryd/retryd/projections/inbox"
@@ -48,7 +49,7 @@ func (s *Service) handleRunStep(ctx context.Context, msg jetstream.Msg) error {
 	var recorded, unknown bool
 	err = pgx.BeginFunc(ctx, s.cfg.Pool, func(tx pgx.Tx) error {
 		recorded, unknown = false, false
-		claimed, err := inbox.Claim(ctx, tx, ConsumerRuns, msgID(msg, env))
+		claimed, err := inbox.Claim(ctx, tx, ConsumerRuns, lifecyclemsg.InboxID(msg, env))
 		if err != nil || !claimed {
 			return err
 		}
@@ -143,15 +144,12 @@ func timeoutError() contract.ErrorInfo {
 
 // handleRunRetry applies the scheduler's facts about a run.
 func (s *Service) handleRunRetry(ctx context.Context, msg jetstream.Msg) error {
-	ev, err := contract.DecodeLifecycle(msg.Subject(), msg.Data())
+	ev, err := lifecyclemsg.Decode(msg, contract.KindRun)
 	if err != nil {
 		return err
 	}
-	if ev.Kind != contract.KindRun {
-		return invalidField("subject", fmt.Sprintf("%q is not a run lifecycle event", msg.Subject()))
-	}
 	if ev.Due != nil {
-		return s.relaunch(ctx, msgID(msg, ev.Envelope), *ev.Due)
+		return s.relaunch(ctx, lifecyclemsg.InboxID(msg, ev.Envelope), *ev.Due)
 	}
 	var (
 		applied bool
@@ -159,7 +157,7 @@ func (s *Service) handleRunRetry(ctx context.Context, msg jetstream.Msg) error {
 	)
 	err = pgx.BeginFunc(ctx, s.cfg.Pool, func(tx pgx.Tx) error {
 		applied = false
-		claimed, err := inbox.Claim(ctx, tx, ConsumerRunRetries, msgID(msg, ev.Envelope))
+		claimed, err := inbox.Claim(ctx, tx, ConsumerRunRetries, lifecyclemsg.InboxID(msg, ev.Envelope))
 		if err != nil || !claimed {
 			return err
 		}

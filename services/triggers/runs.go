@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/retryd/retryd/internal/lifecyclemsg"
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/projections/inbox"
 	"github.com/retryd/retryd/projections/outbox"
@@ -104,7 +105,7 @@ func (s *Service) handleRunFinished(ctx context.Context, msg jetstream.Msg) erro
 	)
 	err = pgx.BeginFunc(ctx, s.cfg.Pool, func(tx pgx.Tx) error {
 		changed, duplicate, unknown = false, false, false
-		claimed, err := inbox.Claim(ctx, tx, ConsumerRuns, msgID(msg, env))
+		claimed, err := inbox.Claim(ctx, tx, ConsumerRuns, lifecyclemsg.InboxID(msg, env))
 		if err != nil {
 			return err
 		}

@@ -9,5 +9,3 @@ type DB = pgdb.DB
 // ErrNotFound is returned when the event, source or retry row does not
 // exist. It is pgdb.ErrNotFound (contract.ErrNotFound) under this name.
 var ErrNotFound = pgdb.ErrNotFound
-
-var notFound = pgdb.NotFound

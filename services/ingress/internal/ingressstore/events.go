@@ -5,6 +5,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/retryd/retryd/internal/pgrows"
 )
 
 // Status of a workflow event.
@@ -39,7 +43,7 @@ type Event struct {
 
 const eventColumns = `event_id, source, type, status, envelope, received_at, admitted_at, updated_at`
 
-func scanEvent(row interface{ Scan(...any) error }) (Event, error) {
+func scanEvent(row pgx.Row) (Event, error) {
 	var ev Event
 	var status string
 	var env []byte
@@ -61,34 +65,22 @@ func InsertEvent(ctx context.Context, db DB, id, source, typ string, envelope []
 		v := int64(ingestSeq)
 		seq = &v
 	}
-	tag, err := db.Exec(ctx, `
+	return pgrows.Changed(ctx, db, "insert workflow event", `
 		INSERT INTO workflow_events (event_id, source, type, status, envelope, ingest_seq)
 		VALUES ($1, $2, $3, 'received', $4, $5)
 		ON CONFLICT (event_id) DO NOTHING`, id, source, typ, string(envelope), seq)
-	if err != nil {
-		return false, fmt.Errorf("insert workflow event: %w", err)
-	}
-	return tag.RowsAffected() == 1, nil
 }
 
 // GetEvent reads an event.
 func GetEvent(ctx context.Context, db DB, id string) (Event, error) {
-	ev, err := scanEvent(db.QueryRow(ctx, `SELECT `+eventColumns+` FROM workflow_events WHERE event_id = $1`, id))
-	if err != nil {
-		return Event{}, fmt.Errorf("get workflow event: %w", notFound(err))
-	}
-	return ev, nil
+	return pgrows.One(ctx, db, "get workflow event", scanEvent, `SELECT `+eventColumns+` FROM workflow_events WHERE event_id = $1`, id)
 }
 
 // LockEvent reads an event and locks its row until the transaction ends,
 // so the gate, the retry consumer and the cancel API see one another's
 // decisions.
 func LockEvent(ctx context.Context, db DB, id string) (Event, error) {
-	ev, err := scanEvent(db.QueryRow(ctx, `SELECT `+eventColumns+` FROM workflow_events WHERE event_id = $1 FOR UPDATE`, id))
-	if err != nil {
-		return Event{}, fmt.Errorf("lock workflow event: %w", notFound(err))
-	}
-	return ev, nil
+	return pgrows.One(ctx, db, "lock workflow event", scanEvent, `SELECT `+eventColumns+` FROM workflow_events WHERE event_id = $1 FOR UPDATE`, id)
 }
 
 // SetEventStatus moves an event to status. Admitted also sets admitted_at.

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/retryd/retryd/internal/pgrows"
 )
 
 // windowStartSQL is the start of the rate window of ms milliseconds (a SQL
@@ -24,6 +26,12 @@ type Released struct {
 	// scheduler's due would have carried); 0 when the event had no retry
 	// row, and then no retry to close.
 	Attempt int
+}
+
+func scanReleased(row pgx.Row) (Released, error) {
+	var r Released
+	err := row.Scan(&r.ID, &r.Source, &r.Type, &r.Status, &r.Envelope, &r.ReceivedAt, &r.AdmittedAt, &r.UpdatedAt, &r.Attempt)
+	return r, err
 }
 
 // AdmitReleased admits up to limit events of one release line (see
@@ -89,7 +97,7 @@ LIMIT 1`, limit).Scan(&source, &room, &rateLimit, &windowMS)
 			return nil, nil
 		}
 	}
-	rows, err := tx.Query(ctx, `
+	out, err := pgrows.All(ctx, tx, "admit released events of "+source, scanReleased, `
 WITH src AS (
 	SELECT s.source, s.rate_limit, s.rate_window_ms FROM event_sources s WHERE s.source = $1
 ), line AS (
@@ -129,15 +137,7 @@ SELECT m.event_id, m.source, m.type, m.status, m.envelope, m.received_at, m.admi
 FROM moved m JOIN line l ON l.event_id = m.event_id LEFT JOIN completed c ON c.event_id = m.event_id
 ORDER BY l.slot_at, m.event_id`, source, room)
 	if err != nil {
-		return nil, fmt.Errorf("admit released events of %s: %w", source, err)
-	}
-	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Released, error) {
-		var r Released
-		err := row.Scan(&r.ID, &r.Source, &r.Type, &r.Status, &r.Envelope, &r.ReceivedAt, &r.AdmittedAt, &r.UpdatedAt, &r.Attempt)
-		return r, err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("admit released events of %s: %w", source, err)
+		return nil, err
 	}
 	if len(out) == 0 {
 		// Nothing taken although the line's head has come: its events are

@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/retryd/retryd/internal/pgrows"
 	"github.com/retryd/retryd/projections/pgtext"
 )
 
@@ -56,7 +57,7 @@ func (r Retry) Confirmed() bool { return r.ScheduledAttempt > r.Attempts }
 
 const retryColumns = `event_id, source, retry_state, attempts, scheduled_attempt, next_attempt_at, last_error, metadata, created_at, updated_at`
 
-func scanRetry(row interface{ Scan(...any) error }) (Retry, error) {
+func scanRetry(row pgx.Row) (Retry, error) {
 	var r Retry
 	var state string
 	var md []byte
@@ -75,11 +76,7 @@ func scanRetry(row interface{ Scan(...any) error }) (Retry, error) {
 
 // GetRetry reads an event's retry row.
 func GetRetry(ctx context.Context, db DB, eventID string) (Retry, error) {
-	r, err := scanRetry(db.QueryRow(ctx, `SELECT `+retryColumns+` FROM event_ingress_retries WHERE event_id = $1`, eventID))
-	if err != nil {
-		return Retry{}, fmt.Errorf("get event ingress retry: %w", notFound(err))
-	}
-	return r, nil
+	return pgrows.One(ctx, db, "get event ingress retry", scanRetry, `SELECT `+retryColumns+` FROM event_ingress_retries WHERE event_id = $1`, eventID)
 }
 
 // Deferral is one rejection by the gate.
@@ -138,37 +135,10 @@ func RecordDeferral(ctx context.Context, db DB, d Deferral) error {
 // confirmations (an attempt already evaluated, an older confirmation, a
 // resolved deferral) change nothing; applied says whether this one did.
 func ConfirmScheduled(ctx context.Context, db DB, eventID string, attempt int, next time.Time, decision map[string]any) (applied bool, err error) {
-	applied, err = schedule(ctx, db, `
-		UPDATE event_ingress_retries
-		SET retry_state = 'scheduled',
-		    scheduled_attempt = $2,
-		    next_attempt_at = $3,
-		    metadata = metadata || $4::jsonb,
-		    updated_at = now()
-		WHERE event_id = $1
+	return schedule(ctx, db, "confirm scheduled retry", `metadata`, `
 		  AND retry_state IN ('scheduled', 'due')
-		  AND $2 > attempts
 		  AND $2 >= scheduled_attempt`,
 		eventID, attempt, next, decision)
-	if err != nil {
-		return false, fmt.Errorf("confirm scheduled retry: %w", err)
-	}
-	return applied, nil
-}
-
-// schedule runs update, which schedules eventID's deferral ($1) for
-// attempt ($2) at next ($3) with the decision merged into its metadata
-// ($4), and reports whether it changed the row.
-func schedule(ctx context.Context, db DB, update, eventID string, attempt int, next time.Time, decision map[string]any) (bool, error) {
-	md, err := json.Marshal(pgtext.CleanMap(decision))
-	if err != nil {
-		return false, fmt.Errorf("encode decision: %w", err)
-	}
-	tag, err := db.Exec(ctx, update, eventID, attempt, next.UTC(), string(md))
-	if err != nil {
-		return false, err
-	}
-	return tag.RowsAffected() == 1, nil
 }
 
 // ReopenRetry applies the scheduler's confirmation of a new attempt to a
@@ -178,22 +148,31 @@ func schedule(ctx context.Context, db DB, update, eventID string, attempt int, n
 // replay) changes nothing. reopened says whether this one did. The caller
 // moves the event back to deferred.
 func ReopenRetry(ctx context.Context, db DB, eventID string, attempt int, next time.Time, decision map[string]any) (reopened bool, err error) {
-	reopened, err = schedule(ctx, db, `
+	return schedule(ctx, db, "reopen retry", `(metadata - 'cancelled_by' - 'cancel_reason' - 'cancel_published')`, `
+		  AND retry_state IN ('exhausted', 'cancelled')
+		  AND $2 > scheduled_attempt`,
+		eventID, attempt, next, decision)
+}
+
+// schedule schedules eventID's deferral for attempt ($2, one the gate has
+// not evaluated yet) at next, with the decision merged into kept, what it
+// keeps of its metadata, and reports whether it changed the row. guard
+// says which rows it applies to.
+func schedule(ctx context.Context, db DB, what, kept, guard, eventID string, attempt int, next time.Time, decision map[string]any) (bool, error) {
+	md, err := json.Marshal(pgtext.CleanMap(decision))
+	if err != nil {
+		return false, fmt.Errorf("%s: encode decision: %w", what, err)
+	}
+	return pgrows.Changed(ctx, db, what, `
 		UPDATE event_ingress_retries
 		SET retry_state = 'scheduled',
 		    scheduled_attempt = $2,
 		    next_attempt_at = $3,
-		    metadata = (metadata - 'cancelled_by' - 'cancel_reason' - 'cancel_published') || $4::jsonb,
+		    metadata = `+kept+` || $4::jsonb,
 		    updated_at = now()
 		WHERE event_id = $1
-		  AND retry_state IN ('exhausted', 'cancelled')
-		  AND $2 > attempts
-		  AND $2 > scheduled_attempt`,
-		eventID, attempt, next, decision)
-	if err != nil {
-		return false, fmt.Errorf("reopen retry: %w", err)
-	}
-	return reopened, nil
+		  AND $2 > attempts`+guard,
+		eventID, attempt, next.UTC(), string(md))
 }
 
 // CompleteRetry marks a deferral admitted at attempt.
@@ -215,7 +194,7 @@ func ResolveRetry(ctx context.Context, db DB, eventID string, state RetryState, 
 	if state != RetryCancelled && state != RetryExhausted {
 		return false, fmt.Errorf("resolve retry: state %q is not cancelled or exhausted", state)
 	}
-	tag, err := db.Exec(ctx, `
+	return pgrows.Changed(ctx, db, "resolve retry", `
 		UPDATE event_ingress_retries
 		SET retry_state = $2,
 		    next_attempt_at = NULL,
@@ -223,10 +202,6 @@ func ResolveRetry(ctx context.Context, db DB, eventID string, state RetryState, 
 		    updated_at = now()
 		WHERE event_id = $1 AND retry_state NOT IN ('completed', 'cancelled', 'exhausted')`,
 		eventID, string(state), pgtext.Clean(lastError))
-	if err != nil {
-		return false, fmt.Errorf("resolve retry: %w", err)
-	}
-	return tag.RowsAffected() == 1, nil
 }
 
 // Unconfirmed locks up to limit deferrals the scheduler has not confirmed
@@ -234,22 +209,13 @@ func ResolveRetry(ctx context.Context, db DB, eventID string, state RetryState, 
 // lost with RETRIES), skipping rows other instances hold. Call it inside a
 // transaction and Touch what you republish.
 func Unconfirmed(ctx context.Context, db DB, olderThan time.Duration, limit int) ([]Retry, error) {
-	rows, err := db.Query(ctx, `
+	return pgrows.All(ctx, db, "find unconfirmed retries", scanRetry, `
 		SELECT `+retryColumns+` FROM event_ingress_retries
 		WHERE retry_state = 'scheduled' AND scheduled_attempt <= attempts
 		  AND updated_at < now() - $1 * interval '1 millisecond'
 		ORDER BY updated_at
 		LIMIT $2
 		FOR UPDATE SKIP LOCKED`, olderThan.Milliseconds(), limit)
-	if err != nil {
-		return nil, fmt.Errorf("find unconfirmed retries: %w", err)
-	}
-	defer rows.Close()
-	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Retry, error) { return scanRetry(row) })
-	if err != nil {
-		return nil, fmt.Errorf("find unconfirmed retries: %w", err)
-	}
-	return out, nil
 }
 
 // Touch bumps a retry row's updated_at, postponing its next

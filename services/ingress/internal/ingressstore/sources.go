@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/retryd/retryd/internal/pgrows"
 	"github.com/retryd/retryd/projections/pgtext"
 )
 
@@ -69,36 +70,25 @@ const deferredCount = `(SELECT count(*) FROM workflow_events e WHERE e.source = 
 
 // GetSource reads a source's gate and its deferred count.
 func GetSource(ctx context.Context, db DB, source string) (Source, error) {
-	var deferred int64
-	s, err := scanSource(db.QueryRow(ctx, `SELECT `+sourceColumns+`, `+deferredCount+` FROM event_sources s WHERE s.source = $1`, source), &deferred)
-	if err != nil {
-		return Source{}, fmt.Errorf("get event source: %w", notFound(err))
-	}
-	s.Deferred = deferred
-	return s, nil
+	return pgrows.One(ctx, db, "get event source", scanCountedSource,
+		`SELECT `+sourceColumns+`, `+deferredCount+` FROM event_sources s WHERE s.source = $1`, source)
 }
 
 // ListSources reads every configured source, by name.
 func ListSources(ctx context.Context, db DB) ([]Source, error) {
-	rows, err := db.Query(ctx, `SELECT `+sourceColumns+`, `+deferredCount+` FROM event_sources s ORDER BY s.source`)
+	return pgrows.All(ctx, db, "list event sources", scanCountedSource,
+		`SELECT `+sourceColumns+`, `+deferredCount+` FROM event_sources s ORDER BY s.source`)
+}
+
+// scanCountedSource scans sourceColumns followed by deferredCount.
+func scanCountedSource(row pgx.Row) (Source, error) {
+	var deferred int64
+	s, err := scanSource(row, &deferred)
 	if err != nil {
-		return nil, fmt.Errorf("list event sources: %w", err)
+		return Source{}, err
 	}
-	defer rows.Close()
-	out := []Source{}
-	for rows.Next() {
-		var deferred int64
-		s, err := scanSource(rows, &deferred)
-		if err != nil {
-			return nil, fmt.Errorf("scan event source: %w", err)
-		}
-		s.Deferred = deferred
-		out = append(out, s)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("list event sources: %w", err)
-	}
-	return out, nil
+	s.Deferred = deferred
+	return s, nil
 }
 
 // AllowedTypes returns the types a source may send; empty (also for a

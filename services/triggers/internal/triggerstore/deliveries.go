@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/retryd/retryd/internal/pgrows"
 	"github.com/retryd/retryd/projections/pgtext"
 )
 
@@ -130,7 +131,7 @@ func InsertDelivery(ctx context.Context, db DB, d Delivery) (inserted bool, err 
 	if err != nil {
 		return false, err
 	}
-	tag, err := db.Exec(ctx, `
+	return pgrows.Changed(ctx, db, "insert delivery", `
 		INSERT INTO workflow_trigger_deliveries (delivery_id, trigger_id, trigger_version, event_id,
 			source, event_type, throttle_key, status, status_reason, run_id, retry_state,
 			next_attempt_at, retry_attempts, retry_metadata, launched_at)
@@ -139,32 +140,20 @@ func InsertDelivery(ctx context.Context, db DB, d Delivery) (inserted bool, err 
 		d.ID, d.TriggerID, d.TriggerVersion, d.EventID, d.Source, d.EventType, pgtext.Clean(d.ThrottleKey),
 		string(d.Status), pgtext.Clean(d.StatusReason), nullString(d.RunID), string(d.RetryState), d.NextAttemptAt,
 		d.RetryAttempts, meta, d.LaunchedAt)
-	if err != nil {
-		return false, fmt.Errorf("insert delivery: %w", err)
-	}
-	return tag.RowsAffected() == 1, nil
 }
 
 // GetDelivery reads a delivery.
 func GetDelivery(ctx context.Context, db DB, id string) (Delivery, error) {
-	d, err := scanDelivery(db.QueryRow(ctx,
-		`SELECT `+deliveryColumns+` FROM workflow_trigger_deliveries WHERE delivery_id = $1`, id))
-	if err != nil {
-		return Delivery{}, fmt.Errorf("get delivery: %w", notFound(err))
-	}
-	return d, nil
+	return pgrows.One(ctx, db, "get delivery", scanDelivery,
+		`SELECT `+deliveryColumns+` FROM workflow_trigger_deliveries WHERE delivery_id = $1`, id)
 }
 
 // LockDelivery reads a delivery and locks its row until the transaction
 // ends. Take the trigger's lock first (LockTrigger): every path locks
 // trigger, then delivery.
 func LockDelivery(ctx context.Context, db DB, id string) (Delivery, error) {
-	d, err := scanDelivery(db.QueryRow(ctx,
-		`SELECT `+deliveryColumns+` FROM workflow_trigger_deliveries WHERE delivery_id = $1 FOR UPDATE`, id))
-	if err != nil {
-		return Delivery{}, fmt.Errorf("lock delivery: %w", notFound(err))
-	}
-	return d, nil
+	return pgrows.One(ctx, db, "lock delivery", scanDelivery,
+		`SELECT `+deliveryColumns+` FROM workflow_trigger_deliveries WHERE delivery_id = $1 FOR UPDATE`, id)
 }
 
 // SaveOutcome writes the result of a retry attempt: status, reason, the
@@ -231,7 +220,7 @@ func ApplyScheduled(ctx context.Context, db DB, id string, attempt int, next tim
 	if err != nil {
 		return false, err
 	}
-	tag, err := db.Exec(ctx, `
+	return pgrows.Changed(ctx, db, "apply scheduled", `
 		UPDATE workflow_trigger_deliveries
 		SET retry_state = 'scheduled', next_attempt_at = $3,
 		    retry_attempts = GREATEST(retry_attempts, $2 - 1),
@@ -240,10 +229,6 @@ func ApplyScheduled(ctx context.Context, db DB, id string, attempt int, next tim
 		WHERE delivery_id = $1 AND retry_attempts <= $2 - 1
 		  AND ((status IN ('throttled', 'concurrency_limited') AND scheduled_attempt <= $2)
 		       OR ($5 AND status IN ('exhausted', 'cancelled', 'filtered') AND scheduled_attempt < $2))`, id, attempt, next, m, manual)
-	if err != nil {
-		return false, fmt.Errorf("apply scheduled: %w", err)
-	}
-	return tag.RowsAffected() == 1, nil
 }
 
 // ApplyExhausted records that the scheduler gave up on a held delivery
@@ -276,14 +261,7 @@ func applyTerminal(ctx context.Context, db DB, id string, attempt int, status St
 		    retry_metadata = retry_metadata || $5::jsonb, updated_at = now()
 		WHERE delivery_id = $1`+guard+`
 		RETURNING `+deliveryColumns, id, attempt, string(status), string(state), m, pgtext.Clean(reason)))
-	if err == nil {
-		return d, true, nil
-	}
-	if !errors.Is(err, pgx.ErrNoRows) {
-		return Delivery{}, false, fmt.Errorf("apply %s: %w", state, err)
-	}
-	d, err = GetDelivery(ctx, db, id)
-	return d, false, err
+	return updatedOrCurrent(d, err, "apply "+string(state), func() (Delivery, error) { return GetDelivery(ctx, db, id) })
 }
 
 // ListDeliveriesOptions filters and pages ListDeliveries. Before is the
@@ -297,26 +275,14 @@ type ListDeliveriesOptions struct {
 
 // ListDeliveries lists a trigger's deliveries, newest first.
 func ListDeliveries(ctx context.Context, db DB, o ListDeliveriesOptions) ([]Delivery, error) {
-	limit := o.Limit
-	if limit <= 0 {
-		limit = 100
-	}
-	rows, err := db.Query(ctx, `
+	return pgrows.All(ctx, db, "list deliveries", scanDelivery, `
 		SELECT `+deliveryColumns+` FROM workflow_trigger_deliveries d
 		WHERE trigger_id = $1
 		  AND ($2 = '' OR status = $2)
 		  AND ($3 = '' OR (created_at, delivery_id) < (
 		        SELECT created_at, delivery_id FROM workflow_trigger_deliveries WHERE delivery_id = $3))
 		ORDER BY created_at DESC, delivery_id DESC
-		LIMIT $4`, o.TriggerID, string(o.Status), o.Before, limit)
-	if err != nil {
-		return nil, fmt.Errorf("list deliveries: %w", err)
-	}
-	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Delivery, error) { return scanDelivery(r) })
-	if err != nil {
-		return nil, fmt.Errorf("list deliveries: %w", err)
-	}
-	return out, nil
+		LIMIT $4`, o.TriggerID, string(o.Status), o.Before, pageSize(o.Limit))
 }
 
 // Unconfirmed lists held deliveries whose last failed attempt the
@@ -324,20 +290,12 @@ func ListDeliveries(ctx context.Context, db DB, o ListDeliveriesOptions) ([]Deli
 // attempt) since before olderThan: their failed event may never have
 // reached the scheduler.
 func Unconfirmed(ctx context.Context, db DB, olderThan time.Time, limit int) ([]Delivery, error) {
-	rows, err := db.Query(ctx, `
+	return pgrows.All(ctx, db, "list unconfirmed deliveries", scanDelivery, `
 		SELECT `+deliveryColumns+` FROM workflow_trigger_deliveries
 		WHERE retry_state = 'scheduled' AND scheduled_attempt <= retry_attempts
 		  AND status IN ('throttled', 'concurrency_limited') AND updated_at < $1
 		ORDER BY updated_at
 		LIMIT $2`, olderThan, limit)
-	if err != nil {
-		return nil, fmt.Errorf("list unconfirmed deliveries: %w", err)
-	}
-	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Delivery, error) { return scanDelivery(r) })
-	if err != nil {
-		return nil, fmt.Errorf("list unconfirmed deliveries: %w", err)
-	}
-	return out, nil
 }
 
 // CountByStatus counts a trigger's deliveries per status.

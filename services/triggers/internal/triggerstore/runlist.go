@@ -5,9 +5,8 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/retryd/retryd/internal/pgquery"
+	"github.com/retryd/retryd/internal/pgrows"
 )
 
 // The operator views' list of workflow runs: filtered, newest first, a
@@ -67,13 +66,9 @@ func ListRuns(ctx context.Context, db DB, f RunFilter, limit int, cursor string)
 	}
 	sql := `SELECT ` + runColumns + ` FROM workflow_runs` + w.SQL() +
 		` ORDER BY requested_at DESC, run_id DESC LIMIT ` + w.Arg(limit+1)
-	rows, err := db.Query(ctx, sql, w.Args...)
+	runs, err := pgrows.All(ctx, db, "list runs", scanRun, sql, w.Args...)
 	if err != nil {
-		return RunPage{}, fmt.Errorf("list runs: %w", err)
-	}
-	runs, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Run, error) { return scanRun(row) })
-	if err != nil {
-		return RunPage{}, fmt.Errorf("list runs: %w", err)
+		return RunPage{}, err
 	}
 	page := RunPage{Runs: runs}
 	if len(page.Runs) > limit {

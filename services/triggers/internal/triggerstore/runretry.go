@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/retryd/retryd/internal/pgrows"
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/projections/pgtext"
 )
@@ -45,14 +46,7 @@ func FailRun(ctx context.Context, db DB, id string, f RunFailure) (r Run, change
 		    executor = CASE WHEN $7 = '' THEN executor ELSE $7 END, next_retry_at = NULL, updated_at = now()
 		WHERE run_id = $1 AND attempt = $2 AND status IN `+leasedStatuses+`
 		RETURNING `+runColumns, id, max(f.Attempt, 1), errText, f.Class, msg, f.Node, pgtext.Truncate(f.Executor, 128)))
-	if err == nil {
-		return r, true, nil
-	}
-	if !errors.Is(err, pgx.ErrNoRows) {
-		return Run{}, false, fmt.Errorf("fail run: %w", err)
-	}
-	r, err = GetRun(ctx, db, id)
-	return r, false, err
+	return updatedOrCurrent(r, err, "fail run", func() (Run, error) { return GetRun(ctx, db, id) })
 }
 
 // CompleteRun marks a run that has not ended completed. A completion is
@@ -66,14 +60,7 @@ func CompleteRun(ctx context.Context, db DB, id, executor string) (r Run, change
 		    executor = CASE WHEN $2 = '' THEN executor ELSE $2 END
 		WHERE run_id = $1 AND status IN `+inFlightStatuses+`
 		RETURNING `+runColumns, id, pgtext.Truncate(executor, 128)))
-	if err == nil {
-		return r, true, nil
-	}
-	if !errors.Is(err, pgx.ErrNoRows) {
-		return Run{}, false, fmt.Errorf("complete run: %w", err)
-	}
-	r, err = GetRun(ctx, db, id)
-	return r, false, err
+	return updatedOrCurrent(r, err, "complete run", func() (Run, error) { return GetRun(ctx, db, id) })
 }
 
 // Retried reports whether the scheduler holds a retry of the run: it
@@ -142,12 +129,8 @@ func EndRun(ctx context.Context, db DB, id string, status RunStatus, errText str
 // retry is cancelled, would not answer). changed is false when no
 // attempt is in flight.
 func StopRunRetries(ctx context.Context, db DB, id string) (bool, error) {
-	tag, err := db.Exec(ctx, `UPDATE workflow_runs SET retry_enabled = false, updated_at = now()
+	return pgrows.Changed(ctx, db, "stop run retries", `UPDATE workflow_runs SET retry_enabled = false, updated_at = now()
 		WHERE run_id = $1 AND status IN `+leasedStatuses+` AND retry_enabled`, id)
-	if err != nil {
-		return false, fmt.Errorf("stop run retries: %w", err)
-	}
-	return tag.RowsAffected() == 1, nil
 }
 
 // RelaunchRun starts attempt of a run the scheduler brought back: it is
@@ -157,9 +140,9 @@ func StopRunRetries(ctx context.Context, db DB, id string) (bool, error) {
 // (an operator's retry of a failed run) takes its slot back only when one
 // is free: full is true when it is not, and nothing changed.
 func RelaunchRun(ctx context.Context, tx pgx.Tx, id string, attempt int, defaultTimeout time.Duration) (r Run, changed, full bool, err error) {
-	r, err = scanRun(tx.QueryRow(ctx, `SELECT `+runColumns+` FROM workflow_runs WHERE run_id = $1 FOR UPDATE`, id))
+	r, err = pgrows.One(ctx, tx, "relaunch run", scanRun, `SELECT `+runColumns+` FROM workflow_runs WHERE run_id = $1 FOR UPDATE`, id)
 	if err != nil {
-		return Run{}, false, false, fmt.Errorf("relaunch run: %w", notFound(err))
+		return Run{}, false, false, err
 	}
 	if attempt <= r.Attempt || r.Status == RunCompleted || (!r.Status.Ended() && r.Status != RunRetrying) {
 		return r, false, false, nil
@@ -220,9 +203,9 @@ type Step struct {
 // (ErrNotFound). The first report of the run's current attempt moves it
 // to in_progress.
 func RecordStep(ctx context.Context, tx pgx.Tx, d contract.RunStepData, reportedAt time.Time) (r Run, recorded bool, err error) {
-	r, err = scanRun(tx.QueryRow(ctx, `SELECT `+runColumns+` FROM workflow_runs WHERE run_id = $1 FOR UPDATE`, d.RunID))
+	r, err = pgrows.One(ctx, tx, "record step", scanRun, `SELECT `+runColumns+` FROM workflow_runs WHERE run_id = $1 FOR UPDATE`, d.RunID)
 	if err != nil {
-		return Run{}, false, fmt.Errorf("record step: %w", notFound(err))
+		return Run{}, false, err
 	}
 	attempt := max(d.Attempt, 1)
 	var errClass, errMsg string
@@ -291,25 +274,20 @@ const stepColumns = `run_id, step_id, status, reported_at, attempts, run_attempt
 // Steps lists a run's nodes in the order their executor first reported
 // them.
 func Steps(ctx context.Context, db DB, runID string) ([]Step, error) {
-	rows, err := db.Query(ctx, `SELECT `+stepColumns+` FROM workflow_run_steps WHERE run_id = $1 ORDER BY reported_at, step_id`, runID)
-	if err != nil {
-		return nil, fmt.Errorf("list steps: %w", err)
+	return pgrows.All(ctx, db, "list steps", scanStep,
+		`SELECT `+stepColumns+` FROM workflow_run_steps WHERE run_id = $1 ORDER BY reported_at, step_id`, runID)
+}
+
+func scanStep(row pgx.Row) (Step, error) {
+	var s Step
+	var output []byte
+	err := row.Scan(&s.RunID, &s.Node, &s.Status, &s.ReportedAt, &s.Attempts, &s.RunAttempt, &s.RetryState,
+		&s.RetryAttempts, &s.NextAttemptAt, &output, &s.LastErrorClass, &s.LastErrorMessage, &s.Executor,
+		&s.CreatedAt, &s.UpdatedAt)
+	if len(output) > 0 {
+		s.Output = output
 	}
-	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Step, error) {
-		var s Step
-		var output []byte
-		err := row.Scan(&s.RunID, &s.Node, &s.Status, &s.ReportedAt, &s.Attempts, &s.RunAttempt, &s.RetryState,
-			&s.RetryAttempts, &s.NextAttemptAt, &output, &s.LastErrorClass, &s.LastErrorMessage, &s.Executor,
-			&s.CreatedAt, &s.UpdatedAt)
-		if len(output) > 0 {
-			s.Output = output
-		}
-		return s, err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("list steps: %w", err)
-	}
-	return out, nil
+	return s, err
 }
 
 // Checkpoint is where a retry of the run resumes: its completed nodes up
@@ -347,18 +325,10 @@ func Checkpoint(ctx context.Context, db DB, runID string) (*contract.RunCheckpoi
 // failure fact may have been lost with a purged RETRIES stream, and the
 // run would hold its slot for good.
 func UnconfirmedRunRetries(ctx context.Context, db DB, olderThan time.Time, limit int) ([]Run, error) {
-	rows, err := db.Query(ctx, `
+	return pgrows.All(ctx, db, "list unconfirmed run retries", scanRun, `
 		SELECT `+runColumns+` FROM workflow_runs
 		WHERE status = 'retrying' AND next_retry_at IS NULL AND updated_at < $1
 		ORDER BY updated_at LIMIT $2`, olderThan, limit)
-	if err != nil {
-		return nil, fmt.Errorf("list unconfirmed run retries: %w", err)
-	}
-	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Run, error) { return scanRun(row) })
-	if err != nil {
-		return nil, fmt.Errorf("list unconfirmed run retries: %w", err)
-	}
-	return out, nil
 }
 
 // LockUnconfirmedRun locks a run listed by UnconfirmedRunRetries and

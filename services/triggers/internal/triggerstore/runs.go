@@ -2,11 +2,12 @@ package triggerstore
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/retryd/retryd/internal/pgrows"
 )
 
 // RunStatus is where a workflow run stands.
@@ -76,7 +77,7 @@ const runColumns = `run_id, workflow, coalesce(delivery_id, ''), coalesce(trigge
 	attempt, retry_count, max_retries, retry_enabled, current_node_id, last_error_class,
 	last_error_message, last_error_timestamp, next_retry_at, executor`
 
-func scanRun(row interface{ Scan(...any) error }) (Run, error) {
+func scanRun(row pgx.Row) (Run, error) {
 	var r Run
 	var status string
 	if err := row.Scan(&r.ID, &r.Workflow, &r.DeliveryID, &r.TriggerID, &r.EventID, &status,
@@ -93,24 +94,16 @@ func scanRun(row interface{ Scan(...any) error }) (Run, error) {
 // (r.LeaseExpiresAt). A delivery launches at most one run: inserted is
 // false when the run id or the delivery already has a run.
 func InsertRun(ctx context.Context, db DB, r Run) (inserted bool, err error) {
-	tag, err := db.Exec(ctx, `
+	return pgrows.Changed(ctx, db, "insert run", `
 		INSERT INTO workflow_runs (run_id, workflow, delivery_id, trigger_id, event_id, status, requested_at, lease_expires_at)
 		VALUES ($1, $2, $3, $4, $5, 'requested', $6, $7)
 		ON CONFLICT DO NOTHING`,
 		r.ID, r.Workflow, nullString(r.DeliveryID), nullString(r.TriggerID), nullString(r.EventID), r.RequestedAt, r.LeaseExpiresAt)
-	if err != nil {
-		return false, fmt.Errorf("insert run: %w", err)
-	}
-	return tag.RowsAffected() == 1, nil
 }
 
 // GetRun reads a run.
 func GetRun(ctx context.Context, db DB, id string) (Run, error) {
-	r, err := scanRun(db.QueryRow(ctx, `SELECT `+runColumns+` FROM workflow_runs WHERE run_id = $1`, id))
-	if err != nil {
-		return Run{}, fmt.Errorf("get run: %w", notFound(err))
-	}
-	return r, nil
+	return pgrows.One(ctx, db, "get run", scanRun, `SELECT `+runColumns+` FROM workflow_runs WHERE run_id = $1`, id)
 }
 
 // CountInFlight counts a trigger's runs that are requested or running:
@@ -152,7 +145,7 @@ const RunTimeoutReason = "run_timeout"
 // defaultTimeout. Runs locked by another transaction (a heartbeat being
 // applied) are skipped. It returns the runs it failed.
 func ExpireRuns(ctx context.Context, db DB, now time.Time, defaultTimeout time.Duration, limit int) ([]Run, error) {
-	rows, err := db.Query(ctx, `
+	return pgrows.All(ctx, db, "expire runs", scanRun, `
 		WITH expired AS (
 			-- finished_at is the clock the lease was judged by, not the
 			-- transaction's start, which may come before the lease ended.
@@ -174,15 +167,6 @@ func ExpireRuns(ctx context.Context, db DB, now time.Time, defaultTimeout time.D
 		)
 		SELECT `+runColumns+` FROM expired ORDER BY coalesce(lease_expires_at, requested_at)`,
 		now, limit, RunTimeoutReason, defaultTimeout.Milliseconds())
-	if err != nil {
-		return nil, fmt.Errorf("expire runs: %w", err)
-	}
-	defer rows.Close()
-	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Run, error) { return scanRun(row) })
-	if err != nil {
-		return nil, fmt.Errorf("expire runs: %w", err)
-	}
-	return out, nil
 }
 
 // ExtendLease renews the lease of a run in flight to sentAt plus its
@@ -201,14 +185,7 @@ func ExtendLease(ctx context.Context, db DB, id string, sentAt time.Time, defaul
 		    updated_at = now()
 		WHERE r.run_id = $1 AND r.status IN `+leasedStatuses+`
 		RETURNING `+runColumns, id, sentAt, defaultTimeout.Milliseconds()))
-	if err == nil {
-		return r, true, nil
-	}
-	if !errors.Is(err, pgx.ErrNoRows) {
-		return Run{}, false, fmt.Errorf("extend run lease: %w", err)
-	}
-	r, err = GetRun(ctx, db, id)
-	return r, false, err
+	return updatedOrCurrent(r, err, "extend run lease", func() (Run, error) { return GetRun(ctx, db, id) })
 }
 
 // maxRunError bounds the error text kept for a failed run.

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/retryd/retryd/internal/pgrows"
 )
 
 // Definition is the part of a trigger a user writes. Every change to it
@@ -180,12 +182,8 @@ func insertVersion(ctx context.Context, db DB, t Trigger, deleted bool) error {
 
 // GetTrigger reads a trigger that is not deleted.
 func GetTrigger(ctx context.Context, db DB, id string) (Trigger, error) {
-	t, err := scanTrigger(db.QueryRow(ctx,
-		`SELECT `+triggerColumns+` FROM workflow_triggers WHERE trigger_id = $1 AND deleted_at IS NULL`, id))
-	if err != nil {
-		return Trigger{}, fmt.Errorf("get trigger: %w", notFound(err))
-	}
-	return t, nil
+	return pgrows.One(ctx, db, "get trigger", scanTrigger,
+		`SELECT `+triggerColumns+` FROM workflow_triggers WHERE trigger_id = $1 AND deleted_at IS NULL`, id)
 }
 
 // LockTrigger reads a trigger, deleted or not, and locks its row until the
@@ -193,22 +191,18 @@ func GetTrigger(ctx context.Context, db DB, id string) (Trigger, error) {
 // this lock, which serializes the throttle and concurrency checks of all
 // service instances.
 func LockTrigger(ctx context.Context, db DB, id string) (Trigger, error) {
-	t, err := scanTrigger(db.QueryRow(ctx,
-		`SELECT `+triggerColumns+` FROM workflow_triggers WHERE trigger_id = $1 FOR UPDATE`, id))
-	if err != nil {
-		return Trigger{}, fmt.Errorf("lock trigger: %w", notFound(err))
-	}
-	return t, nil
+	return pgrows.One(ctx, db, "lock trigger", scanTrigger,
+		`SELECT `+triggerColumns+` FROM workflow_triggers WHERE trigger_id = $1 FOR UPDATE`, id)
 }
 
 // UpdateTrigger replaces the definition of a trigger that is not deleted.
 // A definition equal to the current one changes nothing (changed is false,
 // the version stays); otherwise the version is bumped and recorded.
 func UpdateTrigger(ctx context.Context, db DB, id string, d Definition) (t Trigger, changed bool, err error) {
-	cur, err := scanTrigger(db.QueryRow(ctx,
-		`SELECT `+triggerColumns+` FROM workflow_triggers WHERE trigger_id = $1 AND deleted_at IS NULL FOR UPDATE`, id))
+	cur, err := pgrows.One(ctx, db, "update trigger", scanTrigger,
+		`SELECT `+triggerColumns+` FROM workflow_triggers WHERE trigger_id = $1 AND deleted_at IS NULL FOR UPDATE`, id)
 	if err != nil {
-		return Trigger{}, false, fmt.Errorf("update trigger: %w", notFound(err))
+		return Trigger{}, false, err
 	}
 	if cur.Definition == d {
 		return cur, false, nil
@@ -247,13 +241,13 @@ func SetEnabled(ctx context.Context, db DB, id string, enabled bool) (t Trigger,
 // deletion. The row stays so deliveries waiting for a retry can tell a
 // deleted trigger (cancel) from one that never existed.
 func DeleteTrigger(ctx context.Context, db DB, id string) (Trigger, error) {
-	t, err := scanTrigger(db.QueryRow(ctx, `
+	t, err := pgrows.One(ctx, db, "delete trigger", scanTrigger, `
 		UPDATE workflow_triggers
 		SET deleted_at = now(), version = version + 1, updated_at = now()
 		WHERE trigger_id = $1 AND deleted_at IS NULL
-		RETURNING `+triggerColumns, id))
+		RETURNING `+triggerColumns, id)
 	if err != nil {
-		return Trigger{}, fmt.Errorf("delete trigger: %w", notFound(err))
+		return Trigger{}, err
 	}
 	if err := insertVersion(ctx, db, t, true); err != nil {
 		return Trigger{}, err
@@ -273,11 +267,7 @@ type ListTriggersOptions struct {
 
 // ListTriggers lists triggers that are not deleted, ordered by id.
 func ListTriggers(ctx context.Context, db DB, o ListTriggersOptions) ([]Trigger, error) {
-	limit := o.Limit
-	if limit <= 0 {
-		limit = 100
-	}
-	rows, err := db.Query(ctx, `
+	return pgrows.All(ctx, db, "list triggers", scanTrigger, `
 		SELECT `+triggerColumns+` FROM workflow_triggers
 		WHERE deleted_at IS NULL
 		  AND ($1 = '' OR source = $1)
@@ -285,61 +275,43 @@ func ListTriggers(ctx context.Context, db DB, o ListTriggersOptions) ([]Trigger,
 		  AND ($3::boolean IS NULL OR enabled = $3)
 		  AND trigger_id > $4
 		ORDER BY trigger_id
-		LIMIT $5`, o.Source, o.EventType, o.Enabled, o.After, limit)
-	if err != nil {
-		return nil, fmt.Errorf("list triggers: %w", err)
-	}
-	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Trigger, error) { return scanTrigger(r) })
-	if err != nil {
-		return nil, fmt.Errorf("list triggers: %w", err)
-	}
-	return out, nil
+		LIMIT $5`, o.Source, o.EventType, o.Enabled, o.After, pageSize(o.Limit))
 }
 
 // MatchingTriggerIDs returns the enabled, not deleted triggers of a source
 // and event type, in id order.
 func MatchingTriggerIDs(ctx context.Context, db DB, source, eventType string) ([]string, error) {
-	rows, err := db.Query(ctx, `
+	return pgrows.Strings(ctx, db, "match triggers", `
 		SELECT trigger_id FROM workflow_triggers
 		WHERE source = $1 AND event_type = $2 AND enabled AND deleted_at IS NULL
 		ORDER BY trigger_id`, source, eventType)
-	if err != nil {
-		return nil, fmt.Errorf("match triggers: %w", err)
-	}
-	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		return nil, fmt.Errorf("match triggers: %w", err)
-	}
-	return ids, nil
 }
 
 // ListVersions returns every version of a trigger, deleted or not, oldest
 // first. ErrNotFound means the trigger never existed.
 func ListVersions(ctx context.Context, db DB, id string) ([]Version, error) {
-	rows, err := db.Query(ctx, `
+	out, err := pgrows.All(ctx, db, "list trigger versions", scanVersion, `
 		SELECT trigger_id, version, definition, created_at FROM workflow_trigger_versions
 		WHERE trigger_id = $1 ORDER BY version`, id)
 	if err != nil {
-		return nil, fmt.Errorf("list trigger versions: %w", err)
-	}
-	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Version, error) {
-		var v Version
-		var raw []byte
-		if err := r.Scan(&v.TriggerID, &v.Version, &raw, &v.CreatedAt); err != nil {
-			return Version{}, err
-		}
-		var s snapshot
-		if err := json.Unmarshal(raw, &s); err != nil {
-			return Version{}, fmt.Errorf("decode version %d: %w", v.Version, err)
-		}
-		v.Definition, v.Deleted = s.definition(), s.Deleted
-		return v, nil
-	})
-	if err != nil {
-		return nil, fmt.Errorf("list trigger versions: %w", err)
+		return nil, err
 	}
 	if len(out) == 0 {
 		return nil, fmt.Errorf("list trigger versions: %w", ErrNotFound)
 	}
 	return out, nil
+}
+
+func scanVersion(row pgx.Row) (Version, error) {
+	var v Version
+	var raw []byte
+	if err := row.Scan(&v.TriggerID, &v.Version, &raw, &v.CreatedAt); err != nil {
+		return Version{}, err
+	}
+	var s snapshot
+	if err := json.Unmarshal(raw, &s); err != nil {
+		return Version{}, fmt.Errorf("decode version %d: %w", v.Version, err)
+	}
+	v.Definition, v.Deleted = s.definition(), s.Deleted
+	return v, nil
 }
