@@ -318,9 +318,7 @@ func TestFreedSlotReleasesTheOldestWaitingDelivery(t *testing.T) {
 	t.Parallel()
 	b := setup(t, true)
 	b.startScheduler(t)
-	_, err := b.pool.Exec(b.ctx, `UPDATE retry_policies SET base_delay_ms = 60000, max_delay_ms = 60000
-		WHERE kind = 'event-trigger' AND job_type = ''`)
-	require.NoError(t, err)
+	b.slowDeliveryBackoff(t)
 	ex := b.startExecutor(t, 100*time.Millisecond)
 	tr := b.createTrigger(t, TriggerInput{ID: "one", Name: "one", Source: "crm", EventType: "lead.created",
 		MaxConcurrency: intp(1), Workflow: "enrich"})
@@ -373,11 +371,8 @@ func TestRunTimeoutFreesTheSlot(t *testing.T) {
 		c.LeaseInterval = 100 * time.Millisecond
 	})
 	b.startScheduler(t)
-	_, err := b.pool.Exec(b.ctx, `UPDATE retry_policies SET base_delay_ms = 60000, max_delay_ms = 60000
-		WHERE kind = 'event-trigger' AND job_type = ''`)
-	require.NoError(t, err)
-	_, err = b.pool.Exec(b.ctx, `UPDATE retry_policies SET max_retries = 0 WHERE kind = 'run' AND job_type = ''`)
-	require.NoError(t, err)
+	b.slowDeliveryBackoff(t)
+	b.noRunRetries(t)
 	// No executor: no run ever reports its end.
 	tr := b.createTrigger(t, TriggerInput{ID: "stuck", Name: "stuck", Source: "crm", EventType: "lead.created",
 		MaxConcurrency: intp(1), Workflow: "enrich"})

@@ -137,11 +137,8 @@ func TestHeartbeatKeepsTheLeaseUntilItStops(t *testing.T) {
 	b := setup(t, true, func(c *Config) { c.LeaseInterval = 100 * time.Millisecond })
 	b.startScheduler(t)
 	// Only a freed slot may launch a waiting delivery, not its backoff.
-	_, err := b.pool.Exec(b.ctx, `UPDATE retry_policies SET base_delay_ms = 60000, max_delay_ms = 60000
-		WHERE kind = 'event-trigger' AND job_type = ''`)
-	require.NoError(t, err)
-	_, err = b.pool.Exec(b.ctx, `UPDATE retry_policies SET max_retries = 0 WHERE kind = 'run' AND job_type = ''`)
-	require.NoError(t, err)
+	b.slowDeliveryBackoff(t)
+	b.noRunRetries(t)
 	const timeout = 2 * time.Second
 	tr := b.createTrigger(t, TriggerInput{ID: "beat", Name: "beat", Source: "crm", EventType: "lead.created",
 		MaxConcurrency: intp(1), Workflow: "enrich", RunTimeout: timeout.String()})

@@ -11,7 +11,6 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/require"
 
-	"github.com/retryd/retryd/internal/natstest"
 	"github.com/retryd/retryd/internal/servicetest"
 	"github.com/retryd/retryd/internal/streams"
 	"github.com/retryd/retryd/pkg/contract"
@@ -280,14 +279,7 @@ func TestReconcileRepublishesUnconfirmedFailures(t *testing.T) {
 	require.Eventually(t, func() bool { return b.outboxEmpty(t) }, eventually, tick)
 
 	// The RETRIES stream is lost before the scheduler saw h1's failure.
-	require.NoError(t, b.js.DeleteStream(b.ctx, contract.StreamRetries))
-	natstest.EnsureStreams(t, b.js)
-	require.Eventually(t, func() bool {
-		n, err := b.svc.Reconcile(b.ctx)
-		require.NoError(t, err)
-		require.LessOrEqual(t, n, 1, "only the unconfirmed delivery is republished")
-		return n == 1
-	}, eventually, 100*time.Millisecond)
+	b.loseRetries(t)
 	f := findHeld(t, b, h1, 1)
 	require.Equal(t, contract.HoldConcurrency, f.Reason)
 	require.Equal(t, "true", f.Metadata["reconciled"])

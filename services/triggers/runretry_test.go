@@ -11,7 +11,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
-	"github.com/retryd/retryd/internal/natstest"
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/services/scheduler"
 	"github.com/retryd/retryd/services/triggers/internal/triggerstore"
@@ -328,13 +327,7 @@ func TestReconcileRepublishesUnansweredRunFailures(t *testing.T) {
 	findLifecycleOf(t, b, contract.KindRun, contract.Failed, d.RunID, 1)
 	require.Eventually(t, func() bool { return b.outboxEmpty(t) }, eventually, tick)
 
-	require.NoError(t, b.js.DeleteStream(b.ctx, contract.StreamRetries))
-	natstest.EnsureStreams(t, b.js)
-	require.Eventually(t, func() bool {
-		n, err := b.svc.Reconcile(b.ctx)
-		require.NoError(t, err)
-		return n == 1
-	}, eventually, 100*time.Millisecond)
+	b.loseRetries(t)
 	f := findLifecycleOf(t, b, contract.KindRun, contract.Failed, d.RunID, 1)
 	require.Equal(t, "network", f.Failed.Error.Class)
 	n, err := b.svc.Reconcile(b.ctx)
