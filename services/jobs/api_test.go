@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/retryd/retryd/internal/audit"
@@ -284,15 +285,10 @@ func TestAPIBulkRetry(t *testing.T) {
 	for _, a := range b.rec.Audited() {
 		require.Equal(t, "- by -", a, "the runner's retries are not API actions: the operation's entry covers them")
 	}
-	var entries []string
 	rows, err := b.pool.Query(b.ctx, `SELECT principal || ' ' || action || ' ' || target || ' ' || detail::text FROM audit_log ORDER BY id`)
 	require.NoError(t, err)
-	for rows.Next() {
-		var e string
-		require.NoError(t, rows.Scan(&e))
-		entries = append(entries, e)
-	}
-	require.NoError(t, rows.Err())
+	entries, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
 	require.Equal(t, []string{`local job.bulk_retry operation/` + op.ID +
 		` {"total": 5, "reason": "smtp back", "reset_attempts": false, "rate_per_second": 50}`}, entries,
 		"one entry, for the operation, by the principal (not the body's by); dry runs and refused bodies record none")

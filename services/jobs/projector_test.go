@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -216,11 +217,7 @@ func TestProjectorCrashAfterCommitLosesNothing(t *testing.T) {
 	require.Equal(t, 2, j.Attempt)
 	for _, stream := range []string{contract.StreamJobs, contract.StreamRetries} {
 		require.Eventually(t, func() bool {
-			c, err := b.js.Consumer(b.ctx, stream, jobs.ProjectionDurable)
-			require.NoError(t, err)
-			info, err := c.Info(b.ctx)
-			require.NoError(t, err)
-			return info.NumAckPending == 0 && info.NumPending == 0
+			return natstest.Settled(t, b.ctx, b.js, stream, jobs.ProjectionDurable)
 		}, wait, 20*time.Millisecond, stream)
 	}
 	require.Positive(t, metric(t, reg, "retryd_jobs_duplicates_total", "stream", "JOBS")+metric(t, reg, "retryd_jobs_duplicates_total", "stream", "RETRIES"),
@@ -322,11 +319,7 @@ CREATE TRIGGER refuse_poison BEFORE INSERT OR UPDATE ON jobs FOR EACH ROW EXECUT
 	b.eventually(t, "before", func(j jobstore.Job) bool { return j.Status == jobstore.StatusCompleted }, "before applied")
 	require.Eventually(t, func() bool { return metric(t, b.reg, "retryd_jobs_malformed_total", "consumer", "RETRIES") == 1 }, wait, 10*time.Millisecond)
 	require.Eventually(t, func() bool {
-		c, err := b.js.Consumer(b.ctx, contract.StreamRetries, jobs.ProjectionDurable)
-		require.NoError(t, err)
-		info, err := c.Info(b.ctx)
-		require.NoError(t, err)
-		return info.NumAckPending == 0 && info.NumPending == 0
+		return natstest.Settled(t, b.ctx, b.js, contract.StreamRetries, jobs.ProjectionDurable)
 	}, wait, 20*time.Millisecond, "the refused message is terminated, not redelivered")
 	_, err = jobstore.Get(b.ctx, b.pool, "poison")
 	require.ErrorIs(t, err, jobstore.ErrNotFound)
@@ -384,15 +377,10 @@ func TestProjectorPrunesItsInbox(t *testing.T) {
 		require.NoError(t, b.pool.QueryRow(b.ctx, "SELECT count(*) FROM inbox WHERE msg_id = 'old'").Scan(&n))
 		return n == 0
 	}, wait, 10*time.Millisecond)
-	var left []string
 	rows, err := b.pool.Query(b.ctx, "SELECT msg_id FROM inbox WHERE msg_id IN ('recent', 'theirs') ORDER BY msg_id")
 	require.NoError(t, err)
-	for rows.Next() {
-		var id string
-		require.NoError(t, rows.Scan(&id))
-		left = append(left, id)
-	}
-	require.NoError(t, rows.Err())
+	left, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
 	require.Equal(t, []string{"recent", "theirs"}, left)
 
 	_, err = jobs.NewProjector(jobs.ProjectorConfig{Pool: b.pool, JS: b.js, InboxRetention: time.Minute})

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/retryd/retryd/internal/audit"
@@ -35,13 +36,8 @@ func auditRows(t *testing.T, b *bundle) []string {
 	t.Helper()
 	rows, err := b.pool.Query(b.ctx, `SELECT principal || ' ' || role || ' ' || action || ' ' || target FROM audit_log ORDER BY id`)
 	require.NoError(t, err)
-	var out []string
-	for rows.Next() {
-		var s string
-		require.NoError(t, rows.Scan(&s))
-		out = append(out, s)
-	}
-	require.NoError(t, rows.Err())
+	out, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
 	return out
 }
 

@@ -8,6 +8,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
+	"github.com/retryd/retryd/internal/natstest"
 	"github.com/retryd/retryd/internal/streams"
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/pkg/errclass"
@@ -262,11 +263,7 @@ func TestMalformedMessagesAreTerminated(t *testing.T) {
 	// Terminated messages are not redelivered: nothing is pending on the
 	// consumer.
 	require.Eventually(t, func() bool {
-		cons, err := b.js.Consumer(b.ctx, contract.StreamRetries, scheduler.ConsumerName)
-		require.NoError(t, err)
-		info, err := cons.Info(b.ctx)
-		require.NoError(t, err)
-		return info.NumAckPending == 0 && info.NumPending == 0
+		return natstest.Settled(t, b.ctx, b.js, contract.StreamRetries, scheduler.ConsumerName)
 	}, waitFor, 20*time.Millisecond)
 }
 
@@ -352,11 +349,7 @@ func TestPoisonFactIsTerminatedAlone(t *testing.T) {
 		return metric(t, s.reg, "retryd_scheduler_malformed_total", "consumer", scheduler.Owner) == 1
 	}, waitFor, 10*time.Millisecond)
 	require.Eventually(t, func() bool {
-		c, err := b.js.Consumer(b.ctx, contract.StreamRetries, scheduler.ConsumerName)
-		require.NoError(t, err)
-		info, err := c.Info(b.ctx)
-		require.NoError(t, err)
-		return info.NumAckPending == 0 && info.NumPending == 0
+		return natstest.Settled(t, b.ctx, b.js, contract.StreamRetries, scheduler.ConsumerName)
 	}, waitFor, 10*time.Millisecond, "the poison fact was not terminated")
 	var rows int
 	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM retries WHERE kind = 'poison'`).Scan(&rows))

@@ -225,13 +225,10 @@ func decodeDue(t *testing.T, m jetstream.Msg) contract.DueData {
 func (b *bundle) waitQuiet(t *testing.T) {
 	t.Helper()
 	require.Eventually(t, func() bool {
-		cons, err := b.js.Consumer(b.ctx, contract.StreamRetries, scheduler.ConsumerName)
-		require.NoError(t, err)
-		info, err := cons.Info(b.ctx)
-		require.NoError(t, err)
+		settled := natstest.Settled(t, b.ctx, b.js, contract.StreamRetries, scheduler.ConsumerName)
 		var outbox int
 		require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM outbox`).Scan(&outbox))
-		return info.NumAckPending == 0 && info.NumPending == 0 && outbox == 0
+		return settled && outbox == 0
 	}, waitFor, 20*time.Millisecond)
 }
 

@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 )
 
@@ -83,13 +84,8 @@ func TestTriggerAPI(t *testing.T) {
 	rows, err := b.pool.Query(b.ctx, `SELECT principal || ' ' || action || ' @' || (detail->>'version')
 		FROM audit_log WHERE target = $1 ORDER BY id`, "trigger/"+created.ID)
 	require.NoError(t, err)
-	var entries []string
-	for rows.Next() {
-		var s string
-		require.NoError(t, rows.Scan(&s))
-		entries = append(entries, s)
-	}
-	require.NoError(t, rows.Err())
+	entries, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
 	require.Equal(t, []string{"local trigger.create @1", "local trigger.update @2", "local trigger.disable @3",
 		"local trigger.enable @4", "local trigger.delete @5"}, entries)
 

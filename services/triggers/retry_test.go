@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/require"
 
+	"github.com/retryd/retryd/internal/natstest"
 	"github.com/retryd/retryd/internal/servicetest"
 	"github.com/retryd/retryd/internal/streams"
 	"github.com/retryd/retryd/pkg/contract"
@@ -252,13 +253,7 @@ func TestMalformedMessagesAreTerminatedAndCounted(t *testing.T) {
 		{contract.StreamEvents, ConsumerEvents}, {contract.StreamRetries, ConsumerRetry},
 		{contract.StreamRetries, ConsumerRetryState}, {contract.StreamRuns, ConsumerRuns},
 	} {
-		require.Eventually(t, func() bool {
-			cons, err := b.js.Consumer(b.ctx, c.stream, c.name)
-			require.NoError(t, err)
-			info, err := cons.Info(b.ctx)
-			require.NoError(t, err)
-			return info.NumAckPending == 0 && info.NumPending == 0
-		}, eventually, tick, "consumer %s has messages left", c.name)
+		b.settled(t, c.stream, c.name)
 	}
 	// The consumers keep going: a good event after the bad ones launches.
 	b.publishEvent(t, "billing", "invoice.paid", "good", map[string]any{})
@@ -372,13 +367,8 @@ func TestUnstorableTextIsStillApplied(t *testing.T) {
 // settled waits until a consumer of the service has nothing left to do.
 func (b *bundle) settled(t *testing.T, stream, name string) {
 	t.Helper()
-	require.Eventually(t, func() bool {
-		cons, err := b.js.Consumer(b.ctx, stream, name)
-		require.NoError(t, err)
-		info, err := cons.Info(b.ctx)
-		require.NoError(t, err)
-		return info.NumAckPending == 0 && info.NumPending == 0
-	}, eventually, tick, "consumer %s has messages left", name)
+	require.Eventually(t, func() bool { return natstest.Settled(t, b.ctx, b.js, stream, name) },
+		eventually, tick, "consumer %s has messages left", name)
 }
 
 // Only a manual retry reopens a cancelled delivery: the confirmation of
