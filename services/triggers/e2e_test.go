@@ -101,6 +101,17 @@ func (b *bundle) publishEvents(t *testing.T, source, typ, idFormat string, m int
 	}
 }
 
+// launchBurst creates trigger in (on shop's order.placed), publishes m
+// events to it at once, their ids its id and 00 to m-1, and checks that
+// every one launches once (requireAllLaunchedOnce).
+func (b *bundle) launchBurst(t *testing.T, ex *executor, in TriggerInput, m int) TriggerView {
+	t.Helper()
+	tr := b.createTrigger(t, in)
+	b.publishEvents(t, "shop", "order.placed", in.ID+"-%02d", m)
+	b.requireAllLaunchedOnce(t, tr.ID, m, ex)
+	return tr
+}
+
 // throttled is trigger id on shop's order.placed, launching fulfil at
 // most n times a window.
 func throttled(id string, n int, window time.Duration) TriggerInput {
@@ -124,9 +135,7 @@ func TestThrottleBurstWithScheduler(t *testing.T) {
 	b.startScheduler(t)
 	ex := b.startExecutor(t, 10*time.Millisecond)
 	const n, m, window = 3, 8, 1500 * time.Millisecond
-	tr := b.createTrigger(t, throttled("burst", n, window))
-	b.publishEvents(t, "shop", "order.placed", "burst-%d", m)
-	b.requireAllLaunchedOnce(t, tr.ID, m, ex)
+	tr := b.launchBurst(t, ex, throttled("burst", n, window), m)
 
 	ds := launches(t, b, tr.ID)
 	first, firstSeen, lastSeen := 0, ds[0].CreatedAt, ds[0].CreatedAt
@@ -297,9 +306,7 @@ func TestThrottleHoldsOutlastTheRetryBudget(t *testing.T) {
 	require.NoError(t, err)
 	ex := b.startExecutor(t, 10*time.Millisecond)
 	const m, window = 4, 400 * time.Millisecond
-	tr := b.createTrigger(t, throttled("slow", 1, window))
-	b.publishEvents(t, "shop", "order.placed", "slow-%d", m)
-	b.requireAllLaunchedOnce(t, tr.ID, m, ex)
+	b.launchBurst(t, ex, throttled("slow", 1, window), m)
 	var exhausted, retried int
 	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FILTER (WHERE state = 'exhausted'), count(*) FILTER (WHERE retry_count > 0)
 		FROM retries WHERE kind = 'event-trigger'`).Scan(&exhausted, &retried))
@@ -413,9 +420,7 @@ func TestThrottleLineReleasesInArrivalOrderOneDueEach(t *testing.T) {
 	b.startScheduler(t)
 	ex := b.startExecutor(t, 10*time.Millisecond)
 	const n, m, window = 4, 40, 400 * time.Millisecond
-	tr := b.createTrigger(t, throttled("line", n, window))
-	b.publishEvents(t, "shop", "order.placed", "line-%02d", m)
-	b.requireAllLaunchedOnce(t, tr.ID, m, ex)
+	tr := b.launchBurst(t, ex, throttled("line", n, window), m)
 
 	ds := launches(t, b, tr.ID)
 	var order []string
@@ -451,9 +456,7 @@ func TestThrottleLineWithDuplicatedDues(t *testing.T) {
 	ex := b.startExecutor(t, 10*time.Millisecond)
 	copies := b.duplicate(t, contract.RetryFilter(contract.KindEventTrigger, contract.Due))
 	const n, m, window = 3, 15, 300 * time.Millisecond
-	tr := b.createTrigger(t, throttled("twice", n, window))
-	b.publishEvents(t, "shop", "order.placed", "twice-%02d", m)
-	b.requireAllLaunchedOnce(t, tr.ID, m, ex)
+	tr := b.launchBurst(t, ex, throttled("twice", n, window), m)
 	require.Positive(t, copies.Load(), "dues were duplicated")
 	ds := launches(t, b, tr.ID)
 	for i := n; i < len(ds); i++ {
