@@ -13,7 +13,7 @@ func TestTriggerAPI(t *testing.T) {
 	t.Parallel()
 	b := setup(t, false)
 	in := TriggerInput{Name: "Big invoices", Source: "billing", EventType: "invoice.paid", Predicate: "data.amount > 100",
-		Throttle: &ThrottleInput{Limit: intp(10), Window: "1m", Key: "data.customer_id"}, MaxConcurrency: intp(3), Workflow: "onboard"}
+		Throttle: &ThrottleInput{Limit: new(10), Window: "1m", Key: "data.customer_id"}, MaxConcurrency: new(3), Workflow: "onboard"}
 	created := b.createTrigger(t, in)
 	require.Len(t, created.ID, 26, "a ULID is generated")
 	require.Equal(t, 1, created.Version)

@@ -31,7 +31,7 @@ func TestCrashAfterCommitBeforePublish(t *testing.T) {
 	t.Parallel()
 	b := setup(t, false)
 	tr := b.createTrigger(t, TriggerInput{ID: "crashy", Name: "crashy", Source: "shop", EventType: "order.placed",
-		Throttle: &ThrottleInput{Limit: intp(3), Window: "1h"}, Workflow: "fulfil"})
+		Throttle: &ThrottleInput{Limit: new(3), Window: "1h"}, Workflow: "fulfil"})
 
 	crashed := b.testConfig(t)
 	crashed.noRelay = true
@@ -74,7 +74,7 @@ func TestCrashBeforeCommit(t *testing.T) {
 	t.Parallel()
 	b := setup(t, false)
 	tr := b.createTrigger(t, TriggerInput{ID: "rollback", Name: "rollback", Source: "shop", EventType: "order.placed",
-		MaxConcurrency: intp(1), Workflow: "fulfil"})
+		MaxConcurrency: new(1), Workflow: "fulfil"})
 	var hits atomic.Int32
 	cfg := b.testConfig(t)
 	cfg.failpoint = func(_ context.Context, name string) error {

@@ -116,7 +116,7 @@ func (b *bundle) launchBurst(t *testing.T, ex *executor, in TriggerInput, m int)
 // most n times a window.
 func throttled(id string, n int, window time.Duration) TriggerInput {
 	return TriggerInput{ID: id, Name: id, Source: "shop", EventType: "order.placed",
-		Throttle: &ThrottleInput{Limit: intp(n), Window: window.String()}, Workflow: "fulfil"}
+		Throttle: &ThrottleInput{Limit: new(n), Window: window.String()}, Workflow: "fulfil"}
 }
 
 func launches(t *testing.T, b *bundle, triggerID string) []triggerstore.Delivery {
@@ -187,7 +187,7 @@ func TestMaxConcurrencyWithScheduler(t *testing.T) {
 	ex := b.startExecutor(t, 150*time.Millisecond)
 	const c, m = 2, 8
 	tr := b.createTrigger(t, TriggerInput{ID: "pool", Name: "pool", Source: "crm", EventType: "lead.created",
-		MaxConcurrency: intp(c), Workflow: "enrich"})
+		MaxConcurrency: new(c), Workflow: "enrich"})
 	b.publishEvents(t, "crm", "lead.created", "lead-%d", m)
 	b.requireAllLaunchedOnce(t, tr.ID, m, ex)
 	require.Eventually(t, func() bool { _, _, done := ex.stats(); return done == m }, eventually, tick)
@@ -237,7 +237,7 @@ func TestRedeliveriesAndKillWithScheduler(t *testing.T) {
 	completions := b.duplicate(t, "runs.*.completed.*")
 	const m = 8
 	tr := b.createTrigger(t, TriggerInput{ID: "rough", Name: "rough", Source: "shop", EventType: "order.placed",
-		Throttle: &ThrottleInput{Limit: intp(2), Window: "500ms"}, MaxConcurrency: intp(3), Workflow: "fulfil"})
+		Throttle: &ThrottleInput{Limit: new(2), Window: "500ms"}, MaxConcurrency: new(3), Workflow: "fulfil"})
 
 	// Instance A publishes through a relay the test controls, so the kill
 	// can take the relay down with it.
@@ -328,7 +328,7 @@ func TestFreedSlotReleasesTheOldestWaitingDelivery(t *testing.T) {
 	b.slowDeliveryBackoff(t)
 	ex := b.startExecutor(t, 100*time.Millisecond)
 	tr := b.createTrigger(t, TriggerInput{ID: "one", Name: "one", Source: "crm", EventType: "lead.created",
-		MaxConcurrency: intp(1), Workflow: "enrich"})
+		MaxConcurrency: new(1), Workflow: "enrich"})
 	const m = 4
 	for i := range m {
 		b.publishEvent(t, "crm", "lead.created", fmt.Sprintf("one-%d", i), map[string]any{"i": i})
@@ -382,7 +382,7 @@ func TestRunTimeoutFreesTheSlot(t *testing.T) {
 	b.noRunRetries(t)
 	// No executor: no run ever reports its end.
 	tr := b.createTrigger(t, TriggerInput{ID: "stuck", Name: "stuck", Source: "crm", EventType: "lead.created",
-		MaxConcurrency: intp(1), Workflow: "enrich"})
+		MaxConcurrency: new(1), Workflow: "enrich"})
 	first, second := DeliveryID("stuck-0", tr.ID), DeliveryID("stuck-1", tr.ID)
 	b.publishEvent(t, "crm", "lead.created", "stuck-0", map[string]any{})
 	d0 := b.waitDelivery(t, first, func(d triggerstore.Delivery) bool { return d.Status == triggerstore.StatusLaunched })

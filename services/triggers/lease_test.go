@@ -90,11 +90,11 @@ func TestRunTimeoutPerTriggerOverridesTheDefault(t *testing.T) {
 	t.Parallel()
 	b := setup(t, true, func(c *Config) { c.RunTimeout = 2 * time.Second })
 	dflt := b.createTrigger(t, TriggerInput{ID: "dflt", Name: "dflt", Source: "crm", EventType: "lead.created",
-		MaxConcurrency: intp(1), Workflow: "enrich"})
+		MaxConcurrency: new(1), Workflow: "enrich"})
 	long := b.createTrigger(t, TriggerInput{ID: "long", Name: "long", Source: "crm", EventType: "lead.created",
-		MaxConcurrency: intp(1), Workflow: "enrich", RunTimeout: "1h"})
+		MaxConcurrency: new(1), Workflow: "enrich", RunTimeout: "1h"})
 	short := b.createTrigger(t, TriggerInput{ID: "short", Name: "short", Source: "crm", EventType: "lead.created",
-		MaxConcurrency: intp(1), Workflow: "enrich", RunTimeout: "1s"})
+		MaxConcurrency: new(1), Workflow: "enrich", RunTimeout: "1s"})
 	b.publishEvent(t, "crm", "lead.created", "lead-0", map[string]any{})
 	runs := map[string]string{}
 	for _, tr := range []TriggerView{dflt, long, short} {
@@ -141,7 +141,7 @@ func TestHeartbeatKeepsTheLeaseUntilItStops(t *testing.T) {
 	b.noRunRetries(t)
 	const timeout = 2 * time.Second
 	tr := b.createTrigger(t, TriggerInput{ID: "beat", Name: "beat", Source: "crm", EventType: "lead.created",
-		MaxConcurrency: intp(1), Workflow: "enrich", RunTimeout: timeout.String()})
+		MaxConcurrency: new(1), Workflow: "enrich", RunTimeout: timeout.String()})
 	first, second, third := DeliveryID("beat-0", tr.ID), DeliveryID("beat-1", tr.ID), DeliveryID("beat-2", tr.ID)
 	b.publishEvent(t, "crm", "lead.created", "beat-0", map[string]any{})
 	d0 := b.waitDelivery(t, first, func(d triggerstore.Delivery) bool { return d.Status == triggerstore.StatusLaunched })
@@ -184,7 +184,7 @@ func TestHeartbeatsThatChangeNothing(t *testing.T) {
 	t.Parallel()
 	b := setup(t, true)
 	tr := b.createTrigger(t, TriggerInput{ID: "done", Name: "done", Source: "crm", EventType: "lead.created",
-		MaxConcurrency: intp(1), Workflow: "enrich"})
+		MaxConcurrency: new(1), Workflow: "enrich"})
 	b.publishEvent(t, "crm", "lead.created", "done-0", map[string]any{})
 	d0 := b.waitDelivery(t, DeliveryID("done-0", tr.ID), func(d triggerstore.Delivery) bool { return d.Status == triggerstore.StatusLaunched })
 	b.publishEvent(t, "crm", "lead.created", "done-1", map[string]any{})

@@ -22,7 +22,7 @@ func TestConcurrencyLimitAndRelease(t *testing.T) {
 	t.Parallel()
 	b := setup(t, true)
 	tr := b.createTrigger(t, TriggerInput{ID: "one-at-a-time", Name: "serial", Source: "crm", EventType: "lead.created",
-		MaxConcurrency: intp(1), Workflow: "enrich"})
+		MaxConcurrency: new(1), Workflow: "enrich"})
 	b.publishEvent(t, "crm", "lead.created", "l1", map[string]any{"n": 1})
 	d1 := b.waitDelivery(t, DeliveryID("l1", tr.ID), func(d triggerstore.Delivery) bool { return true })
 	require.Equal(t, triggerstore.StatusLaunched, d1.Status)
@@ -87,7 +87,7 @@ func TestConcurrencyLimitAndRelease(t *testing.T) {
 func holdTwo(t *testing.T, b *bundle, triggerID, prefix string) (launched triggerstore.Delivery, held1, held2 string) {
 	t.Helper()
 	b.createTrigger(t, TriggerInput{ID: triggerID, Name: triggerID, Source: "crm", EventType: "lead." + triggerID,
-		MaxConcurrency: intp(1), Workflow: "enrich"})
+		MaxConcurrency: new(1), Workflow: "enrich"})
 	for i := 1; i <= 3; i++ {
 		id := prefix + string(rune('0'+i))
 		b.publishEvent(t, "crm", "lead."+triggerID, id, map[string]any{"i": i})
@@ -350,7 +350,7 @@ func TestUnstorableTextIsStillApplied(t *testing.T) {
 
 	// A throttle key with a NUL byte, from the event's data.
 	tr := b.createTrigger(t, TriggerInput{ID: "keyed", Name: "keyed", Source: "crm", EventType: "lead.keyed",
-		Throttle: &ThrottleInput{Limit: intp(1), Window: "1h", Key: "data.customer"}, Workflow: "enrich"})
+		Throttle: &ThrottleInput{Limit: new(1), Window: "1h", Key: "data.customer"}, Workflow: "enrich"})
 	b.publishEvent(t, "crm", "lead.keyed", "k1", map[string]any{"customer": "acme\x00"})
 	b.publishEvent(t, "crm", "lead.keyed", "k2", map[string]any{"customer": "acme\x00"})
 	b.publishEvent(t, "crm", "lead.keyed", "k3", map[string]any{"customer": "acme"})

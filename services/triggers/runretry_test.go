@@ -246,7 +246,7 @@ func TestNonRetryableRunFailsAtOnce(t *testing.T) {
 		return ""
 	})
 	tr := b.createTrigger(t, TriggerInput{ID: "strict", Name: "strict", Source: "crm", EventType: "lead.created",
-		Workflow: "strict", MaxConcurrency: intp(1)})
+		Workflow: "strict", MaxConcurrency: new(1)})
 	b.publishEvent(t, "crm", "lead.created", "bad-1", map[string]any{})
 	d := b.waitDelivery(t, DeliveryID("bad-1", tr.ID), func(d triggerstore.Delivery) bool { return d.Status == triggerstore.StatusLaunched })
 	r := b.waitRun(t, d.RunID, triggerstore.RunFailed)
@@ -280,7 +280,7 @@ func TestRetryingRunKeepsItsConcurrencySlot(t *testing.T) {
 		return ""
 	})
 	tr := b.createTrigger(t, TriggerInput{ID: "one", Name: "one", Source: "crm", EventType: "lead.created",
-		Workflow: "one", MaxConcurrency: intp(1)})
+		Workflow: "one", MaxConcurrency: new(1)})
 	b.publishEvent(t, "crm", "lead.created", "a", map[string]any{})
 	da := b.waitDelivery(t, DeliveryID("a", tr.ID), func(d triggerstore.Delivery) bool { return d.Status == triggerstore.StatusLaunched })
 	b.waitRun(t, da.RunID, triggerstore.RunRetrying)
@@ -315,7 +315,7 @@ func TestMalformedRunStepIsRejected(t *testing.T) {
 func TestReconcileRepublishesUnansweredRunFailures(t *testing.T) {
 	t.Parallel()
 	b := setup(t, true, func(c *Config) { c.ReconcileAfter = 2 * time.Second })
-	tr := b.createTrigger(t, TriggerInput{ID: "lost", Name: "lost", Source: "crm", EventType: "lead.created", Workflow: "lost", MaxConcurrency: intp(1)})
+	tr := b.createTrigger(t, TriggerInput{ID: "lost", Name: "lost", Source: "crm", EventType: "lead.created", Workflow: "lost", MaxConcurrency: new(1)})
 	b.publishEvent(t, "crm", "lead.created", "l-1", map[string]any{})
 	d := b.waitDelivery(t, DeliveryID("l-1", tr.ID), func(d triggerstore.Delivery) bool { return d.Status == triggerstore.StatusLaunched })
 	fail, err := contract.NewRunMsg("test/engine", contract.RunFailed, contract.RunFinishedData{RunID: d.RunID, Workflow: "lost",
@@ -351,7 +351,7 @@ func TestReconcileRepublishesUnansweredRunFailures(t *testing.T) {
 func TestCancelOfARunsRetries(t *testing.T) {
 	t.Parallel()
 	b := setup(t, true)
-	tr := b.createTrigger(t, TriggerInput{ID: "stop", Name: "stop", Source: "crm", EventType: "lead.created", Workflow: "stop", MaxConcurrency: intp(2)})
+	tr := b.createTrigger(t, TriggerInput{ID: "stop", Name: "stop", Source: "crm", EventType: "lead.created", Workflow: "stop", MaxConcurrency: new(2)})
 	runs := map[string]string{}
 	for _, ev := range []string{"in-flight", "waiting"} {
 		b.publishEvent(t, "crm", "lead.created", ev, map[string]any{})
