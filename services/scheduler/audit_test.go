@@ -8,7 +8,6 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
@@ -66,8 +65,7 @@ func TestAuditOfActions(t *testing.T) {
 		require.NoError(t, resp.Body.Close())
 		return resp.StatusCode
 	}
-	hour := int64(time.Hour / time.Millisecond)
-	b.policy(t, "au", "", 3, hour, hour)
+	b.policy(t, "au", "", 3, hourMS, hourMS)
 	for _, id := range []string{"a", "b"} {
 		b.publish(t, contract.Failed, failed("au", id, 1, "timeout"))
 		b.waitRow(t, "au", id, inState(retrystore.StateScheduled, 2))

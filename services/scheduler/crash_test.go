@@ -25,8 +25,7 @@ func TestDuplicateFailedChangesNothing(t *testing.T) {
 	b := setup(t)
 	s := b.start(t)
 	shrinkDuplicateWindow(t, b, time.Second)
-	hour := int64(time.Hour / time.Millisecond)
-	b.policy(t, "dup", "", 3, hour, hour)
+	b.policy(t, "dup", "", 3, hourMS, hourMS)
 
 	msg := lifecycleMsg(t, contract.Failed, failed("dup", "d1", 1, "timeout"))
 	first, err := b.js.PublishMsg(b.ctx, msg)

@@ -31,6 +31,10 @@ func TestMain(m *testing.M) { pgtest.Main(m) }
 // waitFor bounds every wait of these tests; they poll, never sleep.
 const waitFor = 30 * time.Second
 
+// hourMS is an hour in the milliseconds of a policy's delays: a delay
+// longer than any test waits.
+const hourMS = int64(time.Hour / time.Millisecond)
+
 type bundle struct {
 	ctx  context.Context
 	pool *pgxpool.Pool

@@ -42,9 +42,8 @@ func TestRebuildEqualsOriginal(t *testing.T) {
 	b := setup(t)
 	s := b.start(t)
 	shrinkDuplicateWindow(t, b, time.Second)
-	hour := int64(time.Hour / time.Millisecond)
 	b.policy(t, "rb", "", 3, 10, 10)
-	b.policy(t, "rb-slow", "", 3, hour, hour)
+	b.policy(t, "rb-slow", "", 3, hourMS, hourMS)
 	zero := 0
 
 	// Successes after one, two and three failures.
