@@ -127,7 +127,6 @@ VALUES ($1, $2, $3, $4, $5, $6)`, id, typ, status, retries, class, updated)
 func TestAPIListAndGet(t *testing.T) {
 	t.Parallel()
 	b := setupAPI(t, jobs.APIConfig{})
-	t0 := time.Date(2024, 5, 1, 10, 0, 0, 0, time.UTC)
 	b.insertJob(t, "a", "email_campaign", "failed_max_retries", "timeout", 4, t0)
 	b.insertJob(t, "b", "email_campaign", "failed_max_retries", "timeout", 1, t0.Add(time.Minute))
 	b.insertJob(t, "c", "email_campaign", "completed", "", 0, t0.Add(2*time.Minute))
@@ -242,7 +241,6 @@ func TestAPIRetryAndCancel(t *testing.T) {
 func TestAPIBulkRetry(t *testing.T) {
 	t.Parallel()
 	b := setupAPI(t, jobs.APIConfig{})
-	t0 := time.Date(2024, 5, 1, 10, 0, 0, 0, time.UTC)
 	for i := range 6 {
 		status := "failed_max_retries"
 		if i == 5 {
@@ -318,7 +316,6 @@ func TestAPIBulkRetry(t *testing.T) {
 func TestBulkRetryResumesAfterItsRunnerDies(t *testing.T) {
 	t.Parallel()
 	b := setupAPI(t, jobs.APIConfig{Runner: "first", LeaseTTL: time.Second})
-	t0 := time.Date(2024, 5, 1, 10, 0, 0, 0, time.UTC)
 	for i := range 8 {
 		b.insertJob(t, fmt.Sprintf("j%d", i), "email_campaign", "failed", "validation", 0, t0.Add(time.Duration(i)*time.Minute))
 	}

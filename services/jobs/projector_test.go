@@ -31,6 +31,9 @@ func TestMain(m *testing.M) { pgtest.Main(m) }
 
 const wait = 15 * time.Second
 
+// t0 is the fixed time the tests date their jobs and facts from.
+var t0 = time.Date(2024, 5, 1, 10, 0, 0, 0, time.UTC)
+
 type bundle struct {
 	ctx  context.Context
 	pool *pgxpool.Pool
@@ -146,7 +149,6 @@ func TestProjectorFoldsBothStreams(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	b.startProjector(t, jobs.ProjectorConfig{})
-	t0 := time.Date(2024, 5, 1, 10, 0, 0, 0, time.UTC)
 	b.publishLife(t, "j1", t0)
 	// 2 job messages and 3 lifecycle facts; the due is not consumed. The
 	// streams are read independently: wait for both.
@@ -176,7 +178,6 @@ func TestProjectorReplayIsAbsorbedByTheInbox(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	p := b.startProjector(t, jobs.ProjectorConfig{})
-	t0 := time.Date(2024, 5, 1, 10, 0, 0, 0, time.UTC)
 	b.publishLife(t, "j1", t0)
 	b.waitApplied(t, b.reg, 2, 3)
 	before := b.job(t, "j1")
@@ -205,7 +206,6 @@ func TestProjectorCrashAfterCommitLosesNothing(t *testing.T) {
 		crashed.Store(true)
 		return errors.New("process killed after commit")
 	}})
-	t0 := time.Date(2024, 5, 1, 10, 0, 0, 0, time.UTC)
 	b.publishLife(t, "j1", t0)
 	require.Eventually(t, crashed.Load, wait, 10*time.Millisecond)
 	require.NoError(t, first.Stop(b.ctx))
@@ -265,7 +265,6 @@ func TestProjectorAppliesUnstorableValues(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	b.startProjector(t, jobs.ProjectorConfig{})
-	t0 := time.Date(2024, 5, 1, 10, 0, 0, 0, time.UTC)
 	// A NUL inside raw JSON (the checkpoint) is valid input: it is cleaned
 	// where it becomes text.
 	b.publishEvent(t, contract.Failed, contract.FailedData{Kind: "job", ID: "nul", Attempt: 1, JobType: "email",
@@ -309,7 +308,6 @@ BEGIN
 END $$;
 CREATE TRIGGER refuse_poison BEFORE INSERT OR UPDATE ON jobs FOR EACH ROW EXECUTE FUNCTION refuse_poison();`)
 	require.NoError(t, err)
-	t0 := time.Date(2024, 5, 1, 10, 0, 0, 0, time.UTC)
 	for _, id := range []string{"before", "poison", "after"} {
 		b.publishEvent(t, contract.Succeeded, contract.SucceededData{Kind: "job", ID: id, Attempt: 1}, t0)
 	}
@@ -331,7 +329,6 @@ func TestProjectorRecreatesDeletedConsumers(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	b.startProjector(t, jobs.ProjectorConfig{})
-	t0 := time.Date(2024, 5, 1, 10, 0, 0, 0, time.UTC)
 	b.publishEvent(t, contract.Succeeded, contract.SucceededData{Kind: "job", ID: "before", Attempt: 1}, t0)
 	b.eventually(t, "before", func(j jobstore.Job) bool { return j.Status == jobstore.StatusCompleted }, "before applied")
 	for _, stream := range []string{contract.StreamJobs, contract.StreamRetries} {
@@ -395,14 +392,13 @@ func TestProjectorBatchesOfBothStreamsNeverDeadlock(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	const groups, perGroup = 6, 100
-	at := time.Date(2024, 5, 1, 10, 0, 0, 0, time.UTC)
 	id := func(g, i int) string { return fmt.Sprintf("dl-%d-%03d", g, i) }
 	for g := range groups {
 		for i := range perGroup {
-			b.publishJob(t, contract.JobData{ID: id(g, i), JobType: "crawl", Attempt: 1}, at)
+			b.publishJob(t, contract.JobData{ID: id(g, i), JobType: "crawl", Attempt: 1}, t0)
 		}
 		for i := perGroup - 1; i >= 0; i-- {
-			b.publishEvent(t, contract.Succeeded, contract.SucceededData{Kind: contract.KindJob, ID: id(g, i), Attempt: 1}, at.Add(time.Second))
+			b.publishEvent(t, contract.Succeeded, contract.SucceededData{Kind: contract.KindJob, ID: id(g, i), Attempt: 1}, t0.Add(time.Second))
 		}
 	}
 	b.startProjector(t, jobs.ProjectorConfig{Batch: perGroup})
