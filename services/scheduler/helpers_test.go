@@ -79,6 +79,15 @@ func (b *bundle) start(t *testing.T, mods ...func(*scheduler.Config)) instance {
 	return instance{Scheduler: s, reg: reg}
 }
 
+// stop stops an instance now, as a graceful shutdown does, within 20 s
+// (the stop at cleanup then finds it stopped).
+func (b *bundle) stop(t *testing.T, s instance) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(b.ctx, 20*time.Second)
+	defer cancel()
+	require.NoError(t, s.Stop(ctx))
+}
+
 // policy stores a policy with millisecond figures and no jitter unless mod
 // changes them.
 func (b *bundle) policy(t *testing.T, kind, jobType string, maxRetries int, baseMS, maxMS int64, mod ...func(*policy.Policy)) policy.Policy {

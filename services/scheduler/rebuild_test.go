@@ -110,9 +110,7 @@ func TestRebuildEqualsOriginal(t *testing.T) {
 	b.waitRow(t, "rb-slow", "th", inState(retrystore.StateScheduled, 2))
 	b.waitRow(t, "rb", "s29", inState(retrystore.StateSucceeded, 4))
 	b.waitQuiet(t)
-	stopCtx, cancel := context.WithTimeout(b.ctx, 20*time.Second)
-	defer cancel()
-	require.NoError(t, s.Stop(stopCtx))
+	b.stop(t, s)
 	wantRows, wantHistory := snapshot(t, b.ctx, b.pool)
 	require.Len(t, wantRows, 30+11)
 	// The executors are in the history the rebuild must reproduce.
@@ -149,9 +147,7 @@ func TestRebuildDecidesMissingDecisions(t *testing.T) {
 	b := setup(t)
 	// A scheduler creates the streams, then goes away.
 	s := b.start(t)
-	stopCtx, cancel := context.WithTimeout(b.ctx, 20*time.Second)
-	defer cancel()
-	require.NoError(t, s.Stop(stopCtx))
+	b.stop(t, s)
 	b.publish(t, contract.Failed, failed("event", "lost", 1, "timeout"))
 	b.publish(t, contract.Failed, failed("event", "lost-nr", 1, "authentication"))
 
