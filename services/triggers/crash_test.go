@@ -93,10 +93,7 @@ func TestCrashBeforeCommit(t *testing.T) {
 	f := findHeld(t, b, id2, 1)
 
 	b.publishRunFinished(t, "fulfil", d1.RunID, contract.RunCompleted)
-	require.Eventually(t, func() bool {
-		n, err := triggerstore.CountInFlight(b.ctx, b.pool, tr.ID)
-		return err == nil && n == 0
-	}, eventually, tick)
+	b.waitSlotsFree(t, tr.ID)
 	b.publishDue(t, id2, 2, f.Payload)
 	b.waitDelivery(t, id2, func(d triggerstore.Delivery) bool { return d.Status == triggerstore.StatusLaunched })
 	require.Eventually(t, func() bool { return b.outboxEmpty(t) }, eventually, tick)

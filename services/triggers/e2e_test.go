@@ -197,10 +197,7 @@ func TestMaxConcurrencyWithScheduler(t *testing.T) {
 
 	// The same from the runs table: at each launch, the runs requested
 	// before it and not finished yet never exceed C.
-	require.Eventually(t, func() bool {
-		n, err := triggerstore.CountInFlight(b.ctx, b.pool, tr.ID)
-		return err == nil && n == 0
-	}, eventually, tick)
+	b.waitSlotsFree(t, tr.ID)
 	rows, err := b.pool.Query(b.ctx, `SELECT requested_at, finished_at FROM workflow_runs WHERE trigger_id = $1`, tr.ID)
 	require.NoError(t, err)
 	type span struct{ from, to time.Time }
@@ -341,10 +338,7 @@ func TestFreedSlotReleasesTheOldestWaitingDelivery(t *testing.T) {
 	for i, d := range ds {
 		require.Equal(t, fmt.Sprintf("one-%d", i), d.EventID, "launched oldest first")
 	}
-	require.Eventually(t, func() bool {
-		n, err := triggerstore.CountInFlight(b.ctx, b.pool, tr.ID)
-		return err == nil && n == 0
-	}, eventually, tick)
+	b.waitSlotsFree(t, tr.ID)
 	rows, err := b.pool.Query(b.ctx, `SELECT d.event_id, r.requested_at, r.finished_at FROM workflow_runs r
 		JOIN workflow_trigger_deliveries d ON d.run_id = r.run_id WHERE r.trigger_id = $1 ORDER BY r.requested_at`, tr.ID)
 	require.NoError(t, err)

@@ -239,6 +239,24 @@ func (b *bundle) loseRetries(t *testing.T) {
 	}, eventually, 100*time.Millisecond)
 }
 
+// inFlight counts the trigger's runs that hold one of its concurrency
+// slots.
+func (b *bundle) inFlight(t *testing.T, triggerID string) int {
+	t.Helper()
+	n, err := triggerstore.CountInFlight(b.ctx, b.pool, triggerID)
+	require.NoError(t, err)
+	return n
+}
+
+// waitSlotsFree waits until no run of the trigger holds a slot.
+func (b *bundle) waitSlotsFree(t *testing.T, triggerID string) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		n, err := triggerstore.CountInFlight(b.ctx, b.pool, triggerID)
+		return err == nil && n == 0
+	}, eventually, tick)
+}
+
 func counter(t *testing.T, c *prometheus.CounterVec, labels ...string) float64 {
 	t.Helper()
 	return testutil.ToFloat64(c.WithLabelValues(labels...))

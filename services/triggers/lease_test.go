@@ -123,9 +123,7 @@ func TestRunTimeoutPerTriggerOverridesTheDefault(t *testing.T) {
 			findLifecycleOf(t, b, contract.KindRun, contract.Failed, r.ID, 1)
 		}
 	}
-	inFlight, err := triggerstore.CountInFlight(b.ctx, b.pool, long.ID)
-	require.NoError(t, err)
-	require.Equal(t, 1, inFlight, "the long run keeps its slot past the service's default")
+	require.Equal(t, 1, b.inFlight(t, long.ID), "the long run keeps its slot past the service's default")
 }
 
 // Heartbeats keep a run's slot past its original timeout; once they stop,
@@ -204,9 +202,7 @@ func TestHeartbeatsThatChangeNothing(t *testing.T) {
 	r := b.run(t, d0.RunID)
 	require.Equal(t, triggerstore.RunRequested, r.Status)
 	lease := *r.LeaseExpiresAt
-	inFlight, err := triggerstore.CountInFlight(b.ctx, b.pool, tr.ID)
-	require.NoError(t, err)
-	require.Equal(t, 1, inFlight)
+	require.Equal(t, 1, b.inFlight(t, tr.ID))
 	require.Equal(t, triggerstore.StatusConcurrencyLimited, b.delivery(t, d1.ID).Status, "a heartbeat frees no slot")
 	require.Zero(t, counter(t, b.svc.metrics.duplicates, ConsumerRuns))
 

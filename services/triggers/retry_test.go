@@ -63,18 +63,14 @@ func TestConcurrencyLimitAndRelease(t *testing.T) {
 		return err == nil && r.Status == triggerstore.RunRetrying
 	}, eventually, tick)
 	findLifecycleOf(t, b, contract.KindRun, contract.Failed, d2.RunID, 1)
-	n, err := triggerstore.CountInFlight(b.ctx, b.pool, tr.ID)
-	require.NoError(t, err)
-	require.Equal(t, 1, n)
+	require.Equal(t, 1, b.inFlight(t, tr.ID))
 	publishLifecycle(t, b, contract.Exhausted, contract.ExhaustedData{Kind: contract.KindRun, ID: d2.RunID, Attempt: 1,
 		Reason: contract.ExhaustedNonRetryable, Error: contract.ErrorInfo{Message: "run failed"}, Policy: "workflow_run", PolicyVersion: 1})
 	require.Eventually(t, func() bool {
 		r, err := triggerstore.GetRun(b.ctx, b.pool, d2.RunID)
 		return err == nil && r.Status == triggerstore.RunFailed
 	}, eventually, tick)
-	n, err = triggerstore.CountInFlight(b.ctx, b.pool, tr.ID)
-	require.NoError(t, err)
-	require.Zero(t, n)
+	require.Zero(t, b.inFlight(t, tr.ID))
 
 	// A run retryd did not launch is acknowledged and ignored.
 	b.publishRunFinished(t, "enrich", "run-elsewhere", contract.RunCompleted)
@@ -128,10 +124,7 @@ func TestDueCancelsWhenTriggerOrEventIsGone(t *testing.T) {
 	// it is not there either, the delivery is cancelled.
 	first, m1, m2 := holdTwo(t, b, "payloadless", "p")
 	b.publishRunFinished(t, "enrich", first.RunID, contract.RunCompleted)
-	require.Eventually(t, func() bool {
-		n, err := triggerstore.CountInFlight(b.ctx, b.pool, "payloadless")
-		return err == nil && n == 0
-	}, eventually, tick)
+	b.waitSlotsFree(t, "payloadless")
 	kept, err := triggerstore.GetEvent(b.ctx, b.pool, "p3")
 	require.NoError(t, err)
 	env, err := contract.DecodeEventMsg(kept)
@@ -296,10 +289,7 @@ func TestDeletedConsumersAndStreamAreRecreated(t *testing.T) {
 	launched, h1, h2 := holdTwo(t, b, "lost", "x")
 	f1, f2 := findHeld(t, b, h1, 1), findHeld(t, b, h2, 1)
 	b.publishRunFinished(t, "enrich", launched.RunID, contract.RunCompleted)
-	require.Eventually(t, func() bool {
-		n, err := triggerstore.CountInFlight(b.ctx, b.pool, "lost")
-		return err == nil && n == 0
-	}, eventually, tick)
+	b.waitSlotsFree(t, "lost")
 
 	require.NoError(t, b.js.DeleteConsumer(b.ctx, contract.StreamRetries, ConsumerRetry))
 	b.publishDue(t, h1, 2, f1.Payload)
@@ -381,10 +371,7 @@ func TestLateConfirmationDoesNotReopenACancel(t *testing.T) {
 	launched, h1, _ := holdTwo(t, b, "late", "l")
 	f1 := findHeld(t, b, h1, 1)
 	b.publishRunFinished(t, "enrich", launched.RunID, contract.RunCompleted)
-	require.Eventually(t, func() bool {
-		n, err := triggerstore.CountInFlight(b.ctx, b.pool, "late")
-		return err == nil && n == 0
-	}, eventually, tick)
+	b.waitSlotsFree(t, "late")
 
 	publishLifecycle(t, b, contract.Cancelled, contract.CancelledData{Kind: contract.KindEventTrigger, ID: h1, Attempt: 2, By: "alice"})
 	b.waitDelivery(t, h1, func(d triggerstore.Delivery) bool { return d.Status == triggerstore.StatusCancelled })
