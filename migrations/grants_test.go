@@ -2,10 +2,7 @@ package migrations_test
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
-	"net/url"
 	"slices"
 	"testing"
 	"time"
@@ -56,40 +53,14 @@ func TestGrant(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	t.Cleanup(cancel)
 	dbURL := pgtest.NewDatabaseURL(t)
-	admin, err := pgx.Connect(ctx, dbURL)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = admin.Close(context.Background()) })
-
-	// Roles are per server and the test server is shared: unique names.
-	b := make([]byte, 4)
-	_, _ = rand.Read(b)
-	suffix := "_t" + hex.EncodeToString(b)
-	roles := migrations.Roles{Scheduler: "retryd_scheduler" + suffix, Ingress: "retryd_ingress" + suffix,
-		Triggers: "retryd_triggers" + suffix, ReadOnly: "retryd_readonly" + suffix}
-	names := []string{roles.Scheduler, roles.Ingress, roles.Triggers, roles.ReadOnly}
-	for _, r := range names {
-		_, err := admin.Exec(ctx, `CREATE ROLE `+pgx.Identifier{r}.Sanitize()+` LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE`)
-		require.NoError(t, err)
-	}
-	t.Cleanup(func() {
-		// Registered after the database's drop, so it runs first: the
-		// roles' privileges in this database go, then the roles.
-		ctx := context.Background()
-		for _, r := range names {
-			_, _ = admin.Exec(ctx, `DROP OWNED BY `+pgx.Identifier{r}.Sanitize())
-			_, _ = admin.Exec(ctx, `DROP ROLE IF EXISTS `+pgx.Identifier{r}.Sanitize())
-		}
-	})
+	roles := pgtest.ServiceRoles(ctx, t, dbURL)
 	require.NoError(t, migrations.Grant(ctx, dbURL, roles, zerolog.Nop()))
 	require.NoError(t, migrations.Grant(ctx, dbURL, roles, zerolog.Nop()), "Grant runs again")
 	// A role the server does not have is skipped, not an error.
-	require.NoError(t, migrations.Grant(ctx, dbURL, migrations.Roles{Scheduler: "retryd_missing" + suffix}, zerolog.Nop()))
+	require.NoError(t, migrations.Grant(ctx, dbURL, migrations.Roles{Scheduler: roles.Scheduler + "_missing"}, zerolog.Nop()))
 
 	as := func(role string) *pgx.Conn {
-		u, err := url.Parse(dbURL)
-		require.NoError(t, err)
-		u.User = url.User(role) // the test server trusts local connections
-		conn, err := pgx.Connect(ctx, u.String())
+		conn, err := pgx.Connect(ctx, pgtest.URLAs(t, dbURL, role))
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = conn.Close(context.Background()) })
 		return conn

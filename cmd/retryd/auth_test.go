@@ -36,6 +36,14 @@ func setupTokens(t *testing.T) *bundle {
 	return b
 }
 
+// viewerToken creates a token of role viewer named name, as the admin.
+func (b *bundle) viewerToken(t *testing.T, name string) string {
+	t.Helper()
+	r := cli(t, "--api", b.api, "--token", b.stack.AdminToken(), "tokens", "create", "--name", name, "--role", "viewer")
+	require.Equal(t, exitOK, r.code, r.stderr)
+	return strings.TrimSpace(r.stdout)
+}
+
 // call sends one request with an optional bearer token and returns the
 // status and body.
 func call(t *testing.T, method, url, token, body string) (int, string) {
@@ -230,9 +238,7 @@ func TestDashboardSignIn(t *testing.T) {
 
 	// Signed out and in again as a viewer: the retry is listed, but no
 	// cancel or retry button is offered.
-	r := cli(t, "--api", b.api, "--token", b.stack.AdminToken(), "tokens", "create", "--name", "ui-viewer", "--role", "viewer")
-	require.Equal(t, exitOK, r.code, r.stderr)
-	viewer := strings.TrimSpace(r.stdout)
+	viewer := b.viewerToken(t, "ui-viewer")
 	require.NoError(t, chromedp.Do(ctx,
 		chromedp.Click(chromedp.CSS(`[data-test="signout"]`)),
 		chromedp.WaitVisible(chromedp.CSS(dialogInput)),

@@ -245,11 +245,7 @@ func TestJobsCommands(t *testing.T) {
 
 func TestJobsUsage(t *testing.T) {
 	t.Parallel()
-	// Checked before any request: no server at this address.
-	for _, tc := range []struct {
-		args []string
-		want string
-	}{
+	requireUsage(t, []usageCase{
 		{[]string{"jobs", "lst"}, "did you mean list?"},
 		{[]string{"jobs", "list", "--status", "bogus"}, `--status "bogus" is not one of`},
 		{[]string{"jobs", "list", "--limit", "0"}, "--limit must be between 1 and 1000"},
@@ -272,9 +268,5 @@ func TestJobsUsage(t *testing.T) {
 		{[]string{"jobs", "operations", "--status", "done"}, `--status "done" is not one of running, completed, cancelled`},
 		{[]string{"jobs", "operations", "--limit", "0"}, "--limit must be between 1 and 1000"},
 		{[]string{"jobs", "operations", "op-1"}, "to show one: retryd jobs operation op-1"},
-	} {
-		r := cli(t, append([]string{"--api", "http://127.0.0.1:1"}, tc.args...)...)
-		require.Equal(t, exitUsage, r.code, "retryd %v: %s %s", tc.args, r.stdout, r.stderr)
-		require.Contains(t, r.stderr, tc.want, "retryd %v", tc.args)
-	}
+	})
 }

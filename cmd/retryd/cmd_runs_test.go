@@ -132,10 +132,7 @@ func TestRunsCommands(t *testing.T) {
 
 func TestRunsUsage(t *testing.T) {
 	t.Parallel()
-	for _, tc := range []struct {
-		args []string
-		want string
-	}{
+	requireUsage(t, []usageCase{
 		{[]string{"runs", "lst"}, "did you mean list?"},
 		{[]string{"runs", "list", "--status", "running"}, `--status "running" is not one of requested, in_progress, retrying`},
 		{[]string{"runs", "list", "--limit", "0"}, "--limit must be between 1 and 500"},
@@ -144,9 +141,5 @@ func TestRunsUsage(t *testing.T) {
 		{[]string{"runs", "show"}, "takes ID"},
 		{[]string{"runs", "retry"}, "takes ID"},
 		{[]string{"runs", "retry", "a", "b"}, "takes ID"},
-	} {
-		r := cli(t, append([]string{"--api", "http://127.0.0.1:1"}, tc.args...)...)
-		require.Equal(t, exitUsage, r.code, "retryd %v: %s %s", tc.args, r.stdout, r.stderr)
-		require.Contains(t, r.stderr, tc.want, "retryd %v", tc.args)
-	}
+	})
 }

@@ -247,9 +247,7 @@ func TestDashboardBrowser(t *testing.T) {
 	t.Log("cancel it and see the state change")
 	require.NoError(t, chromedp.Do(ctx,
 		chromedp.Click(chromedp.CSS(`[data-test="detail"] [data-test="cancel"]`)),
-		chromedp.WaitVisible(chromedp.CSS(`.dialog input[name="reason"]`)),
-		chromedp.SendKeys(chromedp.CSS(`.dialog input[name="reason"]`), "duplicate contact"),
-		chromedp.Click(chromedp.CSS(`[data-test="dialog-confirm"]`)),
+		giveReason("duplicate contact"),
 		poll(`document.querySelector('[data-test="detail-state"]')?.dataset.state === "cancelled"`),
 		chromedp.WaitVisible(chromedp.CSS(`[data-test="timeline"] li[data-event="cancelled"]`)),
 		// Cancelled, it leaves the list of pending retries.

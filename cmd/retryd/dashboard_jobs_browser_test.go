@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"fmt"
 	"slices"
 	"strings"
@@ -47,18 +46,6 @@ func TestDashboardJobsBrowser(t *testing.T) {
 
 	errs := watchConsole(ctx)
 	const list, attention = `[data-test="jobs-list"]`, `[data-test="jobs-attention"]`
-	// rowsAre is true once the table in scope lists exactly ids.
-	rowsAre := func(scope string, ids ...string) chromedp.Action[chromedp.Void] {
-		want, err := json.Marshal(slices.Sorted(slices.Values(ids)))
-		require.NoError(t, err)
-		return poll(fmt.Sprintf(`JSON.stringify([...document.querySelectorAll(%q)].map(r => r.dataset.id).sort()) === %q`,
-			scope+" tbody tr[data-id]", want))
-	}
-	// pick chooses an option as a user does: the view acts on change.
-	pick := func(name, value string) chromedp.Action[chromedp.Void] {
-		return chromedp.Evaluate[chromedp.Void](fmt.Sprintf(`(() => { const s = document.querySelector(%q);
-			s.value = %q; s.dispatchEvent(new Event("change")); })()`, `select[data-test="jobs-filter-`+name+`"]`, value))
-	}
 	// empty clears a text input without an event, as a user's select-all
 	// does before typing.
 	empty := func(sel string) chromedp.Action[chromedp.Void] {
@@ -69,8 +56,8 @@ func TestDashboardJobsBrowser(t *testing.T) {
 	t.Log("load: the jobs given up on need attention, every job is listed")
 	require.NoError(t, chromedp.Do(ctx,
 		chromedp.Navigate(b.api+"/ui/#/jobs"),
-		rowsAre(attention, dead...),
-		rowsAre(list, email1, email2, crm, dead[0], dead[1]),
+		rowsAre(t, attention, dead...),
+		rowsAre(t, list, email1, email2, crm, dead[0], dead[1]),
 	))
 	require.True(t, eval[bool](t, ctx, `document.querySelector('.tabs a[data-view="jobs"]').classList.contains("active")`))
 	require.Contains(t, text(t, ctx, row(attention, dead[0])), "failed max retries")
@@ -84,11 +71,11 @@ func TestDashboardJobsBrowser(t *testing.T) {
 	t.Log("filter by job type, status and error class")
 	require.NoError(t, chromedp.Do(ctx,
 		chromedp.SendKeys(chromedp.CSS(`input[data-test="jobs-filter-job_type"]`), "dj_crm"+kb.Enter),
-		rowsAre(list, crm, dead[0], dead[1]),
-		pick("status", "permanently_failed"),
-		rowsAre(list, dead...),
-		pick("status", "retrying"),
-		rowsAre(list, crm),
+		rowsAre(t, list, crm, dead[0], dead[1]),
+		pick("jobs", "status", "permanently_failed"),
+		rowsAre(t, list, dead...),
+		pick("jobs", "status", "retrying"),
+		rowsAre(t, list, crm),
 	))
 	hash := eval[string](t, ctx, `location.hash`)
 	require.Contains(t, hash, "job_type=dj_crm")
@@ -96,21 +83,21 @@ func TestDashboardJobsBrowser(t *testing.T) {
 	require.NoError(t, chromedp.Do(ctx,
 		empty(`input[data-test="jobs-filter-job_type"]`),
 		chromedp.SendKeys(chromedp.CSS(`input[data-test="jobs-filter-job_type"]`), "dj_email"+kb.Enter),
-		rowsAre(list, email1, email2),
-		pick("error_class", "network"),
-		rowsAre(list, email2),
+		rowsAre(t, list, email1, email2),
+		pick("jobs", "error_class", "network"),
+		rowsAre(t, list, email2),
 	))
 	// The escalation list keeps every type.
-	require.NoError(t, chromedp.Do(ctx, rowsAre(attention, dead...)))
+	require.NoError(t, chromedp.Do(ctx, rowsAre(t, attention, dead...)))
 
 	t.Log("filter by priority band")
 	require.NoError(t, chromedp.Do(ctx,
 		chromedp.Navigate(b.api+"/ui/#/jobs?priority=high"),
-		rowsAre(list, crm),
-		pick("priority", "normal"),
-		rowsAre(list, email1, email2, dead[0], dead[1]),
-		pick("priority", ""),
-		rowsAre(list, email1, email2, crm, dead[0], dead[1]),
+		rowsAre(t, list, crm),
+		pick("jobs", "priority", "normal"),
+		rowsAre(t, list, email1, email2, dead[0], dead[1]),
+		pick("jobs", "priority", ""),
+		rowsAre(t, list, email1, email2, crm, dead[0], dead[1]),
 	))
 
 	t.Log("a page at a time")
@@ -120,7 +107,7 @@ func TestDashboardJobsBrowser(t *testing.T) {
 		chromedp.Click(chromedp.CSS(`[data-test="jobs-more"]`)),
 		poll(`document.querySelectorAll('[data-test="jobs-list"] tbody tr[data-id]').length === 4`),
 		chromedp.Click(chromedp.CSS(`[data-test="jobs-more"]`)),
-		rowsAre(list, email1, email2, crm, dead[0], dead[1]),
+		rowsAre(t, list, email1, email2, crm, dead[0], dead[1]),
 		poll(`document.querySelector('[data-test="jobs-more"]').hidden`),
 	))
 	require.Equal(t, "5 jobs", text(t, ctx, `[data-test="jobs-count"]`))
@@ -130,7 +117,7 @@ func TestDashboardJobsBrowser(t *testing.T) {
 	t.Log("a job's attempts, with the worker instance that ran them")
 	require.NoError(t, chromedp.Do(ctx,
 		chromedp.Navigate(b.api+"/ui/#/jobs?job_type=dj_email"),
-		rowsAre(list, email1, email2),
+		rowsAre(t, list, email1, email2),
 		chromedp.Click(chromedp.CSS(row(list, email1))),
 		chromedp.WaitVisible(chromedp.CSS(`[data-test="job-history"] tr[data-event="scheduled"]`)),
 	))
@@ -151,9 +138,7 @@ func TestDashboardJobsBrowser(t *testing.T) {
 	t.Log("retry it by hand")
 	require.NoError(t, chromedp.Do(ctx,
 		chromedp.Click(chromedp.CSS(`[data-test="job-retry"]`)),
-		chromedp.WaitVisible(chromedp.CSS(`.dialog input[name="reason"]`)),
-		chromedp.SendKeys(chromedp.CSS(`.dialog input[name="reason"]`), "upstream fixed"),
-		chromedp.Click(chromedp.CSS(`[data-test="dialog-confirm"]`)),
+		giveReason("upstream fixed"),
 		poll(`document.querySelector('[data-test="job-history"] tr[data-event="rescheduled"]')?.innerText.includes("manual")`),
 	))
 	require.Contains(t, text(t, ctx, `[data-test="job-history"] tr[data-event="rescheduled"]`), "upstream fixed")
@@ -165,9 +150,7 @@ func TestDashboardJobsBrowser(t *testing.T) {
 		poll(fmt.Sprintf(`document.querySelector('[data-test="job-detail"] h2')?.textContent === %q`, "job / "+email2)),
 		chromedp.WaitVisible(chromedp.CSS(`[data-test="job-cancel"]`)),
 		chromedp.Click(chromedp.CSS(`[data-test="job-cancel"]`)),
-		chromedp.WaitVisible(chromedp.CSS(`.dialog input[name="reason"]`)),
-		chromedp.SendKeys(chromedp.CSS(`.dialog input[name="reason"]`), "customer left"),
-		chromedp.Click(chromedp.CSS(`[data-test="dialog-confirm"]`)),
+		giveReason("customer left"),
 		poll(`document.querySelector('[data-test="job-status"]')?.dataset.status === "cancelled"`),
 		poll(`document.querySelector('[data-test="job-cancel"]') === null`),
 	))
@@ -194,8 +177,7 @@ func TestDashboardJobsBrowser(t *testing.T) {
 	require.Equal(t, "Retry 2 jobs", text(t, ctx, bulk+`[data-test="bulk-start"]`))
 	require.NoError(t, chromedp.Do(ctx,
 		chromedp.Click(chromedp.CSS(bulk+`[data-test="bulk-start"]`)),
-		chromedp.WaitVisible(chromedp.CSS(`[data-test="dialog-confirm"]`)),
-		chromedp.Click(chromedp.CSS(`[data-test="dialog-confirm"]`)),
+		confirmDialog(),
 		chromedp.WaitVisible(chromedp.CSS(`[data-test="operation"]`)),
 		poll(`document.querySelector('[data-test="operation"]')?.dataset.status === "completed"`),
 	))
@@ -228,19 +210,13 @@ func TestDashboardJobsViewer(t *testing.T) {
 	t.Parallel()
 	ctx := browser(t)
 	b := setupTokens(t)
-	r := cli(t, "--api", b.api, "--token", b.stack.AdminToken(), "tokens", "create", "--name", "jobs-viewer", "--role", "viewer")
-	require.Equal(t, exitOK, r.code, r.stderr)
-	viewer := strings.TrimSpace(r.stdout)
+	viewer := b.viewerToken(t, "jobs-viewer")
 	id := contract.NewID()
 	b.fail(t, id, "dj_viewer", 1, "timeout", "upstream timed out")
 
-	dialogInput := `.dialog input[name="token"]`
 	require.NoError(t, chromedp.Do(ctx,
 		chromedp.Navigate(b.api+"/ui/#/jobs"),
-		chromedp.WaitVisible(chromedp.CSS(dialogInput)),
-		chromedp.SendKeys(chromedp.CSS(dialogInput), viewer),
-		chromedp.Click(chromedp.CSS(`[data-test="dialog-confirm"]`)),
-		poll(`document.getElementById("whoami").textContent === "jobs-viewer (viewer)"`),
+		signIn(viewer, "jobs-viewer (viewer)"),
 		chromedp.WaitVisible(chromedp.CSS(fmt.Sprintf(`[data-test="jobs-list"] tr[data-id=%q]`, id))),
 		chromedp.Click(chromedp.CSS(fmt.Sprintf(`[data-test="jobs-list"] tr[data-id=%q]`, id))),
 		chromedp.WaitVisible(chromedp.CSS(`[data-test="job-history"] tr[data-event="failed"]`)),
@@ -250,8 +226,7 @@ func TestDashboardJobsViewer(t *testing.T) {
 	}
 	require.NoError(t, chromedp.Do(ctx,
 		chromedp.Evaluate[chromedp.Void](`document.querySelector('[data-test="job-retry"]').click()`),
-		chromedp.WaitVisible(chromedp.CSS(`[data-test="dialog-confirm"]`)),
-		chromedp.Click(chromedp.CSS(`[data-test="dialog-confirm"]`)),
+		confirmDialog(),
 		chromedp.WaitVisible(chromedp.CSS(`.dialog .error`)),
 	))
 	require.Contains(t, text(t, ctx, `.dialog .error`), `"jobs-viewer" has role viewer; POST /v1/jobs/`+id+`/retry needs operator`)

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"fmt"
 	"slices"
 	"strings"
@@ -47,22 +46,12 @@ func TestDashboardRunsBrowser(t *testing.T) {
 
 	errs := watchConsole(ctx)
 	const list = `[data-test="runs-list"]`
-	rowsAre := func(ids ...string) chromedp.Action[chromedp.Void] {
-		want, err := json.Marshal(slices.Sorted(slices.Values(ids)))
-		require.NoError(t, err)
-		return poll(fmt.Sprintf(`JSON.stringify([...document.querySelectorAll(%q)].map(r => r.dataset.id).sort()) === %q`,
-			list+" tbody tr[data-id]", want))
-	}
-	pick := func(name, value string) chromedp.Action[chromedp.Void] {
-		return chromedp.Evaluate[chromedp.Void](fmt.Sprintf(`(() => { const s = document.querySelector(%q);
-			s.value = %q; s.dispatchEvent(new Event("change")); })()`, `select[data-test="runs-filter-`+name+`"]`, value))
-	}
 	row := func(id string) string { return fmt.Sprintf(`%s tr[data-id=%q]`, list, id) }
 
 	t.Log("load: every run, newest first")
 	require.NoError(t, chromedp.Do(ctx,
 		chromedp.Navigate(b.api+"/ui/#/runs"),
-		rowsAre(retrying, dead, done, running),
+		rowsAre(t, list, retrying, dead, done, running),
 	))
 	require.True(t, eval[bool](t, ctx, `document.querySelector('.tabs a[data-view="runs"]').classList.contains("active")`))
 	require.Equal(t, []string{running, retrying, dead, done},
@@ -77,19 +66,19 @@ func TestDashboardRunsBrowser(t *testing.T) {
 	t.Log("filter by workflow, status and error class")
 	require.NoError(t, chromedp.Do(ctx,
 		chromedp.SendKeys(chromedp.CSS(`input[data-test="runs-filter-workflow"]`), "onboard"+kb.Enter),
-		rowsAre(retrying, done, running),
-		pick("status", "retrying"),
-		rowsAre(retrying),
+		rowsAre(t, list, retrying, done, running),
+		pick("runs", "status", "retrying"),
+		rowsAre(t, list, retrying),
 	))
 	hash := eval[string](t, ctx, `location.hash`)
 	require.Contains(t, hash, "workflow=onboard")
 	require.Contains(t, hash, "status=retrying")
 	require.NoError(t, chromedp.Do(ctx,
 		chromedp.Navigate(b.api+"/ui/#/runs?status=permanently_failed"),
-		rowsAre(dead),
-		pick("status", ""),
-		pick("error_class", "timeout"),
-		rowsAre(retrying),
+		rowsAre(t, list, dead),
+		pick("runs", "status", ""),
+		pick("runs", "error_class", "timeout"),
+		rowsAre(t, list, retrying),
 	))
 	require.Contains(t, eval[string](t, ctx, `location.hash`), "error_class=timeout")
 	require.Equal(t, "", eval[string](t, ctx, `document.querySelector('input[data-test="runs-filter-workflow"]').value`),
@@ -100,14 +89,14 @@ func TestDashboardRunsBrowser(t *testing.T) {
 		chromedp.Navigate(b.api+"/ui/#/runs?limit=3"),
 		poll(`document.querySelectorAll('[data-test="runs-list"] tbody tr[data-id]').length === 3`),
 		chromedp.Click(chromedp.CSS(`[data-test="runs-more"]`)),
-		rowsAre(retrying, dead, done, running),
+		rowsAre(t, list, retrying, dead, done, running),
 		poll(`document.querySelector('[data-test="runs-more"]').hidden`),
 	))
 
 	t.Log("a retrying run: its retry state and its steps")
 	require.NoError(t, chromedp.Do(ctx,
 		chromedp.Navigate(b.api+"/ui/#/runs?workflow=onboard"),
-		rowsAre(retrying, done, running),
+		rowsAre(t, list, retrying, done, running),
 		chromedp.Click(chromedp.CSS(row(retrying))),
 		chromedp.WaitVisible(chromedp.CSS(`[data-test="run-steps"] tr[data-node="enrich"]`)),
 	))
@@ -135,9 +124,7 @@ func TestDashboardRunsBrowser(t *testing.T) {
 	t.Log("retry it by hand: the scheduler's retry of kind run")
 	require.NoError(t, chromedp.Do(ctx,
 		chromedp.Click(chromedp.CSS(`[data-test="run-retry"]`)),
-		chromedp.WaitVisible(chromedp.CSS(`.dialog input[name="reason"]`)),
-		chromedp.SendKeys(chromedp.CSS(`.dialog input[name="reason"]`), "crm back up"),
-		chromedp.Click(chromedp.CSS(`[data-test="dialog-confirm"]`)),
+		giveReason("crm back up"),
 		poll(`document.querySelector('.dialog') === null`),
 	))
 	v := b.waitRetry(t, contract.KindRun, retrying, "due")
@@ -154,7 +141,7 @@ func TestDashboardRunsBrowser(t *testing.T) {
 	require.Equal(t, "due", eval[string](t, ctx, `document.querySelector('[data-test="detail-state"]').dataset.state`))
 	require.NoError(t, chromedp.Do(ctx,
 		chromedp.Navigate(b.api+"/ui/#/runs?workflow=onboard"),
-		rowsAre(retrying, done, running),
+		rowsAre(t, list, retrying, done, running),
 	))
 
 	t.Log("a run in progress offers no retry")
@@ -170,8 +157,7 @@ func TestDashboardRunsBrowser(t *testing.T) {
 		chromedp.Navigate(b.api+"/ui/#/runs?run="+dead),
 		poll(fmt.Sprintf(`document.querySelector('[data-test="run-detail"] h2')?.textContent === %q`, "run / "+dead)),
 		chromedp.Click(chromedp.CSS(`[data-test="run-retry"]`)),
-		chromedp.WaitVisible(chromedp.CSS(`[data-test="dialog-confirm"]`)),
-		chromedp.Click(chromedp.CSS(`[data-test="dialog-confirm"]`)),
+		confirmDialog(),
 		chromedp.WaitVisible(chromedp.CSS(`.dialog .error`)),
 	))
 	require.Contains(t, text(t, ctx, `.dialog .error`), "has no retry at the scheduler: only a run that failed can be retried")
@@ -191,20 +177,14 @@ func TestDashboardRunsViewer(t *testing.T) {
 	t.Parallel()
 	ctx := browser(t)
 	b := setupTokens(t)
-	r := cli(t, "--api", b.api, "--token", b.stack.AdminToken(), "tokens", "create", "--name", "runs-viewer", "--role", "viewer")
-	require.Equal(t, exitOK, r.code, r.stderr)
-	viewer := strings.TrimSpace(r.stdout)
+	viewer := b.viewerToken(t, "runs-viewer")
 	id := "run-dr-viewer"
 	b.insertRun(t, id, "onboard", "retrying", time.Now().UTC(), "last_error_class = 'timeout', next_retry_at = now() + interval '1 hour'")
 	b.insertRunStep(t, id, "fetch", 0, "failed", 1, "scheduled", "timeout", "upstream timed out", "engine-1", "")
 
-	dialogInput := `.dialog input[name="token"]`
 	require.NoError(t, chromedp.Do(ctx,
 		chromedp.Navigate(b.api+"/ui/#/runs?run="+id),
-		chromedp.WaitVisible(chromedp.CSS(dialogInput)),
-		chromedp.SendKeys(chromedp.CSS(dialogInput), viewer),
-		chromedp.Click(chromedp.CSS(`[data-test="dialog-confirm"]`)),
-		poll(`document.getElementById("whoami").textContent === "runs-viewer (viewer)"`),
+		signIn(viewer, "runs-viewer (viewer)"),
 		chromedp.WaitVisible(chromedp.CSS(`[data-test="run-steps"] tr[data-node="fetch"]`)),
 	))
 	require.True(t, eval[bool](t, ctx, `document.querySelector('[data-test="run-retry"]')?.offsetParent === null`), "a viewer is offered no retry")

@@ -219,25 +219,14 @@ func TestMigrateGrantsServiceRoles(t *testing.T) {
 	dbURL := pgtest.NewEmptyDatabaseURL(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	t.Cleanup(cancel)
-	admin, err := pgx.Connect(ctx, dbURL)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = admin.Close(context.Background()) })
 	role := "retryd_readonly_m" + contract.NewID()[18:]
-	_, err = admin.Exec(ctx, `CREATE ROLE `+pgx.Identifier{role}.Sanitize()+` LOGIN`)
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		_, _ = admin.Exec(context.Background(), `DROP OWNED BY `+pgx.Identifier{role}.Sanitize())
-		_, _ = admin.Exec(context.Background(), `DROP ROLE IF EXISTS `+pgx.Identifier{role}.Sanitize())
-	})
+	pgtest.CreateRoles(ctx, t, dbURL, role)
 
 	r := cli(t, "migrate", "--database-url", dbURL, "--readonly-role", role,
 		"--scheduler-role", "", "--ingress-role", "", "--triggers-role", "")
 	require.Equal(t, exitOK, r.code, r.stderr)
 
-	u, err := url.Parse(dbURL)
-	require.NoError(t, err)
-	u.User = url.User(role) // the test server trusts local connections
-	conn, err := pgx.Connect(ctx, u.String())
+	conn, err := pgx.Connect(ctx, pgtest.URLAs(t, dbURL, role))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = conn.Close(context.Background()) })
 	var n int
@@ -257,30 +246,10 @@ type rolePools struct {
 // as each. Cleanup closes the pools and drops the roles.
 func servicePools(ctx context.Context, t *testing.T, dbURL string) rolePools {
 	t.Helper()
-	suffix := "_p" + contract.NewID()[18:]
-	roles := migrations.Roles{Scheduler: "retryd_scheduler" + suffix, Ingress: "retryd_ingress" + suffix,
-		Triggers: "retryd_triggers" + suffix, ReadOnly: "retryd_readonly" + suffix}
-	admin, err := pgx.Connect(ctx, dbURL)
-	require.NoError(t, err)
-	names := []string{roles.Scheduler, roles.Ingress, roles.Triggers, roles.ReadOnly}
-	for _, r := range names {
-		_, err := admin.Exec(ctx, `CREATE ROLE `+pgx.Identifier{r}.Sanitize()+` LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE`)
-		require.NoError(t, err)
-	}
-	t.Cleanup(func() {
-		// After the pools closed (registered later, run earlier).
-		defer admin.Close(context.Background())
-		for _, r := range names {
-			_, _ = admin.Exec(context.Background(), `DROP OWNED BY `+pgx.Identifier{r}.Sanitize())
-			_, _ = admin.Exec(context.Background(), `DROP ROLE IF EXISTS `+pgx.Identifier{r}.Sanitize())
-		}
-	})
+	roles := pgtest.ServiceRoles(ctx, t, dbURL)
 	require.NoError(t, migrations.Grant(ctx, dbURL, roles, zerolog.Nop()))
 	open := func(role string) *pgxpool.Pool {
-		u, err := url.Parse(dbURL)
-		require.NoError(t, err)
-		u.User = url.User(role) // the test server trusts local connections
-		pool, err := pgxpool.New(ctx, u.String())
+		pool, err := pgxpool.New(ctx, pgtest.URLAs(t, dbURL, role))
 		require.NoError(t, err)
 		t.Cleanup(pool.Close)
 		return pool

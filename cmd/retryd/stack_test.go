@@ -90,6 +90,24 @@ func cli(t *testing.T, args ...string) result {
 	return result{code: code, stdout: out.String(), stderr: errOut.String()}
 }
 
+// usageCase is a command line the CLI refuses as a usage error, and what
+// the refusal says.
+type usageCase struct {
+	args []string
+	want string
+}
+
+// requireUsage runs each command line against an address where nothing
+// listens: each is refused before any request, as a usage error.
+func requireUsage(t *testing.T, cases []usageCase) {
+	t.Helper()
+	for _, tc := range cases {
+		r := cli(t, append([]string{"--api", "http://127.0.0.1:1"}, tc.args...)...)
+		require.Equal(t, exitUsage, r.code, "retryd %v: %s %s", tc.args, r.stdout, r.stderr)
+		require.Contains(t, r.stderr, tc.want, "retryd %v", tc.args)
+	}
+}
+
 // cli runs a command against the bundle's API.
 func (b *bundle) cli(t *testing.T, args ...string) result {
 	t.Helper()

@@ -25,7 +25,7 @@ import (
 	"github.com/retryd/retryd/internal/backendtest"
 	"github.com/retryd/retryd/internal/natstest"
 	"github.com/retryd/retryd/internal/serve"
-	"github.com/retryd/retryd/internal/servicetest"
+	"github.com/retryd/retryd/internal/workertest"
 	"github.com/retryd/retryd/migrations/pgtest"
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/pkg/worker"
@@ -132,17 +132,7 @@ func (e *env) startWorker(t *testing.T, cfg worker.Config, handlers map[string]w
 		cfg.JS = e.js
 	}
 	cfg.Logger = slog.New(slogzerolog.Option{Logger: &e.log, NoTimestamp: true}.NewZerologHandler())
-	if cfg.FetchWait == 0 {
-		cfg.FetchWait = 200 * time.Millisecond
-	}
-	w, err := worker.New(cfg)
-	require.NoError(t, err)
-	for typ, h := range handlers {
-		require.NoError(t, w.Handle(typ, h))
-	}
-	require.NoError(t, w.Start(e.ctx))
-	servicetest.StopOnCleanup(t, 5*time.Second, w.Stop)
-	return w
+	return workertest.Start(t, e.ctx, cfg, handlers)
 }
 
 // failingWorker starts a worker whose handler for jobType records each

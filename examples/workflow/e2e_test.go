@@ -40,18 +40,18 @@ func TestTriggeredRunRetriesFromCheckpoint(t *testing.T) {
 	require.Equal(t, "network", r.LastErrorClass, "the last failure is kept")
 
 	outputs := e.stepOutputs(t, runID)
-	require.Len(t, e.executions(t, runID, engine.NodeFetch), 1, "fetch ran once")
-	enrich := e.executions(t, runID, engine.NodeEnrich)
+	require.Len(t, e.record.Executions(t, runID, engine.NodeFetch), 1, "fetch ran once")
+	enrich := e.record.Executions(t, runID, engine.NodeEnrich)
 	require.Len(t, enrich, 3, "enrich ran three times")
 	for i, x := range enrich {
 		require.Equal(t, i+1, x.Attempt)
 		require.JSONEq(t, string(outputs[engine.NodeFetch]), string(x.Input), "enrich's execution %d gets fetch's output", i+1)
 	}
-	notify := e.executions(t, runID, engine.NodeNotify)
+	notify := e.record.Executions(t, runID, engine.NodeNotify)
 	require.Len(t, notify, 1, "notify ran once")
 	require.JSONEq(t, string(outputs[engine.NodeEnrich]), string(notify[0].Input))
 	for _, n := range engine.NodeNames() {
-		require.Equal(t, 1, e.effects(t, runID, n), "effect of %s", n)
+		require.Equal(t, 1, e.record.Effects(t, runID, n), "effect of %s", n)
 	}
 
 	steps := e.steps(t, runID)
@@ -111,7 +111,7 @@ func TestKilledEngineHasEachEffectOnce(t *testing.T) {
 	e := setup(t)
 	slow := e.start(t, "engine-a", "-fail-first", "-1", "-slow-node", engine.NodeNotify, "-slow-for", "5m")
 	runID := e.launch(t, "kill")
-	require.Eventually(t, func() bool { return e.effects(t, runID, engine.NodeNotify) == 1 }, wait, tick, "notify's effect")
+	require.Eventually(t, func() bool { return e.record.Effects(t, runID, engine.NodeNotify) == 1 }, wait, tick, "notify's effect")
 	slow.kill(t)
 	_, reported := e.stepOutputs(t, runID)[engine.NodeNotify]
 	require.False(t, reported, "notify was not reported before the kill")
@@ -121,11 +121,11 @@ func TestKilledEngineHasEachEffectOnce(t *testing.T) {
 	require.Equal(t, "completed", r.Status, "run %+v", r)
 	require.Equal(t, 0, r.RetryCount)
 
-	require.Len(t, e.executions(t, runID, engine.NodeFetch), 1)
-	require.Len(t, e.executions(t, runID, engine.NodeEnrich), 1)
-	require.Len(t, e.executions(t, runID, engine.NodeNotify), 2, "notify executed again after the kill")
+	require.Len(t, e.record.Executions(t, runID, engine.NodeFetch), 1)
+	require.Len(t, e.record.Executions(t, runID, engine.NodeEnrich), 1)
+	require.Len(t, e.record.Executions(t, runID, engine.NodeNotify), 2, "notify executed again after the kill")
 	for _, n := range engine.NodeNames() {
-		require.Equal(t, 1, e.effects(t, runID, n), "effect of %s", n)
+		require.Equal(t, 1, e.record.Effects(t, runID, n), "effect of %s", n)
 	}
 	ends := natstest.Messages(t, e.ctx, e.js, contract.StreamRuns, contract.RunSubject(workflow, contract.RunCompleted, runID))
 	require.Len(t, ends, 1)

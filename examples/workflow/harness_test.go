@@ -20,7 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
-	"github.com/retryd/retryd/examples/workflow/engine"
+	"github.com/retryd/retryd/examples/workflow/engine/enginetest"
 	"github.com/retryd/retryd/internal/backendtest"
 	"github.com/retryd/retryd/internal/natstest"
 	"github.com/retryd/retryd/internal/serve"
@@ -52,13 +52,15 @@ type env struct {
 	ingress  *httptest.Server
 	triggers *httptest.Server
 	binary   string
+	// record is what the engine recorded on its EFFECTS stream.
+	record enginetest.Record
 }
 
 func setup(t *testing.T) *env {
 	t.Helper()
 	be := backendtest.Start(t, 4*time.Minute)
 	natstest.EnsureStreams(t, be.JS)
-	e := &env{ctx: be.Ctx, srv: be.Srv, js: be.JS, pool: be.Pool}
+	e := &env{ctx: be.Ctx, srv: be.Srv, js: be.JS, pool: be.Pool, record: enginetest.Record{Ctx: be.Ctx, JS: be.JS}}
 	log := servicetest.Logger(t)
 
 	// Fast run retries: 100ms doubling, no jitter.
@@ -166,22 +168,6 @@ func (e *env) steps(t *testing.T, runID string) []step {
 	}
 	require.NoError(t, rows.Err())
 	return out
-}
-
-func (e *env) executions(t *testing.T, runID, node string) []engine.Execution {
-	t.Helper()
-	var out []engine.Execution
-	for _, m := range natstest.Messages(t, e.ctx, e.js, engine.EffectsStream, engine.ExecutionSubject(runID, node)) {
-		var x engine.Execution
-		require.NoError(t, json.Unmarshal(m.Data(), &x))
-		out = append(out, x)
-	}
-	return out
-}
-
-func (e *env) effects(t *testing.T, runID, node string) int {
-	t.Helper()
-	return len(natstest.Messages(t, e.ctx, e.js, engine.EffectsStream, engine.EffectSubject(runID, node)))
 }
 
 // stepOutputs reads the completed steps the engine reported on RUNS, by

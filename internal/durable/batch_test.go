@@ -82,9 +82,7 @@ func TestBatchHandedOverInOrder(t *testing.T) {
 func TestSettleByHandlerError(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	for _, id := range []string{"ok", "bad", "later", "away", "left"} {
-		b.publish(t, "jobs.settle", id)
-	}
+	b.publish(t, "jobs.settle", "ok", "bad", "later", "away", "left")
 	var seen calls
 	b.start(t, b.config(), batchSpec("settle", 10, func(_ context.Context, msgs []jetstream.Msg) error {
 		var leave error
@@ -128,9 +126,7 @@ func TestBatchSettlesEachMessage(t *testing.T) {
 	b := setup(t)
 	// "left" precedes "later": the second delivery of "later" never shares
 	// a batch with the first of "left".
-	for _, id := range []string{"acked", "bad", "left", "later"} {
-		b.publish(t, "jobs.each", id)
-	}
+	b.publish(t, "jobs.each", "acked", "bad", "left", "later")
 	var seen calls
 	b.start(t, b.config(), batchSpec("each", 10, func(_ context.Context, msgs []jetstream.Msg) error {
 		var fail bool
@@ -171,9 +167,7 @@ func TestBatchHandlerErrorSemantics(t *testing.T) {
 	b := setup(t)
 	// Published before the consumer exists: its pending count is exact
 	// from the start (b.settled relies on it).
-	for _, id := range []string{"ok", "bad", "rejected", "flaky", "early"} {
-		b.publish(t, "jobs.errs", id)
-	}
+	b.publish(t, "jobs.errs", "ok", "bad", "rejected", "flaky", "early")
 	var seen calls
 	b.start(t, b.config(), batchSpec("errs", 1, func(_ context.Context, msgs []jetstream.Msg) error {
 		id := string(msgs[0].Data())
@@ -195,9 +189,7 @@ func TestBatchHandlerErrorSemantics(t *testing.T) {
 func TestBatchFailpointAbandonsTheBatch(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	for _, id := range []string{"a", "b", "c"} {
-		b.publish(t, "jobs.fp", id)
-	}
+	b.publish(t, "jobs.fp", "a", "b", "c")
 	fp := failpoint.Func(func(_ context.Context, point string) error {
 		return errors.New("process killed after commit")
 	})
@@ -304,9 +296,7 @@ func TestBatchDrainHandlesWhatWasDelivered(t *testing.T) {
 		seen.add(string(msgs[0].Data()))
 		return nil
 	}))
-	for _, id := range []string{"one", "two", "three"} {
-		b.publish(t, "jobs.drain", id)
-	}
+	b.publish(t, "jobs.drain", "one", "two", "three")
 	<-started
 	drained := make(chan error, 1)
 	go func() { drained <- g.Drain(context.Background()) }()

@@ -65,13 +65,17 @@ func (b *bundle) start(t *testing.T, cfg durable.Config, specs ...durable.Spec) 
 	return g
 }
 
-func (b *bundle) publish(t *testing.T, subject, id string) {
+// publish publishes a message on subject for each id, in order, the id
+// its body and its Nats-Msg-Id.
+func (b *bundle) publish(t *testing.T, subject string, ids ...string) {
 	t.Helper()
-	msg := nats.NewMsg(subject)
-	msg.Data = []byte(id)
-	msg.Header.Set(contract.HeaderMsgID, id)
-	_, err := b.js.PublishMsg(context.Background(), msg)
-	require.NoError(t, err)
+	for _, id := range ids {
+		msg := nats.NewMsg(subject)
+		msg.Data = []byte(id)
+		msg.Header.Set(contract.HeaderMsgID, id)
+		_, err := b.js.PublishMsg(context.Background(), msg)
+		require.NoError(t, err)
+	}
 }
 
 // settled waits until the consumer has nothing pending or unacked.
@@ -141,9 +145,7 @@ func TestHandlerErrorSettlesTheMessage(t *testing.T) {
 		id := string(msg.Data())
 		return errorFor(id, seen.add(id))
 	}))
-	for _, id := range []string{"ok", "bad", "huge", "rejected", "flaky", "abandoned", "early"} {
-		b.publish(t, "jobs.settle", id)
-	}
+	b.publish(t, "jobs.settle", "ok", "bad", "huge", "rejected", "flaky", "abandoned", "early")
 	b.settled(t, "settle")
 	require.Equal(t, 1, seen.get("ok"))
 	require.Equal(t, 1, seen.get("bad"), "terminated, never delivered again")

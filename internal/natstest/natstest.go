@@ -11,6 +11,9 @@
 // Restart stops a server and starts a new one on the same port and store
 // directory, which is how tests simulate a NATS restart; clients from
 // Connect reconnect on their own.
+//
+// Messages reads what a stream holds, and Settled tells whether a
+// consumer has nothing left to deliver or to have acknowledged.
 package natstest
 
 import (

@@ -1,5 +1,6 @@
 // Package pgtest gives each test its own freshly migrated Postgres
-// database.
+// database, and the login roles a test of grants connects as
+// (ServiceRoles, CreateRoles, URLAs).
 //
 // The server is TEST_DATABASE_URL when set (a superuser URL; databases are
 // created on that server) and otherwise a throwaway cluster started from

@@ -171,7 +171,7 @@ func TestJobMsgRoundTrip(t *testing.T) {
 	t.Parallel()
 	for _, attempt := range []int{1, 4} {
 		d := contract.JobData{ID: "j1", JobType: "send_email", Attempt: attempt, Payload: json.RawMessage(`{"to":"x"}`),
-			MaxRetries: intPtr(3), RetryEnabled: boolPtr(false), TimeoutMS: 30_000, Metadata: map[string]string{"k": "v"}}
+			MaxRetries: new(3), RetryEnabled: new(false), TimeoutMS: 30_000, Metadata: map[string]string{"k": "v"}}
 		if attempt > 1 {
 			d.Checkpoint = json.RawMessage(`{"node":"n2"}`)
 		}
@@ -202,7 +202,7 @@ func TestNewJobMsgRefuses(t *testing.T) {
 		{contract.JobData{JobType: "x", Attempt: 1}, contract.ErrInvalid, "data.id"},
 		{contract.JobData{ID: "j", JobType: "X", Attempt: 1}, contract.ErrInvalid, "data.job_type"},
 		{contract.JobData{ID: "j", JobType: "x"}, contract.ErrInvalid, "data.attempt"},
-		{contract.JobData{ID: "j", JobType: "x", Attempt: 1, MaxRetries: intPtr(1001)}, contract.ErrInvalid, "data.max_retries"},
+		{contract.JobData{ID: "j", JobType: "x", Attempt: 1, MaxRetries: new(1001)}, contract.ErrInvalid, "data.max_retries"},
 		{contract.JobData{ID: "j", JobType: "x", Attempt: 1, TimeoutMS: -1}, contract.ErrInvalid, "data.timeout_ms"},
 		{contract.JobData{ID: "j", JobType: "x", Attempt: 1, TimeoutMS: 25 * 3600 * 1000}, contract.ErrInvalid, "data.timeout_ms"},
 		{contract.JobData{ID: "j", JobType: "x", Attempt: 1, Payload: json.RawMessage(`{"a":1}x`)}, contract.ErrInvalid, "data.payload"},

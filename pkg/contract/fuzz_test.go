@@ -126,7 +126,7 @@ func FuzzDecodeProducerEvent(f *testing.F) {
 func FuzzDecodeJob(f *testing.F) {
 	for _, d := range []contract.JobData{
 		{ID: "j1", JobType: "email", Attempt: 1},
-		{ID: "j1", JobType: "email", Attempt: 3, Payload: json.RawMessage(`{"a":1}`), Checkpoint: json.RawMessage(`{"n":2}`), MaxRetries: intPtr(2), RetryEnabled: boolPtr(true), TimeoutMS: 100, Metadata: map[string]string{"k": "v"}},
+		{ID: "j1", JobType: "email", Attempt: 3, Payload: json.RawMessage(`{"a":1}`), Checkpoint: json.RawMessage(`{"n":2}`), MaxRetries: new(2), RetryEnabled: new(true), TimeoutMS: 100, Metadata: map[string]string{"k": "v"}},
 		{ID: "j2", JobType: "email", Attempt: 1, Priority: contract.PriorityHigh},
 		{ID: "j3", JobType: "email", Attempt: 2, Priority: contract.PriorityLow},
 	} {

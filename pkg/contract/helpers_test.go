@@ -30,9 +30,6 @@ func requireFieldErr(t *testing.T, err error, target error, field string) {
 	require.Contains(t, err.Error(), field)
 }
 
-func intPtr(n int) *int    { return &n }
-func boolPtr(b bool) *bool { return &b }
-
 func errorsIs(err, target error) bool { return errors.Is(err, target) }
 
 func asFieldError(err error, fe **contract.FieldError) bool { return errors.As(err, fe) }

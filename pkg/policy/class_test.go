@@ -12,8 +12,6 @@ import (
 	"github.com/retryd/retryd/pkg/policy"
 )
 
-func ptr[T any](v T) *T { return &v }
-
 // classBackoffs is a policy whose classes each have their own curve: rate
 // limits wait long, network errors little, a timeout is retried at once
 // the first time.
@@ -21,9 +19,9 @@ func classBackoffs() policy.Policy {
 	p := seedDefault()
 	p.MaxRetries = 5
 	p.ClassBackoff = map[errclass.Class]policy.ClassBackoff{
-		errclass.RateLimit: {Base: ptr(time.Minute), Max: ptr(time.Hour), Jitter: ptr(backoff.JitterNone)},
-		errclass.Network:   {Base: ptr(200 * time.Millisecond), Max: ptr(2 * time.Second), Multiplier: ptr(1.5), Jitter: ptr(backoff.JitterNone)},
-		errclass.Timeout:   {FirstDelay: ptr(time.Duration(0))},
+		errclass.RateLimit: {Base: new(time.Minute), Max: new(time.Hour), Jitter: new(backoff.JitterNone)},
+		errclass.Network:   {Base: new(200 * time.Millisecond), Max: new(2 * time.Second), Multiplier: new(1.5), Jitter: new(backoff.JitterNone)},
+		errclass.Timeout:   {FirstDelay: new(time.Duration(0))},
 	}
 	return p
 }
@@ -112,11 +110,11 @@ func TestValidateClassBackoff(t *testing.T) {
 	}{
 		{"valid", classBackoffs().ClassBackoff, ""},
 		{"unknown class", map[errclass.Class]policy.ClassBackoff{"slow": {}}, "class_backoff"},
-		{"base above the policy's max", map[errclass.Class]policy.ClassBackoff{errclass.Network: {Base: ptr(time.Hour)}}, "class_backoff.network.max_delay_ms"},
-		{"negative base", map[errclass.Class]policy.ClassBackoff{errclass.Network: {Base: ptr(-time.Second)}}, "class_backoff.network.base_delay_ms"},
-		{"multiplier below 1", map[errclass.Class]policy.ClassBackoff{errclass.Timeout: {Multiplier: ptr(0.5)}}, "class_backoff.timeout.multiplier"},
-		{"jitter mode", map[errclass.Class]policy.ClassBackoff{errclass.Timeout: {Jitter: ptr(backoff.Jitter("lots"))}}, "class_backoff.timeout.jitter"},
-		{"negative first delay", map[errclass.Class]policy.ClassBackoff{errclass.Timeout: {FirstDelay: ptr(-time.Second)}}, "class_backoff.timeout.first_delay_ms"},
+		{"base above the policy's max", map[errclass.Class]policy.ClassBackoff{errclass.Network: {Base: new(time.Hour)}}, "class_backoff.network.max_delay_ms"},
+		{"negative base", map[errclass.Class]policy.ClassBackoff{errclass.Network: {Base: new(-time.Second)}}, "class_backoff.network.base_delay_ms"},
+		{"multiplier below 1", map[errclass.Class]policy.ClassBackoff{errclass.Timeout: {Multiplier: new(0.5)}}, "class_backoff.timeout.multiplier"},
+		{"jitter mode", map[errclass.Class]policy.ClassBackoff{errclass.Timeout: {Jitter: new(backoff.Jitter("lots"))}}, "class_backoff.timeout.jitter"},
+		{"negative first delay", map[errclass.Class]policy.ClassBackoff{errclass.Timeout: {FirstDelay: new(-time.Second)}}, "class_backoff.timeout.first_delay_ms"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()

@@ -56,9 +56,6 @@ func requireField(t *testing.T, err error, field string) {
 	require.Equal(t, field, fe.Field)
 }
 
-func intp(v int) *int       { return &v }
-func boolp(v bool) *bool    { return &v }
-func msp(v int64) *int64    { return &v }
 func ms(v int64) time.Time  { return failedAt.Add(time.Duration(v) * time.Millisecond) }
 func secs(s int) *time.Time { t := failedAt.Add(time.Duration(s) * time.Second); return &t }
 
@@ -88,7 +85,7 @@ func exhaustedOutcome(reason string, class errclass.Class, retryCount, maxRetrie
 func TestDecide(t *testing.T) {
 	t.Parallel()
 	withHint := func(o policy.Outcome, hintMS int64) policy.Outcome {
-		o.Decision.RetryAfterMS = msp(hintMS)
+		o.Decision.RetryAfterMS = new(hintMS)
 		return o
 	}
 	withNote := func(o policy.Outcome, note string) policy.Outcome {
@@ -139,7 +136,7 @@ func TestDecide(t *testing.T) {
 		},
 		{
 			name: "huge retry count capped at max delay",
-			in:   policy.Input{Attempt: 900_001, RetryCount: 900_000, Class: errclass.Timeout, MaxRetriesOverride: intp(1_000_000)},
+			in:   policy.Input{Attempt: 900_001, RetryCount: 900_000, Class: errclass.Timeout, MaxRetriesOverride: new(1_000_000)},
 			r:    fixedRand(-1),
 			want: retryOutcome(900_001, 301_000, 300_000, "backoff", 900_001, 1_000_000, errclass.Timeout),
 		},
@@ -220,23 +217,23 @@ func TestDecide(t *testing.T) {
 		},
 		{
 			name: "override 0 stops at the first failure",
-			in:   policy.Input{Attempt: 1, Class: errclass.Timeout, MaxRetriesOverride: intp(0)},
+			in:   policy.Input{Attempt: 1, Class: errclass.Timeout, MaxRetriesOverride: new(0)},
 			want: exhaustedOutcome("max_retries", errclass.Timeout, 0, 0, "0 of 0 retries used"),
 		},
 		{
 			name: "negative override counts as 0",
-			in:   policy.Input{Attempt: 1, Class: errclass.Timeout, MaxRetriesOverride: intp(-2)},
+			in:   policy.Input{Attempt: 1, Class: errclass.Timeout, MaxRetriesOverride: new(-2)},
 			want: exhaustedOutcome("max_retries", errclass.Timeout, 0, 0, "0 of 0 retries used"),
 		},
 		{
 			name: "override above the policy wins",
-			in:   policy.Input{Attempt: 6, RetryCount: 5, Class: errclass.Timeout, MaxRetriesOverride: intp(7)},
+			in:   policy.Input{Attempt: 6, RetryCount: 5, Class: errclass.Timeout, MaxRetriesOverride: new(7)},
 			r:    fixedRand(0),
 			want: retryOutcome(6, 32000, 32000, "backoff", 6, 7, errclass.Timeout),
 		},
 		{
 			name: "override below the policy wins",
-			in:   policy.Input{Attempt: 2, RetryCount: 1, Class: errclass.Timeout, MaxRetriesOverride: intp(1)},
+			in:   policy.Input{Attempt: 2, RetryCount: 1, Class: errclass.Timeout, MaxRetriesOverride: new(1)},
 			want: exhaustedOutcome("max_retries", errclass.Timeout, 1, 1, "1 of 1 retries used"),
 		},
 		{
@@ -255,23 +252,23 @@ func TestDecide(t *testing.T) {
 		{
 			name:   "policy disabled wins over an item enabling retries",
 			policy: func(p *policy.Policy) { p.Enabled = false },
-			in:     policy.Input{Attempt: 1, Class: errclass.Timeout, RetryEnabledOverride: boolp(true)},
+			in:     policy.Input{Attempt: 1, Class: errclass.Timeout, RetryEnabledOverride: new(true)},
 			want:   exhaustedOutcome("retries_disabled", errclass.Timeout, 0, 3, "retries are disabled by policy default v2"),
 		},
 		{
 			name: "item disables retries",
-			in:   policy.Input{Attempt: 1, Class: errclass.Timeout, RetryEnabledOverride: boolp(false)},
+			in:   policy.Input{Attempt: 1, Class: errclass.Timeout, RetryEnabledOverride: new(false)},
 			want: exhaustedOutcome("retries_disabled", errclass.Timeout, 0, 3, "retries are disabled for this item (retry_enabled=false)"),
 		},
 		{
 			name: "item enables retries",
-			in:   policy.Input{Attempt: 1, Class: errclass.Timeout, RetryEnabledOverride: boolp(true)},
+			in:   policy.Input{Attempt: 1, Class: errclass.Timeout, RetryEnabledOverride: new(true)},
 			r:    fixedRand(0),
 			want: retryOutcome(1, 1000, 1000, "backoff", 1, 3, errclass.Timeout),
 		},
 		{
 			name: "disabled wins over non-retryable and budget",
-			in:   policy.Input{Attempt: 5, RetryCount: 4, Class: errclass.Validation, NonRetryable: true, RetryEnabledOverride: boolp(false)},
+			in:   policy.Input{Attempt: 5, RetryCount: 4, Class: errclass.Validation, NonRetryable: true, RetryEnabledOverride: new(false)},
 			want: exhaustedOutcome("retries_disabled", errclass.Validation, 4, 3, "retries are disabled for this item (retry_enabled=false)"),
 		},
 		// retry-after hints
@@ -398,7 +395,7 @@ func TestDecideProperties(t *testing.T) {
 			in.RetryAfter = contract.RetryAfterDuration(time.Duration(gen.Int64N(int64(72 * time.Hour))))
 		}
 		if gen.IntN(4) == 0 {
-			in.MaxRetriesOverride = intp(gen.IntN(40))
+			in.MaxRetriesOverride = new(gen.IntN(40))
 		}
 		o := policy.Decide(p, in, gen)
 		d := o.Decision

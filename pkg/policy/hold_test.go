@@ -77,7 +77,7 @@ func TestDecideHold(t *testing.T) {
 		{
 			name:   "retries disabled and budget spent do not end a hold",
 			policy: func(p *policy.Policy) { p.Enabled = false },
-			in:     policy.Input{Attempt: 9, RetryCount: 3, RetryEnabledOverride: boolp(false), Hold: &policy.Hold{Reason: contract.HoldThrottle, Until: failedAt.Add(time.Second)}},
+			in:     policy.Input{Attempt: 9, RetryCount: 3, RetryEnabledOverride: new(false), Hold: &policy.Hold{Reason: contract.HoldThrottle, Until: failedAt.Add(time.Second)}},
 			delay:  time.Second, decidedBy: contract.DecidedByHold, retries: 3,
 		},
 	}

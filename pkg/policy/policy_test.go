@@ -64,9 +64,9 @@ func TestRetryableAndEffectiveMax(t *testing.T) {
 	require.True(t, p.Retryable(errclass.Network))
 	require.True(t, p.Retryable(""))
 	require.Equal(t, 4, p.EffectiveMaxRetries(nil))
-	require.Equal(t, 0, p.EffectiveMaxRetries(intp(0)))
-	require.Equal(t, 9, p.EffectiveMaxRetries(intp(9)))
-	require.Equal(t, 0, p.EffectiveMaxRetries(intp(-3)))
+	require.Equal(t, 0, p.EffectiveMaxRetries(new(0)))
+	require.Equal(t, 9, p.EffectiveMaxRetries(new(9)))
+	require.Equal(t, 0, p.EffectiveMaxRetries(new(-3)))
 }
 
 func TestSimulate(t *testing.T) {

@@ -20,7 +20,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/retryd/retryd/internal/natstest"
-	"github.com/retryd/retryd/internal/servicetest"
+	"github.com/retryd/retryd/internal/workertest"
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/pkg/errclass"
 	"github.com/retryd/retryd/pkg/worker"
@@ -59,17 +59,7 @@ func (b *bundle) newWorker(t *testing.T, cfg worker.Config, handlers map[string]
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))
 	}
-	if cfg.FetchWait == 0 {
-		cfg.FetchWait = 200 * time.Millisecond
-	}
-	w, err := worker.New(cfg)
-	require.NoError(t, err)
-	for typ, h := range handlers {
-		require.NoError(t, w.Handle(typ, h))
-	}
-	require.NoError(t, w.Start(context.Background()))
-	servicetest.StopOnCleanup(t, 5*time.Second, w.Stop)
-	return w
+	return workertest.Start(t, context.Background(), cfg, handlers)
 }
 
 // collect starts a worker whose handler for jobType succeeds and hands

@@ -12,7 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
@@ -84,9 +83,8 @@ func TestE2EThrottledEventsAdmittedAfterWindowReset(t *testing.T) {
 
 	all := ids("t", 9)
 	b.postAll(t, "billing", "invoice.paid", all...)
-	require.Eventually(t, func() bool {
-		return b.count(t, `SELECT count(*) FROM event_ingress_retries WHERE scheduled_attempt = 2`) == 6
-	}, eventually, 20*time.Millisecond, "six of nine are deferred and scheduled")
+	// Six of nine are deferred and scheduled.
+	b.waitCount(t, 6, `SELECT count(*) FROM event_ingress_retries WHERE scheduled_attempt = 2`)
 	require.Len(t, b.admittedIDs(t), 3)
 	b.putSource(t, "billing", map[string]any{"rate_limit": 3, "rate_window": "1s"})
 
@@ -123,9 +121,7 @@ func TestE2EResumeAdmitsHeldEventsWithinASecond(t *testing.T) {
 
 	all := ids("p", 20)
 	b.postAll(t, "crm", "contact.created", all...)
-	require.Eventually(t, func() bool {
-		return b.count(t, `SELECT count(*) FROM retries WHERE kind = 'event' AND state = 'scheduled' AND hold_reason = 'pause'`) == len(all)
-	}, eventually, 20*time.Millisecond, "every event is held")
+	b.waitCount(t, len(all), `SELECT count(*) FROM retries WHERE kind = 'event' AND state = 'scheduled' AND hold_reason = 'pause'`)
 	// Outlast the retry budget several times over (on the database clock
 	// the scheduler uses): a failure would have been exhausted by now.
 	b.waitCount(t, 0, `SELECT count(*) FROM retries WHERE kind = 'event' AND held_since > now() - interval '1 second'`)
@@ -148,10 +144,7 @@ func TestE2EResumeAdmitsHeldEventsWithinASecond(t *testing.T) {
 	// Ingress admitted them itself, in exact arrival order (their INGEST
 	// sequence, although the gate deferred them several at once), without
 	// a due each.
-	var order []string
-	for _, m := range streamMsgs(t, b.ctx, b.js, contract.StreamEvents, "events.crm.") {
-		order = append(order, m.Header.Get(nats.MsgIdHdr))
-	}
+	order := b.admissionOrder(t, "crm")
 	requireNearOrder(t, "p-", order, 0)
 	require.Empty(t, streamMsgs(t, b.ctx, b.js, contract.StreamRetries, "retry.event.due."))
 }
@@ -324,10 +317,7 @@ func TestE2EThrottledBurstIsAdmittedInOrderOneDueEach(t *testing.T) {
 	b.postAll(t, "stream", "tick.happened", all...)
 	b.requireAdmittedOnce(t, all...)
 
-	var order []string
-	for _, m := range streamMsgs(t, b.ctx, b.js, contract.StreamEvents, "events.stream.") {
-		order = append(order, m.Header.Get(nats.MsgIdHdr))
-	}
+	order := b.admissionOrder(t, "stream")
 	require.Equal(t, all, order, "admitted in arrival order")
 	require.Zero(t, b.count(t, `SELECT count(*) FROM event_source_windows WHERE source = 'stream' AND admitted > $1`, limit))
 	held := b.count(t, `SELECT count(*) FROM retries WHERE kind = 'event' AND source = 'stream'`)
@@ -377,10 +367,7 @@ func testLateHoldersKeepTheirPlace(t *testing.T, skew time.Duration) {
 
 	b.withScheduler(t, 50*time.Millisecond, 100*time.Millisecond, 2)
 	b.requireAdmittedOnce(t, all...)
-	var order []string
-	for _, m := range streamMsgs(t, b.ctx, b.js, contract.StreamEvents, "events.late.") {
-		order = append(order, m.Header.Get(nats.MsgIdHdr))
-	}
+	order := b.admissionOrder(t, "late")
 	// In arrival order: exactly on a machine that keeps up; when a due
 	// handed back to wait comes back more than 100 ms late the line goes
 	// on without it (docs/ingress.md), which moves it by less than a
@@ -408,18 +395,13 @@ func TestE2EResumeUnderALimitIsPacedInArrivalOrder(t *testing.T) {
 	require.Equal(t, http.StatusOK, b.do(t, http.MethodPost, "/v1/sources/paced/pause", map[string]any{"reason": "upgrade"}, nil))
 	all := ids("r", n)
 	b.postAll(t, "paced", "tick.happened", all...)
-	require.Eventually(t, func() bool {
-		return b.count(t, `SELECT count(*) FROM retries WHERE kind = 'event' AND state = 'scheduled' AND hold_reason = 'pause'`) == n
-	}, eventually, 20*time.Millisecond, "every event is held")
+	b.waitCount(t, n, `SELECT count(*) FROM retries WHERE kind = 'event' AND state = 'scheduled' AND hold_reason = 'pause'`)
 
 	require.Equal(t, http.StatusOK, b.do(t, http.MethodPost, "/v1/sources/paced/resume", nil, nil))
 	b.post(t, event("newcomer", "paced", "tick.happened"))
 	b.requireAdmittedOnce(t, append(all, "newcomer")...)
 
-	var order []string
-	for _, m := range streamMsgs(t, b.ctx, b.js, contract.StreamEvents, "events.paced.") {
-		order = append(order, m.Header.Get(nats.MsgIdHdr))
-	}
+	order := b.admissionOrder(t, "paced")
 	require.Len(t, order, n+1)
 	require.Equal(t, "newcomer", order[n], "the newcomer queues behind the line")
 	// Ingress's releaser admits the line itself, one batch after another:
@@ -435,9 +417,8 @@ func TestE2EResumeUnderALimitIsPacedInArrivalOrder(t *testing.T) {
 	// admits the line's last events (it passes a releaseTick apart).
 	require.Empty(t, streamMsgs(t, b.ctx, b.js, contract.StreamRetries, "retry.event.due.r-"))
 	require.LessOrEqual(t, b.counter(t, "retryd_ingress_retries_total", map[string]string{"source": "paced", "event": "waited"}), 5.0)
-	require.Eventually(t, func() bool {
-		return b.count(t, `SELECT count(*) FROM retries WHERE kind = 'event' AND item_id LIKE 'r-%' AND state = 'succeeded'`) == n
-	}, eventually, 20*time.Millisecond, "the scheduler closes every released retry")
+	// The scheduler closes every released retry.
+	b.waitCount(t, n, `SELECT count(*) FROM retries WHERE kind = 'event' AND item_id LIKE 'r-%' AND state = 'succeeded'`)
 	require.Zero(t, b.count(t, `SELECT count(*) FROM retries WHERE kind = 'event' AND (state = 'exhausted' OR retry_count > 0)`))
 	// The scheduler writes nothing on the released rows while ingress
 	// admits them (its release runs behind, for fallbacks): each close
@@ -500,10 +481,7 @@ func TestE2EPauseUntilUnderALimitEndsPacedInArrivalOrder(t *testing.T) {
 
 	require.Zero(t, b.count(t, `SELECT count(*) FROM workflow_events WHERE source = 'until' AND admitted_at < $1`, until),
 		"none admitted before the pause's end")
-	var order []string
-	for _, m := range streamMsgs(t, b.ctx, b.js, contract.StreamEvents, "events.until.") {
-		order = append(order, m.Header.Get(nats.MsgIdHdr))
-	}
+	order := b.admissionOrder(t, "until")
 	// In arrival order: exactly when the machine keeps up. A due handed
 	// back that comes back more than 100 ms late is not waited for
 	// (docs/ingress.md), so under load a few groups of events land a

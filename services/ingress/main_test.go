@@ -188,6 +188,17 @@ func streamMsgs(t *testing.T, ctx context.Context, js jetstream.JetStream, strea
 	return out
 }
 
+// admissionOrder is the ids of source's events on EVENTS, in the order
+// they were admitted.
+func (b *bundle) admissionOrder(t *testing.T, source string) []string {
+	t.Helper()
+	var order []string
+	for _, m := range streamMsgs(t, b.ctx, b.js, contract.StreamEvents, "events."+source+".") {
+		order = append(order, m.Header.Get(nats.MsgIdHdr))
+	}
+	return order
+}
+
 // admittedIDs counts each event id's messages on EVENTS.
 func (b *bundle) admittedIDs(t *testing.T) map[string]int {
 	t.Helper()

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/require"
 
@@ -96,16 +97,11 @@ func TestCancelDeferral(t *testing.T) {
 	require.Equal(t, http.StatusNotFound, b.do(t, http.MethodGet, "/v1/events/none", nil, &e))
 	// One audit entry: the cancel that changed something, by the
 	// principal; not the no-op, the conflict, the missing or the invalid.
-	var entries []string
 	rows, err := b.pool.Query(b.ctx, `SELECT principal || ' ' || action || ' ' || target || ' ' || (detail->>'reason')
 		FROM audit_log WHERE action = 'event.cancel' ORDER BY id`)
 	require.NoError(t, err)
-	for rows.Next() {
-		var s string
-		require.NoError(t, rows.Scan(&s))
-		entries = append(entries, s)
-	}
-	require.NoError(t, rows.Err())
+	entries, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
 	require.Equal(t, []string{"local event.cancel event/held duplicate order"}, entries)
 
 	// A due that was already on its way, even with the limit lifted, never

@@ -26,7 +26,6 @@ func TestAPIAliasJobType(t *testing.T) {
 	t.Parallel()
 	// The jobs are created now (the column's default), within days=30.
 	b := setupAPI(t, jobs.APIConfig{})
-	t0 := time.Date(2024, 5, 1, 10, 0, 0, 0, time.UTC)
 	b.insertJob(t, "l1", "linkedin_outreach", "failed", "timeout", 1, t0)
 	b.insertJob(t, "e1", "email_campaign", "failed", "timeout", 1, t0)
 
@@ -58,7 +57,6 @@ func TestAPIAliasJobType(t *testing.T) {
 func TestAPIAliasPermanentlyFailed(t *testing.T) {
 	t.Parallel()
 	b := setupAPI(t, jobs.APIConfig{})
-	t0 := time.Date(2024, 5, 1, 10, 0, 0, 0, time.UTC)
 	b.insertJob(t, "f", "email_campaign", "failed", "validation", 0, t0)
 	b.insertJob(t, "m", "email_campaign", "failed_max_retries", "timeout", 6, t0.Add(time.Minute))
 	b.insertJob(t, "c", "email_campaign", "cancelled", "timeout", 2, t0.Add(2*time.Minute))

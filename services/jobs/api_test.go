@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/retryd/retryd/internal/audit"
@@ -126,7 +127,6 @@ VALUES ($1, $2, $3, $4, $5, $6)`, id, typ, status, retries, class, updated)
 func TestAPIListAndGet(t *testing.T) {
 	t.Parallel()
 	b := setupAPI(t, jobs.APIConfig{})
-	t0 := time.Date(2024, 5, 1, 10, 0, 0, 0, time.UTC)
 	b.insertJob(t, "a", "email_campaign", "failed_max_retries", "timeout", 4, t0)
 	b.insertJob(t, "b", "email_campaign", "failed_max_retries", "timeout", 1, t0.Add(time.Minute))
 	b.insertJob(t, "c", "email_campaign", "completed", "", 0, t0.Add(2*time.Minute))
@@ -241,7 +241,6 @@ func TestAPIRetryAndCancel(t *testing.T) {
 func TestAPIBulkRetry(t *testing.T) {
 	t.Parallel()
 	b := setupAPI(t, jobs.APIConfig{})
-	t0 := time.Date(2024, 5, 1, 10, 0, 0, 0, time.UTC)
 	for i := range 6 {
 		status := "failed_max_retries"
 		if i == 5 {
@@ -284,15 +283,10 @@ func TestAPIBulkRetry(t *testing.T) {
 	for _, a := range b.rec.Audited() {
 		require.Equal(t, "- by -", a, "the runner's retries are not API actions: the operation's entry covers them")
 	}
-	var entries []string
 	rows, err := b.pool.Query(b.ctx, `SELECT principal || ' ' || action || ' ' || target || ' ' || detail::text FROM audit_log ORDER BY id`)
 	require.NoError(t, err)
-	for rows.Next() {
-		var e string
-		require.NoError(t, rows.Scan(&e))
-		entries = append(entries, e)
-	}
-	require.NoError(t, rows.Err())
+	entries, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
 	require.Equal(t, []string{`local job.bulk_retry operation/` + op.ID +
 		` {"total": 5, "reason": "smtp back", "reset_attempts": false, "rate_per_second": 50}`}, entries,
 		"one entry, for the operation, by the principal (not the body's by); dry runs and refused bodies record none")
@@ -322,7 +316,6 @@ func TestAPIBulkRetry(t *testing.T) {
 func TestBulkRetryResumesAfterItsRunnerDies(t *testing.T) {
 	t.Parallel()
 	b := setupAPI(t, jobs.APIConfig{Runner: "first", LeaseTTL: time.Second})
-	t0 := time.Date(2024, 5, 1, 10, 0, 0, 0, time.UTC)
 	for i := range 8 {
 		b.insertJob(t, fmt.Sprintf("j%d", i), "email_campaign", "failed", "validation", 0, t0.Add(time.Duration(i)*time.Minute))
 	}

@@ -18,7 +18,6 @@ func TestProjectorStoresThePriority(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	b.startProjector(t, jobs.ProjectorConfig{})
-	t0 := time.Date(2024, 5, 1, 10, 0, 0, 0, time.UTC)
 	b.publishJob(t, contract.JobData{ID: "p-high", JobType: "email", Attempt: 1, Priority: contract.PriorityHigh}, t0)
 	b.publishJob(t, contract.JobData{ID: "p-low", JobType: "email", Attempt: 1, Priority: contract.PriorityLow}, t0)
 	b.publishJob(t, contract.JobData{ID: "p-none", JobType: "email", Attempt: 1}, t0)
@@ -44,7 +43,6 @@ func TestProjectorStoresThePriority(t *testing.T) {
 func TestAPIListsThePriority(t *testing.T) {
 	t.Parallel()
 	b := setupAPI(t, jobs.APIConfig{})
-	t0 := time.Date(2024, 5, 1, 10, 0, 0, 0, time.UTC)
 	b.insertJob(t, "a", "email_campaign", "failed", "timeout", 1, t0)
 	b.insertJob(t, "b", "email_campaign", "failed", "timeout", 1, t0.Add(time.Minute))
 	_, err := b.pool.Exec(b.ctx, `UPDATE jobs SET priority = 'high' WHERE job_id = 'b'`)

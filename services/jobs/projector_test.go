@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -29,6 +30,9 @@ import (
 func TestMain(m *testing.M) { pgtest.Main(m) }
 
 const wait = 15 * time.Second
+
+// t0 is the fixed time the tests date their jobs and facts from.
+var t0 = time.Date(2024, 5, 1, 10, 0, 0, 0, time.UTC)
 
 type bundle struct {
 	ctx  context.Context
@@ -145,7 +149,6 @@ func TestProjectorFoldsBothStreams(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	b.startProjector(t, jobs.ProjectorConfig{})
-	t0 := time.Date(2024, 5, 1, 10, 0, 0, 0, time.UTC)
 	b.publishLife(t, "j1", t0)
 	// 2 job messages and 3 lifecycle facts; the due is not consumed. The
 	// streams are read independently: wait for both.
@@ -175,7 +178,6 @@ func TestProjectorReplayIsAbsorbedByTheInbox(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	p := b.startProjector(t, jobs.ProjectorConfig{})
-	t0 := time.Date(2024, 5, 1, 10, 0, 0, 0, time.UTC)
 	b.publishLife(t, "j1", t0)
 	b.waitApplied(t, b.reg, 2, 3)
 	before := b.job(t, "j1")
@@ -204,7 +206,6 @@ func TestProjectorCrashAfterCommitLosesNothing(t *testing.T) {
 		crashed.Store(true)
 		return errors.New("process killed after commit")
 	}})
-	t0 := time.Date(2024, 5, 1, 10, 0, 0, 0, time.UTC)
 	b.publishLife(t, "j1", t0)
 	require.Eventually(t, crashed.Load, wait, 10*time.Millisecond)
 	require.NoError(t, first.Stop(b.ctx))
@@ -216,11 +217,7 @@ func TestProjectorCrashAfterCommitLosesNothing(t *testing.T) {
 	require.Equal(t, 2, j.Attempt)
 	for _, stream := range []string{contract.StreamJobs, contract.StreamRetries} {
 		require.Eventually(t, func() bool {
-			c, err := b.js.Consumer(b.ctx, stream, jobs.ProjectionDurable)
-			require.NoError(t, err)
-			info, err := c.Info(b.ctx)
-			require.NoError(t, err)
-			return info.NumAckPending == 0 && info.NumPending == 0
+			return natstest.Settled(t, b.ctx, b.js, stream, jobs.ProjectionDurable)
 		}, wait, 20*time.Millisecond, stream)
 	}
 	require.Positive(t, metric(t, reg, "retryd_jobs_duplicates_total", "stream", "JOBS")+metric(t, reg, "retryd_jobs_duplicates_total", "stream", "RETRIES"),
@@ -268,7 +265,6 @@ func TestProjectorAppliesUnstorableValues(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	b.startProjector(t, jobs.ProjectorConfig{})
-	t0 := time.Date(2024, 5, 1, 10, 0, 0, 0, time.UTC)
 	// A NUL inside raw JSON (the checkpoint) is valid input: it is cleaned
 	// where it becomes text.
 	b.publishEvent(t, contract.Failed, contract.FailedData{Kind: "job", ID: "nul", Attempt: 1, JobType: "email",
@@ -312,7 +308,6 @@ BEGIN
 END $$;
 CREATE TRIGGER refuse_poison BEFORE INSERT OR UPDATE ON jobs FOR EACH ROW EXECUTE FUNCTION refuse_poison();`)
 	require.NoError(t, err)
-	t0 := time.Date(2024, 5, 1, 10, 0, 0, 0, time.UTC)
 	for _, id := range []string{"before", "poison", "after"} {
 		b.publishEvent(t, contract.Succeeded, contract.SucceededData{Kind: "job", ID: id, Attempt: 1}, t0)
 	}
@@ -322,11 +317,7 @@ CREATE TRIGGER refuse_poison BEFORE INSERT OR UPDATE ON jobs FOR EACH ROW EXECUT
 	b.eventually(t, "before", func(j jobstore.Job) bool { return j.Status == jobstore.StatusCompleted }, "before applied")
 	require.Eventually(t, func() bool { return metric(t, b.reg, "retryd_jobs_malformed_total", "consumer", "RETRIES") == 1 }, wait, 10*time.Millisecond)
 	require.Eventually(t, func() bool {
-		c, err := b.js.Consumer(b.ctx, contract.StreamRetries, jobs.ProjectionDurable)
-		require.NoError(t, err)
-		info, err := c.Info(b.ctx)
-		require.NoError(t, err)
-		return info.NumAckPending == 0 && info.NumPending == 0
+		return natstest.Settled(t, b.ctx, b.js, contract.StreamRetries, jobs.ProjectionDurable)
 	}, wait, 20*time.Millisecond, "the refused message is terminated, not redelivered")
 	_, err = jobstore.Get(b.ctx, b.pool, "poison")
 	require.ErrorIs(t, err, jobstore.ErrNotFound)
@@ -338,7 +329,6 @@ func TestProjectorRecreatesDeletedConsumers(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	b.startProjector(t, jobs.ProjectorConfig{})
-	t0 := time.Date(2024, 5, 1, 10, 0, 0, 0, time.UTC)
 	b.publishEvent(t, contract.Succeeded, contract.SucceededData{Kind: "job", ID: "before", Attempt: 1}, t0)
 	b.eventually(t, "before", func(j jobstore.Job) bool { return j.Status == jobstore.StatusCompleted }, "before applied")
 	for _, stream := range []string{contract.StreamJobs, contract.StreamRetries} {
@@ -384,15 +374,10 @@ func TestProjectorPrunesItsInbox(t *testing.T) {
 		require.NoError(t, b.pool.QueryRow(b.ctx, "SELECT count(*) FROM inbox WHERE msg_id = 'old'").Scan(&n))
 		return n == 0
 	}, wait, 10*time.Millisecond)
-	var left []string
 	rows, err := b.pool.Query(b.ctx, "SELECT msg_id FROM inbox WHERE msg_id IN ('recent', 'theirs') ORDER BY msg_id")
 	require.NoError(t, err)
-	for rows.Next() {
-		var id string
-		require.NoError(t, rows.Scan(&id))
-		left = append(left, id)
-	}
-	require.NoError(t, rows.Err())
+	left, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
 	require.Equal(t, []string{"recent", "theirs"}, left)
 
 	_, err = jobs.NewProjector(jobs.ProjectorConfig{Pool: b.pool, JS: b.js, InboxRetention: time.Minute})
@@ -407,14 +392,13 @@ func TestProjectorBatchesOfBothStreamsNeverDeadlock(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	const groups, perGroup = 6, 100
-	at := time.Date(2024, 5, 1, 10, 0, 0, 0, time.UTC)
 	id := func(g, i int) string { return fmt.Sprintf("dl-%d-%03d", g, i) }
 	for g := range groups {
 		for i := range perGroup {
-			b.publishJob(t, contract.JobData{ID: id(g, i), JobType: "crawl", Attempt: 1}, at)
+			b.publishJob(t, contract.JobData{ID: id(g, i), JobType: "crawl", Attempt: 1}, t0)
 		}
 		for i := perGroup - 1; i >= 0; i-- {
-			b.publishEvent(t, contract.Succeeded, contract.SucceededData{Kind: contract.KindJob, ID: id(g, i), Attempt: 1}, at.Add(time.Second))
+			b.publishEvent(t, contract.Succeeded, contract.SucceededData{Kind: contract.KindJob, ID: id(g, i), Attempt: 1}, t0.Add(time.Second))
 		}
 	}
 	b.startProjector(t, jobs.ProjectorConfig{Batch: perGroup})

@@ -49,8 +49,7 @@ func TestRetriesAPI(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	s, api := b.startAPI(t)
-	hour := int64(time.Hour / time.Millisecond)
-	b.policy(t, "api", "", 3, hour, hour)
+	b.policy(t, "api", "", 3, hourMS, hourMS)
 
 	for _, id := range []string{"a", "b", "c"} {
 		fd := failed("api", id, 1, "timeout")

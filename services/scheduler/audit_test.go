@@ -8,8 +8,8 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
-	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/retryd/retryd/internal/audit"
@@ -35,13 +35,8 @@ func auditRows(t *testing.T, b *bundle) []string {
 	t.Helper()
 	rows, err := b.pool.Query(b.ctx, `SELECT principal || ' ' || role || ' ' || action || ' ' || target FROM audit_log ORDER BY id`)
 	require.NoError(t, err)
-	var out []string
-	for rows.Next() {
-		var s string
-		require.NoError(t, rows.Scan(&s))
-		out = append(out, s)
-	}
-	require.NoError(t, rows.Err())
+	out, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
 	return out
 }
 
@@ -70,8 +65,7 @@ func TestAuditOfActions(t *testing.T) {
 		require.NoError(t, resp.Body.Close())
 		return resp.StatusCode
 	}
-	hour := int64(time.Hour / time.Millisecond)
-	b.policy(t, "au", "", 3, hour, hour)
+	b.policy(t, "au", "", 3, hourMS, hourMS)
 	for _, id := range []string{"a", "b"} {
 		b.publish(t, contract.Failed, failed("au", id, 1, "timeout"))
 		b.waitRow(t, "au", id, inState(retrystore.StateScheduled, 2))

@@ -25,8 +25,7 @@ func TestDuplicateFailedChangesNothing(t *testing.T) {
 	b := setup(t)
 	s := b.start(t)
 	shrinkDuplicateWindow(t, b, time.Second)
-	hour := int64(time.Hour / time.Millisecond)
-	b.policy(t, "dup", "", 3, hour, hour)
+	b.policy(t, "dup", "", 3, hourMS, hourMS)
 
 	msg := lifecycleMsg(t, contract.Failed, failed("dup", "d1", 1, "timeout"))
 	first, err := b.js.PublishMsg(b.ctx, msg)
@@ -75,9 +74,7 @@ func TestCrashBetweenCommitAndPublish(t *testing.T) {
 	}
 	<-crashed
 	b.waitRetries(t, retrystore.ListFilter{Kind: "crash"}, n)
-	stopCtx, cancel := context.WithTimeout(b.ctx, 20*time.Second)
-	defer cancel()
-	require.NoError(t, a.Stop(stopCtx))
+	b.stop(t, a)
 	// The relay's first pass at start may publish decisions committed
 	// before it ran; the rest wait in the outbox for the next instance.
 	// Every input was left unacked either way (the duplicate count below).
@@ -120,9 +117,7 @@ func TestCrashBetweenDuePublishAndCommit(t *testing.T) {
 		b.publish(t, contract.Failed, failed("dcrash", fmt.Sprintf("d%d", i), 1, "timeout"))
 	}
 	require.Eventually(t, func() bool { return len(b.streamMsgs(t, "retry.dcrash.due.*")) == n }, waitFor, 10*time.Millisecond)
-	stopCtx, cancel := context.WithTimeout(b.ctx, 20*time.Second)
-	defer cancel()
-	require.NoError(t, a.Stop(stopCtx))
+	b.stop(t, a)
 	require.Positive(t, calls.Load())
 	page, err := retrystore.List(b.ctx, b.pool, retrystore.ListFilter{Kind: "dcrash", State: retrystore.StateScheduled})
 	require.NoError(t, err)
@@ -185,9 +180,7 @@ func TestOwnerAnswerBeforeTheDueCommitKeepsTheDueInHistory(t *testing.T) {
 		b.publish(t, contract.Failed, failed("late", id, 1, "timeout"))
 	}
 	require.Eventually(t, func() bool { return len(b.streamMsgs(t, "retry.late.due.*")) == 2 }, waitFor, 10*time.Millisecond)
-	stopCtx, cancel := context.WithTimeout(b.ctx, 20*time.Second)
-	defer cancel()
-	require.NoError(t, a.Stop(stopCtx))
+	b.stop(t, a)
 
 	// The owners answer the dues they got; the next scheduler still
 	// cannot commit a due (so no re-send overtakes the answers).

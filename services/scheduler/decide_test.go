@@ -8,6 +8,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
+	"github.com/retryd/retryd/internal/natstest"
 	"github.com/retryd/retryd/internal/streams"
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/pkg/errclass"
@@ -91,10 +92,9 @@ func TestDecisionReasons(t *testing.T) {
 	classifier, err := errclass.NewClassifier(map[errclass.Class][]string{errclass.Validation: {"schema mismatch"}})
 	require.NoError(t, err)
 	s := b.start(t, func(c *scheduler.Config) { c.Classifier = classifier })
-	hour := int64(time.Hour / time.Millisecond)
-	b.policy(t, "dr", "", 2, hour, 2*hour)
-	b.policy(t, "dr", "strict", 0, hour, 2*hour)
-	b.policy(t, "dr-off", "", 5, hour, 2*hour, func(p *policy.Policy) { p.Enabled = false })
+	b.policy(t, "dr", "", 2, hourMS, 2*hourMS)
+	b.policy(t, "dr", "strict", 0, hourMS, 2*hourMS)
+	b.policy(t, "dr-off", "", 5, hourMS, 2*hourMS, func(p *policy.Policy) { p.Enabled = false })
 	zero, five, off := 0, 5, false
 
 	type want struct {
@@ -111,7 +111,7 @@ func TestDecisionReasons(t *testing.T) {
 		want want
 	}{
 		{"retryable class uses backoff", failed("dr", "timeout", 1, "timeout"),
-			want{retrystore.StateScheduled, "", contract.DecidedByBackoff, hour, "timeout", 2}},
+			want{retrystore.StateScheduled, "", contract.DecidedByBackoff, hourMS, "timeout", 2}},
 		{"non-retryable class", failed("dr", "validation", 1, "validation"),
 			want{retrystore.StateExhausted, contract.ExhaustedNonRetryable, "", 0, "validation", 1}},
 		{"alias of a class", failed("dr", "alias", 1, "validation_error"),
@@ -124,13 +124,13 @@ func TestDecisionReasons(t *testing.T) {
 			want{retrystore.StateExhausted, contract.ExhaustedNonRetryable, "", 0, "timeout", 1}},
 		{"unknown errors are retried", contract.FailedData{Kind: "dr", ID: "unknown", Attempt: 1,
 			Error: contract.ErrorInfo{Message: "something odd"}},
-			want{retrystore.StateScheduled, "", contract.DecidedByBackoff, hour, "unknown", 2}},
+			want{retrystore.StateScheduled, "", contract.DecidedByBackoff, hourMS, "unknown", 2}},
 		{"retry-after hint above the max delay is honoured", contract.FailedData{Kind: "dr", ID: "hint", Attempt: 1,
 			Error: contract.ErrorInfo{Class: "rate_limit"}, RetryAfter: contract.RetryAfterDuration(3 * time.Hour)},
-			want{retrystore.StateScheduled, "", contract.DecidedByRetryAfter, 3 * hour, "rate_limit", 2}},
+			want{retrystore.StateScheduled, "", contract.DecidedByRetryAfter, 3 * hourMS, "rate_limit", 2}},
 		{"retry-after hint capped at max_retry_after", contract.FailedData{Kind: "dr", ID: "hint-cap", Attempt: 1,
 			Error: contract.ErrorInfo{Class: "rate_limit"}, RetryAfter: contract.RetryAfterDuration(30 * time.Hour)},
-			want{retrystore.StateScheduled, "", contract.DecidedByRetryAfter, 24 * hour, "rate_limit", 2}},
+			want{retrystore.StateScheduled, "", contract.DecidedByRetryAfter, 24 * hourMS, "rate_limit", 2}},
 		// An owner not upgraded to held events: its throttle is a hold.
 		{"throttled by the owner", contract.FailedData{Kind: "dr", ID: "throttle", Attempt: 1, Reason: "source_throttled",
 			Error: contract.ErrorInfo{Class: "rate_limit"}, RetryAfter: contract.RetryAfterDuration(30 * time.Second)},
@@ -145,7 +145,7 @@ func TestDecisionReasons(t *testing.T) {
 			want{retrystore.StateExhausted, contract.ExhaustedMaxRetries, "", 0, "timeout", 1}},
 		{"job max_retries override above the policy", contract.FailedData{Kind: "dr", ID: "max5", Attempt: 4, MaxRetries: &five,
 			Error: contract.ErrorInfo{Class: "timeout"}},
-			want{retrystore.StateScheduled, "", contract.DecidedByBackoff, 2 * hour, "timeout", 5}},
+			want{retrystore.StateScheduled, "", contract.DecidedByBackoff, 2 * hourMS, "timeout", 5}},
 		{"policy budget without override", failed("dr", "budget", 4, "timeout"),
 			want{retrystore.StateExhausted, contract.ExhaustedMaxRetries, "", 0, "timeout", 4}},
 		{"job type policy", contract.FailedData{Kind: "dr", ID: "strict", Attempt: 1, JobType: "strict",
@@ -262,11 +262,7 @@ func TestMalformedMessagesAreTerminated(t *testing.T) {
 	// Terminated messages are not redelivered: nothing is pending on the
 	// consumer.
 	require.Eventually(t, func() bool {
-		cons, err := b.js.Consumer(b.ctx, contract.StreamRetries, scheduler.ConsumerName)
-		require.NoError(t, err)
-		info, err := cons.Info(b.ctx)
-		require.NoError(t, err)
-		return info.NumAckPending == 0 && info.NumPending == 0
+		return natstest.Settled(t, b.ctx, b.js, contract.StreamRetries, scheduler.ConsumerName)
 	}, waitFor, 20*time.Millisecond)
 }
 
@@ -352,11 +348,7 @@ func TestPoisonFactIsTerminatedAlone(t *testing.T) {
 		return metric(t, s.reg, "retryd_scheduler_malformed_total", "consumer", scheduler.Owner) == 1
 	}, waitFor, 10*time.Millisecond)
 	require.Eventually(t, func() bool {
-		c, err := b.js.Consumer(b.ctx, contract.StreamRetries, scheduler.ConsumerName)
-		require.NoError(t, err)
-		info, err := c.Info(b.ctx)
-		require.NoError(t, err)
-		return info.NumAckPending == 0 && info.NumPending == 0
+		return natstest.Settled(t, b.ctx, b.js, contract.StreamRetries, scheduler.ConsumerName)
 	}, waitFor, 10*time.Millisecond, "the poison fact was not terminated")
 	var rows int
 	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM retries WHERE kind = 'poison'`).Scan(&rows))

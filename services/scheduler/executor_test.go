@@ -28,8 +28,7 @@ func TestHistoryRecordsTheExecutor(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	_, api := b.startAPI(t)
-	hour := int64(time.Hour / time.Millisecond)
-	b.policy(t, "exec", "", 3, hour, hour)
+	b.policy(t, "exec", "", 3, hourMS, hourMS)
 
 	fd := failed("exec", "a", 1, "timeout")
 	fd.Executor = "Worker-A.local-101"

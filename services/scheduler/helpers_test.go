@@ -31,6 +31,10 @@ func TestMain(m *testing.M) { pgtest.Main(m) }
 // waitFor bounds every wait of these tests; they poll, never sleep.
 const waitFor = 30 * time.Second
 
+// hourMS is an hour in the milliseconds of a policy's delays: a delay
+// longer than any test waits.
+const hourMS = int64(time.Hour / time.Millisecond)
+
 type bundle struct {
 	ctx  context.Context
 	pool *pgxpool.Pool
@@ -73,6 +77,15 @@ func (b *bundle) start(t *testing.T, mods ...func(*scheduler.Config)) instance {
 		require.NoError(t, s.Stop(ctx))
 	})
 	return instance{Scheduler: s, reg: reg}
+}
+
+// stop stops an instance now, as a graceful shutdown does, within 20 s
+// (the stop at cleanup then finds it stopped).
+func (b *bundle) stop(t *testing.T, s instance) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(b.ctx, 20*time.Second)
+	defer cancel()
+	require.NoError(t, s.Stop(ctx))
 }
 
 // policy stores a policy with millisecond figures and no jitter unless mod
@@ -225,13 +238,10 @@ func decodeDue(t *testing.T, m jetstream.Msg) contract.DueData {
 func (b *bundle) waitQuiet(t *testing.T) {
 	t.Helper()
 	require.Eventually(t, func() bool {
-		cons, err := b.js.Consumer(b.ctx, contract.StreamRetries, scheduler.ConsumerName)
-		require.NoError(t, err)
-		info, err := cons.Info(b.ctx)
-		require.NoError(t, err)
+		settled := natstest.Settled(t, b.ctx, b.js, contract.StreamRetries, scheduler.ConsumerName)
 		var outbox int
 		require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM outbox`).Scan(&outbox))
-		return info.NumAckPending == 0 && info.NumPending == 0 && outbox == 0
+		return settled && outbox == 0
 	}, waitFor, 20*time.Millisecond)
 }
 

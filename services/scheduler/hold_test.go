@@ -1,7 +1,6 @@
 package scheduler_test
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"testing"
@@ -436,9 +435,7 @@ func TestReleaseAppliesBeforeTheSucceededBehindIt(t *testing.T) {
 		b.publish(t, contract.Held, heldUnder("shop", "seq", id, contract.HoldPause, nil))
 		b.waitRow(t, "seq", id, inState(retrystore.StateScheduled, 2))
 	}
-	stopCtx, cancel := context.WithTimeout(b.ctx, 20*time.Second)
-	defer cancel()
-	require.NoError(t, first.Stop(stopCtx))
+	b.stop(t, first)
 
 	// Both on the stream while no scheduler runs: the next one takes them
 	// in one batch.

@@ -42,9 +42,8 @@ func TestRebuildEqualsOriginal(t *testing.T) {
 	b := setup(t)
 	s := b.start(t)
 	shrinkDuplicateWindow(t, b, time.Second)
-	hour := int64(time.Hour / time.Millisecond)
 	b.policy(t, "rb", "", 3, 10, 10)
-	b.policy(t, "rb-slow", "", 3, hour, hour)
+	b.policy(t, "rb-slow", "", 3, hourMS, hourMS)
 	zero := 0
 
 	// Successes after one, two and three failures.
@@ -111,9 +110,7 @@ func TestRebuildEqualsOriginal(t *testing.T) {
 	b.waitRow(t, "rb-slow", "th", inState(retrystore.StateScheduled, 2))
 	b.waitRow(t, "rb", "s29", inState(retrystore.StateSucceeded, 4))
 	b.waitQuiet(t)
-	stopCtx, cancel := context.WithTimeout(b.ctx, 20*time.Second)
-	defer cancel()
-	require.NoError(t, s.Stop(stopCtx))
+	b.stop(t, s)
 	wantRows, wantHistory := snapshot(t, b.ctx, b.pool)
 	require.Len(t, wantRows, 30+11)
 	// The executors are in the history the rebuild must reproduce.
@@ -150,9 +147,7 @@ func TestRebuildDecidesMissingDecisions(t *testing.T) {
 	b := setup(t)
 	// A scheduler creates the streams, then goes away.
 	s := b.start(t)
-	stopCtx, cancel := context.WithTimeout(b.ctx, 20*time.Second)
-	defer cancel()
-	require.NoError(t, s.Stop(stopCtx))
+	b.stop(t, s)
 	b.publish(t, contract.Failed, failed("event", "lost", 1, "timeout"))
 	b.publish(t, contract.Failed, failed("event", "lost-nr", 1, "authentication"))
 

@@ -62,9 +62,7 @@ func TestReleasePartsResumeAfterACrash(t *testing.T) {
 	b.publish(t, contract.Released, contract.ReleasedData{Kind: "parts", HoldKey: "shop", Reason: contract.ReleaseLimitChanged,
 		By: "test", ReleasedAt: time.Now(), Pace: pace})
 	<-crashed
-	stopCtx, cancel := context.WithTimeout(b.ctx, 20*time.Second)
-	defer cancel()
-	require.NoError(t, a.Stop(stopCtx))
+	b.stop(t, a)
 	for i := range n {
 		want := 0
 		if i < 3 {

@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 )
 
@@ -12,7 +13,7 @@ func TestTriggerAPI(t *testing.T) {
 	t.Parallel()
 	b := setup(t, false)
 	in := TriggerInput{Name: "Big invoices", Source: "billing", EventType: "invoice.paid", Predicate: "data.amount > 100",
-		Throttle: &ThrottleInput{Limit: intp(10), Window: "1m", Key: "data.customer_id"}, MaxConcurrency: intp(3), Workflow: "onboard"}
+		Throttle: &ThrottleInput{Limit: new(10), Window: "1m", Key: "data.customer_id"}, MaxConcurrency: new(3), Workflow: "onboard"}
 	created := b.createTrigger(t, in)
 	require.Len(t, created.ID, 26, "a ULID is generated")
 	require.Equal(t, 1, created.Version)
@@ -83,13 +84,8 @@ func TestTriggerAPI(t *testing.T) {
 	rows, err := b.pool.Query(b.ctx, `SELECT principal || ' ' || action || ' @' || (detail->>'version')
 		FROM audit_log WHERE target = $1 ORDER BY id`, "trigger/"+created.ID)
 	require.NoError(t, err)
-	var entries []string
-	for rows.Next() {
-		var s string
-		require.NoError(t, rows.Scan(&s))
-		entries = append(entries, s)
-	}
-	require.NoError(t, rows.Err())
+	entries, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
 	require.Equal(t, []string{"local trigger.create @1", "local trigger.update @2", "local trigger.disable @3",
 		"local trigger.enable @4", "local trigger.delete @5"}, entries)
 

@@ -31,7 +31,7 @@ func TestCrashAfterCommitBeforePublish(t *testing.T) {
 	t.Parallel()
 	b := setup(t, false)
 	tr := b.createTrigger(t, TriggerInput{ID: "crashy", Name: "crashy", Source: "shop", EventType: "order.placed",
-		Throttle: &ThrottleInput{Limit: intp(3), Window: "1h"}, Workflow: "fulfil"})
+		Throttle: &ThrottleInput{Limit: new(3), Window: "1h"}, Workflow: "fulfil"})
 
 	crashed := b.testConfig(t)
 	crashed.noRelay = true
@@ -74,7 +74,7 @@ func TestCrashBeforeCommit(t *testing.T) {
 	t.Parallel()
 	b := setup(t, false)
 	tr := b.createTrigger(t, TriggerInput{ID: "rollback", Name: "rollback", Source: "shop", EventType: "order.placed",
-		MaxConcurrency: intp(1), Workflow: "fulfil"})
+		MaxConcurrency: new(1), Workflow: "fulfil"})
 	var hits atomic.Int32
 	cfg := b.testConfig(t)
 	cfg.failpoint = func(_ context.Context, name string) error {
@@ -93,10 +93,7 @@ func TestCrashBeforeCommit(t *testing.T) {
 	f := findHeld(t, b, id2, 1)
 
 	b.publishRunFinished(t, "fulfil", d1.RunID, contract.RunCompleted)
-	require.Eventually(t, func() bool {
-		n, err := triggerstore.CountInFlight(b.ctx, b.pool, tr.ID)
-		return err == nil && n == 0
-	}, eventually, tick)
+	b.waitSlotsFree(t, tr.ID)
 	b.publishDue(t, id2, 2, f.Payload)
 	b.waitDelivery(t, id2, func(d triggerstore.Delivery) bool { return d.Status == triggerstore.StatusLaunched })
 	require.Eventually(t, func() bool { return b.outboxEmpty(t) }, eventually, tick)

@@ -9,15 +9,12 @@ import (
 	"github.com/retryd/retryd/pkg/contract"
 )
 
-func intp(n int) *int    { return &n }
-func boolp(b bool) *bool { return &b }
-
 func validInput() TriggerInput {
 	return TriggerInput{
 		Name: "Onboard big invoices", Source: "billing", EventType: "invoice.paid",
 		Predicate: `data.amount > 100`, Workflow: "onboard",
-		Throttle:       &ThrottleInput{Limit: intp(10), Window: "1m", Key: "data.customer_id"},
-		MaxConcurrency: intp(5),
+		Throttle:       &ThrottleInput{Limit: new(10), Window: "1m", Key: "data.customer_id"},
+		MaxConcurrency: new(5),
 	}
 }
 
@@ -36,7 +33,7 @@ func TestDefinitionValid(t *testing.T) {
 	require.NotNil(t, progs.key)
 
 	in := validInput()
-	in.Predicate, in.Throttle, in.MaxConcurrency, in.Enabled = "", nil, nil, boolp(false)
+	in.Predicate, in.Throttle, in.MaxConcurrency, in.Enabled = "", nil, nil, new(false)
 	d, progs, err = in.definition(x, true)
 	require.NoError(t, err)
 	require.Zero(t, d.ThrottleLimit)
@@ -66,8 +63,8 @@ func TestDefinitionInvalid(t *testing.T) {
 		{"predicate syntax", func(in *TriggerInput) { in.Predicate = "data.amount >" }, "predicate", "not a valid CEL expression"},
 		{"predicate not bool", func(in *TriggerInput) { in.Predicate = "data.amount * 2.0" }, "predicate", "must return bool"},
 		{"predicate string", func(in *TriggerInput) { in.Predicate = `"true"` }, "predicate", "returns string"},
-		{"negative limit", func(in *TriggerInput) { in.Throttle.Limit = intp(-1) }, "throttle.limit", "between 1 and"},
-		{"zero limit", func(in *TriggerInput) { in.Throttle.Limit = intp(0) }, "throttle.limit", "got 0"},
+		{"negative limit", func(in *TriggerInput) { in.Throttle.Limit = new(-1) }, "throttle.limit", "between 1 and"},
+		{"zero limit", func(in *TriggerInput) { in.Throttle.Limit = new(0) }, "throttle.limit", "got 0"},
 		{"window without limit", func(in *TriggerInput) { in.Throttle.Limit = nil }, "throttle.limit", "required when throttle.window"},
 		{"empty throttle", func(in *TriggerInput) { in.Throttle = &ThrottleInput{} }, "throttle.limit", "is required"},
 		{"limit without window", func(in *TriggerInput) { in.Throttle.Window = "" }, "throttle.window", "is required"},
@@ -78,8 +75,8 @@ func TestDefinitionInvalid(t *testing.T) {
 		{"sub-ms window", func(in *TriggerInput) { in.Throttle.Window = "10500us" }, "throttle.window", "whole number of milliseconds"},
 		{"bad key", func(in *TriggerInput) { in.Throttle.Key = "data.customer_id +" }, "throttle.key", "not a valid CEL expression"},
 		{"key list", func(in *TriggerInput) { in.Throttle.Key = "[data.customer_id]" }, "throttle.key", "must return"},
-		{"zero concurrency", func(in *TriggerInput) { in.MaxConcurrency = intp(0) }, "max_concurrency", "leave it out"},
-		{"negative concurrency", func(in *TriggerInput) { in.MaxConcurrency = intp(-3) }, "max_concurrency", "got -3"},
+		{"zero concurrency", func(in *TriggerInput) { in.MaxConcurrency = new(0) }, "max_concurrency", "leave it out"},
+		{"negative concurrency", func(in *TriggerInput) { in.MaxConcurrency = new(-3) }, "max_concurrency", "got -3"},
 		{"bad run timeout", func(in *TriggerInput) { in.RunTimeout = "an hour" }, "run_timeout", "not a duration"},
 		{"bare number run timeout", func(in *TriggerInput) { in.RunTimeout = "30" }, "run_timeout", "not a duration"},
 		{"negative run timeout", func(in *TriggerInput) { in.RunTimeout = "-5m" }, "run_timeout", "between 1s and 168h0m0s"},

@@ -18,7 +18,7 @@ func TestDeliveriesLaunchFilterAndSurviveRedelivery(t *testing.T) {
 	b := setup(t, true)
 	big := b.createTrigger(t, TriggerInput{ID: "big-invoices", Name: "big", Source: "billing", EventType: "invoice.paid",
 		Predicate: "data.amount > 100", Workflow: "onboard"})
-	b.createTrigger(t, TriggerInput{ID: "off", Name: "off", Source: "billing", EventType: "invoice.paid", Workflow: "onboard", Enabled: boolp(false)})
+	b.createTrigger(t, TriggerInput{ID: "off", Name: "off", Source: "billing", EventType: "invoice.paid", Workflow: "onboard", Enabled: new(false)})
 	b.createTrigger(t, TriggerInput{ID: "voided", Name: "voided", Source: "billing", EventType: "invoice.voided", Workflow: "refund"})
 
 	e1 := b.publishEvent(t, "billing", "invoice.paid", "e1", map[string]any{"amount": 250})
@@ -121,7 +121,7 @@ func TestThrottleHoldsAndRetryLaunches(t *testing.T) {
 	t.Parallel()
 	b := setup(t, true)
 	tr := b.createTrigger(t, TriggerInput{ID: "per-customer", Name: "per customer", Source: "shop", EventType: "order.placed",
-		Throttle: &ThrottleInput{Limit: intp(2), Window: "1h", Key: "data.customer"}, Workflow: "fulfil"})
+		Throttle: &ThrottleInput{Limit: new(2), Window: "1h", Key: "data.customer"}, Workflow: "fulfil"})
 	for _, e := range []struct{ id, customer string }{{"a1", "a"}, {"a2", "a"}, {"b1", "b"}} {
 		b.publishEvent(t, "shop", "order.placed", e.id, map[string]any{"customer": e.customer})
 		d := b.waitDelivery(t, DeliveryID(e.id, tr.ID), func(d triggerstore.Delivery) bool { return true })
@@ -168,7 +168,7 @@ func TestThrottleHoldsAndRetryLaunches(t *testing.T) {
 	// launches.
 	var v TriggerView
 	require.Equal(t, http.StatusOK, b.do(t, http.MethodPut, "/v1/triggers/"+tr.ID, TriggerInput{Name: "per customer", Source: "shop", EventType: "order.placed",
-		Throttle: &ThrottleInput{Limit: intp(2), Window: "10ms", Key: "data.customer"}, Workflow: "fulfil"}, &v))
+		Throttle: &ThrottleInput{Limit: new(2), Window: "10ms", Key: "data.customer"}, Workflow: "fulfil"}, &v))
 	require.Equal(t, 2, v.Version)
 	due3 := b.publishDue(t, a3ID, 3, payload)
 	a3 = b.waitDelivery(t, a3ID, func(d triggerstore.Delivery) bool { return d.Status == triggerstore.StatusLaunched })
@@ -203,7 +203,7 @@ func TestLogsCarryNoEventData(t *testing.T) {
 	tr := b.createTrigger(t, TriggerInput{ID: "dated", Name: "dated", Source: "pay", EventType: "card.used",
 		Predicate: `timestamp(data.card) > timestamp("2020-01-01T00:00:00Z")`, Workflow: "w"})
 	keyed := b.createTrigger(t, TriggerInput{ID: "keyed", Name: "keyed", Source: "pay", EventType: "card.used",
-		Throttle: &ThrottleInput{Limit: intp(5), Window: "1m", Key: `string(timestamp(data.card))`}, Workflow: "w"})
+		Throttle: &ThrottleInput{Limit: new(5), Window: "1m", Key: `string(timestamp(data.card))`}, Workflow: "w"})
 	b.publishEvent(t, "pay", "card.used", "c1", map[string]any{"card": "4111-1111-secret"})
 	d := b.waitDelivery(t, DeliveryID("c1", tr.ID), func(triggerstore.Delivery) bool { return true })
 	require.Equal(t, ReasonPredicateError, d.StatusReason)

@@ -101,11 +101,22 @@ func (b *bundle) publishEvents(t *testing.T, source, typ, idFormat string, m int
 	}
 }
 
+// launchBurst creates trigger in (on shop's order.placed), publishes m
+// events to it at once, their ids its id and 00 to m-1, and checks that
+// every one launches once (requireAllLaunchedOnce).
+func (b *bundle) launchBurst(t *testing.T, ex *executor, in TriggerInput, m int) TriggerView {
+	t.Helper()
+	tr := b.createTrigger(t, in)
+	b.publishEvents(t, "shop", "order.placed", in.ID+"-%02d", m)
+	b.requireAllLaunchedOnce(t, tr.ID, m, ex)
+	return tr
+}
+
 // throttled is trigger id on shop's order.placed, launching fulfil at
 // most n times a window.
 func throttled(id string, n int, window time.Duration) TriggerInput {
 	return TriggerInput{ID: id, Name: id, Source: "shop", EventType: "order.placed",
-		Throttle: &ThrottleInput{Limit: intp(n), Window: window.String()}, Workflow: "fulfil"}
+		Throttle: &ThrottleInput{Limit: new(n), Window: window.String()}, Workflow: "fulfil"}
 }
 
 func launches(t *testing.T, b *bundle, triggerID string) []triggerstore.Delivery {
@@ -124,9 +135,7 @@ func TestThrottleBurstWithScheduler(t *testing.T) {
 	b.startScheduler(t)
 	ex := b.startExecutor(t, 10*time.Millisecond)
 	const n, m, window = 3, 8, 1500 * time.Millisecond
-	tr := b.createTrigger(t, throttled("burst", n, window))
-	b.publishEvents(t, "shop", "order.placed", "burst-%d", m)
-	b.requireAllLaunchedOnce(t, tr.ID, m, ex)
+	tr := b.launchBurst(t, ex, throttled("burst", n, window), m)
 
 	ds := launches(t, b, tr.ID)
 	first, firstSeen, lastSeen := 0, ds[0].CreatedAt, ds[0].CreatedAt
@@ -178,7 +187,7 @@ func TestMaxConcurrencyWithScheduler(t *testing.T) {
 	ex := b.startExecutor(t, 150*time.Millisecond)
 	const c, m = 2, 8
 	tr := b.createTrigger(t, TriggerInput{ID: "pool", Name: "pool", Source: "crm", EventType: "lead.created",
-		MaxConcurrency: intp(c), Workflow: "enrich"})
+		MaxConcurrency: new(c), Workflow: "enrich"})
 	b.publishEvents(t, "crm", "lead.created", "lead-%d", m)
 	b.requireAllLaunchedOnce(t, tr.ID, m, ex)
 	require.Eventually(t, func() bool { _, _, done := ex.stats(); return done == m }, eventually, tick)
@@ -188,10 +197,7 @@ func TestMaxConcurrencyWithScheduler(t *testing.T) {
 
 	// The same from the runs table: at each launch, the runs requested
 	// before it and not finished yet never exceed C.
-	require.Eventually(t, func() bool {
-		n, err := triggerstore.CountInFlight(b.ctx, b.pool, tr.ID)
-		return err == nil && n == 0
-	}, eventually, tick)
+	b.waitSlotsFree(t, tr.ID)
 	rows, err := b.pool.Query(b.ctx, `SELECT requested_at, finished_at FROM workflow_runs WHERE trigger_id = $1`, tr.ID)
 	require.NoError(t, err)
 	type span struct{ from, to time.Time }
@@ -228,7 +234,7 @@ func TestRedeliveriesAndKillWithScheduler(t *testing.T) {
 	completions := b.duplicate(t, "runs.*.completed.*")
 	const m = 8
 	tr := b.createTrigger(t, TriggerInput{ID: "rough", Name: "rough", Source: "shop", EventType: "order.placed",
-		Throttle: &ThrottleInput{Limit: intp(2), Window: "500ms"}, MaxConcurrency: intp(3), Workflow: "fulfil"})
+		Throttle: &ThrottleInput{Limit: new(2), Window: "500ms"}, MaxConcurrency: new(3), Workflow: "fulfil"})
 
 	// Instance A publishes through a relay the test controls, so the kill
 	// can take the relay down with it.
@@ -297,9 +303,7 @@ func TestThrottleHoldsOutlastTheRetryBudget(t *testing.T) {
 	require.NoError(t, err)
 	ex := b.startExecutor(t, 10*time.Millisecond)
 	const m, window = 4, 400 * time.Millisecond
-	tr := b.createTrigger(t, throttled("slow", 1, window))
-	b.publishEvents(t, "shop", "order.placed", "slow-%d", m)
-	b.requireAllLaunchedOnce(t, tr.ID, m, ex)
+	b.launchBurst(t, ex, throttled("slow", 1, window), m)
 	var exhausted, retried int
 	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FILTER (WHERE state = 'exhausted'), count(*) FILTER (WHERE retry_count > 0)
 		FROM retries WHERE kind = 'event-trigger'`).Scan(&exhausted, &retried))
@@ -318,12 +322,10 @@ func TestFreedSlotReleasesTheOldestWaitingDelivery(t *testing.T) {
 	t.Parallel()
 	b := setup(t, true)
 	b.startScheduler(t)
-	_, err := b.pool.Exec(b.ctx, `UPDATE retry_policies SET base_delay_ms = 60000, max_delay_ms = 60000
-		WHERE kind = 'event-trigger' AND job_type = ''`)
-	require.NoError(t, err)
+	b.slowDeliveryBackoff(t)
 	ex := b.startExecutor(t, 100*time.Millisecond)
 	tr := b.createTrigger(t, TriggerInput{ID: "one", Name: "one", Source: "crm", EventType: "lead.created",
-		MaxConcurrency: intp(1), Workflow: "enrich"})
+		MaxConcurrency: new(1), Workflow: "enrich"})
 	const m = 4
 	for i := range m {
 		b.publishEvent(t, "crm", "lead.created", fmt.Sprintf("one-%d", i), map[string]any{"i": i})
@@ -336,10 +338,7 @@ func TestFreedSlotReleasesTheOldestWaitingDelivery(t *testing.T) {
 	for i, d := range ds {
 		require.Equal(t, fmt.Sprintf("one-%d", i), d.EventID, "launched oldest first")
 	}
-	require.Eventually(t, func() bool {
-		n, err := triggerstore.CountInFlight(b.ctx, b.pool, tr.ID)
-		return err == nil && n == 0
-	}, eventually, tick)
+	b.waitSlotsFree(t, tr.ID)
 	rows, err := b.pool.Query(b.ctx, `SELECT d.event_id, r.requested_at, r.finished_at FROM workflow_runs r
 		JOIN workflow_trigger_deliveries d ON d.run_id = r.run_id WHERE r.trigger_id = $1 ORDER BY r.requested_at`, tr.ID)
 	require.NoError(t, err)
@@ -373,14 +372,11 @@ func TestRunTimeoutFreesTheSlot(t *testing.T) {
 		c.LeaseInterval = 100 * time.Millisecond
 	})
 	b.startScheduler(t)
-	_, err := b.pool.Exec(b.ctx, `UPDATE retry_policies SET base_delay_ms = 60000, max_delay_ms = 60000
-		WHERE kind = 'event-trigger' AND job_type = ''`)
-	require.NoError(t, err)
-	_, err = b.pool.Exec(b.ctx, `UPDATE retry_policies SET max_retries = 0 WHERE kind = 'run' AND job_type = ''`)
-	require.NoError(t, err)
+	b.slowDeliveryBackoff(t)
+	b.noRunRetries(t)
 	// No executor: no run ever reports its end.
 	tr := b.createTrigger(t, TriggerInput{ID: "stuck", Name: "stuck", Source: "crm", EventType: "lead.created",
-		MaxConcurrency: intp(1), Workflow: "enrich"})
+		MaxConcurrency: new(1), Workflow: "enrich"})
 	first, second := DeliveryID("stuck-0", tr.ID), DeliveryID("stuck-1", tr.ID)
 	b.publishEvent(t, "crm", "lead.created", "stuck-0", map[string]any{})
 	d0 := b.waitDelivery(t, first, func(d triggerstore.Delivery) bool { return d.Status == triggerstore.StatusLaunched })
@@ -418,9 +414,7 @@ func TestThrottleLineReleasesInArrivalOrderOneDueEach(t *testing.T) {
 	b.startScheduler(t)
 	ex := b.startExecutor(t, 10*time.Millisecond)
 	const n, m, window = 4, 40, 400 * time.Millisecond
-	tr := b.createTrigger(t, throttled("line", n, window))
-	b.publishEvents(t, "shop", "order.placed", "line-%02d", m)
-	b.requireAllLaunchedOnce(t, tr.ID, m, ex)
+	tr := b.launchBurst(t, ex, throttled("line", n, window), m)
 
 	ds := launches(t, b, tr.ID)
 	var order []string
@@ -456,9 +450,7 @@ func TestThrottleLineWithDuplicatedDues(t *testing.T) {
 	ex := b.startExecutor(t, 10*time.Millisecond)
 	copies := b.duplicate(t, contract.RetryFilter(contract.KindEventTrigger, contract.Due))
 	const n, m, window = 3, 15, 300 * time.Millisecond
-	tr := b.createTrigger(t, throttled("twice", n, window))
-	b.publishEvents(t, "shop", "order.placed", "twice-%02d", m)
-	b.requireAllLaunchedOnce(t, tr.ID, m, ex)
+	tr := b.launchBurst(t, ex, throttled("twice", n, window), m)
 	require.Positive(t, copies.Load(), "dues were duplicated")
 	ds := launches(t, b, tr.ID)
 	for i := n; i < len(ds); i++ {

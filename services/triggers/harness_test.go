@@ -208,6 +208,55 @@ func (b *bundle) outboxEmpty(t *testing.T) bool {
 	return n == 0
 }
 
+// slowDeliveryBackoff makes a held delivery's backoff a minute: in a
+// test's time only a freed slot launches it, not its retry.
+func (b *bundle) slowDeliveryBackoff(t *testing.T) {
+	t.Helper()
+	_, err := b.pool.Exec(b.ctx, `UPDATE retry_policies SET base_delay_ms = 60000, max_delay_ms = 60000
+		WHERE kind = 'event-trigger' AND job_type = ''`)
+	require.NoError(t, err)
+}
+
+// noRunRetries makes the scheduler give up on a failed run at once.
+func (b *bundle) noRunRetries(t *testing.T) {
+	t.Helper()
+	_, err := b.pool.Exec(b.ctx, `UPDATE retry_policies SET max_retries = 0 WHERE kind = 'run' AND job_type = ''`)
+	require.NoError(t, err)
+}
+
+// loseRetries deletes the RETRIES stream, creates it again empty and
+// reconciles until the service has republished the one unconfirmed
+// message the stream lost; no pass republishes more.
+func (b *bundle) loseRetries(t *testing.T) {
+	t.Helper()
+	require.NoError(t, b.js.DeleteStream(b.ctx, contract.StreamRetries))
+	natstest.EnsureStreams(t, b.js)
+	require.Eventually(t, func() bool {
+		n, err := b.svc.Reconcile(b.ctx)
+		require.NoError(t, err)
+		require.LessOrEqual(t, n, 1, "only the unconfirmed message is republished")
+		return n == 1
+	}, eventually, 100*time.Millisecond)
+}
+
+// inFlight counts the trigger's runs that hold one of its concurrency
+// slots.
+func (b *bundle) inFlight(t *testing.T, triggerID string) int {
+	t.Helper()
+	n, err := triggerstore.CountInFlight(b.ctx, b.pool, triggerID)
+	require.NoError(t, err)
+	return n
+}
+
+// waitSlotsFree waits until no run of the trigger holds a slot.
+func (b *bundle) waitSlotsFree(t *testing.T, triggerID string) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		n, err := triggerstore.CountInFlight(b.ctx, b.pool, triggerID)
+		return err == nil && n == 0
+	}, eventually, tick)
+}
+
 func counter(t *testing.T, c *prometheus.CounterVec, labels ...string) float64 {
 	t.Helper()
 	return testutil.ToFloat64(c.WithLabelValues(labels...))

@@ -90,11 +90,11 @@ func TestRunTimeoutPerTriggerOverridesTheDefault(t *testing.T) {
 	t.Parallel()
 	b := setup(t, true, func(c *Config) { c.RunTimeout = 2 * time.Second })
 	dflt := b.createTrigger(t, TriggerInput{ID: "dflt", Name: "dflt", Source: "crm", EventType: "lead.created",
-		MaxConcurrency: intp(1), Workflow: "enrich"})
+		MaxConcurrency: new(1), Workflow: "enrich"})
 	long := b.createTrigger(t, TriggerInput{ID: "long", Name: "long", Source: "crm", EventType: "lead.created",
-		MaxConcurrency: intp(1), Workflow: "enrich", RunTimeout: "1h"})
+		MaxConcurrency: new(1), Workflow: "enrich", RunTimeout: "1h"})
 	short := b.createTrigger(t, TriggerInput{ID: "short", Name: "short", Source: "crm", EventType: "lead.created",
-		MaxConcurrency: intp(1), Workflow: "enrich", RunTimeout: "1s"})
+		MaxConcurrency: new(1), Workflow: "enrich", RunTimeout: "1s"})
 	b.publishEvent(t, "crm", "lead.created", "lead-0", map[string]any{})
 	runs := map[string]string{}
 	for _, tr := range []TriggerView{dflt, long, short} {
@@ -123,9 +123,7 @@ func TestRunTimeoutPerTriggerOverridesTheDefault(t *testing.T) {
 			findLifecycleOf(t, b, contract.KindRun, contract.Failed, r.ID, 1)
 		}
 	}
-	inFlight, err := triggerstore.CountInFlight(b.ctx, b.pool, long.ID)
-	require.NoError(t, err)
-	require.Equal(t, 1, inFlight, "the long run keeps its slot past the service's default")
+	require.Equal(t, 1, b.inFlight(t, long.ID), "the long run keeps its slot past the service's default")
 }
 
 // Heartbeats keep a run's slot past its original timeout; once they stop,
@@ -137,14 +135,11 @@ func TestHeartbeatKeepsTheLeaseUntilItStops(t *testing.T) {
 	b := setup(t, true, func(c *Config) { c.LeaseInterval = 100 * time.Millisecond })
 	b.startScheduler(t)
 	// Only a freed slot may launch a waiting delivery, not its backoff.
-	_, err := b.pool.Exec(b.ctx, `UPDATE retry_policies SET base_delay_ms = 60000, max_delay_ms = 60000
-		WHERE kind = 'event-trigger' AND job_type = ''`)
-	require.NoError(t, err)
-	_, err = b.pool.Exec(b.ctx, `UPDATE retry_policies SET max_retries = 0 WHERE kind = 'run' AND job_type = ''`)
-	require.NoError(t, err)
+	b.slowDeliveryBackoff(t)
+	b.noRunRetries(t)
 	const timeout = 2 * time.Second
 	tr := b.createTrigger(t, TriggerInput{ID: "beat", Name: "beat", Source: "crm", EventType: "lead.created",
-		MaxConcurrency: intp(1), Workflow: "enrich", RunTimeout: timeout.String()})
+		MaxConcurrency: new(1), Workflow: "enrich", RunTimeout: timeout.String()})
 	first, second, third := DeliveryID("beat-0", tr.ID), DeliveryID("beat-1", tr.ID), DeliveryID("beat-2", tr.ID)
 	b.publishEvent(t, "crm", "lead.created", "beat-0", map[string]any{})
 	d0 := b.waitDelivery(t, first, func(d triggerstore.Delivery) bool { return d.Status == triggerstore.StatusLaunched })
@@ -187,7 +182,7 @@ func TestHeartbeatsThatChangeNothing(t *testing.T) {
 	t.Parallel()
 	b := setup(t, true)
 	tr := b.createTrigger(t, TriggerInput{ID: "done", Name: "done", Source: "crm", EventType: "lead.created",
-		MaxConcurrency: intp(1), Workflow: "enrich"})
+		MaxConcurrency: new(1), Workflow: "enrich"})
 	b.publishEvent(t, "crm", "lead.created", "done-0", map[string]any{})
 	d0 := b.waitDelivery(t, DeliveryID("done-0", tr.ID), func(d triggerstore.Delivery) bool { return d.Status == triggerstore.StatusLaunched })
 	b.publishEvent(t, "crm", "lead.created", "done-1", map[string]any{})
@@ -207,9 +202,7 @@ func TestHeartbeatsThatChangeNothing(t *testing.T) {
 	r := b.run(t, d0.RunID)
 	require.Equal(t, triggerstore.RunRequested, r.Status)
 	lease := *r.LeaseExpiresAt
-	inFlight, err := triggerstore.CountInFlight(b.ctx, b.pool, tr.ID)
-	require.NoError(t, err)
-	require.Equal(t, 1, inFlight)
+	require.Equal(t, 1, b.inFlight(t, tr.ID))
 	require.Equal(t, triggerstore.StatusConcurrencyLimited, b.delivery(t, d1.ID).Status, "a heartbeat frees no slot")
 	require.Zero(t, counter(t, b.svc.metrics.duplicates, ConsumerRuns))
 

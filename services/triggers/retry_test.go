@@ -22,7 +22,7 @@ func TestConcurrencyLimitAndRelease(t *testing.T) {
 	t.Parallel()
 	b := setup(t, true)
 	tr := b.createTrigger(t, TriggerInput{ID: "one-at-a-time", Name: "serial", Source: "crm", EventType: "lead.created",
-		MaxConcurrency: intp(1), Workflow: "enrich"})
+		MaxConcurrency: new(1), Workflow: "enrich"})
 	b.publishEvent(t, "crm", "lead.created", "l1", map[string]any{"n": 1})
 	d1 := b.waitDelivery(t, DeliveryID("l1", tr.ID), func(d triggerstore.Delivery) bool { return true })
 	require.Equal(t, triggerstore.StatusLaunched, d1.Status)
@@ -63,18 +63,14 @@ func TestConcurrencyLimitAndRelease(t *testing.T) {
 		return err == nil && r.Status == triggerstore.RunRetrying
 	}, eventually, tick)
 	findLifecycleOf(t, b, contract.KindRun, contract.Failed, d2.RunID, 1)
-	n, err := triggerstore.CountInFlight(b.ctx, b.pool, tr.ID)
-	require.NoError(t, err)
-	require.Equal(t, 1, n)
+	require.Equal(t, 1, b.inFlight(t, tr.ID))
 	publishLifecycle(t, b, contract.Exhausted, contract.ExhaustedData{Kind: contract.KindRun, ID: d2.RunID, Attempt: 1,
 		Reason: contract.ExhaustedNonRetryable, Error: contract.ErrorInfo{Message: "run failed"}, Policy: "workflow_run", PolicyVersion: 1})
 	require.Eventually(t, func() bool {
 		r, err := triggerstore.GetRun(b.ctx, b.pool, d2.RunID)
 		return err == nil && r.Status == triggerstore.RunFailed
 	}, eventually, tick)
-	n, err = triggerstore.CountInFlight(b.ctx, b.pool, tr.ID)
-	require.NoError(t, err)
-	require.Zero(t, n)
+	require.Zero(t, b.inFlight(t, tr.ID))
 
 	// A run retryd did not launch is acknowledged and ignored.
 	b.publishRunFinished(t, "enrich", "run-elsewhere", contract.RunCompleted)
@@ -87,7 +83,7 @@ func TestConcurrencyLimitAndRelease(t *testing.T) {
 func holdTwo(t *testing.T, b *bundle, triggerID, prefix string) (launched triggerstore.Delivery, held1, held2 string) {
 	t.Helper()
 	b.createTrigger(t, TriggerInput{ID: triggerID, Name: triggerID, Source: "crm", EventType: "lead." + triggerID,
-		MaxConcurrency: intp(1), Workflow: "enrich"})
+		MaxConcurrency: new(1), Workflow: "enrich"})
 	for i := 1; i <= 3; i++ {
 		id := prefix + string(rune('0'+i))
 		b.publishEvent(t, "crm", "lead."+triggerID, id, map[string]any{"i": i})
@@ -128,10 +124,7 @@ func TestDueCancelsWhenTriggerOrEventIsGone(t *testing.T) {
 	// it is not there either, the delivery is cancelled.
 	first, m1, m2 := holdTwo(t, b, "payloadless", "p")
 	b.publishRunFinished(t, "enrich", first.RunID, contract.RunCompleted)
-	require.Eventually(t, func() bool {
-		n, err := triggerstore.CountInFlight(b.ctx, b.pool, "payloadless")
-		return err == nil && n == 0
-	}, eventually, tick)
+	b.waitSlotsFree(t, "payloadless")
 	kept, err := triggerstore.GetEvent(b.ctx, b.pool, "p3")
 	require.NoError(t, err)
 	env, err := contract.DecodeEventMsg(kept)
@@ -253,13 +246,7 @@ func TestMalformedMessagesAreTerminatedAndCounted(t *testing.T) {
 		{contract.StreamEvents, ConsumerEvents}, {contract.StreamRetries, ConsumerRetry},
 		{contract.StreamRetries, ConsumerRetryState}, {contract.StreamRuns, ConsumerRuns},
 	} {
-		require.Eventually(t, func() bool {
-			cons, err := b.js.Consumer(b.ctx, c.stream, c.name)
-			require.NoError(t, err)
-			info, err := cons.Info(b.ctx)
-			require.NoError(t, err)
-			return info.NumAckPending == 0 && info.NumPending == 0
-		}, eventually, tick, "consumer %s has messages left", c.name)
+		b.settled(t, c.stream, c.name)
 	}
 	// The consumers keep going: a good event after the bad ones launches.
 	b.publishEvent(t, "billing", "invoice.paid", "good", map[string]any{})
@@ -280,14 +267,7 @@ func TestReconcileRepublishesUnconfirmedFailures(t *testing.T) {
 	require.Eventually(t, func() bool { return b.outboxEmpty(t) }, eventually, tick)
 
 	// The RETRIES stream is lost before the scheduler saw h1's failure.
-	require.NoError(t, b.js.DeleteStream(b.ctx, contract.StreamRetries))
-	natstest.EnsureStreams(t, b.js)
-	require.Eventually(t, func() bool {
-		n, err := b.svc.Reconcile(b.ctx)
-		require.NoError(t, err)
-		require.LessOrEqual(t, n, 1, "only the unconfirmed delivery is republished")
-		return n == 1
-	}, eventually, 100*time.Millisecond)
+	b.loseRetries(t)
 	f := findHeld(t, b, h1, 1)
 	require.Equal(t, contract.HoldConcurrency, f.Reason)
 	require.Equal(t, "true", f.Metadata["reconciled"])
@@ -309,10 +289,7 @@ func TestDeletedConsumersAndStreamAreRecreated(t *testing.T) {
 	launched, h1, h2 := holdTwo(t, b, "lost", "x")
 	f1, f2 := findHeld(t, b, h1, 1), findHeld(t, b, h2, 1)
 	b.publishRunFinished(t, "enrich", launched.RunID, contract.RunCompleted)
-	require.Eventually(t, func() bool {
-		n, err := triggerstore.CountInFlight(b.ctx, b.pool, "lost")
-		return err == nil && n == 0
-	}, eventually, tick)
+	b.waitSlotsFree(t, "lost")
 
 	require.NoError(t, b.js.DeleteConsumer(b.ctx, contract.StreamRetries, ConsumerRetry))
 	b.publishDue(t, h1, 2, f1.Payload)
@@ -363,7 +340,7 @@ func TestUnstorableTextIsStillApplied(t *testing.T) {
 
 	// A throttle key with a NUL byte, from the event's data.
 	tr := b.createTrigger(t, TriggerInput{ID: "keyed", Name: "keyed", Source: "crm", EventType: "lead.keyed",
-		Throttle: &ThrottleInput{Limit: intp(1), Window: "1h", Key: "data.customer"}, Workflow: "enrich"})
+		Throttle: &ThrottleInput{Limit: new(1), Window: "1h", Key: "data.customer"}, Workflow: "enrich"})
 	b.publishEvent(t, "crm", "lead.keyed", "k1", map[string]any{"customer": "acme\x00"})
 	b.publishEvent(t, "crm", "lead.keyed", "k2", map[string]any{"customer": "acme\x00"})
 	b.publishEvent(t, "crm", "lead.keyed", "k3", map[string]any{"customer": "acme"})
@@ -380,13 +357,8 @@ func TestUnstorableTextIsStillApplied(t *testing.T) {
 // settled waits until a consumer of the service has nothing left to do.
 func (b *bundle) settled(t *testing.T, stream, name string) {
 	t.Helper()
-	require.Eventually(t, func() bool {
-		cons, err := b.js.Consumer(b.ctx, stream, name)
-		require.NoError(t, err)
-		info, err := cons.Info(b.ctx)
-		require.NoError(t, err)
-		return info.NumAckPending == 0 && info.NumPending == 0
-	}, eventually, tick, "consumer %s has messages left", name)
+	require.Eventually(t, func() bool { return natstest.Settled(t, b.ctx, b.js, stream, name) },
+		eventually, tick, "consumer %s has messages left", name)
 }
 
 // Only a manual retry reopens a cancelled delivery: the confirmation of
@@ -399,10 +371,7 @@ func TestLateConfirmationDoesNotReopenACancel(t *testing.T) {
 	launched, h1, _ := holdTwo(t, b, "late", "l")
 	f1 := findHeld(t, b, h1, 1)
 	b.publishRunFinished(t, "enrich", launched.RunID, contract.RunCompleted)
-	require.Eventually(t, func() bool {
-		n, err := triggerstore.CountInFlight(b.ctx, b.pool, "late")
-		return err == nil && n == 0
-	}, eventually, tick)
+	b.waitSlotsFree(t, "late")
 
 	publishLifecycle(t, b, contract.Cancelled, contract.CancelledData{Kind: contract.KindEventTrigger, ID: h1, Attempt: 2, By: "alice"})
 	b.waitDelivery(t, h1, func(d triggerstore.Delivery) bool { return d.Status == triggerstore.StatusCancelled })

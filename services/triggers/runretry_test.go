@@ -11,7 +11,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
-	"github.com/retryd/retryd/internal/natstest"
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/services/scheduler"
 	"github.com/retryd/retryd/services/triggers/internal/triggerstore"
@@ -247,7 +246,7 @@ func TestNonRetryableRunFailsAtOnce(t *testing.T) {
 		return ""
 	})
 	tr := b.createTrigger(t, TriggerInput{ID: "strict", Name: "strict", Source: "crm", EventType: "lead.created",
-		Workflow: "strict", MaxConcurrency: intp(1)})
+		Workflow: "strict", MaxConcurrency: new(1)})
 	b.publishEvent(t, "crm", "lead.created", "bad-1", map[string]any{})
 	d := b.waitDelivery(t, DeliveryID("bad-1", tr.ID), func(d triggerstore.Delivery) bool { return d.Status == triggerstore.StatusLaunched })
 	r := b.waitRun(t, d.RunID, triggerstore.RunFailed)
@@ -257,9 +256,7 @@ func TestNonRetryableRunFailsAtOnce(t *testing.T) {
 	require.Contains(t, r.Error, contract.ExhaustedNonRetryable)
 	require.Len(t, e.runs(d.RunID, "fetch"), 1)
 	require.Zero(t, e.requested(d.RunID, 2))
-	n, err := triggerstore.CountInFlight(b.ctx, b.pool, tr.ID)
-	require.NoError(t, err)
-	require.Zero(t, n)
+	require.Zero(t, b.inFlight(t, tr.ID))
 	steps, err := triggerstore.Steps(b.ctx, b.pool, d.RunID)
 	require.NoError(t, err)
 	require.Len(t, steps, 1)
@@ -281,7 +278,7 @@ func TestRetryingRunKeepsItsConcurrencySlot(t *testing.T) {
 		return ""
 	})
 	tr := b.createTrigger(t, TriggerInput{ID: "one", Name: "one", Source: "crm", EventType: "lead.created",
-		Workflow: "one", MaxConcurrency: intp(1)})
+		Workflow: "one", MaxConcurrency: new(1)})
 	b.publishEvent(t, "crm", "lead.created", "a", map[string]any{})
 	da := b.waitDelivery(t, DeliveryID("a", tr.ID), func(d triggerstore.Delivery) bool { return d.Status == triggerstore.StatusLaunched })
 	b.waitRun(t, da.RunID, triggerstore.RunRetrying)
@@ -316,7 +313,7 @@ func TestMalformedRunStepIsRejected(t *testing.T) {
 func TestReconcileRepublishesUnansweredRunFailures(t *testing.T) {
 	t.Parallel()
 	b := setup(t, true, func(c *Config) { c.ReconcileAfter = 2 * time.Second })
-	tr := b.createTrigger(t, TriggerInput{ID: "lost", Name: "lost", Source: "crm", EventType: "lead.created", Workflow: "lost", MaxConcurrency: intp(1)})
+	tr := b.createTrigger(t, TriggerInput{ID: "lost", Name: "lost", Source: "crm", EventType: "lead.created", Workflow: "lost", MaxConcurrency: new(1)})
 	b.publishEvent(t, "crm", "lead.created", "l-1", map[string]any{})
 	d := b.waitDelivery(t, DeliveryID("l-1", tr.ID), func(d triggerstore.Delivery) bool { return d.Status == triggerstore.StatusLaunched })
 	fail, err := contract.NewRunMsg("test/engine", contract.RunFailed, contract.RunFinishedData{RunID: d.RunID, Workflow: "lost",
@@ -328,13 +325,7 @@ func TestReconcileRepublishesUnansweredRunFailures(t *testing.T) {
 	findLifecycleOf(t, b, contract.KindRun, contract.Failed, d.RunID, 1)
 	require.Eventually(t, func() bool { return b.outboxEmpty(t) }, eventually, tick)
 
-	require.NoError(t, b.js.DeleteStream(b.ctx, contract.StreamRetries))
-	natstest.EnsureStreams(t, b.js)
-	require.Eventually(t, func() bool {
-		n, err := b.svc.Reconcile(b.ctx)
-		require.NoError(t, err)
-		return n == 1
-	}, eventually, 100*time.Millisecond)
+	b.loseRetries(t)
 	f := findLifecycleOf(t, b, contract.KindRun, contract.Failed, d.RunID, 1)
 	require.Equal(t, "network", f.Failed.Error.Class)
 	n, err := b.svc.Reconcile(b.ctx)
@@ -358,7 +349,7 @@ func TestReconcileRepublishesUnansweredRunFailures(t *testing.T) {
 func TestCancelOfARunsRetries(t *testing.T) {
 	t.Parallel()
 	b := setup(t, true)
-	tr := b.createTrigger(t, TriggerInput{ID: "stop", Name: "stop", Source: "crm", EventType: "lead.created", Workflow: "stop", MaxConcurrency: intp(2)})
+	tr := b.createTrigger(t, TriggerInput{ID: "stop", Name: "stop", Source: "crm", EventType: "lead.created", Workflow: "stop", MaxConcurrency: new(2)})
 	runs := map[string]string{}
 	for _, ev := range []string{"in-flight", "waiting"} {
 		b.publishEvent(t, "crm", "lead.created", ev, map[string]any{})
@@ -389,9 +380,7 @@ func TestCancelOfARunsRetries(t *testing.T) {
 	r = b.waitRun(t, runs["in-flight"], triggerstore.RunFailed)
 	require.Equal(t, "network", r.LastErrorClass)
 	require.NotNil(t, r.FinishedAt)
-	n, err := triggerstore.CountInFlight(b.ctx, b.pool, tr.ID)
-	require.NoError(t, err)
-	require.Zero(t, n)
+	require.Zero(t, b.inFlight(t, tr.ID))
 	require.Eventually(t, func() bool { return b.outboxEmpty(t) }, eventually, tick)
 	for _, f := range b.lifecycleOf(t, contract.KindRun, contract.Failed) {
 		require.NotEqual(t, runs["in-flight"], f.ID, "no retry is asked for the last attempt")

@@ -50,19 +50,19 @@ func TestFailedAttemptsThenResumeCompletes(t *testing.T) {
 	steps = b.steps(t, run)
 	require.Equal(t, []string{"enrich/completed", "notify/completed"}, summaries(steps, 3))
 
-	require.Len(t, b.executions(t, run, engine.NodeFetch), 1)
-	enrich := b.executions(t, run, engine.NodeEnrich)
+	require.Len(t, b.record.Executions(t, run, engine.NodeFetch), 1)
+	enrich := b.record.Executions(t, run, engine.NodeEnrich)
 	require.Len(t, enrich, 3)
 	for i, x := range enrich {
 		require.Equal(t, i+1, x.Execution)
 		require.Equal(t, i+1, x.Attempt)
 		require.JSONEq(t, string(fetched), string(x.Input), "enrich gets fetch's output")
 	}
-	notify := b.executions(t, run, engine.NodeNotify)
+	notify := b.record.Executions(t, run, engine.NodeNotify)
 	require.Len(t, notify, 1)
 	require.JSONEq(t, string(steps[len(steps)-2].Output), string(notify[0].Input), "notify gets enrich's output")
 	for _, n := range engine.NodeNames() {
-		require.Equal(t, 1, b.effects(t, run, n), "effect of %s", n)
+		require.Equal(t, 1, b.record.Effects(t, run, n), "effect of %s", n)
 	}
 	b.settled(t)
 }
@@ -82,9 +82,9 @@ func TestResumeFromSkipsCompletedNodes(t *testing.T) {
 	require.Equal(t, contract.RunCompleted, ends[0].event)
 	require.Equal(t, 4, ends[0].data.Attempt)
 	require.Equal(t, []string{"notify/completed"}, summaries(b.steps(t, run), 4))
-	require.Empty(t, b.executions(t, run, engine.NodeFetch))
-	require.Empty(t, b.executions(t, run, engine.NodeEnrich))
-	notify := b.executions(t, run, engine.NodeNotify)
+	require.Empty(t, b.record.Executions(t, run, engine.NodeFetch))
+	require.Empty(t, b.record.Executions(t, run, engine.NodeEnrich))
+	notify := b.record.Executions(t, run, engine.NodeNotify)
 	require.Len(t, notify, 1)
 	require.JSONEq(t, string(enriched), string(notify[0].Input))
 	require.Equal(t, engine.Stats{Completed: 1}, eng.Stats())
@@ -142,7 +142,7 @@ func TestEndedAttemptIsNotRunAgain(t *testing.T) {
 	b.settled(t)
 	require.Len(t, b.ends(t, run), 1)
 	for _, n := range engine.NodeNames() {
-		require.Len(t, b.executions(t, run, n), 1, n)
+		require.Len(t, b.record.Executions(t, run, n), 1, n)
 	}
 }
 
@@ -155,7 +155,7 @@ func TestStopMidNodeResumesWithoutDuplicateEffect(t *testing.T) {
 	_, stop := b.start(t, engine.Config{FailFirst: -1, SlowNode: engine.NodeNotify, SlowFor: time.Minute, Heartbeat: 100 * time.Millisecond})
 	const run = "run-stop"
 	b.request(t, newRequest(run, 1, nil))
-	require.Eventually(t, func() bool { return b.effects(t, run, engine.NodeNotify) == 1 }, wait, tick)
+	require.Eventually(t, func() bool { return b.record.Effects(t, run, engine.NodeNotify) == 1 }, wait, tick)
 	heartbeats := "runs." + workflow + ".heartbeat." + run
 	require.Eventually(t, func() bool {
 		return len(natstestMessages(t, b, heartbeats)) >= 3
@@ -167,11 +167,11 @@ func TestStopMidNodeResumesWithoutDuplicateEffect(t *testing.T) {
 	ends := b.waitEnds(t, run, 1)
 	require.Equal(t, contract.RunCompleted, ends[0].event)
 	require.Equal(t, "engine-2", ends[0].data.Executor)
-	require.Len(t, b.executions(t, run, engine.NodeFetch), 1)
-	require.Len(t, b.executions(t, run, engine.NodeEnrich), 1)
-	require.Len(t, b.executions(t, run, engine.NodeNotify), 2)
+	require.Len(t, b.record.Executions(t, run, engine.NodeFetch), 1)
+	require.Len(t, b.record.Executions(t, run, engine.NodeEnrich), 1)
+	require.Len(t, b.record.Executions(t, run, engine.NodeNotify), 2)
 	for _, n := range engine.NodeNames() {
-		require.Equal(t, 1, b.effects(t, run, n), "effect of %s", n)
+		require.Equal(t, 1, b.record.Effects(t, run, n), "effect of %s", n)
 	}
 	require.Equal(t, []string{"fetch/completed", "enrich/completed", "notify/completed"}, summaries(b.steps(t, run), 1))
 	b.settled(t)

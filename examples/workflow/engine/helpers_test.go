@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/retryd/retryd/examples/workflow/engine"
+	"github.com/retryd/retryd/examples/workflow/engine/enginetest"
 	"github.com/retryd/retryd/internal/natstest"
 	"github.com/retryd/retryd/internal/servicetest"
 	"github.com/retryd/retryd/pkg/contract"
@@ -26,6 +27,8 @@ const workflow = "orders"
 type bundle struct {
 	ctx context.Context
 	js  jetstream.JetStream
+	// record is what the engine recorded on its EFFECTS stream.
+	record enginetest.Record
 }
 
 // setup starts embedded NATS with retryd's streams.
@@ -36,7 +39,7 @@ func setup(t *testing.T) *bundle {
 	srv := natstest.RunServer(t)
 	_, js := natstest.Connect(t, srv)
 	natstest.EnsureStreams(t, js)
-	return &bundle{ctx: ctx, js: js}
+	return &bundle{ctx: ctx, js: js, record: enginetest.Record{Ctx: ctx, JS: js}}
 }
 
 // start runs an engine until the returned stop is called (or the test
@@ -138,22 +141,6 @@ func (b *bundle) waitEnds(t *testing.T, runID string, n int) []finished {
 		return len(got) >= n
 	}, wait, tick, "ends of %s: %+v", runID, got)
 	return got
-}
-
-func (b *bundle) executions(t *testing.T, runID, node string) []engine.Execution {
-	t.Helper()
-	var out []engine.Execution
-	for _, m := range natstest.Messages(t, b.ctx, b.js, engine.EffectsStream, engine.ExecutionSubject(runID, node)) {
-		var x engine.Execution
-		require.NoError(t, json.Unmarshal(m.Data(), &x))
-		out = append(out, x)
-	}
-	return out
-}
-
-func (b *bundle) effects(t *testing.T, runID, node string) int {
-	t.Helper()
-	return len(natstest.Messages(t, b.ctx, b.js, engine.EffectsStream, engine.EffectSubject(runID, node)))
 }
 
 // settled waits until the engine's consumer has nothing pending or

@@ -82,14 +82,8 @@ func (b *bundle) gateID(t *testing.T, source, typ string) (string, ingressstore.
 // gateDue runs GateDue for event id's due.
 func (b *bundle) gateDue(t *testing.T, source, id string) ingressstore.Verdict {
 	t.Helper()
-	var v ingressstore.Verdict
-	require.NoError(t, pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error {
-		var err error
-		if v, err = ingressstore.GateDue(b.ctx, tx, source, "invoice.paid", id); err != nil {
-			return err
-		}
-		return ingressstore.CountAdmission(b.ctx, tx, v)
-	}))
+	v, err := b.gateDueErr(t, source, id)
+	require.NoError(t, err)
 	return v
 }
 
@@ -379,17 +373,13 @@ func TestGateLateHoldersWaitForTheirTurnInLine(t *testing.T) {
 
 	// The head of the line is admitted; in a full window the second, now
 	// first in line, waits for the next.
-	v, err := b.gateDueErr(t, "line", first)
-	require.NoError(t, err)
-	require.True(t, v.Admitted, "the head of the line is admitted")
+	require.True(t, b.gateDue(t, "line", first).Admitted, "the head of the line is admitted")
 	fill(1)
 	waits(second, 0)
 
 	// Its turn: admitted, and the line is empty.
 	fill(0)
-	v, err = b.gateDueErr(t, "line", second)
-	require.NoError(t, err)
-	require.True(t, v.Admitted)
+	require.True(t, b.gateDue(t, "line", second).Admitted)
 	var holds int
 	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM event_source_holds`).Scan(&holds))
 	require.Zero(t, holds)
@@ -420,12 +410,8 @@ func TestGateHoldersDoNotPassAWaitingHolder(t *testing.T) {
 	require.Equal(t, 1, wait.Ahead)
 	require.False(t, wait.Until.Before(until), "right after the waiting holder's turn: %s", wait.Until)
 
-	v, err := b.gateDueErr(t, "pass", first)
-	require.NoError(t, err)
-	require.True(t, v.Admitted)
-	v, err = b.gateDueErr(t, "pass", second)
-	require.NoError(t, err)
-	require.True(t, v.Admitted, "nobody ahead any more")
+	require.True(t, b.gateDue(t, "pass", first).Admitted)
+	require.True(t, b.gateDue(t, "pass", second).Admitted, "nobody ahead any more")
 }
 
 // A holder whose slot has come and whose due has not been decided yet (it
@@ -459,12 +445,8 @@ func TestGateHoldersDoNotPassAHolderWhoseSlotCame(t *testing.T) {
 	require.Equal(t, 1, wait.Ahead)
 	require.Less(t, wait.Until.Sub(wait.Now), time.Second, "a recheck in a moment, not the next window")
 
-	v, err := b.gateDueErr(t, "come", first)
-	require.NoError(t, err)
-	require.True(t, v.Admitted)
-	v, err = b.gateDueErr(t, "come", second)
-	require.NoError(t, err)
-	require.True(t, v.Admitted, "nobody ahead any more")
+	require.True(t, b.gateDue(t, "come", first).Admitted)
+	require.True(t, b.gateDue(t, "come", second).Admitted, "nobody ahead any more")
 
 	// The one ahead's slot passed long ago: its due may be lost, and the
 	// line goes on without it.
@@ -473,9 +455,7 @@ func TestGateHoldersDoNotPassAHolderWhoseSlotCame(t *testing.T) {
 	require.NoError(t, err)
 	_, err = b.pool.Exec(b.ctx, `UPDATE event_source_holds SET slot_at = now() WHERE event_id = $1`, fourth)
 	require.NoError(t, err)
-	v, err = b.gateDueErr(t, "come", fourth)
-	require.NoError(t, err)
-	require.True(t, v.Admitted, "a holder late by more than 100 ms is not waited for")
+	require.True(t, b.gateDue(t, "come", fourth).Admitted, "a holder late by more than 100 ms is not waited for")
 }
 
 func TestGateRejectedTransactionDoesNotCount(t *testing.T) {

@@ -191,6 +191,21 @@ func TestDeliveriesStoredOnce(t *testing.T) {
 	require.ErrorIs(t, err, triggerstore.ErrNotFound)
 }
 
+// insert stores a delivery the test starts from.
+func insert(t *testing.T, b bundle, d triggerstore.Delivery) {
+	t.Helper()
+	_, err := triggerstore.InsertDelivery(b.ctx, b.pool, d)
+	require.NoError(t, err)
+}
+
+// retried is a held delivery whose first retry the scheduler was asked
+// for.
+func retried(id, eventID string, status triggerstore.Status) triggerstore.Delivery {
+	d := delivery(id, eventID, status)
+	d.RetryState, d.RetryAttempts = triggerstore.RetryScheduled, 1
+	return d
+}
+
 func launch(t *testing.T, b bundle, id, key string, at time.Time) {
 	t.Helper()
 	d := delivery(id, "ev-"+id, triggerstore.StatusLaunched)
@@ -211,8 +226,7 @@ func TestNthRecentLaunchSlidingWindow(t *testing.T) {
 	launch(t, b, "O1", "other", now.Add(-1*time.Second))
 	held := delivery("H1", "ev-H1", triggerstore.StatusThrottled)
 	held.ThrottleKey = "k"
-	_, err := triggerstore.InsertDelivery(b.ctx, b.pool, held)
-	require.NoError(t, err)
+	insert(t, b, held)
 
 	since := now.Add(-10 * time.Second)
 	at, full, err := triggerstore.NthRecentLaunch(b.ctx, b.pool, "t1", "k", since, 3, "H1")
@@ -325,10 +339,7 @@ func TestRunLeases(t *testing.T) {
 func TestRetryStateGuards(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	held := delivery("H1", "e1", triggerstore.StatusThrottled)
-	held.RetryState, held.RetryAttempts = triggerstore.RetryScheduled, 1
-	_, err := triggerstore.InsertDelivery(b.ctx, b.pool, held)
-	require.NoError(t, err)
+	insert(t, b, retried("H1", "e1", triggerstore.StatusThrottled))
 
 	next := time.Now().Add(time.Minute).UTC().Truncate(time.Millisecond)
 	applied, err := triggerstore.ApplyScheduled(b.ctx, b.pool, "H1", 2, next, false, map[string]any{"policy": "event-trigger"})
@@ -373,8 +384,7 @@ func TestRetryStateGuards(t *testing.T) {
 
 	launched := delivery("L1", "e2", triggerstore.StatusLaunched)
 	launched.RunID = "run-L1"
-	_, err = triggerstore.InsertDelivery(b.ctx, b.pool, launched)
-	require.NoError(t, err)
+	insert(t, b, launched)
 	d, applied, err = triggerstore.ApplyCancelled(b.ctx, b.pool, "L1", 0, "cancelled_by_operator", nil)
 	require.NoError(t, err)
 	require.False(t, applied, "a launched delivery is never cancelled")
@@ -387,15 +397,9 @@ func TestRetryStateGuards(t *testing.T) {
 func TestUnconfirmedAndListing(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	held := delivery("H1", "e1", triggerstore.StatusConcurrencyLimited)
-	held.RetryState, held.RetryAttempts = triggerstore.RetryScheduled, 1
-	_, err := triggerstore.InsertDelivery(b.ctx, b.pool, held)
-	require.NoError(t, err)
-	confirmed := delivery("H2", "e2", triggerstore.StatusThrottled)
-	confirmed.RetryState, confirmed.RetryAttempts = triggerstore.RetryScheduled, 1
-	_, err = triggerstore.InsertDelivery(b.ctx, b.pool, confirmed)
-	require.NoError(t, err)
-	_, err = triggerstore.ApplyScheduled(b.ctx, b.pool, "H2", 2, time.Now(), false, nil)
+	insert(t, b, retried("H1", "e1", triggerstore.StatusConcurrencyLimited))
+	insert(t, b, retried("H2", "e2", triggerstore.StatusThrottled))
+	_, err := triggerstore.ApplyScheduled(b.ctx, b.pool, "H2", 2, time.Now(), false, nil)
 	require.NoError(t, err)
 
 	list, err := triggerstore.Unconfirmed(b.ctx, b.pool, time.Now().Add(time.Second), 10)
@@ -436,12 +440,8 @@ func TestNowIsDatabaseClock(t *testing.T) {
 func TestKeptEventsLiveWhileADeliveryNeedsThem(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	held := delivery("DH", "e-held", triggerstore.StatusThrottled)
-	_, err := triggerstore.InsertDelivery(b.ctx, b.pool, held)
-	require.NoError(t, err)
-	done := delivery("DL", "e-done", triggerstore.StatusLaunched)
-	_, err = triggerstore.InsertDelivery(b.ctx, b.pool, done)
-	require.NoError(t, err)
+	insert(t, b, delivery("DH", "e-held", triggerstore.StatusThrottled))
+	insert(t, b, delivery("DL", "e-done", triggerstore.StatusLaunched))
 	for _, id := range []string{"e-held", "e-done"} {
 		require.NoError(t, triggerstore.KeepEvent(b.ctx, b.pool, id, json.RawMessage(`{"id":"`+id+`","v":1}`)))
 		require.NoError(t, triggerstore.KeepEvent(b.ctx, b.pool, id, json.RawMessage(`{"id":"`+id+`","v":2}`)))
@@ -474,8 +474,7 @@ func TestThrottleSlotLine(t *testing.T) {
 		t.Helper()
 		d := delivery(id, "ev-"+id, triggerstore.StatusThrottled)
 		d.ThrottleKey, d.NextAttemptAt = "k", &slot
-		_, err := triggerstore.InsertDelivery(b.ctx, b.pool, d)
-		require.NoError(t, err)
+		insert(t, b, d)
 	}
 	slot, waiting, err := triggerstore.ThrottleSlot(b.ctx, b.pool, "t1", "k", now, window, limit, "new")
 	require.NoError(t, err)
