@@ -59,3 +59,11 @@ func signIn(token, whoami string) chromedp.Action[chromedp.Void] {
 		poll(fmt.Sprintf(`document.getElementById("whoami").textContent === %q`, whoami)),
 	)
 }
+
+// clickRow clicks the first element sel matches, found and clicked in one
+// step of the page: the live refresh redraws list rows, so a node that
+// one step found may be gone by the next (chromedp's "Could not find
+// node with given id", seen under load).
+func clickRow(sel string) chromedp.Action[chromedp.Void] {
+	return poll(fmt.Sprintf(`(() => { const el = document.querySelector(%q); if (!el) return false; el.click(); return true; })()`, sel))
+}

@@ -207,7 +207,7 @@ func TestDashboardBrowser(t *testing.T) {
 
 	t.Log("open the timeline")
 	require.NoError(t, chromedp.Do(ctx,
-		chromedp.Click(chromedp.CSS(row(crm))),
+		clickRow(row(crm)),
 		chromedp.WaitVisible(chromedp.CSS(`[data-test="timeline"] li[data-event="scheduled"]`)),
 	))
 	timeline := eval[string](t, ctx, `document.querySelector('[data-test="timeline"]').innerText`)

@@ -97,7 +97,7 @@ func TestDashboardRunsBrowser(t *testing.T) {
 	require.NoError(t, chromedp.Do(ctx,
 		chromedp.Navigate(b.api+"/ui/#/runs?workflow=onboard"),
 		rowsAre(t, list, retrying, done, running),
-		chromedp.Click(chromedp.CSS(row(retrying))),
+		clickRow(row(retrying)),
 		chromedp.WaitVisible(chromedp.CSS(`[data-test="run-steps"] tr[data-node="enrich"]`)),
 	))
 	require.Contains(t, eval[string](t, ctx, `location.hash`), "run="+retrying)
@@ -146,7 +146,7 @@ func TestDashboardRunsBrowser(t *testing.T) {
 
 	t.Log("a run in progress offers no retry")
 	require.NoError(t, chromedp.Do(ctx,
-		chromedp.Click(chromedp.CSS(row(running))),
+		clickRow(row(running)),
 		poll(fmt.Sprintf(`document.querySelector('[data-test="run-detail"] h2')?.textContent === %q`, "run / "+running)),
 	))
 	require.True(t, eval[bool](t, ctx, `document.querySelector('[data-test="run-retry"]') === null`))
