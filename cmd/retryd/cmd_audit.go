@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/json"
 	"io"
-	"net/url"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -29,12 +28,7 @@ token (--token or RETRYD_TOKEN). See docs/security.md.`,
   retryd audit --action source.pause --json`,
 		Args: args(0),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			q := url.Values{}
-			for k, v := range map[string]string{"principal": principal, "action": action} {
-				if v != "" {
-					q.Set(k, v)
-				}
-			}
+			q := filterQuery(map[string]string{"principal": principal, "action": action})
 			if since != "" {
 				t, err := parseTimeFlag(since, time.Now())
 				if err != nil {

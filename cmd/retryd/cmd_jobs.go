@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net/url"
 	"strconv"
 	"strings"
 	"time"
@@ -79,21 +78,13 @@ func newJobsListCmd(g *globals) *cobra.Command {
 			if minRetries < 0 {
 				return usageErrorf(cmd, "--min-retry-count must not be negative, got %d", minRetries)
 			}
-			q := url.Values{}
+			q := filterQuery(map[string]string{"job_type": jobType, "error_class": errorClass, "status": strings.Join(statuses, ",")})
 			if priority != "" {
 				p, err := contract.ParsePriority("--priority", priority)
 				if err != nil {
 					return usageErrorf(cmd, "--priority must be high, normal or low, got %q", priority)
 				}
 				q.Set("priority", string(p))
-			}
-			for k, v := range map[string]string{"job_type": jobType, "error_class": errorClass} {
-				if v != "" {
-					q.Set(k, v)
-				}
-			}
-			if len(statuses) > 0 {
-				q.Set("status", strings.Join(statuses, ","))
 			}
 			if minRetries > 0 {
 				q.Set("min_retry_count", strconv.Itoa(minRetries))

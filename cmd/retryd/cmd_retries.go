@@ -101,12 +101,7 @@ func newRetriesListCmd(g *globals) *cobra.Command {
 			if state != "" && !contains(retryStates, state) {
 				return usageErrorf(cmd, "--state %q is not one of %s", state, strings.Join(retryStates, ", "))
 			}
-			q := url.Values{}
-			for k, v := range map[string]string{"kind": kind, "state": state, "source": source, "job_type": jobType} {
-				if v != "" {
-					q.Set(k, v)
-				}
-			}
+			q := filterQuery(map[string]string{"kind": kind, "state": state, "source": source, "job_type": jobType})
 			return list(cmd, g, pages, q, listing[retryPage, retryRow]{
 				path: "/v1/retries", what: "retries", none: "No retries match.", more: "retries",
 				rows: func(p retryPage) ([]retryRow, string) { return p.Retries, p.NextCursor },

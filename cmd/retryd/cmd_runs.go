@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net/url"
 	"strconv"
 	"strings"
 	"time"
@@ -100,15 +99,8 @@ func newRunsListCmd(g *globals) *cobra.Command {
 			if err := checkStatuses(cmd, statuses, runStatuses); err != nil {
 				return err
 			}
-			q := url.Values{}
-			for k, v := range map[string]string{"workflow": workflow, "trigger_id": trigger, "error_class": errorClass} {
-				if v != "" {
-					q.Set(k, v)
-				}
-			}
-			if len(statuses) > 0 {
-				q.Set("status", strings.Join(statuses, ","))
-			}
+			q := filterQuery(map[string]string{"workflow": workflow, "trigger_id": trigger, "error_class": errorClass,
+				"status": strings.Join(statuses, ",")})
 			return list(cmd, g, pages, q, listing[runPage, runRow]{
 				path: "/v1/runs", what: "runs", none: "No runs match.", more: "runs",
 				rows: func(p runPage) ([]runRow, string) { return p.Runs, p.NextCursor },

@@ -69,6 +69,18 @@ func (p *pager) check(cmd *cobra.Command) error {
 	return nil
 }
 
+// filterQuery is the query of a list's filters: each value given, under
+// its API name; an empty one is left out, so the API applies no filter.
+func filterQuery(filters map[string]string) url.Values {
+	q := url.Values{}
+	for k, v := range filters {
+		if v != "" {
+			q.Set(k, v)
+		}
+	}
+	return q
+}
+
 // listing says what a list command lists and how it prints it.
 type listing[P, R any] struct {
 	path string
