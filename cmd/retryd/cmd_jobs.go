@@ -96,17 +96,13 @@ func newJobsListCmd(g *globals) *cobra.Command {
 				path: "/v1/jobs", what: "jobs", none: "No jobs match.", more: "jobs",
 				rows: func(p jobPage) ([]jobRow, string) { return p.Jobs, p.NextCursor },
 				page: func(rows []jobRow) jobPage { return jobPage{Jobs: rows} },
-				table: func(w io.Writer, rows []jobRow) error {
-					now := time.Now()
-					// RETRIES, not attempts out of a maximum: the API has no
-					// maximum attempt, and after --reset-attempts the attempt
-					// number goes on while the budget starts again.
-					t := newTable(w, "ID", "TYPE", "STATUS", "PRIORITY", "ATTEMPT", "RETRIES", "LAST ERROR CLASS", "NEXT RETRY", "UPDATED")
-					for _, j := range rows {
-						t.row(j.ID, j.JobType, j.Status, jobPriority(j), strconv.Itoa(j.Attempt), retriesCell(j.RetryCount, j.MaxRetries), j.LastErrorClass,
-							nextRetry(j, now), relTime(&j.UpdatedAt, now))
-					}
-					return t.flush()
+				// RETRIES, not attempts out of a maximum: the API has no
+				// maximum attempt, and after --reset-attempts the attempt
+				// number goes on while the budget starts again.
+				columns: []string{"ID", "TYPE", "STATUS", "PRIORITY", "ATTEMPT", "RETRIES", "LAST ERROR CLASS", "NEXT RETRY", "UPDATED"},
+				row: func(j jobRow, now time.Time) []string {
+					return []string{j.ID, j.JobType, j.Status, jobPriority(j), strconv.Itoa(j.Attempt), retriesCell(j.RetryCount, j.MaxRetries), j.LastErrorClass,
+						nextRetry(j, now), relTime(&j.UpdatedAt, now)}
 				},
 			})
 		},

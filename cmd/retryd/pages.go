@@ -4,9 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/url"
 	"strconv"
+	"time"
 
 	"github.com/spf13/cobra"
 )
@@ -89,12 +89,15 @@ type listing[P, R any] struct {
 	what, none, more string
 	rows             func(P) ([]R, string)
 	page             func([]R) P
-	table            func(w io.Writer, rows []R) error
+	// columns head the table; row gives an item's cells under them, with
+	// times relative to now.
+	columns []string
+	row     func(r R, now time.Time) []string
 }
 
 // list reads the pages of l.path with q and the pager's limit and
 // cursor, and prints them: as JSON (the page as it came, or every row in
-// one page with --all), or as l's table followed, on stderr, by how to
+// one page with --all), or as a table of l's columns followed, on stderr, by how to
 // read the next page.
 func list[P, R any](cmd *cobra.Command, g *globals, p *pager, q url.Values, l listing[P, R]) error {
 	if err := p.check(cmd); err != nil {
@@ -122,7 +125,12 @@ func list[P, R any](cmd *cobra.Command, g *globals, p *pager, q url.Values, l li
 		fmt.Fprintln(g.stdout, l.none)
 		return nil
 	}
-	if err := l.table(g.stdout, rows); err != nil {
+	now := time.Now()
+	t := newTable(g.stdout, l.columns...)
+	for _, r := range rows {
+		t.row(l.row(r, now)...)
+	}
+	if err := t.flush(); err != nil {
 		return err
 	}
 	if next != "" {
