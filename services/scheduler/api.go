@@ -162,22 +162,9 @@ type cancelRequest struct {
 }
 
 func (s *Scheduler) handleCancel(w http.ResponseWriter, r *http.Request) {
-	kind, id, err := pathItem(r)
-	if err != nil {
-		serve.WriteError(w, err)
-		return
-	}
-	var req cancelRequest
-	if err := serve.DecodeOptionalJSON(r, maxBodyBytes, &req); err != nil {
-		serve.WriteError(w, err)
-		return
-	}
-	row, err := s.Cancel(r.Context(), kind, id, serve.Actor(r), req.Reason)
-	if err != nil {
-		serve.WriteError(w, err)
-		return
-	}
-	serve.WriteJSON(w, http.StatusOK, retryView{Retry: row})
+	itemAction(w, r, func(kind, id string, req cancelRequest) (retrystore.Retry, error) {
+		return s.Cancel(r.Context(), kind, id, serve.Actor(r), req.Reason)
+	})
 }
 
 type retryRequest struct {
@@ -187,18 +174,26 @@ type retryRequest struct {
 }
 
 func (s *Scheduler) handleRetry(w http.ResponseWriter, r *http.Request) {
+	itemAction(w, r, func(kind, id string, req retryRequest) (retrystore.Retry, error) {
+		return s.RetryNow(r.Context(), kind, id, RetryNowOptions{Reason: req.Reason, By: serve.Actor(r), ResetAttempts: req.ResetAttempts})
+	})
+}
+
+// itemAction serves a manual action on the item the path names: it
+// decodes the optional body into a Req and answers with the row act
+// leaves.
+func itemAction[Req any](w http.ResponseWriter, r *http.Request, act func(kind, id string, req Req) (retrystore.Retry, error)) {
 	kind, id, err := pathItem(r)
 	if err != nil {
 		serve.WriteError(w, err)
 		return
 	}
-	var req retryRequest
+	var req Req
 	if err := serve.DecodeOptionalJSON(r, maxBodyBytes, &req); err != nil {
 		serve.WriteError(w, err)
 		return
 	}
-	req.By = serve.Actor(r)
-	row, err := s.RetryNow(r.Context(), kind, id, RetryNowOptions{Reason: req.Reason, By: req.By, ResetAttempts: req.ResetAttempts})
+	row, err := act(kind, id, req)
 	if err != nil {
 		serve.WriteError(w, err)
 		return
