@@ -34,41 +34,56 @@ const (
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	r := registrar{reg: reg}
 	m := &metrics{
-		attempts: keep(&r, prometheus.NewCounterVec(prometheus.CounterOpts(workerOpts("attempts_total",
-			"Job attempts run, by job type and outcome (succeeded, failed, held, panicked, timed_out, interrupted).")), []string{"job_type", "outcome"})),
+		attempts: keep(&r, prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "retryd", Subsystem: "worker", Name: "attempts_total",
+			Help: "Job attempts run, by job type and outcome (succeeded, failed, held, panicked, timed_out, interrupted).",
+		}, []string{"job_type", "outcome"})),
 		duration: keep(&r, prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: "retryd", Subsystem: "worker", Name: "attempt_duration_seconds",
 			Help:    "How long handlers ran, by job type and outcome.",
 			Buckets: prometheus.ExponentialBuckets(0.005, 4, 10),
 		}, []string{"job_type", "outcome"})),
-		inflight: keep(&r, prometheus.NewGaugeVec(prometheus.GaugeOpts(workerOpts("inflight",
-			"Handlers running now, by job type.")), []string{"job_type"})),
-		malformed: keep(&r, prometheus.NewCounterVec(prometheus.CounterOpts(workerOpts("malformed_total",
-			"Messages terminated because they could not be decoded, by consumer.")), []string{"consumer"})),
-		routed: keep(&r, prometheus.NewCounter(prometheus.CounterOpts(workerOpts("routed_total",
-			"Due events republished as jobs by the due router.")))),
-		publishRetries: keep(&r, prometheus.NewCounterVec(prometheus.CounterOpts(workerOpts("publish_retries_total",
-			"Publishes of outcomes or routed jobs tried again after an error, by event.")), []string{"event"})),
-		recreated: keep(&r, prometheus.NewCounter(prometheus.CounterOpts(workerOpts("consumers_recreated_total",
-			"Durable consumers found deleted while the worker ran and created again.")))),
-		replaySkipped: keep(&r, prometheus.NewCounter(prometheus.CounterOpts(workerOpts("replay_skipped_total",
-			"Jobs and dues a newly created consumer delivered again that already had an outcome, acked without running.")))),
-		pending: keep(&r, prometheus.NewGauge(prometheus.GaugeOpts(workerOpts("pending_facts",
-			"Failed and held facts kept until the scheduler's decision is seen.")))),
-		pendingEvicted: keep(&r, prometheus.NewCounter(prometheus.CounterOpts(workerOpts("pending_evicted_total",
-			"Kept facts dropped undecided because Config.PendingLimit was reached; a purge before the scheduler reads them loses them.")))),
-		republished: keep(&r, prometheus.NewCounterVec(prometheus.CounterOpts(workerOpts("republished_total",
-			"Failed and held facts published again because they left RETRIES (a purge) before their decision, by event.")), []string{"event"})),
+		inflight: keep(&r, prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: "retryd", Subsystem: "worker", Name: "inflight",
+			Help: "Handlers running now, by job type.",
+		}, []string{"job_type"})),
+		malformed: keep(&r, prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "retryd", Subsystem: "worker", Name: "malformed_total",
+			Help: "Messages terminated because they could not be decoded, by consumer.",
+		}, []string{"consumer"})),
+		routed: keep(&r, prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "retryd", Subsystem: "worker", Name: "routed_total",
+			Help: "Due events republished as jobs by the due router.",
+		})),
+		publishRetries: keep(&r, prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "retryd", Subsystem: "worker", Name: "publish_retries_total",
+			Help: "Publishes of outcomes or routed jobs tried again after an error, by event.",
+		}, []string{"event"})),
+		recreated: keep(&r, prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "retryd", Subsystem: "worker", Name: "consumers_recreated_total",
+			Help: "Durable consumers found deleted while the worker ran and created again.",
+		})),
+		replaySkipped: keep(&r, prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "retryd", Subsystem: "worker", Name: "replay_skipped_total",
+			Help: "Jobs and dues a newly created consumer delivered again that already had an outcome, acked without running.",
+		})),
+		pending: keep(&r, prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: "retryd", Subsystem: "worker", Name: "pending_facts",
+			Help: "Failed and held facts kept until the scheduler's decision is seen.",
+		})),
+		pendingEvicted: keep(&r, prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "retryd", Subsystem: "worker", Name: "pending_evicted_total",
+			Help: "Kept facts dropped undecided because Config.PendingLimit was reached; a purge before the scheduler reads them loses them.",
+		})),
+		republished: keep(&r, prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "retryd", Subsystem: "worker", Name: "republished_total",
+			Help: "Failed and held facts published again because they left RETRIES (a purge) before their decision, by event.",
+		}, []string{"event"})),
 	}
 	if r.err != nil {
 		return nil, r.err
 	}
 	return m, nil
-}
-
-// workerOpts names a metric of the worker.
-func workerOpts(name, help string) prometheus.Opts {
-	return prometheus.Opts{Namespace: "retryd", Subsystem: "worker", Name: name, Help: help}
 }
 
 // registrar registers the metrics as newMetrics builds them, so that each
