@@ -97,8 +97,8 @@ type listing[P, R any] struct {
 
 // list reads the pages of l.path with q and the pager's limit and
 // cursor, and prints them: as JSON (the page as it came, or every row in
-// one page with --all), or as a table of l's columns followed, on stderr, by how to
-// read the next page.
+// one page with --all), or as a table of l's columns followed, on stderr,
+// by how to read the next page.
 func list[P, R any](cmd *cobra.Command, g *globals, p *pager, q url.Values, l listing[P, R]) error {
 	if err := p.check(cmd); err != nil {
 		return err
