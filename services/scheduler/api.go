@@ -106,11 +106,7 @@ func (s *Scheduler) handleList(w http.ResponseWriter, r *http.Request) {
 	if errors.Is(err, retrystore.ErrBadCursor) {
 		err = invalidField("cursor", "is not a cursor returned by this API")
 	}
-	if err != nil {
-		serve.WriteError(w, err)
-		return
-	}
-	serve.WriteJSON(w, http.StatusOK, page)
+	reply(w, page, err)
 }
 
 // retryView is one retry with its history: everything that answers "why
@@ -118,6 +114,16 @@ func (s *Scheduler) handleList(w http.ResponseWriter, r *http.Request) {
 type retryView struct {
 	Retry   retrystore.Retry          `json:"retry"`
 	History []retrystore.HistoryEntry `json:"history,omitempty"`
+}
+
+// reply answers 200 with v, or with err when the handler could not make
+// it.
+func reply(w http.ResponseWriter, v any, err error) {
+	if err != nil {
+		serve.WriteError(w, err)
+		return
+	}
+	serve.WriteJSON(w, http.StatusOK, v)
 }
 
 func pathItem(r *http.Request) (kind, id string, err error) {
@@ -146,11 +152,7 @@ func (s *Scheduler) handleGet(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	hist, err := retrystore.History(r.Context(), s.cfg.Pool, kind, id)
-	if err != nil {
-		serve.WriteError(w, err)
-		return
-	}
-	serve.WriteJSON(w, http.StatusOK, retryView{Retry: row, History: hist})
+	reply(w, retryView{Retry: row, History: hist}, err)
 }
 
 // cancelRequest and retryRequest keep "by" so older clients that send it
@@ -194,9 +196,5 @@ func itemAction[Req any](w http.ResponseWriter, r *http.Request, act func(kind, 
 		return
 	}
 	row, err := act(kind, id, req)
-	if err != nil {
-		serve.WriteError(w, err)
-		return
-	}
-	serve.WriteJSON(w, http.StatusOK, retryView{Retry: row})
+	reply(w, retryView{Retry: row}, err)
 }
