@@ -2,7 +2,6 @@ package main
 
 import (
 	"fmt"
-	"net/url"
 	"strconv"
 	"strings"
 	"time"
@@ -21,23 +20,9 @@ func newAnalyticsCmd(g *globals) *cobra.Command {
   retryd analytics --kind event --since 2h`,
 		Args: args(0),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			q := url.Values{}
-			if jobType != "" {
-				q.Set("job_type", jobType)
-			}
-			if kind != "" {
-				q.Set("kind", kind)
-			}
-			now := time.Now()
-			for name, v := range map[string]string{"since": since, "until": until} {
-				if v == "" {
-					continue
-				}
-				t, err := parseTimeFlag(v, now)
-				if err != nil {
-					return usageErrorf(cmd, "--%s: %v", name, err)
-				}
-				q.Set(name, t.UTC().Format(time.RFC3339Nano))
+			q := filterQuery(map[string]string{"job_type": jobType, "kind": kind})
+			if err := timeFlags(cmd, since, until, func(name string, t time.Time) { q.Set(name, t.UTC().Format(time.RFC3339Nano)) }); err != nil {
+				return err
 			}
 			if cmd.Flags().Changed("days") {
 				if since != "" {

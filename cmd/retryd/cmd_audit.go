@@ -3,8 +3,6 @@ package main
 import (
 	"bytes"
 	"encoding/json"
-	"io"
-	"net/url"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -29,12 +27,7 @@ token (--token or RETRYD_TOKEN). See docs/security.md.`,
   retryd audit --action source.pause --json`,
 		Args: args(0),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			q := url.Values{}
-			for k, v := range map[string]string{"principal": principal, "action": action} {
-				if v != "" {
-					q.Set(k, v)
-				}
-			}
+			q := filterQuery(map[string]string{"principal": principal, "action": action})
 			if since != "" {
 				t, err := parseTimeFlag(since, time.Now())
 				if err != nil {
@@ -44,14 +37,11 @@ token (--token or RETRYD_TOKEN). See docs/security.md.`,
 			}
 			return list(cmd, g, pages, q, listing[auditPage, auditEntry]{
 				path: "/v1/audit", what: "audit", none: "No audit entries match.", more: "entries",
-				rows: func(p auditPage) ([]auditEntry, string) { return p.Entries, p.NextCursor },
-				page: func(entries []auditEntry) auditPage { return auditPage{Entries: entries} },
-				table: func(w io.Writer, entries []auditEntry) error {
-					t := newTable(w, "AT", "PRINCIPAL", "ROLE", "ACTION", "TARGET", "DETAIL")
-					for _, e := range entries {
-						t.row(e.At.Local().Format(time.DateTime), e.Principal, e.Role, e.Action, e.Target, compactDetail(e.Detail))
-					}
-					return t.flush()
+				rows:    func(p auditPage) ([]auditEntry, string) { return p.Entries, p.NextCursor },
+				page:    func(entries []auditEntry) auditPage { return auditPage{Entries: entries} },
+				columns: []string{"AT", "PRINCIPAL", "ROLE", "ACTION", "TARGET", "DETAIL"},
+				row: func(e auditEntry, _ time.Time) []string {
+					return []string{e.At.Local().Format(time.DateTime), e.Principal, e.Role, e.Action, e.Target, compactDetail(e.Detail)}
 				},
 			})
 		},

@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net/url"
 	"strconv"
 	"strings"
 	"time"
@@ -79,21 +78,13 @@ func newJobsListCmd(g *globals) *cobra.Command {
 			if minRetries < 0 {
 				return usageErrorf(cmd, "--min-retry-count must not be negative, got %d", minRetries)
 			}
-			q := url.Values{}
+			q := filterQuery(map[string]string{"job_type": jobType, "error_class": errorClass, "status": strings.Join(statuses, ",")})
 			if priority != "" {
 				p, err := contract.ParsePriority("--priority", priority)
 				if err != nil {
 					return usageErrorf(cmd, "--priority must be high, normal or low, got %q", priority)
 				}
 				q.Set("priority", string(p))
-			}
-			for k, v := range map[string]string{"job_type": jobType, "error_class": errorClass} {
-				if v != "" {
-					q.Set(k, v)
-				}
-			}
-			if len(statuses) > 0 {
-				q.Set("status", strings.Join(statuses, ","))
 			}
 			if minRetries > 0 {
 				q.Set("min_retry_count", strconv.Itoa(minRetries))
@@ -105,17 +96,13 @@ func newJobsListCmd(g *globals) *cobra.Command {
 				path: "/v1/jobs", what: "jobs", none: "No jobs match.", more: "jobs",
 				rows: func(p jobPage) ([]jobRow, string) { return p.Jobs, p.NextCursor },
 				page: func(rows []jobRow) jobPage { return jobPage{Jobs: rows} },
-				table: func(w io.Writer, rows []jobRow) error {
-					now := time.Now()
-					// RETRIES, not attempts out of a maximum: the API has no
-					// maximum attempt, and after --reset-attempts the attempt
-					// number goes on while the budget starts again.
-					t := newTable(w, "ID", "TYPE", "STATUS", "PRIORITY", "ATTEMPT", "RETRIES", "LAST ERROR CLASS", "NEXT RETRY", "UPDATED")
-					for _, j := range rows {
-						t.row(j.ID, j.JobType, j.Status, jobPriority(j), strconv.Itoa(j.Attempt), retriesCell(j.RetryCount, j.MaxRetries), j.LastErrorClass,
-							nextRetry(j, now), relTime(&j.UpdatedAt, now))
-					}
-					return t.flush()
+				// RETRIES, not attempts out of a maximum: the API has no
+				// maximum attempt, and after --reset-attempts the attempt
+				// number goes on while the budget starts again.
+				columns: []string{"ID", "TYPE", "STATUS", "PRIORITY", "ATTEMPT", "RETRIES", "LAST ERROR CLASS", "NEXT RETRY", "UPDATED"},
+				row: func(j jobRow, now time.Time) []string {
+					return []string{j.ID, j.JobType, j.Status, jobPriority(j), strconv.Itoa(j.Attempt), retriesCell(j.RetryCount, j.MaxRetries), j.LastErrorClass,
+						nextRetry(j, now), relTime(&j.UpdatedAt, now)}
 				},
 			})
 		},

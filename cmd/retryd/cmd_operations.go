@@ -2,7 +2,6 @@ package main
 
 import (
 	"fmt"
-	"io"
 	"net/url"
 	"slices"
 	"strconv"
@@ -62,16 +61,13 @@ func newJobsOperationsCmd(g *globals) *cobra.Command {
 			}
 			return list(cmd, g, pages, q, listing[operationPage, operationSummary]{
 				path: "/v1/operations", what: "operations", none: "No bulk operations match.", more: "operations",
-				rows: func(p operationPage) ([]operationSummary, string) { return p.Operations, p.NextCursor },
-				page: func(ops []operationSummary) operationPage { return operationPage{Operations: ops} },
-				table: func(w io.Writer, ops []operationSummary) error {
-					t := newTable(w, "ID", "STATUS", "CREATED", "BY", "RATE", "TOTAL", "RELEASED", "SKIPPED", "FAILED", "PENDING", "REASON")
-					for _, o := range ops {
-						t.row(o.ID, o.Status, o.CreatedAt.Local().Format(time.DateTime), o.RequestedBy, fmt.Sprintf("%.4g/s", o.RatePerSecond),
-							strconv.Itoa(o.Total), strconv.Itoa(o.Released), strconv.Itoa(o.Skipped), strconv.Itoa(o.Failed),
-							strconv.Itoa(o.Pending), trunc(o.Reason, 60))
-					}
-					return t.flush()
+				rows:    func(p operationPage) ([]operationSummary, string) { return p.Operations, p.NextCursor },
+				page:    func(ops []operationSummary) operationPage { return operationPage{Operations: ops} },
+				columns: []string{"ID", "STATUS", "CREATED", "BY", "RATE", "TOTAL", "RELEASED", "SKIPPED", "FAILED", "PENDING", "REASON"},
+				row: func(o operationSummary, _ time.Time) []string {
+					return []string{o.ID, o.Status, o.CreatedAt.Local().Format(time.DateTime), o.RequestedBy, fmt.Sprintf("%.4g/s", o.RatePerSecond),
+						strconv.Itoa(o.Total), strconv.Itoa(o.Released), strconv.Itoa(o.Skipped), strconv.Itoa(o.Failed),
+						strconv.Itoa(o.Pending), trunc(o.Reason, 60)}
 				},
 			})
 		},

@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -101,28 +100,19 @@ func newRetriesListCmd(g *globals) *cobra.Command {
 			if state != "" && !contains(retryStates, state) {
 				return usageErrorf(cmd, "--state %q is not one of %s", state, strings.Join(retryStates, ", "))
 			}
-			q := url.Values{}
-			for k, v := range map[string]string{"kind": kind, "state": state, "source": source, "job_type": jobType} {
-				if v != "" {
-					q.Set(k, v)
-				}
-			}
+			q := filterQuery(map[string]string{"kind": kind, "state": state, "source": source, "job_type": jobType})
 			return list(cmd, g, pages, q, listing[retryPage, retryRow]{
 				path: "/v1/retries", what: "retries", none: "No retries match.", more: "retries",
-				rows: func(p retryPage) ([]retryRow, string) { return p.Retries, p.NextCursor },
-				page: func(rows []retryRow) retryPage { return retryPage{Retries: rows} },
-				table: func(w io.Writer, rows []retryRow) error {
-					now := time.Now()
-					t := newTable(w, "KIND", "ID", "STATE", "ATTEMPT", "RETRIES", "NEXT ATTEMPT", "JOB TYPE", "SOURCE", "LAST ERROR")
-					for _, r := range rows {
-						next := ""
-						if r.State == "scheduled" || r.State == "due" {
-							next = relTime(r.NextAttemptAt, now)
-						}
-						t.row(r.Kind, r.ID, r.State, strconv.Itoa(r.Attempt), fmt.Sprintf("%d/%d", r.RetryCount, r.MaxRetries),
-							next, r.JobType, r.Source, lastError(r))
+				rows:    func(p retryPage) ([]retryRow, string) { return p.Retries, p.NextCursor },
+				page:    func(rows []retryRow) retryPage { return retryPage{Retries: rows} },
+				columns: []string{"KIND", "ID", "STATE", "ATTEMPT", "RETRIES", "NEXT ATTEMPT", "JOB TYPE", "SOURCE", "LAST ERROR"},
+				row: func(r retryRow, now time.Time) []string {
+					next := ""
+					if r.State == "scheduled" || r.State == "due" {
+						next = relTime(r.NextAttemptAt, now)
 					}
-					return t.flush()
+					return []string{r.Kind, r.ID, r.State, strconv.Itoa(r.Attempt), fmt.Sprintf("%d/%d", r.RetryCount, r.MaxRetries),
+						next, r.JobType, r.Source, lastError(r)}
 				},
 			})
 		},

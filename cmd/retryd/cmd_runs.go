@@ -3,8 +3,6 @@ package main
 import (
 	"encoding/json"
 	"fmt"
-	"io"
-	"net/url"
 	"strconv"
 	"strings"
 	"time"
@@ -100,27 +98,16 @@ func newRunsListCmd(g *globals) *cobra.Command {
 			if err := checkStatuses(cmd, statuses, runStatuses); err != nil {
 				return err
 			}
-			q := url.Values{}
-			for k, v := range map[string]string{"workflow": workflow, "trigger_id": trigger, "error_class": errorClass} {
-				if v != "" {
-					q.Set(k, v)
-				}
-			}
-			if len(statuses) > 0 {
-				q.Set("status", strings.Join(statuses, ","))
-			}
+			q := filterQuery(map[string]string{"workflow": workflow, "trigger_id": trigger, "error_class": errorClass,
+				"status": strings.Join(statuses, ",")})
 			return list(cmd, g, pages, q, listing[runPage, runRow]{
 				path: "/v1/runs", what: "runs", none: "No runs match.", more: "runs",
-				rows: func(p runPage) ([]runRow, string) { return p.Runs, p.NextCursor },
-				page: func(rows []runRow) runPage { return runPage{Runs: rows} },
-				table: func(w io.Writer, rows []runRow) error {
-					now := time.Now()
-					t := newTable(w, "ID", "WORKFLOW", "STATUS", "ATTEMPT", "RETRIES", "NODE", "LAST ERROR CLASS", "NEXT RETRY", "REQUESTED")
-					for _, r := range rows {
-						t.row(r.ID, r.Workflow, r.Status, strconv.Itoa(r.Attempt), retriesCell(r.RetryCount, r.MaxRetries), r.CurrentNodeID, r.LastErrorClass,
-							runNextRetry(r, now), relTime(&r.RequestedAt, now))
-					}
-					return t.flush()
+				rows:    func(p runPage) ([]runRow, string) { return p.Runs, p.NextCursor },
+				page:    func(rows []runRow) runPage { return runPage{Runs: rows} },
+				columns: []string{"ID", "WORKFLOW", "STATUS", "ATTEMPT", "RETRIES", "NODE", "LAST ERROR CLASS", "NEXT RETRY", "REQUESTED"},
+				row: func(r runRow, now time.Time) []string {
+					return []string{r.ID, r.Workflow, r.Status, strconv.Itoa(r.Attempt), retriesCell(r.RetryCount, r.MaxRetries), r.CurrentNodeID, r.LastErrorClass,
+						runNextRetry(r, now), relTime(&r.RequestedAt, now)}
 				},
 			})
 		},

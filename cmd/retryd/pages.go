@@ -4,9 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/url"
 	"strconv"
+	"time"
 
 	"github.com/spf13/cobra"
 )
@@ -69,6 +69,18 @@ func (p *pager) check(cmd *cobra.Command) error {
 	return nil
 }
 
+// filterQuery is the query of a list's filters: each value given, under
+// its API name; an empty one is left out, so the API applies no filter.
+func filterQuery(filters map[string]string) url.Values {
+	q := url.Values{}
+	for k, v := range filters {
+		if v != "" {
+			q.Set(k, v)
+		}
+	}
+	return q
+}
+
 // listing says what a list command lists and how it prints it.
 type listing[P, R any] struct {
 	path string
@@ -77,13 +89,16 @@ type listing[P, R any] struct {
 	what, none, more string
 	rows             func(P) ([]R, string)
 	page             func([]R) P
-	table            func(w io.Writer, rows []R) error
+	// columns head the table; row gives an item's cells under them, with
+	// times relative to now.
+	columns []string
+	row     func(r R, now time.Time) []string
 }
 
 // list reads the pages of l.path with q and the pager's limit and
 // cursor, and prints them: as JSON (the page as it came, or every row in
-// one page with --all), or as l's table followed, on stderr, by how to
-// read the next page.
+// one page with --all), or as a table of l's columns followed, on stderr,
+// by how to read the next page.
 func list[P, R any](cmd *cobra.Command, g *globals, p *pager, q url.Values, l listing[P, R]) error {
 	if err := p.check(cmd); err != nil {
 		return err
@@ -110,7 +125,12 @@ func list[P, R any](cmd *cobra.Command, g *globals, p *pager, q url.Values, l li
 		fmt.Fprintln(g.stdout, l.none)
 		return nil
 	}
-	if err := l.table(g.stdout, rows); err != nil {
+	now := time.Now()
+	t := newTable(g.stdout, l.columns...)
+	for _, r := range rows {
+		t.row(l.row(r, now)...)
+	}
+	if err := t.flush(); err != nil {
 		return err
 	}
 	if next != "" {

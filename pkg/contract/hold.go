@@ -137,10 +137,7 @@ func (d HeldData) Validate() error {
 	if err := ValidateExecutor("data.executor", d.Executor); err != nil {
 		return err
 	}
-	if err := ValidatePriority("data.priority", d.Priority); err != nil {
-		return err
-	}
-	return validateWork(d.MaxRetries, d.TimeoutMS, d.Payload, d.Checkpoint, d.Metadata)
+	return validateWork(d.Priority, d.MaxRetries, d.TimeoutMS, d.Payload, d.Checkpoint, d.Metadata)
 }
 
 // Validate checks a released event.

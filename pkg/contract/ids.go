@@ -35,30 +35,14 @@ func NewID() string {
 // ValidateID reports whether id can be used as an item, event, delivery, job
 // or run id: 1 to 128 characters from [A-Za-z0-9_-].
 func ValidateID(field, id string) error {
-	switch {
-	case id == "":
-		return fieldErr(field, "is required")
-	case len(id) > MaxIDLen:
-		return fieldErr(field, fmt.Sprintf("is %d characters, more than the limit of %d", len(id), MaxIDLen))
-	case !idPattern.MatchString(id):
-		return fieldErr(field, fmt.Sprintf("%q must use only letters, digits, '_' and '-' (it becomes a subject token)", id))
-	}
-	return nil
+	return checkName(field, id, MaxIDLen, idPattern, "use only letters, digits, '_' and '-' (it becomes a subject token)")
 }
 
 // ValidateToken checks a lowercase subject token such as a retry kind, a
 // source, a job type or a workflow name: [a-z0-9][a-z0-9_-]*, at most 64
 // characters.
 func ValidateToken(field, tok string) error {
-	switch {
-	case tok == "":
-		return fieldErr(field, "is required")
-	case len(tok) > MaxTokenLen:
-		return fieldErr(field, fmt.Sprintf("is %d characters, more than the limit of %d", len(tok), MaxTokenLen))
-	case !tokenPattern.MatchString(tok):
-		return fieldErr(field, fmt.Sprintf("%q must be lowercase letters, digits, '_' or '-', starting with a letter or digit", tok))
-	}
-	return nil
+	return checkName(field, tok, MaxTokenLen, tokenPattern, "be lowercase letters, digits, '_' or '-', starting with a letter or digit")
 }
 
 // ValidateKind checks a retry kind. Kinds are tokens of at most 32
@@ -69,7 +53,7 @@ func ValidateKind(field, kind string) error {
 		return err
 	}
 	if len(kind) > MaxKindLen {
-		return fieldErr(field, fmt.Sprintf("is %d characters, more than the limit of %d", len(kind), MaxKindLen))
+		return tooLong(field, len(kind), MaxKindLen)
 	}
 	return nil
 }
@@ -77,15 +61,26 @@ func ValidateKind(field, kind string) error {
 // ValidateType checks an event type: dot-separated lowercase tokens such as
 // "invoice.paid", at most 128 characters.
 func ValidateType(field, typ string) error {
+	return checkName(field, typ, MaxTypeLen, typePattern, "be lowercase dot-separated tokens of letters, digits, '_' or '-'")
+}
+
+// checkName checks a required name of at most max characters that must
+// match pattern; must says what pattern asks for.
+func checkName(field, name string, max int, pattern *regexp.Regexp, must string) error {
 	switch {
-	case typ == "":
+	case name == "":
 		return fieldErr(field, "is required")
-	case len(typ) > MaxTypeLen:
-		return fieldErr(field, fmt.Sprintf("is %d characters, more than the limit of %d", len(typ), MaxTypeLen))
-	case !typePattern.MatchString(typ):
-		return fieldErr(field, fmt.Sprintf("%q must be lowercase dot-separated tokens of letters, digits, '_' or '-'", typ))
+	case len(name) > max:
+		return tooLong(field, len(name), max)
+	case !pattern.MatchString(name):
+		return fieldErr(field, fmt.Sprintf("%q must %s", name, must))
 	}
 	return nil
+}
+
+// tooLong refuses a name of n characters where max is the limit.
+func tooLong(field string, n, max int) error {
+	return fieldErr(field, fmt.Sprintf("is %d characters, more than the limit of %d", n, max))
 }
 
 // ValidateAttempt checks a 1-based attempt number.

@@ -33,9 +33,12 @@ type JobData struct {
 const MaxTimeoutMS = int64(24 * time.Hour / time.Millisecond)
 
 // validateWork checks what an item carries so that its owner can run it
-// again: the job's overrides, its payload and checkpoint, its metadata.
-// Jobs, failures, holds and dues all carry it.
-func validateWork(maxRetries *int, timeoutMS int64, payload, checkpoint json.RawMessage, metadata map[string]string) error {
+// again: its priority band, the job's overrides, its payload and
+// checkpoint, its metadata. Jobs, failures, holds and dues all carry it.
+func validateWork(priority Priority, maxRetries *int, timeoutMS int64, payload, checkpoint json.RawMessage, metadata map[string]string) error {
+	if err := ValidatePriority("data.priority", priority); err != nil {
+		return err
+	}
 	if err := validateOverrides(maxRetries, timeoutMS); err != nil {
 		return err
 	}
@@ -81,10 +84,7 @@ func (d JobData) Validate() error {
 	if err := ValidateAttempt("data.attempt", d.Attempt); err != nil {
 		return err
 	}
-	if err := ValidatePriority("data.priority", d.Priority); err != nil {
-		return err
-	}
-	return validateWork(d.MaxRetries, d.TimeoutMS, d.Payload, d.Checkpoint, d.Metadata)
+	return validateWork(d.Priority, d.MaxRetries, d.TimeoutMS, d.Payload, d.Checkpoint, d.Metadata)
 }
 
 // NewJobMsg builds the message for jobs.<job_type>, or

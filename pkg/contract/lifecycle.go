@@ -276,10 +276,7 @@ func (d FailedData) Validate() error {
 	if err := ValidateExecutor("data.executor", d.Executor); err != nil {
 		return err
 	}
-	if err := ValidatePriority("data.priority", d.Priority); err != nil {
-		return err
-	}
-	return validateWork(d.MaxRetries, d.TimeoutMS, d.Payload, d.Checkpoint, d.Metadata)
+	return validateWork(d.Priority, d.MaxRetries, d.TimeoutMS, d.Payload, d.Checkpoint, d.Metadata)
 }
 
 // Validate checks a succeeded event.
@@ -312,10 +309,7 @@ func (d DueData) Validate() error {
 	if err := validateOptionalTokens(d.JobType, d.Source); err != nil {
 		return err
 	}
-	if err := ValidatePriority("data.priority", d.Priority); err != nil {
-		return err
-	}
-	return validateWork(d.MaxRetries, d.TimeoutMS, d.Payload, d.Checkpoint, d.Metadata)
+	return validateWork(d.Priority, d.MaxRetries, d.TimeoutMS, d.Payload, d.Checkpoint, d.Metadata)
 }
 
 // Validate checks an exhausted event.

@@ -110,13 +110,7 @@ func (d RunRequestedData) Validate() error {
 
 // Validate checks a run completion or failure.
 func (d RunFinishedData) Validate() error {
-	if err := ValidateID("data.run_id", d.RunID); err != nil {
-		return err
-	}
-	if err := ValidateToken("data.workflow", d.Workflow); err != nil {
-		return err
-	}
-	if err := validateRunAttempt(d.Attempt); err != nil {
+	if err := validateRunReport(d.RunID, d.Workflow, d.Attempt); err != nil {
 		return err
 	}
 	if d.Node != "" {
@@ -124,10 +118,8 @@ func (d RunFinishedData) Validate() error {
 			return err
 		}
 	}
-	if d.Executor != "" {
-		if err := ValidateExecutor("data.executor", d.Executor); err != nil {
-			return err
-		}
+	if err := ValidateExecutor("data.executor", d.Executor); err != nil {
+		return err
 	}
 	if d.Error != nil {
 		return validateError(*d.Error)

@@ -60,22 +60,14 @@ func RunStepMsgID(runID string, attempt int, node string) string {
 
 // Validate checks a step report.
 func (d RunStepData) Validate() error {
-	if err := ValidateID("data.run_id", d.RunID); err != nil {
-		return err
-	}
-	if err := ValidateToken("data.workflow", d.Workflow); err != nil {
-		return err
-	}
-	if err := validateRunAttempt(d.Attempt); err != nil {
+	if err := validateRunReport(d.RunID, d.Workflow, d.Attempt); err != nil {
 		return err
 	}
 	if err := ValidateID("data.node", d.Node); err != nil {
 		return err
 	}
-	if d.Executor != "" {
-		if err := ValidateExecutor("data.executor", d.Executor); err != nil {
-			return err
-		}
+	if err := ValidateExecutor("data.executor", d.Executor); err != nil {
+		return err
 	}
 	switch d.Status {
 	case StepCompleted:
@@ -126,6 +118,18 @@ func checkOutput(field string, raw json.RawMessage) error {
 		return tooLarge(field, len(raw), MaxNodeOutputSize)
 	}
 	return checkRaw(field, raw)
+}
+
+// validateRunReport checks what every report of a run attempt names: the
+// run, its workflow and the attempt.
+func validateRunReport(runID, workflow string, attempt int) error {
+	if err := ValidateID("data.run_id", runID); err != nil {
+		return err
+	}
+	if err := ValidateToken("data.workflow", workflow); err != nil {
+		return err
+	}
+	return validateRunAttempt(attempt)
 }
 
 func validateRunAttempt(attempt int) error {

@@ -131,11 +131,7 @@ func Hold(after time.Duration, detail string, opts ...HoldOption) error {
 // AsHold returns the *HoldError in err's chain, if there is one: how a
 // test of a handler checks that it held its job.
 func AsHold(err error) (*HoldError, bool) {
-	var h *HoldError
-	if errors.As(err, &h) {
-		return h, true
-	}
-	return nil, false
+	return errors.AsType[*HoldError](err)
 }
 
 // heldMsg is the held event of an attempt whose handler returned h. It

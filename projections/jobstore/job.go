@@ -3,7 +3,6 @@ package jobstore
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"time"
 
@@ -97,11 +96,8 @@ func scanJob(row pgx.Row) (Job, error) {
 // Get returns one job, or ErrNotFound.
 func Get(ctx context.Context, q Querier, id string) (Job, error) {
 	j, err := scanJob(q.QueryRow(ctx, `SELECT `+jobColumns+` FROM jobs WHERE job_id = $1`, id))
-	if errors.Is(err, pgx.ErrNoRows) {
-		return Job{}, fmt.Errorf("get job %s: %w", id, ErrNotFound)
-	}
 	if err != nil {
-		return Job{}, fmt.Errorf("get job %s: %w", id, err)
+		return Job{}, fmt.Errorf("get job %s: %w", id, notFound(err))
 	}
 	return j, nil
 }

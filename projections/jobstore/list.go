@@ -6,9 +6,8 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/retryd/retryd/internal/pgquery"
+	"github.com/retryd/retryd/projections/pgdb"
 )
 
 // MaxListLimit bounds one page of List.
@@ -89,18 +88,13 @@ func List(ctx context.Context, q Querier, f Filter, limit int, cursor string) (P
 		w.Add("(updated_at, job_id) < (?, ?)", at, id)
 	}
 	sql := `SELECT ` + jobColumns + ` FROM jobs` + w.SQL() + ` ORDER BY updated_at DESC, job_id DESC LIMIT ` + w.Arg(limit+1)
-	rows, err := q.Query(ctx, sql, w.Args...)
-	if err != nil {
-		return Page{}, fmt.Errorf("list jobs: %w", err)
-	}
-	defer rows.Close()
 	var page Page
-	page.Jobs, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (Job, error) { return scanJob(row) })
+	var more bool
+	page.Jobs, more, err = pgdb.QueryPage(ctx, q, sql, w.Args, limit, scanJob)
 	if err != nil {
 		return Page{}, fmt.Errorf("list jobs: %w", err)
 	}
-	if len(page.Jobs) > limit {
-		page.Jobs = page.Jobs[:limit]
+	if more {
 		last := page.Jobs[limit-1]
 		page.NextCursor = pgquery.EncodeTimeCursor(last.UpdatedAt, last.ID)
 	}

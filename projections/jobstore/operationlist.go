@@ -4,9 +4,8 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/retryd/retryd/internal/pgquery"
+	"github.com/retryd/retryd/projections/pgdb"
 )
 
 // OperationPage is one page of ListOperations: the newest first.
@@ -37,18 +36,13 @@ func ListOperations(ctx context.Context, q Querier, status string, limit int, cu
 	}
 	sql := `SELECT ` + operationColumns + ` FROM job_operations` + w.SQL() +
 		` ORDER BY created_at DESC, operation_id DESC LIMIT ` + w.Arg(limit+1)
-	rows, err := q.Query(ctx, sql, w.Args...)
+	var page OperationPage
+	var more bool
+	page.Operations, more, err = pgdb.QueryPage(ctx, q, sql, w.Args, limit, scanOperation)
 	if err != nil {
 		return OperationPage{}, fmt.Errorf("list operations: %w", err)
 	}
-	defer rows.Close()
-	page := OperationPage{Operations: []Operation{}}
-	page.Operations, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (Operation, error) { return scanOperation(row) })
-	if err != nil {
-		return OperationPage{}, fmt.Errorf("list operations: %w", err)
-	}
-	if len(page.Operations) > limit {
-		page.Operations = page.Operations[:limit]
+	if more {
 		last := page.Operations[limit-1]
 		page.NextCursor = pgquery.EncodeTimeCursor(last.CreatedAt, last.ID)
 	}

@@ -116,11 +116,8 @@ WHERE operation_id = $1 RETURNING `+operationColumns, op.ID, tag.RowsAffected(),
 // GetOperation returns an operation, or ErrNotFound.
 func GetOperation(ctx context.Context, q Querier, id string) (Operation, error) {
 	o, err := scanOperation(q.QueryRow(ctx, `SELECT `+operationColumns+` FROM job_operations WHERE operation_id = $1`, id))
-	if errors.Is(err, pgx.ErrNoRows) {
-		return Operation{}, fmt.Errorf("get operation %s: %w", id, ErrNotFound)
-	}
 	if err != nil {
-		return Operation{}, fmt.Errorf("get operation %s: %w", id, err)
+		return Operation{}, fmt.Errorf("get operation %s: %w", id, notFound(err))
 	}
 	return o, nil
 }

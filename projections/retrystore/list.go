@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/retryd/retryd/internal/pgquery"
+	"github.com/retryd/retryd/projections/pgdb"
 )
 
 // MaxListLimit bounds one page of List.
@@ -66,18 +67,13 @@ func List(ctx context.Context, q Querier, f ListFilter) (Page, error) {
 		w.Add("(kind, item_id) > (?, ?)", kind, item)
 	}
 	sql := `SELECT ` + retryColumns + ` FROM retries` + w.SQL() + ` ORDER BY kind, item_id LIMIT ` + w.Arg(limit+1)
-	rows, err := q.Query(ctx, sql, w.Args...)
-	if err != nil {
-		return Page{}, fmt.Errorf("list retries: %w", err)
-	}
-	defer rows.Close()
 	var page Page
-	page.Retries, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (Retry, error) { return scanRetry(row) })
+	var more bool
+	page.Retries, more, err = pgdb.QueryPage(ctx, q, sql, w.Args, limit, func(row pgx.Row) (Retry, error) { return scanRetry(row) })
 	if err != nil {
 		return Page{}, fmt.Errorf("list retries: %w", err)
 	}
-	if len(page.Retries) > limit {
-		page.Retries = page.Retries[:limit]
+	if more {
 		last := page.Retries[limit-1]
 		page.NextCursor = encodeCursor(last.Kind, last.ItemID)
 	}

@@ -76,11 +76,8 @@ func LookupPolicy(ctx context.Context, q Querier, kind, jobType string) (policy.
 WHERE (kind = $1 AND job_type IN ($2, '')) OR (kind = '*' AND job_type = '')
 ORDER BY kind = '*', job_type = '' LIMIT 1`, kind, jobType)
 	p, err := scanPolicy(row)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return policy.Policy{}, fmt.Errorf("look up policy %s/%s: %w", kind, jobType, ErrNotFound)
-	}
 	if err != nil {
-		return policy.Policy{}, fmt.Errorf("look up policy %s/%s: %w", kind, jobType, err)
+		return policy.Policy{}, fmt.Errorf("look up policy %s/%s: %w", kind, jobType, notFound(err))
 	}
 	return p, nil
 }
@@ -89,11 +86,8 @@ ORDER BY kind = '*', job_type = '' LIMIT 1`, kind, jobType)
 func GetPolicy(ctx context.Context, q Querier, kind, jobType string) (policy.Policy, error) {
 	row := q.QueryRow(ctx, `SELECT `+policyColumns+` FROM retry_policies WHERE kind = $1 AND job_type = $2`, kind, jobType)
 	p, err := scanPolicy(row)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return policy.Policy{}, fmt.Errorf("get policy %s/%s: %w", kind, jobType, ErrNotFound)
-	}
 	if err != nil {
-		return policy.Policy{}, fmt.Errorf("get policy %s/%s: %w", kind, jobType, err)
+		return policy.Policy{}, fmt.Errorf("get policy %s/%s: %w", kind, jobType, notFound(err))
 	}
 	return p, nil
 }

@@ -3,7 +3,6 @@ package retrystore
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"time"
 
@@ -158,11 +157,8 @@ func GetForUpdate(ctx context.Context, q Querier, kind, itemID string) (Retry, e
 func get(ctx context.Context, q Querier, kind, itemID, lock string) (Retry, error) {
 	row := q.QueryRow(ctx, `SELECT `+retryColumns+` FROM retries WHERE kind = $1 AND item_id = $2`+lock, kind, itemID)
 	r, err := scanRetry(row)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return Retry{}, fmt.Errorf("get retry %s/%s: %w", kind, itemID, ErrNotFound)
-	}
 	if err != nil {
-		return Retry{}, fmt.Errorf("get retry %s/%s: %w", kind, itemID, err)
+		return Retry{}, fmt.Errorf("get retry %s/%s: %w", kind, itemID, notFound(err))
 	}
 	return r, nil
 }

@@ -18,6 +18,7 @@ import (
 
 	"github.com/retryd/retryd/internal/durable"
 	"github.com/retryd/retryd/internal/failpoint"
+	"github.com/retryd/retryd/internal/wait"
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/pkg/tracing"
 	"github.com/retryd/retryd/projections/inbox"
@@ -222,15 +223,8 @@ func (p *Projector) Stop(ctx context.Context) error {
 	// The batches already delivered are applied even while stopping:
 	// finishing them is quicker than their redelivery.
 	drainErr := p.consumers.Drain(ctx)
-	done := make(chan struct{})
-	go func() {
-		p.loops.Wait()
-		close(done)
-	}()
-	select {
-	case <-done:
-	case <-ctx.Done():
-		return fmt.Errorf("stop jobs projector: %w", ctx.Err())
+	if err := wait.Group(ctx, &p.loops); err != nil {
+		return fmt.Errorf("stop jobs projector: %w", err)
 	}
 	if drainErr != nil {
 		return fmt.Errorf("stop jobs projector: %w", drainErr)

@@ -106,11 +106,7 @@ func (s *Scheduler) handleList(w http.ResponseWriter, r *http.Request) {
 	if errors.Is(err, retrystore.ErrBadCursor) {
 		err = invalidField("cursor", "is not a cursor returned by this API")
 	}
-	if err != nil {
-		serve.WriteError(w, err)
-		return
-	}
-	serve.WriteJSON(w, http.StatusOK, page)
+	reply(w, page, err)
 }
 
 // retryView is one retry with its history: everything that answers "why
@@ -118,6 +114,16 @@ func (s *Scheduler) handleList(w http.ResponseWriter, r *http.Request) {
 type retryView struct {
 	Retry   retrystore.Retry          `json:"retry"`
 	History []retrystore.HistoryEntry `json:"history,omitempty"`
+}
+
+// reply answers 200 with v, or with err when the handler could not make
+// it.
+func reply(w http.ResponseWriter, v any, err error) {
+	if err != nil {
+		serve.WriteError(w, err)
+		return
+	}
+	serve.WriteJSON(w, http.StatusOK, v)
 }
 
 func pathItem(r *http.Request) (kind, id string, err error) {
@@ -146,11 +152,7 @@ func (s *Scheduler) handleGet(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	hist, err := retrystore.History(r.Context(), s.cfg.Pool, kind, id)
-	if err != nil {
-		serve.WriteError(w, err)
-		return
-	}
-	serve.WriteJSON(w, http.StatusOK, retryView{Retry: row, History: hist})
+	reply(w, retryView{Retry: row, History: hist}, err)
 }
 
 // cancelRequest and retryRequest keep "by" so older clients that send it
@@ -162,22 +164,9 @@ type cancelRequest struct {
 }
 
 func (s *Scheduler) handleCancel(w http.ResponseWriter, r *http.Request) {
-	kind, id, err := pathItem(r)
-	if err != nil {
-		serve.WriteError(w, err)
-		return
-	}
-	var req cancelRequest
-	if err := serve.DecodeOptionalJSON(r, maxBodyBytes, &req); err != nil {
-		serve.WriteError(w, err)
-		return
-	}
-	row, err := s.Cancel(r.Context(), kind, id, serve.Actor(r), req.Reason)
-	if err != nil {
-		serve.WriteError(w, err)
-		return
-	}
-	serve.WriteJSON(w, http.StatusOK, retryView{Retry: row})
+	itemAction(w, r, func(kind, id string, req cancelRequest) (retrystore.Retry, error) {
+		return s.Cancel(r.Context(), kind, id, serve.Actor(r), req.Reason)
+	})
 }
 
 type retryRequest struct {
@@ -187,21 +176,25 @@ type retryRequest struct {
 }
 
 func (s *Scheduler) handleRetry(w http.ResponseWriter, r *http.Request) {
+	itemAction(w, r, func(kind, id string, req retryRequest) (retrystore.Retry, error) {
+		return s.RetryNow(r.Context(), kind, id, RetryNowOptions{Reason: req.Reason, By: serve.Actor(r), ResetAttempts: req.ResetAttempts})
+	})
+}
+
+// itemAction serves a manual action on the item the path names: it
+// decodes the optional body into a Req and answers with the row act
+// leaves.
+func itemAction[Req any](w http.ResponseWriter, r *http.Request, act func(kind, id string, req Req) (retrystore.Retry, error)) {
 	kind, id, err := pathItem(r)
 	if err != nil {
 		serve.WriteError(w, err)
 		return
 	}
-	var req retryRequest
+	var req Req
 	if err := serve.DecodeOptionalJSON(r, maxBodyBytes, &req); err != nil {
 		serve.WriteError(w, err)
 		return
 	}
-	req.By = serve.Actor(r)
-	row, err := s.RetryNow(r.Context(), kind, id, RetryNowOptions{Reason: req.Reason, By: req.By, ResetAttempts: req.ResetAttempts})
-	if err != nil {
-		serve.WriteError(w, err)
-		return
-	}
-	serve.WriteJSON(w, http.StatusOK, retryView{Retry: row})
+	row, err := act(kind, id, req)
+	reply(w, retryView{Retry: row}, err)
 }

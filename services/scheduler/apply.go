@@ -98,40 +98,61 @@ func keepOverrides(r *retrystore.Retry, maxRetries *int, retryEnabled *bool, tim
 	}
 }
 
+// rowOf is the row a fact about f's item changes: a copy of row, or a new
+// one for an item the scheduler has no row of yet.
+func rowOf(row *retrystore.Retry, f fact) retrystore.Retry {
+	if row != nil {
+		return *row
+	}
+	return retrystore.Retry{Kind: f.ev.Kind, ItemID: f.ev.ID, RetryEnabled: true}
+}
+
+// keepWork copies what a failed or held event carries so that the item
+// can run again (its job type and source, the payload, checkpoint and
+// metadata as the owner sent them) into the row; what the fact leaves out
+// keeps the row's.
+func keepWork(r *retrystore.Retry, jobType, source string, payload, checkpoint json.RawMessage, metadata map[string]string) {
+	if jobType != "" {
+		r.JobType = jobType
+	}
+	if source != "" {
+		r.Source = source
+	}
+	if len(payload) > 0 {
+		r.Payload = payload
+	}
+	if len(checkpoint) > 0 {
+		r.Checkpoint = checkpoint
+	}
+	if metadata != nil {
+		r.Metadata = metadata
+	}
+}
+
+// awaitDecision leaves the row at attempt, scheduled without a time (what
+// awaitingDecision reports): the decision on the failure or hold (reason)
+// that asked for it sets one.
+func awaitDecision(r *retrystore.Retry, attempt int, reason string) {
+	r.State = retrystore.StateScheduled
+	r.Attempt = attempt
+	r.RetryCount = max(attempt-1-r.BudgetBase, 0)
+	r.NextAttemptAt, r.DueAt, r.DueEmissions = nil, nil, 0
+	r.LastReason = reason
+	r.ExhaustedReason, r.ResolvedAt = "", nil
+}
+
 // recordFailure copies a failure into the row and returns the failed
 // history entry. The row is left awaiting its decision.
 func recordFailure(row *retrystore.Retry, f fact, class string) (retrystore.Retry, retrystore.HistoryEntry) {
 	fd := f.ev.Failed
-	r := retrystore.Retry{Kind: f.ev.Kind, ItemID: f.ev.ID, RetryEnabled: true}
-	if row != nil {
-		r = *row
-	}
-	if fd.JobType != "" {
-		r.JobType = fd.JobType
-	}
-	if fd.Source != "" {
-		r.Source = fd.Source
-	}
+	r := rowOf(row, f)
+	keepWork(&r, fd.JobType, fd.Source, fd.Payload, fd.Checkpoint, fd.Metadata)
 	keepOverrides(&r, fd.MaxRetries, fd.RetryEnabled, fd.TimeoutMS, fd.Priority)
-	if len(fd.Payload) > 0 {
-		r.Payload = fd.Payload
-	}
-	if len(fd.Checkpoint) > 0 {
-		r.Checkpoint = fd.Checkpoint
-	}
-	if fd.Metadata != nil {
-		r.Metadata = fd.Metadata
-	}
+	awaitDecision(&r, fd.Attempt, fd.Reason)
 	at := f.at
-	r.State = retrystore.StateScheduled
-	r.Attempt = fd.Attempt
-	r.RetryCount = max(fd.Attempt-1-r.BudgetBase, 0)
-	r.NextAttemptAt, r.DueAt, r.DueEmissions = nil, nil, 0
 	r.LastErrorClass = class
 	r.LastErrorMessage = fd.Error.Message
 	r.LastErrorAt = &at
-	r.LastReason = fd.Reason
-	r.ExhaustedReason, r.ResolvedAt = "", nil
 	// An attempt ran: whatever held the item before has lifted.
 	r.HeldSince, r.HoldReason, r.HoldKey = nil, "", ""
 
@@ -309,10 +330,7 @@ func applyCancelled(row *retrystore.Retry, f fact) change {
 	if row != nil && !pending(row) {
 		return staleChange()
 	}
-	r := retrystore.Retry{Kind: f.ev.Kind, ItemID: f.ev.ID, RetryEnabled: true}
-	if row != nil {
-		r = *row
-	}
+	r := rowOf(row, f)
 	at := f.at
 	r.State = retrystore.StateCancelled
 	r.Attempt = max(r.Attempt, cd.Attempt)

@@ -88,32 +88,10 @@ func holdOf(ctx context.Context, q retrystore.Querier, r *retrystore.Retry, hd *
 // the retry count is the row's, the error fields are kept (a hold is not
 // an error), and held_since is kept while the item stays held.
 func recordHold(row *retrystore.Retry, f fact, hd *contract.HeldData) (retrystore.Retry, retrystore.HistoryEntry) {
-	r := retrystore.Retry{Kind: f.ev.Kind, ItemID: f.ev.ID, RetryEnabled: true}
-	if row != nil {
-		r = *row
-	}
-	if hd.JobType != "" {
-		r.JobType = hd.JobType
-	}
-	if hd.Source != "" {
-		r.Source = hd.Source
-	}
-	if len(hd.Payload) > 0 {
-		r.Payload = hd.Payload
-	}
-	if len(hd.Checkpoint) > 0 {
-		r.Checkpoint = hd.Checkpoint
-	}
-	if hd.Metadata != nil {
-		r.Metadata = hd.Metadata
-	}
+	r := rowOf(row, f)
+	keepWork(&r, hd.JobType, hd.Source, hd.Payload, hd.Checkpoint, hd.Metadata)
 	keepOverrides(&r, hd.MaxRetries, hd.RetryEnabled, hd.TimeoutMS, hd.Priority)
-	r.State = retrystore.StateScheduled
-	r.Attempt = hd.Attempt
-	r.RetryCount = max(hd.Attempt-1-r.BudgetBase, 0)
-	r.NextAttemptAt, r.DueAt, r.DueEmissions = nil, nil, 0
-	r.LastReason = hd.Reason
-	r.ExhaustedReason, r.ResolvedAt = "", nil
+	awaitDecision(&r, hd.Attempt, hd.Reason)
 	if r.HeldSince == nil {
 		at := f.at
 		r.HeldSince = &at

@@ -63,10 +63,7 @@ func replayDue(row *retrystore.Retry, f fact) change {
 	var r retrystore.Retry
 	switch {
 	case row == nil || dd.Attempt > row.Attempt:
-		r = retrystore.Retry{Kind: f.ev.Kind, ItemID: f.ev.ID, RetryEnabled: true}
-		if row != nil {
-			r = *row
-		}
+		r = rowOf(row, f)
 		next := dd.NextAttemptAt
 		r.Attempt, r.NextAttemptAt, r.DueEmissions = dd.Attempt, &next, 0
 		r.JobType, r.Source = dd.JobType, dd.Source

@@ -268,56 +268,36 @@ func (s *Stack) startServices(ctx context.Context) error {
 
 	sched, err := scheduler.New(scheduler.Config{Pool: s.Pool, JS: s.JS, Logger: lg("scheduler"), Registerer: reg,
 		MaxIdle: s.cfg.SchedulerMaxIdle})
-	if err != nil {
-		return fmt.Errorf("new scheduler: %w", err)
-	}
-	if err := sched.Start(ctx); err != nil {
-		return fmt.Errorf("start scheduler: %w", err)
+	if err = s.start(ctx, "scheduler", sched, err); err != nil {
+		return err
 	}
 	s.Scheduler = sched
-	s.onStop("scheduler", sched.Stop)
 
 	ing, err := ingress.New(ingress.Config{Pool: s.Pool, JS: s.JS, Logger: lg("ingress"), Registerer: reg,
 		IntakeRate: s.cfg.IntakeRate, IntakeBurst: s.cfg.IntakeBurst})
-	if err != nil {
-		return fmt.Errorf("new ingress: %w", err)
-	}
-	if err := ing.Start(ctx); err != nil {
-		return fmt.Errorf("start ingress: %w", err)
+	if err = s.start(ctx, "ingress", ing, err); err != nil {
+		return err
 	}
 	s.Ingress = ing
-	s.onStop("ingress", ing.Stop)
 
 	trig, err := triggers.New(triggers.Config{Pool: s.Pool, JS: s.JS, Logger: lg("triggers"), Registerer: reg})
-	if err != nil {
-		return fmt.Errorf("new triggers: %w", err)
-	}
-	if err := trig.Start(ctx); err != nil {
-		return fmt.Errorf("start triggers: %w", err)
+	if err = s.start(ctx, "triggers", trig, err); err != nil {
+		return err
 	}
 	s.Triggers = trig
-	s.onStop("triggers", trig.Stop)
 
 	proj, err := jobs.NewProjector(jobs.ProjectorConfig{Pool: s.Pool, JS: s.JS, Logger: lg("jobs-projection"),
 		Registerer: reg, FetchWait: s.cfg.FetchWait})
-	if err != nil {
-		return fmt.Errorf("new jobs projection: %w", err)
-	}
-	if err := proj.Start(ctx); err != nil {
-		return fmt.Errorf("start jobs projection: %w", err)
+	if err = s.start(ctx, "jobs projection", proj, err); err != nil {
+		return err
 	}
 	s.Projector = proj
-	s.onStop("jobs projection", proj.Stop)
 
 	api, err := jobs.NewAPI(jobs.APIConfig{Pool: s.Pool, Retry: scheduler.RetryController{S: sched}, JS: s.JS, Logger: lg("jobs-api"), Registerer: reg})
-	if err != nil {
-		return fmt.Errorf("new jobs API: %w", err)
-	}
-	if err := api.Start(ctx); err != nil {
-		return fmt.Errorf("start jobs API: %w", err)
+	if err = s.start(ctx, "jobs API", api, err); err != nil {
+		return err
 	}
 	s.JobsAPI = api
-	s.onStop("jobs API", api.Stop)
 
 	w, err := worker.New(worker.Config{JS: s.JS, Logger: slogger(lg("worker")), Registerer: reg, Source: "retryd/dev-worker",
 		Concurrency: s.cfg.WorkerConcurrency, FetchWait: s.cfg.FetchWait})
@@ -329,11 +309,29 @@ func (s *Stack) startServices(ctx context.Context) error {
 			return err
 		}
 	}
-	if err := w.Start(ctx); err != nil {
-		return fmt.Errorf("start worker: %w", err)
+	if err := s.start(ctx, "worker", w, nil); err != nil {
+		return err
 	}
 	s.Worker = w
-	s.onStop("worker", w.Stop)
+	return nil
+}
+
+// service is what the stack starts and stops alike.
+type service interface {
+	Start(ctx context.Context) error
+	Stop(ctx context.Context) error
+}
+
+// start starts svc, which its constructor returned with newErr, and has
+// the stack stop it; name says which service in errors.
+func (s *Stack) start(ctx context.Context, name string, svc service, newErr error) error {
+	if newErr != nil {
+		return fmt.Errorf("new %s: %w", name, newErr)
+	}
+	if err := svc.Start(ctx); err != nil {
+		return fmt.Errorf("start %s: %w", name, err)
+	}
+	s.onStop(name, svc.Stop)
 	return nil
 }
 

@@ -89,6 +89,11 @@ export function dateTime(iso) {
   return `${d.toLocaleDateString()} ${clock(iso)}`;
 }
 
+// stamp is a time as its date and how far from now it is.
+export function stamp(iso, now) {
+  return `${dateTime(iso)} (${relTime(iso, now)})`;
+}
+
 export function pct(r) {
   return r === null || r === undefined ? "–" : `${(r * 100).toFixed(1)}%`;
 }

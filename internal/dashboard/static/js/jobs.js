@@ -4,7 +4,7 @@
 // jobs-bulk.js.
 
 import { api } from "./api.js";
-import { h, clear, badge, classTag, relTime, dateTime, clock, fmtMS, trunc } from "./dom.js";
+import { h, clear, badge, classTag, relTime, stamp, clock, fmtMS, trunc } from "./dom.js";
 import { actionDialog, toast } from "./dialog.js";
 import * as bulk from "./jobs-bulk.js";
 import * as list from "./list.js";
@@ -38,18 +38,13 @@ export async function render(root, params, { navigate }) {
       return { rows: page.jobs, next_cursor: page.next_cursor };
     },
     shown: (rows) => drawRows(tbody, rows, "No jobs match these filters.") });
-  const statusOptions = [["", "any status"], [GIVEN_UP, "failed or failed_max_retries"], ...STATUSES.map((s) => [s, s])];
   const bulkPanel = bulk.panel({ statuses: STATUSES, classes: CLASSES, givenUp: GIVEN_UP });
   const layout = h("div", { class: "split jobs" },
-    h("section", { class: "panel", "data-test": "jobs-list" },
-      h("div", { class: "filters" },
-        filters.input("job_type", "Job type", "e.g. send_email"),
-        filters.select("status", "Status", statusOptions),
-        filters.select("priority", "Priority", [["", "any priority"], ...PRIORITIES.map((v) => [v, v])]),
-        filters.select("error_class", "Last error class", [["", "any class"], ...CLASSES.map((c) => [c, c])]),
-        jobs.count),
-      h("div", { class: "table-wrap" }, h("table", {}, list.head(COLUMNS), tbody)),
-      h("div", { class: "panel-body", style: { "text-align": "center" } }, jobs.more)),
+    list.panel("jobs", jobs, COLUMNS, tbody,
+      filters.input("job_type", "Job type", "e.g. send_email"),
+      filters.select("status", "Status", list.options("any status", STATUSES, [[GIVEN_UP, "failed or failed_max_retries"]])),
+      filters.select("priority", "Priority", list.options("any priority", PRIORITIES)),
+      filters.select("error_class", "Last error class", list.options("any class", CLASSES))),
     detail);
   root.appendChild(h("div", { class: "stack" },
     h("div", { class: "grid2" },
@@ -70,7 +65,8 @@ export async function render(root, params, { navigate }) {
   function drawRows(body, rows, empty) {
     list.drawRows(body, rows, COLUMNS, empty, (j, now) =>
       list.itemRow(j, p.job, (id) => go({ job: id }),
-        h("td", { class: "id", title: j.id, text: shortID(j.id) }),
+        // A ULID's time part and a little more: enough to tell jobs apart.
+        list.idCell(j.id, 10),
         h("td", { class: "mono", text: j.job_type }),
         h("td", {}, badge(j.status)),
         h("td", { class: `priority ${j.priority || "normal"}`, "data-test": "priority", text: j.priority || "normal" }),
@@ -137,10 +133,8 @@ export async function render(root, params, { navigate }) {
     refresh,
     destroy: bulkPanel.destroy,
     async update(params) {
-      const next = { ...params };
-      const listChanged = list.changed([...FILTERS, "limit"], next, p);
-      p = next;
-      filters.sync(p);
+      const listChanged = filters.moved(FILTERS, params, p);
+      p = { ...params };
       if (listChanged) {
         jobs.reset();
         await Promise.all([jobs.load(false), loadDetail()]);
@@ -152,22 +146,16 @@ export async function render(root, params, { navigate }) {
   };
 }
 
-// shortID keeps a ULID's time part and a little more: enough to tell jobs
-// apart in a list; the full id is the row's title.
-function shortID(id) {
-  return id.length > 12 ? id.slice(0, 10) + "…" : id;
-}
-
 function facts(j, now) {
   const kv = list.kv;
-  const at = (iso) => `${dateTime(iso)} (${relTime(iso, now)})`;
+  const at = (iso) => stamp(iso, now);
   return [
     kv("Status", j.status_reason ? `${j.status} (${j.status_reason})` : j.status),
     kv("Priority", j.priority || "normal"),
     kv("Attempt", String(j.attempt)),
     kv("Retries used", list.retriesUsed(j)),
     j.current_step ? kv("Current step", j.current_step) : null,
-    j.last_error_class || j.last_error_message ? kv("Last error", [j.last_error_class, j.last_error_message].filter(Boolean).join(": ")) : null,
+    j.last_error_class || j.last_error_message ? kv("Last error", list.lastError(j)) : null,
     j.next_retry_at && PENDING.has(j.status) ? kv("Next retry", at(j.next_retry_at)) : null,
     kv("Created", at(j.created_at)),
     kv("Updated", at(j.updated_at)),

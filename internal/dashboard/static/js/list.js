@@ -29,7 +29,30 @@ export function filters(view, sel, go) {
         el.value = v;
       }
     },
+    // moved shows the filters of the address parameters next and reports
+    // whether the list they select differs from prev's: a filter of keys
+    // or the page size changed.
+    moved(keys, next, prev) {
+      this.sync(next);
+      return changed([...keys, "limit"], next, prev);
+    },
   };
+}
+
+// options are a filter's choices: any (the value ""), then given (pairs
+// of value and text), then each of values as itself.
+export function options(any, values, given = []) {
+  return [["", any], ...given, ...values.map((v) => [v, v])];
+}
+
+// panel is a view's list: its filter controls and the count, the table of
+// columns over tbody, and the "More" button of pages (data-test
+// "<view>-list").
+export function panel(view, pages, columns, tbody, ...controls) {
+  return h("section", { class: "panel", "data-test": `${view}-list` },
+    h("div", { class: "filters" }, ...controls, pages.count),
+    h("div", { class: "table-wrap" }, h("table", {}, head(columns), tbody)),
+    h("div", { class: "panel-body", style: { "text-align": "center" } }, pages.more));
 }
 
 // pages reads a list a page at a time: size() rows (?limit= of the
@@ -95,6 +118,12 @@ export function drawRows(tbody, items, columns, empty, row) {
   for (const it of items) tbody.appendChild(row(it, now));
 }
 
+// idCell is a list's id column: the first keep characters of id (one at
+// most two longer shows whole), the full id as its title.
+export function idCell(id, keep) {
+  return h("td", { class: "id", title: id, text: id.length > keep + 2 ? id.slice(0, keep) + "…" : id });
+}
+
 // itemRow is a list row that selects its item (it.id) when clicked.
 export function itemRow(it, selected, select, ...cells) {
   return h("tr", { class: `clickable${selected === it.id ? " selected" : ""}`, "data-id": it.id, "data-status": it.status,
@@ -123,6 +152,12 @@ export async function loadDetail(layout, panel, noun, id, get, draw) {
 // data-test.
 export function kv(k, v, test) {
   return [h("dt", { text: k }), h("dd", { text: v, "data-test": test })];
+}
+
+// lastError is an item's last error: its class and message, as far as
+// known.
+export function lastError(x) {
+  return [x.last_error_class, x.last_error_message].filter(Boolean).join(": ");
 }
 
 // retriesUsed says how much of an item's retry budget is used. A manual

@@ -2,7 +2,7 @@
 // its timeline — every lifecycle event with what decided it.
 
 import { api } from "./api.js";
-import { h, clear, badge, classTag, relTime, clock, dateTime, fmtMS, trunc, stateColors } from "./dom.js";
+import { h, clear, badge, classTag, relTime, clock, dateTime, stamp, fmtMS, trunc, stateColors } from "./dom.js";
 import { actionDialog, toast } from "./dialog.js";
 
 const STATES = [
@@ -127,12 +127,12 @@ export async function render(root, params, { navigate }) {
         h("dl", { class: "kv" },
           kv("Attempt", `${r.attempt} (retries used ${retriesUsed(r.retry_count, r.max_retries)}${r.retry_enabled ? "" : ", retries disabled"})`),
           kv("Policy", r.policy_name ? `${r.policy_name} v${r.policy_version}` : "–"),
-          pending ? kv("Next attempt", r.next_attempt_at ? `${dateTime(r.next_attempt_at)} (${relTime(r.next_attempt_at, now)})` : "–") : null,
+          pending ? kv("Next attempt", r.next_attempt_at ? stamp(r.next_attempt_at, now) : "–") : null,
           pending && r.held_since ? kv("Held", heldSummary(r, now)) : null,
           r.last_error_class || r.last_error_message ? kv("Last error", `${r.last_error_class || "?"}: ${r.last_error_message || ""}`) : null,
           r.exhausted_reason ? kv("Exhausted", r.exhausted_reason === "hold_expired" ? `hold expired: ${ctx.holdExpired}` : r.exhausted_reason.replaceAll("_", " ")) : null,
           kv("Created", dateTime(r.created_at)),
-          kv("Updated", `${dateTime(r.updated_at)} (${relTime(r.updated_at, now)})`)),
+          kv("Updated", stamp(r.updated_at, now))),
         h("h3", { text: `Lifecycle (${history.length})`, style: { "font-size": "14px" } }),
         h("ol", { class: "timeline", "data-test": "timeline" }, history.map((e) => timelineItem(e, ctx))),
         h("p", { class: "hint" }, "From the terminal: ", h("code", { text: `nats stream view RETRIES --subject 'retry.${r.kind}.*.${r.id}'` }),
@@ -208,7 +208,7 @@ function retriesUsed(used, allowed) {
 
 // heldSummary is the item's current hold, as `retryd retries show` prints it.
 function heldSummary(r, now) {
-  return `${r.hold_reason || "held"} since ${dateTime(r.held_since)} (${relTime(r.held_since, now)})${r.hold_key ? `, hold key ${r.hold_key}` : ""}; uses no retry`;
+  return `${r.hold_reason || "held"} since ${stamp(r.held_since, now)}${r.hold_key ? `, hold key ${r.hold_key}` : ""}; uses no retry`;
 }
 
 function kv(k, v) {

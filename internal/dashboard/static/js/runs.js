@@ -5,7 +5,7 @@
 // is retried by hand through the scheduler (kind run), like any item.
 
 import { api } from "./api.js";
-import { h, clear, badge, classTag, relTime, dateTime, trunc } from "./dom.js";
+import { h, clear, badge, classTag, relTime, stamp, trunc } from "./dom.js";
 import { actionDialog, toast } from "./dialog.js";
 import { CLASSES } from "./jobs.js";
 import * as list from "./list.js";
@@ -32,16 +32,11 @@ export async function render(root, params, { navigate }) {
       return { rows: page.runs, next_cursor: page.next_cursor };
     },
     shown: drawRows });
-  const statusOptions = [["", "any status"], [GIVEN_UP, "failed or failed_max_retries"], ...STATUSES.map((s) => [s, s])];
   const layout = h("div", { class: "split runs" },
-    h("section", { class: "panel", "data-test": "runs-list" },
-      h("div", { class: "filters" },
-        filters.input("workflow", "Workflow", "e.g. onboard"),
-        filters.select("status", "Status", statusOptions),
-        filters.select("error_class", "Last error class", [["", "any class"], ...CLASSES.map((c) => [c, c])]),
-        runs.count),
-      h("div", { class: "table-wrap" }, h("table", {}, list.head(COLUMNS), tbody)),
-      h("div", { class: "panel-body", style: { "text-align": "center" } }, runs.more)),
+    list.panel("runs", runs, COLUMNS, tbody,
+      filters.input("workflow", "Workflow", "e.g. onboard"),
+      filters.select("status", "Status", list.options("any status", STATUSES, [[GIVEN_UP, "failed or failed_max_retries"]])),
+      filters.select("error_class", "Last error class", list.options("any class", CLASSES))),
     detail);
   root.appendChild(layout);
   filters.sync(p);
@@ -49,7 +44,8 @@ export async function render(root, params, { navigate }) {
   function drawRows(rows) {
     list.drawRows(tbody, rows, COLUMNS, "No runs match these filters.", (r, now) =>
       list.itemRow(r, p.run, (id) => go({ run: id }),
-        h("td", { class: "id", title: r.id, text: shortID(r.id) }),
+        // Run ids are "run-" and a ULID: keep its time part and a little more.
+        list.idCell(r.id, 14),
         h("td", { class: "mono", text: r.workflow }),
         h("td", {}, badge(r.status)),
         h("td", { class: "num", text: String(r.attempt) }),
@@ -115,10 +111,8 @@ export async function render(root, params, { navigate }) {
   return {
     refresh,
     async update(params) {
-      const next = { ...params };
-      const listChanged = list.changed([...FILTERS, "limit"], next, p);
-      p = next;
-      filters.sync(p);
+      const listChanged = filters.moved(FILTERS, params, p);
+      p = { ...params };
       if (listChanged) {
         runs.reset();
         await refresh();
@@ -130,15 +124,9 @@ export async function render(root, params, { navigate }) {
   };
 }
 
-// shortID: run ids are "run-" and 26 characters; the full id is the
-// row's title.
-function shortID(id) {
-  return id.length > 16 ? id.slice(0, 14) + "…" : id;
-}
-
 function facts(r, now) {
   const kv = list.kv;
-  const at = (iso) => `${dateTime(iso)} (${relTime(iso, now)})`;
+  const at = (iso) => stamp(iso, now);
   return [
     kv("Status", r.status),
     kv("Attempt", String(r.attempt), "run-attempt"),
@@ -146,7 +134,7 @@ function facts(r, now) {
     r.next_retry_at && r.status === "retrying" ? kv("Next retry", at(r.next_retry_at), "run-next-retry") : null,
     r.current_node_id ? kv("Current node", r.current_node_id) : null,
     r.last_error_class || r.last_error_message
-      ? kv("Last error", [r.last_error_class, r.last_error_message].filter(Boolean).join(": "), "run-last-error") : null,
+      ? kv("Last error", list.lastError(r), "run-last-error") : null,
     r.last_error_timestamp ? kv("Last error at", at(r.last_error_timestamp)) : null,
     r.error ? kv("Error", r.error) : null,
     r.executor ? kv("Executor", r.executor, "run-executor") : null,
@@ -161,7 +149,7 @@ function facts(r, now) {
 }
 
 function stepRow(s, now) {
-  const err = [s.last_error_class, s.last_error_message].filter(Boolean).join(": ");
+  const err = list.lastError(s);
   const out = s.output === undefined || s.output === null ? "" : JSON.stringify(s.output);
   let retry = s.retry_state === "none" ? "" : s.retry_state;
   if (s.retry_state === "scheduled" && s.next_attempt_at) retry += ` ${relTime(s.next_attempt_at, now)}`;

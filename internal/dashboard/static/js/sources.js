@@ -2,7 +2,7 @@
 // events) with pause and resume.
 
 import { api } from "./api.js";
-import { h, clear, relTime, dateTime } from "./dom.js";
+import { h, clear, relTime, stamp } from "./dom.js";
 import { actionDialog, toast } from "./dialog.js";
 
 export async function render(root, params, { navigate }) {
@@ -29,7 +29,7 @@ export async function render(root, params, { navigate }) {
         h("td", { class: "mono", text: s.source }),
         h("td", { text: s.rate_limit ? `${s.rate_limit} per ${s.rate_window}` : "none" }),
         h("td", {}, paused
-          ? [h("span", { class: "badge paused", text: "paused" }), " ", h("span", { class: "muted", text: [s.paused_until && `until ${dateTime(s.paused_until)} (${relTime(s.paused_until, now)})`, s.pause_reason].filter(Boolean).join(" · ") })]
+          ? [h("span", { class: "badge paused", text: "paused" }), " ", h("span", { class: "muted", text: [s.paused_until && `until ${stamp(s.paused_until, now)}`, s.pause_reason].filter(Boolean).join(" · ") })]
           : [h("span", { class: "badge succeeded", text: "open" }), s.paused_until && s.paused ? h("span", { class: "muted", text: ` pause ended ${relTime(s.paused_until, now)}` }) : null]),
         h("td", { class: "num" }, s.deferred
           ? h("a", { href: "#", onclick: (e) => { e.preventDefault(); navigate("retries", { kind: "event", source: s.source, state: "scheduled" }); }, text: String(s.deferred) })
