@@ -20,7 +20,12 @@ type Envelope struct {
 	Time            time.Time       `json:"time"`
 	Subject         string          `json:"subject,omitempty"`
 	DataContentType string          `json:"datacontenttype,omitempty"`
+	DataSchema      string          `json:"dataschema,omitempty"`
 	Data            json.RawMessage `json:"data,omitempty"`
+	// Extensions are a producer event's extension attributes (strings,
+	// booleans and 32-bit integers), kept and passed on to EVENTS as
+	// members of the envelope. retryd's own messages have none.
+	Extensions map[string]any `json:"-"`
 }
 
 // ProducerEvent is what a producer sends to POST /v1/events or to
@@ -34,18 +39,34 @@ type ProducerEvent struct {
 	Time            *time.Time      `json:"time,omitempty"`
 	Subject         string          `json:"subject,omitempty"`
 	DataContentType string          `json:"datacontenttype,omitempty"`
+	DataSchema      string          `json:"dataschema,omitempty"`
 	Data            json.RawMessage `json:"data,omitempty"`
+	// Extensions are the event's extension attributes (see Envelope).
+	Extensions map[string]any `json:"-"`
 }
 
-// DecodeProducerEvent strictly decodes and validates a producer event.
-// Fields left out stay empty; call Envelope to complete it.
+// DecodeProducerEvent strictly decodes and validates a producer event in
+// structured mode. Members that are not CloudEvents attributes are its
+// extension attributes (Extensions), held to their rules; fields left
+// out stay empty; call Envelope to complete it.
 func DecodeProducerEvent(b []byte) (ProducerEvent, error) {
-	var ev ProducerEvent
-	if err := decodeStrict("event", b, MaxEnvelopeBytes, &ev); err != nil {
+	if err := checkShape("event", b, MaxEnvelopeBytes); err != nil {
 		return ProducerEvent{}, err
 	}
+	core, ext, err := splitExtensions(b)
+	if err != nil {
+		return ProducerEvent{}, err
+	}
+	var ev ProducerEvent
+	if err := decodeShaped("event", core, &ev); err != nil {
+		return ProducerEvent{}, err
+	}
+	ev.Extensions = ext
 	return ev, ev.Validate()
 }
+
+// Key is the token that stands for the event's source (SourceKey).
+func (ev ProducerEvent) Key() string { return SourceKey(ev.Source) }
 
 // Validate checks every field of a producer event.
 func (ev ProducerEvent) Validate() error {
@@ -62,7 +83,7 @@ func (ev ProducerEvent) Validate() error {
 	if ev.Time != nil && (ev.Time.IsZero() || !inYearRange(*ev.Time)) {
 		return fieldErr("time", "must be between the years 0001 and 9999 in UTC, leave it out for now")
 	}
-	if err := ValidateToken("source", ev.Source); err != nil {
+	if err := ValidateSource("source", ev.Source); err != nil {
 		return err
 	}
 	if err := ValidateType("type", ev.Type); err != nil {
@@ -71,8 +92,15 @@ func (ev ProducerEvent) Validate() error {
 	if len(ev.Subject) > MaxIDLen {
 		return fieldErr("subject", fmt.Sprintf("is longer than %d characters", MaxIDLen))
 	}
-	if ev.DataContentType != "" && ev.DataContentType != ContentTypeJSON {
-		return fieldErr("datacontenttype", fmt.Sprintf("must be %q when set", ContentTypeJSON))
+	if ev.DataContentType != "" {
+		if err := validateMediaType("datacontenttype", ev.DataContentType); err != nil {
+			return err
+		}
+	}
+	if ev.DataSchema != "" {
+		if err := validateDataSchema("dataschema", ev.DataSchema); err != nil {
+			return err
+		}
 	}
 	return checkRaw("data", ev.Data)
 }
@@ -96,7 +124,9 @@ func (ev ProducerEvent) Envelope(fallbackID string, now time.Time) Envelope {
 		Time:            t,
 		Subject:         ev.Subject,
 		DataContentType: ev.DataContentType,
+		DataSchema:      ev.DataSchema,
 		Data:            ev.Data,
+		Extensions:      ev.Extensions,
 	}
 }
 
@@ -136,12 +166,13 @@ func (env Envelope) validate() error {
 }
 
 // ValidateEventEnvelope checks the stricter rules of producer events (as on
-// INGEST and EVENTS): a subject-safe id, a token source and a dotted type.
+// INGEST and EVENTS): a subject-safe id, a URI-reference source and a
+// dotted type.
 func ValidateEventEnvelope(env Envelope) error {
 	if err := ValidateID("id", env.ID); err != nil {
 		return err
 	}
-	if err := ValidateToken("source", env.Source); err != nil {
+	if err := ValidateSource("source", env.Source); err != nil {
 		return err
 	}
 	if err := ValidateType("type", env.Type); err != nil {
@@ -150,12 +181,16 @@ func ValidateEventEnvelope(env Envelope) error {
 	return checkRaw("data", env.Data)
 }
 
-// Marshal encodes the envelope. It cannot fail for envelopes built by this
-// package; an error means Data is not valid JSON.
+// Marshal encodes the envelope, its extension attributes as members of
+// their own. It cannot fail for envelopes built by this package; an error
+// means Data is not valid JSON.
 func (env Envelope) Marshal() ([]byte, error) {
 	b, err := json.Marshal(env)
 	if err != nil {
 		return nil, fmt.Errorf("marshal envelope: %w", err)
 	}
-	return b, nil
+	if len(env.Extensions) == 0 {
+		return b, nil
+	}
+	return appendExtensions(b, env.Extensions)
 }

@@ -61,7 +61,7 @@ func TestNewEventMsgRefuses(t *testing.T) {
 		field  string
 	}{
 		{"id with dot", func(e *contract.Envelope) { e.ID = "a.b" }, contract.ErrInvalid, "id"},
-		{"source upper", func(e *contract.Envelope) { e.Source = "Shop" }, contract.ErrInvalid, "source"},
+		{"source not a URI-reference", func(e *contract.Envelope) { e.Source = "Sh op" }, contract.ErrInvalid, "source"},
 		{"type", func(e *contract.Envelope) { e.Type = "a..b" }, contract.ErrInvalid, "type"},
 		{"data too large", func(e *contract.Envelope) {
 			e.Data = json.RawMessage(`"` + strings.Repeat("x", contract.MaxDataBytes) + `"`)

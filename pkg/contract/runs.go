@@ -312,11 +312,20 @@ func NewEventMsg(subject string, env Envelope) (*nats.Msg, error) {
 	return msg, nil
 }
 
-// DecodeEventMsg strictly decodes a producer event from INGEST or EVENTS.
+// DecodeEventMsg strictly decodes a producer event from INGEST or EVENTS,
+// its extension attributes into Extensions.
 func DecodeEventMsg(body []byte) (Envelope, error) {
-	env, err := DecodeEnvelope(body)
+	if err := checkShape("envelope", body, MaxEnvelopeBytes); err != nil {
+		return Envelope{}, err
+	}
+	core, ext, err := splitExtensions(body)
 	if err != nil {
 		return Envelope{}, err
 	}
+	env, err := DecodeEnvelope(core)
+	if err != nil {
+		return Envelope{}, err
+	}
+	env.Extensions = ext
 	return env, ValidateEventEnvelope(env)
 }

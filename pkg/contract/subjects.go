@@ -79,11 +79,13 @@ const (
 	RunStep = "step"
 )
 
-// IngestSubject is "ingest.<source>".
-func IngestSubject(source string) string { return "ingest." + source }
+// IngestSubject is "ingest.<source>", the source given as its key
+// (SourceKey: a token source is its own key).
+func IngestSubject(source string) string { return "ingest." + SourceKey(source) }
 
-// EventSubject is "events.<source>.<type>"; a dotted type adds tokens.
-func EventSubject(source, typ string) string { return "events." + source + "." + typ }
+// EventSubject is "events.<source>.<type>", the source given as its key
+// (SourceKey); a dotted type adds tokens.
+func EventSubject(source, typ string) string { return "events." + SourceKey(source) + "." + typ }
 
 // RetrySubject is "retry.<kind>.<event>.<id>".
 func RetrySubject(kind string, ev Lifecycle, id string) string {

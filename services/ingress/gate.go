@@ -47,7 +47,9 @@ func newIngestItem(ctx context.Context, msg jetstream.Msg) (ingestItem, error) {
 	if err != nil {
 		return ingestItem{}, fmt.Errorf("%w: %w", contract.ErrInvalid, err)
 	}
-	it := ingestItem{msg: msg, seq: seq, ev: ingressstore.Event{ID: env.ID, Source: env.Source, Type: env.Type, Envelope: body}}
+	// The gate, its store and its API know a source by its key: the
+	// source itself, or a token for a URI-reference (contract.SourceKey).
+	it := ingestItem{msg: msg, seq: seq, ev: ingressstore.Event{ID: env.ID, Source: contract.SourceKey(env.Source), Type: env.Type, Envelope: body}}
 	it.ctx, it.span = tracing.StartConsume(ctx, msg.Subject(), ConsumerGate, msg.Headers())
 	return it, nil
 }
@@ -109,7 +111,8 @@ func (s *Service) reportGated(it ingestItem, g gated) {
 
 // decodeIngest validates a message from ingest.<source>: what intake
 // publishes (a complete envelope) or what a producer published itself (a
-// producer event whose id may be in Nats-Msg-Id only). A missing time is
+// producer event, in structured or binary mode, whose id may be in
+// Nats-Msg-Id only). A missing time is
 // the stream's timestamp, so a redelivery stores the same envelope. It
 // also returns the message's INGEST sequence (0 when unknown), the order
 // a release line follows.
@@ -118,12 +121,12 @@ func decodeIngest(msg jetstream.Msg) (contract.Envelope, uint64, error) {
 	if err != nil {
 		return contract.Envelope{}, 0, err
 	}
-	ev, err := contract.DecodeProducerEvent(msg.Data())
+	ev, err := contract.DecodeProducerMsg(msg.Headers(), msg.Data())
 	if err != nil {
 		return contract.Envelope{}, 0, err
 	}
-	if ev.Source != source {
-		return contract.Envelope{}, 0, invalid("source", fmt.Sprintf("%q does not match the subject %s", ev.Source, msg.Subject()))
+	if ev.Key() != source {
+		return contract.Envelope{}, 0, invalid("source", fmt.Sprintf("%q does not match the subject %s (its key is %q)", ev.Source, msg.Subject(), ev.Key()))
 	}
 	var hdrID string
 	if h := msg.Headers(); h != nil {

@@ -37,7 +37,7 @@ func TestNATSIntake(t *testing.T) {
 	// Bad input: each is terminated, counted and stores nothing.
 	bad := []struct{ subject, msgID, body string }{
 		{"ingest.crm", "m-1", `{"source":"crm","type":`},
-		{"ingest.crm", "m-2", `{"source":"crm","type":"contact.created","x":1}`},
+		{"ingest.crm", "m-2", `{"source":"crm","type":"contact.created","x_y":1}`},
 		{"ingest.crm", "m-3", `{"source":"billing","type":"contact.created"}`},
 		{"ingest.crm", "", `{"source":"crm","type":"contact.created"}`},
 		{"ingest.crm", "m-5", `{"id":"other","source":"crm","type":"contact.created"}`},

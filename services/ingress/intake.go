@@ -68,23 +68,25 @@ func (s *Service) postEvent(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer bodyBuffers.Put(buf)
-	ev, err := contract.DecodeProducerEvent(buf.Bytes())
+	// Binary mode (ce-* headers, the body is the data) or structured.
+	ev, err := contract.DecodeProducerMsg(r.Header, buf.Bytes())
 	if err != nil {
 		s.reject(w, "", err)
 		return
 	}
+	source := ev.Key() // the source as the gate knows it
 	id, err := eventID(ev.ID, r.Header.Get(HeaderIdempotencyKey), -1)
 	if err != nil {
-		s.reject(w, ev.Source, err)
+		s.reject(w, source, err)
 		return
 	}
-	if err := s.checkType(r.Context(), ev.Source, ev.Type, "type"); err != nil {
-		s.reject(w, ev.Source, err)
+	if err := s.checkType(r.Context(), source, ev.Type, "type"); err != nil {
+		s.reject(w, source, err)
 		return
 	}
 	msg, err := ingestMsg(ev.Envelope(id, s.cfg.Now()))
 	if err != nil {
-		s.reject(w, ev.Source, err)
+		s.reject(w, source, err)
 		return
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.PublishTimeout)
@@ -92,10 +94,10 @@ func (s *Service) postEvent(w http.ResponseWriter, r *http.Request) {
 	tracing.Inject(ctx, msg.Header) // the gate continues the request's trace
 	ack, err := s.cfg.JS.PublishMsg(ctx, msg, jetstream.WithExpectStream(contract.StreamIngest))
 	if err != nil {
-		s.unavailable(w, ev.Source, id, err)
+		s.unavailable(w, source, id, err)
 		return
 	}
-	s.count(ev.Source, ack.Duplicate)
+	s.count(source, ack.Duplicate)
 	serve.WriteJSON(w, http.StatusAccepted, Accepted{ID: id, Duplicate: ack.Duplicate})
 }
 
@@ -295,15 +297,16 @@ func (s *Service) batchItem(ctx context.Context, raw rawEvent, key string, i int
 	if err != nil {
 		return nil, "", err
 	}
+	source := ev.Key()
 	id, err := eventID(ev.ID, key, i)
 	if err != nil {
-		return nil, ev.Source, err
+		return nil, source, err
 	}
-	if err := s.checkType(ctx, ev.Source, ev.Type, "type"); err != nil {
-		return nil, ev.Source, err
+	if err := s.checkType(ctx, source, ev.Type, "type"); err != nil {
+		return nil, source, err
 	}
 	msg, err := ingestMsg(ev.Envelope(id, now))
-	return msg, ev.Source, err
+	return msg, source, err
 }
 
 func (s *Service) publishFailed(source, id string, err error) *serve.ErrorDetail {

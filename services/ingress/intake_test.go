@@ -82,10 +82,12 @@ func TestPostEventBadInputStoresNothing(t *testing.T) {
 	}{
 		{"not json", `{"source":`, 400, "event", "truncated"},
 		{"empty", ``, 400, "event", "empty"},
-		{"unknown field", `{"source":"billing","type":"invoice.paid","colour":1}`, 400, "event", "colour"},
+		{"not an extension name", `{"source":"billing","type":"invoice.paid","colour_code":1}`, 400, "colour_code", "lowercase letters and digits"},
+		{"extension of a wrong type", `{"source":"billing","type":"invoice.paid","colour":[1]}`, 400, "colour", "string, an integer or a boolean"},
+		{"data_base64", `{"source":"billing","type":"invoice.paid","data_base64":"TWE="}`, 400, "data_base64", "as JSON"},
 		{"wrong type", `{"source":"billing","type":7}`, 400, "event", `"type" must be a string`},
 		{"missing type", `{"source":"billing"}`, 400, "type", "required"},
-		{"bad source", `{"source":"Billing!","type":"invoice.paid"}`, 400, "source", "lowercase"},
+		{"bad source", `{"source":"Bill ing","type":"invoice.paid"}`, 400, "source", "URI-reference"},
 		{"bad id", `{"id":"a.b","source":"billing","type":"invoice.paid"}`, 400, "id", "subject token"},
 		{"bad specversion", `{"specversion":"0.3","source":"billing","type":"invoice.paid"}`, 400, "specversion", "1.0"},
 		{"trailing data", `{"source":"billing","type":"invoice.paid"} {}`, 400, "event", "after"},
@@ -142,8 +144,8 @@ func TestBatch(t *testing.T) {
 	body = map[string]any{"events": []any{event("b-2", "billing", "invoice.paid"), map[string]any{"source": "billing"}}}
 	require.Equal(t, http.StatusBadRequest, b.do(t, http.MethodPost, "/v1/events:batch", body, &e))
 	require.Equal(t, "events[1].type", e.Error.Field)
-	require.Equal(t, http.StatusBadRequest, b.do(t, http.MethodPost, "/v1/events:batch", `{"events":[{"source":"billing","type":"a","x":1}]}`, &e))
-	require.Equal(t, "events[0]", e.Error.Field)
+	require.Equal(t, http.StatusBadRequest, b.do(t, http.MethodPost, "/v1/events:batch", `{"events":[{"source":"billing","type":"a","x_y":1}]}`, &e))
+	require.Equal(t, "events[0].x_y", e.Error.Field)
 	require.Equal(t, http.StatusBadRequest, b.do(t, http.MethodPost, "/v1/events:batch", `{"events":[]}`, &e))
 	require.Equal(t, "events", e.Error.Field)
 	require.Equal(t, http.StatusBadRequest, b.do(t, http.MethodPost, "/v1/events:batch", `{"evts":[]}`, &e))

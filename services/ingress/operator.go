@@ -105,9 +105,15 @@ func sourceView(src ingressstore.Source) SourceView {
 	return v
 }
 
+// sourceParam is the source a route names, as its key: a token source
+// is its own key; a URI-reference (percent-encoded in the path) becomes
+// the key its events carry (contract.SourceKey).
 func sourceParam(r *http.Request) (string, error) {
 	source := r.PathValue("source")
-	return source, contract.ValidateToken("source", source)
+	if err := contract.ValidateSource("source", source); err != nil {
+		return "", err
+	}
+	return contract.SourceKey(source), nil
 }
 
 func eventParam(r *http.Request) (string, error) {

@@ -43,7 +43,7 @@ func TestSourcesAPI(t *testing.T) {
 		{"/v1/sources/billing", map[string]any{"rate_limit": 5, "rate_window": "soon"}, "rate_window"},
 		{"/v1/sources/billing", map[string]any{"allowed_types": []string{"Invoice Paid"}}, "allowed_types[0]"},
 		{"/v1/sources/billing", map[string]any{"limit": 5}, "limit"},
-		{"/v1/sources/Bad.Source", map[string]any{}, "source"},
+		{"/v1/sources/Bad%20Source", map[string]any{}, "source"},
 	}
 	for _, c := range bad {
 		require.Equal(t, http.StatusBadRequest, b.do(t, http.MethodPut, c.path, c.body, &e), c.field)

@@ -124,7 +124,7 @@ func TestTriggerAPIRefusesInvalidDefinitions(t *testing.T) {
 		{`{"name":"x","source":"billing","event_type":"invoice.paid","workflow":"w","run_timeout":"8d"}`, 400, "run_timeout", "not a duration"},
 		{`{"name":"x","source":"billing","event_type":"invoice.paid","workflow":"w","run_timeout":"200h"}`, 400, "run_timeout", "between"},
 		{`{"name":"x","source":"billing","event_type":"invoice.paid","workflow":"w","run_timeout":3600}`, 400, "run_timeout", "string"},
-		{`{"name":"x","source":"Bad Source","event_type":"invoice.paid","workflow":"w"}`, 400, "source", "lowercase"},
+		{`{"name":"x","source":"Bad Source","event_type":"invoice.paid","workflow":"w"}`, 400, "source", "URI-reference"},
 		{`{"name":"x","source":"billing","event_type":"invoice.paid","workflow":"a.b"}`, 400, "workflow", "lowercase"},
 		{`{"name":"x","source":"billing","event_type":"invoice.paid","workflow":"w","id":"has space"}`, 400, "id", "letters"},
 		{`{"name":"x","source":"billing","event_type":"invoice.paid","workflow":"w","colour":"red"}`, 400, "colour", "not a known field"},

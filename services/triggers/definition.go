@@ -140,7 +140,9 @@ func (in TriggerInput) definition(x *exprEnv, enabled bool) (triggerstore.Defini
 	if err := validateName(in.Name); err != nil {
 		return triggerstore.Definition{}, progs, err
 	}
-	if err := contract.ValidateToken("source", in.Source); err != nil {
+	// A source is a token or any URI-reference; the trigger keeps its key
+	// (contract.SourceKey), the token events.<source>.<type> carries.
+	if err := contract.ValidateSource("source", in.Source); err != nil {
 		return triggerstore.Definition{}, progs, err
 	}
 	if err := contract.ValidateType("event_type", in.EventType); err != nil {
@@ -150,7 +152,7 @@ func (in TriggerInput) definition(x *exprEnv, enabled bool) (triggerstore.Defini
 		return triggerstore.Definition{}, progs, err
 	}
 	d := triggerstore.Definition{
-		Name: in.Name, Source: in.Source, EventType: in.EventType,
+		Name: in.Name, Source: contract.SourceKey(in.Source), EventType: in.EventType,
 		Predicate: strings.TrimSpace(in.Predicate), Workflow: in.Workflow, Enabled: enabled,
 	}
 	if in.Enabled != nil {

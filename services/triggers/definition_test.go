@@ -56,7 +56,7 @@ func TestDefinitionInvalid(t *testing.T) {
 		{"bad id", func(in *TriggerInput) { in.ID = "a.b" }, "id", "letters, digits"},
 		{"no name", func(in *TriggerInput) { in.Name = " " }, "name", "is required"},
 		{"control chars", func(in *TriggerInput) { in.Name = "a\x00b" }, "name", "control characters"},
-		{"bad source", func(in *TriggerInput) { in.Source = "Billing!" }, "source", "lowercase"},
+		{"bad source", func(in *TriggerInput) { in.Source = "Bill ing" }, "source", "URI-reference"},
 		{"no source", func(in *TriggerInput) { in.Source = "" }, "source", "is required"},
 		{"bad type", func(in *TriggerInput) { in.EventType = "invoice..paid" }, "event_type", "dot-separated"},
 		{"bad workflow", func(in *TriggerInput) { in.Workflow = "on.board" }, "workflow", "lowercase"},

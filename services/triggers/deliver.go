@@ -35,7 +35,7 @@ func (s *Service) handleEvent(ctx context.Context, msg jetstream.Msg) error {
 	if err != nil {
 		return err
 	}
-	if source != env.Source || typ != env.Type {
+	if source != contract.SourceKey(env.Source) || typ != env.Type {
 		return invalidField("subject", fmt.Sprintf("%q does not match the event's source %q and type %q", msg.Subject(), env.Source, env.Type))
 	}
 	ids, err := triggerstore.MatchingTriggerIDs(ctx, s.cfg.Pool, source, typ)

@@ -212,3 +212,27 @@ func TestLogsCarryNoEventData(t *testing.T) {
 	require.Contains(t, logs.String(), `"event_id":"c1"`)
 	require.NotContains(t, logs.String(), "secret")
 }
+
+// A trigger on a URI-reference source matches its events (events carry
+// the source's key in their subject), and its predicate reads the
+// event's extension attributes.
+func TestTriggerOnAURISourceReadsExtensions(t *testing.T) {
+	t.Parallel()
+	b := setup(t, true)
+	const shop = "https://shop.example.com/orders"
+	tr := b.createTrigger(t, TriggerInput{ID: "uri-source", Name: "uri", Source: shop, EventType: "order.created",
+		Predicate: `event.extensions.partitionkey == "vip"`, Workflow: "onboard"})
+	require.Equal(t, contract.SourceKey(shop), tr.Source, "the trigger keeps the source's key")
+	for id, key := range map[string]string{"u-vip": "vip", "u-std": "std"} {
+		env := contract.Envelope{SpecVersion: contract.SpecVersion, ID: id, Source: shop, Type: "order.created",
+			Time: time.Now().UTC(), Extensions: map[string]any{"partitionkey": key}}
+		msg, err := contract.NewEventMsg(contract.EventSubject(shop, "order.created"), env)
+		require.NoError(t, err)
+		_, err = b.js.PublishMsg(b.ctx, msg)
+		require.NoError(t, err)
+	}
+	vip := b.waitDelivery(t, DeliveryID("u-vip", tr.ID), func(d triggerstore.Delivery) bool { return true })
+	require.Equal(t, triggerstore.StatusLaunched, vip.Status)
+	std := b.waitDelivery(t, DeliveryID("u-std", tr.ID), func(d triggerstore.Delivery) bool { return true })
+	require.Equal(t, triggerstore.StatusFiltered, std.Status)
+}

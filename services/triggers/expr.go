@@ -168,6 +168,10 @@ func newActivation(env contract.Envelope) (activation, error) {
 			return activation{}, fmt.Errorf("decode event data: %w", err)
 		}
 	}
+	ext := env.Extensions
+	if ext == nil {
+		ext = map[string]any{}
+	}
 	return activation{vars: map[string]any{
 		"event": map[string]any{
 			"id":      env.ID,
@@ -175,6 +179,9 @@ func newActivation(env contract.Envelope) (activation, error) {
 			"type":    env.Type,
 			"time":    env.Time,
 			"subject": env.Subject,
+			// The event's CloudEvents extension attributes, by name:
+			// event.extensions.partitionkey.
+			"extensions": ext,
 		},
 		"data": data,
 	}}, nil
