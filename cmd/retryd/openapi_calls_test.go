@@ -89,7 +89,7 @@ func TestOpenAPIResponses(t *testing.T) {
 			body: `{"id":"trg-openapi","name":"again","source":"shop","event_type":"order.created","workflow":"fulfil"}`},
 		apiCall{method: post, path: "/v1/events", as: "producer", body: `{"id":"evt-deferred","source":"shop","type":"order.created","data":{"n":1}}`, want: accepted},
 		apiCall{method: post, path: "/v1/events", as: "producer", body: `{"source":"shop","type":"order.refunded"}`, want: http.StatusBadRequest},
-		apiCall{method: post, path: "/v1/events", as: "producer", body: `{"source":"shop","type":"order.created","colour":"red","partitionkey":"p1"}`, want: accepted},
+		apiCall{method: post, path: "/v1/events", as: "producer", body: `{"source":"https://crm.example.com/contacts","type":"contact.created","colour":"red","partitionkey":"p1"}`, want: accepted},
 		apiCall{method: post, path: "/v1/events", as: "producer", body: `{"source":"shop","type":"order.created","colour_code":"red"}`, want: http.StatusBadRequest},
 		apiCall{method: post, path: "/v1/events", as: "producer", body: `{"source":"shop","type":"order.created"}`, contentType: "text/plain", want: http.StatusUnsupportedMediaType, refused: true},
 		apiCall{method: post, path: "/v1/events", as: "viewer", body: `{"source":"shop","type":"order.created"}`, want: http.StatusForbidden},
