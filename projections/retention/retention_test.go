@@ -58,7 +58,9 @@ func (h history) connect(t *testing.T) *pgx.Conn {
 
 func (h history) day(back int) time.Time { return h.today.Add(-time.Duration(back) * day) }
 
-func (h history) partition(back int) string { return "retry_history_p" + h.day(back).Format("20060102") }
+func (h history) partition(back int) string {
+	return "retry_history_p" + h.day(back).Format("20060102")
+}
 
 // insert writes one failed attempt of a job at at, as the scheduler does.
 func (h history) insert(t *testing.T, at time.Time) {
