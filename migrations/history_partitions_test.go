@@ -26,11 +26,13 @@ VALUES ('job', 'a', 1, 'failed', $1), ('job', 'a', 2, 'due', $2), ('event', 'b',
 	require.NoError(t, err)
 	before := historyRows(t, b.conn)
 	require.Len(t, before, 2)
+	columns := historyColumns(t, b.conn)
 
 	b.up(t)
 	b.requireAllApplied(t)
 	require.Equal(t, "p", relkind(t, b.conn, "retry_history"), "partitioned")
 	require.Equal(t, before, historyRows(t, b.conn), "every row kept")
+	require.Equal(t, columns, historyColumns(t, b.conn), "the same columns, defaults and identity")
 	var legacy int
 	require.NoError(t, b.conn.QueryRow(ctx, `SELECT count(*) FROM retry_history_legacy`).Scan(&legacy))
 	require.Equal(t, 2, legacy, "the old table is a partition")
@@ -55,6 +57,7 @@ VALUES ('job', 'c', 1, 'failed', $1) RETURNING id, tableoid::regclass::text`, tc
 
 	b.down(t, 108)
 	require.Equal(t, "r", relkind(t, b.conn, "retry_history"), "a plain table again")
+	require.Equal(t, columns, historyColumns(t, b.conn))
 	after := historyRows(t, b.conn)
 	require.Len(t, after, 6)
 	require.Equal(t, before, after[:2])
@@ -95,4 +98,18 @@ func tablesLike(t *testing.T, conn *pgx.Conn, pattern string) []string {
 	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	require.NoError(t, err)
 	return names
+}
+
+// historyColumns describes retry_history's columns in order: name, type,
+// null, default, identity.
+func historyColumns(t *testing.T, conn *pgx.Conn) []string {
+	t.Helper()
+	rows, err := conn.Query(context.Background(), `SELECT concat_ws(' ', column_name, data_type, is_nullable,
+	coalesce(column_default, '-'), is_identity, coalesce(identity_generation, '-'))
+FROM information_schema.columns WHERE table_schema = 'public' AND table_name = 'retry_history' ORDER BY ordinal_position`)
+	require.NoError(t, err)
+	out, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	require.Len(t, out, 18)
+	return out
 }

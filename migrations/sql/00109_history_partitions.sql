@@ -15,25 +15,10 @@ ALTER INDEX retry_history_pkey RENAME TO retry_history_legacy_pkey;
 ALTER INDEX retry_history_item_idx RENAME TO retry_history_legacy_item_idx;
 ALTER INDEX retry_history_job_failures_idx RENAME TO retry_history_legacy_job_failures_idx;
 
+-- The same columns, defaults and identity as the old table (LIKE copies
+-- them in order); the identity gets a sequence of its own, set below.
 CREATE TABLE retry_history (
-    id             bigint      GENERATED ALWAYS AS IDENTITY,
-    kind           text        NOT NULL,
-    item_id        text        NOT NULL,
-    attempt        integer     NOT NULL,
-    event          text        NOT NULL,
-    job_type       text        NOT NULL DEFAULT '',
-    source         text        NOT NULL DEFAULT '',
-    error_class    text        NOT NULL DEFAULT '',
-    error_message  text        NOT NULL DEFAULT '',
-    delay_ms       bigint,
-    decided_by     text        NOT NULL DEFAULT '',
-    policy_name    text        NOT NULL DEFAULT '',
-    policy_version integer     NOT NULL DEFAULT 0,
-    next_attempt_at timestamptz,
-    detail         jsonb       NOT NULL DEFAULT '{}',
-    msg_id         text        NOT NULL DEFAULT '',
-    at             timestamptz NOT NULL DEFAULT now(),
-    executor       text        NOT NULL DEFAULT '',
+    LIKE retry_history_legacy INCLUDING DEFAULTS INCLUDING IDENTITY,
     PRIMARY KEY (id, at)
 ) PARTITION BY RANGE (at);
 CREATE INDEX retry_history_item_idx ON retry_history (kind, item_id, id);
@@ -78,24 +63,8 @@ ALTER TABLE retry_history_partitioned DROP CONSTRAINT retry_history_pkey;
 DROP INDEX retry_history_item_idx;
 DROP INDEX retry_history_job_failures_idx;
 CREATE TABLE retry_history (
-    id             bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    kind           text        NOT NULL,
-    item_id        text        NOT NULL,
-    attempt        integer     NOT NULL,
-    event          text        NOT NULL,
-    job_type       text        NOT NULL DEFAULT '',
-    source         text        NOT NULL DEFAULT '',
-    error_class    text        NOT NULL DEFAULT '',
-    error_message  text        NOT NULL DEFAULT '',
-    delay_ms       bigint,
-    decided_by     text        NOT NULL DEFAULT '',
-    policy_name    text        NOT NULL DEFAULT '',
-    policy_version integer     NOT NULL DEFAULT 0,
-    next_attempt_at timestamptz,
-    detail         jsonb       NOT NULL DEFAULT '{}',
-    msg_id         text        NOT NULL DEFAULT '',
-    at             timestamptz NOT NULL DEFAULT now(),
-    executor       text        NOT NULL DEFAULT ''
+    LIKE retry_history_partitioned INCLUDING DEFAULTS INCLUDING IDENTITY,
+    PRIMARY KEY (id)
 );
 INSERT INTO retry_history OVERRIDING SYSTEM VALUE SELECT * FROM retry_history_partitioned;
 SELECT setval('retry_history_id_seq', last_value, is_called) FROM retry_history_partitioned_id_seq;
