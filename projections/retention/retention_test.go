@@ -226,3 +226,34 @@ func TestRetentionOptions(t *testing.T) {
 	require.Equal(t, "30d", retention.FormatDuration(30*day))
 	require.Equal(t, "36h0m0s", retention.FormatDuration(36*time.Hour))
 }
+
+// The partition 00109 made of the old table (FROM MINVALUE) goes like any
+// other once its end is older than the retention, and partition bounds
+// read back exactly whatever the session's time zone (Postgres prints
+// them in it).
+func TestRetentionDropsTheLegacyPartition(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, pgtest.NewDatabaseURL(t))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close(context.Background()) })
+	_, err = conn.Exec(ctx, `SET TimeZone = 'Pacific/Auckland'`)
+	require.NoError(t, err)
+
+	later := time.Now().Add(40 * day)
+	opts := defaults
+	opts.Now = func() time.Time { return later }
+	tr := run(t, conn, opts).Tables[0]
+	require.Contains(t, tr.Dropped, "retry_history_legacy")
+	require.Len(t, tr.Dropped, 8, "the old table and the week 00109 created after it")
+	require.Len(t, tr.Created, 8, "the day of the clock and seven ahead")
+	require.Equal(t, "retry_history_p"+later.UTC().Format("20060102"), tr.Created[0])
+
+	start := later.UTC().Truncate(day)
+	for _, at := range []time.Time{start, start.Add(day - time.Microsecond)} {
+		var partition string
+		require.NoError(t, conn.QueryRow(ctx, `INSERT INTO retry_history (kind, item_id, attempt, event, at)
+VALUES ('job', 'tz', 1, 'failed', $1) RETURNING tableoid::regclass::text`, at).Scan(&partition))
+		require.Equal(t, tr.Created[0], partition, "a UTC day's first and last microsecond")
+	}
+}
