@@ -52,8 +52,8 @@ func dayName(t table, d time.Time) string {
 
 // maintain brings t to its retention as of now: the partitions of today
 // to now+Ahead exist, none ends before the cutoff, and DEFAULT holds no row
-// older than it. It reads the partitions once: nothing else changes them
-// while the run holds the advisory lock (the migration does, under goose's).
+// older than it. It reads the partitions once: another run, the only
+// other thing that changes them, waits for the advisory lock.
 func maintain(ctx context.Context, conn *pgx.Conn, t table, now time.Time, opts Options, tr *TableReport) error {
 	parts, err := partitions(ctx, conn, t)
 	if err != nil {
