@@ -55,7 +55,10 @@ func runGrowth(ctx context.Context, env Env) error {
 			loaded += int64(target) - have
 			st.loadTime = time.Since(start)
 		}
-		if err := r.db.pool.QueryRow(ctx, "SELECT count(*), pg_total_relation_size('retry_history') FROM retry_history").Scan(&st.history, &st.historyBytes); err != nil {
+		// retry_history is partitioned (00109): its own size is 0, its
+		// partitions hold the bytes.
+		if err := r.db.pool.QueryRow(ctx, `SELECT count(*), (SELECT sum(pg_total_relation_size(relid))::bigint FROM pg_partition_tree('retry_history'))
+FROM retry_history`).Scan(&st.history, &st.historyBytes); err != nil {
 			return fmt.Errorf("count history: %w", err)
 		}
 		if st.cycles, err = r.cycles(ctx, s.CycleWindow, 2*time.Second, s.GrowthFor); err != nil {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"os"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -31,6 +32,7 @@ type devRun struct {
 	cancel      context.CancelFunc
 	done        chan int
 	url         string
+	logFile     string
 }
 
 // startDev runs `retryd dev` with args on a fresh database and free ports,
@@ -39,9 +41,10 @@ func startDev(t *testing.T, args ...string) *devRun {
 	t.Helper()
 	dir := t.TempDir()
 	ctx, cancel := context.WithCancel(context.Background())
-	d := &devRun{out: &servicetest.Buffer{}, errOut: &servicetest.Buffer{}, cancel: cancel, done: make(chan int, 1)}
+	d := &devRun{out: &servicetest.Buffer{}, errOut: &servicetest.Buffer{}, cancel: cancel, done: make(chan int, 1),
+		logFile: filepath.Join(dir, "dev.log")}
 	base := []string{"dev", "--data-dir", dir, "--http", "127.0.0.1:0", "--nats-port", "-1", "--nats-sync", "1s",
-		"--database-url", pgtest.NewDatabaseURL(t), "--log-file", filepath.Join(dir, "dev.log"), "--status-interval", "200ms"}
+		"--database-url", pgtest.NewDatabaseURL(t), "--log-file", d.logFile, "--status-interval", "200ms"}
 	go func() { d.done <- run(ctx, append(base, args...), d.out, d.errOut) }()
 	t.Cleanup(func() {
 		cancel()
@@ -124,6 +127,10 @@ func TestDevCommand(t *testing.T) {
 	require.Contains(t, out, "Press Ctrl-C to stop.")
 	require.NotContains(t, out, "Demo")
 	require.Regexp(t, `Auth\s+OFF: every request acts as admin`, out, "dev on loopback runs without tokens, and says so")
+	// Retention ran before the services started (then hourly).
+	log, err := os.ReadFile(d.logFile)
+	require.NoError(t, err)
+	require.Regexp(t, `"component":"maintenance".*"table":"retry_history"`, string(log))
 
 	for path, want := range map[string]string{
 		"/healthz": `"ok"`, "/readyz": `"ready"`, "/ui/": "<title>retryd</title>",

@@ -29,16 +29,11 @@ rest; roles the server does not have are skipped.`,
   retryd migrate --status`,
 		Args: args(0),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if dbURL == "" {
-				dbURL = os.Getenv("DATABASE_URL")
+			dbURL, err := ownerDatabaseURL(cmd, dbURL)
+			if err != nil {
+				return err
 			}
-			if dbURL == "" {
-				return usageErrorf(cmd, "set DATABASE_URL or --database-url")
-			}
-			log := zerolog.New(zerolog.ConsoleWriter{Out: g.stderr, NoColor: true}).With().Timestamp().Logger()
-			if g.json {
-				log = zerolog.Nop()
-			}
+			log := g.progressLog()
 			if !statusOnly {
 				if err := migrations.Up(cmd.Context(), dbURL, log); err != nil {
 					return fmt.Errorf("migrate: %w", err)
@@ -85,4 +80,25 @@ rest; roles the server does not have are skipped.`,
 	cmd.Flags().StringVar(&roles.Triggers, "triggers-role", roles.Triggers, "Postgres role of retryd-triggers, granted its tables")
 	cmd.Flags().StringVar(&roles.ReadOnly, "readonly-role", roles.ReadOnly, "Postgres role of the gateway, granted SELECT on retries")
 	return cmd
+}
+
+// ownerDatabaseURL is flag, else $DATABASE_URL: the URL of the commands
+// that change the schema (migrate, maintenance), which run as the owner.
+func ownerDatabaseURL(cmd *cobra.Command, flag string) (string, error) {
+	if flag == "" {
+		flag = os.Getenv("DATABASE_URL")
+	}
+	if flag == "" {
+		return "", usageErrorf(cmd, "set DATABASE_URL or --database-url")
+	}
+	return flag, nil
+}
+
+// progressLog logs a command's progress on stderr; with --json, nowhere,
+// so that a script reads one JSON document.
+func (g *globals) progressLog() zerolog.Logger {
+	if g.json {
+		return zerolog.Nop()
+	}
+	return zerolog.New(zerolog.ConsoleWriter{Out: g.stderr, NoColor: true}).With().Timestamp().Logger()
 }

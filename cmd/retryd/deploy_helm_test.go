@@ -121,6 +121,9 @@ func TestHelmChart(t *testing.T) {
 			require.Equal(t, "retryd-setup", dig(t, c, "envFrom").([]any)[0].(map[string]any)["secretRef"].(map[string]any)["name"])
 		}
 		require.Contains(t, secrets["retryd-setup"]["DATABASE_URL"], "retryd_owner", "migrations run as the owner")
+		maintenance := checkMaintenanceCronJob(t, objs, reads)
+		require.Equal(t, "retryd-setup", dig(t, maintenance, "envFrom").([]any)[0].(map[string]any)["secretRef"].(map[string]any)["name"],
+			"maintenance runs as the owner, as the setup Job does")
 
 		// Everything denied by default; only ingress's intake and the
 		// gateway open to anyone.
@@ -161,6 +164,7 @@ func TestHelmChart(t *testing.T) {
 		checkSetupJob(t, job, binaries, reads)
 		migrate := dig(t, job, "spec", "template", "spec", "containers").([]any)[0]
 		checkDatabaseURL(t, containerEnv(t, migrate), "retryd_owner", "migrate")
+		checkDatabaseURL(t, containerEnv(t, checkMaintenanceCronJob(t, objs, reads)), "retryd_owner", "maintenance")
 
 		require.Equal(t, "monitoring.coreos.com/v1", objs["ServiceMonitor"]["retryd"]["apiVersion"])
 		require.Equal(t, "http", dig(t, objs["ServiceMonitor"]["retryd"], "spec", "endpoints").([]any)[0].(map[string]any)["port"])
@@ -241,6 +245,26 @@ func checkSetupJob(t *testing.T, job map[string]any, binaries []string, reads ma
 	require.Len(t, cmds, 2)
 	require.True(t, strings.HasPrefix(cmds[0], "retryd migrate --scheduler-role=retryd_scheduler"), cmds[0])
 	require.Equal(t, "retryd --timeout 60s streams ensure --replicas 3", cmds[1])
+}
+
+// checkMaintenanceCronJob checks the CronJob that runs retention hourly
+// (on by default) and returns its container.
+func checkMaintenanceCronJob(t *testing.T, objs map[string]map[string]map[string]any, reads map[string]bool) any {
+	t.Helper()
+	cron := objs["CronJob"]["retryd-maintenance"]
+	require.NotNil(t, cron, "the maintenance CronJob")
+	require.Equal(t, "7 * * * *", dig(t, cron, "spec", "schedule"), "hourly")
+	require.Equal(t, "Forbid", dig(t, cron, "spec", "concurrencyPolicy"))
+	pod := dig(t, cron, "spec", "jobTemplate", "spec", "template", "spec")
+	containers := dig(t, pod, "containers").([]any)
+	require.Len(t, containers, 1)
+	c := containers[0]
+	require.Equal(t, []string{"retryd", "maintenance", "--history-retention=30d", "--ahead=7d"}, strs(t, dig(t, c, "command")))
+	checkLockedDown(t, pod, c, "maintenance")
+	env := containerEnv(t, c)
+	checkEnvNames(t, env, reads, "maintenance")
+	require.NotContains(t, env, natsconn.EnvURL, "maintenance needs no NATS")
+	return c
 }
 
 // checkLockedDown: no API token, the image's unprivileged user, no

@@ -8,8 +8,9 @@
 --        -v readonly_password="$RETRYD_READONLY_PASSWORD" \
 --        -f deploy/postgres/roles.sql
 --
--- retryd_owner owns the database and the schema: `retryd migrate` runs as it
--- and is the only role with DDL. Each service connects as its own role,
+-- retryd_owner owns the database and the schema and is the only role with
+-- DDL: `retryd migrate` and `retryd maintenance` (retention: creating and
+-- dropping partitions) run as it. Each service connects as its own role,
 -- which can neither create, alter nor drop anything, nor touch the tables
 -- of another service:
 --

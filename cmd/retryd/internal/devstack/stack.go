@@ -120,6 +120,9 @@ func (s *Stack) Start(ctx context.Context) (err error) {
 	if err := migrations.Up(ctx, s.databaseURL, s.log.With().Str("component", "migrations").Logger()); err != nil {
 		return fmt.Errorf("migrate: %w", err)
 	}
+	if err := s.startMaintenance(ctx); err != nil {
+		return err
+	}
 	if err := s.connect(ctx); err != nil {
 		return err
 	}
