@@ -463,7 +463,7 @@ func TestPrometheusRules(t *testing.T) {
 		}
 	}
 	require.ElementsMatch(t, []string{"RetrydExhaustedSpike", "RetrydDueLatenessHigh", "RetrydConsumerLagGrowing",
-		"RetrydOutboxBacklog", "RetrydSchedulerAbsent"}, alerts)
+		"RetrydOutboxBacklog", "RetrydSchedulerAbsent", "RetrydStreamNearLimit"}, alerts)
 
 	// The promtool tests (scripts/lint runs them) have a case where each
 	// alert fires and one where it does not.

@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
 	"github.com/retryd/retryd/internal/natstest"
@@ -328,4 +329,36 @@ func TestCreateMissingLeavesExistingStreams(t *testing.T) {
 	drift, err = streams.CreateMissing(b.ctx, b.js, streams.Options{})
 	require.NoError(t, err)
 	require.Empty(t, drift, "Ensure (the admin's) put it back")
+}
+
+// The collector reports each stream's size and the account's storage,
+// read from the server at each scrape.
+func TestCollectorReportsStreamSizes(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	require.NoError(t, streams.Ensure(b.ctx, b.js, streams.Options{}))
+	msg := nats.NewMsg("jobs.collect")
+	msg.Data = []byte(`{}`)
+	_, err := b.js.PublishMsg(b.ctx, msg)
+	require.NoError(t, err)
+
+	reg := prometheus.NewRegistry()
+	require.NoError(t, reg.Register(streams.NewCollector(b.js)))
+	families, err := reg.Gather()
+	require.NoError(t, err)
+	got := map[string]float64{}
+	for _, f := range families {
+		for _, m := range f.GetMetric() {
+			key := f.GetName()
+			for _, l := range m.GetLabel() {
+				key += "/" + l.GetValue()
+			}
+			got[key] = m.GetGauge().GetValue()
+		}
+	}
+	require.Equal(t, 1.0, got["retryd_stream_messages/JOBS"])
+	require.Positive(t, got["retryd_stream_bytes/JOBS"])
+	require.Zero(t, got["retryd_stream_messages/RETRIES"])
+	require.Contains(t, got, "retryd_jetstream_storage_bytes")
+	require.NotContains(t, got, "retryd_stream_max_bytes/JOBS", "no max_bytes, no series")
 }

@@ -33,6 +33,8 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/retryd/retryd/internal/durable"
+	"github.com/retryd/retryd/internal/promreg"
+	"github.com/retryd/retryd/internal/streams"
 	"github.com/retryd/retryd/internal/wait"
 	"github.com/retryd/retryd/projections/outbox"
 )
@@ -74,6 +76,11 @@ func New(cfg Config) (*Scheduler, error) {
 		return nil, err
 	}
 	log := cfg.Logger.With().Str("component", "scheduler").Str("instance", cfg.Instance).Logger()
+	// The streams' sizes, for the stream-near-its-limit alert: the
+	// scheduler is the one service every deployment runs.
+	if _, err := promreg.Register(cfg.Registerer, streams.NewCollector(cfg.JS)); err != nil {
+		return nil, fmt.Errorf("new scheduler: %w", err)
+	}
 	m, err := newMetrics(cfg.Registerer)
 	if err != nil {
 		return nil, err
