@@ -17,7 +17,8 @@ import (
 )
 
 // badInputs is the corpus: truncated JSON, invalid UTF-8, 10,000-deep
-// nesting, huge numbers, missing fields, unknown attributes and types,
+// nesting, huge numbers, missing fields, unknown attributes, extension
+// attributes that break their rules, unknown types,
 // wrong JSON types and a 10 MB body.
 func badInputs() map[string][]byte {
 	deep := strings.Repeat("[", 10_000) + strings.Repeat("]", 10_000)
@@ -34,12 +35,16 @@ func badInputs() map[string][]byte {
 		"huge number as source": []byte(`{"source":1e999999,"type":"order.created"}`),
 		"missing source":        []byte(`{"type":"order.created"}`),
 		"missing type":          []byte(`{"source":"shop"}`),
-		"unknown attribute":     []byte(`{"source":"shop","type":"order.created","sneaky":true}`),
-		"unknown type":          []byte(`{"source":"shop","type":"order.unheard_of"}`),
-		"wrong json type":       []byte(`{"source":["shop"],"type":"order.created"}`),
-		"bad id":                []byte(`{"id":"a.b*c>","source":"shop","type":"order.created"}`),
-		"trailing data":         []byte(`{"source":"shop","type":"order.created"} {"again":1}`),
-		"10 MB body":            []byte(big),
+		// Neither an attribute nor an extension attribute (whose names are
+		// lowercase letters and digits, and values scalars): refused by
+		// every decoder, the producer events' included.
+		"unknown attribute":    []byte(`{"source":"shop","type":"order.created","sneaky_attr":true}`),
+		"extension not scalar": []byte(`{"source":"shop","type":"order.created","sneaky":{"a":1}}`),
+		"unknown type":         []byte(`{"source":"shop","type":"order.unheard_of"}`),
+		"wrong json type":      []byte(`{"source":["shop"],"type":"order.created"}`),
+		"bad id":               []byte(`{"id":"a.b*c>","source":"shop","type":"order.created"}`),
+		"trailing data":        []byte(`{"source":"shop","type":"order.created"} {"again":1}`),
+		"10 MB body":           []byte(big),
 	}
 }
 
