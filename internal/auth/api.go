@@ -101,11 +101,7 @@ func (a *API) revoke(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	t, err := a.store.Revoke(r.Context(), id)
-	if err != nil {
-		serve.WriteError(w, err)
-		return
-	}
-	serve.WriteJSON(w, http.StatusOK, t)
+	serve.Reply(w, t, err)
 }
 
 func (a *API) audit(w http.ResponseWriter, r *http.Request) {
@@ -118,11 +114,7 @@ func (a *API) audit(w http.ResponseWriter, r *http.Request) {
 	if errors.Is(err, audit.ErrBadCursor) {
 		err = &contract.FieldError{Field: "cursor", Reason: "is not a cursor returned by this API", Err: contract.ErrInvalid}
 	}
-	if err != nil {
-		serve.WriteError(w, err)
-		return
-	}
-	serve.WriteJSON(w, http.StatusOK, page)
+	serve.Reply(w, page, err)
 }
 
 // auditQuery parses the audit filter strictly: unknown parameters are

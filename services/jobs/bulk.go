@@ -150,7 +150,7 @@ func (a *API) handleBulkRetry(w http.ResponseWriter, r *http.Request) {
 	if *req.DryRun {
 		n, err := jobstore.Count(r.Context(), a.cfg.Pool, f)
 		if err != nil {
-			a.internal(w, err)
+			a.writeErr(w, r, err)
 			return
 		}
 		serve.WriteJSON(w, http.StatusOK, DryRunResponse{DryRun: true, Matched: n})
@@ -158,7 +158,7 @@ func (a *API) handleBulkRetry(w http.ResponseWriter, r *http.Request) {
 	}
 	filterJSON, err := json.Marshal(req.Filter)
 	if err != nil {
-		a.internal(w, err)
+		a.writeErr(w, r, err)
 		return
 	}
 	var op jobstore.Operation
@@ -181,7 +181,7 @@ func (a *API) handleBulkRetry(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if err != nil {
-		a.internal(w, err)
+		a.writeErr(w, r, err)
 		return
 	}
 	a.log.Info().Str("operation_id", op.ID).Int("total", op.Total).Float64("rate_per_second", op.RatePerSecond).
@@ -205,12 +205,12 @@ func (a *API) writeOperation(w http.ResponseWriter, r *http.Request, op jobstore
 		return
 	}
 	if err != nil {
-		a.internal(w, err)
+		a.writeErr(w, r, err)
 		return
 	}
 	problems, err := jobstore.OperationItems(r.Context(), a.cfg.Pool, op.ID, maxProblems)
 	if err != nil {
-		a.internal(w, err)
+		a.writeErr(w, r, err)
 		return
 	}
 	serve.WriteJSON(w, http.StatusOK, OperationResponse{Operation: op, Problems: problems})

@@ -27,5 +27,5 @@ func (a *API) handleListOperations(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	page, err := jobstore.ListOperations(r.Context(), a.cfg.Pool, status, limit, q.Get("cursor"))
-	a.writePage(w, page, err)
+	a.writePage(w, r, page, err)
 }

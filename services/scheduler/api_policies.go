@@ -45,7 +45,7 @@ func pathPolicy(r *http.Request) (kind, jobType string, err error) {
 
 func (s *Scheduler) handleListPolicies(w http.ResponseWriter, r *http.Request) {
 	ps, err := retrystore.ListPolicies(r.Context(), s.cfg.Pool)
-	reply(w, map[string]any{"policies": ps}, err)
+	serve.Reply(w, map[string]any{"policies": ps}, err)
 }
 
 // handlePolicyTemplate answers policy.Template for ?kind= (default job)
@@ -78,7 +78,7 @@ func (s *Scheduler) handleGetPolicy(w http.ResponseWriter, r *http.Request) {
 	if isNotFound(err) {
 		err = fmt.Errorf("policy %s/%s: %w", kind, jobType, serve.ErrNotFound)
 	}
-	reply(w, p, err)
+	serve.Reply(w, p, err)
 }
 
 func (s *Scheduler) handlePolicyVersions(w http.ResponseWriter, r *http.Request) {
@@ -91,7 +91,7 @@ func (s *Scheduler) handlePolicyVersions(w http.ResponseWriter, r *http.Request)
 	if err == nil && len(vs) == 0 {
 		err = fmt.Errorf("policy %s/%s: %w", kind, jobType, serve.ErrNotFound)
 	}
-	reply(w, map[string]any{"versions": vs}, err)
+	serve.Reply(w, map[string]any{"versions": vs}, err)
 }
 
 // PolicyRequest is the body of PUT /v1/policies/{kind}/{job_type}: a
