@@ -60,7 +60,7 @@ func List(ctx context.Context, q Querier, f ListFilter) (Page, error) {
 	}
 	sql := `SELECT ` + retryColumns + ` FROM retries` + w.SQL() + ` ORDER BY kind, item_id LIMIT ` + w.Arg(limit+1)
 	var page Page
-	page.Retries, page.NextCursor, err = pgrows.Page(ctx, q, "list retries", func(row pgx.Row) (Retry, error) { return scanRetry(row) }, limit,
+	page.Retries, page.NextCursor, err = pgrows.Page(ctx, q, "list retries", scanRetryRow, limit,
 		func(r Retry) string { return encodeCursor(r.Kind, r.ItemID) }, sql, w.Args...)
 	return page, err
 }

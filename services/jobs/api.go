@@ -386,31 +386,25 @@ func (a *API) handleList(w http.ResponseWriter, r *http.Request) {
 		serve.WriteError(w, err)
 		return
 	}
-	limit, ok := listLimit(w, q)
-	if !ok {
-		return
-	}
-	page, err := jobstore.List(r.Context(), a.cfg.Pool, f, limit, q.Get("cursor"))
-	a.writePage(w, r, page, err)
+	a.writePage(w, r, q, func(limit int, cursor string) (any, error) {
+		return jobstore.List(r.Context(), a.cfg.Pool, f, limit, cursor)
+	})
 }
 
-// listLimit reads ?limit= of a list route (0 when absent); on a bad one
-// it has answered 400 naming the field.
-func listLimit(w http.ResponseWriter, q url.Values) (int, bool) {
-	v := q.Get("limit")
-	if v == "" {
-		return 0, true
+// writePage answers a list route with the page read reads at ?limit=
+// (0 when absent) and ?cursor=, or with the error: a bad limit or cursor
+// is a 400 naming the parameter.
+func (a *API) writePage(w http.ResponseWriter, r *http.Request, q url.Values, read func(limit int, cursor string) (any, error)) {
+	limit := 0
+	if v := q.Get("limit"); v != "" {
+		var err error
+		limit, err = strconv.Atoi(v)
+		if err != nil || limit < 1 || limit > jobstore.MaxListLimit {
+			serve.WriteError(w, invalid("limit", fmt.Sprintf("must be between 1 and %d", jobstore.MaxListLimit)))
+			return
+		}
 	}
-	limit, err := strconv.Atoi(v)
-	if err != nil || limit < 1 || limit > jobstore.MaxListLimit {
-		serve.WriteError(w, invalid("limit", fmt.Sprintf("must be between 1 and %d", jobstore.MaxListLimit)))
-		return 0, false
-	}
-	return limit, true
-}
-
-// writePage answers a list route with page, or with the error reading it.
-func (a *API) writePage(w http.ResponseWriter, r *http.Request, page any, err error) {
+	page, err := read(limit, q.Get("cursor"))
 	switch {
 	case errors.Is(err, jobstore.ErrBadCursor):
 		serve.WriteError(w, invalid("cursor", "is not a cursor this API returned"))
