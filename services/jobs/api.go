@@ -137,10 +137,7 @@ type API struct {
 	log zerolog.Logger
 	m   *apiMetrics
 
-	mu      sync.Mutex
-	started bool
-	stopped bool
-	cancel  context.CancelFunc
+	lifecycle
 	wg      sync.WaitGroup
 	running map[string]bool // operations with a local runner goroutine
 	kick    chan struct{}

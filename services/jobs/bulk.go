@@ -265,14 +265,9 @@ func (a *API) Start(_ context.Context) error {
 // stay running in the database and resume on the next Start (here or in
 // another process once the lease expires). It is idempotent.
 func (a *API) Stop(ctx context.Context) error {
-	a.mu.Lock()
-	if !a.started || a.stopped {
-		a.mu.Unlock()
+	if !a.stop() {
 		return nil
 	}
-	a.stopped = true
-	a.cancel()
-	a.mu.Unlock()
 	if err := wait.Group(ctx, &a.wg); err != nil {
 		return fmt.Errorf("stop jobs api: %w", err)
 	}

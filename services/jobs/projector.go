@@ -129,12 +129,9 @@ type Projector struct {
 	log zerolog.Logger
 	m   *projectorMetrics
 
-	mu        sync.Mutex
-	started   bool
+	lifecycle
 	consumers *durable.Group
-	cancel    context.CancelFunc
 	loops     sync.WaitGroup
-	stopped   bool
 }
 
 // NewProjector validates cfg and returns a Projector.
@@ -212,14 +209,9 @@ func (p *Projector) consumerConfig(stream string) jetstream.ConsumerConfig {
 // (their transactions are committed or rolled back, their messages acked
 // or handed back). It is idempotent; ctx bounds the wait.
 func (p *Projector) Stop(ctx context.Context) error {
-	p.mu.Lock()
-	if !p.started || p.stopped {
-		p.mu.Unlock()
+	if !p.stop() {
 		return nil
 	}
-	p.stopped = true
-	p.cancel()
-	p.mu.Unlock()
 	// The batches already delivered are applied even while stopping:
 	// finishing them is quicker than their redelivery.
 	drainErr := p.consumers.Drain(ctx)
