@@ -34,3 +34,19 @@ func Group(ctx context.Context, wg *sync.WaitGroup) error {
 		return ctx.Err()
 	}
 }
+
+// Every calls fn at once and then every period, until ctx ends (fn is not
+// called again once it has). A call that outlasts period delays the next
+// one rather than piling calls up.
+func Every(ctx context.Context, period time.Duration, fn func()) {
+	t := time.NewTicker(period)
+	defer t.Stop()
+	for {
+		fn()
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}

@@ -419,19 +419,12 @@ func decode(stream string, m jetstream.Msg) (decoded, error) {
 // fold's ordering guards.
 func (p *Projector) pruneInbox(ctx context.Context) {
 	defer p.loops.Done()
-	ticker := time.NewTicker(pruneInterval)
-	defer ticker.Stop()
-	for {
+	wait.Every(ctx, pruneInterval, func() {
 		n, err := inbox.Prune(ctx, p.cfg.Pool, p.cfg.InboxRetention, ProjectionDurable)
 		if err != nil && ctx.Err() == nil {
 			p.log.Warn().Err(err).Msg("prune inbox")
 		} else if n > 0 {
 			p.log.Debug().Int64("pruned", n).Msg("pruned inbox")
 		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-ticker.C:
-		}
-	}
+	})
 }
