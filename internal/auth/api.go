@@ -1,7 +1,6 @@
 package auth
 
 import (
-	"errors"
 	"fmt"
 	"net/http"
 	"net/url"
@@ -111,10 +110,7 @@ func (a *API) audit(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	page, err := audit.List(r.Context(), a.store.pool, f)
-	if errors.Is(err, audit.ErrBadCursor) {
-		err = &contract.FieldError{Field: "cursor", Reason: "is not a cursor returned by this API", Err: contract.ErrInvalid}
-	}
-	serve.Reply(w, page, err)
+	serve.ReplyPage(w, page, err, audit.ErrBadCursor)
 }
 
 // auditQuery parses the audit filter strictly: unknown parameters are

@@ -75,6 +75,16 @@ func Reply(w http.ResponseWriter, v any, err error) {
 	WriteJSON(w, http.StatusOK, v)
 }
 
+// ReplyPage answers a list read as Reply does; the store's error for a
+// cursor it did not make (badCursor, in err) is the client's: a 400
+// naming the cursor parameter.
+func ReplyPage(w http.ResponseWriter, page any, err, badCursor error) {
+	if errors.Is(err, badCursor) {
+		err = &contract.FieldError{Field: "cursor", Reason: "is not a cursor returned by this API", Err: contract.ErrInvalid}
+	}
+	Reply(w, page, err)
+}
+
 // WriteErrorLog writes err as WriteError does, and logs it when it is
 // the server's own failure (a 5xx): its body hides the error, so the log
 // is where an operator finds it.

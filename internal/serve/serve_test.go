@@ -135,6 +135,24 @@ func TestReply(t *testing.T) {
 	require.NotContains(t, rec.Body.String(), `"n"`)
 }
 
+// ReplyPage turns the store's bad-cursor error into a 400 naming the
+// cursor, and answers anything else as Reply does.
+func TestReplyPage(t *testing.T) {
+	t.Parallel()
+	badCursor := errors.New("cursor is not valid")
+	rec := httptest.NewRecorder()
+	serve.ReplyPage(rec, nil, fmt.Errorf("list things: %w", badCursor), badCursor)
+	require.Equal(t, http.StatusBadRequest, rec.Code)
+	var body serve.ErrorBody
+	require.NoError(t, json.Unmarshal(rec.Body.Bytes(), &body))
+	require.Equal(t, serve.ErrorDetail{Code: serve.CodeInvalidInput, Field: "cursor", Message: "cursor is not a cursor returned by this API"}, body.Error)
+
+	rec = httptest.NewRecorder()
+	serve.ReplyPage(rec, map[string]int{"n": 1}, nil, badCursor)
+	require.Equal(t, http.StatusOK, rec.Code)
+	require.JSONEq(t, `{"n":1}`, rec.Body.String())
+}
+
 // WriteErrorLog answers as WriteError does and logs only the server's own
 // failures, with the request's method and path.
 func TestWriteErrorLog(t *testing.T) {

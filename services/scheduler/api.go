@@ -1,7 +1,6 @@
 package scheduler
 
 import (
-	"errors"
 	"fmt"
 	"net/http"
 	"net/url"
@@ -103,10 +102,7 @@ func (s *Scheduler) handleList(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	page, err := retrystore.List(r.Context(), s.cfg.Pool, f)
-	if errors.Is(err, retrystore.ErrBadCursor) {
-		err = invalidField("cursor", "is not a cursor returned by this API")
-	}
-	serve.Reply(w, page, err)
+	serve.ReplyPage(w, page, err, retrystore.ErrBadCursor)
 }
 
 // retryView is one retry with its history: everything that answers "why
