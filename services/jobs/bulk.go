@@ -248,17 +248,11 @@ func (a *API) handleCancelOperation(w http.ResponseWriter, r *http.Request) {
 // releases their jobs at each operation's rate. ctx bounds nothing; Stop
 // ends the runner.
 func (a *API) Start(_ context.Context) error {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.started {
-		return errors.New("start jobs api: already started")
-	}
-	a.started = true
-	ctx, cancel := context.WithCancel(context.Background())
-	a.cancel = cancel
-	a.wg.Add(1)
-	go a.scan(ctx)
-	return nil
+	return a.start("jobs api", func(loops context.Context) error {
+		a.wg.Add(1)
+		go a.scan(loops)
+		return nil
+	})
 }
 
 // Stop ends the runner and waits for the releases in flight; operations

@@ -149,11 +149,14 @@ func NewProjector(cfg ProjectorConfig) (*Projector, error) {
 // Start creates or updates the durable consumers and starts folding. ctx
 // bounds the setup; Stop ends the projector.
 func (p *Projector) Start(ctx context.Context) error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.started {
-		return errors.New("start jobs projector: already started")
-	}
+	return p.start("jobs projector", func(loops context.Context) error {
+		return p.startConsumers(ctx, loops)
+	})
+}
+
+// startConsumers starts the consumers (ctx bounds their setup) and the
+// inbox pruning, which runs until loops ends.
+func (p *Projector) startConsumers(ctx, loops context.Context) error {
 	spec := func(stream string) durable.Spec {
 		log := p.log.With().Str("stream", stream).Logger()
 		return durable.Spec{
@@ -168,17 +171,15 @@ func (p *Projector) Start(ctx context.Context) error {
 	consumers, err := durable.NewGroup(durable.Config{JS: p.cfg.JS, Logger: p.log},
 		spec(contract.StreamJobs), spec(contract.StreamRetries))
 	if err != nil {
-		return fmt.Errorf("start jobs projector: %w", err)
+		return err
 	}
 	if err := consumers.Start(ctx); err != nil {
-		return fmt.Errorf("start jobs projector: %w", err)
+		return err
 	}
-	loopCtx, cancel := context.WithCancel(context.Background())
-	p.consumers, p.cancel = consumers, cancel
-	p.started = true
+	p.consumers = consumers
 	if p.cfg.InboxRetention > 0 {
 		p.loops.Add(1)
-		go p.pruneInbox(loopCtx)
+		go p.pruneInbox(loops)
 	}
 	p.log.Info().Msg("jobs projection started")
 	return nil
