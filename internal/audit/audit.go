@@ -23,6 +23,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/retryd/retryd/internal/pgquery"
+	"github.com/retryd/retryd/internal/pgrows"
 	"github.com/retryd/retryd/internal/serve"
 )
 
@@ -63,10 +64,8 @@ type Execer interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 }
 
-// Querier reads the log.
-type Querier interface {
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-}
+// Querier reads the log: a pool, a connection or a transaction.
+type Querier = pgrows.Querier
 
 type nameKey struct{}
 
@@ -172,12 +171,8 @@ func List(ctx context.Context, q Querier, f Filter) (Page, error) {
 		return Page{}, fmt.Errorf("list audit: %w", err)
 	}
 	var w pgquery.Where
-	if f.Principal != "" {
-		w.Add("principal = ?", f.Principal)
-	}
-	if f.Action != "" {
-		w.Add("action = ?", f.Action)
-	}
+	w.Equal("principal", f.Principal)
+	w.Equal("action", f.Action)
 	if !f.Since.IsZero() {
 		w.Add("at >= ?", f.Since)
 	}
@@ -194,27 +189,17 @@ func List(ctx context.Context, q Querier, f Filter) (Page, error) {
 	}
 	sql := `SELECT id, at, principal, role, action, target, detail, coalesce(request_id, '') FROM audit_log` +
 		w.SQL() + " ORDER BY id DESC LIMIT " + w.Arg(limit+1)
-	rows, err := q.Query(ctx, sql, w.Args...)
-	if err != nil {
-		return Page{}, fmt.Errorf("list audit: %w", err)
-	}
-	entries, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Entry, error) {
-		var e Entry
-		var detail []byte
-		err := r.Scan(&e.ID, &e.At, &e.Principal, &e.Role, &e.Action, &e.Target, &detail, &e.RequestID)
-		e.Detail = detail
-		return e, err
-	})
-	if err != nil {
-		return Page{}, fmt.Errorf("list audit: %w", err)
-	}
-	page := Page{Entries: entries}
-	if len(entries) > limit {
-		page.Entries = entries[:limit]
-		page.NextCursor = base64.RawURLEncoding.EncodeToString([]byte(strconv.FormatInt(page.Entries[limit-1].ID, 10)))
-	}
-	if page.Entries == nil {
-		page.Entries = []Entry{}
-	}
-	return page, nil
+	var page Page
+	page.Entries, page.NextCursor, err = pgrows.Page(ctx, q, "list audit", scanEntry, limit, func(e Entry) string {
+		return base64.RawURLEncoding.EncodeToString([]byte(strconv.FormatInt(e.ID, 10)))
+	}, sql, w.Args...)
+	return page, err
+}
+
+func scanEntry(r pgx.Row) (Entry, error) {
+	var e Entry
+	var detail []byte
+	err := r.Scan(&e.ID, &e.At, &e.Principal, &e.Role, &e.Action, &e.Target, &detail, &e.RequestID)
+	e.Detail = detail
+	return e, err
 }

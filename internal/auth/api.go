@@ -1,7 +1,6 @@
 package auth
 
 import (
-	"errors"
 	"fmt"
 	"net/http"
 	"net/url"
@@ -101,11 +100,7 @@ func (a *API) revoke(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	t, err := a.store.Revoke(r.Context(), id)
-	if err != nil {
-		serve.WriteError(w, err)
-		return
-	}
-	serve.WriteJSON(w, http.StatusOK, t)
+	serve.Reply(w, t, err)
 }
 
 func (a *API) audit(w http.ResponseWriter, r *http.Request) {
@@ -115,14 +110,7 @@ func (a *API) audit(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	page, err := audit.List(r.Context(), a.store.pool, f)
-	if errors.Is(err, audit.ErrBadCursor) {
-		err = &contract.FieldError{Field: "cursor", Reason: "is not a cursor returned by this API", Err: contract.ErrInvalid}
-	}
-	if err != nil {
-		serve.WriteError(w, err)
-		return
-	}
-	serve.WriteJSON(w, http.StatusOK, page)
+	serve.ReplyPage(w, page, err, audit.ErrBadCursor)
 }
 
 // auditQuery parses the audit filter strictly: unknown parameters are

@@ -20,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/retryd/retryd/internal/audit"
+	"github.com/retryd/retryd/internal/pgrows"
 	"github.com/retryd/retryd/internal/serve"
 	"github.com/retryd/retryd/pkg/contract"
 )
@@ -179,15 +180,7 @@ func (s *Store) Create(ctx context.Context, name string, role serve.Role, expire
 
 // List returns every token, revoked ones included, newest first.
 func (s *Store) List(ctx context.Context) ([]Token, error) {
-	rows, err := s.pool.Query(ctx, `SELECT `+tokenColumns+` FROM api_tokens ORDER BY created_at DESC, id DESC`)
-	if err != nil {
-		return nil, fmt.Errorf("list tokens: %w", err)
-	}
-	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Token, error) { return scanToken(r) })
-	if err != nil {
-		return nil, fmt.Errorf("list tokens: %w", err)
-	}
-	return out, nil
+	return pgrows.All(ctx, s.pool, "list tokens", scanToken, `SELECT `+tokenColumns+` FROM api_tokens ORDER BY created_at DESC, id DESC`)
 }
 
 // Revoke revokes the token id and returns its record; revoking a revoked

@@ -34,3 +34,20 @@ func DecodeTimeCursor(c string) (at time.Time, id string, ok bool) {
 	}
 	return at, id, true
 }
+
+// BeforeTimeCursor adds the condition that reads the page after cursor,
+// a cursor of EncodeTimeCursor, of a list ordered newest first by the
+// columns cols (the timestamp's, then the id's, e.g. "updated_at, job_id").
+// No cursor adds nothing; ok is false for a string EncodeTimeCursor did
+// not make.
+func (w *Where) BeforeTimeCursor(cols, cursor string) (ok bool) {
+	if cursor == "" {
+		return true
+	}
+	at, id, ok := DecodeTimeCursor(cursor)
+	if !ok {
+		return false
+	}
+	w.Add("("+cols+") < (?, ?)", at, id)
+	return true
+}

@@ -31,6 +31,22 @@ func (w *Where) Add(cond string, vs ...any) {
 	w.conds = append(w.conds, cond)
 }
 
+// Equal adds col = v, unless v is empty: an empty field of a list's
+// filter matches everything.
+func (w *Where) Equal(col, v string) {
+	if v != "" {
+		w.Add(col+" = ?", v)
+	}
+}
+
+// AnyOf adds col = ANY(vs), unless vs is empty (no value matches
+// everything, as for Equal).
+func (w *Where) AnyOf(col string, vs []string) {
+	if len(vs) > 0 {
+		w.Add(col+" = ANY(?::text[])", vs)
+	}
+}
+
 // Arg appends v to the arguments and returns its placeholder, for a part
 // of the query after the conditions (a LIMIT).
 func (w *Where) Arg(v any) string {

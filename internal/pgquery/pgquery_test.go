@@ -22,6 +22,19 @@ func TestWhereNumbersArguments(t *testing.T) {
 	require.Equal(t, []any{"op-1", "job", "job", "j-9", []string{"failed"}, 101}, w.Args)
 }
 
+// Equal and AnyOf add nothing for an empty filter field.
+func TestEqualAndAnyOf(t *testing.T) {
+	t.Parallel()
+	var w pgquery.Where
+	w.Equal("kind", "")
+	w.AnyOf("status", nil)
+	require.Equal(t, "", w.SQL())
+	w.Equal("kind", "job")
+	w.AnyOf("status", []string{"failed", "dead"})
+	require.Equal(t, " WHERE kind = $1 AND status = ANY($2::text[])", w.SQL())
+	require.Equal(t, []any{"job", []string{"failed", "dead"}}, w.Args)
+}
+
 func TestLimit(t *testing.T) {
 	t.Parallel()
 	n, err := pgquery.Limit(0, 500)
@@ -48,4 +61,19 @@ func TestTimeCursorRoundTrips(t *testing.T) {
 		_, _, ok := pgquery.DecodeTimeCursor(bad)
 		require.False(t, ok, bad)
 	}
+}
+
+// BeforeTimeCursor adds nothing for the first page, the keyset condition
+// for a cursor it made, and refuses any other string.
+func TestBeforeTimeCursor(t *testing.T) {
+	t.Parallel()
+	var w pgquery.Where
+	require.True(t, w.BeforeTimeCursor("updated_at, job_id", ""))
+	require.Equal(t, "", w.SQL())
+	at := time.Date(2026, 11, 26, 9, 30, 0, 0, time.UTC)
+	require.True(t, w.BeforeTimeCursor("updated_at, job_id", pgquery.EncodeTimeCursor(at, "j-1")))
+	require.Equal(t, " WHERE (updated_at, job_id) < ($1, $2)", w.SQL())
+	require.Equal(t, []any{at, "j-1"}, w.Args)
+	require.False(t, w.BeforeTimeCursor("updated_at, job_id", "!!"))
+	require.Len(t, w.Args, 2)
 }

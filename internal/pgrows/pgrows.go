@@ -1,7 +1,8 @@
-// Package pgrows runs the statements of the stores of the services
-// (triggerstore, ingressstore) row-wise: it reads one row, where no row is
-// contract.ErrNotFound, or all of them, and tells whether a statement
-// changed its row. The scan functions stay with the store that owns the
+// Package pgrows runs the statements of the stores (the services'
+// triggerstore and ingressstore, the projections' jobstore and retrystore,
+// the audit log, the tokens) row-wise: it reads one row, where no row is
+// contract.ErrNotFound, all of them, or one page of a list, and tells
+// whether a statement changed its row. The scan functions stay with the store that owns the
 // table; this package only runs the statement, collects the rows and
 // names the failure.
 package pgrows
@@ -78,4 +79,17 @@ func Changed(ctx context.Context, db Execer, what, sql string, args ...any) (boo
 		return false, fmt.Errorf("%s: %w", what, err)
 	}
 	return tag.RowsAffected() == 1, nil
+}
+
+// Page scans the rows of a list query whose LIMIT asks one row more than
+// limit: at most limit of them, and, when that one more came back (a next
+// page follows), next is the cursor that cursor makes of the last row
+// kept; on the last page next is "". Errors are wrapped as "what: …".
+func Page[T any](ctx context.Context, db Querier, what string, scan func(pgx.Row) (T, error), limit int, cursor func(T) string, sql string, args ...any) (items []T, next string, err error) {
+	items, err = All(ctx, db, what, scan, sql, args...)
+	if err != nil || len(items) <= limit {
+		return items, "", err
+	}
+	items = items[:limit]
+	return items, cursor(items[limit-1]), nil
 }

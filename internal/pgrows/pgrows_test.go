@@ -2,6 +2,7 @@ package pgrows_test
 
 import (
 	"context"
+	"strconv"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -58,6 +59,34 @@ func TestOneAndAll(t *testing.T) {
 	names, err = pgrows.Strings(ctx, pool, "list names", `SELECT 'a' WHERE false`)
 	require.NoError(t, err)
 	require.Equal(t, []string{}, names)
+}
+
+// Page keeps limit rows of the limit+1 a list query asked for and makes
+// the next cursor of the last one kept; a short page has none.
+func TestPage(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pgtest.NewPool(t)
+	cursor := func(n int) string { return "after-" + strconv.Itoa(n) }
+	series := `SELECT generate_series(1, $1::int)`
+
+	ns, next, err := pgrows.Page(ctx, pool, "list numbers", scanNumber, 2, cursor, series, 3)
+	require.NoError(t, err)
+	require.Equal(t, []int{1, 2}, ns)
+	require.Equal(t, "after-2", next)
+
+	ns, next, err = pgrows.Page(ctx, pool, "list numbers", scanNumber, 2, cursor, series, 2)
+	require.NoError(t, err)
+	require.Equal(t, []int{1, 2}, ns)
+	require.Empty(t, next)
+
+	ns, next, err = pgrows.Page(ctx, pool, "list numbers", scanNumber, 2, cursor, `SELECT 1 WHERE false`)
+	require.NoError(t, err)
+	require.Equal(t, []int{}, ns)
+	require.Empty(t, next)
+
+	_, _, err = pgrows.Page(ctx, pool, "list numbers", scanNumber, 2, cursor, `SELECT FROM no_such_table`)
+	require.ErrorContains(t, err, "list numbers: ")
 }
 
 // Changed reports whether the statement changed a row, and names what

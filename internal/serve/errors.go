@@ -5,6 +5,8 @@ import (
 	"errors"
 	"net/http"
 
+	"github.com/rs/zerolog"
+
 	"github.com/retryd/retryd/pkg/contract"
 )
 
@@ -62,6 +64,35 @@ func WriteJSON(w http.ResponseWriter, status int, v any) {
 func WriteError(w http.ResponseWriter, err error) {
 	status, detail := Describe(err)
 	WriteJSON(w, status, ErrorBody{Error: detail})
+}
+
+// Reply answers a read: err as WriteError writes it, or else v with 200.
+func Reply(w http.ResponseWriter, v any, err error) {
+	if err != nil {
+		WriteError(w, err)
+		return
+	}
+	WriteJSON(w, http.StatusOK, v)
+}
+
+// ReplyPage answers a list read as Reply does; the store's error for a
+// cursor it did not make (badCursor, in err) is the client's: a 400
+// naming the cursor parameter.
+func ReplyPage(w http.ResponseWriter, page any, err, badCursor error) {
+	if errors.Is(err, badCursor) {
+		err = &contract.FieldError{Field: "cursor", Reason: "is not a cursor returned by this API", Err: contract.ErrInvalid}
+	}
+	Reply(w, page, err)
+}
+
+// WriteErrorLog writes err as WriteError does, and logs it when it is
+// the server's own failure (a 5xx): its body hides the error, so the log
+// is where an operator finds it.
+func WriteErrorLog(w http.ResponseWriter, r *http.Request, log zerolog.Logger, err error) {
+	if status, _ := Describe(err); status >= 500 {
+		log.Error().Err(err).Str("method", r.Method).Str("path", r.URL.Path).Msg("api request failed")
+	}
+	WriteError(w, err)
 }
 
 // Describe maps an error to its HTTP status and error detail, as WriteError

@@ -9,6 +9,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/retryd/retryd/internal/wait"
 )
 
 // Health holds the readiness of a service. The zero value is not ready.
@@ -56,9 +58,7 @@ func (h *Health) Watch(ctx context.Context, interval time.Duration, checks ...Ch
 	if interval <= 0 {
 		interval = DefaultProbeInterval
 	}
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for {
+	wait.Every(ctx, interval, func() {
 		var down []string
 		for _, c := range checks {
 			pctx, cancel := context.WithTimeout(ctx, interval)
@@ -68,12 +68,7 @@ func (h *Health) Watch(ctx context.Context, interval time.Duration, checks ...Ch
 			cancel()
 		}
 		h.down.Store(&down)
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-	}
+	})
 }
 
 // NewMux returns a mux with /healthz, /readyz and /metrics mounted; the

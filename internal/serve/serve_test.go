@@ -122,6 +122,58 @@ func TestWriteErrorMapping(t *testing.T) {
 	}
 }
 
+// Reply answers 200 with the value, or the error as WriteError does.
+func TestReply(t *testing.T) {
+	t.Parallel()
+	rec := httptest.NewRecorder()
+	serve.Reply(rec, map[string]int{"n": 1}, nil)
+	require.Equal(t, http.StatusOK, rec.Code)
+	require.JSONEq(t, `{"n":1}`, rec.Body.String())
+	rec = httptest.NewRecorder()
+	serve.Reply(rec, map[string]int{"n": 1}, fmt.Errorf("thing t1: %w", serve.ErrNotFound))
+	require.Equal(t, http.StatusNotFound, rec.Code)
+	require.NotContains(t, rec.Body.String(), `"n"`)
+}
+
+// ReplyPage turns the store's bad-cursor error into a 400 naming the
+// cursor, and answers anything else as Reply does.
+func TestReplyPage(t *testing.T) {
+	t.Parallel()
+	badCursor := errors.New("cursor is not valid")
+	rec := httptest.NewRecorder()
+	serve.ReplyPage(rec, nil, fmt.Errorf("list things: %w", badCursor), badCursor)
+	require.Equal(t, http.StatusBadRequest, rec.Code)
+	var body serve.ErrorBody
+	require.NoError(t, json.Unmarshal(rec.Body.Bytes(), &body))
+	require.Equal(t, serve.ErrorDetail{Code: serve.CodeInvalidInput, Field: "cursor", Message: "cursor is not a cursor returned by this API"}, body.Error)
+
+	rec = httptest.NewRecorder()
+	serve.ReplyPage(rec, map[string]int{"n": 1}, nil, badCursor)
+	require.Equal(t, http.StatusOK, rec.Code)
+	require.JSONEq(t, `{"n":1}`, rec.Body.String())
+}
+
+// WriteErrorLog answers as WriteError does and logs only the server's own
+// failures, with the request's method and path.
+func TestWriteErrorLog(t *testing.T) {
+	t.Parallel()
+	var logs bytes.Buffer
+	log := zerolog.New(&logs)
+	r := httptest.NewRequest(http.MethodGet, "/v1/things/t1", nil)
+
+	rec := httptest.NewRecorder()
+	serve.WriteErrorLog(rec, r, log, fmt.Errorf("thing t1: %w", serve.ErrNotFound))
+	require.Equal(t, http.StatusNotFound, rec.Code)
+	require.Empty(t, logs.String())
+
+	rec = httptest.NewRecorder()
+	serve.WriteErrorLog(rec, r, log, errors.New("connection refused"))
+	require.Equal(t, http.StatusInternalServerError, rec.Code)
+	require.NotContains(t, rec.Body.String(), "connection refused")
+	require.Contains(t, logs.String(), `"error":"connection refused"`)
+	require.Contains(t, logs.String(), `"method":"GET","path":"/v1/things/t1"`)
+}
+
 type request struct {
 	Name  string           `json:"name"`
 	Count int              `json:"count"`

@@ -34,3 +34,35 @@ func Group(ctx context.Context, wg *sync.WaitGroup) error {
 		return ctx.Err()
 	}
 }
+
+// Every calls fn at once and then every period, until ctx ends (fn is not
+// called again once it has). A call that outlasts period delays the next
+// one rather than piling calls up.
+func Every(ctx context.Context, period time.Duration, fn func()) {
+	ticks(ctx, period, true, fn)
+}
+
+// Ticks is Every without the call at once: the first is one period on.
+func Ticks(ctx context.Context, period time.Duration, fn func()) {
+	ticks(ctx, period, false, fn)
+}
+
+func ticks(ctx context.Context, period time.Duration, now bool, fn func()) {
+	t := time.NewTicker(period)
+	defer t.Stop()
+	if now {
+		fn()
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		// Both may be ready at once: the end wins.
+		if ctx.Err() != nil {
+			return
+		}
+		fn()
+	}
+}

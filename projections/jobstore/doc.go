@@ -25,6 +25,3 @@ type Querier = pgdb.DB
 // ErrNotFound is returned for a job or an operation that does not exist.
 // It is pgdb.ErrNotFound.
 var ErrNotFound = pgdb.ErrNotFound
-
-// notFound turns pgx.ErrNoRows into ErrNotFound.
-var notFound = pgdb.NotFound

@@ -3,10 +3,11 @@ package jobstore
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/retryd/retryd/internal/pgrows"
 )
 
 // Status is a job's status. The names are the ones job-queue users already
@@ -95,9 +96,5 @@ func scanJob(row pgx.Row) (Job, error) {
 
 // Get returns one job, or ErrNotFound.
 func Get(ctx context.Context, q Querier, id string) (Job, error) {
-	j, err := scanJob(q.QueryRow(ctx, `SELECT `+jobColumns+` FROM jobs WHERE job_id = $1`, id))
-	if err != nil {
-		return Job{}, fmt.Errorf("get job %s: %w", id, notFound(err))
-	}
-	return j, nil
+	return pgrows.One(ctx, q, "get job "+id, scanJob, `SELECT `+jobColumns+` FROM jobs WHERE job_id = $1`, id)
 }

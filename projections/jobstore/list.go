@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/retryd/retryd/internal/pgquery"
-	"github.com/retryd/retryd/projections/pgdb"
+	"github.com/retryd/retryd/internal/pgrows"
 )
 
 // MaxListLimit bounds one page of List.
@@ -42,20 +42,14 @@ func (f Filter) where(args ...any) *pgquery.Where {
 		for i, st := range f.Statuses {
 			s[i] = string(st)
 		}
-		w.Add("status = ANY(?::text[])", s)
+		w.AnyOf("status", s)
 	}
-	if f.JobType != "" {
-		w.Add("job_type = ?", f.JobType)
-	}
-	if f.Priority != "" {
-		w.Add("priority = ?", f.Priority)
-	}
+	w.Equal("job_type", f.JobType)
+	w.Equal("priority", f.Priority)
 	if f.MinRetryCount > 0 {
 		w.Add("retry_count >= ?", f.MinRetryCount)
 	}
-	if f.ErrorClass != "" {
-		w.Add("last_error_class = ?", f.ErrorClass)
-	}
+	w.Equal("last_error_class", f.ErrorClass)
 	if f.Since != nil {
 		w.Add("updated_at >= ?", *f.Since)
 	}
@@ -80,25 +74,14 @@ func List(ctx context.Context, q Querier, f Filter, limit int, cursor string) (P
 		return Page{}, fmt.Errorf("list jobs: %w", err)
 	}
 	w := f.where()
-	if cursor != "" {
-		at, id, ok := pgquery.DecodeTimeCursor(cursor)
-		if !ok {
-			return Page{}, fmt.Errorf("list jobs: %w", ErrBadCursor)
-		}
-		w.Add("(updated_at, job_id) < (?, ?)", at, id)
+	if !w.BeforeTimeCursor("updated_at, job_id", cursor) {
+		return Page{}, fmt.Errorf("list jobs: %w", ErrBadCursor)
 	}
 	sql := `SELECT ` + jobColumns + ` FROM jobs` + w.SQL() + ` ORDER BY updated_at DESC, job_id DESC LIMIT ` + w.Arg(limit+1)
 	var page Page
-	var more bool
-	page.Jobs, more, err = pgdb.QueryPage(ctx, q, sql, w.Args, limit, scanJob)
-	if err != nil {
-		return Page{}, fmt.Errorf("list jobs: %w", err)
-	}
-	if more {
-		last := page.Jobs[limit-1]
-		page.NextCursor = pgquery.EncodeTimeCursor(last.UpdatedAt, last.ID)
-	}
-	return page, nil
+	page.Jobs, page.NextCursor, err = pgrows.Page(ctx, q, "list jobs", scanJob, limit,
+		func(j Job) string { return pgquery.EncodeTimeCursor(j.UpdatedAt, j.ID) }, sql, w.Args...)
+	return page, err
 }
 
 // Count returns how many jobs match f.

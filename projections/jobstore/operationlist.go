@@ -5,7 +5,7 @@ import (
 	"fmt"
 
 	"github.com/retryd/retryd/internal/pgquery"
-	"github.com/retryd/retryd/projections/pgdb"
+	"github.com/retryd/retryd/internal/pgrows"
 )
 
 // OperationPage is one page of ListOperations: the newest first.
@@ -24,27 +24,14 @@ func ListOperations(ctx context.Context, q Querier, status string, limit int, cu
 		return OperationPage{}, fmt.Errorf("list operations: %w", err)
 	}
 	var w pgquery.Where
-	if status != "" {
-		w.Add("status = ?", status)
-	}
-	if cursor != "" {
-		at, id, ok := pgquery.DecodeTimeCursor(cursor)
-		if !ok {
-			return OperationPage{}, fmt.Errorf("list operations: %w", ErrBadCursor)
-		}
-		w.Add("(created_at, operation_id) < (?, ?)", at, id)
+	w.Equal("status", status)
+	if !w.BeforeTimeCursor("created_at, operation_id", cursor) {
+		return OperationPage{}, fmt.Errorf("list operations: %w", ErrBadCursor)
 	}
 	sql := `SELECT ` + operationColumns + ` FROM job_operations` + w.SQL() +
 		` ORDER BY created_at DESC, operation_id DESC LIMIT ` + w.Arg(limit+1)
 	var page OperationPage
-	var more bool
-	page.Operations, more, err = pgdb.QueryPage(ctx, q, sql, w.Args, limit, scanOperation)
-	if err != nil {
-		return OperationPage{}, fmt.Errorf("list operations: %w", err)
-	}
-	if more {
-		last := page.Operations[limit-1]
-		page.NextCursor = pgquery.EncodeTimeCursor(last.CreatedAt, last.ID)
-	}
-	return page, nil
+	page.Operations, page.NextCursor, err = pgrows.Page(ctx, q, "list operations", scanOperation, limit,
+		func(o Operation) string { return pgquery.EncodeTimeCursor(o.CreatedAt, o.ID) }, sql, w.Args...)
+	return page, err
 }

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/retryd/retryd/internal/pgrows"
 )
 
 // MaxOperationItems bounds the jobs one bulk retry may release.
@@ -115,11 +117,7 @@ WHERE operation_id = $1 RETURNING `+operationColumns, op.ID, tag.RowsAffected(),
 
 // GetOperation returns an operation, or ErrNotFound.
 func GetOperation(ctx context.Context, q Querier, id string) (Operation, error) {
-	o, err := scanOperation(q.QueryRow(ctx, `SELECT `+operationColumns+` FROM job_operations WHERE operation_id = $1`, id))
-	if err != nil {
-		return Operation{}, fmt.Errorf("get operation %s: %w", id, notFound(err))
-	}
-	return o, nil
+	return pgrows.One(ctx, q, "get operation "+id, scanOperation, `SELECT `+operationColumns+` FROM job_operations WHERE operation_id = $1`, id)
 }
 
 // CancelOperation stops a running operation; its pending items stay
@@ -138,30 +136,18 @@ WHERE operation_id = $1 AND status = 'running'`, id); err != nil {
 // free or expired (or already runner's), until now + ttl, and returns
 // their ids.
 func LeaseOperations(ctx context.Context, q Querier, runner string, ttl time.Duration) ([]string, error) {
-	rows, err := q.Query(ctx, `
+	return pgrows.Strings(ctx, q, "lease operations", `
 UPDATE job_operations SET runner = $1, lease_until = now() + make_interval(secs => $2)
 WHERE status = 'running' AND (lease_until IS NULL OR lease_until < now() OR runner = $1)
 RETURNING operation_id`, runner, ttl.Seconds())
-	if err != nil {
-		return nil, fmt.Errorf("lease operations: %w", err)
-	}
-	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		return nil, fmt.Errorf("lease operations: %w", err)
-	}
-	return ids, nil
 }
 
 // RenewLease extends runner's lease of an operation. It reports false when
 // the operation is no longer running or another runner holds it.
 func RenewLease(ctx context.Context, q Querier, id, runner string, ttl time.Duration) (bool, error) {
-	tag, err := q.Exec(ctx, `
+	return pgrows.Changed(ctx, q, "renew lease of operation "+id, `
 UPDATE job_operations SET lease_until = now() + make_interval(secs => $3)
 WHERE operation_id = $1 AND runner = $2 AND status = 'running'`, id, runner, ttl.Seconds())
-	if err != nil {
-		return false, fmt.Errorf("renew lease of operation %s: %w", id, err)
-	}
-	return tag.RowsAffected() == 1, nil
 }
 
 // NextItem locks the next pending item of a running operation held by
@@ -209,14 +195,10 @@ WHERE operation_id = $1`, id, state); err != nil {
 // CompleteOperation marks a running operation with no pending item
 // completed and reports whether it did.
 func CompleteOperation(ctx context.Context, q Querier, id string) (bool, error) {
-	tag, err := q.Exec(ctx, `
+	return pgrows.Changed(ctx, q, "complete operation "+id, `
 UPDATE job_operations SET status = 'completed', finished_at = now(), updated_at = now(), lease_until = NULL
 WHERE operation_id = $1 AND status = 'running'
 	AND NOT EXISTS (SELECT 1 FROM job_operation_items WHERE operation_id = $1 AND state = 'pending')`, id)
-	if err != nil {
-		return false, fmt.Errorf("complete operation %s: %w", id, err)
-	}
-	return tag.RowsAffected() == 1, nil
 }
 
 // OperationItem is one job of an operation and what became of it.
@@ -231,19 +213,13 @@ type OperationItem struct {
 // or released (skipped and failed ones, which need attention), at most
 // limit of them.
 func OperationItems(ctx context.Context, q Querier, id string, limit int) ([]OperationItem, error) {
-	rows, err := q.Query(ctx, `
+	return pgrows.All(ctx, q, "read items of operation "+id, scanOperationItem, `
 SELECT job_id, state, error, done_at FROM job_operation_items
 WHERE operation_id = $1 AND state IN ('skipped', 'failed') ORDER BY seq LIMIT $2`, id, limit)
-	if err != nil {
-		return nil, fmt.Errorf("read items of operation %s: %w", id, err)
-	}
-	items, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (OperationItem, error) {
-		var it OperationItem
-		err := r.Scan(&it.JobID, &it.State, &it.Error, &it.DoneAt)
-		return it, err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("read items of operation %s: %w", id, err)
-	}
-	return items, nil
+}
+
+func scanOperationItem(r pgx.Row) (OperationItem, error) {
+	var it OperationItem
+	err := r.Scan(&it.JobID, &it.State, &it.Error, &it.DoneAt)
+	return it, err
 }

@@ -31,25 +31,6 @@ type Copier interface {
 // contract.ErrNotFound, so the HTTP layer answers 404 for it as it is.
 var ErrNotFound = contract.ErrNotFound
 
-// QueryPage runs a list query whose LIMIT asks one row more than limit,
-// and scans its rows: at most limit of them, and more when the query found
-// that one more (a next page follows; the caller makes its cursor from the
-// last row returned).
-func QueryPage[T any](ctx context.Context, q DB, sql string, args []any, limit int, scan func(pgx.Row) (T, error)) (items []T, more bool, err error) {
-	rows, err := q.Query(ctx, sql, args...)
-	if err != nil {
-		return nil, false, err
-	}
-	items, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (T, error) { return scan(row) })
-	if err != nil {
-		return nil, false, err
-	}
-	if len(items) > limit {
-		return items[:limit], true, nil
-	}
-	return items, false, nil
-}
-
 // NotFound turns pgx.ErrNoRows into ErrNotFound and returns any other
 // error as it is.
 func NotFound(err error) error {

@@ -32,7 +32,4 @@ type Copier = pgdb.Copier
 // pgdb.ErrNotFound.
 var ErrNotFound = pgdb.ErrNotFound
 
-// notFound turns pgx.ErrNoRows into ErrNotFound.
-var notFound = pgdb.NotFound
-
 func isNoRows(err error) bool { return errors.Is(err, pgx.ErrNoRows) }

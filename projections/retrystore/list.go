@@ -10,7 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/retryd/retryd/internal/pgquery"
-	"github.com/retryd/retryd/projections/pgdb"
+	"github.com/retryd/retryd/internal/pgrows"
 )
 
 // MaxListLimit bounds one page of List.
@@ -47,18 +47,10 @@ func List(ctx context.Context, q Querier, f ListFilter) (Page, error) {
 		return Page{}, fmt.Errorf("list retries: %w", err)
 	}
 	var w pgquery.Where
-	if f.Kind != "" {
-		w.Add("kind = ?", f.Kind)
-	}
-	if f.State != "" {
-		w.Add("state = ?", string(f.State))
-	}
-	if f.Source != "" {
-		w.Add("source = ?", f.Source)
-	}
-	if f.JobType != "" {
-		w.Add("job_type = ?", f.JobType)
-	}
+	w.Equal("kind", f.Kind)
+	w.Equal("state", string(f.State))
+	w.Equal("source", f.Source)
+	w.Equal("job_type", f.JobType)
 	if f.Cursor != "" {
 		kind, item, err := decodeCursor(f.Cursor)
 		if err != nil {
@@ -68,16 +60,9 @@ func List(ctx context.Context, q Querier, f ListFilter) (Page, error) {
 	}
 	sql := `SELECT ` + retryColumns + ` FROM retries` + w.SQL() + ` ORDER BY kind, item_id LIMIT ` + w.Arg(limit+1)
 	var page Page
-	var more bool
-	page.Retries, more, err = pgdb.QueryPage(ctx, q, sql, w.Args, limit, func(row pgx.Row) (Retry, error) { return scanRetry(row) })
-	if err != nil {
-		return Page{}, fmt.Errorf("list retries: %w", err)
-	}
-	if more {
-		last := page.Retries[limit-1]
-		page.NextCursor = encodeCursor(last.Kind, last.ItemID)
-	}
-	return page, nil
+	page.Retries, page.NextCursor, err = pgrows.Page(ctx, q, "list retries", scanRetryRow, limit,
+		func(r Retry) string { return encodeCursor(r.Kind, r.ItemID) }, sql, w.Args...)
+	return page, err
 }
 
 // Cursors are opaque to clients: base64 of "kind\x00item_id". Neither part

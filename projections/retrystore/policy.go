@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/retryd/retryd/internal/pgrows"
 	"github.com/retryd/retryd/pkg/errclass"
 	"github.com/retryd/retryd/pkg/policy"
 )
@@ -72,38 +73,20 @@ func scanPolicy(row pgx.Row) (policy.Policy, error) {
 // (kind, jobType) row, else the kind's default (kind, ""), else the
 // fallback ("*", ""). ErrNotFound means none of them exists.
 func LookupPolicy(ctx context.Context, q Querier, kind, jobType string) (policy.Policy, error) {
-	row := q.QueryRow(ctx, `SELECT `+policyColumns+` FROM retry_policies
+	return pgrows.One(ctx, q, "look up policy "+kind+"/"+jobType, scanPolicy, `SELECT `+policyColumns+` FROM retry_policies
 WHERE (kind = $1 AND job_type IN ($2, '')) OR (kind = '*' AND job_type = '')
 ORDER BY kind = '*', job_type = '' LIMIT 1`, kind, jobType)
-	p, err := scanPolicy(row)
-	if err != nil {
-		return policy.Policy{}, fmt.Errorf("look up policy %s/%s: %w", kind, jobType, notFound(err))
-	}
-	return p, nil
 }
 
 // GetPolicy returns exactly the (kind, jobType) row.
 func GetPolicy(ctx context.Context, q Querier, kind, jobType string) (policy.Policy, error) {
-	row := q.QueryRow(ctx, `SELECT `+policyColumns+` FROM retry_policies WHERE kind = $1 AND job_type = $2`, kind, jobType)
-	p, err := scanPolicy(row)
-	if err != nil {
-		return policy.Policy{}, fmt.Errorf("get policy %s/%s: %w", kind, jobType, notFound(err))
-	}
-	return p, nil
+	return pgrows.One(ctx, q, "get policy "+kind+"/"+jobType, scanPolicy,
+		`SELECT `+policyColumns+` FROM retry_policies WHERE kind = $1 AND job_type = $2`, kind, jobType)
 }
 
 // ListPolicies returns every policy ordered by kind and job type.
 func ListPolicies(ctx context.Context, q Querier) ([]policy.Policy, error) {
-	rows, err := q.Query(ctx, `SELECT `+policyColumns+` FROM retry_policies ORDER BY kind, job_type`)
-	if err != nil {
-		return nil, fmt.Errorf("list policies: %w", err)
-	}
-	defer rows.Close()
-	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (policy.Policy, error) { return scanPolicy(row) })
-	if err != nil {
-		return nil, fmt.Errorf("list policies: %w", err)
-	}
-	return out, nil
+	return pgrows.All(ctx, q, "list policies", scanPolicy, `SELECT `+policyColumns+` FROM retry_policies ORDER BY kind, job_type`)
 }
 
 // PutPolicy creates the (p.Kind, p.JobType) policy at version 1 or

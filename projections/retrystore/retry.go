@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/retryd/retryd/internal/pgrows"
 )
 
 // State is the state of a retry row.
@@ -116,6 +118,9 @@ const retryColumns = `kind, item_id, state, attempt, retry_count, budget_base, m
 	last_reason, exhausted_reason, payload, checkpoint, metadata, created_at, updated_at, resolved_at,
 	trace_context, held_since, hold_reason, hold_key, timeout_ms, priority`
 
+// scanRetryRow is scanRetry of a row of retryColumns alone.
+func scanRetryRow(row pgx.Row) (Retry, error) { return scanRetry(row) }
+
 func scanRetry(row pgx.Row, extra ...any) (Retry, error) {
 	var r Retry
 	var state string
@@ -155,12 +160,8 @@ func GetForUpdate(ctx context.Context, q Querier, kind, itemID string) (Retry, e
 }
 
 func get(ctx context.Context, q Querier, kind, itemID, lock string) (Retry, error) {
-	row := q.QueryRow(ctx, `SELECT `+retryColumns+` FROM retries WHERE kind = $1 AND item_id = $2`+lock, kind, itemID)
-	r, err := scanRetry(row)
-	if err != nil {
-		return Retry{}, fmt.Errorf("get retry %s/%s: %w", kind, itemID, notFound(err))
-	}
-	return r, nil
+	return pgrows.One(ctx, q, "get retry "+kind+"/"+itemID, scanRetryRow,
+		`SELECT `+retryColumns+` FROM retries WHERE kind = $1 AND item_id = $2`+lock, kind, itemID)
 }
 
 // Save inserts or updates the row with every field of r except CreatedAt

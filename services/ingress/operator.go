@@ -481,10 +481,7 @@ func (s *Service) cancelEvent(w http.ResponseWriter, r *http.Request) {
 // writeErr answers err; the service's own failures (5xx) are logged, the
 // client's are only answered.
 func (s *Service) writeErr(w http.ResponseWriter, r *http.Request, err error) {
-	if status, _ := serve.Describe(err); status >= 500 {
-		s.log.Error().Err(err).Str("method", r.Method).Str("path", r.URL.Path).Msg("operator api")
-	}
-	serve.WriteError(w, err)
+	serve.WriteErrorLog(w, r, s.log, err)
 }
 
 // notFoundAs says what a store's ErrNotFound in err means to the client

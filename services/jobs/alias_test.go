@@ -29,11 +29,9 @@ func TestAPIAliasJobType(t *testing.T) {
 	b.insertJob(t, "l1", "linkedin_outreach", "failed", "timeout", 1, t0)
 	b.insertJob(t, "e1", "email_campaign", "failed", "timeout", 1, t0)
 
-	var page jobstore.Page
-	require.Equal(t, 200, b.do(t, "GET", "/v1/jobs?jobType=linkedin_outreach", "", &page))
-	require.Equal(t, []string{"l1"}, jobIDs(page))
-	require.Equal(t, 200, b.do(t, "GET", "/v1/jobs?jobType=linkedin_outreach&job_type=linkedin_outreach", "", &page))
-	require.Equal(t, []string{"l1"}, jobIDs(page), "the same value under both names is fine")
+	require.Equal(t, []string{"l1"}, jobIDs(b.list(t, "/v1/jobs?jobType=linkedin_outreach")))
+	require.Equal(t, []string{"l1"}, jobIDs(b.list(t, "/v1/jobs?jobType=linkedin_outreach&job_type=linkedin_outreach")),
+		"the same value under both names is fine")
 
 	var res jobstore.Analytics
 	require.Equal(t, 200, b.do(t, "GET", "/v1/analytics/retries?jobType=linkedin_outreach&days=30", "", &res))
@@ -63,11 +61,8 @@ func TestAPIAliasPermanentlyFailed(t *testing.T) {
 	b.insertJob(t, "r", "email_campaign", "retrying", "timeout", 2, t0.Add(3*time.Minute))
 	b.insertJob(t, "ok", "email_campaign", "completed", "", 0, t0.Add(4*time.Minute))
 
-	var page jobstore.Page
-	require.Equal(t, 200, b.do(t, "GET", "/v1/jobs?status=permanently_failed", "", &page))
-	require.Equal(t, []string{"m", "f"}, jobIDs(page), "failed and failed_max_retries, not cancelled")
-	require.Equal(t, 200, b.do(t, "GET", "/v1/jobs?status=permanently_failed,cancelled&min_retry_count=1", "", &page))
-	require.Equal(t, []string{"c", "m"}, jobIDs(page))
+	require.Equal(t, []string{"m", "f"}, jobIDs(b.list(t, "/v1/jobs?status=permanently_failed")), "failed and failed_max_retries, not cancelled")
+	require.Equal(t, []string{"c", "m"}, jobIDs(b.list(t, "/v1/jobs?status=permanently_failed,cancelled&min_retry_count=1")))
 
 	var dry jobs.DryRunResponse
 	require.Equal(t, 200, b.do(t, "POST", "/v1/jobs/bulk-retry", `{"filter":{"status":"permanently_failed"},"dry_run":true}`, &dry))

@@ -137,10 +137,7 @@ type API struct {
 	log zerolog.Logger
 	m   *apiMetrics
 
-	mu      sync.Mutex
-	started bool
-	stopped bool
-	cancel  context.CancelFunc
+	lifecycle
 	wg      sync.WaitGroup
 	running map[string]bool // operations with a local runner goroutine
 	kick    chan struct{}
@@ -323,7 +320,7 @@ func (a *API) handleAnalytics(w http.ResponseWriter, r *http.Request) {
 	}
 	res, err := jobstore.RetryAnalytics(r.Context(), a.cfg.Pool, aq)
 	if err != nil {
-		a.internal(w, err)
+		a.writeErr(w, r, err)
 		return
 	}
 	serve.WriteJSON(w, http.StatusOK, res)
@@ -386,36 +383,30 @@ func (a *API) handleList(w http.ResponseWriter, r *http.Request) {
 		serve.WriteError(w, err)
 		return
 	}
-	limit, ok := listLimit(w, q)
-	if !ok {
-		return
-	}
-	page, err := jobstore.List(r.Context(), a.cfg.Pool, f, limit, q.Get("cursor"))
-	a.writePage(w, page, err)
+	a.writePage(w, r, q, func(limit int, cursor string) (any, error) {
+		return jobstore.List(r.Context(), a.cfg.Pool, f, limit, cursor)
+	})
 }
 
-// listLimit reads ?limit= of a list route (0 when absent); on a bad one
-// it has answered 400 naming the field.
-func listLimit(w http.ResponseWriter, q url.Values) (int, bool) {
-	v := q.Get("limit")
-	if v == "" {
-		return 0, true
+// writePage answers a list route with the page read reads at ?limit=
+// (0 when absent) and ?cursor=, or with the error: a bad limit or cursor
+// is a 400 naming the parameter.
+func (a *API) writePage(w http.ResponseWriter, r *http.Request, q url.Values, read func(limit int, cursor string) (any, error)) {
+	limit := 0
+	if v := q.Get("limit"); v != "" {
+		var err error
+		limit, err = strconv.Atoi(v)
+		if err != nil || limit < 1 || limit > jobstore.MaxListLimit {
+			serve.WriteError(w, invalid("limit", fmt.Sprintf("must be between 1 and %d", jobstore.MaxListLimit)))
+			return
+		}
 	}
-	limit, err := strconv.Atoi(v)
-	if err != nil || limit < 1 || limit > jobstore.MaxListLimit {
-		serve.WriteError(w, invalid("limit", fmt.Sprintf("must be between 1 and %d", jobstore.MaxListLimit)))
-		return 0, false
-	}
-	return limit, true
-}
-
-// writePage answers a list route with page, or with the error reading it.
-func (a *API) writePage(w http.ResponseWriter, page any, err error) {
+	page, err := read(limit, q.Get("cursor"))
 	switch {
 	case errors.Is(err, jobstore.ErrBadCursor):
 		serve.WriteError(w, invalid("cursor", "is not a cursor this API returned"))
 	case err != nil:
-		a.internal(w, err)
+		a.writeErr(w, r, err)
 	default:
 		serve.WriteJSON(w, http.StatusOK, page)
 	}
@@ -447,12 +438,12 @@ func (a *API) handleGet(w http.ResponseWriter, r *http.Request) {
 	case err == nil:
 		detail.Job = &job
 	case !errors.Is(err, jobstore.ErrNotFound):
-		a.internal(w, err)
+		a.writeErr(w, r, err)
 		return
 	}
 	detail.History, err = retrystore.History(r.Context(), a.cfg.Pool, contract.KindJob, id)
 	if err != nil {
-		a.internal(w, err)
+		a.writeErr(w, r, err)
 		return
 	}
 	if detail.Job == nil && len(detail.History) == 0 {
@@ -558,7 +549,7 @@ func (a *API) action(w http.ResponseWriter, r *http.Request, name string) {
 		err = a.cfg.Retry.Cancel(ctx, contract.KindJob, id, req.By, req.Reason)
 	}
 	if err != nil {
-		a.controllerError(w, err)
+		a.writeErr(w, r, err)
 		return
 	}
 	a.log.Info().Str("job_id", id).Str("action", name).Str("by", req.By).Msg("job action")
@@ -568,17 +559,8 @@ func (a *API) action(w http.ResponseWriter, r *http.Request, name string) {
 func (a *API) handleRetry(w http.ResponseWriter, r *http.Request)  { a.action(w, r, "retry") }
 func (a *API) handleCancel(w http.ResponseWriter, r *http.Request) { a.action(w, r, "cancel") }
 
-// controllerError writes a scheduler error: its own 400/404/409, 500 for
-// anything else.
-func (a *API) controllerError(w http.ResponseWriter, err error) {
-	if errors.Is(err, serve.ErrNotFound) || errors.Is(err, serve.ErrConflict) || errors.Is(err, contract.ErrInvalid) {
-		serve.WriteError(w, err)
-		return
-	}
-	a.internal(w, err)
-}
-
-func (a *API) internal(w http.ResponseWriter, err error) {
-	a.log.Error().Err(err).Msg("jobs api request failed")
-	serve.WriteError(w, err)
+// writeErr answers err; the API's own failures (5xx) are logged, the
+// client's (a scheduler's 400, 404 or 409 among them) are not.
+func (a *API) writeErr(w http.ResponseWriter, r *http.Request, err error) {
+	serve.WriteErrorLog(w, r, a.log, err)
 }

@@ -150,7 +150,7 @@ func (a *API) handleBulkRetry(w http.ResponseWriter, r *http.Request) {
 	if *req.DryRun {
 		n, err := jobstore.Count(r.Context(), a.cfg.Pool, f)
 		if err != nil {
-			a.internal(w, err)
+			a.writeErr(w, r, err)
 			return
 		}
 		serve.WriteJSON(w, http.StatusOK, DryRunResponse{DryRun: true, Matched: n})
@@ -158,7 +158,7 @@ func (a *API) handleBulkRetry(w http.ResponseWriter, r *http.Request) {
 	}
 	filterJSON, err := json.Marshal(req.Filter)
 	if err != nil {
-		a.internal(w, err)
+		a.writeErr(w, r, err)
 		return
 	}
 	var op jobstore.Operation
@@ -181,7 +181,7 @@ func (a *API) handleBulkRetry(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if err != nil {
-		a.internal(w, err)
+		a.writeErr(w, r, err)
 		return
 	}
 	a.log.Info().Str("operation_id", op.ID).Int("total", op.Total).Float64("rate_per_second", op.RatePerSecond).
@@ -205,12 +205,12 @@ func (a *API) writeOperation(w http.ResponseWriter, r *http.Request, op jobstore
 		return
 	}
 	if err != nil {
-		a.internal(w, err)
+		a.writeErr(w, r, err)
 		return
 	}
 	problems, err := jobstore.OperationItems(r.Context(), a.cfg.Pool, op.ID, maxProblems)
 	if err != nil {
-		a.internal(w, err)
+		a.writeErr(w, r, err)
 		return
 	}
 	serve.WriteJSON(w, http.StatusOK, OperationResponse{Operation: op, Problems: problems})
@@ -248,31 +248,20 @@ func (a *API) handleCancelOperation(w http.ResponseWriter, r *http.Request) {
 // releases their jobs at each operation's rate. ctx bounds nothing; Stop
 // ends the runner.
 func (a *API) Start(_ context.Context) error {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.started {
-		return errors.New("start jobs api: already started")
-	}
-	a.started = true
-	ctx, cancel := context.WithCancel(context.Background())
-	a.cancel = cancel
-	a.wg.Add(1)
-	go a.scan(ctx)
-	return nil
+	return a.start("jobs api", func(loops context.Context) error {
+		a.wg.Add(1)
+		go a.scan(loops)
+		return nil
+	})
 }
 
 // Stop ends the runner and waits for the releases in flight; operations
 // stay running in the database and resume on the next Start (here or in
 // another process once the lease expires). It is idempotent.
 func (a *API) Stop(ctx context.Context) error {
-	a.mu.Lock()
-	if !a.started || a.stopped {
-		a.mu.Unlock()
+	if !a.stop() {
 		return nil
 	}
-	a.stopped = true
-	a.cancel()
-	a.mu.Unlock()
 	if err := wait.Group(ctx, &a.wg); err != nil {
 		return fmt.Errorf("stop jobs api: %w", err)
 	}

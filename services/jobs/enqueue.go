@@ -114,7 +114,7 @@ func (a *API) handleEnqueue(w http.ResponseWriter, r *http.Request) {
 	if uniqueFor > 0 {
 		exists, err := a.jobWithin(r.Context(), job.ID, now.Add(-uniqueFor))
 		if err != nil {
-			a.internal(w, err)
+			a.writeErr(w, r, err)
 			return
 		}
 		if exists {
@@ -129,7 +129,7 @@ func (a *API) handleEnqueue(w http.ResponseWriter, r *http.Request) {
 			serve.WriteError(w, err)
 			return
 		}
-		a.internal(w, err)
+		a.writeErr(w, r, err)
 		return
 	}
 	if !resp.Duplicate {

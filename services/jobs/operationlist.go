@@ -22,10 +22,7 @@ func (a *API) handleListOperations(w http.ResponseWriter, r *http.Request) {
 		serve.WriteError(w, invalid("status", fmt.Sprintf("%q is not one of running, completed, cancelled", status)))
 		return
 	}
-	limit, ok := listLimit(w, q)
-	if !ok {
-		return
-	}
-	page, err := jobstore.ListOperations(r.Context(), a.cfg.Pool, status, limit, q.Get("cursor"))
-	a.writePage(w, page, err)
+	a.writePage(w, r, q, func(limit int, cursor string) (any, error) {
+		return jobstore.ListOperations(r.Context(), a.cfg.Pool, status, limit, cursor)
+	})
 }

@@ -7,7 +7,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/retryd/retryd/pkg/contract"
-	"github.com/retryd/retryd/projections/jobstore"
 	"github.com/retryd/retryd/services/jobs"
 )
 
@@ -48,16 +47,12 @@ func TestAPIListsThePriority(t *testing.T) {
 	_, err := b.pool.Exec(b.ctx, `UPDATE jobs SET priority = 'high' WHERE job_id = 'b'`)
 	require.NoError(t, err)
 
-	var page jobstore.Page
-	require.Equal(t, 200, b.do(t, "GET", "/v1/jobs", "", &page))
+	page := b.list(t, "/v1/jobs")
 	require.Len(t, page.Jobs, 2)
 	require.Equal(t, "high", page.Jobs[0].Priority)
 	require.Equal(t, "normal", page.Jobs[1].Priority)
-	require.Equal(t, 200, b.do(t, "GET", "/v1/jobs?priority=high", "", &page))
-	require.Equal(t, []string{"b"}, []string{page.Jobs[0].ID})
-	require.Len(t, page.Jobs, 1)
-	require.Equal(t, 200, b.do(t, "GET", "/v1/jobs?priority=low", "", &page))
-	require.Empty(t, page.Jobs)
+	require.Equal(t, []string{"b"}, jobIDs(b.list(t, "/v1/jobs?priority=high")))
+	require.Empty(t, b.list(t, "/v1/jobs?priority=low").Jobs)
 
 	var detail jobs.JobDetail
 	require.Equal(t, 200, b.do(t, "GET", "/v1/jobs/b", "", &detail))

@@ -129,12 +129,9 @@ type Projector struct {
 	log zerolog.Logger
 	m   *projectorMetrics
 
-	mu        sync.Mutex
-	started   bool
+	lifecycle
 	consumers *durable.Group
-	cancel    context.CancelFunc
 	loops     sync.WaitGroup
-	stopped   bool
 }
 
 // NewProjector validates cfg and returns a Projector.
@@ -152,11 +149,14 @@ func NewProjector(cfg ProjectorConfig) (*Projector, error) {
 // Start creates or updates the durable consumers and starts folding. ctx
 // bounds the setup; Stop ends the projector.
 func (p *Projector) Start(ctx context.Context) error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.started {
-		return errors.New("start jobs projector: already started")
-	}
+	return p.start("jobs projector", func(loops context.Context) error {
+		return p.startConsumers(ctx, loops)
+	})
+}
+
+// startConsumers starts the consumers (ctx bounds their setup) and the
+// inbox pruning, which runs until loops ends.
+func (p *Projector) startConsumers(ctx, loops context.Context) error {
 	spec := func(stream string) durable.Spec {
 		log := p.log.With().Str("stream", stream).Logger()
 		return durable.Spec{
@@ -171,17 +171,15 @@ func (p *Projector) Start(ctx context.Context) error {
 	consumers, err := durable.NewGroup(durable.Config{JS: p.cfg.JS, Logger: p.log},
 		spec(contract.StreamJobs), spec(contract.StreamRetries))
 	if err != nil {
-		return fmt.Errorf("start jobs projector: %w", err)
+		return err
 	}
 	if err := consumers.Start(ctx); err != nil {
-		return fmt.Errorf("start jobs projector: %w", err)
+		return err
 	}
-	loopCtx, cancel := context.WithCancel(context.Background())
-	p.consumers, p.cancel = consumers, cancel
-	p.started = true
+	p.consumers = consumers
 	if p.cfg.InboxRetention > 0 {
 		p.loops.Add(1)
-		go p.pruneInbox(loopCtx)
+		go p.pruneInbox(loops)
 	}
 	p.log.Info().Msg("jobs projection started")
 	return nil
@@ -212,14 +210,9 @@ func (p *Projector) consumerConfig(stream string) jetstream.ConsumerConfig {
 // (their transactions are committed or rolled back, their messages acked
 // or handed back). It is idempotent; ctx bounds the wait.
 func (p *Projector) Stop(ctx context.Context) error {
-	p.mu.Lock()
-	if !p.started || p.stopped {
-		p.mu.Unlock()
+	if !p.stop() {
 		return nil
 	}
-	p.stopped = true
-	p.cancel()
-	p.mu.Unlock()
 	// The batches already delivered are applied even while stopping:
 	// finishing them is quicker than their redelivery.
 	drainErr := p.consumers.Drain(ctx)
@@ -427,19 +420,12 @@ func decode(stream string, m jetstream.Msg) (decoded, error) {
 // fold's ordering guards.
 func (p *Projector) pruneInbox(ctx context.Context) {
 	defer p.loops.Done()
-	ticker := time.NewTicker(pruneInterval)
-	defer ticker.Stop()
-	for {
+	wait.Every(ctx, pruneInterval, func() {
 		n, err := inbox.Prune(ctx, p.cfg.Pool, p.cfg.InboxRetention, ProjectionDurable)
 		if err != nil && ctx.Err() == nil {
 			p.log.Warn().Err(err).Msg("prune inbox")
 		} else if n > 0 {
 			p.log.Debug().Int64("pruned", n).Msg("pruned inbox")
 		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-ticker.C:
-		}
-	}
+	})
 }

@@ -108,17 +108,17 @@ func (a *API) handlePutSchedule(w http.ResponseWriter, r *http.Request) {
 			serve.WriteError(w, invalid("cron", "is refused by the server: "+apiErr.Description))
 			return
 		}
-		a.internal(w, fmt.Errorf("publish schedule %s/%s: %w", jobType, name, err))
+		a.writeErr(w, r, fmt.Errorf("publish schedule %s/%s: %w", jobType, name, err))
 		return
 	}
 	if err := audit.Record(r.Context(), a.cfg.Pool, audit.SchedulePut, "schedule/"+jobType+"/"+name, audit.Detail{"pattern": pattern}); err != nil {
-		a.internal(w, err)
+		a.writeErr(w, r, err)
 		return
 	}
 	a.log.Info().Str("job_type", jobType).Str("schedule", name).Str("pattern", pattern).Msg("schedule stored")
 	view, err := a.schedule(r.Context(), jobType, name)
 	if err != nil {
-		a.controllerError(w, err)
+		a.writeErr(w, r, err)
 		return
 	}
 	serve.WriteJSON(w, http.StatusOK, view)
@@ -127,7 +127,7 @@ func (a *API) handlePutSchedule(w http.ResponseWriter, r *http.Request) {
 func (a *API) handleGetSchedule(w http.ResponseWriter, r *http.Request) {
 	view, err := a.schedule(r.Context(), r.PathValue("job_type"), r.PathValue("name"))
 	if err != nil {
-		a.controllerError(w, err)
+		a.writeErr(w, r, err)
 		return
 	}
 	serve.WriteJSON(w, http.StatusOK, view)
@@ -136,7 +136,7 @@ func (a *API) handleGetSchedule(w http.ResponseWriter, r *http.Request) {
 func (a *API) handleDeleteSchedule(w http.ResponseWriter, r *http.Request) {
 	jobType, name := r.PathValue("job_type"), r.PathValue("name")
 	if _, err := a.schedule(r.Context(), jobType, name); err != nil {
-		a.controllerError(w, err)
+		a.writeErr(w, r, err)
 		return
 	}
 	s, err := a.schedulesStream(r.Context())
@@ -144,11 +144,11 @@ func (a *API) handleDeleteSchedule(w http.ResponseWriter, r *http.Request) {
 		err = s.Purge(r.Context(), jetstream.WithPurgeSubject(contract.ScheduleSubject(jobType, name)))
 	}
 	if err != nil {
-		a.internal(w, fmt.Errorf("delete schedule %s/%s: %w", jobType, name, err))
+		a.writeErr(w, r, fmt.Errorf("delete schedule %s/%s: %w", jobType, name, err))
 		return
 	}
 	if err := audit.Record(r.Context(), a.cfg.Pool, audit.ScheduleDelete, "schedule/"+jobType+"/"+name, nil); err != nil {
-		a.internal(w, err)
+		a.writeErr(w, r, err)
 		return
 	}
 	a.log.Info().Str("job_type", jobType).Str("schedule", name).Msg("schedule deleted")
@@ -162,7 +162,7 @@ func (a *API) handleListSchedules(w http.ResponseWriter, r *http.Request) {
 		info, err = s.Info(r.Context(), jetstream.WithSubjectFilter("schedules.>"))
 	}
 	if err != nil {
-		a.internal(w, fmt.Errorf("list schedules: %w", err))
+		a.writeErr(w, r, fmt.Errorf("list schedules: %w", err))
 		return
 	}
 	subjects := make([]string, 0, len(info.State.Subjects))
@@ -181,7 +181,7 @@ func (a *API) handleListSchedules(w http.ResponseWriter, r *http.Request) {
 			continue // deleted since the stream's info
 		}
 		if err != nil {
-			a.internal(w, err)
+			a.writeErr(w, r, err)
 			return
 		}
 		list.Schedules = append(list.Schedules, view)

@@ -48,9 +48,7 @@ func TestCancelBeforeDue(t *testing.T) {
 
 	// The cancelled event comes back through the consumer: the inbox
 	// makes it a duplicate.
-	require.Eventually(t, func() bool {
-		return metric(t, s.reg, "retryd_scheduler_duplicate_total", "consumer", "scheduler") == 1
-	}, waitFor, 10*time.Millisecond)
+	waitMetric(t, s.reg, 1, "retryd_scheduler_duplicate_total", "consumer", "scheduler")
 	_, err = s.Cancel(b.ctx, "cx", "c1", "alice", "")
 	require.ErrorIs(t, err, scheduler.ErrConflict)
 	require.ErrorContains(t, err, "cancel cx/c1: it is in state cancelled, not pending")
@@ -72,9 +70,7 @@ func TestCancelAfterDue(t *testing.T) {
 	_, err := s.Cancel(b.ctx, "cd", "c2", "", "")
 	require.NoError(t, err)
 	b.publish(t, contract.Failed, failed("cd", "c2", 2, "timeout"))
-	require.Eventually(t, func() bool {
-		return metric(t, s.reg, "retryd_scheduler_stale_total", "kind", "cd", "event", "failed") == 1
-	}, waitFor, 10*time.Millisecond)
+	waitMetric(t, s.reg, 1, "retryd_scheduler_stale_total", "kind", "cd", "event", "failed")
 	row, err := retrystore.Get(b.ctx, b.pool, "cd", "c2")
 	require.NoError(t, err)
 	require.Equal(t, retrystore.StateCancelled, row.State)
@@ -86,9 +82,7 @@ func TestCancelAfterDue(t *testing.T) {
 	b.publish(t, contract.Cancelled, contract.CancelledData{Kind: "cd", ID: "c3", By: "owner"})
 	b.waitRow(t, "cd", "c3", inState(retrystore.StateCancelled, 0))
 	b.publish(t, contract.Failed, failed("cd", "c3", 1, "timeout"))
-	require.Eventually(t, func() bool {
-		return metric(t, s.reg, "retryd_scheduler_stale_total", "kind", "cd", "event", "failed") == 2
-	}, waitFor, 10*time.Millisecond)
+	waitMetric(t, s.reg, 2, "retryd_scheduler_stale_total", "kind", "cd", "event", "failed")
 	require.Equal(t, 2.0, metric(t, s.reg, "retryd_scheduler_cancelled_total", "kind", "cd"))
 }
 

@@ -1,7 +1,6 @@
 package scheduler
 
 import (
-	"errors"
 	"fmt"
 	"net/http"
 	"net/url"
@@ -103,10 +102,7 @@ func (s *Scheduler) handleList(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	page, err := retrystore.List(r.Context(), s.cfg.Pool, f)
-	if errors.Is(err, retrystore.ErrBadCursor) {
-		err = invalidField("cursor", "is not a cursor returned by this API")
-	}
-	reply(w, page, err)
+	serve.ReplyPage(w, page, err, retrystore.ErrBadCursor)
 }
 
 // retryView is one retry with its history: everything that answers "why
@@ -114,16 +110,6 @@ func (s *Scheduler) handleList(w http.ResponseWriter, r *http.Request) {
 type retryView struct {
 	Retry   retrystore.Retry          `json:"retry"`
 	History []retrystore.HistoryEntry `json:"history,omitempty"`
-}
-
-// reply answers 200 with v, or with err when the handler could not make
-// it.
-func reply(w http.ResponseWriter, v any, err error) {
-	if err != nil {
-		serve.WriteError(w, err)
-		return
-	}
-	serve.WriteJSON(w, http.StatusOK, v)
 }
 
 func pathItem(r *http.Request) (kind, id string, err error) {
@@ -152,7 +138,7 @@ func (s *Scheduler) handleGet(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	hist, err := retrystore.History(r.Context(), s.cfg.Pool, kind, id)
-	reply(w, retryView{Retry: row, History: hist}, err)
+	serve.Reply(w, retryView{Retry: row, History: hist}, err)
 }
 
 // cancelRequest and retryRequest keep "by" so older clients that send it
@@ -196,5 +182,5 @@ func itemAction[Req any](w http.ResponseWriter, r *http.Request, act func(kind, 
 		return
 	}
 	row, err := act(kind, id, req)
-	reply(w, retryView{Retry: row}, err)
+	serve.Reply(w, retryView{Retry: row}, err)
 }

@@ -45,7 +45,7 @@ func pathPolicy(r *http.Request) (kind, jobType string, err error) {
 
 func (s *Scheduler) handleListPolicies(w http.ResponseWriter, r *http.Request) {
 	ps, err := retrystore.ListPolicies(r.Context(), s.cfg.Pool)
-	reply(w, map[string]any{"policies": ps}, err)
+	serve.Reply(w, map[string]any{"policies": ps}, err)
 }
 
 // handlePolicyTemplate answers policy.Template for ?kind= (default job)
@@ -69,29 +69,35 @@ func (s *Scheduler) handlePolicyTemplate(w http.ResponseWriter, r *http.Request)
 }
 
 func (s *Scheduler) handleGetPolicy(w http.ResponseWriter, r *http.Request) {
-	kind, jobType, err := pathPolicy(r)
-	if err != nil {
-		serve.WriteError(w, err)
-		return
-	}
-	p, err := retrystore.GetPolicy(r.Context(), s.cfg.Pool, kind, jobType)
-	if isNotFound(err) {
-		err = fmt.Errorf("policy %s/%s: %w", kind, jobType, serve.ErrNotFound)
-	}
-	reply(w, p, err)
+	policyRead(w, r, func(kind, jobType string) (any, error) {
+		return retrystore.GetPolicy(r.Context(), s.cfg.Pool, kind, jobType)
+	})
 }
 
 func (s *Scheduler) handlePolicyVersions(w http.ResponseWriter, r *http.Request) {
+	policyRead(w, r, func(kind, jobType string) (any, error) {
+		vs, err := retrystore.PolicyVersions(r.Context(), s.cfg.Pool, kind, jobType)
+		if err == nil && len(vs) == 0 {
+			err = retrystore.ErrNotFound
+		}
+		return map[string]any{"versions": vs}, err
+	})
+}
+
+// policyRead serves a read of the policy the path names: what read
+// returns, or its error, where a store's ErrNotFound is a 404 naming the
+// policy.
+func policyRead(w http.ResponseWriter, r *http.Request, read func(kind, jobType string) (any, error)) {
 	kind, jobType, err := pathPolicy(r)
 	if err != nil {
 		serve.WriteError(w, err)
 		return
 	}
-	vs, err := retrystore.PolicyVersions(r.Context(), s.cfg.Pool, kind, jobType)
-	if err == nil && len(vs) == 0 {
+	v, err := read(kind, jobType)
+	if isNotFound(err) {
 		err = fmt.Errorf("policy %s/%s: %w", kind, jobType, serve.ErrNotFound)
 	}
-	reply(w, map[string]any{"versions": vs}, err)
+	serve.Reply(w, v, err)
 }
 
 // PolicyRequest is the body of PUT /v1/policies/{kind}/{job_type}: a

@@ -38,9 +38,7 @@ func TestDuplicateFailedChangesNothing(t *testing.T) {
 	third := b.storeAgain(t, msg)
 	require.Greater(t, third.Sequence, first.Sequence)
 
-	require.Eventually(t, func() bool {
-		return metric(t, s.reg, "retryd_scheduler_duplicate_total", "consumer", "scheduler") == 1
-	}, waitFor, 10*time.Millisecond)
+	waitMetric(t, s.reg, 1, "retryd_scheduler_duplicate_total", "consumer", "scheduler")
 	row := b.waitRow(t, "dup", "d1", inState(retrystore.StateScheduled, 2))
 	require.Equal(t, []string{"failed:1", "scheduled:2"}, events(b.history(t, "dup", "d1")))
 	require.Equal(t, 1, row.RetryCount)

@@ -220,9 +220,7 @@ func TestSucceededClosesAndStaleFactsAreIgnored(t *testing.T) {
 	_, err := b.js.PublishMsg(b.ctx, replay)
 	require.NoError(t, err)
 	b.publish(t, contract.Succeeded, contract.SucceededData{Kind: "ok", ID: "never-failed", Attempt: 1})
-	require.Eventually(t, func() bool {
-		return metric(t, s.reg, "retryd_scheduler_stale_total", "kind", "ok", "event", "failed") == 2
-	}, waitFor, 10*time.Millisecond)
+	waitMetric(t, s.reg, 2, "retryd_scheduler_stale_total", "kind", "ok", "event", "failed")
 	require.Equal(t, []string{"failed:1", "scheduled:2", "due:2", "succeeded:2"}, events(b.history(t, "ok", "a")))
 	_, err = retrystore.Get(b.ctx, b.pool, "ok", "never-failed")
 	require.ErrorIs(t, err, retrystore.ErrNotFound)
@@ -252,9 +250,7 @@ func TestMalformedMessagesAreTerminated(t *testing.T) {
 	require.NoError(t, err)
 
 	b.waitRow(t, "mal", "ok", func(r retrystore.Retry) bool { return r.State == retrystore.StateScheduled })
-	require.Eventually(t, func() bool {
-		return metric(t, s.reg, "retryd_scheduler_malformed_total", "consumer", "scheduler") == float64(len(bad))
-	}, waitFor, 10*time.Millisecond)
+	waitMetric(t, s.reg, float64(len(bad)), "retryd_scheduler_malformed_total", "consumer", "scheduler")
 	page, err := retrystore.List(b.ctx, b.pool, retrystore.ListFilter{Kind: "mal"})
 	require.NoError(t, err)
 	require.Len(t, page.Retries, 1)
@@ -295,9 +291,7 @@ func TestFactsOfOneItemInOneBatch(t *testing.T) {
 	require.Equal(t, []string{"failed:1", "scheduled:2", "succeeded:2"}, events(b.history(t, "same", "y")))
 	b.waitRow(t, "same", "z", inState(retrystore.StateScheduled, 2))
 	// Counted after the commit the rows already show.
-	require.Eventually(t, func() bool {
-		return metric(t, s.reg, "retryd_scheduler_scheduled_total", "kind", "same") == 3
-	}, waitFor, 10*time.Millisecond)
+	waitMetric(t, s.reg, 3, "retryd_scheduler_scheduled_total", "kind", "same")
 }
 
 // The same fact twice in one policy-stage batch (republished past the
@@ -316,9 +310,7 @@ func TestDuplicateInOneBatch(t *testing.T) {
 	s := b.start(t)
 
 	b.waitRow(t, "twice", "x", inState(retrystore.StateScheduled, 2))
-	require.Eventually(t, func() bool {
-		return metric(t, s.reg, "retryd_scheduler_duplicate_total", "consumer", scheduler.Owner) == 1
-	}, waitFor, 10*time.Millisecond)
+	waitMetric(t, s.reg, 1, "retryd_scheduler_duplicate_total", "consumer", scheduler.Owner)
 	require.Equal(t, []string{"failed:1", "scheduled:2"}, events(b.history(t, "twice", "x")))
 	require.Equal(t, float64(1), metric(t, s.reg, "retryd_scheduler_scheduled_total", "kind", "twice"))
 }
@@ -344,9 +336,7 @@ func TestPoisonFactIsTerminatedAlone(t *testing.T) {
 			b.waitRow(t, "poison", id, inState(retrystore.StateScheduled, 2))
 		}
 	}
-	require.Eventually(t, func() bool {
-		return metric(t, s.reg, "retryd_scheduler_malformed_total", "consumer", scheduler.Owner) == 1
-	}, waitFor, 10*time.Millisecond)
+	waitMetric(t, s.reg, 1, "retryd_scheduler_malformed_total", "consumer", scheduler.Owner)
 	require.Eventually(t, func() bool {
 		return natstest.Settled(t, b.ctx, b.js, contract.StreamRetries, scheduler.ConsumerName)
 	}, waitFor, 10*time.Millisecond, "the poison fact was not terminated")

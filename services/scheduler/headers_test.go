@@ -2,7 +2,6 @@ package scheduler_test
 
 import (
 	"testing"
-	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/require"
@@ -44,9 +43,7 @@ func TestFactsWithBadHeadersAreTerminatedAndCounted(t *testing.T) {
 		require.NoError(t, err)
 	}
 	b.waitRow(t, "hdr", "no-retryd-hdrs", inState(retrystore.StateScheduled, 2))
-	require.Eventually(t, func() bool {
-		return metric(t, s.reg, "retryd_scheduler_malformed_total", "consumer", scheduler.Owner) == float64(len(bad)-1)
-	}, waitFor, 10*time.Millisecond)
+	waitMetric(t, s.reg, float64(len(bad)-1), "retryd_scheduler_malformed_total", "consumer", scheduler.Owner)
 	b.waitQuiet(t)
 	for id, spoil := range bad {
 		if spoil == nil {

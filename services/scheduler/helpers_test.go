@@ -195,6 +195,13 @@ func metric(t *testing.T, reg prometheus.Gatherer, name string, labels ...string
 	return servicetest.Metric(t, reg, name, labels...)
 }
 
+// waitMetric waits until the metric (summed as metric sums it) is want.
+func waitMetric(t *testing.T, reg prometheus.Gatherer, want float64, name string, labels ...string) {
+	t.Helper()
+	require.Eventually(t, func() bool { return metric(t, reg, name, labels...) == want }, waitFor, 10*time.Millisecond,
+		"%s%v never reached %v", name, labels, want)
+}
+
 // msgIDs counts stored messages per Nats-Msg-Id.
 func msgIDs(msgs []jetstream.Msg) map[string]int {
 	out := map[string]int{}

@@ -152,9 +152,7 @@ func TestDuplicateHoldChangesNothing(t *testing.T) {
 	require.True(t, again.Duplicate)
 	b.storeAgain(t, msg)
 
-	require.Eventually(t, func() bool {
-		return metric(t, s.reg, "retryd_scheduler_duplicate_total", "consumer", "scheduler") == 1
-	}, waitFor, 10*time.Millisecond)
+	waitMetric(t, s.reg, 1, "retryd_scheduler_duplicate_total", "consumer", "scheduler")
 	b.waitQuiet(t)
 	after, err := retrystore.Get(b.ctx, b.pool, "hdup", "d1")
 	require.NoError(t, err)
@@ -191,9 +189,7 @@ func TestMalformedHoldIsTerminatedAndCounted(t *testing.T) {
 		_, err := b.js.PublishMsg(b.ctx, m)
 		require.NoError(t, err)
 	}
-	require.Eventually(t, func() bool {
-		return metric(t, s.reg, "retryd_scheduler_malformed_total", "consumer", "scheduler") == float64(len(bad))
-	}, waitFor, 10*time.Millisecond)
+	waitMetric(t, s.reg, float64(len(bad)), "retryd_scheduler_malformed_total", "consumer", "scheduler")
 	b.waitQuiet(t)
 	var n int
 	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM retries WHERE kind = 'hm'`).Scan(&n))

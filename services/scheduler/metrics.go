@@ -3,11 +3,11 @@ package scheduler
 import (
 	"context"
 	"fmt"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/retryd/retryd/internal/promreg"
+	"github.com/retryd/retryd/internal/wait"
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/projections/retrystore"
 )
@@ -106,18 +106,11 @@ func (m *metrics) outcome(ev contract.Lifecycle, kind string) {
 
 // runMetricsLoop refreshes the gauges every MetricsInterval.
 func (s *Scheduler) runMetricsLoop(ctx context.Context) {
-	t := time.NewTicker(s.cfg.MetricsInterval)
-	defer t.Stop()
-	for {
+	wait.Every(ctx, s.cfg.MetricsInterval, func() {
 		if err := s.refreshGauges(ctx); err != nil && ctx.Err() == nil {
 			s.log.Warn().Err(err).Msg("refresh metrics")
 		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-	}
+	})
 }
 
 func (s *Scheduler) refreshGauges(ctx context.Context) error {

@@ -167,9 +167,7 @@ func TestRebuildDecidesMissingDecisions(t *testing.T) {
 
 	// The live consumer sees the failures as already applied.
 	c := b.start(t)
-	require.Eventually(t, func() bool {
-		return metric(t, c.reg, "retryd_scheduler_duplicate_total", "consumer", "scheduler") == 2
-	}, waitFor, 10*time.Millisecond)
+	waitMetric(t, c.reg, 2, "retryd_scheduler_duplicate_total", "consumer", "scheduler")
 	require.Equal(t, []string{"failed:1", "scheduled:2"}, events(b.history(t, "event", "lost")))
 }
 

@@ -3,12 +3,12 @@ package scheduler
 import (
 	"context"
 	"fmt"
-	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/retryd/retryd/internal/durable"
 	"github.com/retryd/retryd/internal/streams"
+	"github.com/retryd/retryd/internal/wait"
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/projections/inbox"
 )
@@ -40,14 +40,7 @@ func ConsumerConfig(cfg Config) jetstream.ConsumerConfig {
 // client reports deleted is recreated within a second by the consumer
 // runtime.)
 func (s *Scheduler) runReconcileLoop(ctx context.Context) {
-	t := time.NewTicker(s.cfg.ReconcileInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	wait.Ticks(ctx, s.cfg.ReconcileInterval, func() {
 		if err := s.reconcile(ctx); err != nil && ctx.Err() == nil {
 			s.metrics.errors.WithLabelValues("reconcile").Inc()
 			s.log.Warn().Err(err).Msg("reconcile")
@@ -59,7 +52,7 @@ func (s *Scheduler) runReconcileLoop(ctx context.Context) {
 				s.log.Debug().Int64("pruned", n).Msg("inbox pruned")
 			}
 		}
-	}
+	})
 }
 
 // reconcile puts back what may have been lost outside Postgres: the

@@ -68,11 +68,10 @@ func storeErr(err error, what string) error {
 	return err
 }
 
+// writeErr answers err; the service's own failures (5xx) are logged, the
+// client's are not.
 func (s *Service) writeErr(w http.ResponseWriter, r *http.Request, err error) {
-	if status, _ := serve.Describe(err); status >= 500 {
-		s.log.Error().Err(err).Str("method", r.Method).Str("path", r.URL.Path).Msg("api request failed")
-	}
-	serve.WriteError(w, err)
+	serve.WriteErrorLog(w, r, s.log, err)
 }
 
 func pathID(r *http.Request) (string, error) {

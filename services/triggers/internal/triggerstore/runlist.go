@@ -45,36 +45,17 @@ func ListRuns(ctx context.Context, db DB, f RunFilter, limit int, cursor string)
 		return RunPage{}, fmt.Errorf("list runs: %w", err)
 	}
 	var w pgquery.Where
-	if f.Workflow != "" {
-		w.Add("workflow = ?", f.Workflow)
-	}
-	if f.TriggerID != "" {
-		w.Add("trigger_id = ?", f.TriggerID)
-	}
-	if len(f.Statuses) > 0 {
-		w.Add("status = ANY(?::text[])", f.Statuses)
-	}
-	if f.ErrorClass != "" {
-		w.Add("last_error_class = ?", f.ErrorClass)
-	}
-	if cursor != "" {
-		at, id, ok := pgquery.DecodeTimeCursor(cursor)
-		if !ok {
-			return RunPage{}, fmt.Errorf("list runs: %w", ErrBadRunCursor)
-		}
-		w.Add("(requested_at, run_id) < (?, ?)", at, id)
+	w.Equal("workflow", f.Workflow)
+	w.Equal("trigger_id", f.TriggerID)
+	w.AnyOf("status", f.Statuses)
+	w.Equal("last_error_class", f.ErrorClass)
+	if !w.BeforeTimeCursor("requested_at, run_id", cursor) {
+		return RunPage{}, fmt.Errorf("list runs: %w", ErrBadRunCursor)
 	}
 	sql := `SELECT ` + runColumns + ` FROM workflow_runs` + w.SQL() +
 		` ORDER BY requested_at DESC, run_id DESC LIMIT ` + w.Arg(limit+1)
-	runs, err := pgrows.All(ctx, db, "list runs", scanRun, sql, w.Args...)
-	if err != nil {
-		return RunPage{}, err
-	}
-	page := RunPage{Runs: runs}
-	if len(page.Runs) > limit {
-		page.Runs = page.Runs[:limit]
-		last := page.Runs[limit-1]
-		page.NextCursor = pgquery.EncodeTimeCursor(last.RequestedAt, last.ID)
-	}
-	return page, nil
+	var page RunPage
+	page.Runs, page.NextCursor, err = pgrows.Page(ctx, db, "list runs", scanRun, limit,
+		func(r Run) string { return pgquery.EncodeTimeCursor(r.RequestedAt, r.ID) }, sql, w.Args...)
+	return page, err
 }
