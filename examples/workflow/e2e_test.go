@@ -54,6 +54,9 @@ func TestTriggeredRunRetriesFromCheckpoint(t *testing.T) {
 		require.Equal(t, 1, e.record.Effects(t, runID, n), "effect of %s", n)
 	}
 
+	// The triggers service applies each step report apart from the run's
+	// end, so the last node's step may land just after "completed".
+	require.Eventually(t, func() bool { return len(e.steps(t, runID)) == 3 }, wait, tick, "every node's step recorded")
 	steps := e.steps(t, runID)
 	require.Len(t, steps, 3, "steps: %+v", steps)
 	want := []struct {
