@@ -9,7 +9,8 @@ import (
 )
 
 // FuzzShapeFastPath holds the allocation-free path of checkShape to the
-// token walk it replaced: both accept and refuse the same inputs.
+// token walk it replaced, and jsonValid to json.Valid: each pair accepts
+// and refuses the same inputs.
 func FuzzShapeFastPath(f *testing.F) {
 	for _, s := range []string{
 		`{}`, `[]`, `"a"`, `1`, `{"a":[1,{"b":"]]]"}]}`, `{"a":"\"}"}`, `{"a":1}{}`, `{"a":1`, `[1,]`,
@@ -21,6 +22,9 @@ func FuzzShapeFastPath(f *testing.F) {
 	f.Fuzz(func(t *testing.T, b []byte) {
 		if len(b) == 0 || !utf8.Valid(b) {
 			return
+		}
+		if jsonValid(b) != json.Valid(b) {
+			t.Fatalf("jsonValid says %v, json.Valid %v for %q", jsonValid(b), json.Valid(b), b)
 		}
 		fast := maxDepth(b) <= MaxDepth && jsonValid(b)
 		err := explainShape("x", b)
