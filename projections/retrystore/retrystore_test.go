@@ -74,6 +74,34 @@ func TestSaveGetRoundTrip(t *testing.T) {
 	require.Error(t, err)
 }
 
+// SaveMany reads back only the timestamps Postgres sets; every other
+// field of the stored row is the one given, the last save of a row that
+// appears twice included.
+func TestSaveManyStoresRowsAsGiven(t *testing.T) {
+	t.Parallel()
+	ctx, pool := setup(t)
+
+	next := time.Now().Add(time.Hour).Truncate(time.Microsecond)
+	a := scheduledRow("job", "a", next)
+	a.Payload = json.RawMessage(`{"b": 1}`)
+	a.Metadata = map[string]string{"tenant": "t1"}
+	b := scheduledRow("event", "b", next)
+	b2 := b
+	b2.State = retrystore.StateSucceeded
+	b2.Attempt = 2
+	rows := []*retrystore.Retry{&a, &b, &b2}
+	require.NoError(t, retrystore.SaveMany(ctx, pool, rows))
+	for _, r := range rows {
+		require.False(t, r.CreatedAt.IsZero(), "%s/%s created_at", r.Kind, r.ItemID)
+		require.False(t, r.UpdatedAt.IsZero(), "%s/%s updated_at", r.Kind, r.ItemID)
+	}
+	for _, want := range []retrystore.Retry{a, b2} {
+		got, err := retrystore.Get(ctx, pool, want.Kind, want.ItemID)
+		require.NoError(t, err)
+		require.Equal(t, want, got)
+	}
+}
+
 func TestHistoryKeepsOrder(t *testing.T) {
 	t.Parallel()
 	ctx, pool := setup(t)
