@@ -29,3 +29,19 @@ func BenchmarkDecodeLifecycle(b *testing.B) {
 		}
 	}
 }
+
+// A due as the due loop builds 100,000 of them in a burst.
+func BenchmarkNewDueMsg(b *testing.B) {
+	d := contract.DueData{
+		Kind: "event", ID: "01JBENCH0000000000000000000", Attempt: 2, NextAttemptAt: now,
+		Source:   "shop",
+		Payload:  json.RawMessage(`{"order":"A-1001","lines":[{"sku":"X","qty":2}]}`),
+		Metadata: map[string]string{"tenant": "acme"},
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := contract.NewLifecycleMsg("retryd/scheduler", contract.Due, d, now); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

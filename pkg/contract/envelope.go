@@ -181,6 +181,30 @@ func ValidateEventEnvelope(env Envelope) error {
 	return checkRaw("data", env.Data)
 }
 
+// marshalWithData encodes env with data as its data member, as Marshal
+// does, for data that json.Marshal has just written: compact, valid and
+// HTML-escaped, so Marshal would copy it unchanged. Marshal scans a raw
+// member byte by byte to compact it; a lifecycle message's data was
+// scanned twice that way (its payload, then the whole data), which was a
+// third of the cost of building one (BenchmarkNewDueMsg). data is the
+// last member Marshal writes, so it is appended after the others.
+func (env Envelope) marshalWithData(data []byte) ([]byte, error) {
+	if len(data) == 0 || len(env.Extensions) > 0 {
+		env.Data = data
+		return env.Marshal()
+	}
+	env.Data = nil
+	head, err := env.Marshal()
+	if err != nil {
+		return nil, err
+	}
+	out := make([]byte, 0, len(head)+len(`,"data":`)+len(data))
+	out = append(out, head[:len(head)-1]...)
+	out = append(out, `,"data":`...)
+	out = append(out, data...)
+	return append(out, '}'), nil
+}
+
 // Marshal encodes the envelope, its extension attributes as members of
 // their own. It cannot fail for envelopes built by this package; an error
 // means Data is not valid JSON.

@@ -6,6 +6,8 @@ import (
 	"reflect"
 	"testing"
 	"unicode/utf8"
+
+	"github.com/stretchr/testify/require"
 )
 
 // fastDecodeTargets are the types decodeShaped decodes into.
@@ -66,6 +68,47 @@ func FuzzFastDecodeMatchesStd(f *testing.F) {
 			if !reflect.DeepEqual(fast, std) {
 				t.Fatalf("%T: v2 decodes %q to\n%+v\nencoding/json to\n%+v", fast, b, fast, std)
 			}
+			checkMarshalWithData(t, fast)
 		}
 	})
+}
+
+// checkMarshalWithData holds Envelope.marshalWithData to Marshal for the
+// data json.Marshal writes of v.
+func checkMarshalWithData(t *testing.T, v any) {
+	t.Helper()
+	data, err := json.Marshal(v)
+	if err != nil {
+		return
+	}
+	env := Envelope{SpecVersion: SpecVersion, ID: "x", Source: "retryd/test", Type: "retry.due", Subject: "event/a", DataContentType: ContentTypeJSON}
+	got, err := env.marshalWithData(data)
+	if err != nil {
+		t.Fatalf("marshalWithData: %v", err)
+	}
+	env.Data = data
+	want, err := env.Marshal()
+	if err != nil {
+		t.Fatalf("Marshal: %v", err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Fatalf("marshalWithData wrote\n%s\nMarshal\n%s", got, want)
+	}
+}
+
+func TestMarshalWithData(t *testing.T) {
+	t.Parallel()
+	for _, v := range []any{
+		DueData{Kind: "event", ID: "a", Attempt: 2, Payload: json.RawMessage(`{ "html": "<b>&</b>", "u": "\u00e9\u2028" }`), Metadata: map[string]string{"k": "<v>"}},
+		FailedData{Kind: "job", ID: "j", Attempt: 1, Error: ErrorInfo{Message: "a \"quoted\" <error>\n"}},
+		map[string]any{}, []int{1, 2},
+	} {
+		checkMarshalWithData(t, v)
+	}
+	env := Envelope{SpecVersion: SpecVersion, ID: "x", Source: "s", Type: "t"}
+	got, err := env.marshalWithData(nil)
+	require.NoError(t, err)
+	want, err := env.Marshal()
+	require.NoError(t, err)
+	require.Equal(t, string(want), string(got), "no data, no member")
 }

@@ -53,9 +53,8 @@ func NewLifecycleMsg(source string, ev Lifecycle, data item, now time.Time) (*na
 		Time:            now.UTC(),
 		Subject:         kind + "/" + id,
 		DataContentType: ContentTypeJSON,
-		Data:            raw,
 	}
-	body, err := env.Marshal()
+	body, err := env.marshalWithData(raw)
 	if err != nil {
 		return nil, err
 	}
