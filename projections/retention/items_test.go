@@ -119,3 +119,32 @@ func ids(t *testing.T, conn *pgx.Conn, sql string) []string {
 	require.NoError(t, err)
 	return out
 }
+
+// The deletes find their rows by the partial indexes of migrations 00110
+// and 00405: the conditions of retention.Tables imply their predicates.
+func TestRetentionItemsUseTheirIndexes(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, pgtest.NewDatabaseURL(t))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close(context.Background()) })
+	// With no rows, a sequential scan costs nothing: forbid it, so the
+	// plan shows whether the index can serve the query at all.
+	_, err = conn.Exec(ctx, `SET enable_seqscan = off`)
+	require.NoError(t, err)
+	for _, tc := range []struct{ table, index string }{{"retries", "retries_terminal_idx"}, {"jobs", "jobs_terminal_idx"}} {
+		var tbl retention.Table
+		for _, x := range retention.Tables {
+			if x.Name == tc.table {
+				tbl = x
+			}
+		}
+		require.NotEmpty(t, tbl.Terminal, tc.table)
+		rows, err := conn.Query(ctx, `EXPLAIN SELECT ctid FROM `+tc.table+` WHERE `+tbl.Terminal+` AND `+tbl.Column+` < $1 LIMIT 5000`,
+			time.Now())
+		require.NoError(t, err)
+		plan, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		require.NoError(t, err)
+		require.Contains(t, strings.Join(plan, "\n"), tc.index, tc.table)
+	}
+}

@@ -66,16 +66,15 @@ const lockTimeout = "5s"
 // an item table whose rows matching Terminal are deleted once Column is
 // older than the retention.
 type Table struct {
-	Name   string `json:"name"`
-	Column string `json:"column"`
+	Name, Column string
 	// Span is the range of one partition (a day, or a week for a table
 	// that gets few rows); zero for an item table.
-	Span time.Duration `json:"-"`
+	Span time.Duration
 	// Terminal is the SQL condition of a row no fact changes any more
 	// (item tables only).
-	Terminal string `json:"-"`
+	Terminal string
 	// Default is the retention unless Options.Keep names the table.
-	Default time.Duration `json:"-"`
+	Default time.Duration
 }
 
 // Tables are the tables a run keeps, in the order it keeps them.
