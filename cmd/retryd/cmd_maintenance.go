@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -13,35 +15,73 @@ import (
 
 func newMaintenanceCmd(g *globals) *cobra.Command {
 	var dbURL, history, ahead string
+	var keep []string
+	var batch int
 	var dry bool
 	cmd := &cobra.Command{
 		Use:   "maintenance",
-		Short: "Keep partitioned tables to their retention (owner's DATABASE_URL); safe to run any number of times",
-		Long: `maintenance creates the daily partitions of retry_history ahead of time,
-drops the partitions whose whole day is older than the retention (a catalog
-change, no row-by-row delete), and deletes the rows older than the
-retention that landed in the DEFAULT partition because no partition of
-their day existed (rows of a day it creates are moved into it). Each change
-is its own transaction; an advisory lock makes a second run at the same
-time wait and then find nothing to do.
+		Short: "Keep the tables that grow with traffic to their retention (owner's DATABASE_URL); safe to run any number of times",
+		Long: `maintenance keeps the tables that grow with traffic to their retention.
+
+The append-only ones are partitioned by time: retry_history by UTC day
+(30d), audit_log by UTC week (365d). maintenance creates their partitions
+ahead of time, drops the partitions whose whole range is older than the
+retention (a catalog change, no row-by-row delete), and deletes the rows
+older than the retention that landed in the DEFAULT partition because no
+partition of their range existed (rows of a range it creates are moved
+into it).
+
+The item tables, whose rows change state, are not partitioned: retries
+and jobs lose their terminal rows (succeeded, exhausted, cancelled;
+completed, failed, failed_max_retries, cancelled) older than the retention
+after that state (30d, the RETRIES stream's max age), in batches of
+--batch rows, each its own transaction.
+
+Each change is its own transaction; an advisory lock makes a second run
+at the same time wait and then find nothing to do.
 
 It changes the schema, so it runs as the tables' owner, like migrate: the
 services' roles may not. Run it hourly (the Helm chart's maintenance
 CronJob does; retryd dev runs it at start and hourly).`,
 		Example: `  DATABASE_URL=postgres://retryd_owner@db/retryd retryd maintenance
-  retryd maintenance --history-retention 90d --ahead 14d --dry-run`,
+  retryd maintenance --retention retry_history=90d --retention audit_log=730d --ahead 14d --dry-run`,
 		Args: args(0),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			url, err := ownerDatabaseURL(cmd, dbURL)
 			if err != nil {
 				return err
 			}
-			opts := retention.Options{DryRun: dry}
-			if opts.History, err = retention.ParseDuration(history); err != nil || opts.History <= 0 {
-				return usageErrorf(cmd, "--history-retention: want a positive number of days such as 30d, got %q", history)
+			opts := retention.Options{DryRun: dry, Batch: batch, Keep: map[string]time.Duration{}}
+			for _, kv := range keep {
+				name, dur, ok := strings.Cut(kv, "=")
+				if !ok || !slices.Contains(retention.TableNames(), name) {
+					return usageErrorf(cmd, "--retention: want table=duration with a table of %s, got %q",
+						strings.Join(retention.TableNames(), ", "), kv)
+				}
+				d, err := retention.ParseDuration(dur)
+				if err != nil || d <= 0 {
+					return usageErrorf(cmd, "--retention: want a positive number of days such as 30d for %s, got %q", name, dur)
+				}
+				if _, dup := opts.Keep[name]; dup {
+					return usageErrorf(cmd, "--retention: %s given twice", name)
+				}
+				opts.Keep[name] = d
+			}
+			if cmd.Flags().Changed("history-retention") {
+				if _, dup := opts.Keep["retry_history"]; dup {
+					return usageErrorf(cmd, "--history-retention: retry_history's retention is also given by --retention")
+				}
+				d, err := retention.ParseDuration(history)
+				if err != nil || d <= 0 {
+					return usageErrorf(cmd, "--history-retention: want a positive number of days such as 30d, got %q", history)
+				}
+				opts.Keep["retry_history"] = d
 			}
 			if opts.Ahead, err = retention.ParseDuration(ahead); err != nil || opts.Ahead < 0 {
 				return usageErrorf(cmd, "--ahead: want a number of days such as 7d, got %q", ahead)
+			}
+			if batch < 1 {
+				return usageErrorf(cmd, "--batch: want a positive number of rows, got %d", batch)
 			}
 			rep, err := runMaintenance(cmd.Context(), url, opts, g)
 			if err != nil {
@@ -53,10 +93,17 @@ CronJob does; retryd dev runs it at start and hourly).`,
 			return writeMaintenance(g, rep)
 		},
 	}
+	defaults := make([]string, len(retention.Tables))
+	for i, t := range retention.Tables {
+		defaults[i] = t.Name + "=" + retention.FormatDuration(t.Default)
+	}
 	cmd.Flags().StringVar(&dbURL, "database-url", "", "Postgres URL of the tables' owner (default $DATABASE_URL)")
+	cmd.Flags().StringArrayVar(&keep, "retention", nil,
+		"a table's retention as table=duration, days (30d) or a duration (36h); repeat per table (defaults "+strings.Join(defaults, ", ")+")")
 	cmd.Flags().StringVar(&history, "history-retention", retention.FormatDuration(retention.DefaultHistoryRetention),
-		"how long retry_history keeps a row: days (30d) or a duration (36h)")
+		"how long retry_history keeps a row (the same as --retention retry_history=…)")
 	cmd.Flags().StringVar(&ahead, "ahead", retention.FormatDuration(retention.DefaultAhead), "how far past today to create partitions")
+	cmd.Flags().IntVar(&batch, "batch", retention.DefaultBatch, "rows one delete removes from an item table (retries, jobs), one transaction each")
 	cmd.Flags().BoolVar(&dry, "dry-run", false, "report what would change, change nothing")
 	return cmd
 }
@@ -92,7 +139,16 @@ func writeMaintenance(g *globals, rep retention.Report) error {
 	if err := t.flush(); err != nil {
 		return err
 	}
+	deleted := "deleted"
+	if rep.DryRun {
+		deleted = "would be deleted"
+	}
 	for _, tr := range rep.Tables {
+		if tr.Method == retention.MethodRows {
+			fmt.Fprintf(g.stdout, "%s keeps terminal rows from %s: %d row(s) %s.\n",
+				tr.Table, tr.Cutoff.Format(time.RFC3339), tr.Deleted, deleted)
+			continue
+		}
 		fmt.Fprintf(g.stdout, "%s keeps rows from %s: %d partition(s) %s, %d %s; DEFAULT partition: %d row(s) moved out, %d old row(s) deleted.\n",
 			tr.Table, tr.Cutoff.Format(time.RFC3339), len(tr.Created), created, len(tr.Dropped), dropped,
 			tr.MovedFromDefault, tr.DeletedFromDefault)

@@ -20,22 +20,38 @@ func TestMaintenance(t *testing.T) {
 	require.Equal(t, exitOK, r.code, r.stderr)
 	require.Contains(t, r.stdout, "would create")
 	require.Contains(t, r.stdout, "retry_history keeps rows from")
+	require.Contains(t, r.stdout, "audit_log keeps rows from")
+	require.Contains(t, r.stdout, "retries keeps terminal rows from")
+	require.Contains(t, r.stdout, "0 row(s) would be deleted")
 	require.Contains(t, r.stdout, "Dry run: nothing changed.")
 
-	run := func() retention.TableReport {
+	run := func(args ...string) map[string]retention.TableReport {
 		t.Helper()
-		r := cli(t, "maintenance", "--database-url", url, "--ahead", "10d", "--history-retention", "90d", "--json")
+		r := cli(t, append([]string{"maintenance", "--database-url", url, "--ahead", "10d", "--json"}, args...)...)
 		require.Equal(t, exitOK, r.code, r.stderr)
 		require.Empty(t, r.stderr, "--json logs nothing")
 		var rep retention.Report
 		require.NoError(t, json.Unmarshal([]byte(r.stdout), &rep), r.stdout)
 		require.False(t, rep.DryRun)
-		require.Len(t, rep.Tables, 1)
-		require.Equal(t, "90d", rep.Tables[0].Retention)
-		return rep.Tables[0]
+		out := map[string]retention.TableReport{}
+		for _, tr := range rep.Tables {
+			out[tr.Table] = tr
+		}
+		require.Len(t, out, len(retention.Tables))
+		return out
 	}
-	require.NotEmpty(t, run().Created)
-	require.Empty(t, run().Created, "the second run has nothing to do")
+	first := run("--history-retention", "90d", "--retention", "jobs=45d")
+	require.Equal(t, "90d", first["retry_history"].Retention, "--history-retention still works")
+	require.Equal(t, "45d", first["jobs"].Retention)
+	require.Equal(t, "30d", first["retries"].Retention, "the default")
+	require.Equal(t, "365d", first["audit_log"].Retention)
+	require.Equal(t, retention.MethodRows, first["retries"].Method)
+	require.NotEmpty(t, first["retry_history"].Created)
+	second := run("--retention", "retry_history=90d", "--retention", "audit_log=730d")
+	require.Equal(t, "90d", second["retry_history"].Retention)
+	require.Equal(t, "730d", second["audit_log"].Retention)
+	require.Empty(t, second["retry_history"].Created, "the second run has nothing to do")
+	require.Empty(t, second["audit_log"].Created)
 
 	r = cli(t, "maintenance", "--database-url", url)
 	require.Equal(t, exitOK, r.code, r.stderr)
@@ -45,6 +61,12 @@ func TestMaintenance(t *testing.T) {
 		{[]string{"maintenance", "--database-url", url, "--history-retention", "0d"}, "--history-retention"},
 		{[]string{"maintenance", "--database-url", url, "--history-retention", "a month"}, "--history-retention"},
 		{[]string{"maintenance", "--database-url", url, "--ahead", "-1d"}, "--ahead"},
+		{[]string{"maintenance", "--database-url", url, "--retention", "histroy=30d"}, "--retention"},
+		{[]string{"maintenance", "--database-url", url, "--retention", "jobs"}, "--retention"},
+		{[]string{"maintenance", "--database-url", url, "--retention", "jobs=0d"}, "--retention"},
+		{[]string{"maintenance", "--database-url", url, "--retention", "jobs=1d", "--retention", "jobs=2d"}, "twice"},
+		{[]string{"maintenance", "--database-url", url, "--retention", "retry_history=1d", "--history-retention", "2d"}, "--history-retention"},
+		{[]string{"maintenance", "--database-url", url, "--batch", "0"}, "--batch"},
 	} {
 		r := cli(t, tc.args...)
 		require.Equal(t, exitUsage, r.code, "%v", tc.args)

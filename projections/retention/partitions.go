@@ -9,7 +9,7 @@ import (
 )
 
 // partition is one partition of a table and its range; lower is nil for
-// MINVALUE (the table that 00109 attached whole), both are nil for the
+// MINVALUE (the table that 00109 or 00502 attached whole), both are nil for the
 // DEFAULT partition.
 type partition struct {
 	name         string
@@ -21,7 +21,7 @@ type partition struct {
 // expression (FOR VALUES FROM ('…') TO ('…')); the timestamps in it carry
 // their offset, so casting them back is exact whatever the session's
 // time zone.
-func partitions(ctx context.Context, conn *pgx.Conn, t table) ([]partition, error) {
+func partitions(ctx context.Context, conn *pgx.Conn, t Table) ([]partition, error) {
 	rows, err := conn.Query(ctx, `
 SELECT c.relname::text, b.expr = 'DEFAULT',
        substring(b.expr FROM 'FROM \(''([^'']+)''\)')::timestamptz,
@@ -30,9 +30,9 @@ FROM pg_inherits i
 JOIN pg_class c ON c.oid = i.inhrelid
 CROSS JOIN LATERAL (SELECT pg_get_expr(c.relpartbound, c.oid) AS expr) b
 WHERE i.inhparent = $1::regclass
-ORDER BY 1`, t.name)
+ORDER BY 1`, t.Name)
 	if err != nil {
-		return nil, fmt.Errorf("list partitions of %s: %w", t.name, err)
+		return nil, fmt.Errorf("list partitions of %s: %w", t.Name, err)
 	}
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (partition, error) {
 		var p partition
@@ -40,21 +40,22 @@ ORDER BY 1`, t.name)
 		return p, err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("list partitions of %s: %w", t.name, err)
+		return nil, fmt.Errorf("list partitions of %s: %w", t.Name, err)
 	}
 	return out, nil
 }
 
-// dayName is the partition of t for the UTC day starting at d.
-func dayName(t table, d time.Time) string {
-	return t.name + "_p" + d.UTC().Format("20060102")
+// partName is the partition of t for the range (day or week) starting at
+// d, named by its first UTC day.
+func partName(t Table, d time.Time) string {
+	return t.Name + "_p" + d.UTC().Format("20060102")
 }
 
-// maintain brings t to its retention as of now: the partitions of today
-// to now+Ahead exist, none ends before the cutoff, and DEFAULT holds no row
+// maintain brings t to its retention as of now: the partitions of the
+// range holding now to now+Ahead exist, none ends before the cutoff, and DEFAULT holds no row
 // older than it. It reads the partitions once: another run, the only
 // other thing that changes them, waits for the advisory lock.
-func maintain(ctx context.Context, conn *pgx.Conn, t table, now time.Time, opts Options, tr *TableReport) error {
+func maintain(ctx context.Context, conn *pgx.Conn, t Table, now time.Time, opts Options, tr *TableReport) error {
 	parts, err := partitions(ctx, conn, t)
 	if err != nil {
 		return err
@@ -65,16 +66,16 @@ func maintain(ctx context.Context, conn *pgx.Conn, t table, now time.Time, opts 
 			def = p.name
 		}
 	}
-	today := now.Truncate(day) // UTC: time.Truncate counts from the zero time, a UTC midnight
-	for d := today; !d.After(now.Add(opts.Ahead)); d = d.Add(day) {
-		if covered(parts, d, d.Add(day)) {
+	first := now.Truncate(t.Span) // UTC: time.Truncate counts from the zero time, a UTC Monday midnight
+	for d := first; !d.After(now.Add(opts.Ahead)); d = d.Add(t.Span) {
+		if covered(parts, d, d.Add(t.Span)) {
 			continue
 		}
-		moved, err := createDay(ctx, conn, t, def, d, opts.DryRun)
+		moved, err := createPart(ctx, conn, t, def, d, opts.DryRun)
 		if err != nil {
 			return err
 		}
-		tr.Created = append(tr.Created, dayName(t, d))
+		tr.Created = append(tr.Created, partName(t, d))
 		tr.MovedFromDefault += moved
 	}
 	for _, p := range parts {
@@ -82,14 +83,14 @@ func maintain(ctx context.Context, conn *pgx.Conn, t table, now time.Time, opts 
 			continue
 		}
 		if err := change(ctx, conn, opts.DryRun, `DROP TABLE `+pgx.Identifier{p.name}.Sanitize()); err != nil {
-			return fmt.Errorf("drop partition %s of %s: %w", p.name, t.name, err)
+			return fmt.Errorf("drop partition %s of %s: %w", p.name, t.Name, err)
 		}
 		tr.Dropped = append(tr.Dropped, p.name)
 	}
 	if def == "" {
 		return nil
 	}
-	n, err := deleteRows(ctx, conn, opts.DryRun, def, t.column+` < $1`, tr.Cutoff)
+	n, err := deleteRows(ctx, conn, opts.DryRun, def, t.Column+` < $1`, tr.Cutoff)
 	if err != nil {
 		return fmt.Errorf("delete old rows of partition %s: %w", def, err)
 	}
@@ -110,32 +111,32 @@ func covered(parts []partition, from, to time.Time) bool {
 	return false
 }
 
-// createDay creates t's partition of the day d as a table of its own,
-// moves into it the rows of that day that landed in the DEFAULT partition
+// createPart creates t's partition of the range starting at d as a table
+// of its own, moves into it the rows of that range that landed in the DEFAULT partition
 // (Postgres refuses a new partition while DEFAULT holds rows of its
 // range), then attaches it, all in one transaction. ATTACH takes a weaker
 // lock on the parent than CREATE TABLE … PARTITION OF, so inserts go on.
-func createDay(ctx context.Context, conn *pgx.Conn, t table, def string, d time.Time, dry bool) (int64, error) {
-	name := dayName(t, d)
-	from, to := d.Format(time.RFC3339), d.Add(day).Format(time.RFC3339)
+func createPart(ctx context.Context, conn *pgx.Conn, t Table, def string, d time.Time, dry bool) (int64, error) {
+	name := partName(t, d)
+	from, to := d.Format(time.RFC3339), d.Add(t.Span).Format(time.RFC3339)
 	var moved int64
 	err := inTx(ctx, conn, func(tx pgx.Tx) error {
-		id, parent := pgx.Identifier{name}.Sanitize(), pgx.Identifier{t.name}.Sanitize()
-		inDay := t.column + ` >= $1 AND ` + t.column + ` < $2`
+		id, parent := pgx.Identifier{name}.Sanitize(), pgx.Identifier{t.Name}.Sanitize()
+		inRange := t.Column + ` >= $1 AND ` + t.Column + ` < $2`
 		if def != "" {
-			sel := `SELECT count(*) FROM ` + pgx.Identifier{def}.Sanitize() + ` WHERE ` + inDay
+			sel := `SELECT count(*) FROM ` + pgx.Identifier{def}.Sanitize() + ` WHERE ` + inRange
 			if err := tx.QueryRow(ctx, sel, from, to).Scan(&moved); err != nil {
-				return fmt.Errorf("count rows of its day in %s: %w", def, err)
+				return fmt.Errorf("count rows of its range in %s: %w", def, err)
 			}
 		}
 		if dry {
 			return nil
 		}
-		if _, err := tx.Exec(ctx, `CREATE TABLE `+id+` (LIKE `+parent+` INCLUDING DEFAULTS)`); err != nil {
+		if _, err := tx.Exec(ctx, `CREATE TABLE `+id+` (LIKE `+parent+` INCLUDING DEFAULTS INCLUDING CONSTRAINTS)`); err != nil {
 			return err
 		}
 		if moved > 0 {
-			move := `WITH moved AS (DELETE FROM ` + pgx.Identifier{def}.Sanitize() + ` WHERE ` + inDay + ` RETURNING *)
+			move := `WITH moved AS (DELETE FROM ` + pgx.Identifier{def}.Sanitize() + ` WHERE ` + inRange + ` RETURNING *)
 INSERT INTO ` + id + ` SELECT * FROM moved`
 			if _, err := tx.Exec(ctx, move, from, to); err != nil {
 				return fmt.Errorf("move rows from %s: %w", def, err)
@@ -145,7 +146,7 @@ INSERT INTO ` + id + ` SELECT * FROM moved`
 		return err
 	})
 	if err != nil {
-		return 0, fmt.Errorf("create partition %s of %s: %w", name, t.name, err)
+		return 0, fmt.Errorf("create partition %s of %s: %w", name, t.Name, err)
 	}
 	return moved, nil
 }

@@ -1,7 +1,12 @@
 // Package retention keeps the tables that grow with traffic to their
-// retention by whole partitions: it creates the daily partitions ahead of
-// time and drops those whose whole day is older than the retention, which
-// costs a catalog change instead of deleting and vacuuming each row.
+// retention. The append-only ones (retry_history, audit_log) are
+// range-partitioned by time: it creates their partitions ahead of time and
+// drops those whose whole range is older than the retention, which costs a
+// catalog change instead of deleting and vacuuming each row. The item
+// tables whose rows change state (retries, jobs) cannot be partitioned by
+// time (a row would move between partitions as it changes, and the primary
+// key must hold the partition key), so it deletes their terminal rows
+// older than the retention in bounded batches instead.
 //
 // It changes the schema (CREATE, ATTACH, DROP), so it runs as the tables'
 // owner: `retryd maintenance`, from a Kubernetes CronJob or the dev
@@ -12,22 +17,39 @@ package retention
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/rs/zerolog"
+
+	"github.com/retryd/retryd/internal/streams"
 )
 
 // Defaults of Options.
 const (
 	DefaultHistoryRetention = 30 * 24 * time.Hour
-	DefaultAhead            = 7 * 24 * time.Hour
+	// DefaultAuditRetention is a year: the audit trail is small (operator
+	// actions, not traffic) and is read long after the fact.
+	DefaultAuditRetention = 365 * 24 * time.Hour
+	// DefaultItemRetention is how long a retries or jobs row is kept after
+	// its terminal state. Not shorter than the RETRIES stream's max age:
+	// a fact still in the stream, redelivered or replayed into the
+	// projection, would otherwise bring a deleted item back.
+	DefaultItemRetention = streams.DefaultRetriesMaxAge
+	DefaultAhead         = 7 * 24 * time.Hour
+	// DefaultBatch bounds the rows one delete removes from an item table.
+	DefaultBatch = 5000
 )
 
-// day is a partition's range: partitions are UTC days.
-const day = 24 * time.Hour
+// Partition ranges: UTC days, or UTC weeks from Monday (time.Truncate
+// counts from the zero time, a Monday midnight UTC).
+const (
+	day  = 24 * time.Hour
+	week = 7 * day
+)
 
 // lockKey is the advisory lock two maintenance runs take in turn, so two
 // CronJob pods (or a CronJob and the dev runner) never create or drop the
@@ -39,16 +61,86 @@ const lockKey int64 = 0x7265_7465_6e74 // "retent"
 // insert queues behind it. Giving up fails this run; the next one retries.
 const lockTimeout = "5s"
 
+// Table is one table retention keeps: either range partitioned by Column
+// in ranges of Span (created by a migration with a DEFAULT partition), or
+// an item table whose rows matching Terminal are deleted once Column is
+// older than the retention.
+type Table struct {
+	Name, Column string
+	// Span is the range of one partition (a day, or a week for a table
+	// that gets few rows); zero for an item table.
+	Span time.Duration
+	// Terminal is the SQL condition of a row no fact changes any more
+	// (item tables only).
+	Terminal string
+	// Default is the retention unless Options.Keep names the table.
+	Default time.Duration
+}
+
+// Tables are the tables a run keeps, in the order it keeps them.
+var Tables = []Table{
+	{Name: "retry_history", Column: "at", Span: day, Default: DefaultHistoryRetention},
+	// Weekly: operator actions are few, and daily partitions of a year's
+	// retention would be 365 tables of a few rows each.
+	{Name: "audit_log", Column: "at", Span: week, Default: DefaultAuditRetention},
+	// The conditions match the partial indexes of migrations 00110 and
+	// 00405 word for word, so the planner uses them.
+	{Name: "retries", Column: "resolved_at", Terminal: "state IN ('succeeded', 'exhausted', 'cancelled')",
+		Default: DefaultItemRetention},
+	{Name: "jobs", Column: "updated_at", Terminal: "status IN ('completed', 'failed', 'failed_max_retries', 'cancelled')",
+		Default: DefaultItemRetention},
+}
+
+// TableNames are the names of Tables, for messages.
+func TableNames() []string {
+	out := make([]string, len(Tables))
+	for i, t := range Tables {
+		out[i] = t.Name
+	}
+	return out
+}
+
 // Options says what to keep and how far ahead to create partitions.
 type Options struct {
-	// History is how long retry_history keeps a row (by its at).
-	History time.Duration
+	// Keep overrides the retention of tables by name (Tables holds each
+	// one's default).
+	Keep map[string]time.Duration
 	// Ahead is how far past today partitions are created.
 	Ahead time.Duration
+	// Batch bounds the rows one delete removes from an item table (0 is
+	// DefaultBatch).
+	Batch int
 	// DryRun reports what a run would change and changes nothing.
 	DryRun bool
 	// Now is the clock; nil is time.Now.
 	Now func() time.Time
+}
+
+func (o Options) validate() error {
+	if o.Ahead < 0 {
+		return fmt.Errorf("Options.Ahead %s is negative", o.Ahead)
+	}
+	if o.Batch < 0 {
+		return fmt.Errorf("Options.Batch %d is negative", o.Batch)
+	}
+	names := TableNames()
+	for name, keep := range o.Keep {
+		if !slices.Contains(names, name) {
+			return fmt.Errorf("Options.Keep: %q is not a table retention keeps (%s)", name, strings.Join(names, ", "))
+		}
+		if keep <= 0 {
+			return fmt.Errorf("Options.Keep: retention of %s %s is not positive", name, keep)
+		}
+	}
+	return nil
+}
+
+// keep is t's retention under o.
+func (o Options) keep(t Table) time.Duration {
+	if d, ok := o.Keep[t.Name]; ok {
+		return d
+	}
+	return t.Default
 }
 
 // Report is what a run did (or, dry, would do), per table.
@@ -57,47 +149,51 @@ type Report struct {
 	Tables []TableReport `json:"tables"`
 }
 
-// TableReport is what a run did to one partitioned table.
+// Methods of TableReport.
+const (
+	MethodPartitions = "drop_partitions"
+	MethodRows       = "delete_terminal_rows"
+)
+
+// TableReport is what a run did to one table.
 type TableReport struct {
 	Table string `json:"table"`
+	// Method is how the table is kept: MethodPartitions or MethodRows.
+	Method string `json:"method"`
 	// Retention is how long the table keeps a row; rows older than
-	// Cutoff are gone once their partition is (the table's analytics
-	// cover Cutoff onwards).
+	// Cutoff (by their column, for an item table its terminal rows) are
+	// gone once the run is done (the analytics cover Cutoff onwards).
 	Retention string    `json:"retention"`
 	Cutoff    time.Time `json:"cutoff"`
 	// Created and Dropped name the partitions created and dropped.
 	Created []string `json:"created"`
 	Dropped []string `json:"dropped"`
 	// MovedFromDefault counts rows moved from the DEFAULT partition into
-	// a partition created for their day; DeletedFromDefault the rows
+	// a partition created for their range; DeletedFromDefault the rows
 	// deleted from it for being older than the retention.
 	MovedFromDefault   int64 `json:"moved_from_default"`
 	DeletedFromDefault int64 `json:"deleted_from_default"`
-}
-
-// table is one partitioned table: range partitioned by column, in UTC
-// days, created by a migration with a DEFAULT partition.
-type table struct {
-	name, column string
-	keep         time.Duration
-}
-
-func (o Options) tables() []table {
-	return []table{{name: "retry_history", column: "at", keep: o.History}}
+	// Deleted counts the terminal rows deleted from an item table.
+	Deleted int64 `json:"deleted"`
 }
 
 // Run creates the partitions of the next Ahead, drops those older than
 // the retention and deletes old rows from the DEFAULT partition, one
-// transaction per change, holding an advisory lock for the whole run. It
-// may run any number of times; what is already done is skipped. On an
-// error the report holds what was done before it.
+// transaction per change, then deletes the item tables' terminal rows
+// older than their retention in batches of a transaction each, holding an
+// advisory lock for the whole run. It may run any number of times; what
+// is already done is skipped. On an error the report holds what was done
+// before it.
 func Run(ctx context.Context, conn *pgx.Conn, opts Options, log zerolog.Logger) (Report, error) {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
+	if opts.Batch == 0 {
+		opts.Batch = DefaultBatch
+	}
 	rep := Report{DryRun: opts.DryRun, Tables: []TableReport{}}
-	if opts.Ahead < 0 {
-		return rep, fmt.Errorf("run retention: ahead %s is negative", opts.Ahead)
+	if err := opts.validate(); err != nil {
+		return rep, fmt.Errorf("run retention: %w", err)
 	}
 	if _, err := conn.Exec(ctx, `SELECT pg_advisory_lock($1)`, lockKey); err != nil {
 		return rep, fmt.Errorf("take maintenance lock: %w", err)
@@ -105,19 +201,25 @@ func Run(ctx context.Context, conn *pgx.Conn, opts Options, log zerolog.Logger) 
 	defer func() {
 		_, _ = conn.Exec(context.WithoutCancel(ctx), `SELECT pg_advisory_unlock($1)`, lockKey)
 	}()
-	for _, t := range opts.tables() {
-		if t.keep <= 0 {
-			return rep, fmt.Errorf("run retention of %s: retention %s is not positive", t.name, t.keep)
-		}
+	for _, t := range Tables {
+		keep := opts.keep(t)
 		// Read after the lock: a run that held it may have changed them.
 		now := opts.Now().UTC()
-		tr := TableReport{Table: t.name, Retention: FormatDuration(t.keep), Cutoff: now.Add(-t.keep),
+		tr := TableReport{Table: t.Name, Method: MethodPartitions, Retention: FormatDuration(keep), Cutoff: now.Add(-keep),
 			Created: []string{}, Dropped: []string{}}
-		err := maintain(ctx, conn, t, now, opts, &tr)
+		var err error
+		if t.Span == 0 {
+			tr.Method = MethodRows
+			err = prune(ctx, conn, t, opts, &tr, log)
+			log.Info().Str("table", t.Name).Int64("deleted", tr.Deleted).Time("cutoff", tr.Cutoff).
+				Bool("dry_run", opts.DryRun).Msg("retention")
+		} else {
+			err = maintain(ctx, conn, t, now, opts, &tr)
+			log.Info().Str("table", t.Name).Strs("created", tr.Created).Strs("dropped", tr.Dropped).
+				Int64("moved_from_default", tr.MovedFromDefault).Int64("deleted_from_default", tr.DeletedFromDefault).
+				Bool("dry_run", opts.DryRun).Msg("retention")
+		}
 		rep.Tables = append(rep.Tables, tr)
-		log.Info().Str("table", t.name).Strs("created", tr.Created).Strs("dropped", tr.Dropped).
-			Int64("moved_from_default", tr.MovedFromDefault).Int64("deleted_from_default", tr.DeletedFromDefault).
-			Bool("dry_run", opts.DryRun).Msg("retention")
 		if err != nil {
 			return rep, err
 		}

@@ -91,11 +91,31 @@ func run(t *testing.T, conn *pgx.Conn, opts retention.Options) retention.Report 
 	t.Helper()
 	rep, err := retention.Run(context.Background(), conn, opts, zerolog.Nop())
 	require.NoError(t, err)
-	require.Len(t, rep.Tables, 1)
+	require.Equal(t, retention.TableNames(), tableNames(rep), "every table, in order")
 	return rep
 }
 
-var defaults = retention.Options{History: retention.DefaultHistoryRetention, Ahead: retention.DefaultAhead}
+func tableNames(rep retention.Report) []string {
+	out := make([]string, len(rep.Tables))
+	for i, tr := range rep.Tables {
+		out[i] = tr.Table
+	}
+	return out
+}
+
+// of is the report of one table.
+func of(t *testing.T, rep retention.Report, table string) retention.TableReport {
+	t.Helper()
+	for _, tr := range rep.Tables {
+		if tr.Table == table {
+			return tr
+		}
+	}
+	require.Failf(t, "no report", "of %s", table)
+	return retention.TableReport{}
+}
+
+var defaults = retention.Options{Ahead: retention.DefaultAhead}
 
 // The done-when of issue 19: history across three daily partitions (40,
 // 20 and 0 days old); retention of 30 days drops the oldest partition
@@ -116,8 +136,8 @@ func TestRetentionDropsOldPartitions(t *testing.T) {
 	require.NoError(t, err)
 
 	rep := run(t, h.conn, defaults)
-	tr := rep.Tables[0]
-	require.Equal(t, "retry_history", tr.Table)
+	tr := of(t, rep, "retry_history")
+	require.Equal(t, retention.MethodPartitions, tr.Method)
 	require.Equal(t, "30d", tr.Retention)
 	require.Equal(t, []string{h.partition(40)}, tr.Dropped)
 	require.Equal(t, int64(1), tr.DeletedFromDefault)
@@ -136,10 +156,10 @@ func TestRetentionDropsOldPartitions(t *testing.T) {
 	require.Equal(t, []jobstore.ClassCount{{Class: "transient", Count: 3}}, after.Kinds[0].ErrorsByClass,
 		"the attempts of 20 days, 10 days and today")
 
-	again := run(t, h.conn, defaults)
-	require.Empty(t, again.Tables[0].Created, "a second run has nothing to do")
-	require.Empty(t, again.Tables[0].Dropped)
-	require.Zero(t, again.Tables[0].DeletedFromDefault)
+	again := of(t, run(t, h.conn, defaults), "retry_history")
+	require.Empty(t, again.Created, "a second run has nothing to do")
+	require.Empty(t, again.Dropped)
+	require.Zero(t, again.DeletedFromDefault)
 }
 
 // A dry run reports what a run would change and changes nothing.
@@ -151,14 +171,14 @@ func TestRetentionDryRun(t *testing.T) {
 	opts.DryRun = true
 	now := time.Now()
 	opts.Now = func() time.Time { return now }
-	tr := run(t, h.conn, opts).Tables[0]
+	tr := of(t, run(t, h.conn, opts), "retry_history")
 	require.Equal(t, []string{h.partition(40)}, tr.Dropped)
 	require.Equal(t, int64(1), tr.DeletedFromDefault)
 	require.Contains(t, tr.Created, h.partition(0))
 	require.Equal(t, count(1), h.rows(t, h.partition(40)))
 	require.Equal(t, count(1), h.rows(t, "retry_history_default"))
 	require.Nil(t, h.rows(t, h.partition(0)))
-	require.Equal(t, tr, run(t, h.conn, opts).Tables[0], "and says the same again")
+	require.Equal(t, tr, of(t, run(t, h.conn, opts), "retry_history"), "and says the same again")
 }
 
 // Rows that landed in DEFAULT because maintenance had not run move into
@@ -170,7 +190,7 @@ func TestRetentionMovesRowsOutOfDefault(t *testing.T) {
 	var id int64
 	require.NoError(t, h.conn.QueryRow(context.Background(), `SELECT id FROM retry_history_default`).Scan(&id))
 
-	tr := run(t, h.conn, defaults).Tables[0]
+	tr := of(t, run(t, h.conn, defaults), "retry_history")
 	require.Contains(t, tr.Created, h.partition(0))
 	require.Equal(t, int64(1), tr.MovedFromDefault)
 	require.Equal(t, count(0), h.rows(t, "retry_history_default"))
@@ -196,8 +216,8 @@ func TestRetentionConcurrentRuns(t *testing.T) {
 	var dropped, created []string
 	for i := range conns {
 		require.NoError(t, errs[i])
-		dropped = append(dropped, reps[i].Tables[0].Dropped...)
-		created = append(created, reps[i].Tables[0].Created...)
+		dropped = append(dropped, of(t, reps[i], "retry_history").Dropped...)
+		created = append(created, of(t, reps[i], "retry_history").Created...)
 	}
 	require.ElementsMatch(t, []string{h.partition(50), h.partition(40)}, dropped)
 	require.Contains(t, created, h.partition(0))
@@ -209,10 +229,15 @@ func TestRetentionConcurrentRuns(t *testing.T) {
 func TestRetentionOptions(t *testing.T) {
 	t.Parallel()
 	h := setup(t)
-	_, err := retention.Run(context.Background(), h.conn, retention.Options{Ahead: day}, zerolog.Nop())
-	require.ErrorContains(t, err, "retry_history")
-	_, err = retention.Run(context.Background(), h.conn, retention.Options{History: day, Ahead: -day}, zerolog.Nop())
-	require.ErrorContains(t, err, "negative")
+	for opts, want := range map[*retention.Options]string{
+		{Keep: map[string]time.Duration{"retry_history": 0}}:   "retry_history",
+		{Keep: map[string]time.Duration{"retry_histroy": day}}: `"retry_histroy" is not a table`,
+		{Ahead: -day}: "Ahead",
+		{Batch: -1}:   "Batch",
+	} {
+		_, err := retention.Run(context.Background(), h.conn, *opts, zerolog.Nop())
+		require.ErrorContains(t, err, want)
+	}
 
 	for in, want := range map[string]time.Duration{"30d": 30 * day, "36h": 36 * time.Hour, "0d": 0} {
 		got, err := retention.ParseDuration(in)
@@ -243,7 +268,7 @@ func TestRetentionDropsTheLegacyPartition(t *testing.T) {
 	later := time.Now().Add(40 * day)
 	opts := defaults
 	opts.Now = func() time.Time { return later }
-	tr := run(t, conn, opts).Tables[0]
+	tr := of(t, run(t, conn, opts), "retry_history")
 	require.Contains(t, tr.Dropped, "retry_history_legacy")
 	require.Len(t, tr.Dropped, 8, "the old table and the week 00109 created after it")
 	require.Len(t, tr.Created, 8, "the day of the clock and seven ahead")

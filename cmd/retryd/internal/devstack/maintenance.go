@@ -51,7 +51,7 @@ func (s *Stack) maintain(ctx context.Context) error {
 		return fmt.Errorf("maintenance: connect: %w", err)
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	opts := retention.Options{History: retention.DefaultHistoryRetention, Ahead: retention.DefaultAhead}
+	opts := retention.Options{Ahead: retention.DefaultAhead}
 	if _, err := retention.Run(ctx, conn, opts, s.log.With().Str("component", "maintenance").Logger()); err != nil {
 		return fmt.Errorf("maintenance: %w", err)
 	}
