@@ -13,6 +13,7 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/spf13/cobra"
 
+	"github.com/retryd/retryd/internal/envvar"
 	"github.com/retryd/retryd/internal/natsconn"
 	"github.com/retryd/retryd/internal/streams"
 )
@@ -24,7 +25,9 @@ func newStreamsCmd(g *globals) *cobra.Command {
 		Short:   "retryd's JetStream streams: export, create, inspect",
 		Long: `retryd's six streams: INGEST, EVENTS, RETRIES, RUNS, SCHEDULES and JOBS. ensure and
 list connect to NATS with the NATS_* environment variables (NATS_URL,
-NATS_CREDS, NATS_TLS_CA, ...; see docs/operations.md) or --nats-url.`,
+NATS_CREDS, NATS_TLS_CA, ...; see docs/operations.md) or --nats-url.
+export and ensure take each stream's limits from RETRYD_STREAM_<NAME>_MAX_BYTES
+(e.g. 8GiB; -1 is no limit) and RETRYD_STREAM_<NAME>_MAX_AGE (e.g. 720h).`,
 	})
 	cmd.AddCommand(newStreamsExportCmd(g), newStreamsEnsureCmd(g), newStreamsListCmd(g))
 	return cmd
@@ -106,9 +109,14 @@ func (nf *natsFlags) run(cmd *cobra.Command, g *globals, fn func(ctx context.Con
 }
 
 // replicasOptions are the stream options of --replicas, a usage error
-// when out of range.
+// when out of range, with the limits of the RETRYD_STREAM_* variables.
 func replicasOptions(cmd *cobra.Command, replicas int) (streams.Options, error) {
-	opts := streams.Options{Replicas: replicas}
+	var e envvar.Reader
+	opts := streams.OptionsFromEnv(&e)
+	if err := e.Err(); err != nil {
+		return opts, err
+	}
+	opts.Replicas = replicas
 	if err := opts.Validate(); err != nil {
 		return opts, usageErrorf(cmd, "--replicas: %v", err)
 	}

@@ -44,7 +44,9 @@ func NewCluster(t testing.TB, n int, dir string) *Cluster {
 			Host:       "127.0.0.1", Port: -1,
 			JetStream: true, StoreDir: filepath.Join(dir, fmt.Sprintf("n%d", i+1)),
 			SyncAlways: true, NoLog: true, NoSigs: true,
-			JetStreamMaxMemory: 64 << 20, JetStreamMaxStore: 4 << 30,
+			// The store cap holds the streams' reserved max_bytes (10 GiB,
+			// streams.DefaultMaxBytes); the data is far smaller.
+			JetStreamMaxMemory: 64 << 20, JetStreamMaxStore: 16 << 30,
 			Cluster: server.ClusterOpts{Name: "faults", Host: "127.0.0.1", Port: ports[i]},
 			Routes:  routes,
 		}

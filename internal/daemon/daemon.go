@@ -38,11 +38,14 @@ func Logger(service string) zerolog.Logger {
 }
 
 // Env is the part of the environment every service binary reads the same
-// way: DATABASE_URL, the auth settings and the HTTPS certificate.
+// way: DATABASE_URL, the auth settings, the HTTPS certificate and the
+// streams' limits (RETRYD_STREAM_*), which a missing stream is created
+// with.
 type Env struct {
 	DatabaseURL string
 	Auth        auth.Config
 	TLS         *tls.Config // nil: plain HTTP
+	Streams     streams.Options
 }
 
 // ReadEnv reads Env, adding to e what is wrong with it; listeners are the
@@ -57,6 +60,7 @@ func ReadEnv(e *envvar.Reader, listeners ...string) Env {
 	e.Add(env.Auth.Validate(listeners...))
 	env.TLS, err = serve.TLSFromEnv().Server()
 	e.Add(err)
+	env.Streams = streams.OptionsFromEnv(e)
 	if env.DatabaseURL == "" {
 		e.Add(errors.New("DATABASE_URL is required"))
 	}
@@ -124,7 +128,8 @@ func open(ctx context.Context, env Env, o Options, log zerolog.Logger) (*Host, e
 	}
 	h := &Host{service: o.Service, tls: env.TLS, Registry: serve.NewRegistry(), Health: &serve.Health{}}
 	if o.EnsureStreams {
-		h.Streams = &streams.Options{}
+		opts := env.Streams
+		h.Streams = &opts
 	}
 	b, err := backends.Open(ctx, backends.Options{DatabaseURL: env.DatabaseURL, NATS: natsconn.OptionsFromEnv(o.Service), EnsureStreams: h.Streams}, log)
 	if err != nil {

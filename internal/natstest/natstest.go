@@ -116,10 +116,12 @@ func buildOptions(opts []Option) *server.Options {
 		JetStream: true,
 		NoLog:     true,
 		NoSigs:    true,
-		// A server in a test holds little data; keep memory reservations
-		// small so many can run in parallel on a small machine.
-		JetStreamMaxMemory: 64 << 20,
-		JetStreamMaxStore:  1 << 30,
+		// The server reserves each stream's max_bytes against these caps
+		// when the stream is created: retryd's streams take 10 GiB
+		// (streams.DefaultMaxBytes), also in memory storage. They are
+		// caps, not allocations: a server in a test holds little data.
+		JetStreamMaxMemory: 16 << 30,
+		JetStreamMaxStore:  16 << 30,
 	}
 	for _, opt := range opts {
 		opt(o)

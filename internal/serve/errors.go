@@ -7,6 +7,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/retryd/retryd/internal/streams"
 	"github.com/retryd/retryd/pkg/contract"
 )
 
@@ -30,8 +31,18 @@ const (
 	CodeConflict     = "conflict"
 	CodeMediaType    = "unsupported_media_type"
 	CodeCrossOrigin  = "cross_origin"
+	CodeUnavailable  = "unavailable"
 	CodeInternal     = "internal"
 )
+
+// RetryAfterFull is the Retry-After, in seconds, of a 503 for a full
+// stream. A full stream stays full until max_age expires old messages or
+// an operator raises its max_bytes, so asking again at once only adds
+// load; half a minute lets the RetrydStreamNearLimit alert's operator act.
+const RetryAfterFull = "30"
+
+// FullMessage is the message of a 503 for a full stream.
+const FullMessage = "a stream is full (its max_bytes, or the storage of JetStream): nothing was stored; send the same request again later"
 
 // ErrorBody is the JSON body of every error response.
 type ErrorBody struct {
@@ -61,8 +72,12 @@ func WriteJSON(w http.ResponseWriter, status int, v any) {
 
 // WriteError writes err as an error body with the status ErrorStatus
 // gives. The message of a 500 is hidden: it may carry internal details.
+// A 503 says when to ask again (Retry-After).
 func WriteError(w http.ResponseWriter, err error) {
 	status, detail := Describe(err)
+	if status == http.StatusServiceUnavailable {
+		w.Header().Set("Retry-After", RetryAfterFull)
+	}
 	WriteJSON(w, status, ErrorBody{Error: detail})
 }
 
@@ -118,6 +133,9 @@ func Describe(err error) (int, ErrorDetail) {
 		return http.StatusUnsupportedMediaType, ErrorDetail{Code: CodeMediaType, Message: err.Error(), Field: "Content-Type"}
 	case errors.Is(err, ErrConflict):
 		return http.StatusConflict, ErrorDetail{Code: CodeConflict, Message: err.Error()}
+	case streams.Full(err):
+		// The request changed nothing: JetStream refused to store it.
+		return http.StatusServiceUnavailable, ErrorDetail{Code: CodeUnavailable, Message: FullMessage}
 	}
 	return http.StatusInternalServerError, ErrorDetail{Code: CodeInternal, Message: "internal error"}
 }

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
@@ -103,6 +104,11 @@ func TestWriteErrorMapping(t *testing.T) {
 		{"not found", fmt.Errorf("retry event/abc: %w", serve.ErrNotFound), 404, "not_found", "", "retry event/abc: not found"},
 		{"conflict", fmt.Errorf("retry is pending: %w", serve.ErrConflict), 409, "conflict", "", "retry is pending: conflict"},
 		{"internal hidden", errors.New("pq: password authentication failed for user x"), 500, "internal", "", "internal error"},
+		{"stream full", fmt.Errorf("publish job j1: nats: %w", &jetstream.APIError{Code: 503, ErrorCode: 10077, Description: "maximum bytes exceeded"}),
+			503, "unavailable", "", "a stream is full"},
+		{"storage full", fmt.Errorf("publish: %w", &jetstream.APIError{Code: 503, ErrorCode: 10023, Description: "insufficient resources"}),
+			503, "unavailable", "", "nothing was stored"},
+		{"other store failure hidden", &jetstream.APIError{Code: 503, ErrorCode: 10077, Description: "message too large"}, 500, "internal", "", "internal error"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -111,6 +117,11 @@ func TestWriteErrorMapping(t *testing.T) {
 			serve.WriteError(rec, tc.err)
 			require.Equal(t, tc.status, rec.Code)
 			require.Equal(t, "application/json", rec.Header().Get("Content-Type"))
+			if tc.status == http.StatusServiceUnavailable {
+				require.Equal(t, serve.RetryAfterFull, rec.Header().Get("Retry-After"))
+			} else {
+				require.Empty(t, rec.Header().Get("Retry-After"))
+			}
 			var body serve.ErrorBody
 			dec := json.NewDecoder(rec.Body)
 			dec.DisallowUnknownFields()

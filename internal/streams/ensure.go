@@ -15,22 +15,42 @@ import (
 // processes at once (every service calls it at start) and after a stream
 // was deleted, which it recreates empty.
 //
+// An existing stream keeps what an operator set that opts does not name:
+// its replicas when opts.Replicas is 0, and a positive max_bytes (`nats
+// stream edit`) when opts.MaxBytes does not name it. One whose max_bytes
+// was -1, as every stream's was before retryd set limits, gets the
+// default, and discard new, in place: nothing is deleted (with discard
+// new the server never removes messages to meet a limit). SCHEDULES keeps
+// discard old and no max_bytes.
+//
 // Changes a server cannot apply in place (storage type, for instance) are
-// returned as errors naming the stream; nothing is deleted.
+// returned as errors naming the stream, and so is a max_bytes below what
+// an existing stream already stores, which would make it refuse every new
+// message: then no stream is changed.
 func Ensure(ctx context.Context, js jetstream.JetStream, opts Options) error {
 	if err := opts.Validate(); err != nil {
 		return fmt.Errorf("ensure streams: %w", err)
 	}
-	for _, cfg := range Configs(opts) {
-		if opts.Replicas == 0 {
-			existing, err := js.Stream(ctx, cfg.Name)
-			switch {
-			case err == nil:
-				cfg = keepReplicas(cfg, existing.CachedInfo().Config)
-			case !errors.Is(err, jetstream.ErrStreamNotFound):
-				return fmt.Errorf("ensure stream %s: %w", cfg.Name, err)
-			}
+	cfgs := Configs(opts)
+	var errs []error
+	for i, cfg := range cfgs {
+		existing, err := js.Stream(ctx, cfg.Name)
+		switch {
+		case errors.Is(err, jetstream.ErrStreamNotFound):
+			continue
+		case err != nil:
+			return fmt.Errorf("ensure stream %s: %w", cfg.Name, err)
 		}
+		info := existing.CachedInfo()
+		cfgs[i] = keepOperatorLimits(cfg, info.Config, opts)
+		if err := fits(cfgs[i], info.State); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	for _, cfg := range cfgs {
 		if err := ensure(ctx, js, cfg); err != nil {
 			return fmt.Errorf("ensure stream %s: %w", cfg.Name, err)
 		}
@@ -38,12 +58,26 @@ func Ensure(ctx context.Context, js jetstream.JetStream, opts Options) error {
 	return nil
 }
 
-// keepReplicas returns cfg with the replicas of the stream as it exists.
-func keepReplicas(cfg, existing jetstream.StreamConfig) jetstream.StreamConfig {
-	if existing.Replicas > 0 {
+// keepOperatorLimits returns cfg with the limits of the stream as it
+// exists that opts leaves to the operator.
+func keepOperatorLimits(cfg, existing jetstream.StreamConfig, opts Options) jetstream.StreamConfig {
+	if opts.Replicas == 0 && existing.Replicas > 0 {
 		cfg.Replicas = existing.Replicas
 	}
+	if _, named := opts.MaxBytes[cfg.Name]; !named && existing.MaxBytes > 0 && cfg.Discard == jetstream.DiscardNew {
+		cfg.MaxBytes = existing.MaxBytes
+	}
 	return cfg
+}
+
+// fits refuses a max_bytes below what the stream stores: with discard new
+// the stream would refuse every message until max_age freed enough.
+func fits(cfg jetstream.StreamConfig, state jetstream.StreamState) error {
+	if cfg.MaxBytes <= 0 || state.Bytes <= uint64(cfg.MaxBytes) {
+		return nil
+	}
+	return fmt.Errorf("ensure stream %s: it stores %d bytes, more than the max_bytes %d it would get, so it would refuse every new message: set %s above %d (or -1, no limit) and run again; nothing was changed",
+		cfg.Name, state.Bytes, cfg.MaxBytes, EnvMaxBytes(cfg.Name), state.Bytes)
 }
 
 // ensure is CreateOrUpdateStream made safe against a concurrent creator:
@@ -95,7 +129,8 @@ func CreateMissing(ctx context.Context, js jetstream.JetStream, opts Options) ([
 }
 
 // differs names the fields retryd relies on where existing is not want.
-// Limits an operator may tune (max_bytes, replicas) are not compared.
+// Limits an operator may tune (max_bytes, replicas) are not compared;
+// the discard policy is: a stream that discards old may delete facts.
 func differs(want, existing jetstream.StreamConfig) []string {
 	var fields []string
 	check := func(name string, same bool) {

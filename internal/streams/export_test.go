@@ -80,7 +80,8 @@ func TestExportedJSONIsAServerStreamConfig(t *testing.T) {
 		require.Equal(t, want.Subjects, sc.Subjects)
 		require.Equal(t, server.LimitsPolicy, sc.Retention)
 		require.Equal(t, server.FileStorage, sc.Storage)
-		require.Equal(t, server.DiscardPolicy(server.DiscardOld), sc.Discard)
+		require.Equal(t, server.DiscardPolicy(want.Discard), sc.Discard)
+		require.Equal(t, want.MaxBytes, sc.MaxBytes)
 		require.Equal(t, want.MaxAge, sc.MaxAge)
 		require.Equal(t, 2*time.Minute, sc.Duplicates)
 		require.Equal(t, want.MaxMsgSize, sc.MaxMsgSize)
@@ -100,6 +101,8 @@ func TestExportedJSONIsAServerStreamConfig(t *testing.T) {
 		require.NoError(t, json.Unmarshal(resp.Data, &created))
 		require.Nil(t, created.Error, "%s: %v", want.Name, created.Error)
 		require.Equal(t, want.MaxAge, created.Config.MaxAge)
+		require.Equal(t, want.MaxBytes, created.Config.MaxBytes)
+		require.Equal(t, want.Discard, created.Config.Discard)
 		require.Equal(t, want.Subjects, created.Config.Subjects)
 	}
 	// Streams created from files are what Ensure wants: Ensure is a no-op.

@@ -1,6 +1,9 @@
 package streams_test
 
 import (
+	"encoding/json"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -59,4 +62,57 @@ func TestSchedulesFireIntoJobs(t *testing.T) {
 	last, err := s.GetLastMsgForSubject(b.ctx, contract.ScheduleSubject("report", "every-second"))
 	require.NoError(t, err, "a periodic schedule stays")
 	require.Equal(t, "@every 1s", last.Header.Get(contract.HeaderSchedule))
+}
+
+// A full JOBS refuses what it sources from SCHEDULES without dropping it
+// or its own old jobs: the server retries the source from the refused
+// message, which arrives, once, when JOBS has room.
+func TestFullJobsHoldsBackFiredJobs(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	require.NoError(t, streams.Ensure(b.ctx, b.js, streams.Options{}))
+	jobs, err := b.js.Stream(b.ctx, contract.StreamJobs)
+	require.NoError(t, err)
+	cfg := jobs.CachedInfo().Config
+	cfg.MaxBytes = 2 << 10 // below what Options allows
+	_, err = b.js.UpdateStream(b.ctx, cfg)
+	require.NoError(t, err)
+	now := time.Now()
+	filled := 0
+	for ; filled < 100; filled++ {
+		msg, err := contract.NewJobMsg("test", contract.JobData{ID: "fill-" + strconv.Itoa(filled), JobType: "mail", Attempt: 1}, now)
+		require.NoError(t, err)
+		if _, err := b.js.PublishMsg(b.ctx, msg); err != nil {
+			require.True(t, streams.Full(err), "%v", err)
+			break
+		}
+	}
+	require.Less(t, filled, 100, "JOBS filled up")
+
+	// What a schedule fires, published as the server would; larger than
+	// the job JOBS refused, so it cannot fit either.
+	payload := json.RawMessage(`"` + strings.Repeat("x", 300) + `"`)
+	fired, err := contract.NewJobMsg("test", contract.JobData{ID: "fired-1", JobType: "report", Attempt: 1, Payload: payload}, now)
+	require.NoError(t, err)
+	fired.Subject = "fired." + fired.Subject
+	_, err = b.js.PublishMsg(b.ctx, fired)
+	require.NoError(t, err, "SCHEDULES takes it")
+	info, err := jobs.Info(b.ctx)
+	require.NoError(t, err)
+	require.Equal(t, uint64(filled), info.State.Msgs, "no room for it yet")
+
+	cfg.MaxBytes = streams.DefaultMaxBytes[contract.StreamJobs]
+	_, err = b.js.UpdateStream(b.ctx, cfg)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		info, err = jobs.Info(b.ctx)
+		return err == nil && info.State.Msgs > uint64(filled)
+	}, 30*time.Second, 50*time.Millisecond, "the fired job arrives once JOBS has room")
+	require.Equal(t, uint64(1), info.State.FirstSeq, "no old job was discarded")
+	require.Equal(t, uint64(filled+1), info.State.Msgs, "the fired job arrived once")
+	last, err := jobs.GetLastMsgForSubject(b.ctx, contract.JobSubject("report"))
+	require.NoError(t, err)
+	_, job, err := contract.DecodeJob(last.Subject, last.Data)
+	require.NoError(t, err)
+	require.Equal(t, "fired-1", job.ID)
 }

@@ -16,8 +16,18 @@
 //     Nats-Msg-Id and a relay that crashed between publish and commit
 //     republishes well within it.
 //   - MaxMsgSize 1 MiB (contract.MaxEnvelopeBytes), headers included.
-//   - Discard old: a full stream drops its oldest messages instead of
-//     refusing new facts; the Postgres projections hold pending work.
+//   - A max_bytes (DefaultMaxBytes) and discard new on every stream but
+//     SCHEDULES: a full stream refuses new messages rather than deleting
+//     old facts that a consumer has not read yet or that the retry
+//     projection is rebuilt from. A refused publish is an error its
+//     publisher sees: the HTTP intake answers 503, an outbox keeps its
+//     row, the due emission rolls back, and JOBS's source from SCHEDULES
+//     waits and resumes. Only max_age removes messages.
+//   - SCHEDULES discards old, as the server requires of a stream with
+//     message schedules, and so has no max_bytes: at a byte limit it would
+//     delete its oldest messages, the schedules. It holds the schedules and
+//     each fired job for 7 days (its TTL); the storage limit of the server
+//     or the account is what refuses its publishes.
 package streams
 
 import (
@@ -36,6 +46,35 @@ const (
 	DuplicateWindow      = 2 * time.Minute
 	MaxMsgSize           = contract.MaxEnvelopeBytes
 )
+
+// Binary sizes, for max_bytes.
+const (
+	KiB int64 = 1 << 10
+	MiB int64 = 1 << 20
+	GiB int64 = 1 << 30
+)
+
+// DefaultMaxBytes is each stream's max_bytes unless Options.MaxBytes names
+// it. Together they take 9 GiB, under half of the 20 GB (nats-server reads
+// GiB) max_file_store of deploy/nats: the server reserves a stream's
+// max_bytes against that limit when it creates the stream, so their sum
+// must fit, and the rest is for SCHEDULES (no max_bytes), the server's
+// own overhead and other streams. Per stream:
+//   - RETRIES 4 GiB: it keeps 30 days and the retry projection is rebuilt
+//     from it, so it holds the most.
+//   - JOBS 2 GiB: every job and every retry of one, 7 days.
+//   - INGEST, EVENTS, RUNS 1 GiB each: inputs whose effects are in Postgres
+//     minutes later; a full one stops its publishers until max_age frees
+//     room or the limit is raised.
+//
+// SCHEDULES is not here: it has no max_bytes (see the package comment).
+var DefaultMaxBytes = map[string]int64{
+	contract.StreamIngest:  1 * GiB,
+	contract.StreamEvents:  1 * GiB,
+	contract.StreamRetries: 4 * GiB,
+	contract.StreamRuns:    1 * GiB,
+	contract.StreamJobs:    2 * GiB,
+}
 
 // Names lists the streams in the order Configs returns them.
 var Names = []string{
@@ -61,6 +100,12 @@ type Options struct {
 	// MaxAge overrides the max age of streams by name, e.g.
 	// {"RETRIES": 90 * 24 * time.Hour}.
 	MaxAge map[string]time.Duration
+	// MaxBytes overrides the max_bytes of streams by name, e.g.
+	// {"RETRIES": 16 * streams.GiB}; -1 is no limit. A stream it does not
+	// name gets DefaultMaxBytes when Ensure creates it, and keeps a
+	// max_bytes someone set (`nats stream edit`) when it exists. SCHEDULES
+	// takes none.
+	MaxBytes map[string]int64
 }
 
 // Validate reports options a server would refuse, naming the field.
@@ -80,6 +125,19 @@ func (o Options) Validate() error {
 		}
 		if age < DuplicateWindow {
 			return fmt.Errorf("Options.MaxAge[%s] must be at least the duplicate window %s, got %s", name, DuplicateWindow, age)
+		}
+	}
+	for name, n := range o.MaxBytes {
+		if !isStream(name) {
+			return fmt.Errorf("Options.MaxBytes: %q is not a retryd stream (%v)", name, Names)
+		}
+		if name == contract.StreamSchedules {
+			return fmt.Errorf("Options.MaxBytes: %s has no max_bytes: it discards old (message schedules require it), so at a limit it would delete its schedules", name)
+		}
+		// Smaller than one message of the largest size is a typo, not a
+		// limit: the stream could refuse every message.
+		if n != -1 && n < MaxMsgSize {
+			return fmt.Errorf("Options.MaxBytes[%s] must be -1 (no limit) or at least the max message size %d, got %d", name, MaxMsgSize, n)
 		}
 	}
 	return nil
@@ -180,6 +238,15 @@ func Configs(opts Options) []jetstream.StreamConfig {
 		if v, ok := opts.MaxAge[d.name]; ok {
 			age = v
 		}
+		maxBytes, discard := int64(-1), jetstream.DiscardNew
+		if d.schedules {
+			discard = jetstream.DiscardOld
+		} else {
+			maxBytes = DefaultMaxBytes[d.name]
+		}
+		if v, ok := opts.MaxBytes[d.name]; ok {
+			maxBytes = v
+		}
 		out = append(out, jetstream.StreamConfig{
 			Name:              d.name,
 			Description:       d.description,
@@ -187,11 +254,11 @@ func Configs(opts Options) []jetstream.StreamConfig {
 			Retention:         jetstream.LimitsPolicy,
 			MaxConsumers:      -1,
 			MaxMsgs:           -1,
-			MaxBytes:          -1,
+			MaxBytes:          maxBytes,
 			MaxAge:            age,
 			MaxMsgsPerSubject: -1,
 			MaxMsgSize:        MaxMsgSize,
-			Discard:           jetstream.DiscardOld,
+			Discard:           discard,
 			Storage:           opts.Storage,
 			Replicas:          replicas,
 			AllowDirect:       d.allowDirect,

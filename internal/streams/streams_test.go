@@ -50,7 +50,16 @@ func TestConfigsDocumentedChoices(t *testing.T) {
 		names = append(names, c.Name)
 		require.Equal(t, jetstream.LimitsPolicy, c.Retention, c.Name)
 		require.Equal(t, jetstream.FileStorage, c.Storage, c.Name)
-		require.Equal(t, jetstream.DiscardOld, c.Discard, c.Name)
+		if c.Name == contract.StreamSchedules {
+			// The server refuses discard new with message schedules, and a
+			// limit with discard old would delete schedules.
+			require.Equal(t, jetstream.DiscardOld, c.Discard)
+			require.EqualValues(t, -1, c.MaxBytes)
+		} else {
+			require.Equal(t, jetstream.DiscardNew, c.Discard, c.Name, "a full stream refuses, it deletes nothing")
+			require.Equal(t, streams.DefaultMaxBytes[c.Name], c.MaxBytes, c.Name)
+			require.GreaterOrEqual(t, c.MaxBytes, int64(streams.MaxMsgSize), c.Name)
+		}
 		require.Equal(t, 2*time.Minute, c.Duplicates, c.Name)
 		require.Equal(t, int32(contract.MaxEnvelopeBytes), c.MaxMsgSize, c.Name)
 		require.Equal(t, 1, c.Replicas, c.Name)
@@ -67,6 +76,16 @@ func TestConfigsDocumentedChoices(t *testing.T) {
 	}
 	require.Equal(t, []string{"INGEST", "EVENTS", "RETRIES", "RUNS", "SCHEDULES", "JOBS"}, names)
 	require.Equal(t, streams.Names, names)
+	var total int64
+	for _, n := range streams.DefaultMaxBytes {
+		total += n
+	}
+	require.Len(t, streams.DefaultMaxBytes, len(streams.Names)-1, "all but SCHEDULES")
+	require.Equal(t, 9*streams.GiB, total, "the sum the docs and deploy/nats's max_file_store are sized for")
+	big, _ := streams.Config("RETRIES", streams.Options{MaxBytes: map[string]int64{"RETRIES": 16 * streams.GiB}})
+	require.Equal(t, 16*streams.GiB, big.MaxBytes)
+	open, _ := streams.Config("INGEST", streams.Options{MaxBytes: map[string]int64{"INGEST": -1}})
+	require.EqualValues(t, -1, open.MaxBytes)
 
 	r3 := streams.Configs(streams.Options{Replicas: 3, MaxAge: map[string]time.Duration{"JOBS": time.Hour}})
 	for _, c := range r3 {
@@ -90,6 +109,10 @@ func TestOptionsValidate(t *testing.T) {
 		{streams.Options{Storage: jetstream.StorageType(7)}, "Options.Storage"},
 		{streams.Options{MaxAge: map[string]time.Duration{"retries": time.Hour}}, `"retries" is not a retryd stream`},
 		{streams.Options{MaxAge: map[string]time.Duration{"RETRIES": time.Second}}, "Options.MaxAge[RETRIES]"},
+		{streams.Options{MaxBytes: map[string]int64{"ingest": streams.GiB}}, `Options.MaxBytes: "ingest" is not a retryd stream`},
+		{streams.Options{MaxBytes: map[string]int64{"INGEST": 4096}}, "Options.MaxBytes[INGEST] must be -1 (no limit) or at least the max message size"},
+		{streams.Options{MaxBytes: map[string]int64{"INGEST": 0}}, "Options.MaxBytes[INGEST]"},
+		{streams.Options{MaxBytes: map[string]int64{"SCHEDULES": streams.GiB}}, "Options.MaxBytes: SCHEDULES has no max_bytes"},
 	}
 	for _, tc := range tests {
 		require.ErrorContains(t, tc.opts.Validate(), tc.want)
@@ -360,5 +383,20 @@ func TestCollectorReportsStreamSizes(t *testing.T) {
 	require.Positive(t, got["retryd_stream_bytes/JOBS"])
 	require.Zero(t, got["retryd_stream_messages/RETRIES"])
 	require.Contains(t, got, "retryd_jetstream_storage_bytes")
-	require.NotContains(t, got, "retryd_stream_max_bytes/JOBS", "no max_bytes, no series")
+	require.Equal(t, float64(streams.DefaultMaxBytes["JOBS"]), got["retryd_stream_max_bytes/JOBS"])
+
+	// A stream without a limit has no series: the alert cannot divide by it.
+	cfg := b.config(t, contract.StreamRuns)
+	cfg.MaxBytes = -1
+	_, err = b.js.UpdateStream(b.ctx, cfg)
+	require.NoError(t, err)
+	families, err = reg.Gather()
+	require.NoError(t, err)
+	for _, f := range families {
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				require.False(t, f.GetName() == "retryd_stream_max_bytes" && l.GetValue() == "RUNS", "no max_bytes, no series")
+			}
+		}
+	}
 }

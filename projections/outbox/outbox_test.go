@@ -409,3 +409,38 @@ func TestRelayConfig(t *testing.T) {
 		require.NoError(t, err, fmt.Sprintf("owner %s", o))
 	}
 }
+
+// A stream that is full (discard new, as retryd's streams are) refuses
+// rows: they stay in the outbox, and once the stream has room they are
+// published, each exactly once.
+func TestFullStreamKeepsRowsUntilRoom(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	s, err := b.js.Stream(ctx, testStream)
+	require.NoError(t, err)
+	cfg := s.CachedInfo().Config
+	cfg.Discard = jetstream.DiscardNew
+	cfg.MaxBytes = 1 << 10
+	_, err = b.js.UpdateStream(ctx, cfg)
+	require.NoError(t, err)
+	r := b.relay(t, func(c *RelayConfig) { c.Batch = 8 })
+	b.insert(t, owner, 0, 20)
+
+	n, err := r.Flush(ctx)
+	require.ErrorContains(t, err, "maximum bytes exceeded")
+	require.Positive(t, n)
+	require.Less(t, n, 20, "1 KiB holds a few rows, not 20")
+	b.requireStreamHas(t, 0, n)
+	require.Equal(t, 20-n, b.pending(t), "every refused row stays")
+
+	cfg.MaxBytes = 1 << 20
+	_, err = b.js.UpdateStream(ctx, cfg)
+	require.NoError(t, err)
+	m, err := r.Flush(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 20-n, m)
+	b.requireStreamHas(t, 0, 20)
+	require.Zero(t, b.pending(t))
+	require.Zero(t, testutil.ToFloat64(r.metrics.duplicates.WithLabelValues(owner)), "none was stored before")
+}

@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/retryd/retryd/internal/serve"
+	"github.com/retryd/retryd/internal/streams"
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/pkg/tracing"
 )
@@ -172,15 +173,26 @@ func (s *Service) reject(w http.ResponseWriter, source string, err error) {
 func (s *Service) unavailable(w http.ResponseWriter, source, id string, err error) {
 	s.metrics.intake.WithLabelValues(s.metrics.sources.label(source), resultFailed).Inc()
 	s.log.Warn().Err(err).Str("source", source).Str("event_id", id).Msg("publish to INGEST failed")
-	w.Header().Set("Retry-After", "1")
+	w.Header().Set("Retry-After", retryAfter(err))
 	serve.WriteJSON(w, http.StatusServiceUnavailable, serve.ErrorBody{Error: serve.ErrorDetail{
 		Code:    codeUnavailable,
 		Message: "the event was not stored, send it again with the same id: " + publishReason(err),
 	}})
 }
 
+// retryAfter is the Retry-After of a 503 for err: a full INGEST stays
+// full for a while (serve.RetryAfterFull), a lost PubAck is retried soon.
+func retryAfter(err error) string {
+	if streams.Full(err) {
+		return serve.RetryAfterFull
+	}
+	return "1"
+}
+
 func publishReason(err error) string {
 	switch {
+	case streams.Full(err):
+		return "INGEST is full (its max_bytes, or the storage of JetStream)"
 	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, nats.ErrTimeout):
 		return "timed out waiting for JetStream"
 	case errors.Is(err, jetstream.ErrNoStreamResponse), errors.Is(err, nats.ErrNoResponders):
@@ -256,7 +268,7 @@ func (s *Service) postBatch(w http.ResponseWriter, r *http.Request) {
 	defer cancel()
 	futures := make([]jetstream.PubAckFuture, len(msgs))
 	results := make([]BatchResult, len(msgs))
-	failed := false
+	failed, full := false, false
 	for i, msg := range msgs {
 		results[i].ID = msg.Header.Get(contract.HeaderMsgID)
 		tracing.Inject(ctx, msg.Header)
@@ -277,7 +289,7 @@ func (s *Service) postBatch(w http.ResponseWriter, r *http.Request) {
 			results[i].Duplicate = ack.Duplicate
 			s.count(sources[i], ack.Duplicate)
 		case err := <-f.Err():
-			failed = true
+			failed, full = true, full || streams.Full(err)
 			results[i].Error = s.publishFailed(sources[i], results[i].ID, err)
 		case <-ctx.Done():
 			failed = true
@@ -288,6 +300,9 @@ func (s *Service) postBatch(w http.ResponseWriter, r *http.Request) {
 	if failed {
 		status = http.StatusServiceUnavailable
 		w.Header().Set("Retry-After", "1")
+		if full {
+			w.Header().Set("Retry-After", serve.RetryAfterFull)
+		}
 	}
 	serve.WriteJSON(w, status, BatchResponse{Results: results})
 }

@@ -1,6 +1,7 @@
 package ingress_test
 
 import (
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"strings"
@@ -8,8 +9,11 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
+	"github.com/retryd/retryd/internal/serve"
+	"github.com/retryd/retryd/internal/servicetest"
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/services/ingress"
 )
@@ -188,4 +192,68 @@ func TestIntakeStaysOpenWithoutDatabase(t *testing.T) {
 	require.False(t, acc.Duplicate)
 	in := streamMsgs(t, b.ctx, b.js, contract.StreamIngest, "ingest.billing")
 	require.Len(t, in, 1, "accepted durably; the gate stores it when Postgres is back")
+}
+
+// A full INGEST (discard new) refuses the event: the intake answers 503
+// with Retry-After, every event answered 202 is in the stream and none
+// answered 503 is.
+func TestFullIngestIs503(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	s, err := b.js.Stream(b.ctx, contract.StreamIngest)
+	require.NoError(t, err)
+	cfg := s.CachedInfo().Config
+	require.Equal(t, jetstream.DiscardNew, cfg.Discard)
+	cfg.MaxBytes = 4 << 10 // a few events; below what streams.Options allows
+	_, err = b.js.UpdateStream(b.ctx, cfg)
+	require.NoError(t, err)
+
+	var accepted, refused []string
+	for i := 0; len(refused) < 3 && i < 200; i++ {
+		id := fmt.Sprintf("full-%d", i)
+		resp, raw := servicetest.Request(t, b.ctx, http.MethodPost, b.http.URL+"/v1/events", event(id, "billing", "invoice.paid"))
+		switch resp.StatusCode {
+		case http.StatusAccepted:
+			require.Empty(t, refused, "%s accepted after a refusal: nothing was freed", id)
+			accepted = append(accepted, id)
+		case http.StatusServiceUnavailable:
+			require.Equal(t, serve.RetryAfterFull, resp.Header.Get("Retry-After"))
+			var e apiError
+			require.NoError(t, json.Unmarshal(raw, &e))
+			require.Equal(t, "unavailable", e.Error.Code)
+			require.Contains(t, e.Error.Message, "INGEST is full")
+			refused = append(refused, id)
+		default:
+			t.Fatalf("%s: status %d: %s", id, resp.StatusCode, raw)
+		}
+	}
+	require.NotEmpty(t, accepted)
+	require.Len(t, refused, 3, "INGEST filled up")
+
+	var res ingress.BatchResponse
+	resp, raw := servicetest.Request(t, b.ctx, http.MethodPost, b.http.URL+"/v1/events:batch",
+		map[string]any{"events": []any{event("full-batch", "billing", "invoice.paid")}})
+	require.Equal(t, http.StatusServiceUnavailable, resp.StatusCode, "%s", raw)
+	require.Equal(t, serve.RetryAfterFull, resp.Header.Get("Retry-After"))
+	require.NoError(t, json.Unmarshal(raw, &res))
+	require.Len(t, res.Results, 1)
+	require.NotNil(t, res.Results[0].Error)
+	require.Contains(t, res.Results[0].Error.Message, "INGEST is full")
+	refused = append(refused, "full-batch")
+
+	var stored []string
+	for _, m := range streamMsgs(t, b.ctx, b.js, contract.StreamIngest, "ingest.billing") {
+		stored = append(stored, m.Header.Get(nats.MsgIdHdr))
+	}
+	require.Equal(t, accepted, stored, "every 202 is stored, in order, and no 503")
+	require.EqualValues(t, len(refused), b.counter(t, "retryd_ingress_intake_total", map[string]string{"source": "billing", "result": "failed"}))
+
+	// Room again: the refused events, sent again, are stored once.
+	cfg.MaxBytes = 1 << 20
+	_, err = b.js.UpdateStream(b.ctx, cfg)
+	require.NoError(t, err)
+	for _, id := range refused {
+		require.Equal(t, ingress.Accepted{ID: id}, b.post(t, event(id, "billing", "invoice.paid")), "not stored before")
+	}
+	b.waitStatus(t, "admitted", append(accepted, refused...)...)
 }

@@ -184,6 +184,11 @@ func (s *Stack) startNATS() error {
 		SyncInterval:       s.cfg.NATSSyncInterval,
 		NoSigs:             true,
 		JetStreamMaxMemory: 256 << 20,
+		// The streams reserve their max_bytes (10 GiB together,
+		// streams.DefaultMaxBytes) against this cap; left to the free
+		// disk (75% of it), a laptop with less than 14 GiB free could
+		// not create them. It is a cap, not an allocation.
+		JetStreamMaxStore: 16 << 30,
 	}
 	srv, err := server.NewServer(opts)
 	if err != nil {

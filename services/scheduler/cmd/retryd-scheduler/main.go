@@ -33,6 +33,8 @@
 //	RETRYD_SCHEDULER_INBOX_RETENTION       prune applied message ids older than (default 168h; negative disables)
 //	RETRYD_SCHEDULER_LOCK_TIMEOUT          longest wait for a row lock held by another instance (default 5s)
 //	RETRYD_SCHEDULER_STREAM_REPLICAS       stream replicas (unset: 1 for a new stream, an existing one keeps its own)
+//	RETRYD_STREAM_<NAME>_MAX_BYTES         max_bytes of a stream it creates, e.g. RETRYD_STREAM_RETRIES_MAX_BYTES=8GiB
+//	RETRYD_STREAM_<NAME>_MAX_AGE           max_age of a stream it creates, e.g. 720h (docs/contract.md has the defaults)
 //	RETRYD_SCHEDULER_ERROR_PATTERNS        extra classifier patterns, JSON {"rate_limit": ["(?i)slow down"]}
 //	RETRYD_SCHEDULER_SHUTDOWN_TIMEOUT      bound on the graceful stop (default 30s)
 //	RETRYD_JOBS                            host the jobs projection and the jobs/analytics API (default true)
@@ -146,8 +148,9 @@ func readSettings(log zerolog.Logger) (settings, error) {
 			LockTimeout:       e.Duration("RETRYD_SCHEDULER_LOCK_TIMEOUT", 0),
 		},
 	}
-	s.cfg.Streams.Replicas = e.Int("RETRYD_SCHEDULER_STREAM_REPLICAS")
 	env := daemon.ReadEnv(e, s.addr)
+	s.cfg.Streams = env.Streams
+	s.cfg.Streams.Replicas = e.Int("RETRYD_SCHEDULER_STREAM_REPLICAS")
 	s.dbURL, s.auth, s.tls = env.DatabaseURL, env.Auth, env.TLS
 	if v := os.Getenv("RETRYD_SCHEDULER_ERROR_PATTERNS"); v != "" {
 		var patterns map[errclass.Class][]string
