@@ -32,7 +32,9 @@ type NATSConfig struct {
 }
 
 // NewNATSServer writes a config for a free port and a store directory
-// under dir and returns the server, not started.
+// under dir and returns the server, not started. Its max_file_store is a
+// cap, not an allocation, and must hold the 9 GiB the streams reserve by
+// default (their max_bytes; docs/operations.md, "Stream limits").
 func NewNATSServer(bins *Binaries, dir string, cfg NATSConfig) (*NATSServer, error) {
 	port, err := freeaddr.Port()
 	if err != nil {
@@ -48,7 +50,7 @@ jetstream {
   store_dir: %q
   sync_interval: always
   max_memory_store: 64MB
-  max_file_store: 8GB
+  max_file_store: 16GB
 }
 %s
 `, port, store, cfg.Extra)
