@@ -63,19 +63,24 @@ func Extract(ctx context.Context, h nats.Header) context.Context {
 // continues in the messages published next.
 func StartConsume(ctx context.Context, subject, consumer string, h nats.Header, attrs ...attribute.KeyValue) (context.Context, trace.Span) {
 	ctx = Extract(ctx, h)
-	base := []attribute.KeyValue{
+	ctx, span := otel.Tracer(instrumentation).Start(ctx, "process "+consumer, trace.WithSpanKind(trace.SpanKindConsumer))
+	// The scheduler starts one for every fact it applies: with tracing off
+	// the attributes are not even built (as in StartPublish).
+	if !span.IsRecording() {
+		return ctx, span
+	}
+	span.SetAttributes(
 		semconv.MessagingSystemKey.String("nats"),
 		semconv.MessagingOperationTypeProcess,
 		semconv.MessagingOperationName("process"),
 		semconv.MessagingDestinationName(subject),
 		semconv.MessagingConsumerGroupName(consumer),
-	}
+	)
 	if id := h.Get(headerMsgID); id != "" {
-		base = append(base, semconv.MessagingMessageID(id))
+		span.SetAttributes(semconv.MessagingMessageID(id))
 	}
-	return otel.Tracer(instrumentation).Start(ctx, "process "+consumer,
-		trace.WithSpanKind(trace.SpanKindConsumer),
-		trace.WithAttributes(append(base, attrs...)...))
+	span.SetAttributes(attrs...)
+	return ctx, span
 }
 
 // StartPublish starts the producer span of a message published directly
