@@ -1,24 +1,44 @@
 package faults_test
 
 import (
+	"context"
+	"slices"
 	"testing"
 	"time"
 
 	"github.com/retryd/retryd/faults/harness"
+	"github.com/retryd/retryd/pkg/contract"
 )
 
-// Scenario 19: the node leading RETRIES is cut off from the other two
-// (every route to and from it closed and refused; the node keeps running
-// and keeps its clients) for longer than an election takes, under a
-// steady load of failures, then rejoined. The two others elect a leader
+// Scenario 19: the node the scheduler is connected to, made leader of
+// RETRIES, is cut off from the other two (every route to and from it
+// closed and refused; the node keeps running and keeps its clients) for
+// longer than an election takes, under a steady load of failures, then
+// rejoined. The two others elect a leader
 // and go on; what the cut-off node had not replicated was never
 // acknowledged. Every acknowledged failure comes due once.
 func TestScenario19ClusterPartition(t *testing.T) {
 	t.Parallel()
 	hold := time.Duration(harness.Size(8, 15)) * time.Second
-	cr := newClusterRun(t, "19 3-node cluster, partition the stream leader", "s19", hold+10*time.Second)
+	cr := newClusterRun(t, "19 3-node cluster, cut off leader+scheduler node", "s19", hold+10*time.Second)
 	cr.waitLoad()
-	victim, _ := cr.leaderOf("", "", 10*time.Second)
+	// The worst case on purpose: the node cut off leads RETRIES and holds
+	// the scheduler's connection, which stays on it (the client sees a
+	// healthy TCP connection and has no reason to move).
+	var victim string
+	for node, names := range cr.c.Clients(cr.s.Ctx) {
+		if slices.Contains(names, harness.Scheduler) {
+			victim = node
+		}
+	}
+	if victim == "" {
+		t.Fatal("the scheduler's connection is on no node")
+	}
+	moveCtx, cancel := context.WithTimeout(cr.s.Ctx, time.Minute)
+	defer cancel()
+	if err := cr.c.MoveLeader(moveCtx, contract.StreamRetries, victim); err != nil {
+		t.Fatal(err)
+	}
 	var other string
 	for _, n := range cr.c.Names {
 		if n != victim && other == "" {
@@ -29,7 +49,7 @@ func TestScenario19ClusterPartition(t *testing.T) {
 		t.Fatal(err)
 	}
 	from := time.Now()
-	cr.r.Fault("cut %s, leader of RETRIES (R3), off the other nodes (routes closed and refused) with %d failures acknowledged and %d dues received; the scheduler and the suite stay connected where they were",
+	cr.r.Fault("cut %s, the scheduler's node made leader of RETRIES (R3), off the other nodes (routes closed and refused) with %d failures acknowledged and %d dues received",
 		victim, cr.load.Acked(), cr.owner.Count())
 	next, took := cr.leaderOf(other, victim, hold+time.Minute)
 	cr.r.Note("the majority side (asked through %s) elected %s leader of RETRIES %s after the cut", other, next, took.Round(time.Millisecond))

@@ -3,6 +3,7 @@ package harness
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"os"
@@ -310,6 +311,46 @@ func (c *NATSCluster) Clients(ctx context.Context) map[string][]string {
 		slices.Sort(out[c.Names[i]])
 	}
 	return out
+}
+
+// MoveLeader makes node preferred the leader of stream: it asks the
+// current leader to step down in its favour (a stepdown request with a
+// preferred placement) until preferred leads, or ctx ends.
+func (c *NATSCluster) MoveLeader(ctx context.Context, stream, preferred string) error {
+	body, err := json.Marshal(map[string]any{"placement": map[string]string{"preferred": preferred}})
+	if err != nil {
+		return fmt.Errorf("encode stepdown: %w", err)
+	}
+	var last error
+	for {
+		leader, err := c.StreamLeader(ctx, stream, "")
+		if err == nil && leader == preferred {
+			return nil
+		}
+		if err == nil && leader != "" {
+			rctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+			msg, rerr := c.nc.RequestWithContext(rctx, "$JS.API.STREAM.LEADER.STEPDOWN."+stream, body)
+			cancel()
+			if rerr == nil {
+				var resp struct {
+					Error *struct {
+						Description string `json:"description"`
+					} `json:"error"`
+				}
+				if json.Unmarshal(msg.Data, &resp) == nil && resp.Error != nil {
+					rerr = errors.New(resp.Error.Description)
+				}
+			}
+			last = rerr
+		} else {
+			last = err
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("move the leader of %s to %s: %w (last error: %v)", stream, preferred, ctx.Err(), last)
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
 }
 
 func (c *NATSCluster) connVia(name string) (jetstream.JetStream, error) {
