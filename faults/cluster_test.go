@@ -32,10 +32,13 @@ type clusterRun struct {
 
 // clusterLoad is the offered rate of first failures, per second, and how
 // long the load runs at the least (it runs until the scenario's faults are
-// over). The issue asks for at least 1,000 a second; the short run offers
-// less, to stay well under a minute on 2 cores.
+// over). The issue asks for at least 1,000 a second acknowledged: the full
+// run offers 1,200, since a slice held through a failover is acknowledged
+// late and the rate reached (first publish to last PubAck) comes out
+// below the rate offered. The short run offers less, to stay well under a
+// minute on 2 cores.
 func clusterLoad() (rate int, span time.Duration) {
-	return harness.Size(250, 1000), time.Duration(harness.Size(6, 20)) * time.Second
+	return harness.Size(250, 1200), time.Duration(harness.Size(6, 20)) * time.Second
 }
 
 func newClusterRun(t *testing.T, scenario, prefix string, faultFor time.Duration) *clusterRun {
@@ -90,7 +93,9 @@ func (cr *clusterRun) waitLoad() {
 	if _, ok := harness.Eventually(cr.s.Ctx, time.Minute, 20*time.Millisecond, func() bool {
 		return time.Since(cr.started) >= span/3 && cr.owner.Count() > 0
 	}); !ok {
-		cr.t.Fatalf("no dues before the fault: %d failures acknowledged, %d dues; %s", cr.load.Acked(), cr.owner.Count(), cr.pace.Explain())
+		c, err := consumerInfo(cr.s.Ctx, cr.s.JS, contract.StreamRetries, "scheduler")
+		cr.t.Fatalf("no dues before the fault: %d failures acknowledged, %d dues; scheduler consumer %s; %s",
+			cr.load.Acked(), cr.owner.Count(), describe(c, err), cr.pace.Explain())
 	}
 	cr.r.Note("at the fault: %d failures acknowledged, %d dues received; client connections by node %v",
 		cr.load.Acked(), cr.owner.Count(), cr.c.Clients(cr.s.Ctx))

@@ -14,9 +14,9 @@ import (
 // RETRIES, is cut off from the other two (every route to and from it
 // closed and refused; the node keeps running and keeps its clients) for
 // longer than an election takes, under a steady load of failures, then
-// rejoined. The two others elect a leader
-// and go on; what the cut-off node had not replicated was never
-// acknowledged. Every acknowledged failure comes due once.
+// rejoined. The two others elect a leader and go on; what the cut-off
+// node had not replicated was never acknowledged. Every acknowledged
+// failure comes due once.
 func TestScenario19ClusterPartition(t *testing.T) {
 	t.Parallel()
 	hold := time.Duration(harness.Size(8, 15)) * time.Second
@@ -39,10 +39,10 @@ func TestScenario19ClusterPartition(t *testing.T) {
 	if err := cr.c.MoveLeader(moveCtx, contract.StreamRetries, victim); err != nil {
 		t.Fatal(err)
 	}
-	var other string
+	var others []string
 	for _, n := range cr.c.Names {
-		if n != victim && other == "" {
-			other = n
+		if n != victim {
+			others = append(others, n)
 		}
 	}
 	if err := cr.c.Partition(victim); err != nil {
@@ -51,12 +51,34 @@ func TestScenario19ClusterPartition(t *testing.T) {
 	from := time.Now()
 	cr.r.Fault("cut %s, the scheduler's node made leader of RETRIES (R3), off the other nodes (routes closed and refused) with %d failures acknowledged and %d dues received",
 		victim, cr.load.Acked(), cr.owner.Count())
-	next, took := cr.leaderOf(other, victim, hold+time.Minute)
-	cr.r.Note("the majority side (asked through %s) elected %s leader of RETRIES %s after the cut", other, next, took.Round(time.Millisecond))
+	// What the majority side sees during the cut, asked through each of
+	// its nodes in turn: reported, not asserted (the invariants are), since
+	// how soon it answers depends on elections, not on retryd.
+	var next, via string
+	var asks, errs int
+	var lastErr error
 	if _, ok := harness.Eventually(cr.s.Ctx, hold, 100*time.Millisecond, func() bool {
+		if next == "" {
+			via = others[asks%len(others)]
+			asks++
+			l, err := cr.c.StreamLeader(cr.s.Ctx, contract.StreamRetries, via)
+			switch {
+			case err != nil:
+				errs++
+				lastErr = err
+			case l != "" && l != victim:
+				next = l
+				cr.r.Note("the majority side (asked through %s) has %s as leader of RETRIES %s after the cut",
+					via, next, time.Since(from).Round(time.Millisecond))
+			}
+		}
 		return time.Since(from) >= hold
 	}); !ok {
 		t.Fatal("context ended during the partition")
+	}
+	if next == "" {
+		cr.r.Note("the majority side (%v) named no leader of RETRIES during the %s cut: %d asks, %d errors, last %v",
+			others, hold, asks, errs, lastErr)
 	}
 	if err := cr.c.Heal(victim); err != nil {
 		t.Fatal(err)
