@@ -28,7 +28,7 @@ func TestScenario13ClusterLeaderStop(t *testing.T) {
 	cr.r.Note("new RETRIES leader %s %s after the kill", next, took.Round(time.Millisecond))
 	ctx, cancel := context.WithTimeout(cr.s.Ctx, time.Minute)
 	defer cancel()
-	if err := node.StartReady(ctx); err != nil {
+	if err := cr.c.StartNode(ctx, leader); err != nil {
 		t.Fatal(err)
 	}
 	cr.r.Fault("%s started again", leader)

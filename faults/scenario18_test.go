@@ -24,7 +24,7 @@ func TestScenario18ClusterRollingRestart(t *testing.T) {
 		}
 		stopped := time.Since(down)
 		ctx, cancel := context.WithTimeout(cr.s.Ctx, time.Minute)
-		err := node.StartReady(ctx)
+		err := cr.c.StartNode(ctx, name)
 		cancel()
 		if err != nil {
 			t.Fatal(err)

@@ -66,8 +66,8 @@ func NewNATSCluster(t testing.TB, ctx context.Context, n int) *NATSCluster {
 	if err := c.build(bins, n); err != nil {
 		t.Fatalf("nats cluster: %v", err)
 	}
-	for _, s := range c.Nodes {
-		if err := s.StartReady(ctx); err != nil {
+	for i := range c.Nodes {
+		if err := c.startFirst(ctx, bins, i); err != nil {
 			t.Fatalf("nats cluster: %v", err)
 		}
 	}
@@ -88,14 +88,6 @@ func NewNATSCluster(t testing.TB, ctx context.Context, n int) *NATSCluster {
 }
 
 func (c *NATSCluster) build(bins *Binaries, n int) error {
-	clusterPorts := make([]int, n)
-	for i := range clusterPorts {
-		p, err := freeaddr.Port()
-		if err != nil {
-			return err
-		}
-		clusterPorts[i] = p
-	}
 	// Every node advertises the sink, which accepts and closes: a node
 	// told of a peer by gossip tries that address once (an implicit route
 	// is not retried) and so never routes around the proxies.
@@ -111,40 +103,110 @@ func (c *NATSCluster) build(bins *Binaries, n int) error {
 			if i == j {
 				continue
 			}
-			if c.proxies[i][j], err = newRouteProxy("127.0.0.1:" + strconv.Itoa(clusterPorts[j])); err != nil {
+			// The target is set when node j is configured.
+			if c.proxies[i][j], err = newRouteProxy(""); err != nil {
 				return err
 			}
 		}
 	}
+	c.Nodes = make([]*NATSServer, n)
+	c.monitor = make([]int, n)
 	for i := range n {
-		name := fmt.Sprintf("n%d", i+1)
-		mon, err := freeaddr.Port()
-		if err != nil {
+		c.Names = append(c.Names, fmt.Sprintf("n%d", i+1))
+		if err := c.configure(bins, i); err != nil {
 			return err
 		}
-		c.monitor = append(c.monitor, mon)
-		var routes []string
-		for j := range n {
-			if j != i {
-				routes = append(routes, strconv.Quote("nats-route://"+c.proxies[i][j].Addr()))
-			}
+	}
+	return nil
+}
+
+// configure writes node i's config on free ports (client, monitoring,
+// cluster) and points the proxies of the routes to it at its cluster port.
+func (c *NATSCluster) configure(bins *Binaries, i int) error {
+	clusterPort, err := freeaddr.Port()
+	if err != nil {
+		return err
+	}
+	if c.monitor[i], err = freeaddr.Port(); err != nil {
+		return err
+	}
+	var routes []string
+	for j := range c.Nodes {
+		if j != i {
+			routes = append(routes, strconv.Quote("nats-route://"+c.proxies[i][j].Addr()))
+			c.proxies[j][i].setTarget("127.0.0.1:" + strconv.Itoa(clusterPort))
 		}
-		extra := fmt.Sprintf(`http: 127.0.0.1:%d
+	}
+	extra := fmt.Sprintf(`http: 127.0.0.1:%d
 cluster {
   name: faults
   listen: 127.0.0.1:%d
   advertise: %q
   routes: [%s]
 }
-`, mon, clusterPorts[i], c.sink.Addr(), strings.Join(routes, ", "))
-		s, err := NewNATSServer(bins, filepath.Join(c.dir, name), NATSConfig{Name: name, Extra: extra})
+`, c.monitor[i], clusterPort, c.sink.Addr(), strings.Join(routes, ", "))
+	c.Nodes[i], err = NewNATSServer(bins, filepath.Join(c.dir, c.Names[i]), NATSConfig{Name: c.Names[i], Extra: extra})
+	return err
+}
+
+// startFirst starts node i for the first time. A port freeaddr found free
+// can be taken by another process before nats-server binds it (the
+// scenarios run in parallel, and a cut route reconnects many times a
+// second): the node then exits, and is configured again on new ports.
+// Later starts keep the client port the services were given.
+func (c *NATSCluster) startFirst(ctx context.Context, bins *Binaries, i int) error {
+	var err error
+	for attempt := range 3 {
+		if attempt > 0 {
+			if err = c.configure(bins, i); err != nil {
+				return err
+			}
+		}
+		if err = c.StartNode(ctx, c.Names[i]); err == nil || !strings.Contains(Tail(c.Nodes[i].LogPath, 2000), "address already in use") {
+			return err
+		}
+	}
+	return err
+}
+
+// StartNode starts node name and waits until its monitoring endpoint
+// answers with its name: a listening client port alone may belong to
+// another process, when the node could not bind it and exited.
+func (c *NATSCluster) StartNode(ctx context.Context, name string) error {
+	i := slices.Index(c.Names, name)
+	if i < 0 {
+		return fmt.Errorf("no cluster node %q", name)
+	}
+	node := c.Nodes[i]
+	if err := node.StartReady(ctx); err != nil {
+		return err
+	}
+	client := &http.Client{Timeout: time.Second}
+	url := fmt.Sprintf("http://127.0.0.1:%d/varz", c.monitor[i])
+	for {
+		if !node.Running() {
+			return fmt.Errorf("nats-server %s exited:\n%s", name, Tail(node.LogPath, 3000))
+		}
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 		if err != nil {
 			return err
 		}
-		c.Nodes = append(c.Nodes, s)
-		c.Names = append(c.Names, name)
+		if resp, err := client.Do(req); err == nil {
+			var varz struct {
+				Name string `json:"server_name"`
+			}
+			err = json.NewDecoder(resp.Body).Decode(&varz)
+			resp.Body.Close()
+			if err == nil && varz.Name == name {
+				return nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("nats-server %s: no answer from its monitoring port %s: %w", name, url, ctx.Err())
+		case <-time.After(25 * time.Millisecond):
+		}
 	}
-	return nil
 }
 
 func (c *NATSCluster) close() {
@@ -155,8 +217,10 @@ func (c *NATSCluster) close() {
 		js.Conn().Close()
 	}
 	for _, s := range c.Nodes {
-		_ = s.Thaw()
-		_ = s.Kill9()
+		if s != nil {
+			_ = s.Thaw()
+			_ = s.Kill9()
+		}
 	}
 	for _, row := range c.proxies {
 		for _, p := range row {

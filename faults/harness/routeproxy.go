@@ -53,7 +53,10 @@ func (p *routeProxy) forward(in net.Conn) {
 		in.Close()
 		return
 	}
-	out, err := net.DialTimeout("tcp", p.target, 2*time.Second)
+	p.mu.Lock()
+	target := p.target
+	p.mu.Unlock()
+	out, err := net.DialTimeout("tcp", target, 2*time.Second)
 	if err != nil {
 		in.Close()
 		return
@@ -81,6 +84,14 @@ func (p *routeProxy) forward(in net.Conn) {
 	p.mu.Lock()
 	delete(p.conns, in)
 	delete(p.conns, out)
+	p.mu.Unlock()
+}
+
+// setTarget points the proxy at another address (a node started again on
+// new ports); connections already through it are left alone.
+func (p *routeProxy) setTarget(target string) {
+	p.mu.Lock()
+	p.target = target
 	p.mu.Unlock()
 }
 
