@@ -38,7 +38,7 @@ type clusterRun struct {
 // below the rate offered. The short run offers less, to stay well under a
 // minute on 2 cores.
 func clusterLoad() (rate int, span time.Duration) {
-	return harness.Size(250, 1200), time.Duration(harness.Size(6, 20)) * time.Second
+	return harness.Size(150, 1200), time.Duration(harness.Size(6, 20)) * time.Second
 }
 
 func newClusterRun(t *testing.T, scenario, prefix string, faultFor time.Duration) *clusterRun {
