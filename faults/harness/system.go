@@ -57,7 +57,7 @@ type Options struct {
 	DatabaseURL string
 	// NATS adds to the generated nats-server config.
 	NATS NATSConfig
-	// NATSURL, when set, is a running NATS (e.g. an embedded cluster, a
+	// NATSURL, when set, is a running NATS (e.g. a NATSCluster, a
 	// comma-separated URL list) used instead of starting a nats-server
 	// process; System.NATS is then nil.
 	NATSURL string
