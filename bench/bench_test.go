@@ -109,3 +109,50 @@ func TestLongestIncreasingCountsWhatIsInPlace(t *testing.T) {
 		require.Equal(t, c.want, longestIncreasing(c.seq), "%v", c.seq)
 	}
 }
+
+func TestRetentionScenarioIsRegistered(t *testing.T) {
+	t.Parallel()
+	require.Contains(t, scenarios, "retention")
+	require.Equal(t, 100_000, quickSizes().RetentionRows)
+	require.Equal(t, 1_000_000, fullSizes().RetentionRows)
+}
+
+// The loaded old days are exactly the partitions whose range ends at or
+// before now - retention (the ones retention drops), and the retained rows
+// stay clear of that cutoff.
+func TestRetentionLayoutDropsWholeOldDays(t *testing.T) {
+	t.Parallel()
+	now := time.Date(2026, 11, 26, 15, 4, 5, 0, time.UTC)
+	l := newRetentionLayout(now, 30*24*time.Hour)
+	cutoff := now.Add(-l.keep)
+	days := l.droppedDays()
+	require.Len(t, days, retentionDroppedDays)
+	require.Equal(t, "retry_history_p20261026", dayPartName(days[0]))
+	require.Equal(t, "retry_history_p20261024", dayPartName(days[2]))
+	for _, d := range days {
+		require.False(t, d.Add(24*time.Hour).After(cutoff), "%s ends after the cutoff", d)
+	}
+	require.True(t, l.oldEnd().Add(24*time.Hour).After(cutoff), "the day after the newest dropped one is kept")
+	require.True(t, l.keptFrom().After(cutoff.Add(24*time.Hour)))
+	require.Equal(t, time.Date(2026, 11, 26, 0, 0, 0, 0, time.UTC), l.keptTo())
+}
+
+func TestDueSamplesBetweenKeepsTheInterval(t *testing.T) {
+	t.Parallel()
+	t0 := time.Unix(1_700_000_000, 0)
+	var d dueSamples
+	for i := range 10 {
+		due := t0.Add(time.Duration(i) * time.Second)
+		d.add(dueSample{published: due.Add(-time.Second), due: due, late: time.Duration(i+1) * time.Millisecond,
+			e2e: time.Duration(i+10) * time.Millisecond})
+	}
+	late, e2e := d.between(t0.Add(3*time.Second), t0.Add(5*time.Second), byDue)
+	require.Equal(t, 3, late.N)
+	require.Equal(t, 4*time.Millisecond, late.Min)
+	require.Equal(t, 6*time.Millisecond, late.Max)
+	require.Equal(t, 15*time.Millisecond, e2e.Max)
+	late, _ = d.between(t0.Add(3*time.Second), t0.Add(5*time.Second), byReported)
+	require.Equal(t, 5*time.Millisecond, late.Min, "reported at 3s: due at 4s")
+	late, _ = d.between(t0.Add(-2*time.Second), t0.Add(-time.Second), byDue)
+	require.Equal(t, summary{}, late)
+}

@@ -94,6 +94,22 @@ func copyPending(ctx context.Context, pool *pgxpool.Pool, p pendingRows) error {
 // transaction: the shape is that of real histories (failed, scheduled,
 // due, succeeded for items of several kinds, spread over 30 days).
 func loadHistory(ctx context.Context, pool *pgxpool.Pool, from, to int64) error {
+	return insertHistory(ctx, pool, from, to, `now() - make_interval(secs => (g % 2592000))`)
+}
+
+// loadHistorySpan loads the rows from..to of the same shape with their
+// times spread over [start, start+span) instead of the last 30 days (the
+// retention scenario fills chosen day partitions).
+func loadHistorySpan(ctx context.Context, pool *pgxpool.Pool, from, to int64, start time.Time, span time.Duration) error {
+	secs := max(int64(span/time.Second), 1)
+	return insertHistory(ctx, pool, from, to, fmt.Sprintf(`'%s'::timestamptz + make_interval(secs => (g %% %d))`,
+		start.UTC().Format(time.RFC3339), secs))
+}
+
+// insertHistory inserts the rows from..to (the g of generate_series) with
+// at (and next_attempt_at of the scheduled entries) given by the SQL
+// expression at over g.
+func insertHistory(ctx context.Context, pool *pgxpool.Pool, from, to int64, at string) error {
 	const batch = 1_000_000
 	for lo := from; lo < to; lo += batch {
 		hi := min(lo+batch, to)
@@ -111,9 +127,9 @@ SELECT (ARRAY['event','event-trigger','job'])[1 + g % 3],
        CASE WHEN g % 4 = 1 THEN 1000 END,
        CASE WHEN g % 4 = 1 THEN 'backoff' ELSE '' END,
        'default', 1,
-       CASE WHEN g % 4 = 1 THEN now() - make_interval(secs => g % 2592000) END,
+       CASE WHEN g % 4 = 1 THEN `+at+` END,
        'h:' || g::text,
-       now() - make_interval(secs => (g % 2592000))
+       `+at+`
 FROM generate_series($1::bigint, $2::bigint - 1) AS g`, lo, hi)
 		if err != nil {
 			return fmt.Errorf("load history rows %d..%d: %w", lo, hi, err)

@@ -7,6 +7,7 @@ require (
 	github.com/retryd/retryd/internal v0.0.0-00010101000000-000000000000
 	github.com/retryd/retryd/migrations v0.0.0-00010101000000-000000000000
 	github.com/retryd/retryd/pkg v0.0.0-00010101000000-000000000000
+	github.com/retryd/retryd/projections v0.0.0-00010101000000-000000000000
 	github.com/retryd/retryd/services/scheduler v0.0.0-00010101000000-000000000000
 )
 
@@ -23,7 +24,6 @@ require (
 	github.com/prometheus/client_model v0.6.3 // indirect
 	github.com/prometheus/common v0.72.0 // indirect
 	github.com/prometheus/procfs v0.22.0 // indirect
-	github.com/retryd/retryd/projections v0.0.0-00010101000000-000000000000 // indirect
 	github.com/sethvargo/go-retry v0.5.0 // indirect
 	go.opentelemetry.io/auto/sdk v1.2.1 // indirect
 	go.opentelemetry.io/otel v1.47.0 // indirect

@@ -42,6 +42,9 @@ type probeRecorder struct {
 	lat, e2e latencies
 	received atomic.Int64
 	expected atomic.Int64
+	// observe, when set, also gets each counted item (the retention
+	// scenario splits them by when they were reported or came due).
+	observe func(dueSample)
 }
 
 func newProbeRecorder(spec probeSpec) *probeRecorder { return &probeRecorder{spec: spec} }
@@ -53,8 +56,12 @@ func (r *probeRecorder) due(publishedAt, dueAt, receivedAt time.Time) {
 	if publishedAt.Before(time.Unix(0, r.start.Load()).Add(r.spec.warmup)) {
 		return
 	}
-	r.lat.add(receivedAt.Sub(dueAt))
-	r.e2e.add(receivedAt.Sub(publishedAt) - r.spec.delay)
+	late, e2e := receivedAt.Sub(dueAt), receivedAt.Sub(publishedAt)-r.spec.delay
+	r.lat.add(late)
+	r.e2e.add(e2e)
+	if r.observe != nil {
+		r.observe(dueSample{published: publishedAt, due: dueAt, late: late, e2e: e2e})
+	}
 }
 
 // run publishes the probe stream with publish(n) at spec.rate for

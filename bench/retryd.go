@@ -328,7 +328,14 @@ func (r *retrydSys) settle(ctx context.Context, limit time.Duration) (time.Durat
 // 1 s ahead, and lateness is from next_attempt_at (in the due event) to
 // the owner receiving it. The owner then reports success, as it would.
 func (r *retrydSys) probe(ctx context.Context, spec probeSpec) (latenessResult, error) {
+	return r.probeObserved(ctx, spec, nil)
+}
+
+// probeObserved is probe that also passes each counted item to observe
+// (nil: none).
+func (r *retrydSys) probeObserved(ctx context.Context, spec probeSpec, observe func(dueSample)) (latenessResult, error) {
 	rec := newProbeRecorder(spec)
+	rec.observe = observe
 	stop, err := r.ownDue(ctx, kindProbe, func(ev dueEvent) {
 		rec.due(itemTime(ev.data.ID), ev.data.NextAttemptAt, ev.receivedAt)
 		_ = r.publishSucceeded(ctx, kindProbe, ev.data.ID, ev.data.Attempt, nil)

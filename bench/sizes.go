@@ -28,6 +28,7 @@ type sizes struct {
 	HistorySizes   []int         // retry_history sizes of the growth scenario
 	GrowthPending  int           // background pending during growth
 	GrowthFor      time.Duration // cycle and probe time per history size
+	RetentionRows  int           // retention: history rows in each day partition it drops
 	HoldEvents     int           // hold-release: events held, then released, per resume phase
 	HoldBurst      int           // hold-release: events sent at once to the throttled source
 }
@@ -41,7 +42,8 @@ func quickSizes() sizes {
 		RecoverPending: 10_000, RecoverSteady: 5 * time.Second, RecoverDown: 2 * time.Second,
 		MemorySizes: []int{1_000, 10_000}, MemoryFor: 5 * time.Second,
 		HistorySizes: []int{0, 100_000}, GrowthPending: 10_000, GrowthFor: 5 * time.Second,
-		HoldEvents: 2_000, HoldBurst: 1_000,
+		RetentionRows: 100_000,
+		HoldEvents:    2_000, HoldBurst: 1_000,
 	}
 }
 
@@ -54,7 +56,8 @@ func fullSizes() sizes {
 		RecoverPending: 1_000_000, RecoverSteady: 15 * time.Second, RecoverDown: 5 * time.Second,
 		MemorySizes: []int{10_000, 100_000, 1_000_000}, MemoryFor: 15 * time.Second,
 		HistorySizes: []int{0, 1_000_000, 10_000_000}, GrowthPending: 100_000, GrowthFor: 20 * time.Second,
-		HoldEvents: 100_000, HoldBurst: 10_000,
+		RetentionRows: 1_000_000,
+		HoldEvents:    100_000, HoldBurst: 10_000,
 	}
 }
 
@@ -63,7 +66,7 @@ func fullSizes() sizes {
 type sizeFlags struct {
 	fs                                       *flag.FlagSet
 	window, burst, recoverPending, probeRate *int
-	holdEvents, holdBurst                    *int
+	holdEvents, holdBurst, retentionRows     *int
 	cycleDur, probeDur                       *time.Duration
 	pending, memory, history                 *string
 }
@@ -82,6 +85,7 @@ func registerSizeFlags(fs *flag.FlagSet) *sizeFlags {
 		recoverPending: fs.Int("recovery-pending", 0, "recovery: pending retries when the scheduler is killed (quick 10000, full 1000000)"),
 		memory:         fs.String("memory-sizes", "", "memory: pending counts, comma separated (quick 1000,10000, full 10000,100000,1000000)"),
 		history:        fs.String("history-sizes", "", "growth: retry_history sizes, comma separated (quick 0,100000, full 0,1000000,10000000)"),
+		retentionRows:  fs.Int("retention-rows", 0, "retention: retry_history rows in each of the day partitions it drops, and in the retained days (quick 100000, full 1000000)"),
 	}
 }
 
@@ -109,6 +113,9 @@ func (f *sizeFlags) apply(s *sizes) error {
 	}
 	if *f.holdBurst > 0 {
 		s.HoldBurst = *f.holdBurst
+	}
+	if *f.retentionRows > 0 {
+		s.RetentionRows = *f.retentionRows
 	}
 	lists := []struct {
 		name string
