@@ -199,10 +199,12 @@ func (g *Group) consume(ctx context.Context, r *running) error {
 			pull = min(pull, s.Config.MaxAckPending)
 		}
 		opts[0] = jetstream.PullMaxMessages(pull)
-		if s.Expiry > 0 {
-			opts = append(opts, jetstream.PullExpiry(max(s.Expiry, time.Second)))
-		}
 	}
+	expiry := DefaultExpiry
+	if s.Expiry > 0 {
+		expiry = max(s.Expiry, time.Second)
+	}
+	opts = append(opts, jetstream.PullExpiry(expiry))
 	contexts := make([]jetstream.ConsumeContext, 0, pulls)
 	for range pulls {
 		cc, err := cons.Consume(h, opts...)
