@@ -18,7 +18,10 @@ import (
 // node had not replicated was never acknowledged. Every acknowledged
 // failure comes due once.
 func TestScenario19ClusterPartition(t *testing.T) {
-	t.Parallel()
+	// Not parallel: three nats-server processes at 1,200 failures a second
+	// take the 2-core machine, and the scenarios with a time bound (16a's
+	// 3 s to decide what a killed scheduler left) failed beside them (CI
+	// run X). Serial tests run alone, before the parallel ones.
 	hold := time.Duration(harness.Size(8, 15)) * time.Second
 	cr := newClusterRun(t, "19 3-node cluster, cut off leader+scheduler node", "s19", hold+10*time.Second)
 	cr.waitLoad()
