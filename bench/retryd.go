@@ -370,6 +370,15 @@ func (r *retrydSys) ownBackground(ctx context.Context, kind string) (stop func()
 	})
 }
 
+// background loads n pending rows of kindBG spread over the next hour
+// (COPY) and starts their owner; stop ends the owner.
+func (r *retrydSys) background(ctx context.Context, n int) (stop func(), err error) {
+	if err := copyPending(ctx, r.db.pool, pendingRows{kind: kindBG, n: n, from: backgroundStart(n), span: time.Hour}); err != nil {
+		return nil, err
+	}
+	return r.ownBackground(ctx, kindBG)
+}
+
 // retrydLateness: P background rows spread over the next hour (COPY),
 // their owner, and the probe.
 func retrydLateness(ctx context.Context, env Env, pending int, spec probeSpec) (latenessResult, error) {
@@ -379,14 +388,11 @@ func retrydLateness(ctx context.Context, env Env, pending int, spec probeSpec) (
 	}
 	defer r.close(ctx)
 	loadStart := time.Now()
-	if err := copyPending(ctx, r.db.pool, pendingRows{kind: kindBG, n: pending, from: backgroundStart(pending), span: time.Hour}); err != nil {
-		return latenessResult{}, err
-	}
-	loaded := time.Since(loadStart)
-	stopBG, err := r.ownBackground(ctx, kindBG)
+	stopBG, err := r.background(ctx, pending)
 	if err != nil {
 		return latenessResult{}, err
 	}
+	loaded := time.Since(loadStart)
 	defer stopBG()
 	res, err := r.probe(ctx, spec)
 	if err != nil {

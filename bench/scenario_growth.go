@@ -25,10 +25,7 @@ func runGrowth(ctx context.Context, env Env) error {
 		return err
 	}
 	defer r.close(ctx)
-	if err := copyPending(ctx, r.db.pool, pendingRows{kind: kindBG, n: s.GrowthPending, from: backgroundStart(s.GrowthPending), span: time.Hour}); err != nil {
-		return err
-	}
-	stopBG, err := r.ownBackground(ctx, kindBG)
+	stopBG, err := r.background(ctx, s.GrowthPending)
 	if err != nil {
 		return err
 	}

@@ -196,10 +196,7 @@ func runRetention(ctx context.Context, env Env) error {
 	if err := r.startScheduler(ctx); err != nil {
 		return err
 	}
-	if err := copyPending(ctx, r.db.pool, pendingRows{kind: kindBG, n: s.GrowthPending, from: backgroundStart(s.GrowthPending), span: time.Hour}); err != nil {
-		return err
-	}
-	stopBG, err := r.ownBackground(ctx, kindBG)
+	stopBG, err := r.background(ctx, s.GrowthPending)
 	if err != nil {
 		return err
 	}
