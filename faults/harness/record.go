@@ -16,7 +16,7 @@ import (
 
 // EffectSubjects are the subjects whose messages are effects: due events,
 // run requests, admitted events and job messages (every priority band).
-var EffectSubjects = []string{"retry.*.due.*", "runs.*.requested.*", "events.>", "jobs.*", "jobs.*.high", "jobs.*.low"}
+var EffectSubjects = []string{"retry.*.due.>", "runs.*.requested.*", "events.>", "jobs.*", "jobs.*.high", "jobs.*.low"}
 
 // WireCounter counts every message published on EffectSubjects by
 // Nats-Msg-Id, as a plain NATS subscriber sees them: a publish JetStream

@@ -8,6 +8,8 @@ import (
 	"strings"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/retryd/retryd/pkg/contract"
 )
 
 // Ensure creates the six streams, or updates them to the configuration of
@@ -46,6 +48,9 @@ func Ensure(ctx context.Context, js jetstream.JetStream, opts Options) error {
 		if err := fits(cfgs[i], info.State); err != nil {
 			errs = append(errs, err)
 		}
+		if cfgs[i], err = keepShards(cfgs[i], info.Config, opts); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	if err := errors.Join(errs...); err != nil {
 		return err
@@ -68,6 +73,46 @@ func keepOperatorLimits(cfg, existing jetstream.StreamConfig, opts Options) jets
 		cfg.MaxBytes = existing.MaxBytes
 	}
 	return cfg
+}
+
+// StreamShards is the number of shards a RETRIES configuration splits
+// the stream into: 1 without a subject transform, 0 (and false) for a
+// transform that is not retryd's.
+func StreamShards(cfg jetstream.StreamConfig) (int, bool) {
+	if cfg.SubjectTransform == nil || cfg.SubjectTransform.Destination == "" {
+		return 1, true
+	}
+	return contract.ParseRetryShardTransform(cfg.SubjectTransform.Destination)
+}
+
+// keepShards returns cfg with the RETRIES split that the stream as it
+// exists must keep. Items are placed by their hash modulo the count, so
+// only a multiple of the count keeps each item's old shard among its
+// possible new ones (s goes to s, s+N, s+2N...; see docs/shards.md): a
+// lower count or one that is not a multiple would strand facts stored
+// on the old layout. A count below the existing one that divides it is
+// an older service's view during resharding: the stream keeps its count.
+func keepShards(cfg, existing jetstream.StreamConfig, opts Options) (jetstream.StreamConfig, error) {
+	if cfg.Name != contract.StreamRetries {
+		return cfg, nil
+	}
+	have, ok := StreamShards(existing)
+	if !ok {
+		if opts.Shards == 0 {
+			return cfg, nil
+		}
+		return cfg, fmt.Errorf("stream %s has a subject transform retryd did not write (%s): remove it before setting %s",
+			cfg.Name, existing.SubjectTransform.Destination, EnvShards)
+	}
+	want := opts.Shards
+	switch {
+	case want == 0 || want == have || (want < have && have%want == 0):
+		cfg.SubjectTransform = existing.SubjectTransform
+	case want < have || want%have != 0:
+		return cfg, fmt.Errorf("stream %s is split into %d shards: %s=%d would strand items stored on the old layout; only a multiple of %d is allowed (docs/shards.md)",
+			cfg.Name, have, EnvShards, want, have)
+	}
+	return cfg, nil
 }
 
 // fits refuses a max_bytes below what the stream stores: with discard new

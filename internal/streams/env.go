@@ -19,6 +19,11 @@ func EnvMaxBytes(stream string) string { return "RETRYD_STREAM_" + stream + "_MA
 // EnvMaxAge: see EnvMaxBytes.
 func EnvMaxAge(stream string) string { return "RETRYD_STREAM_" + stream + "_MAX_AGE" }
 
+// EnvShards names the variable that splits RETRIES into scheduler shards
+// (Options.Shards). Every service and `retryd streams ensure` read it, so
+// a stream a service recreates is split as the deployment is.
+const EnvShards = "RETRYD_SHARDS"
+
 // OptionsFromEnv reads the per-stream limits (EnvMaxBytes, EnvMaxAge) into
 // Options, adding to e what is wrong with them; unset variables leave the
 // defaults. Replicas and Storage are left to the caller.
@@ -43,6 +48,7 @@ func OptionsFromEnv(e *envvar.Reader) Options {
 			o.MaxAge[name] = e.Duration(EnvMaxAge(name), 0)
 		}
 	}
+	o.Shards = e.Int(EnvShards)
 	if err := o.Validate(); err != nil {
 		e.Add(fmt.Errorf("RETRYD_STREAM_*: %w", err))
 	}

@@ -106,6 +106,12 @@ type Options struct {
 	// max_bytes someone set (`nats stream edit`) when it exists. SCHEDULES
 	// takes none.
 	MaxBytes map[string]int64
+	// Shards splits RETRIES into that many scheduler shards: the stream's
+	// subject transform appends each item's shard as a fifth token
+	// (contract.RetryShardTransform). 0 leaves an existing stream split as
+	// it is (and creates it unsplit); 1 is unsplit. Ensure only ever
+	// multiplies an existing count (resharding N to kN), never lowers it.
+	Shards int
 }
 
 // Validate reports options a server would refuse, naming the field.
@@ -126,6 +132,9 @@ func (o Options) Validate() error {
 		if age < DuplicateWindow {
 			return fmt.Errorf("Options.MaxAge[%s] must be at least the duplicate window %s, got %s", name, DuplicateWindow, age)
 		}
+	}
+	if o.Shards < 0 || o.Shards > contract.MaxShards {
+		return fmt.Errorf("Options.Shards must be between 1 and %d, got %d", contract.MaxShards, o.Shards)
 	}
 	for name, n := range o.MaxBytes {
 		if !isStream(name) {
@@ -247,7 +256,13 @@ func Configs(opts Options) []jetstream.StreamConfig {
 		if v, ok := opts.MaxBytes[d.name]; ok {
 			maxBytes = v
 		}
+		var transform *jetstream.SubjectTransformConfig
+		if d.name == contract.StreamRetries && opts.Shards > 1 {
+			src, dest := contract.RetryShardTransform(opts.Shards)
+			transform = &jetstream.SubjectTransformConfig{Source: src, Destination: dest}
+		}
 		out = append(out, jetstream.StreamConfig{
+			SubjectTransform:  transform,
 			Name:              d.name,
 			Description:       d.description,
 			Subjects:          append([]string(nil), d.subjects...),

@@ -57,5 +57,5 @@ func ExampleRetryItemFilter() {
 	fmt.Println(contract.RetryFilter("*", contract.Due))
 	// Output:
 	// retry.job.*.01JQ7Z3K5WJOB
-	// retry.*.due.*
+	// retry.*.due.>
 }

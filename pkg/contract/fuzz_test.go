@@ -179,7 +179,7 @@ func FuzzDecodeRunRequested(f *testing.F) {
 }
 
 func FuzzParseRetrySubject(f *testing.F) {
-	for _, s := range []string{"retry.event.failed.01J", "retry.event-trigger.due.d_1", "retry.*.failed.>", "retry.event.failed.a.b", "retry..due.", "retry.job.due.a b"} {
+	for _, s := range []string{"retry.event.failed.01J", "retry.event-trigger.due.d_1", "retry.*.failed.>", "retry.event.failed.a.b", "retry.event.failed.a.3", "retry.event.failed.a.03", "retry..due.", "retry.job.due.a b"} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, s string) {
@@ -188,7 +188,11 @@ func FuzzParseRetrySubject(f *testing.F) {
 			contracttest.CheckRefusal(t, err)
 			return
 		}
-		if got := contract.RetrySubject(p.Kind, p.Event, p.ID); got != s {
+		got := contract.RetrySubject(p.Kind, p.Event, p.ID)
+		if p.Shard != "" {
+			got += "." + p.Shard
+		}
+		if got != s {
 			t.Fatalf("parsed %q, builds %q", s, got)
 		}
 		for _, tok := range []string{"*", ">", " ", "\t", "\n", "\r"} {

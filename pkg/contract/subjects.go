@@ -2,6 +2,7 @@ package contract
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
 )
 
@@ -92,15 +93,31 @@ func RetrySubject(kind string, ev Lifecycle, id string) string {
 	return "retry." + kind + "." + string(ev) + "." + id
 }
 
-// RetryFilter is the subject filter for one lifecycle event of one kind;
-// kind may be "*" for every kind.
+// RetryFilter is the consumer filter for one lifecycle event of one kind
+// on RETRIES; kind may be "*" for every kind. It ends in ">" so that it
+// matches the stored subjects of a RETRIES split into shards too (a fifth
+// token, see RetryShardTransform) as well as those of an unsplit one.
 func RetryFilter(kind string, ev Lifecycle) string {
+	return "retry." + kind + "." + string(ev) + ".>"
+}
+
+// RetryUnsplitFilter matches one lifecycle event of one kind as stored in
+// an unsplit RETRIES (four tokens) and nothing stored after a split: what
+// the scheduler of shard 0 consumes of the stream's history.
+func RetryUnsplitFilter(kind string, ev Lifecycle) string {
 	return "retry." + kind + "." + string(ev) + ".*"
 }
 
-// RetryItemFilter matches every lifecycle event of one item: what
-// `nats stream view RETRIES --subject` takes to show an item's history.
+// RetryItemFilter matches every lifecycle event of one item as published
+// (core NATS subscribers, `nats sub`), and as stored in an unsplit
+// RETRIES: what `nats stream view RETRIES --subject` takes to show an
+// item's history. In a split stream add the item's shard as a fifth token
+// (RetryItemShardFilter).
 func RetryItemFilter(kind, id string) string { return "retry." + kind + ".*." + id }
+
+// RetryItemShardFilter matches every lifecycle event of one item as
+// stored in a RETRIES split into shards: retry.<kind>.*.<id>.*.
+func RetryItemShardFilter(kind, id string) string { return RetryItemFilter(kind, id) + ".*" }
 
 // RunSubject is "runs.<workflow>.<event>.<run_id>".
 func RunSubject(workflow, event, runID string) string {
@@ -116,15 +133,27 @@ type RetrySubjectParts struct {
 	Kind  string
 	Event Lifecycle
 	ID    string
+	// Shard is the fifth token a split RETRIES stores (the item's shard,
+	// in decimal), empty as published and in an unsplit stream.
+	Shard string
 }
 
-// ParseRetrySubject splits and validates "retry.<kind>.<event>.<id>".
+// ParseRetrySubject splits and validates "retry.<kind>.<event>.<id>", as
+// published, or "retry.<kind>.<event>.<id>.<shard>", as a RETRIES split
+// into shards stores it (RetryShardTransform).
 func ParseRetrySubject(subject string) (RetrySubjectParts, error) {
 	toks := strings.Split(subject, ".")
-	if len(toks) != 4 || toks[0] != "retry" {
+	if (len(toks) != 4 && len(toks) != 5) || toks[0] != "retry" {
 		return RetrySubjectParts{}, fieldErr("subject", fmt.Sprintf("%q is not of the form retry.<kind>.<event>.<id>", subject))
 	}
 	p := RetrySubjectParts{Kind: toks[1], Event: Lifecycle(toks[2]), ID: toks[3]}
+	if len(toks) == 5 {
+		n, err := strconv.Atoi(toks[4])
+		if err != nil || n < 0 || n >= MaxShards || strconv.Itoa(n) != toks[4] {
+			return RetrySubjectParts{}, fieldErr("subject shard", fmt.Sprintf("%q is not a shard between 0 and %d", toks[4], MaxShards-1))
+		}
+		p.Shard = toks[4]
+	}
 	if err := ValidateKind("subject kind", p.Kind); err != nil {
 		return RetrySubjectParts{}, err
 	}

@@ -103,7 +103,7 @@ func (w *Worker) alreadyDone(p *pull, msg jetstream.Msg, id string, attempt int,
 	ctx, cancel := context.WithTimeout(context.Background(), outcomeLookupTimeout)
 	defer cancel()
 	for _, ev := range []contract.Lifecycle{contract.Succeeded, contract.Failed, contract.Held, contract.Exhausted, contract.Cancelled} {
-		m, err := g.retries.GetLastMsgForSubject(ctx, contract.RetrySubject(contract.KindJob, ev, id))
+		m, err := lastFact(ctx, g.retries, contract.RetrySubject(contract.KindJob, ev, id))
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
 			continue
 		}

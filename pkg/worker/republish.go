@@ -111,7 +111,7 @@ func (w *Worker) checkFact(ctx context.Context, retries jetstream.Stream, f pend
 // compares its Nats-Msg-Id. A message of a later attempt there means f
 // was decided (later is set).
 func storedCopy(ctx context.Context, retries jetstream.Stream, f pendingFact) (seq uint64, stored, later bool, err error) {
-	m, err := retries.GetLastMsgForSubject(ctx, f.subject)
+	m, err := lastFact(ctx, retries, f.subject)
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
 		return 0, false, false, nil
 	}
@@ -131,7 +131,7 @@ func storedCopy(ctx context.Context, retries jetstream.Stream, f pendingFact) (s
 func decisionStored(ctx context.Context, retries jetstream.Stream, f pendingFact) (bool, error) {
 	for _, ev := range decisionEvents {
 		subj := contract.RetrySubject(contract.KindJob, ev, f.id)
-		m, err := retries.GetLastMsgForSubject(ctx, subj)
+		m, err := lastFact(ctx, retries, subj)
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
 			continue
 		}
@@ -143,4 +143,25 @@ func decisionStored(ctx context.Context, retries jetstream.Stream, f pendingFact
 		}
 	}
 	return false, nil
+}
+
+// lastFact reads the last message published on subject, a four-token
+// RETRIES subject: as stored unsplit, or with the shard token a split
+// stream appends (contract.RetryShardTransform). A stream split while
+// the item was pending holds both, so both are read and the later wins.
+func lastFact(ctx context.Context, retries jetstream.Stream, subject string) (*jetstream.RawStreamMsg, error) {
+	m, err := retries.GetLastMsgForSubject(ctx, subject)
+	if err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
+		return nil, err
+	}
+	split, err2 := retries.GetLastMsgForSubject(ctx, subject+".*")
+	switch {
+	case err2 != nil && !errors.Is(err2, jetstream.ErrMsgNotFound):
+		return nil, err2
+	case err2 != nil:
+		return m, err
+	case m == nil || split.Sequence > m.Sequence:
+		return split, nil
+	}
+	return m, nil
 }

@@ -112,9 +112,10 @@ func (s *Service) consumerSpecs() []durable.Spec {
 	return []durable.Spec{
 		s.gateSpec(),
 		{Stream: contract.StreamRetries, HandleBatch: s.handleDues, Workers: 1, Batch: consumeBatch,
-			Progress: s.cfg.AckWait / 4, Config: s.consumerConfig(ConsumerRetry, "retry.event.due.*")},
+			Progress: s.cfg.AckWait / 4, Config: s.consumerConfig(ConsumerRetry, contract.RetryFilter(contract.KindEvent, contract.Due))},
 		spec(contract.StreamRetries, s.handleRetryState, 1, ConsumerRetryState,
-			"retry.event.scheduled.*", "retry.event.rescheduled.*", "retry.event.exhausted.*", "retry.event.cancelled.*"),
+			contract.RetryFilter(contract.KindEvent, contract.Scheduled), contract.RetryFilter(contract.KindEvent, contract.Rescheduled),
+			contract.RetryFilter(contract.KindEvent, contract.Exhausted), contract.RetryFilter(contract.KindEvent, contract.Cancelled)),
 	}
 }
 

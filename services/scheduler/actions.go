@@ -25,6 +25,9 @@ var (
 	// finished item, or a policy version that changed). It wraps
 	// serve.ErrConflict (409).
 	ErrConflict = fmt.Errorf("retry state %w", serve.ErrConflict)
+	// ErrShards: the scheduler's shard count does not fit how RETRIES is
+	// split (Start refuses to run).
+	ErrShards = errors.New("shard count does not fit the RETRIES stream")
 )
 
 // MaxReasonLen bounds an operator's reason.

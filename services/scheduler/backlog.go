@@ -95,7 +95,7 @@ func (l *applyLag) at(now time.Time) time.Duration {
 func (s *Scheduler) redueAfter(ctx context.Context) time.Duration {
 	now := time.Now()
 	if s.lag.due(now) {
-		c, err := s.cfg.JS.Consumer(ctx, contract.StreamRetries, ConsumerName)
+		c, err := s.cfg.JS.Consumer(ctx, contract.StreamRetries, ConsumerNameOf(s.cfg.Shard))
 		if err == nil {
 			s.lag.observe(c.CachedInfo(), now)
 		} else {

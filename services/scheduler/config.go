@@ -15,6 +15,7 @@ import (
 	"github.com/retryd/retryd/internal/failpoint"
 	"github.com/retryd/retryd/internal/streams"
 	"github.com/retryd/retryd/pkg/backoff"
+	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/pkg/errclass"
 )
 
@@ -113,6 +114,14 @@ type Config struct {
 	// Streams are the options streams.CreateMissing recreates a deleted
 	// stream with.
 	Streams streams.Options
+	// Shards is how many scheduler shards RETRIES is split into, each
+	// with its own database (docs/shards.md); 0 or 1 is one, unsplit. It
+	// defaults to Streams.Shards.
+	Shards int
+	// Shard is the shard this scheduler owns, 0 to Shards-1: it consumes
+	// the facts the stream stored with that shard token (shard 0 also
+	// those stored before the split) and emits the dues of its database.
+	Shard int
 	// Classifier classifies failures that carry no error class by their
 	// message; default errclass.DefaultClassifier().
 	Classifier *errclass.Classifier
@@ -214,6 +223,15 @@ func (c *Config) validate() error {
 	if c.RedueAfter <= streams.DuplicateWindow {
 		return fmt.Errorf("Config.RedueAfter must be greater than the RETRIES duplicate window %s (a re-emission inside it would be dropped as a duplicate), got %s",
 			streams.DuplicateWindow, c.RedueAfter)
+	}
+	if c.Shards == 0 {
+		c.Shards = c.Streams.Shards
+	}
+	if err := contract.ValidateShards("Config.Shards", c.Shards, "Config.Shard", c.Shard); err != nil {
+		return err
+	}
+	if c.Streams.Shards == 0 && c.Shards > 1 {
+		c.Streams.Shards = c.Shards
 	}
 	if err := c.Streams.Validate(); err != nil {
 		return fmt.Errorf("Config.Streams: %w", err)

@@ -120,10 +120,10 @@ func unappliable(err error) (string, bool) {
 
 // traceBatch starts the consumer span of each item, continuing the trace
 // in its headers, and returns the func ending them with *err.
-func traceBatch(ctx context.Context, items []inbound, err *error) func() {
+func traceBatch(ctx context.Context, consumer string, items []inbound, err *error) func() {
 	for i := range items {
 		in := &items[i]
-		in.ctx, in.span = tracing.StartConsume(ctx, in.msg.Subject(), ConsumerName, in.msg.Headers(),
+		in.ctx, in.span = tracing.StartConsume(ctx, in.msg.Subject(), consumer, in.msg.Headers(),
 			attribute.String("retryd.kind", in.f.ev.Kind), attribute.String("retryd.id", in.f.ev.ID),
 			attribute.Int("retryd.attempt", in.f.ev.Attempt()), attribute.String("retryd.event", string(in.f.ev.Event)))
 	}
@@ -191,7 +191,7 @@ func (s *Scheduler) applyItems(ctx context.Context, items []inbound) {
 		}
 	}
 	var err error
-	defer traceBatch(ctx, items, &err)()
+	defer traceBatch(ctx, ConsumerNameOf(s.cfg.Shard), items, &err)()
 	// Same order for every transaction touching the same items makes
 	// deadlocks between instances unlikely; stable keeps each item's facts
 	// in stream order.

@@ -37,6 +37,8 @@ type RebuildStats struct {
 	Stale      int `json:"stale"`
 	Duplicates int `json:"duplicates"`
 	Malformed  int `json:"malformed"`
+	// OtherShards counts facts of items another shard owns (WithShard).
+	OtherShards int `json:"other_shards,omitempty"`
 	// Decided counts failures whose decision was not in the stream and was
 	// made by the rebuild (published through the outbox).
 	Decided int `json:"decided"`
@@ -49,7 +51,16 @@ type RebuildStats struct {
 type RebuildOption func(*rebuildOptions)
 
 type rebuildOptions struct {
-	classifier *errclass.Classifier
+	classifier    *errclass.Classifier
+	shard, shards int
+}
+
+// WithShard rebuilds the projection of one shard of a RETRIES split into
+// shards: the facts of the items contract.Shard places on it, whatever
+// layout stored them (before the split, or before a resharding), and
+// every release.
+func WithShard(shard, shards int) RebuildOption {
+	return func(o *rebuildOptions) { o.shard, o.shards = shard, shards }
 }
 
 // WithClassifier sets the classifier for failures without a class; use the
@@ -103,7 +114,11 @@ func Rebuild(ctx context.Context, js jetstream.JetStream, pool *pgxpool.Pool, lo
 	}
 	defer conn.Exec(context.WithoutCancel(ctx), `DROP TABLE IF EXISTS rebuild_seen`) //nolint:errcheck // session table
 
-	rb := &rebuilder{conn: conn.Conn(), classifier: o.classifier, stats: &stats, undo: map[retrystore.Key]undoFailure{}}
+	if err := contract.ValidateShards("shards", o.shards, "shard", o.shard); err != nil {
+		return stats, fmt.Errorf("rebuild: %w", err)
+	}
+	rb := &rebuilder{conn: conn.Conn(), classifier: o.classifier, stats: &stats, undo: map[retrystore.Key]undoFailure{},
+		shard: o.shard, shards: o.shards}
 	if last > 0 {
 		if err := rb.replay(ctx, js, last); err != nil {
 			return stats, err
@@ -137,6 +152,8 @@ type rebuilder struct {
 	// the row before the failure. Entries live from a failure to its
 	// decision, so the map holds the failures in flight, not the items.
 	undo map[retrystore.Key]undoFailure
+	// shard of shards: facts of items on other shards are skipped.
+	shard, shards int
 }
 
 type undoFailure struct {
@@ -166,6 +183,10 @@ func (rb *rebuilder) replay(ctx context.Context, js jetstream.JetStream, last ui
 				seq = md.Sequence.Stream
 			}
 			if in, ok := decodeReplay(m); ok {
+				if in.f.ev.Event != contract.Released && contract.Shard(in.f.ev.Kind, in.f.ev.ID, rb.shards) != rb.shard {
+					rb.stats.OtherShards++
+					continue
+				}
 				items = append(items, in)
 			} else {
 				rb.stats.Malformed++

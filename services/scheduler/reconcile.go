@@ -3,6 +3,7 @@ package scheduler
 import (
 	"context"
 	"fmt"
+	"strconv"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -13,26 +14,57 @@ import (
 	"github.com/retryd/retryd/projections/inbox"
 )
 
-// ConsumerName is the durable consumer of the policy stage on RETRIES.
+// ConsumerName is the durable consumer of the policy stage on RETRIES: of
+// an unsplit stream, and of shard 0 of a split one (which so keeps its
+// place in the stream across a split). ConsumerNameOf names the others.
 const ConsumerName = "scheduler"
 
+// ConsumerNameOf is the durable consumer of shard's policy stage.
+func ConsumerNameOf(shard int) string {
+	if shard == 0 {
+		return ConsumerName
+	}
+	return ConsumerName + "-shard-" + strconv.Itoa(shard)
+}
+
+// policyFacts are the lifecycle events the policy stage decides on.
+var policyFacts = []contract.Lifecycle{contract.Failed, contract.Held, contract.Released, contract.Succeeded, contract.Cancelled}
+
 // ConsumerConfig is the configuration of the scheduler's durable consumer.
+//
+// Unsplit (Shards 0 or 1), it takes the facts as an unsplit RETRIES
+// stores them: four tokens. Shard k of a split stream takes the facts
+// stored with its token; shard 0 also the four-token facts stored before
+// the split, so a deployment going from one shard to several loses none.
+// Every shard takes every release (retry.<kind>.released.<hold_key>): a
+// hold key is no item, and the held items of one key live on every shard.
 func ConsumerConfig(cfg Config) jetstream.ConsumerConfig {
+	var filters []string
+	for _, ev := range policyFacts {
+		switch {
+		case ev == contract.Released:
+			filters = append(filters, contract.RetryFilter("*", ev))
+		case cfg.Shards <= 1:
+			filters = append(filters, contract.RetryUnsplitFilter("*", ev))
+		case cfg.Shard == 0:
+			filters = append(filters, contract.RetryUnsplitFilter("*", ev), contract.RetryShardFilter(ev, 0))
+		default:
+			filters = append(filters, contract.RetryShardFilter(ev, cfg.Shard))
+		}
+	}
+	desc := "retryd scheduler: failed, held, released, succeeded and cancelled facts of every kind"
+	if cfg.Shards > 1 {
+		desc += fmt.Sprintf(", shard %d of %d (and every release)", cfg.Shard, cfg.Shards)
+	}
 	return jetstream.ConsumerConfig{
-		Durable:     ConsumerName,
-		Description: "retryd scheduler: failed, held, released, succeeded and cancelled facts of every kind",
-		FilterSubjects: []string{
-			contract.RetryFilter("*", contract.Failed),
-			contract.RetryFilter("*", contract.Held),
-			contract.RetryFilter("*", contract.Released),
-			contract.RetryFilter("*", contract.Succeeded),
-			contract.RetryFilter("*", contract.Cancelled),
-		},
-		DeliverPolicy: jetstream.DeliverAllPolicy,
-		AckPolicy:     jetstream.AckExplicitPolicy,
-		AckWait:       cfg.AckWait,
-		MaxAckPending: cfg.MaxAckPending,
-		MaxDeliver:    -1,
+		Durable:        ConsumerNameOf(cfg.Shard),
+		Description:    desc,
+		FilterSubjects: filters,
+		DeliverPolicy:  jetstream.DeliverAllPolicy,
+		AckPolicy:      jetstream.AckExplicitPolicy,
+		AckWait:        cfg.AckWait,
+		MaxAckPending:  cfg.MaxAckPending,
+		MaxDeliver:     -1,
 	}
 }
 
@@ -53,6 +85,32 @@ func (s *Scheduler) runReconcileLoop(ctx context.Context) {
 			}
 		}
 	})
+}
+
+// checkShards refuses to start a scheduler whose shard count the stream
+// is not split by a multiple of: its filters would take no facts, or
+// another shard's. A stream split into more shards than this scheduler
+// knows is a resharding in progress (docs/shards.md): this scheduler
+// keeps consuming its own token and emitting its rows until it is moved.
+func (s *Scheduler) checkShards(ctx context.Context) error {
+	stream, err := s.cfg.JS.Stream(ctx, contract.StreamRetries)
+	if err != nil {
+		return fmt.Errorf("read stream %s: %w", contract.StreamRetries, err)
+	}
+	cfg := stream.CachedInfo().Config
+	have, ok := streams.StreamShards(cfg)
+	mine := max(s.cfg.Shards, 1)
+	switch {
+	case !ok:
+		return fmt.Errorf("stream %s has a subject transform retryd did not write (%s): %w", contract.StreamRetries, cfg.SubjectTransform.Destination, ErrShards)
+	case have%mine != 0:
+		return fmt.Errorf("stream %s is split into %d shards, this scheduler is shard %d of %d: run `retryd streams ensure` with %s=%d first: %w",
+			contract.StreamRetries, have, s.cfg.Shard, mine, streams.EnvShards, mine, ErrShards)
+	case have > mine:
+		s.log.Warn().Int("stream_shards", have).Int("shard", s.cfg.Shard).Int("shards", mine).
+			Msg("RETRIES is split into more shards than this scheduler's count: a resharding in progress (docs/shards.md)")
+	}
+	return nil
 }
 
 // reconcile puts back what may have been lost outside Postgres: the
@@ -90,7 +148,7 @@ func (s *Scheduler) ensureConsumer(ctx context.Context) error {
 		return nil
 	}
 	if err := consumers.Ensure(ctx); err != nil {
-		return fmt.Errorf("ensure consumer %s: %w", ConsumerName, err)
+		return fmt.Errorf("ensure consumer %s: %w", ConsumerNameOf(s.cfg.Shard), err)
 	}
 	return nil
 }

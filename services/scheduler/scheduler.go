@@ -124,6 +124,9 @@ func (s *Scheduler) Start(ctx context.Context) error {
 	if err := s.reconcile(ctx); err != nil {
 		return failed(fmt.Errorf("start scheduler: %w", err))
 	}
+	if err := s.checkShards(ctx); err != nil {
+		return failed(fmt.Errorf("start scheduler: %w", err))
+	}
 	consumers, err := s.newConsumers()
 	if err != nil {
 		return failed(fmt.Errorf("start scheduler: %w", err))

@@ -35,6 +35,8 @@
 //	RETRYD_SCHEDULER_STREAM_REPLICAS       stream replicas (unset: 1 for a new stream, an existing one keeps its own)
 //	RETRYD_STREAM_<NAME>_MAX_BYTES         max_bytes of a stream it creates, e.g. RETRYD_STREAM_RETRIES_MAX_BYTES=8GiB
 //	RETRYD_STREAM_<NAME>_MAX_AGE           max_age of a stream it creates, e.g. 720h (docs/contract.md has the defaults)
+//	RETRYD_SHARDS                          scheduler shards RETRIES is split into, each its own database (default 1; docs/shards.md)
+//	RETRYD_SHARD                           the shard this scheduler owns, 0 to RETRYD_SHARDS-1 (default 0)
 //	RETRYD_SCHEDULER_ERROR_PATTERNS        extra classifier patterns, JSON {"rate_limit": ["(?i)slow down"]}
 //	RETRYD_SCHEDULER_SHUTDOWN_TIMEOUT      bound on the graceful stop (default 30s)
 //	RETRYD_JOBS                            host the jobs projection and the jobs/analytics API (default true)
@@ -151,6 +153,7 @@ func readSettings(log zerolog.Logger) (settings, error) {
 	env := daemon.ReadEnv(e, s.addr)
 	s.cfg.Streams = env.Streams
 	s.cfg.Streams.Replicas = e.Int("RETRYD_SCHEDULER_STREAM_REPLICAS")
+	s.cfg.Shards, s.cfg.Shard = s.cfg.Streams.Shards, e.Int("RETRYD_SHARD")
 	s.dbURL, s.auth, s.tls = env.DatabaseURL, env.Auth, env.TLS
 	if v := os.Getenv("RETRYD_SCHEDULER_ERROR_PATTERNS"); v != "" {
 		var patterns map[errclass.Class][]string
@@ -317,6 +320,7 @@ func rebuildCmd(ctx context.Context, log zerolog.Logger, out io.Writer) error {
 	if s.cfg.Classifier != nil {
 		opts = append(opts, scheduler.WithClassifier(s.cfg.Classifier))
 	}
+	opts = append(opts, scheduler.WithShard(s.cfg.Shard, s.cfg.Shards))
 	stats, err := scheduler.Rebuild(ctx, js, pool, log, opts...)
 	if err != nil {
 		return err
