@@ -5,7 +5,7 @@ dict "root" $ "component" "ingress" "role" "ingress" "nats" true
 The first port is "http": the API, /healthz, /readyz and /metrics. */}}
 {{- define "retryd.component" -}}
 {{- $root := .root }}
-{{- $own := index $root.Values .component }}
+{{- $own := .values | default (index $root.Values .component) }}
 {{- $name := printf "%s-%s" (include "retryd.fullname" $root) .component }}
 {{- $http := first .ports }}
 apiVersion: apps/v1

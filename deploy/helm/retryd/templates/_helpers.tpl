@@ -38,7 +38,7 @@ helm.sh/chart: {{ printf "%s-%s" .root.Chart.Name .root.Chart.Version | replace 
 
 {{/* The Secret a component reads as environment. */}}
 {{- define "retryd.secretName" -}}
-{{- $values := index .root.Values .component }}
+{{- $values := .values | default (index .root.Values .component) }}
 {{- $values.secretName | default (printf "%s-%s" (include "retryd.fullname" .root) .component) }}
 {{- end }}
 
@@ -48,7 +48,11 @@ Postgres role of postgres.roles (none: no DATABASE_URL), "nats" whether
 the container connects to NATS. */}}
 {{- define "retryd.env" -}}
 {{- $v := .root.Values }}
-{{- $own := index $v .component }}
+{{- $own := .values | default (index $v .component) }}
+{{- if and .nats (gt (int $v.shards.count) 1) }}
+- name: RETRYD_SHARDS
+  value: {{ $v.shards.count | toString | quote }}
+{{- end }}
 {{- if .nats }}
 - name: NATS_URL
   value: {{ $v.nats.url | quote }}
@@ -80,7 +84,7 @@ the container connects to NATS. */}}
 {{- end }}
 # The password stays in its Secret: pgx reads PGPASSWORD for a URL without one.
 - name: DATABASE_URL
-  value: {{ printf "postgres://%s@%s:%v/%s?%s" $role.user .host .port .database $query | quote }}
+  value: {{ printf "postgres://%s@%s:%v/%s?%s" $role.user ($.dbHost | default .host) .port ($.database | default .database) $query | quote }}
 - name: PGPASSWORD
   valueFrom:
     secretKeyRef:
@@ -98,7 +102,7 @@ the container connects to NATS. */}}
 condition opens each. */}}
 {{- define "retryd.volumeMounts" -}}
 {{- $v := .root.Values }}
-{{- $own := index $v .component }}
+{{- $own := .values | default (index $v .component) }}
 {{- if and .nats $v.nats.tls.caSecret }}
 - {name: nats-ca, mountPath: /etc/retryd/nats-ca, readOnly: true}
 {{- end }}
@@ -115,7 +119,7 @@ condition opens each. */}}
 
 {{- define "retryd.volumes" -}}
 {{- $v := .root.Values }}
-{{- $own := index $v .component }}
+{{- $own := .values | default (index $v .component) }}
 {{- if and .nats $v.nats.tls.caSecret }}
 - name: nats-ca
   secret: {secretName: {{ $v.nats.tls.caSecret }}}
@@ -155,4 +159,14 @@ tolerations:
 affinity:
   {{- toYaml . | nindent 2 }}
 {{- end }}
+{{- end }}
+
+{{/* The components of the scheduler shards: "scheduler" (shard 0, the
+home shard), then "scheduler-1" ... "scheduler-<count-1>". */}}
+{{- define "retryd.schedulerComponents" -}}
+{{- $out := list "scheduler" }}
+{{- range $k := untilStep 1 (int .Values.shards.count) 1 }}
+{{- $out = append $out (printf "scheduler-%d" $k) }}
+{{- end }}
+{{- toJson $out }}
 {{- end }}
