@@ -12,6 +12,7 @@ import (
 	"github.com/retryd/retryd/internal/streams"
 	"github.com/retryd/retryd/migrations"
 	"github.com/retryd/retryd/migrations/pgtest"
+	"github.com/retryd/retryd/pkg/contract"
 )
 
 func TestSimulate(t *testing.T) {
@@ -178,6 +179,18 @@ func TestStreamsCommands(t *testing.T) {
 		require.Len(t, rows, len(streams.Names))
 		for _, row := range rows {
 			require.True(t, row.Exists, row.Name)
+		}
+
+		// A split RETRIES says so (RETRYD_SHARDS is process-wide: the
+		// split is made here, not through the environment).
+		require.NotContains(t, out, "split into")
+		require.NoError(t, streams.Ensure(b.ctx, b.stack.JS, streams.Options{Shards: 2}))
+		require.Contains(t, b.ok(t, "streams", "list", "--nats-url", nats), "RETRIES is split into 2 scheduler shards")
+		b.okJSON(t, &rows, "streams", "list", "--nats-url", nats)
+		for _, row := range rows {
+			if row.Name == contract.StreamRetries {
+				require.Equal(t, 2, row.Shards)
+			}
 		}
 
 		r = cli(t, "--timeout", "1s", "streams", "list", "--nats-url", "nats://127.0.0.1:1")

@@ -16,6 +16,7 @@ import (
 	"github.com/retryd/retryd/internal/envvar"
 	"github.com/retryd/retryd/internal/natsconn"
 	"github.com/retryd/retryd/internal/streams"
+	"github.com/retryd/retryd/pkg/contract"
 )
 
 func newStreamsCmd(g *globals) *cobra.Command {
@@ -172,6 +173,9 @@ type streamRow struct {
 	Bytes     uint64   `json:"bytes"`
 	Consumers int      `json:"consumers"`
 	Replicas  int      `json:"replicas"`
+	// Shards is how many scheduler shards RETRIES is split into
+	// (docs/shards.md); 0 for the other streams.
+	Shards int `json:"shards,omitempty"`
 }
 
 func printStreams(ctx context.Context, g *globals, js jetstream.JetStream) error {
@@ -187,8 +191,12 @@ func printStreams(ctx context.Context, g *globals, js jetstream.JetStream) error
 			return fmt.Errorf("read stream %s: %w", name, err)
 		}
 		info := s.CachedInfo()
-		rows = append(rows, streamRow{Name: name, Subjects: info.Config.Subjects, Exists: true, Messages: info.State.Msgs,
-			Bytes: info.State.Bytes, Consumers: info.State.Consumers, Replicas: info.Config.Replicas})
+		row := streamRow{Name: name, Subjects: info.Config.Subjects, Exists: true, Messages: info.State.Msgs,
+			Bytes: info.State.Bytes, Consumers: info.State.Consumers, Replicas: info.Config.Replicas}
+		if name == contract.StreamRetries {
+			row.Shards, _ = streams.StreamShards(info.Config)
+		}
+		rows = append(rows, row)
 	}
 	if g.json {
 		return writeJSON(g.stdout, rows)
@@ -206,6 +214,11 @@ func printStreams(ctx context.Context, g *globals, js jetstream.JetStream) error
 	}
 	if err := t.flush(); err != nil {
 		return err
+	}
+	for _, r := range rows {
+		if r.Shards > 1 {
+			fmt.Fprintf(g.stdout, "%s is split into %d scheduler shards (docs/shards.md).\n", r.Name, r.Shards)
+		}
 	}
 	if missing > 0 {
 		fmt.Fprintf(g.stdout, "%d stream(s) missing: run retryd streams ensure.\n", missing)
