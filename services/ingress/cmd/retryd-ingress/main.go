@@ -18,6 +18,7 @@
 //	RETRYD_INGRESS_ENSURE_STREAMS       create missing streams at start (default true)
 //	RETRYD_STREAM_<NAME>_MAX_BYTES      max_bytes of a stream it creates, e.g. RETRYD_STREAM_RETRIES_MAX_BYTES=8GiB
 //	RETRYD_STREAM_<NAME>_MAX_AGE        max_age of a stream it creates, e.g. 720h (docs/contract.md has the defaults)
+//	RETRYD_SHARDS                       scheduler shards of a RETRIES it creates (docs/shards.md)
 //	RETRYD_INGRESS_MAX_BODY_BYTES       POST /v1/events body cap (default 1048576)
 //	RETRYD_INGRESS_MAX_BATCH_BODY_BYTES POST /v1/events:batch body cap (default 8388608)
 //	RETRYD_INGRESS_MAX_BATCH_EVENTS     events per batch (default 500)

@@ -15,6 +15,7 @@
 //	RETRYD_TRIGGERS_ENSURE_STREAMS        create missing streams at start (default true)
 //	RETRYD_STREAM_<NAME>_MAX_BYTES        max_bytes of a stream it creates, e.g. RETRYD_STREAM_RETRIES_MAX_BYTES=8GiB
 //	RETRYD_STREAM_<NAME>_MAX_AGE          max_age of a stream it creates, e.g. 720h (docs/contract.md has the defaults)
+//	RETRYD_SHARDS                         scheduler shards of a RETRIES it creates (docs/shards.md)
 //	RETRYD_TRIGGERS_CONCURRENCY           messages handled at once per consumer (default 4;
 //	                                      RETRYD_TRIGGERS_WORKERS, its old name, still works)
 //	RETRYD_TRIGGERS_ACK_WAIT              consumer ack wait (default 30s)
