@@ -28,6 +28,9 @@ type pendingRows struct {
 	n    int
 	from time.Time
 	span time.Duration
+	// keep, when set, copies only the slots whose id it keeps: the rows
+	// of one scheduler shard's database (the shards scenario).
+	keep func(id string) bool
 }
 
 // backgroundStart is when background rows loaded now should start coming
@@ -62,6 +65,15 @@ func copyPending(ctx context.Context, pool *pgxpool.Pool, p pendingRows) error {
 		return nil
 	}
 	order := rand.Perm(p.n)
+	if p.keep != nil {
+		kept := order[:0]
+		for _, slot := range order {
+			if p.keep(p.id(slot)) {
+				kept = append(kept, slot)
+			}
+		}
+		order = kept
+	}
 	now := time.Now()
 	i := 0
 	src := pgx.CopyFromFunc(func() ([]any, error) {
@@ -80,8 +92,8 @@ func copyPending(ctx context.Context, pool *pgxpool.Pool, p pendingRows) error {
 	if err != nil {
 		return fmt.Errorf("copy %d pending retries: %w", p.n, err)
 	}
-	if int(n) != p.n {
-		return fmt.Errorf("copy pending retries: copied %d rows, want %d", n, p.n)
+	if int(n) != len(order) {
+		return fmt.Errorf("copy pending retries: copied %d rows, want %d", n, len(order))
 	}
 	if _, err := pool.Exec(ctx, "ANALYZE retries"); err != nil {
 		return fmt.Errorf("analyze retries: %w", err)

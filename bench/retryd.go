@@ -76,6 +76,9 @@ type retrydSys struct {
 	pub   *asyncPublisher
 	// logged counts the in-process scheduler's warnings and errors.
 	logged logCount
+	// onMeter, when set, gets each cycle run's meter before it starts
+	// (the shards scenario reads the machine's CPU as the window opens).
+	onMeter func(*cycleMeter)
 }
 
 // startRetryd starts NATS, the database and, unless noScheduler, the
@@ -266,6 +269,9 @@ func (r *retrydSys) cycles(ctx context.Context, window int, warmup, dur time.Dur
 	meter := newCycleMeter(window, warmup, dur)
 	finishCost, abortCost := measureCost(ctx, r.env, meter, r.db.name, r.ns, "retryd")
 	defer abortCost()
+	if r.onMeter != nil {
+		r.onMeter(meter)
+	}
 	// Items are started from this goroutine and from the replenisher.
 	var seq atomic.Int64
 	errc := make(chan error, 1)
