@@ -131,6 +131,9 @@ func (s *schedulerShards) send(r *http.Request, shard int, path, rawQuery string
 	for _, k := range hopHeaders {
 		out.Header.Del(k)
 	}
+	// The gateway reads some replies (a list page, an error): the
+	// transport asks for and undoes its own compression instead.
+	out.Header.Del("Accept-Encoding")
 	// As httputil.ProxyRequest.SetXForwarded: the caller as this gateway
 	// saw it, not what it claimed.
 	out.Header.Del("Forwarded")

@@ -350,3 +350,43 @@ func TestGatewayShardFlagsRefused(t *testing.T) {
 		require.Contains(t, r.stderr, tc.want, tc.args)
 	}
 }
+
+// A shard answering an error it made (not the caller's) is named: the
+// list is a 502 saying which shard answered what, and an item's own
+// shard's answer other than a 404 is relayed as it is.
+func TestGatewayShardsUpstreamErrors(t *testing.T) {
+	t.Parallel()
+	var urls []*url.URL
+	for k := range 2 {
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if k == 0 {
+				serve.WriteJSON(w, http.StatusOK, map[string]any{"retries": []any{}})
+				return
+			}
+			serve.WriteJSON(w, http.StatusServiceUnavailable, serve.ErrorBody{Error: serve.ErrorDetail{Code: serve.CodeUnavailable, Message: "database is down"}})
+		}))
+		t.Cleanup(srv.Close)
+		u, err := url.Parse(srv.URL)
+		require.NoError(t, err)
+		urls = append(urls, u)
+	}
+	health := &serve.Health{}
+	gw := httptest.NewServer(serve.Guard{}.Handler(gatewayHandler(upstreams{scheduler: urls[0], schedulers: urls, ingress: urls[0], triggers: urls[0], jobs: urls[0]},
+		nil, nil, prometheus.NewRegistry(), health, testLogger(t))))
+	t.Cleanup(gw.Close)
+
+	code, body := call(t, http.MethodGet, gw.URL+"/v1/retries", "", "")
+	require.Equal(t, http.StatusBadGateway, code)
+	require.Contains(t, body, "scheduler shard 1 answered the list with HTTP 503 unavailable")
+	id := ""
+	for i := 0; id == ""; i++ {
+		if c := fmt.Sprintf("01J%d", i); contract.Shard(contract.KindJob, c, 2) == 1 {
+			id = c
+		}
+	}
+	code, _ = call(t, http.MethodGet, gw.URL+"/v1/retries/job/"+id, "", "")
+	require.Equal(t, http.StatusServiceUnavailable, code)
+	code, body = call(t, http.MethodPut, gw.URL+"/v1/policies/job/x", "", `{}`)
+	require.Equal(t, http.StatusBadGateway, code)
+	require.Contains(t, body, "not on shard 1 (HTTP 503 unavailable")
+}
