@@ -65,6 +65,15 @@ func List(ctx context.Context, q Querier, f ListFilter) (Page, error) {
 	return page, err
 }
 
+// ListCursor is the cursor of a List page that ends at kind/item: the
+// next page starts after it. retryd gateway resumes each shard's list
+// where its merged page stopped taking from that shard.
+func ListCursor(kind, item string) string { return encodeCursor(kind, item) }
+
+// ParseListCursor returns the kind and item id a List cursor resumes
+// after, or ErrBadCursor.
+func ParseListCursor(c string) (kind, item string, err error) { return decodeCursor(c) }
+
 // Cursors are opaque to clients: base64 of "kind\x00item_id". Neither part
 // can hold a NUL byte.
 func encodeCursor(kind, item string) string {

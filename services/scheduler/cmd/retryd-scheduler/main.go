@@ -37,6 +37,8 @@
 //	RETRYD_STREAM_<NAME>_MAX_AGE           max_age of a stream it creates, e.g. 720h (docs/contract.md has the defaults)
 //	RETRYD_SHARDS                          scheduler shards RETRIES is split into, each its own database (default 1; docs/shards.md)
 //	RETRYD_SHARD                           the shard this scheduler owns, 0 to RETRYD_SHARDS-1 (default 0)
+//	RETRYD_AUTH_DATABASE_URL               Postgres URL of the database holding the API tokens, when not DATABASE_URL:
+//	                                       a shard's scheduler (RETRYD_SHARD > 0) checks tokens in the home shard's
 //	RETRYD_SCHEDULER_ERROR_PATTERNS        extra classifier patterns, JSON {"rate_limit": ["(?i)slow down"]}
 //	RETRYD_SCHEDULER_SHUTDOWN_TIMEOUT      bound on the graceful stop (default 30s)
 //	RETRYD_JOBS                            host the jobs projection and the jobs/analytics API (default true)
@@ -113,6 +115,7 @@ func main() {
 // settings is the environment, parsed.
 type settings struct {
 	dbURL           string
+	authDBURL       string // "": tokens are in dbURL
 	addr            string
 	migrate         bool
 	jobs            bool
@@ -155,6 +158,7 @@ func readSettings(log zerolog.Logger) (settings, error) {
 	s.cfg.Streams.Replicas = e.Int("RETRYD_SCHEDULER_STREAM_REPLICAS")
 	s.cfg.Shards, s.cfg.Shard = s.cfg.Streams.Shards, e.Int("RETRYD_SHARD")
 	s.dbURL, s.auth, s.tls = env.DatabaseURL, env.Auth, env.TLS
+	s.authDBURL = os.Getenv("RETRYD_AUTH_DATABASE_URL")
 	if v := os.Getenv("RETRYD_SCHEDULER_ERROR_PATTERNS"); v != "" {
 		var patterns map[errclass.Class][]string
 		if err := json.Unmarshal([]byte(v), &patterns); err != nil {
@@ -189,6 +193,31 @@ func connect(ctx context.Context, s settings, log zerolog.Logger) (*pgxpool.Pool
 	return b.Pool, b.JS, b.Close, b.Checks(), nil
 }
 
+// openAuthPool opens the pool of RETRYD_AUTH_DATABASE_URL, where the API
+// tokens (and the audit of their changes) are, or returns pool when url
+// is empty. Each scheduler shard has a database of its own, but a token
+// is created once, through the home shard (shard 0): the other shards
+// check it there, so one token works on every shard (docs/shards.md).
+func openAuthPool(ctx context.Context, url string, pool *pgxpool.Pool) (*pgxpool.Pool, func(), error) {
+	if url == "" {
+		return pool, func() {}, nil
+	}
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, nil, fmt.Errorf("RETRYD_AUTH_DATABASE_URL: %w", err)
+	}
+	cfg.MaxConns = 4
+	p, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, nil, fmt.Errorf("open RETRYD_AUTH_DATABASE_URL: %w", err)
+	}
+	if err := p.Ping(ctx); err != nil {
+		p.Close()
+		return nil, nil, fmt.Errorf("connect to RETRYD_AUTH_DATABASE_URL: %w", err)
+	}
+	return p, p.Close, nil
+}
+
 // serveCmd runs the scheduler until ctx is cancelled (SIGTERM, SIGINT).
 func serveCmd(ctx context.Context, log zerolog.Logger) error {
 	s, err := readSettings(log)
@@ -205,6 +234,11 @@ func serveCmd(ctx context.Context, log zerolog.Logger) error {
 		return err
 	}
 	defer closeAll()
+	authPool, closeAuth, err := openAuthPool(ctx, s.authDBURL, pool)
+	if err != nil {
+		return err
+	}
+	defer closeAuth()
 
 	reg := serve.NewRegistry()
 	s.cfg.Pool, s.cfg.JS, s.cfg.Registerer = pool, js, reg
@@ -216,8 +250,9 @@ func serveCmd(ctx context.Context, log zerolog.Logger) error {
 		return err
 	}
 	// The scheduler owns the operator API, so it serves the token routes
-	// (tokens are shared by every service through Postgres).
-	guard, tokens, err := s.auth.Guard(ctx, pool, log, s.addr)
+	// (tokens are shared by every service through Postgres; by the
+	// scheduler shards through the home shard's database).
+	guard, tokens, err := s.auth.Guard(ctx, authPool, log, s.addr)
 	if err != nil {
 		return errors.Join(err, sched.Stop(context.WithoutCancel(ctx)))
 	}
