@@ -36,12 +36,32 @@ func TestHelmChartShards(t *testing.T) {
 			continue
 		}
 		require.Equal(t, strings.TrimPrefix(name, "retryd-scheduler-"), env["RETRYD_SHARD"]["value"], name)
+		require.Contains(t, env["RETRYD_AUTH_DATABASE_URL"]["value"], "retryd_scheduler@pg.example.com:5432/retryd?",
+			"%s checks tokens in the home shard's database", name)
 		require.Equal(t, "false", env["RETRYD_JOBS"]["value"], "%s: the home shard hosts the jobs API", name)
 		require.Equal(t, "false", env["RETRYD_DASHBOARD"]["value"], name)
 		sel := dig(t, deps[name], "spec", "selector", "matchLabels", "app.kubernetes.io/component")
 		require.Equal(t, strings.TrimPrefix(name, "retryd-"), sel, "a shard's pods are not the home shard's")
 		require.Contains(t, objs["Service"], name)
 	}
+
+	// The gateway routes to every shard and counts every shard's retries,
+	// each flag in shard order.
+	gw := dig(t, deps["retryd-gateway"], "spec", "template", "spec", "containers").([]any)[0]
+	cmd := strs(t, dig(t, gw, "command"))
+	var schedulers, dbs []string
+	for i := 0; i+1 < len(cmd); i++ {
+		switch cmd[i] {
+		case "--scheduler":
+			schedulers = append(schedulers, cmd[i+1])
+		case "--database-url":
+			dbs = append(dbs, cmd[i+1])
+		}
+	}
+	require.Equal(t, []string{"http://retryd-scheduler:8080", "http://retryd-scheduler-1:8080", "http://retryd-scheduler-2:8080"}, schedulers)
+	require.Equal(t, []string{"$(DATABASE_URL)", "$(DATABASE_URL_SHARD_1)", "$(DATABASE_URL_SHARD_2)"}, dbs)
+	gwEnv := containerEnv(t, gw)
+	require.Contains(t, gwEnv["DATABASE_URL_SHARD_1"]["value"], "retryd_readonly@pg-shard1.example.com:5432/retryd_shard1?")
 
 	var migrated []string
 	for _, c := range dig(t, objs["Job"]["retryd-setup"], "spec", "template", "spec", "containers").([]any) {

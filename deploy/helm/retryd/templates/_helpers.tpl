@@ -170,3 +170,21 @@ home shard), then "scheduler-1" ... "scheduler-<count-1>". */}}
 {{- end }}
 {{- toJson $out }}
 {{- end }}
+
+{{/* The home shard's database as the scheduler role, where the other
+shards check API tokens (RETRYD_AUTH_DATABASE_URL): built with
+postgres.host, else "$(RETRYD_HOME_DATABASE_URL)", which the shard's
+Secret must then hold. */}}
+{{- define "retryd.homeSchedulerURL" -}}
+{{- with .Values.postgres }}
+{{- if .host }}
+{{- $query := printf "sslmode=%s" .sslMode }}
+{{- if .caSecret }}
+{{- $query = printf "%s&sslrootcert=/etc/retryd/postgres-ca/ca.crt" $query }}
+{{- end }}
+{{- printf "postgres://%s@%s:%v/%s?%s" .roles.scheduler.user .host .port .database $query }}
+{{- else }}
+{{- print "$(RETRYD_HOME_DATABASE_URL)" }}
+{{- end }}
+{{- end }}
+{{- end }}

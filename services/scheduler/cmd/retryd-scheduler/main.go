@@ -39,6 +39,7 @@
 //	RETRYD_SHARD                           the shard this scheduler owns, 0 to RETRYD_SHARDS-1 (default 0)
 //	RETRYD_AUTH_DATABASE_URL               Postgres URL of the database holding the API tokens, when not DATABASE_URL:
 //	                                       a shard's scheduler (RETRYD_SHARD > 0) checks tokens in the home shard's
+//	                                       database (docs/shards.md)
 //	RETRYD_SCHEDULER_ERROR_PATTERNS        extra classifier patterns, JSON {"rate_limit": ["(?i)slow down"]}
 //	RETRYD_SCHEDULER_SHUTDOWN_TIMEOUT      bound on the graceful stop (default 30s)
 //	RETRYD_JOBS                            host the jobs projection and the jobs/analytics API (default true)
