@@ -33,6 +33,9 @@ func TestHelmChartShards(t *testing.T) {
 		require.Contains(t, env["DATABASE_URL"]["value"], "retryd_scheduler@", name)
 		if name == "retryd-scheduler" {
 			require.NotContains(t, env, "RETRYD_SHARD", "the home shard is shard 0, the default")
+			require.Equal(t, "postgres://retryd_scheduler@pg-shard1.example.com:5432/retryd_shard1?sslmode=verify-full,"+
+				"postgres://retryd_scheduler@pg.example.com:5432/retryd_shard2?sslmode=verify-full",
+				env["RETRYD_SHARD_DATABASE_URLS"]["value"], "the home shard's jobs API acts on every shard")
 			continue
 		}
 		require.Equal(t, strings.TrimPrefix(name, "retryd-scheduler-"), env["RETRYD_SHARD"]["value"], name)

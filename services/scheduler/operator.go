@@ -2,12 +2,14 @@ package scheduler
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/retryd/retryd/internal/dashboard"
+	"github.com/retryd/retryd/pkg/contract"
 )
 
 // RetryController adapts the scheduler to the jobs API's RetryController
@@ -45,4 +47,46 @@ func Summary(ctx context.Context, pool *pgxpool.Pool) (dashboard.Summary, error)
 		return dashboard.Summary{}, fmt.Errorf("count retries: %w", err)
 	}
 	return sum, nil
+}
+
+// ShardedRetryController is the RetryController of the jobs API when
+// RETRIES is split into shards: each action goes to the scheduler of the
+// item's shard, Shards[contract.Shard(kind, id, len(Shards))]. The home
+// shard's process holds one Scheduler per other shard, built on that
+// shard's database and never started: an action on it is what another
+// instance of that shard would do (row lock, outbox, published at once;
+// that shard's relay publishes whatever it could not).
+//
+// During a resharding an item may still sit on its shard under an earlier
+// count (docs/shards.md): on ErrNotFound the shard under each smaller
+// count that divides len(Shards) is tried, largest first, as the gateway
+// does for the operator API.
+type ShardedRetryController struct{ Shards []*Scheduler }
+
+// RetryNow schedules a new attempt of kind/id now on its shard.
+func (c ShardedRetryController) RetryNow(ctx context.Context, kind, id, reason, by string, reset bool, errorClass string) error {
+	return c.onShard(kind, id, func(s *Scheduler) error {
+		return RetryController{S: s}.RetryNow(ctx, kind, id, reason, by, reset, errorClass)
+	})
+}
+
+// Cancel cancels the pending retry of kind/id on its shard.
+func (c ShardedRetryController) Cancel(ctx context.Context, kind, id, by, reason string) error {
+	return c.onShard(kind, id, func(s *Scheduler) error {
+		return RetryController{S: s}.Cancel(ctx, kind, id, by, reason)
+	})
+}
+
+func (c ShardedRetryController) onShard(kind, id string, act func(*Scheduler) error) error {
+	n := len(c.Shards)
+	first := contract.Shard(kind, id, n)
+	tried := map[int]bool{first: true}
+	err := act(c.Shards[first])
+	for m := n - 1; m >= 1 && errors.Is(err, ErrNotFound); m-- {
+		if k := contract.Shard(kind, id, m); n%m == 0 && !tried[k] {
+			tried[k] = true
+			err = act(c.Shards[k])
+		}
+	}
+	return err
 }

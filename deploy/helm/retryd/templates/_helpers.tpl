@@ -188,3 +188,27 @@ Secret must then hold. */}}
 {{- end }}
 {{- end }}
 {{- end }}
+
+{{/* The databases of shards 1 to count-1 as the scheduler role, comma-
+separated (RETRYD_SHARD_DATABASE_URLS of the home shard, whose jobs API
+acts on every shard), built with postgres.host. */}}
+{{- define "retryd.shardSchedulerURLs" -}}
+{{- $v := .Values }}
+{{- if $v.postgres.host }}
+{{- $urls := list }}
+{{- range $k := untilStep 1 (int $v.shards.count) 1 }}
+{{- $host := "" }}
+{{- if gt (len ($v.shards.hosts | default list)) ($k | add -1 | int) }}
+{{- $host = index $v.shards.hosts ($k | add -1 | int) }}
+{{- end }}
+{{- with $v.postgres }}
+{{- $query := printf "sslmode=%s" .sslMode }}
+{{- if .caSecret }}
+{{- $query = printf "%s&sslrootcert=/etc/retryd/postgres-ca/ca.crt" $query }}
+{{- end }}
+{{- $urls = append $urls (printf "postgres://%s@%s:%v/%s_shard%d?%s" .roles.scheduler.user ($host | default .host) .port .database $k $query) }}
+{{- end }}
+{{- end }}
+{{- join "," $urls }}
+{{- end }}
+{{- end }}

@@ -40,10 +40,12 @@
 //	RETRYD_AUTH_DATABASE_URL               Postgres URL of the database holding the API tokens, when not DATABASE_URL:
 //	                                       a shard's scheduler (RETRYD_SHARD > 0) checks tokens in the home shard's
 //	                                       database (docs/shards.md)
+//	RETRYD_SHARD_DATABASE_URLS             home shard with RETRYD_JOBS: the databases of shards 1 to RETRYD_SHARDS-1,
+//	                                       comma-separated, where the jobs API retries and cancels their jobs
 //	RETRYD_SCHEDULER_ERROR_PATTERNS        extra classifier patterns, JSON {"rate_limit": ["(?i)slow down"]}
 //	RETRYD_SCHEDULER_SHUTDOWN_TIMEOUT      bound on the graceful stop (default 30s)
-//	RETRYD_JOBS                            host the jobs projection and the jobs/analytics API (default true)
-//	RETRYD_DASHBOARD                       serve the web dashboard at /ui/ (default true)
+//	RETRYD_JOBS                            host the jobs projection and the jobs/analytics API (default true on shard 0)
+//	RETRYD_DASHBOARD                       serve the web dashboard at /ui/ (default true on shard 0)
 package main
 
 import (
@@ -55,6 +57,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -116,7 +119,8 @@ func main() {
 // settings is the environment, parsed.
 type settings struct {
 	dbURL           string
-	authDBURL       string // "": tokens are in dbURL
+	authDBURL       string   // "": tokens are in dbURL
+	shardDBURLs     []string // shards 1..n-1, for the home shard's jobs API
 	addr            string
 	migrate         bool
 	jobs            bool
@@ -130,11 +134,14 @@ type settings struct {
 func readSettings(log zerolog.Logger) (settings, error) {
 	e := &envvar.Reader{}
 	e.Renamed("RETRYD_SCHEDULER_RELAY_INTERVAL", "RETRYD_SCHEDULER_OUTBOX_INTERVAL")
+	// The jobs API and the dashboard live on the home shard (0): the jobs
+	// projection is one for the whole deployment.
+	home := e.Int("RETRYD_SHARD") == 0
 	s := settings{
 		addr:            envvar.String("RETRYD_HTTP_ADDR", ":8080"),
 		migrate:         e.Bool("RETRYD_MIGRATE", false),
-		jobs:            e.Bool("RETRYD_JOBS", true),
-		dashboard:       e.Bool("RETRYD_DASHBOARD", true),
+		jobs:            e.Bool("RETRYD_JOBS", home),
+		dashboard:       e.Bool("RETRYD_DASHBOARD", home),
 		shutdownTimeout: e.Duration("RETRYD_SCHEDULER_SHUTDOWN_TIMEOUT", 30*time.Second),
 		cfg: scheduler.Config{
 			Logger:            log,
@@ -160,6 +167,10 @@ func readSettings(log zerolog.Logger) (settings, error) {
 	s.cfg.Shards, s.cfg.Shard = s.cfg.Streams.Shards, e.Int("RETRYD_SHARD")
 	s.dbURL, s.auth, s.tls = env.DatabaseURL, env.Auth, env.TLS
 	s.authDBURL = os.Getenv("RETRYD_AUTH_DATABASE_URL")
+	if v := os.Getenv("RETRYD_SHARD_DATABASE_URLS"); v != "" {
+		s.shardDBURLs = strings.Split(v, ",")
+	}
+	e.Add(checkShardJobs(s))
 	if v := os.Getenv("RETRYD_SCHEDULER_ERROR_PATTERNS"); v != "" {
 		var patterns map[errclass.Class][]string
 		if err := json.Unmarshal([]byte(v), &patterns); err != nil {
@@ -174,6 +185,24 @@ func readSettings(log zerolog.Logger) (settings, error) {
 		log.Warn().Msg(d)
 	}
 	return s, e.Err()
+}
+
+// checkShardJobs refuses the jobs API where it cannot act on every job:
+// on a shard other than the home one (a second jobs projection), and on
+// the home shard of a split deployment without the other shards'
+// databases (its retries and cancels would miss their jobs).
+func checkShardJobs(s settings) error {
+	n := max(s.cfg.Shards, 1)
+	switch {
+	case s.jobs && s.cfg.Shard > 0:
+		return fmt.Errorf("RETRYD_JOBS=true on shard %d: the jobs projection and API run on the home shard (0) only; unset it", s.cfg.Shard)
+	case s.jobs && n > 1 && len(s.shardDBURLs) != n-1:
+		return fmt.Errorf("RETRYD_SHARD_DATABASE_URLS names %d databases for RETRYD_SHARDS=%d: the home shard's jobs API retries and cancels jobs on every shard, so give the databases of shards 1 to %d, comma-separated, in shard order (or RETRYD_JOBS=false)",
+			len(s.shardDBURLs), n, n-1)
+	case len(s.shardDBURLs) > 0 && !(s.jobs && n > 1):
+		return errors.New("RETRYD_SHARD_DATABASE_URLS is only for the home shard's jobs API (RETRYD_SHARD=0, RETRYD_SHARDS above 1, RETRYD_JOBS on): unset it")
+	}
+	return nil
 }
 
 // connect migrates (when asked) and opens the pool and the NATS
@@ -266,7 +295,12 @@ func serveCmd(ctx context.Context, log zerolog.Logger) error {
 	var stops []func(context.Context) error
 	if s.jobs {
 		index = append(index, jobs.Routes())
-		jobStops, err := startJobs(ctx, sched, pool, js, reg, log, mux)
+		retry, closeShards, err := jobsRetryController(ctx, s, sched, js, log)
+		if err != nil {
+			return errors.Join(err, sched.Stop(context.WithoutCancel(ctx)))
+		}
+		defer closeShards()
+		jobStops, err := startJobs(ctx, retry, pool, js, reg, log, mux)
 		if err != nil {
 			return errors.Join(err, sched.Stop(context.WithoutCancel(ctx)))
 		}
@@ -319,7 +353,7 @@ func serveCmd(ctx context.Context, log zerolog.Logger) error {
 // startJobs runs the jobs projection and mounts the jobs and analytics API
 // (/v1/jobs, /v1/analytics, /v1/operations); it returns their stops in
 // start order.
-func startJobs(ctx context.Context, sched *scheduler.Scheduler, pool *pgxpool.Pool, js jetstream.JetStream,
+func startJobs(ctx context.Context, retry jobs.RetryController, pool *pgxpool.Pool, js jetstream.JetStream,
 	reg prometheus.Registerer, log zerolog.Logger, mux *http.ServeMux) ([]func(context.Context) error, error) {
 	proj, err := jobs.NewProjector(jobs.ProjectorConfig{Pool: pool, JS: js, Logger: log.With().Str("component", "jobs-projection").Logger(), Registerer: reg})
 	if err != nil {
@@ -328,7 +362,7 @@ func startJobs(ctx context.Context, sched *scheduler.Scheduler, pool *pgxpool.Po
 	if err := proj.Start(ctx); err != nil {
 		return nil, fmt.Errorf("start jobs projection: %w", err)
 	}
-	api, err := jobs.NewAPI(jobs.APIConfig{Pool: pool, Retry: scheduler.RetryController{S: sched}, JS: js,
+	api, err := jobs.NewAPI(jobs.APIConfig{Pool: pool, Retry: retry, JS: js,
 		Logger: log.With().Str("component", "jobs-api").Logger(), Registerer: reg})
 	if err != nil {
 		return nil, errors.Join(fmt.Errorf("new jobs API: %w", err), proj.Stop(context.WithoutCancel(ctx)))
@@ -338,6 +372,51 @@ func startJobs(ctx context.Context, sched *scheduler.Scheduler, pool *pgxpool.Po
 	}
 	api.Register(mux)
 	return []func(context.Context) error{proj.Stop, api.Stop}, nil
+}
+
+// jobsRetryController is what the jobs API retries and cancels through:
+// this scheduler, or, on the home shard of a split deployment, a
+// scheduler per shard, those of the other shards on their databases
+// (RETRYD_SHARD_DATABASE_URLS) and never started (docs/shards.md).
+func jobsRetryController(ctx context.Context, s settings, sched *scheduler.Scheduler, js jetstream.JetStream, log zerolog.Logger) (jobs.RetryController, func(), error) {
+	if len(s.shardDBURLs) == 0 {
+		return scheduler.RetryController{S: sched}, func() {}, nil
+	}
+	shards := []*scheduler.Scheduler{sched}
+	var pools []*pgxpool.Pool
+	closeAll := func() {
+		for _, p := range pools {
+			p.Close()
+		}
+	}
+	for i, url := range s.shardDBURLs {
+		k := i + 1
+		cfg, err := pgxpool.ParseConfig(strings.TrimSpace(url))
+		if err != nil {
+			closeAll()
+			return nil, nil, fmt.Errorf("RETRYD_SHARD_DATABASE_URLS (shard %d): %w", k, err)
+		}
+		cfg.MaxConns = 4
+		pool, err := pgxpool.NewWithConfig(ctx, cfg)
+		if err == nil {
+			err = pool.Ping(ctx)
+			pools = append(pools, pool)
+		}
+		if err != nil {
+			closeAll()
+			return nil, nil, fmt.Errorf("connect to shard %d's database (RETRYD_SHARD_DATABASE_URLS): %w", k, err)
+		}
+		c := s.cfg
+		c.Pool, c.JS, c.Shard, c.Registerer = pool, js, k, nil
+		c.Logger = log.With().Int("shard", k).Logger()
+		other, err := scheduler.New(c)
+		if err != nil {
+			closeAll()
+			return nil, nil, fmt.Errorf("shard %d: %w", k, err)
+		}
+		shards = append(shards, other)
+	}
+	return scheduler.ShardedRetryController{Shards: shards}, closeAll, nil
 }
 
 // rebuildCmd replays RETRIES into the (empty) projection and writes the
