@@ -124,13 +124,7 @@ func (r *retrydSys) startSchedulerLabelled(ctx context.Context) error {
 		return err
 	}
 	r.schNC = nc
-	s, err := scheduler.New(scheduler.Config{
-		Pool: r.db.pool, JS: js, Logger: r.logged.logger(), Registerer: prometheus.NewRegistry(),
-		BatchSize:     envInt("RETRYD_SCHEDULER_BATCH_SIZE"),
-		ConsumeBatch:  envInt("RETRYD_SCHEDULER_CONSUME_BATCH"),
-		MaxAckPending: envInt("RETRYD_SCHEDULER_MAX_ACK_PENDING"),
-		Emitters:      envInt("RETRYD_SCHEDULER_EMITTERS"),
-	})
+	s, err := scheduler.New(schedulerConfig(r.db.pool, js, r.logged.logger()))
 	if err != nil {
 		return fmt.Errorf("new scheduler: %w", err)
 	}
@@ -436,4 +430,16 @@ func retrydBurst(ctx context.Context, env Env, n int) (burstResult, error) {
 	}
 	res.durability = r.durability(ctx)
 	return res, nil
+}
+
+// schedulerConfig is the configuration of every scheduler the bench
+// runs: the defaults, but for the tuning variables a run may set.
+func schedulerConfig(pool *pgxpool.Pool, js jetstream.JetStream, log zerolog.Logger) scheduler.Config {
+	return scheduler.Config{
+		Pool: pool, JS: js, Logger: log, Registerer: prometheus.NewRegistry(),
+		BatchSize:     envInt("RETRYD_SCHEDULER_BATCH_SIZE"),
+		ConsumeBatch:  envInt("RETRYD_SCHEDULER_CONSUME_BATCH"),
+		MaxAckPending: envInt("RETRYD_SCHEDULER_MAX_ACK_PENDING"),
+		Emitters:      envInt("RETRYD_SCHEDULER_EMITTERS"),
+	}
 }

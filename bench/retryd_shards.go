@@ -12,7 +12,6 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/retryd/retryd/internal/streams"
 	"github.com/retryd/retryd/pkg/contract"
@@ -101,14 +100,9 @@ func (s *shardedRetryd) startInstance(ctx context.Context, shard int, pool *pgxp
 		return err
 	}
 	s.ncs = append(s.ncs, nc)
-	sch, err := scheduler.New(scheduler.Config{
-		Pool: pool, JS: js, Logger: s.logged.logger(), Registerer: prometheus.NewRegistry(),
-		Shards: s.layout.shards, Shard: shard,
-		BatchSize:     envInt("RETRYD_SCHEDULER_BATCH_SIZE"),
-		ConsumeBatch:  envInt("RETRYD_SCHEDULER_CONSUME_BATCH"),
-		MaxAckPending: envInt("RETRYD_SCHEDULER_MAX_ACK_PENDING"),
-		Emitters:      envInt("RETRYD_SCHEDULER_EMITTERS"),
-	})
+	cfg := schedulerConfig(pool, js, s.logged.logger())
+	cfg.Shards, cfg.Shard = s.layout.shards, shard
+	sch, err := scheduler.New(cfg)
 	if err != nil {
 		return fmt.Errorf("new scheduler: %w", err)
 	}

@@ -54,12 +54,7 @@ func TestAuthDatabaseURL(t *testing.T) {
 	code, _ = getAs(t, base+"/v1/retries", ownToken)
 	require.Equal(t, http.StatusUnauthorized, code)
 	cancel()
-	select {
-	case err := <-done:
-		require.NoError(t, err)
-	case <-time.After(30 * time.Second):
-		t.Fatal("serve did not stop")
-	}
+	requireStopped(t, done)
 
 	t.Setenv("RETRYD_AUTH_DATABASE_URL", "postgres://127.0.0.1:1/none")
 	err := serveCmd(context.Background(), zerolog.Nop())

@@ -124,12 +124,7 @@ func TestServeAndRebuild(t *testing.T) {
 	require.Contains(t, raw, `"name":"bootstrap"`)
 
 	cancel()
-	select {
-	case err := <-done:
-		require.NoError(t, err)
-	case <-time.After(30 * time.Second):
-		t.Fatal("serve did not stop")
-	}
+	requireStopped(t, done)
 
 	// The projection is not empty: rebuild refuses. On an empty database
 	// it rebuilds.
@@ -154,5 +149,16 @@ func TestSettingsErrorsNameVariables(t *testing.T) {
 	require.Error(t, err)
 	for _, name := range []string{"DATABASE_URL", "RETRYD_SCHEDULER_BATCH_SIZE", "RETRYD_SCHEDULER_MAX_IDLE", "RETRYD_MIGRATE", "RETRYD_SCHEDULER_ERROR_PATTERNS"} {
 		require.Contains(t, err.Error(), name)
+	}
+}
+
+// requireStopped waits for serveCmd, cancelled, to return without error.
+func requireStopped(t *testing.T, done <-chan error) {
+	t.Helper()
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("serve did not stop")
 	}
 }
