@@ -289,8 +289,9 @@ func Run(ctx context.Context, conn *pgx.Conn, opts Options, log zerolog.Logger) 
 				Int64("moved_from_default", tr.MovedFromDefault).Int64("deleted_from_default", tr.DeletedFromDefault).
 				Bool("dry_run", opts.DryRun).Msg("retention")
 		}
-		if t.Protects != "" {
-			tr.Protects, tr.Floor = t.Protects, FormatDuration(Floor(t, opts.MaxAge))
+		tr.Protects = t.Protects
+		if f := Floor(t, opts.MaxAge); f > 0 {
+			tr.Floor = FormatDuration(f)
 		}
 		rep.Tables = append(rep.Tables, tr)
 		if err != nil {
