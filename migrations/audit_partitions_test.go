@@ -66,25 +66,29 @@ VALUES ('ops', 'admin', 'tokens.create', 'ci', $1) RETURNING id, tableoid::regcl
 	require.Equal(t, []string{"audit_log"}, tablesLike(t, b.conn, "audit_log%"), "no partition left")
 }
 
-// 00110 and 00405 index the terminal rows that maintenance deletes.
+// 00110, 00205, 00305 and 00405 index the terminal rows that maintenance
+// deletes.
 func TestTerminalIndexesMigrations(t *testing.T) {
 	t.Parallel()
 	b := setupAt(t, 109)
 	b.up(t)
 	b.requireAllApplied(t)
-	for _, idx := range []string{"retries_terminal_idx", "jobs_terminal_idx"} {
+	for _, idx := range terminalIndexes {
 		var valid bool
 		require.NoError(t, b.conn.QueryRow(context.Background(),
 			`SELECT indisvalid FROM pg_index WHERE indexrelid = $1::regclass`, idx).Scan(&valid))
 		require.True(t, valid, idx)
 	}
 	b.down(t, 109)
-	for _, idx := range []string{"retries_terminal_idx", "jobs_terminal_idx"} {
+	for _, idx := range terminalIndexes {
 		var exists bool
 		require.NoError(t, b.conn.QueryRow(context.Background(), `SELECT to_regclass($1) IS NOT NULL`, idx).Scan(&exists))
 		require.False(t, exists, idx)
 	}
 }
+
+var terminalIndexes = []string{"retries_terminal_idx", "jobs_terminal_idx", "workflow_events_terminal_idx",
+	"workflow_trigger_deliveries_terminal_idx", "workflow_runs_terminal_idx"}
 
 type auditRow struct {
 	ID     int64

@@ -10,11 +10,12 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/spf13/cobra"
 
+	"github.com/retryd/retryd/internal/streams"
 	"github.com/retryd/retryd/projections/retention"
 )
 
 func newMaintenanceCmd(g *globals) *cobra.Command {
-	var dbURL, history, ahead string
+	var dbURL, natsURL, history, ahead string
 	var keep []string
 	var batch int
 	var dry bool
@@ -31,11 +32,24 @@ older than the retention that landed in the DEFAULT partition because no
 partition of their range existed (rows of a range it creates are moved
 into it).
 
-The item tables, whose rows change state, are not partitioned: retries
-and jobs lose their terminal rows (succeeded, exhausted, cancelled;
-completed, failed, failed_max_retries, cancelled) older than the retention
-after that state (30d, the RETRIES stream's max age), in batches of
---batch rows, each its own transaction.
+The item tables, whose rows change state, are not partitioned: they lose
+their terminal rows older than the retention after that state (30d), in
+batches of --batch rows, each its own transaction: retries (succeeded,
+exhausted, cancelled) and jobs (completed, failed, failed_max_retries,
+cancelled); workflow_events (admitted, cancelled, exhausted; with their
+event_ingress_retries row); workflow_trigger_deliveries (launched,
+filtered, cancelled, exhausted; a launched one not while its run is in
+flight); workflow_runs (completed, failed, failed_max_retries; with
+their workflow_run_steps).
+
+An item table's rows refuse or absorb the messages of one stream
+redelivered or replayed: retries and jobs RETRIES, workflow_events
+INGEST, workflow_trigger_deliveries EVENTS, workflow_runs RUNS. Its
+retention may not be shorter than that stream's max age: a shorter
+--retention is refused, a shorter default is raised to it. The max ages
+are read from NATS when --nats-url or NATS_URL is set and the server
+answers, otherwise from RETRYD_STREAM_<NAME>_MAX_AGE or the defaults (the
+output says which).
 
 Each change is its own transaction; an advisory lock makes a second run
 at the same time wait and then find nothing to do.
@@ -44,7 +58,8 @@ It changes the schema, so it runs as the tables' owner, like migrate: the
 services' roles may not. Run it hourly (the Helm chart's maintenance
 CronJob does; retryd dev runs it at start and hourly).`,
 		Example: `  DATABASE_URL=postgres://retryd_owner@db/retryd retryd maintenance
-  retryd maintenance --retention retry_history=90d --retention audit_log=730d --ahead 14d --dry-run`,
+  retryd maintenance --retention retry_history=90d --retention audit_log=730d --ahead 14d --dry-run
+  NATS_URL=nats://nats:4222 retryd maintenance --retention workflow_events=60d`,
 		Args: args(0),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			url, err := ownerDatabaseURL(cmd, dbURL)
@@ -52,6 +67,7 @@ CronJob does; retryd dev runs it at start and hourly).`,
 				return err
 			}
 			opts := retention.Options{DryRun: dry, Batch: batch, Keep: map[string]time.Duration{}}
+			given := map[string]bool{}
 			for _, kv := range keep {
 				name, dur, ok := strings.Cut(kv, "=")
 				if !ok || !slices.Contains(retention.TableNames(), name) {
@@ -65,7 +81,7 @@ CronJob does; retryd dev runs it at start and hourly).`,
 				if _, dup := opts.Keep[name]; dup {
 					return usageErrorf(cmd, "--retention: %s given twice", name)
 				}
-				opts.Keep[name] = d
+				opts.Keep[name], given[name] = d, true
 			}
 			if cmd.Flags().Changed("history-retention") {
 				if _, dup := opts.Keep["retry_history"]; dup {
@@ -83,7 +99,19 @@ CronJob does; retryd dev runs it at start and hourly).`,
 			if batch < 1 {
 				return usageErrorf(cmd, "--batch: want a positive number of rows, got %d", batch)
 			}
+			ages, err := readStreamAges(cmd.Context(), cmd, g, natsURL)
+			if err != nil {
+				return err
+			}
+			if err := applyFloors(cmd, &opts, ages, given); err != nil {
+				return err
+			}
+			if ages.note != "" {
+				log := g.progressLog()
+				log.Warn().Msg(ages.note)
+			}
 			rep, err := runMaintenance(cmd.Context(), url, opts, g)
+			rep.Streams = reportStreams(ages)
 			if err != nil {
 				return err
 			}
@@ -98,12 +126,14 @@ CronJob does; retryd dev runs it at start and hourly).`,
 		defaults[i] = t.Name + "=" + retention.FormatDuration(t.Default)
 	}
 	cmd.Flags().StringVar(&dbURL, "database-url", "", "Postgres URL of the tables' owner (default $DATABASE_URL)")
+	cmd.Flags().StringVar(&natsURL, "nats-url", "",
+		"NATS server to read the streams' max ages from (default $NATS_URL; neither: RETRYD_STREAM_<NAME>_MAX_AGE or the defaults)")
 	cmd.Flags().StringArrayVar(&keep, "retention", nil,
 		"a table's retention as table=duration, days (30d) or a duration (36h); repeat per table (defaults "+strings.Join(defaults, ", ")+")")
 	cmd.Flags().StringVar(&history, "history-retention", retention.FormatDuration(retention.DefaultHistoryRetention),
 		"how long retry_history keeps a row (the same as --retention retry_history=…)")
 	cmd.Flags().StringVar(&ahead, "ahead", retention.FormatDuration(retention.DefaultAhead), "how far past today to create partitions")
-	cmd.Flags().IntVar(&batch, "batch", retention.DefaultBatch, "rows one delete removes from an item table (retries, jobs), one transaction each")
+	cmd.Flags().IntVar(&batch, "batch", retention.DefaultBatch, "rows one delete removes from an item table, one transaction each")
 	cmd.Flags().BoolVar(&dry, "dry-run", false, "report what would change, change nothing")
 	return cmd
 }
@@ -143,10 +173,15 @@ func writeMaintenance(g *globals, rep retention.Report) error {
 	if rep.DryRun {
 		deleted = "would be deleted"
 	}
+	for _, s := range rep.Streams {
+		from := map[string]string{ageFromNATS: "read from NATS", ageFromEnv: "from " + streams.EnvMaxAge(s.Stream),
+			ageFromDefault: "default, " + streams.EnvMaxAge(s.Stream) + " unset"}[s.From]
+		fmt.Fprintf(g.stdout, "%s max_age %s (%s): the floor of %s.\n", s.Stream, s.MaxAge, from, strings.Join(s.Tables, ", "))
+	}
 	for _, tr := range rep.Tables {
 		if tr.Method == retention.MethodRows {
-			fmt.Fprintf(g.stdout, "%s keeps terminal rows from %s: %d row(s) %s.\n",
-				tr.Table, tr.Cutoff.Format(time.RFC3339), tr.Deleted, deleted)
+			fmt.Fprintf(g.stdout, "%s keeps terminal rows from %s (%s, at least %s's max_age %s): %d row(s) %s.\n",
+				tr.Table, tr.Cutoff.Format(time.RFC3339), tr.Retention, tr.Protects, tr.Floor, tr.Deleted, deleted)
 			continue
 		}
 		fmt.Fprintf(g.stdout, "%s keeps rows from %s: %d partition(s) %s, %d %s; DEFAULT partition: %d row(s) moved out, %d old row(s) deleted.\n",

@@ -260,7 +260,9 @@ func checkMaintenanceCronJob(t *testing.T, objs map[string]map[string]map[string
 	require.Len(t, containers, 1)
 	c := containers[0]
 	require.Equal(t, []string{"retryd", "maintenance", "--history-retention=30d",
-		"--retention=audit_log=365d", "--retention=jobs=30d", "--retention=retries=30d", "--ahead=7d"}, strs(t, dig(t, c, "command")))
+		"--retention=audit_log=365d", "--retention=jobs=30d", "--retention=retries=30d",
+		"--retention=workflow_events=30d", "--retention=workflow_runs=30d", "--retention=workflow_trigger_deliveries=30d",
+		"--ahead=7d"}, strs(t, dig(t, c, "command")))
 	checkLockedDown(t, pod, c, "maintenance")
 	env := containerEnv(t, c)
 	checkEnvNames(t, env, reads, "maintenance")

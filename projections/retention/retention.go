@@ -6,7 +6,10 @@
 // tables whose rows change state (retries, jobs) cannot be partitioned by
 // time (a row would move between partitions as it changes, and the primary
 // key must hold the partition key), so it deletes their terminal rows
-// older than the retention in bounded batches instead.
+// older than the retention in bounded batches instead, and with them the
+// rows of their child tables (event_ingress_retries, workflow_run_steps)
+// by ON DELETE CASCADE. An item table's retention must be at least the max
+// age of the stream whose replays its rows refuse (Floor).
 //
 // It changes the schema (CREATE, ATTACH, DROP), so it runs as the tables'
 // owner: `retryd maintenance`, from a Kubernetes CronJob or the dev
@@ -17,6 +20,7 @@ package retention
 import (
 	"context"
 	"fmt"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -26,6 +30,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/retryd/retryd/internal/streams"
+	"github.com/retryd/retryd/pkg/contract"
 )
 
 // Defaults of Options.
@@ -73,8 +78,18 @@ type Table struct {
 	// Terminal is the SQL condition of a row no fact changes any more
 	// (item tables only).
 	Terminal string
+	// Guard is a further SQL condition a row must meet to be deleted,
+	// one the partial index cannot hold (a subquery); "" is none.
+	Guard string
 	// Default is the retention unless Options.Keep names the table.
 	Default time.Duration
+	// Protects is the stream whose redelivered or replayed messages
+	// this table's rows refuse or absorb (item tables only): its
+	// retention must be at least that stream's max age (Floor).
+	Protects string
+	// Cascades names the tables whose rows go with a deleted row (ON
+	// DELETE CASCADE), for messages.
+	Cascades []string
 }
 
 // Tables are the tables a run keeps, in the order it keeps them.
@@ -83,12 +98,31 @@ var Tables = []Table{
 	// Weekly: operator actions are few, and daily partitions of a year's
 	// retention would be 365 tables of a few rows each.
 	{Name: "audit_log", Column: "at", Span: week, Default: DefaultAuditRetention},
-	// The conditions match the partial indexes of migrations 00110 and
-	// 00405 word for word, so the planner uses them.
+	// The conditions match the partial indexes of migrations 00110,
+	// 00405, 00205 and 00305 word for word, so the planner uses them.
+	// The jobs projection applies the facts of RETRIES too.
 	{Name: "retries", Column: "resolved_at", Terminal: "state IN ('succeeded', 'exhausted', 'cancelled')",
-		Default: DefaultItemRetention},
+		Default: DefaultItemRetention, Protects: contract.StreamRetries},
 	{Name: "jobs", Column: "updated_at", Terminal: "status IN ('completed', 'failed', 'failed_max_retries', 'cancelled')",
-		Default: DefaultItemRetention},
+		Default: DefaultItemRetention, Protects: contract.StreamRetries},
+	// The gate stores an event id once: its row is what refuses an
+	// INGEST message of that id redelivered or replayed after its inbox
+	// claim was pruned. A deferred event is not terminal.
+	{Name: "workflow_events", Column: "updated_at", Terminal: "status IN ('admitted', 'cancelled', 'exhausted')",
+		Default: DefaultItemRetention, Protects: contract.StreamIngest, Cascades: []string{"event_ingress_retries"}},
+	// A delivery's id (event, trigger) is what refuses an EVENTS message
+	// delivered again; throttled and concurrency-limited deliveries are
+	// held, not terminal. A launched delivery stays while its run is in
+	// flight: the run's lease and retry passes read it.
+	{Name: "workflow_trigger_deliveries", Column: "updated_at",
+		Terminal: "status IN ('launched', 'filtered', 'cancelled', 'exhausted')",
+		Guard: `NOT EXISTS (SELECT 1 FROM workflow_runs r WHERE r.run_id = workflow_trigger_deliveries.run_id
+	AND r.status IN ('requested', 'in_progress', 'retrying'))`,
+		Default: DefaultItemRetention, Protects: contract.StreamEvents},
+	// A run's facts on RUNS (steps, completed, failed) for a run without
+	// a row are ignored, never applied: the row keeps them applying.
+	{Name: "workflow_runs", Column: "updated_at", Terminal: "status IN ('completed', 'failed', 'failed_max_retries')",
+		Default: DefaultItemRetention, Protects: contract.StreamRuns, Cascades: []string{"workflow_run_steps"}},
 }
 
 // TableNames are the names of Tables, for messages.
@@ -98,6 +132,18 @@ func TableNames() []string {
 		out[i] = t.Name
 	}
 	return out
+}
+
+// Floor is the shortest retention t may have when its protected stream
+// keeps messages for maxAge: a row deleted while a message about it can
+// still be redelivered or replayed would let that message act again (an
+// event admitted twice, a run launched twice, an item brought back). Zero
+// for a table that protects no stream.
+func Floor(t Table, maxAge map[string]time.Duration) time.Duration {
+	if t.Protects == "" {
+		return 0
+	}
+	return maxAge[t.Protects]
 }
 
 // Options says what to keep and how far ahead to create partitions.
@@ -114,6 +160,10 @@ type Options struct {
 	DryRun bool
 	// Now is the clock; nil is time.Now.
 	Now func() time.Time
+	// MaxAge are the streams' max ages the caller checked the item
+	// tables' retentions against (Floor), for the report; Run does not
+	// check them (`retryd maintenance` does, and says what it read).
+	MaxAge map[string]time.Duration
 }
 
 func (o Options) validate() error {
@@ -147,6 +197,21 @@ func (o Options) keep(t Table) time.Duration {
 type Report struct {
 	DryRun bool          `json:"dry_run"`
 	Tables []TableReport `json:"tables"`
+	// Streams are the max ages the item tables' retentions were checked
+	// against (Floor), as the caller read them; Run leaves it empty.
+	Streams []StreamAge `json:"streams"`
+}
+
+// StreamAge is one stream's max age and where it was read.
+type StreamAge struct {
+	Stream string `json:"stream"`
+	// MaxAge is as FormatDuration writes it, or "unlimited".
+	MaxAge string `json:"max_age"`
+	// From is "nats" (the stream's configuration on the server), "env"
+	// (its RETRYD_STREAM_<NAME>_MAX_AGE) or "default" (neither).
+	From string `json:"from"`
+	// Tables are the item tables whose retention it floors.
+	Tables []string `json:"tables"`
 }
 
 // Methods of TableReport.
@@ -173,8 +238,13 @@ type TableReport struct {
 	// deleted from it for being older than the retention.
 	MovedFromDefault   int64 `json:"moved_from_default"`
 	DeletedFromDefault int64 `json:"deleted_from_default"`
-	// Deleted counts the terminal rows deleted from an item table.
+	// Deleted counts the terminal rows deleted from an item table (not
+	// counting the rows of Cascades that went with them).
 	Deleted int64 `json:"deleted"`
+	// Protects is the stream whose replays the item table refuses or
+	// absorbs, and Floor its max age: the shortest retention allowed.
+	Protects string `json:"protects,omitempty"`
+	Floor    string `json:"floor,omitempty"`
 }
 
 // Run creates the partitions of the next Ahead, drops those older than
@@ -219,6 +289,10 @@ func Run(ctx context.Context, conn *pgx.Conn, opts Options, log zerolog.Logger) 
 				Int64("moved_from_default", tr.MovedFromDefault).Int64("deleted_from_default", tr.DeletedFromDefault).
 				Bool("dry_run", opts.DryRun).Msg("retention")
 		}
+		tr.Protects = t.Protects
+		if f := Floor(t, opts.MaxAge); f > 0 {
+			tr.Floor = FormatDuration(f)
+		}
 		rep.Tables = append(rep.Tables, tr)
 		if err != nil {
 			return rep, err
@@ -244,8 +318,16 @@ func ParseDuration(s string) (time.Duration, error) {
 	return d, nil
 }
 
-// FormatDuration writes d as ParseDuration reads it, in days when whole.
+// Unlimited is the max age of a stream that keeps its messages until
+// deleted (max_age 0 on the server): no retention is long enough.
+const Unlimited = time.Duration(math.MaxInt64)
+
+// FormatDuration writes d as ParseDuration reads it, in days when whole;
+// Unlimited is "unlimited".
 func FormatDuration(d time.Duration) string {
+	if d == Unlimited {
+		return "unlimited"
+	}
 	if d > 0 && d%day == 0 {
 		return strconv.FormatInt(int64(d/day), 10) + "d"
 	}

@@ -21,6 +21,9 @@ import (
 func prune(ctx context.Context, conn *pgx.Conn, t Table, opts Options, tr *TableReport, log zerolog.Logger) error {
 	id := pgx.Identifier{t.Name}.Sanitize()
 	old := t.Terminal + ` AND ` + t.Column + ` < $1`
+	if t.Guard != "" {
+		old += ` AND ` + t.Guard
+	}
 	if opts.DryRun {
 		err := conn.QueryRow(ctx, `SELECT count(*) FROM `+id+` WHERE `+old, tr.Cutoff).Scan(&tr.Deleted)
 		if err != nil {
