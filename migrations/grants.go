@@ -72,6 +72,9 @@ func (r Roles) Grants() map[string]map[string]string {
 	add(r.Triggers, rw, shared...)
 	add(r.Triggers, rw, "workflow_triggers", "workflow_trigger_versions", "workflow_trigger_deliveries",
 		"workflow_runs", "workflow_run_steps", "trigger_events")
+	// The analytics' window: what retention removed before (written by
+	// `retryd maintenance`, which runs as the owner).
+	add(r.Scheduler, "SELECT", "retention_marks")
 	// The dashboard's counts (scheduler.Summary).
 	add(r.ReadOnly, "SELECT", "retries")
 	// API tokens: the scheduler serves /v1/tokens and ensures the

@@ -34,6 +34,13 @@ type AnalyticsQuery struct {
 type Analytics struct {
 	Since time.Time `json:"since"`
 	Until time.Time `json:"until"`
+	// CompleteFrom is from when the figures are complete: retention
+	// (`retryd maintenance`) may have removed older rows of retries,
+	// retry_history or jobs (retention_marks; the latest cutoff of the
+	// three). Nil until a retention run recorded one. Partial says the
+	// period starts before it: its older part counts only what is kept.
+	CompleteFrom *time.Time `json:"complete_from,omitempty"`
+	Partial      bool       `json:"partial,omitempty"`
 	// Kinds covers every kind the scheduler retries (job, event,
 	// event-trigger, custom kinds), from the retries and retry_history
 	// tables, most retried items first.
@@ -144,6 +151,14 @@ func RetryAnalytics(ctx context.Context, db Querier, q AnalyticsQuery) (Analytic
 		q.TopErrors = DefaultTopErrors
 	}
 	out := Analytics{Since: q.Since.UTC(), Until: q.Until.UTC()}
+	var from *time.Time
+	if err := db.QueryRow(ctx, `SELECT max(cutoff) FROM retention_marks WHERE table_name IN ('retries', 'retry_history', 'jobs')`).Scan(&from); err != nil {
+		return Analytics{}, fmt.Errorf("retry analytics: read retention marks: %w", err)
+	}
+	if from != nil {
+		utc := from.UTC()
+		out.CompleteFrom, out.Partial = &utc, out.Since.Before(utc)
+	}
 	types := map[string]*TypeAnalytics{}
 	get := func(jobType string) *TypeAnalytics {
 		t, ok := types[jobType]

@@ -289,6 +289,9 @@ func Run(ctx context.Context, conn *pgx.Conn, opts Options, log zerolog.Logger) 
 				Int64("moved_from_default", tr.MovedFromDefault).Int64("deleted_from_default", tr.DeletedFromDefault).
 				Bool("dry_run", opts.DryRun).Msg("retention")
 		}
+		if err == nil && !opts.DryRun {
+			err = mark(ctx, conn, t.Name, tr.Cutoff)
+		}
 		tr.Protects = t.Protects
 		if f := Floor(t, opts.MaxAge); f > 0 {
 			tr.Floor = FormatDuration(f)
@@ -332,4 +335,15 @@ func FormatDuration(d time.Duration) string {
 		return strconv.FormatInt(int64(d/day), 10) + "d"
 	}
 	return d.String()
+}
+
+// mark records that rows of table older than cutoff may be gone
+// (retention_marks): the analytics say from when they are complete.
+func mark(ctx context.Context, conn *pgx.Conn, table string, cutoff time.Time) error {
+	_, err := conn.Exec(ctx, `INSERT INTO retention_marks (table_name, cutoff, ran_at) VALUES ($1, $2, now())
+ON CONFLICT (table_name) DO UPDATE SET cutoff = greatest(retention_marks.cutoff, EXCLUDED.cutoff), ran_at = now()`, table, cutoff)
+	if err != nil {
+		return fmt.Errorf("record the retention of %s: %w", table, err)
+	}
+	return nil
 }

@@ -2,6 +2,7 @@ package retention_test
 
 import (
 	"context"
+	"maps"
 	"slices"
 	"sync"
 	"testing"
@@ -151,6 +152,10 @@ func TestRetentionDropsOldPartitions(t *testing.T) {
 
 	after, err := jobstore.RetryAnalytics(ctx, h.conn, window)
 	require.NoError(t, err)
+	require.Nil(t, before.CompleteFrom, "no retention had run")
+	require.NotNil(t, after.CompleteFrom, "the analytics say from when they are complete")
+	require.WithinDuration(t, time.Now().Add(-retention.DefaultHistoryRetention), *after.CompleteFrom, time.Minute)
+	after.CompleteFrom, after.Partial = nil, false
 	require.Equal(t, before, after, "the analytics of the retention window do not change")
 	require.Len(t, after.Kinds, 1)
 	require.Equal(t, []jobstore.ClassCount{{Class: "transient", Count: 3}}, after.Kinds[0].ErrorsByClass,
@@ -281,4 +286,46 @@ func TestRetentionDropsTheLegacyPartition(t *testing.T) {
 VALUES ('job', 'tz', 1, 'failed', $1) RETURNING tableoid::regclass::text`, at).Scan(&partition))
 		require.Equal(t, tr.Created[0], partition, "a UTC day's first and last microsecond")
 	}
+}
+
+// Each run records, per table, before when rows may be gone; a longer
+// retention later cannot bring them back, so the mark never moves back,
+// and a dry run records nothing.
+func TestRetentionMarksOnlyMoveForward(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	h := setup(t)
+	marks := func() map[string]time.Time {
+		rows, err := h.conn.Query(ctx, `SELECT table_name, cutoff FROM retention_marks`)
+		require.NoError(t, err)
+		out := map[string]time.Time{}
+		var name string
+		var at time.Time
+		_, err = pgx.ForEachRow(rows, []any{&name, &at}, func() error { out[name] = at; return nil })
+		require.NoError(t, err)
+		return out
+	}
+	now := time.Now().UTC().Truncate(time.Microsecond)
+	opts := defaults
+	opts.Now = func() time.Time { return now }
+	opts.DryRun = true
+	run(t, h.conn, opts)
+	require.Empty(t, marks(), "a dry run records nothing")
+
+	opts.DryRun = false
+	run(t, h.conn, opts)
+	first := marks()
+	require.ElementsMatch(t, retention.TableNames(), slices.Collect(maps.Keys(first)))
+	require.True(t, first["retry_history"].Equal(now.Add(-retention.DefaultHistoryRetention)), "%s", first["retry_history"])
+
+	opts.Keep = map[string]time.Duration{"retry_history": 90 * day}
+	run(t, h.conn, opts)
+	require.True(t, marks()["retry_history"].Equal(first["retry_history"]), "a longer retention keeps the mark")
+
+	a, err := jobstore.RetryAnalytics(ctx, h.conn, jobstore.AnalyticsQuery{Since: now.Add(-40 * day), Until: now})
+	require.NoError(t, err)
+	require.True(t, a.Partial, "a period from before the mark counts only what is kept")
+	a, err = jobstore.RetryAnalytics(ctx, h.conn, jobstore.AnalyticsQuery{Since: now.Add(-7 * day), Until: now})
+	require.NoError(t, err)
+	require.False(t, a.Partial)
 }
