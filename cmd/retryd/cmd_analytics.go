@@ -76,7 +76,12 @@ func counts(keys []string, by map[string]int64) string {
 
 func printAnalytics(g *globals, a analyticsView) error {
 	w := g.stdout
-	fmt.Fprintf(w, "Retried work first failing %s to %s\n\n", a.Since.Local().Format(time.RFC3339), a.Until.Local().Format(time.RFC3339))
+	fmt.Fprintf(w, "Retried work first failing %s to %s\n", a.Since.Local().Format(time.RFC3339), a.Until.Local().Format(time.RFC3339))
+	if a.Partial && a.CompleteFrom != nil {
+		fmt.Fprintf(w, "Partial: retention removed what is older than %s; before it only what was kept is counted.\n",
+			a.CompleteFrom.Local().Format(time.RFC3339))
+	}
+	fmt.Fprintln(w)
 	if len(a.Kinds) == 0 {
 		fmt.Fprintln(w, "Nothing was retried in this period.")
 	} else {

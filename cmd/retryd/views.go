@@ -113,10 +113,12 @@ type policyVersion struct {
 // analyticsView is GET /v1/analytics/retries: every kind's figures, then
 // the job types' (docs/jobs.md, Retry analytics).
 type analyticsView struct {
-	Since    time.Time       `json:"since"`
-	Until    time.Time       `json:"until"`
-	Kinds    []kindAnalytics `json:"kinds"`
-	JobTypes []typeAnalytics `json:"job_types"`
+	Since        time.Time       `json:"since"`
+	Until        time.Time       `json:"until"`
+	CompleteFrom *time.Time      `json:"complete_from"`
+	Partial      bool            `json:"partial"`
+	Kinds        []kindAnalytics `json:"kinds"`
+	JobTypes     []typeAnalytics `json:"job_types"`
 }
 
 // classCount is a count of failures of one error class.
