@@ -176,7 +176,15 @@ func writeSplit(g *globals, rep shards.SplitReport) error {
 	default:
 		fmt.Fprintf(g.stdout, "RETRIES was already split into %d shards; the old shards applied up to sequence %d.\n", rep.To, rep.Sequence)
 	}
-	fmt.Fprintf(g.stdout, "%d item(s) %s. Now start the schedulers of shards %d to %d (RETRYD_SHARDS=%d, RETRYD_SHARD=k) and restart shards 0 to %d with RETRYD_SHARDS=%d.\n",
-		total, moved, rep.From, rep.To-1, rep.To, rep.From-1, rep.To)
+	fmt.Fprintf(g.stdout, "%d item(s) %s. Now start the schedulers of the new shards %s (RETRYD_SHARDS=%d, RETRYD_SHARD=<shard>, each its database) and restart the old shards %s with RETRYD_SHARDS=%d.\n",
+		total, moved, shardRange(rep.From, rep.To-1), rep.To, shardRange(0, rep.From-1), rep.To)
 	return nil
+}
+
+// shardRange names shards from to to: "1", "2-3".
+func shardRange(from, to int) string {
+	if from == to {
+		return strconv.Itoa(from)
+	}
+	return strconv.Itoa(from) + "-" + strconv.Itoa(to)
 }

@@ -56,6 +56,9 @@ type SplitReport struct {
 // From: To must be a multiple of From above it, and the stream split
 // into From (a first run) or To (a rerun).
 func Layout(have, from, to, urls int) (int, error) {
+	if from == 0 && have == to {
+		return 0, fmt.Errorf("%w: stream %s is already split into %d shards: to finish a split into %d, give --from, the count before it", ErrLayout, contract.StreamRetries, have, to)
+	}
 	if from == 0 {
 		from = have
 	}

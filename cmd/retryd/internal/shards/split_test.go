@@ -259,7 +259,7 @@ func TestLayout(t *testing.T) {
 		want                 string
 	}{
 		{1, 0, 3, 3, ""}, {2, 0, 4, 4, ""}, {4, 2, 4, 4, ""},
-		{2, 0, 3, 3, "--to"}, {2, 0, 2, 2, "--to"}, {2, 0, 1, 1, "--to"},
+		{2, 0, 3, 3, "--to"}, {2, 0, 2, 2, "give --from"}, {2, 0, 1, 1, "--to"},
 		{1, 0, 2, 1, "--database-url"}, {4, 1, 2, 2, "neither"}, {1, -1, 2, 2, "--from"},
 	} {
 		_, err := shards.Layout(tc.have, tc.from, tc.to, tc.urls)
