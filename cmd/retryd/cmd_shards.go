@@ -134,6 +134,9 @@ again with the same flags; once the stream is split, give --from too.`,
 				if errors.Is(err, shards.ErrLayout) {
 					return usageErrorf(cmd, "%v", err)
 				}
+				if errors.Is(err, shards.ErrShardRunning) {
+					return fmt.Errorf("split: %w", err)
+				}
 				if err != nil {
 					return fmt.Errorf("split: %w (run the same command again to finish)", err)
 				}

@@ -21,6 +21,10 @@ import (
 // would (tests).
 var ErrAbort = errors.New("move aborted")
 
+// ErrShardRunning: items still belong to a new shard whose scheduler
+// has started.
+var ErrShardRunning = errors.New("new shard already running")
+
 // Hook is called between the two commits of every batch: after the
 // target committed the batch, before the source deletes it. An error
 // stops the move there.
@@ -38,6 +42,9 @@ type Move struct {
 	DryRun bool
 	Log    zerolog.Logger
 	Hook   Hook
+	// Running are the targets whose scheduler consumed already (up to
+	// the stream sequence given): moving into one is refused.
+	Running map[int]uint64
 }
 
 // Moved counts the items moved from one shard to another.
@@ -78,6 +85,10 @@ func (m Move) Run(ctx context.Context) ([]Moved, error) {
 		}
 		for _, to := range sortedKeys(byTarget) {
 			items := byTarget[to]
+			if seq, ok := m.Running[to]; ok && !m.DryRun {
+				return nil, fmt.Errorf("%w: shard %d's scheduler (consumer %s delivered up to %d) and %d item(s) of shard %d still belong to it: stop the new shards' schedulers until the split has moved their items",
+					ErrShardRunning, to, scheduler.ConsumerNameOf(to), seq, len(items), m.From)
+			}
 			for len(items) > 0 {
 				n := min(len(items), max(m.Batch, 1))
 				if !m.DryRun {

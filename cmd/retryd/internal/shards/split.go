@@ -109,7 +109,8 @@ func Split(ctx context.Context, js jetstream.JetStream, o SplitOptions) (SplitRe
 	if err := sameSchema(ctx, conns); err != nil {
 		return rep, err
 	}
-	if err := newShardsIdle(ctx, js, rep.From, o.To); err != nil {
+	running, err := runningShards(ctx, js, rep.From, o.To)
+	if err != nil {
 		return rep, err
 	}
 	rep.Sequence = info.State.LastSeq
@@ -135,7 +136,7 @@ func Split(ctx context.Context, js jetstream.JetStream, o SplitOptions) (SplitRe
 				return rep, err
 			}
 		}
-		moved, err := Move{From: s, Source: conns[s], Targets: targets, Shards: o.To, Batch: o.Batch, DryRun: o.DryRun, Log: o.Log, Hook: o.Hook}.Run(ctx)
+		moved, err := Move{From: s, Source: conns[s], Targets: targets, Shards: o.To, Batch: o.Batch, DryRun: o.DryRun, Log: o.Log, Hook: o.Hook, Running: running}.Run(ctx)
 		if err != nil {
 			return rep, fmt.Errorf("move shard %d's items: %w", s, err)
 		}
@@ -187,25 +188,26 @@ func sameSchema(ctx context.Context, conns []*pgx.Conn) error {
 	return nil
 }
 
-// newShardsIdle refuses to move rows to a shard whose scheduler already
-// consumed: it would decide on items while their rows arrive. A
-// consumer that exists but took nothing (created by a scheduler started
-// too early and stopped) is no harm.
-func newShardsIdle(ctx context.Context, js jetstream.JetStream, from, to int) error {
+// runningShards are the new shards whose scheduler has consumed: no row
+// may move into them (it would decide on items while their rows arrive).
+// A consumer that exists but took nothing (created by a scheduler started
+// too early and stopped) is no harm. After a finished split they all run,
+// and a rerun has nothing to move.
+func runningShards(ctx context.Context, js jetstream.JetStream, from, to int) (map[int]uint64, error) {
+	out := map[int]uint64{}
 	for k := from; k < to; k++ {
 		c, err := js.Consumer(ctx, contract.StreamRetries, scheduler.ConsumerNameOf(k))
 		if errors.Is(err, jetstream.ErrConsumerNotFound) {
 			continue
 		}
 		if err != nil {
-			return fmt.Errorf("read consumer %s: %w", scheduler.ConsumerNameOf(k), err)
+			return nil, fmt.Errorf("read consumer %s: %w", scheduler.ConsumerNameOf(k), err)
 		}
 		if info := c.CachedInfo(); info.Delivered.Stream > 0 {
-			return fmt.Errorf("%w: shard %d's scheduler already runs (consumer %s delivered up to %d): stop the new shards' schedulers until the split has moved their items",
-				ErrLayout, k, scheduler.ConsumerNameOf(k), info.Delivered.Stream)
+			out[k] = info.Delivered.Stream
 		}
 	}
-	return nil
+	return out, nil
 }
 
 // splitStream points the old shards' consumers at their facts under the

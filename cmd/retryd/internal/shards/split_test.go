@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
@@ -173,6 +174,12 @@ func TestSplitOneIntoTwo(t *testing.T) {
 	}
 	require.Equal(t, 4, both, "the crash left the first batch on both shards")
 
+	src, err := pgx.Connect(e.ctx, e.urls[0])
+	require.NoError(t, err)
+	defer src.Close(context.Background())
+	_, err = shards.Move{From: 0, Source: src, Shards: 2, Batch: 4, Log: log, Running: map[int]uint64{1: 7}}.Run(e.ctx)
+	require.ErrorIs(t, err, shards.ErrShardRunning, "no row moves into a shard whose scheduler started")
+
 	_, err = shards.Split(e.ctx, e.js, opts)
 	require.ErrorIs(t, err, shards.ErrLayout, "once split, a rerun names the old count")
 	opts.From = 1
@@ -238,6 +245,10 @@ func TestSplitOneIntoTwo(t *testing.T) {
 			moved = id
 		}
 	}
+
+	rerun, err := shards.Split(e.ctx, e.js, opts)
+	require.NoError(t, err, "a rerun with every shard running moves nothing")
+	require.Empty(t, rerun.Moved)
 
 	e.fail(t, moved, "later", 2)
 	r := e.waitRow(t, 1, moved, func(r retrystore.Retry) bool { return r.Attempt == 3 && r.State == retrystore.StateScheduled })
