@@ -109,10 +109,22 @@ func (e *env) dues(t *testing.T) map[string]int {
 	return out
 }
 
-func (e *env) policies(t *testing.T) {
+// policies stores the test's policies on the given shards' databases
+// (shard 0's by default): each shard decides by its own.
+func (e *env) policies(t *testing.T, on ...int) {
+	t.Helper()
+	if len(on) == 0 {
+		on = []int{0}
+	}
+	for _, k := range on {
+		e.policiesOn(t, k)
+	}
+}
+
+func (e *env) policiesOn(t *testing.T, shard int) {
 	t.Helper()
 	for jobType, base := range map[string]int64{"soon": 1500, "later": 6000} {
-		_, err := retrystore.PutPolicy(e.ctx, e.pools[0], policy.Policy{
+		_, err := retrystore.PutPolicy(e.ctx, e.pools[shard], policy.Policy{
 			Kind: contract.KindJob, JobType: jobType, Name: jobType, MaxRetries: 5, Enabled: true,
 			Backoff: backoff.Config{Base: policy.FromMS(base), Multiplier: 2, Max: policy.FromMS(base * 4), Jitter: backoff.JitterNone},
 		}, "test")
@@ -280,5 +292,71 @@ func TestLayout(t *testing.T) {
 		}
 		require.ErrorContains(t, err, tc.want, "%+v", tc)
 		require.True(t, errors.Is(err, shards.ErrLayout))
+	}
+}
+
+// Two running shards split into four in one step: each item stays or
+// moves to shard s+2, and comes due once on the shard that owns it.
+func TestSplitTwoIntoFour(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 4)
+	e.policies(t, 0, 1)
+	require.NoError(t, streams.Ensure(e.ctx, e.js, streams.Options{Storage: jetstream.MemoryStorage, Shards: 2}))
+	olds := []*scheduler.Scheduler{e.start(t, 0, 2), e.start(t, 1, 2)}
+	items := ids(40)
+	want := map[shards.Moved]int{}
+	for i, id := range items {
+		e.fail(t, id, jobTypeOf(i), 1)
+		from, to := contract.Shard(contract.KindJob, id, 2), contract.Shard(contract.KindJob, id, 4)
+		require.True(t, to == from || to == from+2)
+		if to != from {
+			want[shards.Moved{From: from, To: to}]++
+		}
+	}
+	for _, id := range items {
+		e.waitRow(t, contract.Shard(contract.KindJob, id, 2), id, func(r retrystore.Retry) bool { return r.Attempt == 2 })
+	}
+	_, err := shards.Split(e.ctx, e.js, shards.SplitOptions{To: 4, URLs: e.urls[:3], Streams: memory})
+	require.ErrorIs(t, err, shards.ErrLayout, "one database per shard of the new count")
+
+	rep, err := shards.Split(e.ctx, e.js, shards.SplitOptions{To: 4, URLs: e.urls, Streams: memory, Batch: 3,
+		Log: zerolog.New(zerolog.NewTestWriter(t)), Poll: 50 * time.Millisecond})
+	require.NoError(t, err)
+	require.True(t, rep.Split)
+	require.Equal(t, 2, rep.From)
+	got := map[shards.Moved]int{}
+	for _, m := range rep.Moved {
+		got[shards.Moved{From: m.From, To: m.To}] = m.Items
+	}
+	require.Equal(t, want, got)
+
+	for _, s := range olds {
+		e.stop(t, s)
+	}
+	for k := range 4 {
+		e.start(t, k, 4)
+	}
+	require.Eventually(t, func() bool {
+		d := e.dues(t)
+		for _, id := range items {
+			if d[contract.DueMsgID(contract.KindJob, id, 2)] == 0 {
+				return false
+			}
+		}
+		return true
+	}, waitFor, 100*time.Millisecond, "every item comes due")
+	d := e.dues(t)
+	require.Len(t, d, len(items), "one due per item, none of another attempt")
+	for _, id := range items {
+		require.Equal(t, 1, d[contract.DueMsgID(contract.KindJob, id, 2)], id)
+		own := contract.Shard(contract.KindJob, id, 4)
+		for k := range 4 {
+			_, err := retrystore.Get(e.ctx, e.pools[k], contract.KindJob, id)
+			if k == own {
+				require.NoError(t, err, id)
+			} else {
+				require.ErrorIs(t, err, retrystore.ErrNotFound, "%s on shard %d", id, k)
+			}
+		}
 	}
 }
