@@ -32,10 +32,14 @@ var policyFacts = []contract.Lifecycle{contract.Failed, contract.Held, contract.
 
 // ConsumerConfig is the configuration of the scheduler's durable consumer.
 //
-// Unsplit (Shards 0 or 1), it takes the facts as an unsplit RETRIES
-// stores them: four tokens. Shard k of a split stream takes the facts
-// stored with its token; shard 0 also the four-token facts stored before
-// the split, so a deployment going from one shard to several loses none.
+// Shard 0, and an unsplit scheduler, which is shard 0, take the facts as
+// an unsplit RETRIES stores them (four tokens) and those stored with
+// token 0: a deployment going from one shard to several loses none, and
+// an unsplit scheduler still running when the stream is split (or
+// restarted with its old count) decides the facts of the items that stay
+// on shard 0 from the first one. A consumer updated to new filters keeps
+// its position, so a filter added only later would pass over them for
+// good. Shard k > 0 takes the facts stored with its token.
 // Every shard takes every release (retry.<kind>.released.<hold_key>): a
 // hold key is no item, and the held items of one key live on every shard.
 func ConsumerConfig(cfg Config) jetstream.ConsumerConfig {
@@ -44,8 +48,6 @@ func ConsumerConfig(cfg Config) jetstream.ConsumerConfig {
 		switch {
 		case ev == contract.Released:
 			filters = append(filters, contract.RetryFilter("*", ev))
-		case cfg.Shards <= 1:
-			filters = append(filters, contract.RetryUnsplitFilter("*", ev))
 		case cfg.Shard == 0:
 			filters = append(filters, contract.RetryUnsplitFilter("*", ev), contract.RetryShardFilter(ev, 0))
 		default:

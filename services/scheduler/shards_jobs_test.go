@@ -7,9 +7,11 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
 	"github.com/retryd/retryd/internal/natstest"
+	"github.com/retryd/retryd/internal/streams"
 	"github.com/retryd/retryd/internal/servicetest"
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/projections/retrystore"
@@ -91,4 +93,34 @@ func TestShardedRetryControllerActsOnTheItemsShard(t *testing.T) {
 	require.NoError(t, c4.Cancel(s[0].ctx, "alpha", moving, "ops", "test"), "found on its shard under 2")
 	want[0]["alpha/"+moving] = retrystore.StateCancelled
 	s[0].waitRows(t, want[0], "alpha")
+}
+
+// An unsplit scheduler still running when RETRIES is split (the first
+// step of resharding from one shard) decides the facts of the items that
+// stay on shard 0, stored with token 0 from then on; those of shard 1
+// wait in the stream for their shard.
+func TestUnsplitSchedulerTakesTokenZeroAfterASplit(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.policy(t, "alpha", "", 3, 60_000, 60_000)
+	b.start(t)
+	require.NoError(t, streams.Ensure(b.ctx, b.js, streams.Options{Storage: jetstream.MemoryStorage, Shards: 2}))
+
+	var stay, move string
+	for i := 0; stay == "" || move == ""; i++ {
+		id := fmt.Sprintf("split-%03d", i)
+		if contract.Shard("alpha", id, 2) == 0 && stay == "" {
+			stay = id
+		} else if contract.Shard("alpha", id, 2) == 1 && move == "" {
+			move = id
+		}
+	}
+	publishAll(t, b, []*nats.Msg{
+		lifecycleMsg(t, contract.Failed, failed("alpha", stay, 1, "timeout")),
+		lifecycleMsg(t, contract.Failed, failed("alpha", move, 1, "timeout")),
+	})
+	b.waitRows(t, map[string]retrystore.State{"alpha/" + stay: retrystore.StateScheduled}, "alpha")
+	require.True(t, natstest.Settled(t, b.ctx, b.js, contract.StreamRetries, scheduler.ConsumerName))
+	_, ok := b.rows(t, "alpha")["alpha/"+move]
+	require.False(t, ok, "shard 1's item waits for its shard")
 }
