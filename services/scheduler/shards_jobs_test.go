@@ -11,8 +11,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/retryd/retryd/internal/natstest"
-	"github.com/retryd/retryd/internal/streams"
 	"github.com/retryd/retryd/internal/servicetest"
+	"github.com/retryd/retryd/internal/streams"
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/projections/retrystore"
 	"github.com/retryd/retryd/services/scheduler"
