@@ -1,14 +1,11 @@
 package retention_test
 
 import (
-	"context"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
-	"github.com/retryd/retryd/migrations/pgtest"
 	"github.com/retryd/retryd/projections/retention"
 )
 
@@ -18,12 +15,7 @@ import (
 // replayed message of their id.
 func TestRetentionDeletesTerminalEventsDeliveriesAndRuns(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, pgtest.NewDatabaseURL(t))
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = conn.Close(context.Background()) })
-	now := time.Now().UTC()
-	ago := func(days int) time.Time { return now.Add(-time.Duration(days) * day) }
+	ctx, conn, _, ago := itemDB(t)
 	exec := func(sql string, args ...any) {
 		t.Helper()
 		_, err := conn.Exec(ctx, sql, args...)

@@ -21,12 +21,7 @@ import (
 // the analytics of the kept window answer as before.
 func TestRetentionDeletesTerminalItems(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, pgtest.NewDatabaseURL(t))
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = conn.Close(context.Background()) })
-	now := time.Now().UTC()
-	ago := func(days int) time.Time { return now.Add(-time.Duration(days) * day) }
+	ctx, conn, now, ago := itemDB(t)
 
 	retry := func(id, state string, created time.Time, resolved *time.Time) {
 		t.Helper()

@@ -329,3 +329,15 @@ func TestRetentionMarksOnlyMoveForward(t *testing.T) {
 	require.NoError(t, err)
 	require.False(t, a.Partial)
 }
+
+// itemDB is a migrated database for the item tables' tests, the time
+// they count from, and ago(days) before it.
+func itemDB(t *testing.T) (context.Context, *pgx.Conn, time.Time, func(days int) time.Time) {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, pgtest.NewDatabaseURL(t))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close(context.Background()) })
+	now := time.Now().UTC()
+	return ctx, conn, now, func(days int) time.Time { return now.Add(-time.Duration(days) * day) }
+}

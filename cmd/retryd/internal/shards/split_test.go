@@ -232,20 +232,7 @@ func TestSplitOneIntoTwo(t *testing.T) {
 	e.start(t, 0, 2)
 	e.start(t, 1, 2)
 
-	require.Eventually(t, func() bool {
-		d := e.dues(t)
-		for _, id := range items {
-			if d[contract.DueMsgID(contract.KindJob, id, 2)] == 0 {
-				return false
-			}
-		}
-		return true
-	}, waitFor, 100*time.Millisecond, "every item comes due")
-	d := e.dues(t)
-	require.Len(t, d, len(items), "one due per item, none of another attempt")
-	for _, id := range items {
-		require.Equal(t, 1, d[contract.DueMsgID(contract.KindJob, id, 2)], id)
-	}
+	e.requireEachDueOnce(t, items)
 	var moved string
 	for _, id := range items {
 		own := contract.Shard(contract.KindJob, id, 2)
@@ -336,6 +323,24 @@ func TestSplitTwoIntoFour(t *testing.T) {
 	for k := range 4 {
 		e.start(t, k, 4)
 	}
+	e.requireEachDueOnce(t, items)
+	for _, id := range items {
+		own := contract.Shard(contract.KindJob, id, 4)
+		for k := range 4 {
+			_, err := retrystore.Get(e.ctx, e.pools[k], contract.KindJob, id)
+			if k == own {
+				require.NoError(t, err, id)
+			} else {
+				require.ErrorIs(t, err, retrystore.ErrNotFound, "%s on shard %d", id, k)
+			}
+		}
+	}
+}
+
+// requireEachDueOnce waits until every item's attempt 2 came due and
+// checks each came due once, and nothing else did.
+func (e *env) requireEachDueOnce(t *testing.T, items []string) {
+	t.Helper()
 	require.Eventually(t, func() bool {
 		d := e.dues(t)
 		for _, id := range items {
@@ -349,14 +354,5 @@ func TestSplitTwoIntoFour(t *testing.T) {
 	require.Len(t, d, len(items), "one due per item, none of another attempt")
 	for _, id := range items {
 		require.Equal(t, 1, d[contract.DueMsgID(contract.KindJob, id, 2)], id)
-		own := contract.Shard(contract.KindJob, id, 4)
-		for k := range 4 {
-			_, err := retrystore.Get(e.ctx, e.pools[k], contract.KindJob, id)
-			if k == own {
-				require.NoError(t, err, id)
-			} else {
-				require.ErrorIs(t, err, retrystore.ErrNotFound, "%s on shard %d", id, k)
-			}
-		}
 	}
 }
