@@ -161,5 +161,9 @@ func TestRedueAfterTimeout(t *testing.T) {
 		}
 	}
 	require.Equal(t, row.DueEmissions, dueRows)
-	require.GreaterOrEqual(t, metric(t, s.reg, "retryd_scheduler_redue_total", "kind", "rd"), 1.0)
+	// The counter moves after the emission's commit (CI run AA read it
+	// between the two): wait for it.
+	require.Eventually(t, func() bool {
+		return metric(t, s.reg, "retryd_scheduler_redue_total", "kind", "rd") >= 1
+	}, waitFor, 20*time.Millisecond)
 }
