@@ -207,24 +207,6 @@ func readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
 	return b, true
 }
 
-// itemShards are the shards an item may be on when RETRIES is split into
-// n: its shard now, then its shard under each smaller count that divides
-// n, largest first. A resharding only multiplies the count (N to kN), so
-// those are the layouts the item may have been placed by; until the
-// split moved it, it sits on its old shard (docs/shards.md).
-func itemShards(kind, id string, n int) []int {
-	out := []int{contract.Shard(kind, id, n)}
-	for d := n - 1; d >= 1; d-- {
-		if n%d != 0 {
-			continue
-		}
-		if k := contract.Shard(kind, id, d); !slices.Contains(out, k) {
-			out = append(out, k)
-		}
-	}
-	return out
-}
-
 // itemPath reads /v1/retries/{kind}/{id} and /v1/retries/{kind}/{id}/{cancel,retry}.
 func itemPath(path string) (kind, id string, ok bool) {
 	parts := strings.Split(strings.TrimPrefix(path, "/v1/retries/"), "/")
@@ -237,7 +219,7 @@ func itemPath(path string) (kind, id string, ok bool) {
 }
 
 // serveItem sends an item's request to its shard and, on a 404 there,
-// to the shards it had under the previous layouts (itemShards); the
+// to the shards it had under the previous layouts (contract.ShardsOf); the
 // answer is the first that is not a 404, else the item's shard's 404. A
 // shard that cannot be reached ends the search with a 502: the item may
 // be there.
@@ -258,7 +240,7 @@ func (s *schedulerShards) serveItem(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var first shardReply
-	for i, shard := range itemShards(kind, id, len(s.urls)) {
+	for i, shard := range contract.ShardsOf(kind, id, len(s.urls)) {
 		rep := s.send(r, shard, r.URL.Path, r.URL.RawQuery, body)
 		if rep.err != nil {
 			s.unreachable(w, r, rep)

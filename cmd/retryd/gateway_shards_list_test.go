@@ -86,7 +86,7 @@ func TestItemShards(t *testing.T) {
 	t.Parallel()
 	for i := range 200 {
 		id := fmt.Sprintf("01ITEM%03d", i)
-		got := itemShards("job", id, 4)
+		got := contract.ShardsOf("job", id, 4)
 		want := []int{contract.Shard("job", id, 4)}
 		for _, n := range []int{2, 1} {
 			if s := contract.Shard("job", id, n); !slices.Contains(want, s) {
@@ -94,8 +94,8 @@ func TestItemShards(t *testing.T) {
 			}
 		}
 		require.Equal(t, want, got, id)
-		require.Equal(t, []int{0}, itemShards("job", id, 1))
-		for _, s := range itemShards("job", id, 6) {
+		require.Equal(t, []int{0}, contract.ShardsOf("job", id, 1))
+		for _, s := range contract.ShardsOf("job", id, 6) {
 			require.Less(t, s, 6)
 		}
 	}

@@ -3,6 +3,7 @@ package contract
 import (
 	"fmt"
 	"hash/fnv"
+	"slices"
 	"strconv"
 )
 
@@ -24,6 +25,25 @@ func Shard(kind, id string, n int) int {
 	_, _ = h.Write([]byte(kind))
 	_, _ = h.Write([]byte(id))
 	return int(h.Sum32() % uint32(n))
+}
+
+// ShardsOf are the shards the item kind/id may be on when RETRIES is
+// split into n: its shard now, then its shard under each smaller count
+// that divides n, largest first, each once. A resharding only multiplies
+// the count (N to kN), so those are the layouts that may have placed it,
+// and until a split moves it the item sits on its old shard: what looks
+// an item up (the gateway, the jobs API) tries them in this order.
+func ShardsOf(kind, id string, n int) []int {
+	out := []int{Shard(kind, id, n)}
+	for d := n - 1; d >= 1; d-- {
+		if n%d != 0 {
+			continue
+		}
+		if k := Shard(kind, id, d); !slices.Contains(out, k) {
+			out = append(out, k)
+		}
+	}
+	return out
 }
 
 // RetryShardTransform is the RETRIES stream's subject transform for n

@@ -78,14 +78,10 @@ func (c ShardedRetryController) Cancel(ctx context.Context, kind, id, by, reason
 }
 
 func (c ShardedRetryController) onShard(kind, id string, act func(*Scheduler) error) error {
-	n := len(c.Shards)
-	first := contract.Shard(kind, id, n)
-	tried := map[int]bool{first: true}
-	err := act(c.Shards[first])
-	for m := n - 1; m >= 1 && errors.Is(err, ErrNotFound); m-- {
-		if k := contract.Shard(kind, id, m); n%m == 0 && !tried[k] {
-			tried[k] = true
-			err = act(c.Shards[k])
+	var err error
+	for _, k := range contract.ShardsOf(kind, id, len(c.Shards)) {
+		if err = act(c.Shards[k]); !errors.Is(err, ErrNotFound) {
+			return err
 		}
 	}
 	return err
