@@ -118,6 +118,7 @@ type burstResult struct {
 	lat        summary // each item from its due time to its receipt
 	loadTime   time.Duration
 	durability string
+	cost       *burstCost // retryd's only
 }
 
 type burstRecorder struct {

@@ -411,10 +411,21 @@ func retrydBurst(ctx context.Context, env Env, n int) (burstResult, error) {
 		return burstResult{}, err
 	}
 	defer r.close(ctx)
+	return r.burst(ctx, n, true)
+}
+
+// burst loads n items due within one second and waits for the owner to
+// receive them all; withCost reads the burst's CPU (the scheduler in
+// process: its CPU is the bench process's).
+func (r *retrydSys) burst(ctx context.Context, n int, withCost bool) (burstResult, error) {
+	var err error
 	br := newBurstRecorder(n)
-	stop, err := r.ownDue(ctx, kindBurst, func(ev dueEvent) {
-		br.received1(ev.data.NextAttemptAt, ev.receivedAt)
-		br.stored1(ev.storedAt)
+	var stop func()
+	labelled(ctx, compOwner, func(ctx context.Context) {
+		stop, err = r.ownDue(ctx, kindBurst, func(ev dueEvent) {
+			br.received1(ev.data.NextAttemptAt, ev.receivedAt)
+			br.stored1(ev.storedAt)
+		})
 	})
 	if err != nil {
 		return burstResult{}, err
@@ -424,10 +435,16 @@ func retrydBurst(ctx context.Context, env Env, n int) (burstResult, error) {
 	if err := copyPending(ctx, r.db.pool, pendingRows{kind: kindBurst, n: n, from: t0, span: time.Second}); err != nil {
 		return burstResult{}, err
 	}
+	endCost, abortCost := func() *burstCost { return nil }, func() {}
+	if withCost {
+		endCost, abortCost = probeBurst(ctx, r.env, r, t0, n)
+	}
+	defer abortCost()
 	res, err := br.loaded(ctx)
 	if err != nil {
 		return burstResult{}, err
 	}
+	res.cost = endCost()
 	res.durability = r.durability(ctx)
 	return res, nil
 }

@@ -7,7 +7,7 @@ import (
 )
 
 func init() {
-	register("burst", "N retries due in the same second: time until the owner has every due event (retryd, River, NakWithDelay, schedules)", runBurst)
+	register("burst", "N retries due in the same second: time until the owner has every due event (retryd in process, retryd-scheduler as a process, River, NakWithDelay, schedules)", runBurst)
 }
 
 type burstSystem struct {
@@ -17,6 +17,7 @@ type burstSystem struct {
 
 var burstSystems = []burstSystem{
 	{"retryd", retrydBurst},
+	{"retryd-process", retrydProcessBurst},
 	{"River", riverBurst},
 	{"NakWithDelay", nakBurst},
 	{"schedules", schedulesBurst},
@@ -68,10 +69,11 @@ func runBurst(ctx context.Context, env Env) error {
 			sep = ", "
 		}
 		fmt.Fprintln(env.Out)
+		rd.cost.print(env.Out, env.rec, n)
 	}
 	fmt.Fprintln(env.Out, "durability:")
 	for _, sys := range systems {
-		fmt.Fprintf(env.Out, "  %-13s %s\n", sys.name, res[sys.name].durability)
+		fmt.Fprintf(env.Out, "  %-15s %s\n", sys.name, res[sys.name].durability)
 	}
 	return nil
 }

@@ -3,11 +3,12 @@ package main
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 )
 
 func init() {
-	register("cycles", "retry cycles/s: fail once, retry after 100 ms, succeed (retryd, River, NakWithDelay; A B C C B A)", runCycles)
+	register("cycles", "retry cycles/s: fail once, retry after 100 ms, succeed (retryd in process, retryd-scheduler as a process, River, NakWithDelay; A B C D D C B A)", runCycles)
 }
 
 type cycleSystem struct {
@@ -17,6 +18,7 @@ type cycleSystem struct {
 
 var cycleSystems = []cycleSystem{
 	{"retryd", retrydCycles},
+	{"retryd-process", retrydProcessCycles},
 	{"River", riverCycles},
 	{"NakWithDelay", nakCycles},
 }
@@ -27,15 +29,15 @@ const cycleTarget = 2.0
 func runCycles(ctx context.Context, env Env) error {
 	s := env.Sizes
 	per := s.CycleDuration / 2
-	fmt.Fprintf(env.Out, "%d items in flight; each run measures %s once %s passed and the first %d items completed; order A B C C B A\n",
-		s.CycleWindow, per, s.CycleWarmup, s.CycleWindow)
+	systems := pick(env, cycleSystems, func(s cycleSystem) string { return s.name })
+	order := append(append([]cycleSystem(nil), systems...), reversed(systems)...)
+	fmt.Fprintf(env.Out, "%d items in flight; each run measures %s once %s passed and the first %d items completed; order %s\n",
+		s.CycleWindow, per, s.CycleWarmup, s.CycleWindow, runOrder(len(systems)))
 	type agg struct {
 		runs       []cycleResult
 		durability string
 	}
 	results := map[string]*agg{}
-	systems := pick(env, cycleSystems, func(s cycleSystem) string { return s.name })
-	order := append(append([]cycleSystem(nil), systems...), reversed(systems)...)
 	costs := map[string]*costTotal{}
 	for i, sys := range order {
 		runEnv := env
@@ -100,7 +102,7 @@ func runCycles(ctx context.Context, env Env) error {
 	}
 	fmt.Fprintln(env.Out, "durability:")
 	for _, sys := range systems {
-		fmt.Fprintf(env.Out, "  %-13s %s\n", sys.name, results[sys.name].durability)
+		fmt.Fprintf(env.Out, "  %-15s %s\n", sys.name, results[sys.name].durability)
 	}
 	fmt.Fprintln(env.Out, "cycle = retryd: failed published -> succeeded PubAck; River: job inserted -> job_completed event; NakWithDelay: published -> acked")
 	printCycleCost(env, costs)
@@ -116,6 +118,18 @@ func pick[T any](env Env, all []T, name func(T) string) []T {
 		}
 	}
 	return out
+}
+
+// runOrder names the order of n systems' runs: A B C C B A for three.
+func runOrder(n int) string {
+	letters := make([]string, 0, 2*n)
+	for i := range n {
+		letters = append(letters, string(rune('A'+i)))
+	}
+	for i := n - 1; i >= 0; i-- {
+		letters = append(letters, string(rune('A'+i)))
+	}
+	return strings.Join(letters, " ")
 }
 
 func reversed[T any](s []T) []T {

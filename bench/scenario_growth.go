@@ -33,6 +33,9 @@ func runGrowth(ctx context.Context, env Env) error {
 	fmt.Fprintf(env.Out, "%s pending in the background; per history size: cycles for %s (%d in flight), then the %d/s probe for %s; history loaded with INSERT ... generate_series in 1M-row statements\n",
 		count(s.GrowthPending), s.GrowthFor, s.CycleWindow, s.Probe.rate, s.GrowthFor)
 
+	if err := warmGrowth(ctx, env, r); err != nil {
+		return err
+	}
 	var steps []growthStep
 	var loaded int64
 	spec := s.Probe
@@ -99,4 +102,32 @@ func fmtRows(n int64) string {
 		return fmt.Sprintf("%.0fk", float64(n)/1e3)
 	}
 	return fmt.Sprint(n)
+}
+
+// warmGrowth runs cycles unmeasured for Sizes.GrowthWarmup, then empties
+// retry_history. Without it the first (empty) size was measured before
+// steady state (the first 20 s of cycles on fresh streams and tables,
+// RETRIES' 2-minute duplicate window not yet full), and every later size
+// was compared with it as if history had made the difference: sizes
+// 0,0,0 ran at 1x, 0.75x, 0.66x (2026-11-26, 21:38 UTC) with no history
+// loaded at all, and at 1x, 0.99x, 0.99x after the warm-up.
+func warmGrowth(ctx context.Context, env Env, r *retrydSys) error {
+	d := env.Sizes.GrowthWarmup
+	if d <= 0 {
+		return nil
+	}
+	start := time.Now()
+	res, err := r.cycles(ctx, env.Sizes.CycleWindow, 2*time.Second, d)
+	if err != nil {
+		return fmt.Errorf("warm up: %w", err)
+	}
+	if _, err := r.settle(ctx, 2*time.Minute); err != nil {
+		return err
+	}
+	if _, err := r.db.pool.Exec(ctx, "TRUNCATE retry_history"); err != nil {
+		return fmt.Errorf("empty history after the warm-up: %w", err)
+	}
+	fmt.Fprintf(env.Out, "  warm-up: %.0f cycles/s for %s, unmeasured (RETRIES' duplicate window full, item tables as after use); retry_history emptied (%s in all)\n",
+		res.rate, d, time.Since(start).Round(time.Second))
+	return nil
 }

@@ -6,6 +6,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/retryd/retryd/internal/streams"
 )
 
 // sizes are the knobs of every scenario. --quick picks the small set (the
@@ -28,6 +30,7 @@ type sizes struct {
 	HistorySizes   []int         // retry_history sizes of the growth scenario
 	GrowthPending  int           // background pending during growth
 	GrowthFor      time.Duration // cycle and probe time per history size
+	GrowthWarmup   time.Duration // unmeasured cycles before the first history size
 	RetentionRows  int           // retention: history rows in each day partition it drops
 	HoldEvents     int           // hold-release: events held, then released, per resume phase
 	HoldBurst      int           // hold-release: events sent at once to the throttled source
@@ -41,7 +44,7 @@ func quickSizes() sizes {
 		Burst:          10_000,
 		RecoverPending: 10_000, RecoverSteady: 5 * time.Second, RecoverDown: 2 * time.Second,
 		MemorySizes: []int{1_000, 10_000}, MemoryFor: 5 * time.Second,
-		HistorySizes: []int{0, 100_000}, GrowthPending: 10_000, GrowthFor: 5 * time.Second,
+		HistorySizes: []int{0, 100_000}, GrowthPending: 10_000, GrowthFor: 5 * time.Second, GrowthWarmup: 5 * time.Second,
 		RetentionRows: 100_000,
 		HoldEvents:    2_000, HoldBurst: 1_000,
 	}
@@ -56,6 +59,7 @@ func fullSizes() sizes {
 		RecoverPending: 1_000_000, RecoverSteady: 15 * time.Second, RecoverDown: 5 * time.Second,
 		MemorySizes: []int{10_000, 100_000, 1_000_000}, MemoryFor: 15 * time.Second,
 		HistorySizes: []int{0, 1_000_000, 10_000_000}, GrowthPending: 100_000, GrowthFor: 20 * time.Second,
+		GrowthWarmup:  streams.DuplicateWindow + 30*time.Second,
 		RetentionRows: 1_000_000,
 		HoldEvents:    100_000, HoldBurst: 10_000,
 	}
@@ -67,7 +71,7 @@ type sizeFlags struct {
 	fs                                       *flag.FlagSet
 	window, burst, recoverPending, probeRate *int
 	holdEvents, holdBurst, retentionRows     *int
-	cycleDur, probeDur                       *time.Duration
+	cycleDur, probeDur, growthWarmup         *time.Duration
 	pending, memory, history                 *string
 }
 
@@ -84,6 +88,7 @@ func registerSizeFlags(fs *flag.FlagSet) *sizeFlags {
 		holdBurst:      fs.Int("hold-burst", 0, "hold-release: events sent at once to the throttled source (quick 1000, full 10000)"),
 		recoverPending: fs.Int("recovery-pending", 0, "recovery: pending retries when the scheduler is killed (quick 10000, full 1000000)"),
 		memory:         fs.String("memory-sizes", "", "memory: pending counts, comma separated (quick 1000,10000, full 10000,100000,1000000)"),
+		growthWarmup:   fs.Duration("growth-warmup", -1, "growth: unmeasured cycles before the first history size, so that every size runs with RETRIES' duplicate window full (quick 5s, full 2m30s; 0 skips it)"),
 		history:        fs.String("history-sizes", "", "growth: retry_history sizes, comma separated (quick 0,100000, full 0,1000000,10000000)"),
 		retentionRows:  fs.Int("retention-rows", 0, "retention: retry_history rows in each of the day partitions it drops, and in the retained days (quick 100000, full 1000000)"),
 	}
@@ -95,6 +100,9 @@ func (f *sizeFlags) apply(s *sizes) error {
 	}
 	if *f.cycleDur > 0 {
 		s.CycleDuration = *f.cycleDur
+	}
+	if *f.growthWarmup >= 0 {
+		s.GrowthWarmup = *f.growthWarmup
 	}
 	if *f.probeDur > 0 {
 		s.Probe.dur = *f.probeDur
