@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/retryd/retryd/internal/streams"
 )
 
 func init() {
@@ -127,7 +129,11 @@ func warmGrowth(ctx context.Context, env Env, r *retrydSys) error {
 	if _, err := r.db.pool.Exec(ctx, "TRUNCATE retry_history"); err != nil {
 		return fmt.Errorf("empty history after the warm-up: %w", err)
 	}
-	fmt.Fprintf(env.Out, "  warm-up: %.0f cycles/s for %s, unmeasured (RETRIES' duplicate window full, item tables as after use); retry_history emptied (%s in all)\n",
-		res.rate, d, time.Since(start).Round(time.Second))
+	full := "RETRIES' duplicate window filled"
+	if d < streams.DuplicateWindow {
+		full = fmt.Sprintf("shorter than RETRIES' %s duplicate window: not steady state", streams.DuplicateWindow)
+	}
+	fmt.Fprintf(env.Out, "  warm-up: %.0f cycles/s for %s, unmeasured (%s); retry_history emptied (%s in all)\n",
+		res.rate, d, full, time.Since(start).Round(time.Second))
 	return nil
 }
