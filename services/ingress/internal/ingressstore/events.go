@@ -83,10 +83,23 @@ func LockEvent(ctx context.Context, db DB, id string) (Event, error) {
 	return pgrows.One(ctx, db, "lock workflow event", scanEvent, `SELECT `+eventColumns+` FROM workflow_events WHERE event_id = $1 FOR UPDATE`, id)
 }
 
-// SetEventStatus moves an event to status. Admitted also sets admitted_at.
-// Only events currently in one of from change; changed says whether this
-// one did.
+// SetEventStatus moves an event to status. Admitted also sets admitted_at
+// (to the transaction's start). Only events currently in one of from
+// change; changed says whether this one did.
 func SetEventStatus(ctx context.Context, db DB, id string, status Status, from ...Status) (changed bool, err error) {
+	return setEventStatus(ctx, db, id, status, nil, from...)
+}
+
+// AdmitEventAt is SetEventStatus to admitted with admitted_at = at: the
+// time the gate decided, by which it counted the admission in its rate
+// window. now() is the start of the gate's transaction, which decides a
+// batch of a source's events and may have begun a window earlier, so
+// admitted_at would not tell which window an admission counts in.
+func AdmitEventAt(ctx context.Context, db DB, id string, at time.Time, from ...Status) (changed bool, err error) {
+	return setEventStatus(ctx, db, id, StatusAdmitted, &at, from...)
+}
+
+func setEventStatus(ctx context.Context, db DB, id string, status Status, admittedAt *time.Time, from ...Status) (changed bool, err error) {
 	froms := make([]string, len(from))
 	for i, f := range from {
 		froms[i] = string(f)
@@ -97,7 +110,7 @@ func SetEventStatus(ctx context.Context, db DB, id string, status Status, from .
 		WITH moved AS (
 			UPDATE workflow_events
 			SET status = $2,
-			    admitted_at = CASE WHEN $2 = 'admitted' THEN now() ELSE admitted_at END,
+			    admitted_at = CASE WHEN $2 = 'admitted' THEN coalesce($4::timestamptz, now()) ELSE admitted_at END,
 			    updated_at = now()
 			WHERE event_id = $1 AND (cardinality($3::text[]) = 0 OR status = ANY($3::text[]))
 			RETURNING event_id
@@ -105,7 +118,7 @@ func SetEventStatus(ctx context.Context, db DB, id string, status Status, from .
 			DELETE FROM event_source_holds WHERE event_id IN (SELECT event_id FROM moved) AND $2 <> 'deferred'
 		)
 		SELECT count(*) FROM moved`,
-		id, string(status), froms).Scan(&n)
+		id, string(status), froms, admittedAt).Scan(&n)
 	if err != nil {
 		return false, fmt.Errorf("set workflow event status: %w", err)
 	}

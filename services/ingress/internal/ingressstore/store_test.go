@@ -147,6 +147,35 @@ func TestInsertEventStoresAnIDOnce(t *testing.T) {
 	require.ErrorIs(t, err, ingressstore.ErrNotFound)
 }
 
+// The gate counts an admission in the rate window of its decision, which
+// its transaction may have begun before: admitted_at is the decision's
+// time, so the window it counts in can be read from it.
+func TestAdmitEventAtSetsTheDecisionTime(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	_, err := ingressstore.InsertEvent(b.ctx, b.pool, "ev-at", "billing", "x.y", []byte(`{}`), 1)
+	require.NoError(t, err)
+	tx, err := b.pool.Begin(b.ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(b.ctx) //nolint:errcheck // no-op after commit
+	var txStart time.Time
+	require.NoError(t, tx.QueryRow(b.ctx, `SELECT now()`).Scan(&txStart))
+	decided := txStart.Add(150 * time.Millisecond).UTC().Truncate(time.Microsecond)
+	changed, err := ingressstore.AdmitEventAt(b.ctx, tx, "ev-at", decided, ingressstore.StatusDeferred)
+	require.NoError(t, err)
+	require.False(t, changed, "status guard: received is not deferred")
+	changed, err = ingressstore.AdmitEventAt(b.ctx, tx, "ev-at", decided, ingressstore.StatusReceived)
+	require.NoError(t, err)
+	require.True(t, changed)
+	require.NoError(t, tx.Commit(b.ctx))
+
+	ev, err := ingressstore.GetEvent(b.ctx, b.pool, "ev-at")
+	require.NoError(t, err)
+	require.Equal(t, ingressstore.StatusAdmitted, ev.Status)
+	require.NotNil(t, ev.AdmittedAt)
+	require.True(t, decided.Equal(*ev.AdmittedAt), "admitted_at %s, decided %s (transaction began %s)", ev.AdmittedAt, decided, txStart)
+}
+
 func TestGateWithoutSourceRowAdmits(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
