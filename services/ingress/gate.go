@@ -161,13 +161,8 @@ func invalid(field, reason string) error {
 func (s *Service) apply(ctx context.Context, tx pgx.Tx, ev ingressstore.Event, attempt int, v ingressstore.Verdict) error {
 	now := s.cfg.Now()
 	if v.Admitted {
-		var err error
-		if v.Now.IsZero() { // no source row: no window either
-			_, err = ingressstore.SetEventStatus(ctx, tx, ev.ID, ingressstore.StatusAdmitted, ingressstore.StatusReceived, ingressstore.StatusDeferred)
-		} else { // the time the admission counts in its rate window
-			_, err = ingressstore.AdmitEventAt(ctx, tx, ev.ID, v.Now, ingressstore.StatusReceived, ingressstore.StatusDeferred)
-		}
-		if err != nil {
+		// v.Now is the time the admission counts in its rate window.
+		if _, err := ingressstore.AdmitEventAt(ctx, tx, ev.ID, v.Now, ingressstore.StatusReceived, ingressstore.StatusDeferred); err != nil {
 			return err
 		}
 		msgs := []*nats.Msg{eventMsg(ev.ID, ev.Source, ev.Type, ev.Envelope)}

@@ -94,8 +94,12 @@ func SetEventStatus(ctx context.Context, db DB, id string, status Status, from .
 // time the gate decided, by which it counted the admission in its rate
 // window. now() is the start of the gate's transaction, which decides a
 // batch of a source's events and may have begun a window earlier, so
-// admitted_at would not tell which window an admission counts in.
+// admitted_at would not tell which window an admission counts in. A zero
+// at (a source with no gate row, so no window) keeps now().
 func AdmitEventAt(ctx context.Context, db DB, id string, at time.Time, from ...Status) (changed bool, err error) {
+	if at.IsZero() {
+		return setEventStatus(ctx, db, id, StatusAdmitted, nil, from...)
+	}
 	return setEventStatus(ctx, db, id, StatusAdmitted, &at, from...)
 }
 

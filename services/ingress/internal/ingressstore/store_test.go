@@ -176,6 +176,29 @@ func TestAdmitEventAtSetsTheDecisionTime(t *testing.T) {
 	require.True(t, decided.Equal(*ev.AdmittedAt), "admitted_at %s, decided %s (transaction began %s)", ev.AdmittedAt, decided, txStart)
 }
 
+// A source with no gate row has no window: the gate's verdict carries no
+// decision time, and admitted_at is the transaction's.
+func TestAdmitEventAtZeroTimeIsTheTransactionTime(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	_, err := ingressstore.InsertEvent(b.ctx, b.pool, "ev-zero", "billing", "x.y", []byte(`{}`), 1)
+	require.NoError(t, err)
+	tx, err := b.pool.Begin(b.ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(b.ctx) //nolint:errcheck // no-op after commit
+	var txStart time.Time
+	require.NoError(t, tx.QueryRow(b.ctx, `SELECT now()`).Scan(&txStart))
+	changed, err := ingressstore.AdmitEventAt(b.ctx, tx, "ev-zero", time.Time{}, ingressstore.StatusReceived)
+	require.NoError(t, err)
+	require.True(t, changed)
+	require.NoError(t, tx.Commit(b.ctx))
+
+	ev, err := ingressstore.GetEvent(b.ctx, b.pool, "ev-zero")
+	require.NoError(t, err)
+	require.NotNil(t, ev.AdmittedAt)
+	require.True(t, txStart.Equal(*ev.AdmittedAt), "admitted_at %s, transaction began %s", ev.AdmittedAt, txStart)
+}
+
 func TestGateWithoutSourceRowAdmits(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
