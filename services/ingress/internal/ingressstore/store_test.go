@@ -153,26 +153,17 @@ func TestInsertEventStoresAnIDOnce(t *testing.T) {
 func TestAdmitEventAtSetsTheDecisionTime(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	_, err := ingressstore.InsertEvent(b.ctx, b.pool, "ev-at", "billing", "x.y", []byte(`{}`), 1)
-	require.NoError(t, err)
-	tx, err := b.pool.Begin(b.ctx)
-	require.NoError(t, err)
-	defer tx.Rollback(b.ctx) //nolint:errcheck // no-op after commit
-	var txStart time.Time
-	require.NoError(t, tx.QueryRow(b.ctx, `SELECT now()`).Scan(&txStart))
-	decided := txStart.Add(150 * time.Millisecond).UTC().Truncate(time.Microsecond)
-	changed, err := ingressstore.AdmitEventAt(b.ctx, tx, "ev-at", decided, ingressstore.StatusDeferred)
-	require.NoError(t, err)
-	require.False(t, changed, "status guard: received is not deferred")
-	changed, err = ingressstore.AdmitEventAt(b.ctx, tx, "ev-at", decided, ingressstore.StatusReceived)
-	require.NoError(t, err)
-	require.True(t, changed)
-	require.NoError(t, tx.Commit(b.ctx))
-
-	ev, err := ingressstore.GetEvent(b.ctx, b.pool, "ev-at")
-	require.NoError(t, err)
+	var decided time.Time
+	ev, txStart := b.admitAt(t, "ev-at", func(tx pgx.Tx, txStart time.Time) {
+		decided = txStart.Add(150 * time.Millisecond).UTC().Truncate(time.Microsecond)
+		changed, err := ingressstore.AdmitEventAt(b.ctx, tx, "ev-at", decided, ingressstore.StatusDeferred)
+		require.NoError(t, err)
+		require.False(t, changed, "status guard: received is not deferred")
+		changed, err = ingressstore.AdmitEventAt(b.ctx, tx, "ev-at", decided, ingressstore.StatusReceived)
+		require.NoError(t, err)
+		require.True(t, changed)
+	})
 	require.Equal(t, ingressstore.StatusAdmitted, ev.Status)
-	require.NotNil(t, ev.AdmittedAt)
 	require.True(t, decided.Equal(*ev.AdmittedAt), "admitted_at %s, decided %s (transaction began %s)", ev.AdmittedAt, decided, txStart)
 }
 
@@ -181,22 +172,31 @@ func TestAdmitEventAtSetsTheDecisionTime(t *testing.T) {
 func TestAdmitEventAtZeroTimeIsTheTransactionTime(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	_, err := ingressstore.InsertEvent(b.ctx, b.pool, "ev-zero", "billing", "x.y", []byte(`{}`), 1)
+	ev, txStart := b.admitAt(t, "ev-zero", func(tx pgx.Tx, _ time.Time) {
+		changed, err := ingressstore.AdmitEventAt(b.ctx, tx, "ev-zero", time.Time{}, ingressstore.StatusReceived)
+		require.NoError(t, err)
+		require.True(t, changed)
+	})
+	require.True(t, txStart.Equal(*ev.AdmittedAt), "admitted_at %s, transaction began %s", ev.AdmittedAt, txStart)
+}
+
+// admitAt stores event id as received, runs admit in a transaction that
+// began at txStart (its now()), commits, and reads the event back.
+func (b *bundle) admitAt(t *testing.T, id string, admit func(tx pgx.Tx, txStart time.Time)) (ingressstore.Event, time.Time) {
+	t.Helper()
+	_, err := ingressstore.InsertEvent(b.ctx, b.pool, id, "billing", "x.y", []byte(`{}`), 1)
 	require.NoError(t, err)
 	tx, err := b.pool.Begin(b.ctx)
 	require.NoError(t, err)
 	defer tx.Rollback(b.ctx) //nolint:errcheck // no-op after commit
 	var txStart time.Time
 	require.NoError(t, tx.QueryRow(b.ctx, `SELECT now()`).Scan(&txStart))
-	changed, err := ingressstore.AdmitEventAt(b.ctx, tx, "ev-zero", time.Time{}, ingressstore.StatusReceived)
-	require.NoError(t, err)
-	require.True(t, changed)
+	admit(tx, txStart)
 	require.NoError(t, tx.Commit(b.ctx))
-
-	ev, err := ingressstore.GetEvent(b.ctx, b.pool, "ev-zero")
+	ev, err := ingressstore.GetEvent(b.ctx, b.pool, id)
 	require.NoError(t, err)
 	require.NotNil(t, ev.AdmittedAt)
-	require.True(t, txStart.Equal(*ev.AdmittedAt), "admitted_at %s, transaction began %s", ev.AdmittedAt, txStart)
+	return ev, txStart
 }
 
 func TestGateWithoutSourceRowAdmits(t *testing.T) {
