@@ -11,6 +11,8 @@ import (
 	"net/url"
 	"strings"
 	"time"
+
+	"github.com/retryd/retryd/internal/serve"
 )
 
 // maxResponseBytes bounds what the CLI reads of one API response.
@@ -121,13 +123,7 @@ func (c *apiClient) do(ctx context.Context, method, path string, query url.Value
 }
 
 func decodeAPIError(status int, raw []byte) error {
-	var body struct {
-		Error struct {
-			Code    string `json:"code"`
-			Message string `json:"message"`
-			Field   string `json:"field"`
-		} `json:"error"`
-	}
+	var body serve.ErrorBody
 	e := &apiError{Status: status}
 	if json.Unmarshal(raw, &body) == nil && body.Error.Code != "" {
 		e.Code, e.Message, e.Field = body.Error.Code, body.Error.Message, body.Error.Field

@@ -50,24 +50,12 @@ func newAnalyticsCmd(g *globals) *cobra.Command {
 	return cmd
 }
 
-type kindAnalytics struct {
-	Kind          string           `json:"kind"`
-	Items         int64            `json:"items"`
-	ByState       map[string]int64 `json:"by_state"`
-	Succeeded     int64            `json:"succeeded"`
-	Exhausted     int64            `json:"exhausted"`
-	SuccessRate   *float64         `json:"success_rate"`
-	TotalRetries  int64            `json:"total_retries"`
-	RetriedItems  int64            `json:"retried_items"`
-	ErrorsByClass []classCount     `json:"errors_by_class"`
-}
-
 // counts joins the non-zero counts of by in the order of keys: "failed
 // 3, completed 2".
-func counts(keys []string, by map[string]int64) string {
+func counts[K ~string](keys []string, by map[K]int64) string {
 	var out []string
 	for _, k := range keys {
-		if n := by[k]; n > 0 {
+		if n := by[K(k)]; n > 0 {
 			out = append(out, fmt.Sprintf("%s %d", k, n))
 		}
 	}

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+
+	"github.com/retryd/retryd/internal/audit"
 )
 
 // maxAuditLimit is the largest page GET /v1/audit serves.
@@ -35,12 +37,12 @@ token (--token or RETRYD_TOKEN). See docs/security.md.`,
 				}
 				q.Set("since", t.UTC().Format(time.RFC3339))
 			}
-			return list(cmd, g, pages, q, listing[auditPage, auditEntry]{
+			return list(cmd, g, pages, q, listing[auditPage, audit.Entry]{
 				path: "/v1/audit", what: "audit", none: "No audit entries match.", more: "entries",
-				rows:    func(p auditPage) ([]auditEntry, string) { return p.Entries, p.NextCursor },
-				page:    func(entries []auditEntry) auditPage { return auditPage{Entries: entries} },
+				rows:    func(p auditPage) ([]audit.Entry, string) { return p.Entries, p.NextCursor },
+				page:    func(entries []audit.Entry) auditPage { return auditPage{Entries: entries} },
 				columns: []string{"AT", "PRINCIPAL", "ROLE", "ACTION", "TARGET", "DETAIL"},
-				row: func(e auditEntry, _ time.Time) []string {
+				row: func(e audit.Entry, _ time.Time) []string {
 					return []string{e.At.Local().Format(time.DateTime), e.Principal, e.Role, e.Action, e.Target, compactDetail(e.Detail)}
 				},
 			})

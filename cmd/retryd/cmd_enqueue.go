@@ -8,14 +8,6 @@ import (
 	"github.com/spf13/cobra"
 )
 
-type enqueued struct {
-	ID        string     `json:"id"`
-	JobType   string     `json:"job_type"`
-	Subject   string     `json:"subject"`
-	RunAt     *time.Time `json:"run_at"`
-	Duplicate bool       `json:"duplicate"`
-}
-
 func newJobsEnqueueCmd(g *globals) *cobra.Command {
 	var (
 		id, key, runAt, in, uniqueFor string

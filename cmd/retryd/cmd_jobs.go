@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/retryd/retryd/pkg/contract"
+	"github.com/retryd/retryd/projections/jobstore"
 )
 
 // The jobs commands work the jobs API (services/jobs): the jobs table the
@@ -92,16 +93,16 @@ func newJobsListCmd(g *globals) *cobra.Command {
 			if err := timeFlags(cmd, since, until, func(name string, t time.Time) { q.Set(name, t.Format(time.RFC3339Nano)) }); err != nil {
 				return err
 			}
-			return list(cmd, g, pages, q, listing[jobPage, jobRow]{
+			return list(cmd, g, pages, q, listing[jobPage, jobstore.Job]{
 				path: "/v1/jobs", what: "jobs", none: "No jobs match.", more: "jobs",
-				rows: func(p jobPage) ([]jobRow, string) { return p.Jobs, p.NextCursor },
-				page: func(rows []jobRow) jobPage { return jobPage{Jobs: rows} },
+				rows: func(p jobPage) ([]jobstore.Job, string) { return p.Jobs, p.NextCursor },
+				page: func(rows []jobstore.Job) jobPage { return jobPage{Jobs: rows} },
 				// RETRIES, not attempts out of a maximum: the API has no
 				// maximum attempt, and after --reset-attempts the attempt
 				// number goes on while the budget starts again.
 				columns: []string{"ID", "TYPE", "STATUS", "PRIORITY", "ATTEMPT", "RETRIES", "LAST ERROR CLASS", "NEXT RETRY", "UPDATED"},
-				row: func(j jobRow, now time.Time) []string {
-					return []string{j.ID, j.JobType, j.Status, jobPriority(j), strconv.Itoa(j.Attempt), retriesCell(j.RetryCount, j.MaxRetries), j.LastErrorClass,
+				row: func(j jobstore.Job, now time.Time) []string {
+					return []string{j.ID, j.JobType, string(j.Status), jobPriority(j), strconv.Itoa(j.Attempt), retriesCell(j.RetryCount, j.MaxRetries), j.LastErrorClass,
 						nextRetry(j, now), relTime(&j.UpdatedAt, now)}
 				},
 			})
@@ -121,7 +122,7 @@ func newJobsListCmd(g *globals) *cobra.Command {
 
 // nextRetry is when a waiting job runs again; next_retry_at of a finished
 // job is history, not a plan.
-func nextRetry(j jobRow, now time.Time) string {
+func nextRetry(j jobstore.Job, now time.Time) string {
 	if j.Status != "retrying" && j.Status != "held" {
 		return ""
 	}
@@ -140,7 +141,7 @@ func newJobsShowCmd(g *globals) *cobra.Command {
 
 // jobPriority is a job's band; an API from before priorities sends none,
 // and its jobs are normal.
-func jobPriority(j jobRow) string {
+func jobPriority(j jobstore.Job) string {
 	if j.Priority == "" {
 		return string(contract.PriorityNormal)
 	}
@@ -150,7 +151,7 @@ func jobPriority(j jobRow) string {
 func printJob(g *globals, id string, v jobView) error {
 	now := time.Now()
 	if j := v.Job; j != nil {
-		status := j.Status
+		status := string(j.Status)
 		if j.StatusReason != "" {
 			status += " (" + j.StatusReason + ")"
 		}

@@ -33,7 +33,7 @@ func (b *bundle) waitJob(t *testing.T, id string, ok func(jobView) bool) jobView
 }
 
 func jobStatus(status string) func(jobView) bool {
-	return func(v jobView) bool { return v.Job.Status == status }
+	return func(v jobView) bool { return string(v.Job.Status) == status }
 }
 
 func TestJobsCommands(t *testing.T) {

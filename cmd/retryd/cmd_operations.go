@@ -9,31 +9,12 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+
+	"github.com/retryd/retryd/projections/jobstore"
 )
 
 // operationStatuses are the statuses GET /v1/operations filters on.
 var operationStatuses = []string{"running", "completed", "cancelled"}
-
-// operationSummary is a bulk operation as the jobs API answers it.
-type operationSummary struct {
-	ID            string     `json:"id"`
-	Status        string     `json:"status"`
-	Reason        string     `json:"reason"`
-	RequestedBy   string     `json:"requested_by"`
-	RatePerSecond float64    `json:"rate_per_second"`
-	Total         int        `json:"total"`
-	Released      int        `json:"released"`
-	Skipped       int        `json:"skipped"`
-	Failed        int        `json:"failed"`
-	Pending       int        `json:"pending"`
-	CreatedAt     time.Time  `json:"created_at"`
-	FinishedAt    *time.Time `json:"finished_at"`
-}
-
-type operationPage struct {
-	Operations []operationSummary `json:"operations"`
-	NextCursor string             `json:"next_cursor,omitempty"`
-}
 
 func newJobsOperationsCmd(g *globals) *cobra.Command {
 	var status string
@@ -59,12 +40,12 @@ func newJobsOperationsCmd(g *globals) *cobra.Command {
 				}
 				q.Set("status", status)
 			}
-			return list(cmd, g, pages, q, listing[operationPage, operationSummary]{
+			return list(cmd, g, pages, q, listing[operationPage, jobstore.Operation]{
 				path: "/v1/operations", what: "operations", none: "No bulk operations match.", more: "operations",
-				rows:    func(p operationPage) ([]operationSummary, string) { return p.Operations, p.NextCursor },
-				page:    func(ops []operationSummary) operationPage { return operationPage{Operations: ops} },
+				rows:    func(p operationPage) ([]jobstore.Operation, string) { return p.Operations, p.NextCursor },
+				page:    func(ops []jobstore.Operation) operationPage { return operationPage{Operations: ops} },
 				columns: []string{"ID", "STATUS", "CREATED", "BY", "RATE", "TOTAL", "RELEASED", "SKIPPED", "FAILED", "PENDING", "REASON"},
-				row: func(o operationSummary, _ time.Time) []string {
+				row: func(o jobstore.Operation, _ time.Time) []string {
 					return []string{o.ID, o.Status, o.CreatedAt.Local().Format(time.DateTime), o.RequestedBy, fmt.Sprintf("%.4g/s", o.RatePerSecond),
 						strconv.Itoa(o.Total), strconv.Itoa(o.Released), strconv.Itoa(o.Skipped), strconv.Itoa(o.Failed),
 						strconv.Itoa(o.Pending), trunc(o.Reason, 60)}

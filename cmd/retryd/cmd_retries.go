@@ -13,6 +13,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/retryd/retryd/internal/serve"
+	"github.com/retryd/retryd/projections/retrystore"
 )
 
 func (g *globals) client() (*apiClient, error) {
@@ -101,17 +102,17 @@ func newRetriesListCmd(g *globals) *cobra.Command {
 				return usageErrorf(cmd, "--state %q is not one of %s", state, strings.Join(retryStates, ", "))
 			}
 			q := filterQuery(map[string]string{"kind": kind, "state": state, "source": source, "job_type": jobType})
-			return list(cmd, g, pages, q, listing[retryPage, retryRow]{
+			return list(cmd, g, pages, q, listing[retryPage, retrystore.Retry]{
 				path: "/v1/retries", what: "retries", none: "No retries match.", more: "retries",
-				rows:    func(p retryPage) ([]retryRow, string) { return p.Retries, p.NextCursor },
-				page:    func(rows []retryRow) retryPage { return retryPage{Retries: rows} },
+				rows:    func(p retryPage) ([]retrystore.Retry, string) { return p.Retries, p.NextCursor },
+				page:    func(rows []retrystore.Retry) retryPage { return retryPage{Retries: rows} },
 				columns: []string{"KIND", "ID", "STATE", "ATTEMPT", "RETRIES", "NEXT ATTEMPT", "JOB TYPE", "SOURCE", "LAST ERROR"},
-				row: func(r retryRow, now time.Time) []string {
+				row: func(r retrystore.Retry, now time.Time) []string {
 					next := ""
 					if r.State == "scheduled" || r.State == "due" {
 						next = relTime(r.NextAttemptAt, now)
 					}
-					return []string{r.Kind, r.ID, r.State, strconv.Itoa(r.Attempt), fmt.Sprintf("%d/%d", r.RetryCount, r.MaxRetries),
+					return []string{r.Kind, r.ItemID, string(r.State), strconv.Itoa(r.Attempt), fmt.Sprintf("%d/%d", r.RetryCount, r.MaxRetries),
 						next, r.JobType, r.Source, lastError(r)}
 				},
 			})
@@ -126,7 +127,7 @@ func newRetriesListCmd(g *globals) *cobra.Command {
 	return cmd
 }
 
-func lastError(r retryRow) string {
+func lastError(r retrystore.Retry) string {
 	switch {
 	case r.LastErrorClass == "" && r.LastErrorMessage == "":
 		return r.LastReason
@@ -175,8 +176,8 @@ func printRetry(g *globals, v retryView) error {
 	r, now := v.Retry, time.Now()
 	pairs := []string{
 		"Kind", r.Kind,
-		"ID", r.ID,
-		"State", r.State,
+		"ID", r.ItemID,
+		"State", string(r.State),
 		"Attempt", strconv.Itoa(r.Attempt),
 		"Retries used", retriesUsed(r.RetryCount, r.MaxRetries),
 		"Policy", fmt.Sprintf("%s v%d", r.PolicyName, r.PolicyVersion),
@@ -213,7 +214,7 @@ func printRetry(g *globals, v retryView) error {
 	if err := keyValues(g.stdout, pairs...); err != nil {
 		return err
 	}
-	fmt.Fprintf(g.stdout, "\nLifecycle (%d events; nats stream view RETRIES --subject 'retry.%s.*.%s'):\n", len(v.History), r.Kind, r.ID)
+	fmt.Fprintf(g.stdout, "\nLifecycle (%d events; nats stream view RETRIES --subject 'retry.%s.*.%s'):\n", len(v.History), r.Kind, r.ItemID)
 	if len(v.History) == 0 {
 		fmt.Fprintln(g.stdout, "  (no history)")
 		return nil
@@ -348,10 +349,10 @@ func retryAction(cmd *cobra.Command, g *globals, kind, id, action string, body m
 	r := v.Retry
 	switch action {
 	case "cancel":
-		fmt.Fprintf(g.stdout, "Cancelled %s/%s at attempt %d: state %s.\n", r.Kind, r.ID, r.Attempt, r.State)
+		fmt.Fprintf(g.stdout, "Cancelled %s/%s at attempt %d: state %s.\n", r.Kind, r.ItemID, r.Attempt, r.State)
 	default:
 		fmt.Fprintf(g.stdout, "Retrying %s/%s now: attempt %d, state %s (retries used %s).\n",
-			r.Kind, r.ID, r.Attempt, r.State, retriesUsed(r.RetryCount, r.MaxRetries))
+			r.Kind, r.ItemID, r.Attempt, r.State, retriesUsed(r.RetryCount, r.MaxRetries))
 		if reset, _ := body["reset_attempts"].(bool); !reset && r.RetryCount >= r.MaxRetries {
 			fmt.Fprintln(g.stdout, "A failure of this attempt exhausts it; --reset-attempts gives it its whole budget.")
 		}

@@ -59,7 +59,7 @@ func TestRetriesCommands(t *testing.T) {
 
 		var v retryView
 		b.okJSON(t, &v, "retries", "show", "job/"+a)
-		require.Equal(t, a, v.Retry.ID)
+		require.Equal(t, a, v.Retry.ItemID)
 		require.Equal(t, []string{"failed", "scheduled"}, events(v.History))
 	})
 

@@ -1,13 +1,14 @@
 package main
 
 import (
-	"encoding/json"
 	"fmt"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
+
+	"github.com/retryd/retryd/services/triggers"
 )
 
 // The runs commands work the triggers service's run views (GET /v1/runs,
@@ -22,54 +23,6 @@ var runStatuses = []string{"requested", "in_progress", "retrying", "completed", 
 // runFailedStatuses are those of a run that failed: the ones a manual
 // retry is for.
 var runFailedStatuses = []string{"retrying", "failed", "failed_max_retries"}
-
-type runRow struct {
-	ID                 string     `json:"id"`
-	Workflow           string     `json:"workflow"`
-	Status             string     `json:"status"`
-	TriggerID          string     `json:"trigger_id"`
-	DeliveryID         string     `json:"delivery_id"`
-	EventID            string     `json:"event_id"`
-	Attempt            int        `json:"attempt"`
-	RetryCount         int        `json:"retry_count"`
-	MaxRetries         *int       `json:"max_retries"`
-	RetryEnabled       bool       `json:"retry_enabled"`
-	CurrentNodeID      string     `json:"current_node_id"`
-	Error              string     `json:"error"`
-	LastErrorClass     string     `json:"last_error_class"`
-	LastErrorMessage   string     `json:"last_error_message"`
-	LastErrorTimestamp *time.Time `json:"last_error_timestamp"`
-	NextRetryAt        *time.Time `json:"next_retry_at"`
-	Executor           string     `json:"executor"`
-	LeaseExpiresAt     *time.Time `json:"lease_expires_at"`
-	RequestedAt        time.Time  `json:"requested_at"`
-	UpdatedAt          time.Time  `json:"updated_at"`
-	FinishedAt         *time.Time `json:"finished_at"`
-}
-
-type runPage struct {
-	Runs       []runRow `json:"runs"`
-	NextCursor string   `json:"next_cursor,omitempty"`
-}
-
-type runStep struct {
-	Node             string          `json:"node"`
-	Status           string          `json:"status"`
-	Attempts         int             `json:"attempts"`
-	RunAttempt       int             `json:"run_attempt"`
-	RetryState       string          `json:"retry_state"`
-	NextAttemptAt    *time.Time      `json:"next_attempt_at"`
-	LastErrorClass   string          `json:"last_error_class"`
-	LastErrorMessage string          `json:"last_error_message"`
-	Executor         string          `json:"executor"`
-	Output           json.RawMessage `json:"output"`
-}
-
-// runView is GET /v1/runs/{id}.
-type runView struct {
-	Run   runRow    `json:"run"`
-	Steps []runStep `json:"steps"`
-}
 
 func newRunsCmd(g *globals) *cobra.Command {
 	cmd := group(&cobra.Command{
@@ -100,12 +53,12 @@ func newRunsListCmd(g *globals) *cobra.Command {
 			}
 			q := filterQuery(map[string]string{"workflow": workflow, "trigger_id": trigger, "error_class": errorClass,
 				"status": strings.Join(statuses, ",")})
-			return list(cmd, g, pages, q, listing[runPage, runRow]{
+			return list(cmd, g, pages, q, listing[runPage, triggers.RunView]{
 				path: "/v1/runs", what: "runs", none: "No runs match.", more: "runs",
-				rows:    func(p runPage) ([]runRow, string) { return p.Runs, p.NextCursor },
-				page:    func(rows []runRow) runPage { return runPage{Runs: rows} },
+				rows:    func(p runPage) ([]triggers.RunView, string) { return p.Runs, p.NextCursor },
+				page:    func(rows []triggers.RunView) runPage { return runPage{Runs: rows} },
 				columns: []string{"ID", "WORKFLOW", "STATUS", "ATTEMPT", "RETRIES", "NODE", "LAST ERROR CLASS", "NEXT RETRY", "REQUESTED"},
-				row: func(r runRow, now time.Time) []string {
+				row: func(r triggers.RunView, now time.Time) []string {
 					return []string{r.ID, r.Workflow, r.Status, strconv.Itoa(r.Attempt), retriesCell(r.RetryCount, r.MaxRetries), r.CurrentNodeID, r.LastErrorClass,
 						runNextRetry(r, now), relTime(&r.RequestedAt, now)}
 				},
@@ -123,7 +76,7 @@ func newRunsListCmd(g *globals) *cobra.Command {
 
 // runNextRetry is when a retrying run comes back; next_retry_at of a run
 // that moved on is history, not a plan.
-func runNextRetry(r runRow, now time.Time) string {
+func runNextRetry(r triggers.RunView, now time.Time) string {
 	if r.Status != "retrying" {
 		return ""
 	}
@@ -186,7 +139,7 @@ func printRun(g *globals, v runView) error {
 	return nil
 }
 
-func printRunSteps(g *globals, steps []runStep, now time.Time) error {
+func printRunSteps(g *globals, steps []triggers.StepView, now time.Time) error {
 	t := newTable(g.stdout, "NODE", "STATUS", "ATTEMPTS", "RUN ATTEMPT", "RETRY STATE", "EXECUTOR", "ERROR", "OUTPUT")
 	for _, s := range steps {
 		retry := s.RetryState

@@ -16,25 +16,6 @@ import (
 // which fire a job every tick. `jobs enqueue` posts one job, now or at a
 // time (POST /v1/jobs).
 
-type scheduleView struct {
-	JobType      string            `json:"job_type"`
-	Name         string            `json:"name"`
-	Pattern      string            `json:"pattern"`
-	TimeZone     string            `json:"time_zone"`
-	JobID        string            `json:"job_id"`
-	Priority     string            `json:"priority"`
-	Payload      json.RawMessage   `json:"payload"`
-	MaxRetries   *int              `json:"max_retries"`
-	TimeoutMS    int64             `json:"timeout_ms"`
-	Metadata     map[string]string `json:"metadata"`
-	UpdatedAt    time.Time         `json:"updated_at"`
-	RetryEnabled *bool             `json:"retry_enabled"`
-}
-
-type scheduleList struct {
-	Schedules []scheduleView `json:"schedules"`
-}
-
 // jobFields are the flags of a job that enqueue and schedules create
 // share, and the body fields they set.
 type jobFields struct {
@@ -107,7 +88,7 @@ func newSchedulesListCmd(g *globals) *cobra.Command {
 			}
 			t := newTable(g.stdout, "JOB TYPE", "NAME", "PATTERN", "TIME ZONE", "PRIORITY", "UPDATED")
 			for _, s := range l.Schedules {
-				t.row(s.JobType, s.Name, s.Pattern, s.TimeZone, s.Priority, s.UpdatedAt.Local().Format(time.DateTime))
+				t.row(s.JobType, s.Name, s.Pattern, s.TimeZone, string(s.Priority), s.UpdatedAt.Local().Format(time.DateTime))
 			}
 			return t.flush()
 		},
@@ -136,7 +117,7 @@ func showSchedule(g *globals, s scheduleView) error {
 	}
 	return keyValues(g.stdout,
 		"schedule", s.JobType+"/"+s.Name, "pattern", s.Pattern, "time zone", s.TimeZone,
-		"job ids", s.JobID+"-<sequence>", "priority", s.Priority, "max retries", retries,
+		"job ids", s.JobID+"-<sequence>", "priority", string(s.Priority), "max retries", retries,
 		"payload", string(s.Payload), "updated", s.UpdatedAt.Local().Format(time.RFC3339))
 }
 

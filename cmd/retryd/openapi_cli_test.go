@@ -23,9 +23,9 @@ type cliView struct {
 }
 
 // cliViews is what the CLI reads of each route it calls (client.go,
-// views.go and the commands): the spec is checked against these types,
-// not a generated client, since the CLI decodes only the fields it shows
-// into types of its own and a generator would replace them all.
+// views.go and the commands): the types the routes themselves encode,
+// under the CLI's names. The spec is checked against these types, not a
+// generated client, which would be a second definition of each answer.
 var cliViews = []cliView{
 	{"GET", "/v1/retries", 200, retryPage{}},
 	{"GET", "/v1/retries/{kind}/{id}", 200, retryView{}},

@@ -188,7 +188,7 @@ func (b *bundle) waitRetry(t *testing.T, kind, id, state string) retryView {
 			return false
 		}
 		v = retryView{}
-		return json.Unmarshal([]byte(last.stdout), &v) == nil && v.Retry.State == state
+		return json.Unmarshal([]byte(last.stdout), &v) == nil && string(v.Retry.State) == state
 	}, wait, 20*time.Millisecond, "%s/%s never reached %s", kind, id, state)
 	if !ok {
 		t.Fatalf("last answer: %s %s", last.stdout, last.stderr)

@@ -90,7 +90,12 @@ func (a *API) list(w http.ResponseWriter, r *http.Request) {
 	if ts == nil {
 		ts = []Token{}
 	}
-	serve.WriteJSON(w, http.StatusOK, map[string]any{"tokens": ts})
+	serve.WriteJSON(w, http.StatusOK, TokenList{Tokens: ts})
+}
+
+// TokenList is GET /v1/tokens.
+type TokenList struct {
+	Tokens []Token `json:"tokens"`
 }
 
 func (a *API) revoke(w http.ResponseWriter, r *http.Request) {

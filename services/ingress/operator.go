@@ -131,7 +131,12 @@ func (s *Service) listSources(w http.ResponseWriter, r *http.Request) {
 	for i, src := range list {
 		views[i] = sourceView(src)
 	}
-	serve.WriteJSON(w, http.StatusOK, map[string]any{"sources": views})
+	serve.WriteJSON(w, http.StatusOK, SourceList{Sources: views})
+}
+
+// SourceList is GET /v1/sources.
+type SourceList struct {
+	Sources []SourceView `json:"sources"`
 }
 
 func (s *Service) getSource(w http.ResponseWriter, r *http.Request) {

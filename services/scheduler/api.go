@@ -105,9 +105,10 @@ func (s *Scheduler) handleList(w http.ResponseWriter, r *http.Request) {
 	serve.ReplyPage(w, page, err, retrystore.ErrBadCursor)
 }
 
-// retryView is one retry with its history: everything that answers "why
-// did it retry?".
-type retryView struct {
+// RetryView is one retry with its history: everything that answers "why
+// did it retry?". GET /v1/retries/{kind}/{id} answers it; a manual cancel
+// or retry answers it without the history.
+type RetryView struct {
 	Retry   retrystore.Retry          `json:"retry"`
 	History []retrystore.HistoryEntry `json:"history,omitempty"`
 }
@@ -138,7 +139,7 @@ func (s *Scheduler) handleGet(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	hist, err := retrystore.History(r.Context(), s.cfg.Pool, kind, id)
-	serve.Reply(w, retryView{Retry: row, History: hist}, err)
+	serve.Reply(w, RetryView{Retry: row, History: hist}, err)
 }
 
 // cancelRequest and retryRequest keep "by" so older clients that send it
@@ -182,5 +183,5 @@ func itemAction[Req any](w http.ResponseWriter, r *http.Request, act func(kind, 
 		return
 	}
 	row, err := act(kind, id, req)
-	serve.Reply(w, retryView{Retry: row}, err)
+	serve.Reply(w, RetryView{Retry: row}, err)
 }

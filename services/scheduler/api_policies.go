@@ -45,7 +45,18 @@ func pathPolicy(r *http.Request) (kind, jobType string, err error) {
 
 func (s *Scheduler) handleListPolicies(w http.ResponseWriter, r *http.Request) {
 	ps, err := retrystore.ListPolicies(r.Context(), s.cfg.Pool)
-	serve.Reply(w, map[string]any{"policies": ps}, err)
+	serve.Reply(w, PolicyList{Policies: ps}, err)
+}
+
+// PolicyList is GET /v1/policies.
+type PolicyList struct {
+	Policies []policy.Policy `json:"policies"`
+}
+
+// PolicyVersionList is GET /v1/policies/{kind}/{job_type}/versions,
+// newest first.
+type PolicyVersionList struct {
+	Versions []retrystore.PolicyVersion `json:"versions"`
 }
 
 // handlePolicyTemplate answers policy.Template for ?kind= (default job)
@@ -80,7 +91,7 @@ func (s *Scheduler) handlePolicyVersions(w http.ResponseWriter, r *http.Request)
 		if err == nil && len(vs) == 0 {
 			err = retrystore.ErrNotFound
 		}
-		return map[string]any{"versions": vs}, err
+		return PolicyVersionList{Versions: vs}, err
 	})
 }
 
