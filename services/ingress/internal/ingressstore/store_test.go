@@ -147,19 +147,28 @@ func TestInsertEventStoresAnIDOnce(t *testing.T) {
 	require.ErrorIs(t, err, ingressstore.ErrNotFound)
 }
 
+// beginWithEvent stores a received event id and begins a transaction for
+// its admission, rolled back at the end of the test unless committed. It
+// returns the transaction and its start (now()).
+func (b *bundle) beginWithEvent(t *testing.T, id string) (pgx.Tx, time.Time) {
+	t.Helper()
+	_, err := ingressstore.InsertEvent(b.ctx, b.pool, id, "billing", "x.y", []byte(`{}`), 1)
+	require.NoError(t, err)
+	tx, err := b.pool.Begin(b.ctx)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = tx.Rollback(context.Background()) }) // no-op after commit
+	var txStart time.Time
+	require.NoError(t, tx.QueryRow(b.ctx, `SELECT now()`).Scan(&txStart))
+	return tx, txStart
+}
+
 // The gate counts an admission in the rate window of its decision, which
 // its transaction may have begun before: admitted_at is the decision's
 // time, so the window it counts in can be read from it.
 func TestAdmitEventAtSetsTheDecisionTime(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	_, err := ingressstore.InsertEvent(b.ctx, b.pool, "ev-at", "billing", "x.y", []byte(`{}`), 1)
-	require.NoError(t, err)
-	tx, err := b.pool.Begin(b.ctx)
-	require.NoError(t, err)
-	defer tx.Rollback(b.ctx) //nolint:errcheck // no-op after commit
-	var txStart time.Time
-	require.NoError(t, tx.QueryRow(b.ctx, `SELECT now()`).Scan(&txStart))
+	tx, txStart := b.beginWithEvent(t, "ev-at")
 	decided := txStart.Add(150 * time.Millisecond).UTC().Truncate(time.Microsecond)
 	changed, err := ingressstore.AdmitEventAt(b.ctx, tx, "ev-at", decided, ingressstore.StatusDeferred)
 	require.NoError(t, err)
@@ -181,13 +190,7 @@ func TestAdmitEventAtSetsTheDecisionTime(t *testing.T) {
 func TestAdmitEventAtZeroTimeIsTheTransactionTime(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	_, err := ingressstore.InsertEvent(b.ctx, b.pool, "ev-zero", "billing", "x.y", []byte(`{}`), 1)
-	require.NoError(t, err)
-	tx, err := b.pool.Begin(b.ctx)
-	require.NoError(t, err)
-	defer tx.Rollback(b.ctx) //nolint:errcheck // no-op after commit
-	var txStart time.Time
-	require.NoError(t, tx.QueryRow(b.ctx, `SELECT now()`).Scan(&txStart))
+	tx, txStart := b.beginWithEvent(t, "ev-zero")
 	changed, err := ingressstore.AdmitEventAt(b.ctx, tx, "ev-zero", time.Time{}, ingressstore.StatusReceived)
 	require.NoError(t, err)
 	require.True(t, changed)
