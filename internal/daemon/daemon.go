@@ -1,7 +1,8 @@
 // Package daemon holds what the service binaries (retryd-ingress,
 // retryd-triggers) do alike around their service: the logger, the shared
 // part of the environment, the backends, tracing and the auth guard at
-// start (Open), and serving HTTP up to the graceful stop (Host.Serve).
+// start (Open), and serving HTTP up to the graceful stop (Host.Serve);
+// Run is the whole of it, from Open to Close, around the binary's service.
 // Each binary keeps its own variables, its service and its listeners.
 package daemon
 
@@ -11,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
@@ -80,6 +82,12 @@ type Options struct {
 	EnsureStreams bool
 	// Listeners are the addresses served, for the auth guard.
 	Listeners []string
+	// ShutdownTimeout bounds Run's graceful stop of the service (see
+	// Host.Serve).
+	ShutdownTimeout time.Duration
+	// Ready, when set, is told by Run the listeners' addresses, in order,
+	// once they listen (see Host.Serve).
+	Ready func(addrs []string)
 }
 
 // Host is what a service runs on, open: the service's Config takes Pool,
@@ -148,3 +156,34 @@ func open(ctx context.Context, env Env, o Options, log zerolog.Logger) (*Host, e
 // Close drains NATS, closes the pool and flushes the traces. Call it after
 // the service stopped.
 func (h *Host) Close() { h.close() }
+
+// Service is what a binary runs on its Host.
+type Service interface {
+	// Start runs the service; ctx bounds the start only.
+	Start(ctx context.Context) error
+	// Stop ends it gracefully within ctx.
+	Stop(ctx context.Context) error
+}
+
+// Run is a binary's life around its service: it opens a Host (Open),
+// builds the service on it with build, which also says what each listener
+// serves, starts the service and serves until ctx is done or a server
+// fails (Host.Serve, with o.ShutdownTimeout and o.Ready), then closes the
+// Host. Each binary keeps its own Config and Service type: build fills the
+// Config from the Host and calls the service's New.
+func Run(ctx context.Context, env Env, o Options, log zerolog.Logger,
+	build func(*Host) (Service, []Listener, error)) error {
+	host, err := Open(ctx, env, o, log)
+	if err != nil {
+		return err
+	}
+	defer host.Close()
+	svc, listeners, err := build(host)
+	if err != nil {
+		return err
+	}
+	if err := svc.Start(ctx); err != nil {
+		return err
+	}
+	return host.Serve(ctx, log, listeners, svc.Stop, o.ShutdownTimeout, o.Ready)
+}

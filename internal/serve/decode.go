@@ -147,6 +147,9 @@ func decodeError(err error) error {
 	return invalid("body", "is not valid: "+strings.TrimPrefix(msg, "json: "))
 }
 
+// jsonKind names the JSON kind a Go type decodes from. pkg/contract's
+// typeName does the same for the SDK's errors; it stays a copy on purpose
+// (CONTRIBUTING.md, deliberate duplicates).
 func jsonKind(goType string) string {
 	switch {
 	case strings.HasPrefix(goType, "int"), strings.HasPrefix(goType, "uint"):

@@ -1,7 +1,7 @@
 // Package servicetest holds what the tests of retryd's services and
-// programs share: JSON requests to an HTTP API, the tests' logger, a log
-// sink to read, a metric's value, and stopping an instance when the test
-// ends.
+// programs share: JSON requests to an HTTP API (and sending them until a
+// full stream refuses them), the tests' logger, a log sink to read, a
+// metric's value, and stopping an instance when the test ends.
 package servicetest
 
 import (

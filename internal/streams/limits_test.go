@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/retryd/retryd/internal/envvar"
+	"github.com/retryd/retryd/internal/natstest"
 	"github.com/retryd/retryd/internal/streams"
 	"github.com/retryd/retryd/pkg/contract"
 )
@@ -71,10 +72,7 @@ func TestEnsureKeepsOperatorMaxBytes(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	require.NoError(t, streams.Ensure(b.ctx, b.js, streams.Options{}))
-	cfg := b.config(t, contract.StreamRetries)
-	cfg.MaxBytes = 3 * streams.GiB
-	_, err := b.js.UpdateStream(b.ctx, cfg)
-	require.NoError(t, err)
+	natstest.SetMaxBytes(t, b.ctx, b.js, contract.StreamRetries, 3*streams.GiB)
 
 	require.NoError(t, streams.Ensure(b.ctx, b.js, streams.Options{}))
 	require.Equal(t, 3*streams.GiB, b.config(t, contract.StreamRetries).MaxBytes, "nats stream edit is kept")
@@ -118,10 +116,7 @@ func TestFullStreamRefusesAndKeeps(t *testing.T) {
 	require.NoError(t, streams.Ensure(b.ctx, b.js, streams.Options{}))
 	// Below what Options allows: the server takes it, and a few messages
 	// fill it.
-	cfg := b.config(t, contract.StreamEvents)
-	cfg.MaxBytes = 2 * streams.KiB
-	_, err := b.js.UpdateStream(b.ctx, cfg)
-	require.NoError(t, err)
+	natstest.SetMaxBytes(t, b.ctx, b.js, contract.StreamEvents, 2*streams.KiB)
 
 	msg := func(i int) *nats.Msg {
 		m := nats.NewMsg(contract.EventSubject("shop", "invoice.paid"))
@@ -150,9 +145,7 @@ func TestFullStreamRefusesAndKeeps(t *testing.T) {
 	require.Equal(t, uint64(stored), info.State.Msgs)
 	require.Equal(t, uint64(1), info.State.FirstSeq, "nothing old was discarded")
 
-	cfg.MaxBytes = streams.DefaultMaxBytes[contract.StreamEvents]
-	_, err = b.js.UpdateStream(b.ctx, cfg)
-	require.NoError(t, err)
+	natstest.SetMaxBytes(t, b.ctx, b.js, contract.StreamEvents, streams.DefaultMaxBytes[contract.StreamEvents])
 	ack, err := b.js.PublishMsg(b.ctx, msg(refused))
 	require.NoError(t, err)
 	require.False(t, ack.Duplicate, "the refused message was not stored")

@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
+	"github.com/retryd/retryd/internal/natstest"
 	"github.com/retryd/retryd/internal/streams"
 	"github.com/retryd/retryd/pkg/contract"
 )
@@ -73,10 +74,7 @@ func TestFullJobsHoldsBackFiredJobs(t *testing.T) {
 	require.NoError(t, streams.Ensure(b.ctx, b.js, streams.Options{}))
 	jobs, err := b.js.Stream(b.ctx, contract.StreamJobs)
 	require.NoError(t, err)
-	cfg := jobs.CachedInfo().Config
-	cfg.MaxBytes = 2 << 10 // below what Options allows
-	_, err = b.js.UpdateStream(b.ctx, cfg)
-	require.NoError(t, err)
+	natstest.SetMaxBytes(t, b.ctx, b.js, contract.StreamJobs, 2<<10) // below what Options allows
 	now := time.Now()
 	filled := 0
 	for ; filled < 100; filled++ {
@@ -101,9 +99,7 @@ func TestFullJobsHoldsBackFiredJobs(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, uint64(filled), info.State.Msgs, "no room for it yet")
 
-	cfg.MaxBytes = streams.DefaultMaxBytes[contract.StreamJobs]
-	_, err = b.js.UpdateStream(b.ctx, cfg)
-	require.NoError(t, err)
+	natstest.SetMaxBytes(t, b.ctx, b.js, contract.StreamJobs, streams.DefaultMaxBytes[contract.StreamJobs])
 	require.Eventually(t, func() bool {
 		info, err = jobs.Info(b.ctx)
 		return err == nil && info.State.Msgs > uint64(filled)

@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
+	"github.com/retryd/retryd/internal/natstest"
 	"github.com/retryd/retryd/internal/serve"
 	"github.com/retryd/retryd/internal/servicetest"
 	"github.com/retryd/retryd/pkg/contract"
@@ -200,35 +201,18 @@ func TestIntakeStaysOpenWithoutDatabase(t *testing.T) {
 func TestFullIngestIs503(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	s, err := b.js.Stream(b.ctx, contract.StreamIngest)
-	require.NoError(t, err)
-	cfg := s.CachedInfo().Config
+	cfg := natstest.SetMaxBytes(t, b.ctx, b.js, contract.StreamIngest, 4<<10) // a few events; below what streams.Options allows
 	require.Equal(t, jetstream.DiscardNew, cfg.Discard)
-	cfg.MaxBytes = 4 << 10 // a few events; below what streams.Options allows
-	_, err = b.js.UpdateStream(b.ctx, cfg)
-	require.NoError(t, err)
 
-	var accepted, refused []string
-	for i := 0; len(refused) < 3 && i < 200; i++ {
-		id := fmt.Sprintf("full-%d", i)
-		resp, raw := servicetest.Request(t, b.ctx, http.MethodPost, b.http.URL+"/v1/events", event(id, "billing", "invoice.paid"))
-		switch resp.StatusCode {
-		case http.StatusAccepted:
-			require.Empty(t, refused, "%s accepted after a refusal: nothing was freed", id)
-			accepted = append(accepted, id)
-		case http.StatusServiceUnavailable:
-			require.Equal(t, serve.RetryAfterFull, resp.Header.Get("Retry-After"))
-			var e apiError
-			require.NoError(t, json.Unmarshal(raw, &e))
-			require.Equal(t, "unavailable", e.Error.Code)
-			require.Contains(t, e.Error.Message, "INGEST is full")
-			refused = append(refused, id)
-		default:
-			t.Fatalf("%s: status %d: %s", id, resp.StatusCode, raw)
-		}
-	}
-	require.NotEmpty(t, accepted)
-	require.Len(t, refused, 3, "INGEST filled up")
+	accepted, refused := servicetest.FillUp(t, 3, func(id string) (*http.Response, []byte) {
+		return servicetest.Request(t, b.ctx, http.MethodPost, b.http.URL+"/v1/events", event(id, "billing", "invoice.paid"))
+	}, func(resp *http.Response, raw []byte) {
+		require.Equal(t, serve.RetryAfterFull, resp.Header.Get("Retry-After"))
+		var e apiError
+		require.NoError(t, json.Unmarshal(raw, &e))
+		require.Equal(t, "unavailable", e.Error.Code)
+		require.Contains(t, e.Error.Message, "INGEST is full")
+	})
 
 	var res ingress.BatchResponse
 	resp, raw := servicetest.Request(t, b.ctx, http.MethodPost, b.http.URL+"/v1/events:batch",
@@ -249,9 +233,7 @@ func TestFullIngestIs503(t *testing.T) {
 	require.EqualValues(t, len(refused), b.counter(t, "retryd_ingress_intake_total", map[string]string{"source": "billing", "result": "failed"}))
 
 	// Room again: the refused events, sent again, are stored once.
-	cfg.MaxBytes = 1 << 20
-	_, err = b.js.UpdateStream(b.ctx, cfg)
-	require.NoError(t, err)
+	natstest.SetMaxBytes(t, b.ctx, b.js, contract.StreamIngest, 1<<20)
 	for _, id := range refused {
 		require.Equal(t, ingress.Accepted{ID: id}, b.post(t, event(id, "billing", "invoice.paid")), "not stored before")
 	}

@@ -154,43 +154,24 @@ func TestEnqueueRefusesBadRequests(t *testing.T) {
 func TestEnqueueIntoFullJobsIs503(t *testing.T) {
 	t.Parallel()
 	b := setupAPI(t, jobs.APIConfig{})
-	s, err := b.js.Stream(b.ctx, contract.StreamJobs)
-	require.NoError(t, err)
-	cfg := s.CachedInfo().Config
-	cfg.MaxBytes = 4 << 10 // a few jobs; below what streams.Options allows
-	_, err = b.js.UpdateStream(b.ctx, cfg)
-	require.NoError(t, err)
+	natstest.SetMaxBytes(t, b.ctx, b.js, contract.StreamJobs, 4<<10) // a few jobs; below what streams.Options allows
 
-	var accepted, refused []string
-	for i := 0; len(refused) < 2 && i < 200; i++ {
-		id := fmt.Sprintf("full-%d", i)
-		resp, raw := servicetest.Request(t, b.ctx, http.MethodPost, b.srv.URL+"/v1/jobs", fmt.Sprintf(`{"id":%q,"job_type":"mail"}`, id))
-		switch resp.StatusCode {
-		case http.StatusAccepted:
-			require.Empty(t, refused, "%s accepted after a refusal", id)
-			accepted = append(accepted, id)
-		case http.StatusServiceUnavailable:
-			require.Equal(t, serve.RetryAfterFull, resp.Header.Get("Retry-After"))
-			var e serve.ErrorBody
-			require.NoError(t, json.Unmarshal(raw, &e))
-			require.Equal(t, serve.CodeUnavailable, e.Error.Code)
-			require.Equal(t, serve.FullMessage, e.Error.Message)
-			refused = append(refused, id)
-		default:
-			t.Fatalf("%s: status %d: %s", id, resp.StatusCode, raw)
-		}
-	}
-	require.NotEmpty(t, accepted)
-	require.Len(t, refused, 2, "JOBS filled up")
+	accepted, refused := servicetest.FillUp(t, 2, func(id string) (*http.Response, []byte) {
+		return servicetest.Request(t, b.ctx, http.MethodPost, b.srv.URL+"/v1/jobs", fmt.Sprintf(`{"id":%q,"job_type":"mail"}`, id))
+	}, func(resp *http.Response, raw []byte) {
+		require.Equal(t, serve.RetryAfterFull, resp.Header.Get("Retry-After"))
+		var e serve.ErrorBody
+		require.NoError(t, json.Unmarshal(raw, &e))
+		require.Equal(t, serve.CodeUnavailable, e.Error.Code)
+		require.Equal(t, serve.FullMessage, e.Error.Message)
+	})
 	var stored []string
 	for _, j := range b.jobMessages(t, "jobs.mail") {
 		stored = append(stored, j.ID)
 	}
 	require.Equal(t, accepted, stored)
 
-	cfg.MaxBytes = 1 << 20
-	_, err = b.js.UpdateStream(b.ctx, cfg)
-	require.NoError(t, err)
+	natstest.SetMaxBytes(t, b.ctx, b.js, contract.StreamJobs, 1<<20)
 	status, out, raw := b.enqueue(t, fmt.Sprintf(`{"id":%q,"job_type":"mail"}`, refused[0]))
 	require.Equal(t, http.StatusAccepted, status, string(raw))
 	require.False(t, out.Duplicate, "the refused job was not stored")

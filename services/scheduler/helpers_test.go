@@ -288,6 +288,20 @@ func (b *bundle) storeAgain(t *testing.T, msg *nats.Msg) *jetstream.PubAck {
 	return ack
 }
 
+// storeTwice stores msg on RETRIES twice, as a fact published again past
+// the duplicate window: it publishes msg, checks that JetStream drops the
+// same message published again inside the window, and stores it again
+// (storeAgain). It returns the acks of the two copies stored.
+func (b *bundle) storeTwice(t *testing.T, msg *nats.Msg) (first, again *jetstream.PubAck) {
+	t.Helper()
+	first, err := b.js.PublishMsg(b.ctx, msg)
+	require.NoError(t, err)
+	dropped, err := b.js.PublishMsg(b.ctx, msg)
+	require.NoError(t, err)
+	require.True(t, dropped.Duplicate, "inside the window JetStream drops it")
+	return first, b.storeAgain(t, msg)
+}
+
 // withEnvelopeID is msg with its envelope id and Nats-Msg-Id set to id: a
 // fact as an owner that names its own ids publishes it.
 func withEnvelopeID(t *testing.T, msg *nats.Msg, id string) *nats.Msg {

@@ -154,12 +154,7 @@ func TestSplitStreamDuplicateAndMalformedFacts(t *testing.T) {
 	inst := s.start(t)
 	for k, id := range ids {
 		msg := lifecycleMsg(t, contract.Failed, failed("dupk", id, 1, "timeout"))
-		first, err := b.js.PublishMsg(b.ctx, msg)
-		require.NoError(t, err)
-		again, err := b.js.PublishMsg(b.ctx, msg)
-		require.NoError(t, err)
-		require.True(t, again.Duplicate, "inside the window JetStream drops it")
-		third := b.storeAgain(t, msg)
+		first, third := b.storeTwice(t, msg)
 		for _, seq := range []uint64{first.Sequence, third.Sequence} {
 			m, err := stream.GetMsg(b.ctx, seq)
 			require.NoError(t, err)

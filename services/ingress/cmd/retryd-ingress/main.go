@@ -93,38 +93,30 @@ func run(ctx context.Context, log zerolog.Logger, ready func(addr, operatorAddr 
 	if err := e.Err(); err != nil {
 		return err
 	}
-	opts := daemon.Options{Service: "retryd-ingress", EnsureStreams: ensure, Listeners: listeners}
+	opts := daemon.Options{Service: "retryd-ingress", EnsureStreams: ensure, Listeners: listeners, ShutdownTimeout: shutdownTimeout}
 	if migrate {
 		opts.Migrate = migrations.Up
 	}
-	host, err := daemon.Open(ctx, env, opts, log)
-	if err != nil {
-		return err
+	if ready != nil {
+		opts.Ready = func(addrs []string) { ready(addrs[0], addrs[len(addrs)-1]) }
 	}
-	defer host.Close()
-	cfg.Pool, cfg.JS, cfg.Registerer, cfg.Health, cfg.Streams = host.Pool, host.JS, host.Registry, host.Health, host.Streams
-	svc, err := ingress.New(cfg)
-	if err != nil {
-		return err
-	}
-	if err := svc.Start(ctx); err != nil {
-		return err
-	}
-
-	// One listener serves everything, or, with RETRYD_OPERATOR_ADDR, the
-	// intake listener serves intake alone and the operator listener the
-	// rest. Readiness off and consumers drained first at the stop, so
-	// nothing is half done; HTTP keeps answering intake until then.
-	served := []daemon.Listener{{Addr: addr, Handler: svc.Handler(), Routes: ingress.Routes()}}
-	if operatorAddr != "" {
-		served = []daemon.Listener{
+	return daemon.Run(ctx, env, opts, log, func(host *daemon.Host) (daemon.Service, []daemon.Listener, error) {
+		cfg.Pool, cfg.JS, cfg.Registerer, cfg.Health, cfg.Streams = host.Pool, host.JS, host.Registry, host.Health, host.Streams
+		svc, err := ingress.New(cfg)
+		if err != nil {
+			return nil, nil, err
+		}
+		// One listener serves everything, or, with RETRYD_OPERATOR_ADDR,
+		// the intake listener serves intake alone and the operator
+		// listener the rest. Readiness off and consumers drained first at
+		// the stop, so nothing is half done; HTTP keeps answering intake
+		// until then.
+		if operatorAddr == "" {
+			return svc, []daemon.Listener{{Addr: addr, Handler: svc.Handler(), Routes: ingress.Routes()}}, nil
+		}
+		return svc, []daemon.Listener{
 			{Addr: addr, Handler: svc.IntakeHandler(), Routes: ingress.IntakeRoutes()},
 			{Addr: operatorAddr, Handler: svc.OperatorHandler(), Routes: ingress.OperatorRoutes()},
-		}
-	}
-	var readyAddrs func([]string)
-	if ready != nil {
-		readyAddrs = func(addrs []string) { ready(addrs[0], addrs[len(addrs)-1]) }
-	}
-	return host.Serve(ctx, log, served, svc.Stop, shutdownTimeout, readyAddrs)
+		}, nil
+	})
 }

@@ -87,25 +87,18 @@ func run(log zerolog.Logger) error {
 	for _, d := range e.Deprecations() {
 		log.Warn().Msg(d)
 	}
-	opts := daemon.Options{Service: "retryd-triggers", EnsureStreams: ensure, Listeners: []string{addr}}
+	opts := daemon.Options{Service: "retryd-triggers", EnsureStreams: ensure, Listeners: []string{addr}, ShutdownTimeout: shutdownTimeout}
 	if migrate {
 		opts.Migrate = migrations.Up
 	}
-	host, err := daemon.Open(ctx, env, opts, log)
-	if err != nil {
-		return err
-	}
-	defer host.Close()
-	cfg.Pool, cfg.JS, cfg.Registerer, cfg.Health, cfg.Streams = host.Pool, host.JS, host.Registry, host.Health, host.Streams
-	svc, err := triggers.New(cfg)
-	if err != nil {
-		return err
-	}
-	if err := svc.Start(ctx); err != nil {
-		return err
-	}
-	// Readiness off and consumers drained first at the stop; the API keeps
-	// answering until then.
-	served := []daemon.Listener{{Addr: addr, Handler: svc.Handler(), Routes: triggers.Routes()}}
-	return host.Serve(ctx, log, served, svc.Stop, shutdownTimeout, nil)
+	return daemon.Run(ctx, env, opts, log, func(host *daemon.Host) (daemon.Service, []daemon.Listener, error) {
+		cfg.Pool, cfg.JS, cfg.Registerer, cfg.Health, cfg.Streams = host.Pool, host.JS, host.Registry, host.Health, host.Streams
+		svc, err := triggers.New(cfg)
+		if err != nil {
+			return nil, nil, err
+		}
+		// Readiness off and consumers drained first at the stop; the API
+		// keeps answering until then.
+		return svc, []daemon.Listener{{Addr: addr, Handler: svc.Handler(), Routes: triggers.Routes()}}, nil
+	})
 }
