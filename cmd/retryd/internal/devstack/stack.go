@@ -419,9 +419,6 @@ func (s *Stack) AdminToken() string {
 	return s.cfg.Auth.AdminToken
 }
 
-// AuthMode is whether the HTTP server checks tokens.
-func (s *Stack) AuthMode() auth.Mode { return s.cfg.Auth.Mode }
-
 // URL is the base URL of the HTTP server, e.g. http://127.0.0.1:8080
 // (https:// with TLS).
 func (s *Stack) URL() string {
