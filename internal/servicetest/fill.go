@@ -8,9 +8,9 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// FillUp sends requests until refusals of them were refused as a full
-// stream that discards new messages refuses them (503), for a test of
-// what an API answers and stores when its stream is full. send sends the
+// FillUp sends requests until refusals of them are refused with 503, the
+// answer to a request whose stream is full (it discards new messages), for
+// a test of what an API answers and stores then. send sends the
 // request of an id (full-0, full-1, …); checkRefusal checks a 503's
 // headers and body. The test fails on any other answer than 202 or 503,
 // on a 202 after a refusal (nothing frees room meanwhile), when the first
