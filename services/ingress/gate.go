@@ -165,7 +165,14 @@ func (s *Service) apply(ctx context.Context, tx pgx.Tx, ev ingressstore.Event, a
 		if _, err := ingressstore.AdmitEventAt(ctx, tx, ev.ID, v.Now, ingressstore.StatusReceived, ingressstore.StatusDeferred); err != nil {
 			return err
 		}
-		msgs := []*nats.Msg{eventMsg(ev.ID, ev.Source, ev.Type, ev.Envelope)}
+		// Late holders admitted ahead of it first, in line order: the
+		// relay publishes in insert order. Their dues, when they come,
+		// publish their succeeded (dueForAdmittedEvent).
+		msgs := make([]*nats.Msg, 0, len(v.Before)+2)
+		for _, b := range v.Before {
+			msgs = append(msgs, eventMsg(b.ID, b.Source, b.Type, b.Envelope))
+		}
+		msgs = append(msgs, eventMsg(ev.ID, ev.Source, ev.Type, ev.Envelope))
 		if attempt > 1 {
 			if err := ingressstore.CompleteRetry(ctx, tx, ev.ID, attempt); err != nil {
 				return err

@@ -132,6 +132,18 @@ func (s *Service) dueAnswer(ctx context.Context, it *dueItem) (answer error, dec
 	return nil, true
 }
 
+// reportLate counts and logs the late holders a due admitted ahead of its
+// own event (ingressstore.Verdict.Before).
+func (s *Service) reportLate(by string, late []ingressstore.Released) {
+	for _, ev := range late {
+		if ev.Attempt > 0 {
+			s.metrics.retry(ev.Source, retryCompleted)
+		}
+		s.log.Info().Str("source", ev.Source).Str("event_id", ev.ID).Int("attempt", ev.Attempt).Str("ahead_of", by).
+			Msg("late slot holder admitted in its place, ahead of the holder behind it")
+	}
+}
+
 // decodeDue validates a message of retry.event.due.<id> and returns its
 // due and its message id.
 func decodeDue(msg jetstream.Msg) (*contract.DueData, string, error) {
@@ -151,6 +163,7 @@ func (s *Service) reportDue(due *contract.DueData, out dueOutcome) {
 		if !out.verdict.Admitted {
 			s.metrics.gate.WithLabelValues(s.metrics.sources.label(out.source), decisionDeferred).Inc()
 		}
+		s.reportLate(due.ID, out.verdict.Before)
 		s.logVerdict(out.ev, due.Attempt, out.verdict)
 	case dueMissing:
 		s.metrics.retry(out.source, retryCancelled)

@@ -35,6 +35,10 @@ type Verdict struct {
 	RetryAt time.Time
 	// Now is the database time the decision was taken at.
 	Now time.Time
+	// Before are late holders ahead of an admitted holder, admitted in
+	// the same transaction, in line order (see admitLate): the caller
+	// publishes them before it. Their dues answer their retries.
+	Before []Released
 	// count is the admission to count in the source's rate window
 	// (CountAdmission); nil when the source has no limit.
 	count *admission

@@ -23,10 +23,12 @@ const maxTurnWait = time.Minute
 // pass it then. While the window has room for it and them, they look
 // again right after it, at least turnRecheck later, not at the next
 // window. One whose due does not come by turnLate (its ingress died; the
-// due returns after the ack wait) is a holder ahead like any other: the
-// room it needs is kept, and the line goes on without it. (Waiting for it
-// up to 5 s, and at the next window, let one late holder hold the whole
-// line: a paced release admitted one or two events a window.)
+// due returns after the ack wait) is not waited for any longer: the next
+// holder admitted behind it admits it first (admitLate), so the line goes
+// on in order without its due. (Waiting for it up to 5 s, and at the next
+// window, let one late holder hold the whole line: a paced release
+// admitted one or two events a window. Passing it instead, as until
+// 2026-11-27, put it out of place.)
 const (
 	turnLate    = 100 * time.Millisecond
 	turnRecheck = 20 * time.Millisecond
@@ -62,7 +64,8 @@ func (e *WaitError) Error() string {
 // window other holders fill keeps its place instead of going to the back
 // of the line: the holders behind it move back. When its turn is a short
 // while away it waits (a *WaitError); when it is farther, it is held
-// again for its turn, in the same place.
+// again for its turn, in the same place. Late holders ahead of it are
+// admitted with it, first (Verdict.Before).
 func ownTurn(ctx context.Context, tx pgx.Tx, v Verdict, src Source, id string, slotAt, now time.Time) (Verdict, error) {
 	limit := *src.RateLimit
 	h, err := holdersAhead(ctx, tx, src.Source, slotAt, now)
@@ -92,8 +95,12 @@ func ownTurn(ctx context.Context, tx pgx.Tx, v Verdict, src Source, id string, s
 			// turn below already counts the one ahead.)
 			return Verdict{}, &WaitError{Until: now.Add(turnRecheck), Now: now, Ahead: ahead, Behind: true}
 		}
-		v.Admitted = true
-		v.count = &admission{source: src.Source, start: start, limit: limit, ahead: ahead}
+		late, err := admitLate(ctx, tx, src.Source, slotAt, now)
+		if err != nil {
+			return Verdict{}, err
+		}
+		v.Admitted, v.Before = true, late
+		v.count = &admission{source: src.Source, start: start, limit: limit, ahead: ahead, before: len(late)}
 		return v, nil
 	}
 	if fits {
@@ -194,11 +201,12 @@ func MarkWaiting(ctx context.Context, db DB, id string, until time.Time) error {
 }
 
 // admission is an admission the gate decided and the caller counts in a
-// rate window when it commits (CountAdmission).
+// rate window when it commits (CountAdmission): the event, and before
+// holders admitted ahead of it (Verdict.Before).
 type admission struct {
-	source       string
-	start        time.Time
-	limit, ahead int
+	source               string
+	start                time.Time
+	limit, ahead, before int
 }
 
 // ErrWindowFilled is CountAdmission's answer when the rate window filled
@@ -214,6 +222,8 @@ var ErrWindowFilled = errors.New("rate window filled while the gate decided")
 // each other's writes. The guarded upsert keeps instances that evaluate
 // the same source at once within the limit: when the window has no room
 // left behind the holders ahead of the event, it returns ErrWindowFilled.
+// (The holders admitted with it, Verdict.Before, are among those ahead:
+// the guard is the same, and they count too.)
 func CountAdmission(ctx context.Context, tx pgx.Tx, v Verdict) error {
 	a := v.count
 	if !v.Admitted || a == nil {
@@ -222,10 +232,10 @@ func CountAdmission(ctx context.Context, tx pgx.Tx, v Verdict) error {
 	var admitted int
 	err := tx.QueryRow(ctx, `
 		INSERT INTO event_source_windows (source, window_start, admitted)
-		VALUES ($1, $2, 1)
-		ON CONFLICT (source, window_start) DO UPDATE SET admitted = event_source_windows.admitted + 1
+		VALUES ($1, $2, $5)
+		ON CONFLICT (source, window_start) DO UPDATE SET admitted = event_source_windows.admitted + $5
 		WHERE event_source_windows.admitted + $4 < $3
-		RETURNING admitted`, a.source, a.start, a.limit, a.ahead).Scan(&admitted)
+		RETURNING admitted`, a.source, a.start, a.limit, a.ahead, 1+a.before).Scan(&admitted)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return fmt.Errorf("count event in rate window of %s: %w", a.source, ErrWindowFilled)
