@@ -95,9 +95,11 @@ func ownTurn(ctx context.Context, tx pgx.Tx, v Verdict, src Source, id string, s
 			// turn below already counts the one ahead.)
 			return Verdict{}, &WaitError{Until: now.Add(turnRecheck), Now: now, Ahead: ahead, Behind: true}
 		}
-		late, err := admitLate(ctx, tx, src.Source, slotAt, now)
-		if err != nil {
-			return Verdict{}, err
+		var late []Released
+		if h.late {
+			if late, err = admitLate(ctx, tx, src.Source, slotAt, now); err != nil {
+				return Verdict{}, err
+			}
 		}
 		v.Admitted, v.Before = true, late
 		v.count = &admission{source: src.Source, start: start, limit: limit, ahead: ahead, before: len(late)}
@@ -164,6 +166,9 @@ type lineAhead struct {
 	// come: one of them, not in a release line, has its slot come less
 	// than turnLate ago and is not admitted yet.
 	come bool
+	// late: one of them, not in a release line, has its slot come (with
+	// come and waiting unset: more than turnLate ago, see admitLate).
+	late bool
 }
 
 // holdersAhead reads the holders of source in line before the one at
@@ -176,9 +181,10 @@ func holdersAhead(ctx context.Context, tx pgx.Tx, source string, slotAt, now tim
 	err := tx.QueryRow(ctx, `
 		SELECT count(*), max(waits_until) FILTER (WHERE waits_until > $4),
 			coalesce(bool_or(released AND slot_at <= $5 AND slot_at > $6), false),
-			coalesce(bool_or(NOT released AND slot_at <= $5 AND slot_at > $4), false)
+			coalesce(bool_or(NOT released AND slot_at <= $5 AND slot_at > $4), false),
+			coalesce(bool_or(NOT released AND slot_at <= $5), false)
 		FROM event_source_holds WHERE source = $1 AND slot_at > $2 AND slot_at < $3`,
-		source, now.Add(-holderGrace), slotAt, now.Add(-turnLate), now, now.Add(-releaseLate)).Scan(&h.ahead, &waiting, &h.lined, &h.come)
+		source, now.Add(-holderGrace), slotAt, now.Add(-turnLate), now, now.Add(-releaseLate)).Scan(&h.ahead, &waiting, &h.lined, &h.come, &h.late)
 	if err != nil {
 		return lineAhead{}, fmt.Errorf("count holders ahead: %w", err)
 	}
