@@ -38,19 +38,5 @@ WITH line AS (
 	  AND e.status = 'deferred' AND `+allowedType+`
 	ORDER BY h.slot_at, h.event_id
 	FOR UPDATE OF h, e SKIP LOCKED
-), moved AS (
-	UPDATE workflow_events e SET status = 'admitted', admitted_at = $4, updated_at = now()
-	WHERE e.event_id = ANY(ARRAY(SELECT event_id FROM line)) AND e.status = 'deferred'
-	RETURNING e.event_id, e.source, e.type, e.status, e.envelope, e.received_at, e.admitted_at, e.updated_at
-), dropped AS (
-	DELETE FROM event_source_holds h WHERE h.event_id = ANY(ARRAY(SELECT event_id FROM moved))
-), completed AS (
-	UPDATE event_ingress_retries r
-	SET retry_state = 'completed', attempts = greatest(r.scheduled_attempt, r.attempts + 1), next_attempt_at = NULL, updated_at = now()
-	WHERE r.event_id = ANY(ARRAY(SELECT event_id FROM moved))
-	RETURNING r.event_id, r.attempts
-)
-SELECT m.event_id, m.source, m.type, m.status, m.envelope, m.received_at, m.admitted_at, m.updated_at, coalesce(c.attempts, 0)
-FROM moved m JOIN line l ON l.event_id = m.event_id LEFT JOIN completed c ON c.event_id = m.event_id
-ORDER BY l.slot_at, m.event_id`, source, now.Add(-holderGrace), slotAt, now)
+), `+admitLineCTEs("$4")+admittedLine, source, now.Add(-holderGrace), slotAt, now)
 }

@@ -34,6 +34,38 @@ func scanReleased(row pgx.Row) (Released, error) {
 	return r, err
 }
 
+// admitLineCTEs admits the events of a CTE named line (event_id,
+// slot_at), whose rows the statement locked, at admittedAt (an SQL
+// expression): each deferred one goes to admitted (CTE moved), every one
+// leaves the line, and each moved one completes its retry row (CTE
+// completed). The statement ends with admittedLine.
+func admitLineCTEs(admittedAt string) string {
+	// The writes find their rows by "= ANY(ARRAY(SELECT ...))", an index
+	// lookup per id: joined to the CTEs instead, the planner hashes whole
+	// tables (every event the source ever had), which made a batch cost
+	// tens of milliseconds whatever its size and held a paced release (a
+	// small batch every tick) to a few hundred events a second.
+	return `moved AS (
+	UPDATE workflow_events e SET status = 'admitted', admitted_at = ` + admittedAt + `, updated_at = now()
+	WHERE e.event_id = ANY(ARRAY(SELECT event_id FROM line)) AND e.status = 'deferred'
+	RETURNING e.event_id, e.source, e.type, e.status, e.envelope, e.received_at, e.admitted_at, e.updated_at
+), dropped AS (
+	DELETE FROM event_source_holds h WHERE h.event_id = ANY(ARRAY(SELECT event_id FROM line))
+), completed AS (
+	UPDATE event_ingress_retries r
+	SET retry_state = 'completed', attempts = greatest(r.scheduled_attempt, r.attempts + 1), next_attempt_at = NULL, updated_at = now()
+	WHERE r.event_id = ANY(ARRAY(SELECT event_id FROM moved))
+	RETURNING r.event_id, r.attempts
+)`
+}
+
+// admittedLine returns what admitLineCTEs admitted, as scanReleased reads
+// it, in line order.
+const admittedLine = `
+SELECT m.event_id, m.source, m.type, m.status, m.envelope, m.received_at, m.admitted_at, m.updated_at, coalesce(c.attempts, 0)
+FROM moved m JOIN line l ON l.event_id = m.event_id LEFT JOIN completed c ON c.event_id = m.event_id
+ORDER BY l.slot_at, m.event_id`
+
 // AdmitReleased admits up to limit events of one release line (see
 // PaceRelease) whose slots have come, oldest slot first: each goes from
 // deferred to admitted, leaves the line, completes its retry, and counts
@@ -109,23 +141,7 @@ WITH src AS (
 	ORDER BY h.slot_at, h.event_id
 	LIMIT $2
 	FOR UPDATE OF h, e SKIP LOCKED
-), moved AS (
-	-- The writes below find their rows by "= ANY(ARRAY(SELECT ...))", an
-	-- index lookup per id: joined to the CTEs instead, the planner hashes
-	-- whole tables (every event the source ever had), which made a batch
-	-- cost tens of milliseconds whatever its size and held a paced release
-	-- (a small batch every tick) to a few hundred events a second.
-	UPDATE workflow_events e SET status = 'admitted', admitted_at = now(), updated_at = now()
-	WHERE e.event_id = ANY(ARRAY(SELECT event_id FROM line)) AND e.status = 'deferred'
-	RETURNING e.event_id, e.source, e.type, e.status, e.envelope, e.received_at, e.admitted_at, e.updated_at
-), dropped AS (
-	DELETE FROM event_source_holds h WHERE h.event_id = ANY(ARRAY(SELECT event_id FROM line))
-), completed AS (
-	UPDATE event_ingress_retries r
-	SET retry_state = 'completed', attempts = greatest(r.scheduled_attempt, r.attempts + 1), next_attempt_at = NULL, updated_at = now()
-	WHERE r.event_id = ANY(ARRAY(SELECT event_id FROM moved))
-	RETURNING r.event_id, r.attempts
-), counted AS (
+), `+admitLineCTEs("now()")+`, counted AS (
 	INSERT INTO event_source_windows AS w (source, window_start, admitted)
 	SELECT src.source, `+windowStartSQL("src.rate_window_ms")+`,
 		(SELECT count(*) FROM moved)
@@ -133,9 +149,7 @@ WITH src AS (
 	WHERE src.rate_limit IS NOT NULL AND src.rate_window_ms > 0 AND EXISTS (SELECT 1 FROM moved)
 	ON CONFLICT (source, window_start) DO UPDATE SET admitted = w.admitted + EXCLUDED.admitted
 )
-SELECT m.event_id, m.source, m.type, m.status, m.envelope, m.received_at, m.admitted_at, m.updated_at, coalesce(c.attempts, 0)
-FROM moved m JOIN line l ON l.event_id = m.event_id LEFT JOIN completed c ON c.event_id = m.event_id
-ORDER BY l.slot_at, m.event_id`, source, room)
+`+admittedLine, source, room)
 	if err != nil {
 		return nil, err
 	}
