@@ -7,6 +7,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
+
+	"github.com/retryd/retryd/migrations/pgtest"
 )
 
 // 00502 makes audit_log range-partitioned by UTC week (from Monday)
@@ -31,9 +33,7 @@ VALUES ('ops', 'admin', 'sources.pause', 'shop', $1), ('ops', 'admin', 'sources.
 	require.Equal(t, "p", relkind(t, b.conn, "audit_log"), "partitioned")
 	require.Equal(t, before, auditRows(t, b.conn), "every row kept")
 	require.Equal(t, columns, columnsOf(t, b.conn, "audit_log"), "the same columns, defaults and identity")
-	var legacy int
-	require.NoError(t, b.conn.QueryRow(ctx, `SELECT count(*) FROM audit_log_legacy`).Scan(&legacy))
-	require.Equal(t, 2, legacy, "the old table is a partition")
+	require.Equal(t, 2, pgtest.Count(t, b.conn, `SELECT count(*) FROM audit_log_legacy`), "the old table is a partition")
 
 	monday := now.Truncate(7 * 24 * time.Hour)
 	require.Equal(t, time.Monday, monday.Weekday())

@@ -7,6 +7,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
+
+	"github.com/retryd/retryd/migrations/pgtest"
 )
 
 // 00109 makes retry_history range-partitioned by day without rewriting a
@@ -33,9 +35,7 @@ VALUES ('job', 'a', 1, 'failed', $1), ('job', 'a', 2, 'due', $2), ('event', 'b',
 	require.Equal(t, "p", relkind(t, b.conn, "retry_history"), "partitioned")
 	require.Equal(t, before, historyRows(t, b.conn), "every row kept")
 	require.Equal(t, columns, historyColumns(t, b.conn), "the same columns, defaults and identity")
-	var legacy int
-	require.NoError(t, b.conn.QueryRow(ctx, `SELECT count(*) FROM retry_history_legacy`).Scan(&legacy))
-	require.Equal(t, 2, legacy, "the old table is a partition")
+	require.Equal(t, 2, pgtest.Count(t, b.conn, `SELECT count(*) FROM retry_history_legacy`), "the old table is a partition")
 
 	tomorrow := now.Truncate(24 * time.Hour).Add(24 * time.Hour)
 	for _, tc := range []struct {

@@ -81,10 +81,9 @@ func (b bundle) requireAllApplied(t *testing.T) {
 		require.False(t, s.AppliedAt.IsZero())
 	}
 	require.Equal(t, migrations.Latest(), st[len(st)-1].Version)
-	var dup int
-	require.NoError(t, b.conn.QueryRow(context.Background(),
-		"SELECT count(*) FROM (SELECT version_id FROM goose_db_version WHERE is_applied GROUP BY 1 HAVING count(*) > 1) d").Scan(&dup))
-	require.Zero(t, dup, "a migration was recorded twice")
+	require.Zero(t, pgtest.Count(t, b.conn,
+		"SELECT count(*) FROM (SELECT version_id FROM goose_db_version WHERE is_applied GROUP BY 1 HAVING count(*) > 1) d"),
+		"a migration was recorded twice")
 }
 
 // foundationTables are the tables 00001_foundation.sql creates.
@@ -98,15 +97,13 @@ var foundationTables = []string{
 func TestUpIsIdempotent(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	ctx := context.Background()
 	b.up(t)
 	b.up(t)
 	b.requireAllApplied(t)
 	require.Subset(t, b.tables(t), foundationTables)
 
-	var policies int
-	require.NoError(t, b.conn.QueryRow(ctx, "SELECT count(*) FROM retry_policies WHERE updated_by = 'migration'").Scan(&policies))
-	require.Equal(t, len(policy.Defaults()), policies, "running Up again must not seed twice")
+	require.Equal(t, len(policy.Defaults()), pgtest.Count(t, b.conn, "SELECT count(*) FROM retry_policies WHERE updated_by = 'migration'"),
+		"running Up again must not seed twice")
 }
 
 func TestDownToZeroAndUpAgain(t *testing.T) {
@@ -164,9 +161,7 @@ func TestConcurrentUp(t *testing.T) {
 	}
 	b.requireAllApplied(t)
 	require.Subset(t, b.tables(t), foundationTables)
-	var policies int
-	require.NoError(t, b.conn.QueryRow(context.Background(), "SELECT count(*) FROM retry_policy_versions WHERE changed_by = 'migration'").Scan(&policies))
-	require.Equal(t, len(policy.Defaults()), policies)
+	require.Equal(t, len(policy.Defaults()), pgtest.Count(t, b.conn, "SELECT count(*) FROM retry_policy_versions WHERE changed_by = 'migration'"))
 }
 
 // The rows the migrations seed are policy.Defaults, field for field, and

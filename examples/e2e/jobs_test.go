@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
+	"github.com/retryd/retryd/migrations/pgtest"
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/pkg/errclass"
 	"github.com/retryd/retryd/pkg/worker"
@@ -382,7 +383,5 @@ func TestMalformedJobsAreTerminated(t *testing.T) {
 		}, wait, 20*time.Millisecond, durable)
 	}
 	require.Equal(t, int32(1), ran.Load())
-	var n int
-	require.NoError(t, e.pool.QueryRow(e.ctx, `SELECT count(*) FROM jobs`).Scan(&n))
-	require.Equal(t, 1, n)
+	require.Equal(t, 1, pgtest.Count(t, e.pool, `SELECT count(*) FROM jobs`))
 }

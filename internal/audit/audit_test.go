@@ -21,9 +21,7 @@ func TestRecord(t *testing.T) {
 	ctx := context.Background()
 	pool := pgtest.NewPool(t)
 	count := func() int {
-		var n int
-		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM audit_log`).Scan(&n))
-		return n
+		return pgtest.Count(t, pool, `SELECT count(*) FROM audit_log`)
 	}
 
 	require.NoError(t, audit.Record(ctx, pool, audit.SourcePause, "source/shop", audit.Detail{"reason": "x"}))

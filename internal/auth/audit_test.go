@@ -1,7 +1,6 @@
 package auth_test
 
 import (
-	"context"
 	"encoding/json"
 	"net/http"
 	"testing"
@@ -19,7 +18,6 @@ import (
 // admin only, filters and pages.
 func TestAuditTrail(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
 	pool := pgtest.NewPool(t)
 	srv, admin := tokenServer(t, pool, auth.OIDCConfig{}, nil)
 	call := func(method, path, token, body string) (int, string) {
@@ -33,9 +31,7 @@ func TestAuditTrail(t *testing.T) {
 		return p
 	}
 	rows := func() int {
-		var n int
-		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM audit_log`).Scan(&n))
-		return n
+		return pgtest.Count(t, pool, `SELECT count(*) FROM audit_log`)
 	}
 	require.Zero(t, rows(), "the bootstrap token is ensured, not asked for: no entry")
 
@@ -62,9 +58,7 @@ func TestAuditTrail(t *testing.T) {
 		require.Equal(t, http.StatusCreated, code, body)
 	}
 	require.Equal(t, 5, rows())
-	var secrets int
-	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM audit_log WHERE detail::text LIKE '%rtd_%'`).Scan(&secrets))
-	require.Zero(t, secrets, "no entry holds a token")
+	require.Zero(t, pgtest.Count(t, pool, `SELECT count(*) FROM audit_log WHERE detail::text LIKE '%rtd_%'`), "no entry holds a token")
 
 	all := page("", admin)
 	require.Len(t, all.Entries, 5)

@@ -26,10 +26,7 @@ func databaseExists(t *testing.T, name string) bool {
 func TestNewPoolIsMigratedAndSeeded(t *testing.T) {
 	t.Parallel()
 	pool := NewPool(t)
-	var policies int
-	require.NoError(t, pool.QueryRow(context.Background(),
-		"SELECT count(*) FROM retry_policies WHERE kind IN ('*', 'event', 'event-trigger', 'job')").Scan(&policies))
-	require.GreaterOrEqual(t, policies, 8)
+	require.GreaterOrEqual(t, Count(t, pool, "SELECT count(*) FROM retry_policies WHERE kind IN ('*', 'event', 'event-trigger', 'job')"), 8)
 	var version int64
 	require.NoError(t, pool.QueryRow(context.Background(), "SELECT max(version_id) FROM goose_db_version").Scan(&version))
 	require.Equal(t, migrations.Latest(), version)
@@ -41,9 +38,7 @@ func TestDatabasesAreIsolated(t *testing.T) {
 	a, b := NewPool(t), NewPool(t)
 	_, err := a.Exec(ctx, "INSERT INTO inbox (consumer, msg_id) VALUES ('c', 'm')")
 	require.NoError(t, err)
-	var n int
-	require.NoError(t, b.QueryRow(ctx, "SELECT count(*) FROM inbox").Scan(&n))
-	require.Zero(t, n)
+	require.Zero(t, Count(t, b, "SELECT count(*) FROM inbox"))
 }
 
 func TestDatabaseDroppedOnCleanup(t *testing.T) {
@@ -66,10 +61,7 @@ func TestEmptyDatabase(t *testing.T) {
 	conn, err := pgx.Connect(context.Background(), NewEmptyDatabaseURL(t))
 	require.NoError(t, err)
 	defer conn.Close(context.Background())
-	var tables int
-	require.NoError(t, conn.QueryRow(context.Background(),
-		"SELECT count(*) FROM pg_tables WHERE schemaname = 'public'").Scan(&tables))
-	require.Zero(t, tables)
+	require.Zero(t, Count(t, conn, "SELECT count(*) FROM pg_tables WHERE schemaname = 'public'"))
 }
 
 func TestManyDatabasesInParallel(t *testing.T) {
@@ -120,9 +112,7 @@ func TestTemplateSharedAndRebuilt(t *testing.T) {
 	conn, err := pgx.Connect(ctx, u)
 	require.NoError(t, err)
 	defer conn.Close(ctx)
-	var policies int
-	require.NoError(t, conn.QueryRow(ctx, "SELECT count(*) FROM retry_policies").Scan(&policies))
-	require.GreaterOrEqual(t, policies, 8)
+	require.GreaterOrEqual(t, Count(t, conn, "SELECT count(*) FROM retry_policies"), 8)
 }
 
 func TestWithDatabase(t *testing.T) {
@@ -148,4 +138,43 @@ func BenchmarkNewDatabase(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+}
+
+func TestCount(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := NewPool(t)
+	require.Zero(t, Count(t, pool, "SELECT count(*) FROM inbox"))
+	for _, c := range []string{"a", "a", "b"} {
+		_, err := pool.Exec(ctx, "INSERT INTO inbox (consumer, msg_id) VALUES ($1, $2)", c, randomHex(4))
+		require.NoError(t, err)
+	}
+	require.Equal(t, 3, Count(t, pool, "SELECT count(*) FROM inbox"))
+	require.Equal(t, 2, Count(t, pool, "SELECT count(*) FROM inbox WHERE consumer = $1", "a"))
+
+	// A transaction counts its own uncommitted rows; the pool does not see them.
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, "INSERT INTO inbox (consumer, msg_id) VALUES ('b', 'in-tx')")
+	require.NoError(t, err)
+	require.Equal(t, 2, Count(t, tx, "SELECT count(*) FROM inbox WHERE consumer = 'b'"))
+	require.Equal(t, 1, Count(t, pool, "SELECT count(*) FROM inbox WHERE consumer = 'b'"))
+}
+
+// fatalRecorder records Fatalf instead of stopping the goroutine.
+type fatalRecorder struct {
+	testing.TB
+	fatal string
+}
+
+func (r *fatalRecorder) Helper() {}
+
+func (r *fatalRecorder) Fatalf(format string, args ...any) { r.fatal = fmt.Sprintf(format, args...) }
+
+func TestCountFailsTheTestOnAnError(t *testing.T) {
+	t.Parallel()
+	r := &fatalRecorder{TB: t}
+	Count(r, NewPool(t), "SELECT count(*) FROM no_such_table")
+	require.Contains(t, r.fatal, "no_such_table")
 }

@@ -87,10 +87,7 @@ func TestConcurrentClaims(t *testing.T) {
 			}()
 			// The second claim is blocked on the first transaction's row.
 			require.Eventually(t, func() bool {
-				var waiting int
-				require.NoError(t, pool.QueryRow(ctx,
-					"SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'").Scan(&waiting))
-				return waiting == 1
+				return pgtest.Count(t, pool, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'") == 1
 			}, 10*time.Second, 5*time.Millisecond)
 			if commit {
 				require.NoError(t, tx1.Commit(ctx))
@@ -135,11 +132,8 @@ func TestPrune(t *testing.T) {
 	n, err := inbox.Prune(ctx, pool, time.Hour)
 	require.NoError(t, err)
 	require.EqualValues(t, 12001, n)
-	var left int
-	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM inbox WHERE msg_id LIKE 'new-%'").Scan(&left))
-	require.Equal(t, 5, left)
-	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM inbox").Scan(&left))
-	require.Equal(t, 5, left)
+	require.Equal(t, 5, pgtest.Count(t, pool, "SELECT count(*) FROM inbox WHERE msg_id LIKE 'new-%'"))
+	require.Equal(t, 5, pgtest.Count(t, pool, "SELECT count(*) FROM inbox"))
 
 	n, err = inbox.Prune(ctx, pool, time.Hour)
 	require.NoError(t, err)
@@ -163,9 +157,7 @@ func TestPruneOnlyNamedConsumers(t *testing.T) {
 	n, err := inbox.Prune(ctx, pool, time.Hour, "mine", "also-mine")
 	require.NoError(t, err)
 	require.EqualValues(t, 6, n)
-	var left int
-	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM inbox WHERE consumer = 'theirs'").Scan(&left))
-	require.Equal(t, 3, left, "another service's claims are kept")
+	require.Equal(t, 3, pgtest.Count(t, pool, "SELECT count(*) FROM inbox WHERE consumer = 'theirs'"), "another service's claims are kept")
 }
 
 func TestClaimMany(t *testing.T) {

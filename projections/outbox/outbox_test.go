@@ -96,9 +96,7 @@ func (b *bundle) insert(t *testing.T, owner string, from, to int) {
 
 func (b *bundle) pending(t *testing.T) int {
 	t.Helper()
-	var n int
-	require.NoError(t, b.pool.QueryRow(context.Background(), "SELECT count(*) FROM outbox").Scan(&n))
-	return n
+	return pgtest.Count(t, b.pool, "SELECT count(*) FROM outbox")
 }
 
 // streamMsgs reads every message of the test stream in sequence order.

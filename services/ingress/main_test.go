@@ -158,9 +158,7 @@ func (b *bundle) waitStatus(t *testing.T, status string, ids ...string) {
 
 func (b *bundle) count(t *testing.T, query string, args ...any) int {
 	t.Helper()
-	var n int
-	require.NoError(t, b.pool.QueryRow(b.ctx, query, args...).Scan(&n))
-	return n
+	return pgtest.Count(t, b.pool, query, args...)
 }
 
 // streamMsgs returns the messages of stream whose subject starts with

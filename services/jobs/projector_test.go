@@ -244,9 +244,7 @@ func TestProjectorTerminatesMalformedMessages(t *testing.T) {
 	require.Eventually(t, func() bool {
 		return metric(t, b.reg, "retryd_jobs_malformed_total", "consumer", "JOBS") == 2 && metric(t, b.reg, "retryd_jobs_malformed_total", "consumer", "RETRIES") == 2
 	}, wait, 10*time.Millisecond)
-	var n int
-	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM jobs`).Scan(&n))
-	require.Equal(t, 1, n)
+	require.Equal(t, 1, pgtest.Count(t, b.pool, `SELECT count(*) FROM jobs`))
 }
 
 func TestProjectorConfigValidation(t *testing.T) {
@@ -288,9 +286,7 @@ func TestProjectorAppliesUnstorableValues(t *testing.T) {
 	require.Equal(t, "se\uFFFDnd", j.CurrentStep)
 	b.eventually(t, "big", func(j jobstore.Job) bool { return j.Status == jobstore.StatusRetrying }, "decision applied")
 	require.Eventually(t, func() bool { return metric(t, b.reg, "retryd_jobs_malformed_total", "consumer", "RETRIES") == 2 }, wait, 10*time.Millisecond)
-	var n int
-	require.NoError(t, b.pool.QueryRow(b.ctx, "SELECT count(*) FROM jobs WHERE job_id IN ('nulmsg', 'why')").Scan(&n))
-	require.Zero(t, n, "malformed facts change nothing")
+	require.Zero(t, pgtest.Count(t, b.pool, "SELECT count(*) FROM jobs WHERE job_id IN ('nulmsg', 'why')"), "malformed facts change nothing")
 }
 
 // A message the database refuses for a reason nobody foresaw is
@@ -370,9 +366,7 @@ func TestProjectorPrunesItsInbox(t *testing.T) {
 	require.NoError(t, err)
 	b.startProjector(t, jobs.ProjectorConfig{})
 	require.Eventually(t, func() bool {
-		var n int
-		require.NoError(t, b.pool.QueryRow(b.ctx, "SELECT count(*) FROM inbox WHERE msg_id = 'old'").Scan(&n))
-		return n == 0
+		return pgtest.Count(t, b.pool, "SELECT count(*) FROM inbox WHERE msg_id = 'old'") == 0
 	}, wait, 10*time.Millisecond)
 	rows, err := b.pool.Query(b.ctx, "SELECT msg_id FROM inbox WHERE msg_id IN ('recent', 'theirs') ORDER BY msg_id")
 	require.NoError(t, err)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/retryd/retryd/internal/natstest"
 	"github.com/retryd/retryd/internal/streams"
+	"github.com/retryd/retryd/migrations/pgtest"
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/pkg/errclass"
 	"github.com/retryd/retryd/pkg/policy"
@@ -340,7 +341,5 @@ func TestPoisonFactIsTerminatedAlone(t *testing.T) {
 	require.Eventually(t, func() bool {
 		return natstest.Settled(t, b.ctx, b.js, contract.StreamRetries, scheduler.ConsumerName)
 	}, waitFor, 10*time.Millisecond, "the poison fact was not terminated")
-	var rows int
-	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM retries WHERE kind = 'poison'`).Scan(&rows))
-	require.Equal(t, 4, rows)
+	require.Equal(t, 4, pgtest.Count(t, b.pool, `SELECT count(*) FROM retries WHERE kind = 'poison'`))
 }

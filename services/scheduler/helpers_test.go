@@ -246,9 +246,7 @@ func (b *bundle) waitQuiet(t *testing.T) {
 	t.Helper()
 	require.Eventually(t, func() bool {
 		settled := natstest.Settled(t, b.ctx, b.js, contract.StreamRetries, scheduler.ConsumerName)
-		var outbox int
-		require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM outbox`).Scan(&outbox))
-		return settled && outbox == 0
+		return settled && pgtest.Count(t, b.pool, `SELECT count(*) FROM outbox`) == 0
 	}, waitFor, 20*time.Millisecond)
 }
 

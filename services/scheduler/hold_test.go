@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
+	"github.com/retryd/retryd/migrations/pgtest"
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/pkg/policy"
 	"github.com/retryd/retryd/projections/retrystore"
@@ -191,9 +192,7 @@ func TestMalformedHoldIsTerminatedAndCounted(t *testing.T) {
 	}
 	waitMetric(t, s.reg, float64(len(bad)), "retryd_scheduler_malformed_total", "consumer", "scheduler")
 	b.waitQuiet(t)
-	var n int
-	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM retries WHERE kind = 'hm'`).Scan(&n))
-	require.Zero(t, n)
+	require.Zero(t, pgtest.Count(t, b.pool, `SELECT count(*) FROM retries WHERE kind = 'hm'`))
 }
 
 // pauseHeld holds attempt 1 of n items of kind (ids idFormat of 0 to

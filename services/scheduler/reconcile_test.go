@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
+	"github.com/retryd/retryd/migrations/pgtest"
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/projections/retrystore"
 	"github.com/retryd/retryd/services/scheduler"
@@ -54,9 +55,7 @@ func TestPurgedStreamPendingStillComeDue(t *testing.T) {
 		}
 	}
 	countState := func(state retrystore.State) int {
-		var c int
-		require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM retries WHERE kind = 'bulk' AND state = $1`, string(state)).Scan(&c))
-		return c
+		return pgtest.Count(t, b.pool, `SELECT count(*) FROM retries WHERE kind = 'bulk' AND state = $1`, string(state))
 	}
 	require.Eventually(t, func() bool { return countState(retrystore.StateScheduled) == n }, 2*time.Minute, 50*time.Millisecond)
 	b.waitQuiet(t) // every scheduled event published: nothing arrives after the purge

@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
+	"github.com/retryd/retryd/migrations/pgtest"
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/projections/retrystore"
 	"github.com/retryd/retryd/services/scheduler"
@@ -29,9 +30,7 @@ func (b *bundle) resumeEntries(t *testing.T, kind, id string) int {
 
 func (b *bundle) releasePartsLeft(t *testing.T) int {
 	t.Helper()
-	var n int
-	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM retry_release_parts`).Scan(&n))
-	return n
+	return pgtest.Count(t, b.pool, `SELECT count(*) FROM retry_release_parts`)
 }
 
 // The process dies while a release is applied in parts: the part in the

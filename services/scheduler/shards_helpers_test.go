@@ -108,9 +108,7 @@ func (s shardBundles) waitQuiet(t *testing.T) {
 			if !natstest.Settled(t, b.ctx, b.js, contract.StreamRetries, scheduler.ConsumerNameOf(k)) {
 				return false
 			}
-			var outbox int
-			require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM outbox`).Scan(&outbox))
-			if outbox > 0 {
+			if pgtest.Count(t, b.pool, `SELECT count(*) FROM outbox`) > 0 {
 				return false
 			}
 		}

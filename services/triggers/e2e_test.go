@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/retryd/retryd/internal/servicetest"
+	"github.com/retryd/retryd/migrations/pgtest"
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/projections/outbox"
 	"github.com/retryd/retryd/services/scheduler"
@@ -85,10 +86,7 @@ func (b *bundle) requireAllLaunchedOnce(t *testing.T, triggerID string, events i
 	}
 	require.Eventually(t, func() bool { seen, _, _ := ex.stats(); return seen == events }, eventually, tick)
 	require.Eventually(t, func() bool {
-		var open int
-		require.NoError(t, b.pool.QueryRow(b.ctx, `
-			SELECT count(*) FROM retries WHERE kind = 'event-trigger' AND state <> 'succeeded'`).Scan(&open))
-		return open == 0
+		return pgtest.Count(t, b.pool, `SELECT count(*) FROM retries WHERE kind = 'event-trigger' AND state <> 'succeeded'`) == 0
 	}, eventually, tick, "the scheduler resolves every delivery retry as succeeded")
 }
 
@@ -355,8 +353,7 @@ func TestFreedSlotReleasesTheOldestWaitingDelivery(t *testing.T) {
 	for i := 1; i < m; i++ {
 		require.Less(t, spans[i].from.Sub(spans[i-1].to), time.Second, "run %d launched within 1s of the slot freeing", i)
 	}
-	var resumed int
-	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM retry_history WHERE kind = 'event-trigger' AND decided_by = 'resume'`).Scan(&resumed))
+	resumed := pgtest.Count(t, b.pool, `SELECT count(*) FROM retry_history WHERE kind = 'event-trigger' AND decided_by = 'resume'`)
 	require.GreaterOrEqual(t, resumed, m-1, "each waiting delivery was released by a freed slot (a hold that overtook a release is released too)")
 }
 
@@ -434,10 +431,8 @@ func TestThrottleLineReleasesInArrivalOrderOneDueEach(t *testing.T) {
 	dues := len(b.lifecycle(t, contract.Due))
 	t.Logf("order %v; %d dues for %d held; %.0f waits in place", order, dues, held, counter(t, b.svc.metrics.throttleWaits, tr.ID))
 	require.LessOrEqual(t, float64(dues), 1.1*float64(held), "one due per held delivery, not one per window edge: %d dues", dues)
-	var spent int
-	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM retries
-		WHERE kind = 'event-trigger' AND (state = 'exhausted' OR retry_count > 0)`).Scan(&spent))
-	require.Zero(t, spent, "none exhausted, no retry spent")
+	require.Zero(t, pgtest.Count(t, b.pool, `SELECT count(*) FROM retries
+		WHERE kind = 'event-trigger' AND (state = 'exhausted' OR retry_count > 0)`), "none exhausted, no retry spent")
 }
 
 // Every due of a throttle line arrives twice (a copy JetStream's window

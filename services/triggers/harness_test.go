@@ -203,9 +203,7 @@ func (b *bundle) countDeliveries(t *testing.T, triggerID string) map[triggerstor
 // outboxEmpty reports whether every outbox row was published.
 func (b *bundle) outboxEmpty(t *testing.T) bool {
 	t.Helper()
-	var n int
-	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM outbox`).Scan(&n))
-	return n == 0
+	return pgtest.Count(t, b.pool, `SELECT count(*) FROM outbox`) == 0
 }
 
 // slowDeliveryBackoff makes a held delivery's backoff a minute: in a

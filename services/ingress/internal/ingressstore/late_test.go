@@ -7,6 +7,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/retryd/retryd/migrations/pgtest"
 	"github.com/retryd/retryd/services/ingress/internal/ingressstore"
 )
 
@@ -57,9 +58,7 @@ func (l *lateLine) status(t *testing.T, id string) ingressstore.Status {
 
 func (l *lateLine) holds(t *testing.T) int {
 	t.Helper()
-	var n int
-	require.NoError(t, l.pool.QueryRow(l.ctx, `SELECT count(*) FROM event_source_holds`).Scan(&n))
-	return n
+	return pgtest.Count(t, l.pool, `SELECT count(*) FROM event_source_holds`)
 }
 
 // Holders whose slots passed more than turnLate ago without their dues are

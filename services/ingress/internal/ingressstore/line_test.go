@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/retryd/retryd/migrations/pgtest"
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/services/ingress/internal/ingressstore"
 )
@@ -167,9 +168,7 @@ func TestAdmitReleasedWaitsForAPause(t *testing.T) {
 	var le *ingressstore.LineError
 	require.ErrorAs(t, err, &le)
 	require.True(t, le.Until.After(le.Now), "until the slot plus the grace")
-	var lined int
-	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM event_source_holds WHERE source = 'paused' AND released`).Scan(&lined))
-	require.Equal(t, 3, lined)
+	require.Equal(t, 3, pgtest.Count(t, b.pool, `SELECT count(*) FROM event_source_holds WHERE source = 'paused' AND released`))
 }
 
 // A window never admits more than the limit, even from a line whose slots

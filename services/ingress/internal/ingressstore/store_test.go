@@ -365,9 +365,7 @@ func TestGateSlotHolderKeepsItsPlaceWhenLate(t *testing.T) {
 		_, err = ingressstore.SetEventStatus(b.ctx, b.pool, id, ingressstore.StatusCancelled)
 		require.NoError(t, err)
 	}
-	var holds int
-	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM event_source_holds`).Scan(&holds))
-	require.Zero(t, holds, "no holds left")
+	require.Zero(t, pgtest.Count(t, b.pool, `SELECT count(*) FROM event_source_holds`), "no holds left")
 }
 
 // Holders whose dues come late keep their line: a holder is admitted only
@@ -432,9 +430,7 @@ func TestGateLateHoldersWaitForTheirTurnInLine(t *testing.T) {
 	// Its turn: admitted, and the line is empty.
 	fill(0)
 	require.True(t, b.gateDue(t, "line", second).Admitted)
-	var holds int
-	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM event_source_holds`).Scan(&holds))
-	require.Zero(t, holds)
+	require.Zero(t, pgtest.Count(t, b.pool, `SELECT count(*) FROM event_source_holds`))
 }
 
 // A holder whose turn is handed back (MarkWaiting) is not passed by the
@@ -769,9 +765,7 @@ func TestPruneWindows(t *testing.T) {
 	n, err := ingressstore.PruneWindows(b.ctx, b.pool, time.Minute)
 	require.NoError(t, err)
 	require.EqualValues(t, 2, n)
-	var left int
-	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM event_source_windows`).Scan(&left))
-	require.Equal(t, 1, left)
+	require.Equal(t, 1, pgtest.Count(t, b.pool, `SELECT count(*) FROM event_source_windows`))
 }
 
 // A slot is exact in the database's precision even when rate_window /
