@@ -1,7 +1,6 @@
 package main_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"net/http"
@@ -9,7 +8,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -188,7 +186,7 @@ func (e *env) stepOutputs(t *testing.T, runID string) map[string]json.RawMessage
 // process is the engine binary running as a child process.
 type process struct {
 	cmd    *exec.Cmd
-	out    *syncBuffer
+	out    *servicetest.Buffer
 	exited chan struct{}
 	err    error
 }
@@ -200,7 +198,7 @@ func (e *env) start(t *testing.T, executor string, args ...string) *process {
 	args = append([]string{"-workflow", workflow, "-executor", executor, "-ack-wait", "2s", "-heartbeat", "300ms"}, args...)
 	cmd := exec.Command(e.binary, args...)
 	cmd.Env = append(os.Environ(), "NATS_URL="+e.srv.ClientURL())
-	p := &process{cmd: cmd, out: &syncBuffer{}, exited: make(chan struct{})}
+	p := &process{cmd: cmd, out: &servicetest.Buffer{}, exited: make(chan struct{})}
 	cmd.Stdout, cmd.Stderr = p.out, p.out
 	require.NoError(t, cmd.Start())
 	go func() {
@@ -234,21 +232,4 @@ func (p *process) terminate(t *testing.T) {
 		t.Fatalf("engine did not stop on SIGTERM:\n%s", p.out.String())
 	}
 	require.NoError(t, p.err, "exit status after SIGTERM:\n%s", p.out.String())
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

@@ -15,7 +15,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -28,6 +27,7 @@ import (
 
 	"github.com/retryd/retryd/internal/natsconn"
 	"github.com/retryd/retryd/internal/natstest"
+	"github.com/retryd/retryd/internal/servicetest"
 )
 
 func ctx(t *testing.T) context.Context {
@@ -202,7 +202,7 @@ func TestValidateAcceptsCredsFile(t *testing.T) {
 func TestConnectWaitsForServer(t *testing.T) {
 	t.Parallel()
 	port := freePort(t)
-	logs := &syncWriter{}
+	logs := &servicetest.Buffer{}
 	type result struct {
 		nc  *nats.Conn
 		err error
@@ -248,14 +248,14 @@ func TestLogsDisconnectAndReconnect(t *testing.T) {
 	srv := natstest.RunServer(t, natstest.WithServerOptions(func(o *server.Options) {
 		o.Username, o.Password = "u", "hunter2-pass"
 	}))
-	w := &syncWriter{}
+	w := &servicetest.Buffer{}
 	nc, _, err := natsconn.Connect(ctx(t), natsconn.Options{URL: srv.ClientURL(), User: "u", Password: "hunter2-pass"}, zerolog.New(w))
 	require.NoError(t, err)
 	defer nc.Close()
 	natstest.Restart(t, srv)
-	require.Eventually(t, func() bool { return w.contains("nats reconnected") }, 20*time.Second, 20*time.Millisecond)
-	require.True(t, w.contains("nats disconnected, reconnecting"))
-	require.False(t, w.contains("hunter2-pass"))
+	require.Eventually(t, func() bool { return strings.Contains(w.String(), "nats reconnected") }, 20*time.Second, 20*time.Millisecond)
+	require.Contains(t, w.String(), "nats disconnected, reconnecting")
+	require.NotContains(t, w.String(), "hunter2-pass")
 }
 
 func itoa(n int) string { return strconv.Itoa(n) }
@@ -327,23 +327,3 @@ func writePEM(t *testing.T, path, typ string, der []byte) {
 	t.Helper()
 	require.NoError(t, os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600))
 }
-
-// syncWriter is a log sink safe to read while the client's handlers write.
-type syncWriter struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (s *syncWriter) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.buf.Write(p)
-}
-
-func (s *syncWriter) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.buf.String()
-}
-
-func (s *syncWriter) contains(sub string) bool { return strings.Contains(s.String(), sub) }
