@@ -77,6 +77,22 @@ func Layout(have, from, to, urls int) (int, error) {
 	return from, nil
 }
 
+// retriesShards reads the RETRIES stream and how many shards its subject
+// transform splits it into; a transform retryd did not write is
+// ErrLayout, since no count read from it can be trusted.
+func retriesShards(ctx context.Context, js jetstream.JetStream) (*jetstream.StreamInfo, int, error) {
+	stream, err := js.Stream(ctx, contract.StreamRetries)
+	if err != nil {
+		return nil, 0, fmt.Errorf("read stream %s: %w", contract.StreamRetries, err)
+	}
+	info := stream.CachedInfo()
+	n, ok := streams.StreamShards(info.Config)
+	if !ok {
+		return nil, 0, fmt.Errorf("%w: stream %s has a subject transform retryd did not write", ErrLayout, contract.StreamRetries)
+	}
+	return info, n, nil
+}
+
 // Split reshards From shards into To: it splits the stream, waits until
 // every old shard applied what the old layout stored, then moves each
 // item whose shard changed to its new shard's database. Every step is
@@ -85,14 +101,9 @@ func Layout(have, from, to, urls int) (int, error) {
 // returns.
 func Split(ctx context.Context, js jetstream.JetStream, o SplitOptions) (SplitReport, error) {
 	rep := SplitReport{To: o.To, DryRun: o.DryRun}
-	stream, err := js.Stream(ctx, contract.StreamRetries)
+	info, have, err := retriesShards(ctx, js)
 	if err != nil {
-		return rep, fmt.Errorf("read stream %s: %w", contract.StreamRetries, err)
-	}
-	info := stream.CachedInfo()
-	have, ok := streams.StreamShards(info.Config)
-	if !ok {
-		return rep, fmt.Errorf("%w: stream %s has a subject transform retryd did not write", ErrLayout, contract.StreamRetries)
+		return rep, err
 	}
 	if rep.From, err = Layout(have, o.From, o.To, len(o.URLs)); err != nil {
 		return rep, err
@@ -240,14 +251,14 @@ func splitStream(ctx context.Context, js jetstream.JetStream, from int, o SplitO
 	if err := streams.Ensure(ctx, js, opts); err != nil {
 		return 0, fmt.Errorf("split stream: %w", err)
 	}
-	stream, err := js.Stream(ctx, contract.StreamRetries)
+	info, n, err := retriesShards(ctx, js)
 	if err != nil {
-		return 0, fmt.Errorf("read stream %s: %w", contract.StreamRetries, err)
+		return 0, err
 	}
-	if n, _ := streams.StreamShards(stream.CachedInfo().Config); n != o.To {
+	if n != o.To {
 		return 0, fmt.Errorf("stream %s is split into %d shards after ensure, want %d", contract.StreamRetries, n, o.To)
 	}
-	return stream.CachedInfo().State.LastSeq, nil
+	return info.State.LastSeq, nil
 }
 
 // waitApplied waits until each old shard's consumer has acknowledged

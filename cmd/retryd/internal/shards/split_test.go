@@ -356,3 +356,22 @@ func (e *env) requireEachDueOnce(t *testing.T, items []string) {
 		require.Equal(t, 1, d[contract.DueMsgID(contract.KindJob, id, 2)], id)
 	}
 }
+
+// A RETRIES stream whose subject transform retryd did not write has no
+// shard count to trust: a split and the status refuse it rather than
+// read it as one shard.
+func TestForeignTransformIsALayoutError(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 0)
+	_, err := e.js.CreateStream(e.ctx, jetstream.StreamConfig{
+		Name: contract.StreamRetries, Subjects: []string{"retry.>"}, Storage: jetstream.MemoryStorage,
+		SubjectTransform: &jetstream.SubjectTransformConfig{Source: "retry.>", Destination: "retry.moved.>"},
+	})
+	require.NoError(t, err)
+	_, err = shards.Split(e.ctx, e.js, shards.SplitOptions{To: 2, URLs: []string{"a", "b"}, Streams: memory})
+	require.ErrorIs(t, err, shards.ErrLayout)
+	require.ErrorContains(t, err, "did not write")
+	_, err = shards.ReadStatus(e.ctx, e.js, nil)
+	require.ErrorIs(t, err, shards.ErrLayout)
+	require.ErrorContains(t, err, "did not write")
+}

@@ -8,7 +8,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/retryd/retryd/internal/streams"
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/services/scheduler"
 )
@@ -48,14 +47,9 @@ type Status struct {
 // their rows.
 func ReadStatus(ctx context.Context, js jetstream.JetStream, urls []string) (Status, error) {
 	var st Status
-	stream, err := js.Stream(ctx, contract.StreamRetries)
+	info, n, err := retriesShards(ctx, js)
 	if err != nil {
-		return st, fmt.Errorf("read stream %s: %w", contract.StreamRetries, err)
-	}
-	info := stream.CachedInfo()
-	n, ok := streams.StreamShards(info.Config)
-	if !ok {
-		return st, fmt.Errorf("%w: stream %s has a subject transform retryd did not write", ErrLayout, contract.StreamRetries)
+		return st, err
 	}
 	if len(urls) > n {
 		return st, fmt.Errorf("%w: --database-url: the stream has %d shard(s), got %d databases", ErrLayout, n, len(urls))
