@@ -19,6 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/retryd/retryd/internal/backendtest"
+	"github.com/retryd/retryd/internal/contracttest"
 	"github.com/retryd/retryd/internal/natstest"
 	"github.com/retryd/retryd/internal/servicetest"
 	"github.com/retryd/retryd/migrations/pgtest"
@@ -85,22 +86,7 @@ func (b *bundle) publishEvent(t *testing.T, ev contract.Lifecycle, data interfac
 	Validate() error
 }, at time.Time) {
 	t.Helper()
-	var msg *nats.Msg
-	var err error
-	switch d := data.(type) {
-	case contract.FailedData:
-		msg, err = contract.NewLifecycleMsg("test", ev, d, at)
-	case contract.ScheduledData:
-		msg, err = contract.NewLifecycleMsg("test", ev, d, at)
-	case contract.SucceededData:
-		msg, err = contract.NewLifecycleMsg("test", ev, d, at)
-	case contract.ExhaustedData:
-		msg, err = contract.NewLifecycleMsg("test", ev, d, at)
-	case contract.DueData:
-		msg, err = contract.NewLifecycleMsg("test", ev, d, at)
-	}
-	require.NoError(t, err)
-	b.publish(t, msg)
+	b.publish(t, contracttest.LifecycleMsg(t, "test", ev, data, at))
 }
 
 func (b *bundle) job(t *testing.T, id string) jobstore.Job {

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/retryd/retryd/internal/backendtest"
+	"github.com/retryd/retryd/internal/contracttest"
 	"github.com/retryd/retryd/internal/natstest"
 	"github.com/retryd/retryd/internal/servicetest"
 	"github.com/retryd/retryd/internal/streams"
@@ -116,24 +117,7 @@ func (b *bundle) publish(t *testing.T, ev contract.Lifecycle, data any) *jetstre
 
 func lifecycleMsg(t *testing.T, ev contract.Lifecycle, data any) *nats.Msg {
 	t.Helper()
-	var msg *nats.Msg
-	var err error
-	switch d := data.(type) {
-	case contract.FailedData:
-		msg, err = contract.NewLifecycleMsg("test/owner", ev, d, time.Now())
-	case contract.SucceededData:
-		msg, err = contract.NewLifecycleMsg("test/owner", ev, d, time.Now())
-	case contract.CancelledData:
-		msg, err = contract.NewLifecycleMsg("test/owner", ev, d, time.Now())
-	case contract.HeldData:
-		msg, err = contract.NewLifecycleMsg("test/owner", ev, d, time.Now())
-	case contract.ReleasedData:
-		msg, err = contract.NewLifecycleMsg("test/owner", ev, d, time.Now())
-	default:
-		t.Fatalf("unsupported data %T", data)
-	}
-	require.NoError(t, err)
-	return msg
+	return contracttest.LifecycleMsg(t, "test/owner", ev, data, time.Now())
 }
 
 func failed(kind, id string, attempt int, class string) contract.FailedData {

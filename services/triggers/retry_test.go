@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/require"
 
+	"github.com/retryd/retryd/internal/contracttest"
 	"github.com/retryd/retryd/internal/natstest"
 	"github.com/retryd/retryd/internal/servicetest"
 	"github.com/retryd/retryd/internal/streams"
@@ -148,18 +149,8 @@ func publishLifecycle(t *testing.T, b *bundle, ev contract.Lifecycle, data inter
 	Validate() error
 }) *nats.Msg {
 	t.Helper()
-	var msg *nats.Msg
-	var err error
-	switch d := data.(type) {
-	case contract.ScheduledData:
-		msg, err = contract.NewLifecycleMsg("test/scheduler", ev, d, time.Now())
-	case contract.ExhaustedData:
-		msg, err = contract.NewLifecycleMsg("test/scheduler", ev, d, time.Now())
-	case contract.CancelledData:
-		msg, err = contract.NewLifecycleMsg("test/scheduler", ev, d, time.Now())
-	}
-	require.NoError(t, err)
-	_, err = b.js.PublishMsg(b.ctx, msg)
+	msg := contracttest.LifecycleMsg(t, "test/scheduler", ev, data, time.Now())
+	_, err := b.js.PublishMsg(b.ctx, msg)
 	require.NoError(t, err)
 	return msg
 }
