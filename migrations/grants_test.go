@@ -24,9 +24,7 @@ func TestGrantsCoverEveryTable(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	t.Cleanup(cancel)
-	conn, err := pgx.Connect(ctx, pgtest.NewDatabaseURL(t))
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = conn.Close(context.Background()) })
+	conn := pgtest.NewConn(t)
 	// Partitions are left out: a service reaches them through their
 	// partitioned table, whose privileges Postgres checks instead.
 	rows, err := conn.Query(ctx, `SELECT table_name::text FROM information_schema.tables

@@ -133,6 +133,23 @@ func NewPool(t testing.TB) *pgxpool.Pool {
 	return pool
 }
 
+// NewConn creates a fresh migrated database and returns one connection to
+// it, for tests that set session state (a time zone, enable_seqscan) that
+// a pool would spread over connections it opens later. The connection is
+// closed and the database dropped in t.Cleanup.
+func NewConn(t testing.TB) *pgx.Conn {
+	t.Helper()
+	u := NewDatabaseURL(t)
+	ctx, cancel := context.WithTimeout(context.Background(), setupTimeout)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, u)
+	if err != nil {
+		t.Fatalf("pgtest: connect: %v", err)
+	}
+	t.Cleanup(func() { _ = conn.Close(context.Background()) }) // runs before the drop
+	return conn
+}
+
 func setup(t testing.TB) *environment {
 	t.Helper()
 	if !mainCalled.Load() {

@@ -56,6 +56,27 @@ func TestDatabaseDroppedOnCleanup(t *testing.T) {
 	require.False(t, databaseExists(t, name), "database %s survives its test", name)
 }
 
+// NewConn's connection keeps its session state (one connection, not a
+// pool), is on a fresh migrated database, and is closed before the drop.
+func TestNewConnIsOneSessionOnAFreshDatabase(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	var name string
+	var conn *pgx.Conn
+	t.Run("uses", func(t *testing.T) {
+		conn = NewConn(t)
+		_, err := conn.Exec(ctx, "SET TimeZone = 'Pacific/Auckland'")
+		require.NoError(t, err)
+		var zone string
+		require.NoError(t, conn.QueryRow(ctx, "SELECT current_setting('TimeZone')").Scan(&zone))
+		require.Equal(t, "Pacific/Auckland", zone)
+		require.GreaterOrEqual(t, Count(t, conn, "SELECT count(*) FROM retry_policies"), 8)
+		require.NoError(t, conn.QueryRow(ctx, "SELECT current_database()").Scan(&name))
+	})
+	require.True(t, conn.IsClosed(), "the connection outlives its test")
+	require.False(t, databaseExists(t, name), "database %s survives its test", name)
+}
+
 func TestEmptyDatabase(t *testing.T) {
 	t.Parallel()
 	conn, err := pgx.Connect(context.Background(), NewEmptyDatabaseURL(t))

@@ -5,7 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/retryd/retryd/migrations/pgtest"
@@ -20,9 +19,7 @@ const week = 7 * day
 func TestRetentionDropsOldAuditWeeks(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, pgtest.NewDatabaseURL(t))
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = conn.Close(context.Background()) })
+	conn := pgtest.NewConn(t)
 	now := time.Now().UTC()
 	monday := now.Truncate(week)
 	require.Equal(t, time.Monday, monday.Weekday())
@@ -31,7 +28,7 @@ func TestRetentionDropsOldAuditWeeks(t *testing.T) {
 	}
 	// A trail that has run for a while: the partition 00502 made of the
 	// old table is gone.
-	_, err = conn.Exec(ctx, `DROP TABLE audit_log_legacy`)
+	_, err := conn.Exec(ctx, `DROP TABLE audit_log_legacy`)
 	require.NoError(t, err)
 	insert := func(at time.Time) {
 		t.Helper()

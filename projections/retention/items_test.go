@@ -123,12 +123,10 @@ func ids(t *testing.T, conn *pgx.Conn, sql string) []string {
 func TestRetentionItemsUseTheirIndexes(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, pgtest.NewDatabaseURL(t))
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = conn.Close(context.Background()) })
+	conn := pgtest.NewConn(t)
 	// With no rows, a sequential scan costs nothing: forbid it, so the
 	// plan shows whether the index can serve the query at all.
-	_, err = conn.Exec(ctx, `SET enable_seqscan = off`)
+	_, err := conn.Exec(ctx, `SET enable_seqscan = off`)
 	require.NoError(t, err)
 	for _, tc := range []struct{ table, index string }{
 		{"retries", "retries_terminal_idx"}, {"jobs", "jobs_terminal_idx"},

@@ -264,10 +264,8 @@ func TestRetentionOptions(t *testing.T) {
 func TestRetentionDropsTheLegacyPartition(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, pgtest.NewDatabaseURL(t))
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = conn.Close(context.Background()) })
-	_, err = conn.Exec(ctx, `SET TimeZone = 'Pacific/Auckland'`)
+	conn := pgtest.NewConn(t)
+	_, err := conn.Exec(ctx, `SET TimeZone = 'Pacific/Auckland'`)
 	require.NoError(t, err)
 
 	later := time.Now().Add(40 * day)
@@ -335,9 +333,7 @@ func TestRetentionMarksOnlyMoveForward(t *testing.T) {
 func itemDB(t *testing.T) (context.Context, *pgx.Conn, time.Time, func(days int) time.Time) {
 	t.Helper()
 	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, pgtest.NewDatabaseURL(t))
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = conn.Close(context.Background()) })
+	conn := pgtest.NewConn(t)
 	now := time.Now().UTC()
 	return ctx, conn, now, func(days int) time.Time { return now.Add(-time.Duration(days) * day) }
 }

@@ -10,21 +10,13 @@ import (
 	"github.com/retryd/retryd/migrations/pgtest"
 )
 
-func conn(t *testing.T) *pgx.Conn {
-	t.Helper()
-	c, err := pgx.Connect(context.Background(), pgtest.NewDatabaseURL(t))
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = c.Close(context.Background()) })
-	return c
-}
-
 // A new shard gets its parent's last release of each key (kept at the
 // later of two) and the claims of the releases it finished, not the
 // claim of a release still applied in parts, nor any other claim.
 func TestCopyReleases(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	src, dst := conn(t), conn(t)
+	src, dst := pgtest.NewConn(t), pgtest.NewConn(t)
 	_, err := src.Exec(ctx, `INSERT INTO retry_hold_releases (kind, hold_key, hold_reason, released_at) VALUES ('alpha', 'src', '', '2026-11-02T00:00:00Z');
 INSERT INTO inbox (consumer, msg_id) VALUES ('scheduler', 'alpha-released:src:1'), ('scheduler', 'alpha-released:src:2'), ('scheduler', 'alpha-failed:x:1'), ('ingress-gate', 'alpha-released:src:3');
 INSERT INTO retry_release_parts (msg_id, kind, hold_key, release, numbered, after_held_since, after_created_at, after_item_id, next_at)
