@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -46,22 +45,12 @@ type NATSCluster struct {
 // RETRYD_FAULTS_KEEP is set.
 func NewNATSCluster(t testing.TB, ctx context.Context, n int) *NATSCluster {
 	t.Helper()
-	bins, err := Build(ctx)
-	if err != nil {
-		t.Fatalf("build: %v", err)
-	}
-	dir, err := os.MkdirTemp("", "retryd-faults-cluster-"+sanitize(t.Name())+"-")
-	if err != nil {
-		t.Fatalf("temp dir: %v", err)
-	}
+	bins, dir := start(t, ctx, "retryd-faults-cluster-")
+	var err error
 	c := &NATSCluster{dir: dir, via: map[string]jetstream.JetStream{}}
 	t.Cleanup(func() {
 		c.close()
-		if t.Failed() || os.Getenv("RETRYD_FAULTS_KEEP") != "" {
-			t.Logf("cluster logs kept in %s", dir)
-			return
-		}
-		_ = os.RemoveAll(dir)
+		keepOrRemove(t, dir, "cluster logs")
 	})
 	if err := c.build(bins, n); err != nil {
 		t.Fatalf("nats cluster: %v", err)

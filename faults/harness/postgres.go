@@ -64,7 +64,7 @@ func NewPostgres(ctx context.Context, dir string) (*Postgres, error) {
 	}
 	p.DataDir = filepath.Join(p.dir, "data")
 	p.LogPath = filepath.Join(p.dir, "postgres.log")
-	if err := p.chown(p.dir); err != nil {
+	if err := pgcluster.GiveToServer(p.dir, p.cred); err != nil {
 		return nil, err
 	}
 	if err := p.run(ctx, nil, "initdb", "-D", p.DataDir, "-U", "postgres", "-A", "trust", "-E", "UTF8",
@@ -153,16 +153,6 @@ func (p *Postgres) run(ctx context.Context, env []string, name string, args ...s
 	}
 	if err := cmd.Run(); err != nil {
 		return fmt.Errorf("%s %s: %w: %s", name, strings.Join(args[:1], " "), err, strings.TrimSpace(out.String()))
-	}
-	return nil
-}
-
-func (p *Postgres) chown(path string) error {
-	if p.cred == nil {
-		return nil
-	}
-	if err := os.Chown(path, int(p.cred.Uid), int(p.cred.Gid)); err != nil {
-		return fmt.Errorf("give %s to postgres: %w", path, err)
 	}
 	return nil
 }

@@ -65,18 +65,12 @@ type Options struct {
 
 // NewSystem builds the binaries (once per process), starts a nats-server
 // and connects to it and to the database. Everything is stopped in
-// t.Cleanup; process logs stay in Dir (kept when the test fails and
+// t.Cleanup; process logs stay in Dir (kept when the test fails or
 // RETRYD_FAULTS_KEEP is set).
 func NewSystem(t testing.TB, ctx context.Context, opts Options) *System {
 	t.Helper()
-	bins, err := Build(ctx)
-	if err != nil {
-		t.Fatalf("build: %v", err)
-	}
-	dir, err := os.MkdirTemp("", "retryd-faults-"+sanitize(t.Name())+"-")
-	if err != nil {
-		t.Fatalf("temp dir: %v", err)
-	}
+	bins, dir := start(t, ctx, "retryd-faults-")
+	var err error
 	s := &System{T: t, Ctx: ctx, Dir: dir, Bins: bins, DatabaseURL: opts.DatabaseURL,
 		procs: map[string]*Process{}, addrs: map[string]string{}}
 	t.Cleanup(func() {
@@ -93,11 +87,7 @@ func NewSystem(t testing.TB, ctx context.Context, opts Options) *System {
 		if s.NATS != nil {
 			_ = s.NATS.Kill9()
 		}
-		if t.Failed() || os.Getenv("RETRYD_FAULTS_KEEP") != "" {
-			t.Logf("logs kept in %s", dir)
-			return
-		}
-		_ = os.RemoveAll(dir)
+		keepOrRemove(t, dir, "logs")
 	})
 	s.natsURL = opts.NATSURL
 	if s.natsURL == "" {
@@ -358,6 +348,31 @@ func envOr(name, def string) string {
 		return v
 	}
 	return def
+}
+
+// start builds the binaries (once per process) and makes the test's
+// directory, named by prefix and the test.
+func start(t testing.TB, ctx context.Context, prefix string) (*Binaries, string) {
+	t.Helper()
+	bins, err := Build(ctx)
+	if err != nil {
+		t.Fatalf("build: %v", err)
+	}
+	dir, err := os.MkdirTemp("", prefix+sanitize(t.Name())+"-")
+	if err != nil {
+		t.Fatalf("temp dir: %v", err)
+	}
+	return bins, dir
+}
+
+// keepOrRemove, last in a test's cleanup, keeps dir when the test failed
+// or RETRYD_FAULTS_KEEP is set (logging where), and removes it otherwise.
+func keepOrRemove(t testing.TB, dir, what string) {
+	if t.Failed() || os.Getenv("RETRYD_FAULTS_KEEP") != "" {
+		t.Logf("%s kept in %s", what, dir)
+		return
+	}
+	_ = os.RemoveAll(dir)
 }
 
 func sanitize(name string) string {

@@ -204,7 +204,7 @@ func (c *Cluster) prepareDirs(dataDir string) error {
 			_ = os.RemoveAll(base)
 			return fmt.Errorf("create cluster directory: %w", err)
 		}
-		return c.chown(base)
+		return GiveToServer(base, c.cred)
 	}
 	abs, err := filepath.Abs(dataDir)
 	if err != nil {
@@ -216,7 +216,7 @@ func (c *Cluster) prepareDirs(dataDir string) error {
 		if err := os.MkdirAll(abs, 0o700); err != nil {
 			return fmt.Errorf("create data directory: %w", err)
 		}
-		return c.chown(abs)
+		return GiveToServer(abs, c.cred)
 	} else if err != nil {
 		return fmt.Errorf("inspect data directory: %w", err)
 	}
@@ -369,11 +369,14 @@ func (c *Cluster) run(ctx context.Context, name string, args ...string) error {
 	return nil
 }
 
-func (c *Cluster) chown(path string) error {
-	if c.cred == nil {
+// GiveToServer makes path belong to cred, the server's OS user from
+// ServerCredential, so that initdb and postgres can write in it; with a
+// nil cred (not root) there is nothing to do.
+func GiveToServer(path string, cred *syscall.Credential) error {
+	if cred == nil {
 		return nil
 	}
-	if err := os.Chown(path, int(c.cred.Uid), int(c.cred.Gid)); err != nil {
+	if err := os.Chown(path, int(cred.Uid), int(cred.Gid)); err != nil {
 		return fmt.Errorf("give %s to the postgres user: %w", path, err)
 	}
 	return nil
