@@ -109,12 +109,9 @@ func auditRows(t *testing.T, conn *pgx.Conn) []auditRow {
 // default, identity.
 func columnsOf(t *testing.T, conn *pgx.Conn, table string) []string {
 	t.Helper()
-	rows, err := conn.Query(context.Background(), `SELECT concat_ws(' ', column_name, data_type, is_nullable,
+	out := pgtest.Strings(t, conn, `SELECT concat_ws(' ', column_name, data_type, is_nullable,
 	coalesce(column_default, '-'), is_identity, coalesce(identity_generation, '-'))
 FROM information_schema.columns WHERE table_schema = 'public' AND table_name = $1 ORDER BY ordinal_position`, table)
-	require.NoError(t, err)
-	out, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	require.NoError(t, err)
 	require.NotEmpty(t, out)
 	return out
 }

@@ -93,23 +93,16 @@ func relkind(t *testing.T, conn *pgx.Conn, table string) string {
 
 func tablesLike(t *testing.T, conn *pgx.Conn, pattern string) []string {
 	t.Helper()
-	rows, err := conn.Query(context.Background(), `SELECT tablename::text FROM pg_tables WHERE schemaname = 'public' AND tablename LIKE $1 ORDER BY 1`, pattern)
-	require.NoError(t, err)
-	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	require.NoError(t, err)
-	return names
+	return pgtest.Strings(t, conn, `SELECT tablename::text FROM pg_tables WHERE schemaname = 'public' AND tablename LIKE $1 ORDER BY 1`, pattern)
 }
 
 // historyColumns describes retry_history's columns in order: name, type,
 // null, default, identity.
 func historyColumns(t *testing.T, conn *pgx.Conn) []string {
 	t.Helper()
-	rows, err := conn.Query(context.Background(), `SELECT concat_ws(' ', column_name, data_type, is_nullable,
+	out := pgtest.Strings(t, conn, `SELECT concat_ws(' ', column_name, data_type, is_nullable,
 	coalesce(column_default, '-'), is_identity, coalesce(identity_generation, '-'))
 FROM information_schema.columns WHERE table_schema = 'public' AND table_name = 'retry_history' ORDER BY ordinal_position`)
-	require.NoError(t, err)
-	out, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	require.NoError(t, err)
 	require.Len(t, out, 18)
 	return out
 }

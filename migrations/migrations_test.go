@@ -63,12 +63,8 @@ func (b bundle) down(t *testing.T, version int64) {
 // tables lists the tables of the public schema, without goose's own.
 func (b bundle) tables(t *testing.T) []string {
 	t.Helper()
-	rows, err := b.conn.Query(context.Background(),
+	return pgtest.Strings(t, b.conn,
 		"SELECT tablename FROM pg_tables WHERE schemaname = 'public' AND tablename <> 'goose_db_version' ORDER BY 1")
-	require.NoError(t, err)
-	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	require.NoError(t, err)
-	return names
 }
 
 func (b bundle) requireAllApplied(t *testing.T) {

@@ -4,8 +4,9 @@ import (
 	"context"
 	"testing"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
+
+	"github.com/retryd/retryd/migrations/pgtest"
 )
 
 // 00302 gives triggers its own copy of the events of deliveries it holds:
@@ -28,9 +29,6 @@ VALUES ('d-held', 't1', 1, 'e-held', 'crm', 'lead.created', 'concurrency_limited
 	b.up(t)
 	b.requireAllApplied(t)
 
-	rows, err := b.conn.Query(ctx, `SELECT event_id || '=' || envelope::text FROM trigger_events ORDER BY event_id`)
-	require.NoError(t, err)
-	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	require.NoError(t, err)
+	ids := pgtest.Strings(t, b.conn, `SELECT event_id || '=' || envelope::text FROM trigger_events ORDER BY event_id`)
 	require.Equal(t, []string{`e-held={"id":"e-held"}`}, ids)
 }

@@ -8,22 +8,23 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// Querier is what Count queries: *pgxpool.Pool, *pgx.Conn and pgx.Tx all
-// are one.
+// Querier is what Count and Strings query: *pgxpool.Pool, *pgx.Conn and
+// pgx.Tx all are one.
 type Querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
-// countTimeout bounds one Count, so that a count stuck behind a lock fails
-// its test with the query named instead of hanging until go test's timeout.
-// It is generous because the tests share a loaded machine.
-const countTimeout = 30 * time.Second
+// queryTimeout bounds one Count or Strings, so that a query stuck behind a
+// lock fails its test with the query named instead of hanging until go
+// test's timeout. It is generous because the tests share a loaded machine.
+const queryTimeout = 30 * time.Second
 
 // Count runs query, which selects one count, on db and returns it; it fails
 // the test on an error.
 func Count(t testing.TB, db Querier, query string, args ...any) int {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), countTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), queryTimeout)
 	defer cancel()
 	var n int
 	if err := db.QueryRow(ctx, query, args...).Scan(&n); err != nil {

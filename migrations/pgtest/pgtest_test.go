@@ -183,6 +183,28 @@ func TestCount(t *testing.T) {
 	require.Equal(t, 1, Count(t, pool, "SELECT count(*) FROM inbox WHERE consumer = 'b'"))
 }
 
+func TestStrings(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := NewPool(t)
+	require.Equal(t, []string{}, Strings(t, pool, "SELECT msg_id FROM inbox"))
+	for _, r := range [][2]string{{"a", "m2"}, {"b", "m3"}, {"a", "m1"}} {
+		_, err := pool.Exec(ctx, "INSERT INTO inbox (consumer, msg_id) VALUES ($1, $2)", r[0], r[1])
+		require.NoError(t, err)
+	}
+	require.Equal(t, []string{"m1", "m2", "m3"}, Strings(t, pool, "SELECT msg_id FROM inbox ORDER BY msg_id"))
+	require.Equal(t, []string{"m2", "m1"}, Strings(t, pool, "SELECT msg_id FROM inbox WHERE consumer = $1 ORDER BY msg_id DESC", "a"))
+
+	// A transaction reads its own uncommitted rows; the pool does not see them.
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, "INSERT INTO inbox (consumer, msg_id) VALUES ('b', 'm4')")
+	require.NoError(t, err)
+	require.Equal(t, []string{"m3", "m4"}, Strings(t, tx, "SELECT msg_id FROM inbox WHERE consumer = 'b' ORDER BY msg_id"))
+	require.Equal(t, []string{"m3"}, Strings(t, pool, "SELECT msg_id FROM inbox WHERE consumer = 'b' ORDER BY msg_id"))
+}
+
 // fatalRecorder records Fatalf instead of stopping the goroutine.
 type fatalRecorder struct {
 	testing.TB
@@ -198,4 +220,18 @@ func TestCountFailsTheTestOnAnError(t *testing.T) {
 	r := &fatalRecorder{TB: t}
 	Count(r, NewPool(t), "SELECT count(*) FROM no_such_table")
 	require.Contains(t, r.fatal, "no_such_table")
+}
+
+func TestStringsFailsTheTestOnAnError(t *testing.T) {
+	t.Parallel()
+	pool := NewPool(t)
+	r := &fatalRecorder{TB: t}
+	Strings(r, pool, "SELECT name FROM no_such_table")
+	require.Contains(t, r.fatal, "no_such_table")
+
+	// An error met while reading the rows, after Query succeeded, fails
+	// the test as well.
+	r = &fatalRecorder{TB: t}
+	Strings(r, pool, "SELECT (1 / (3 - n))::text FROM generate_series(1, 5) AS n")
+	require.Contains(t, r.fatal, "division by zero")
 }

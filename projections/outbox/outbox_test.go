@@ -201,11 +201,7 @@ func TestFlushPublishesInOrderOnce(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 37, n)
 	b.requireStreamHas(t, 0, 37)
-	var left []string
-	rows, err := b.pool.Query(context.Background(), "SELECT owner FROM outbox")
-	require.NoError(t, err)
-	left, err = pgx.CollectRows(rows, pgx.RowTo[string])
-	require.NoError(t, err)
+	left := pgtest.Strings(t, b.pool, "SELECT owner FROM outbox")
 	require.Len(t, left, 5)
 	require.Equal(t, "other", left[0], "a relay publishes only its owner's rows")
 

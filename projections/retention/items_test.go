@@ -110,11 +110,7 @@ func countRows(t *testing.T, conn *pgx.Conn, table string) int64 {
 
 func ids(t *testing.T, conn *pgx.Conn, sql string) []string {
 	t.Helper()
-	rows, err := conn.Query(context.Background(), sql)
-	require.NoError(t, err)
-	out, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	require.NoError(t, err)
-	return out
+	return pgtest.Strings(t, conn, sql)
 }
 
 // The deletes find their rows by the partial indexes of migrations 00110,
@@ -145,10 +141,7 @@ func TestRetentionItemsUseTheirIndexes(t *testing.T) {
 		if tbl.Guard != "" {
 			cond += ` AND ` + tbl.Guard
 		}
-		rows, err := conn.Query(ctx, `EXPLAIN SELECT ctid FROM `+tc.table+` WHERE `+cond+` LIMIT 5000`, time.Now())
-		require.NoError(t, err)
-		plan, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		require.NoError(t, err)
+		plan := pgtest.Strings(t, conn, `EXPLAIN SELECT ctid FROM `+tc.table+` WHERE `+cond+` LIMIT 5000`, time.Now())
 		require.Contains(t, strings.Join(plan, "\n"), tc.index, tc.table)
 	}
 }

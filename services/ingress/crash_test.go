@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
@@ -18,6 +17,7 @@ import (
 	"github.com/retryd/retryd/internal/natstest"
 	"github.com/retryd/retryd/internal/serve"
 	"github.com/retryd/retryd/internal/streams"
+	"github.com/retryd/retryd/migrations/pgtest"
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/services/ingress"
 )
@@ -63,11 +63,7 @@ func (b *bundle) outboxRows(t *testing.T) int {
 }
 
 func (b *bundle) outboxSubjects(t *testing.T) []string {
-	rows, err := b.pool.Query(b.ctx, `SELECT subject || ' ' || msg_id FROM outbox ORDER BY id`)
-	require.NoError(t, err)
-	out, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	require.NoError(t, err)
-	return out
+	return pgtest.Strings(t, b.pool, `SELECT subject || ' ' || msg_id FROM outbox ORDER BY id`)
 }
 
 func TestCrashAfterGateCommitAdmitsOnce(t *testing.T) {

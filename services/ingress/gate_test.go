@@ -7,11 +7,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
+	"github.com/retryd/retryd/migrations/pgtest"
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/services/ingress"
 )
@@ -227,10 +227,7 @@ func TestReleaseLineAdmitsInArrivalOrder(t *testing.T) {
 	b.waitStatus(t, "deferred", "paused")
 	require.Equal(t, http.StatusOK, b.do(t, http.MethodPost, "/v1/sources/shop/resume", nil, nil))
 
-	rows, err := b.pool.Query(b.ctx, `SELECT event_id FROM event_source_holds WHERE source = 'shop' AND released ORDER BY slot_at`)
-	require.NoError(t, err)
-	line, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	require.NoError(t, err)
+	line := pgtest.Strings(t, b.pool, `SELECT event_id FROM event_source_holds WHERE source = 'shop' AND released ORDER BY slot_at`)
 	require.Equal(t, []string{"waiting", "paused"}, line, "the resume lined both up in arrival order")
 	var resume *contract.ReleasedData
 	require.Eventually(t, func() bool {
@@ -257,7 +254,7 @@ func TestReleaseLineAdmitsInArrivalOrder(t *testing.T) {
 	// The first slot comes (the next window, brought forward): the
 	// releaser admits the event ahead, reports it, and only it: the
 	// window's one admission is taken.
-	_, err = b.pool.Exec(b.ctx, `UPDATE event_source_holds SET slot_at = now() WHERE event_id = 'waiting'`)
+	_, err := b.pool.Exec(b.ctx, `UPDATE event_source_holds SET slot_at = now() WHERE event_id = 'waiting'`)
 	require.NoError(t, err)
 	_, err = b.pool.Exec(b.ctx, `DELETE FROM event_source_windows WHERE source = 'shop'`) // the window is new
 	require.NoError(t, err)
@@ -334,10 +331,7 @@ func TestGateDecidesEachSourceInArrivalOrder(t *testing.T) {
 		}, eventually, 20*time.Millisecond, source)
 		admitted := b.admissionOrder(t, source)
 		require.Equal(t, want[:limit], admitted, "%s: the window's admissions in arrival order", source)
-		rows, err := b.pool.Query(b.ctx, `SELECT event_id FROM event_source_holds WHERE source = $1 ORDER BY slot_at`, source)
-		require.NoError(t, err)
-		held, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		require.NoError(t, err)
+		held := pgtest.Strings(t, b.pool, `SELECT event_id FROM event_source_holds WHERE source = $1 ORDER BY slot_at`, source)
 		require.Equal(t, want[limit:], held, "%s: the held events' slots in arrival order", source)
 	}
 	b.drained(t, ingress.ConsumerGate)

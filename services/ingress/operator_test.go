@@ -5,10 +5,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/require"
 
+	"github.com/retryd/retryd/migrations/pgtest"
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/services/ingress"
 )
@@ -97,11 +97,8 @@ func TestCancelDeferral(t *testing.T) {
 	require.Equal(t, http.StatusNotFound, b.do(t, http.MethodGet, "/v1/events/none", nil, &e))
 	// One audit entry: the cancel that changed something, by the
 	// principal; not the no-op, the conflict, the missing or the invalid.
-	rows, err := b.pool.Query(b.ctx, `SELECT principal || ' ' || action || ' ' || target || ' ' || (detail->>'reason')
+	entries := pgtest.Strings(t, b.pool, `SELECT principal || ' ' || action || ' ' || target || ' ' || (detail->>'reason')
 		FROM audit_log WHERE action = 'event.cancel' ORDER BY id`)
-	require.NoError(t, err)
-	entries, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	require.NoError(t, err)
 	require.Equal(t, []string{"local event.cancel event/held duplicate order"}, entries)
 
 	// A due that was already on its way, even with the limit lifted, never

@@ -10,12 +10,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/retryd/retryd/internal/audit"
 	"github.com/retryd/retryd/internal/serve"
 	"github.com/retryd/retryd/internal/servicetest"
+	"github.com/retryd/retryd/migrations/pgtest"
 	"github.com/retryd/retryd/projections/jobstore"
 	"github.com/retryd/retryd/services/jobs"
 )
@@ -286,10 +286,7 @@ func TestAPIBulkRetry(t *testing.T) {
 	for _, a := range b.rec.Audited() {
 		require.Equal(t, "- by -", a, "the runner's retries are not API actions: the operation's entry covers them")
 	}
-	rows, err := b.pool.Query(b.ctx, `SELECT principal || ' ' || action || ' ' || target || ' ' || detail::text FROM audit_log ORDER BY id`)
-	require.NoError(t, err)
-	entries, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	require.NoError(t, err)
+	entries := pgtest.Strings(t, b.pool, `SELECT principal || ' ' || action || ' ' || target || ' ' || detail::text FROM audit_log ORDER BY id`)
 	require.Equal(t, []string{`local job.bulk_retry operation/` + op.ID +
 		` {"total": 5, "reason": "smtp back", "reset_attempts": false, "rate_per_second": 50}`}, entries,
 		"one entry, for the operation, by the principal (not the body's by); dry runs and refused bodies record none")

@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -354,10 +353,7 @@ func TestProjectorPrunesItsInbox(t *testing.T) {
 	require.Eventually(t, func() bool {
 		return pgtest.Count(t, b.pool, "SELECT count(*) FROM inbox WHERE msg_id = 'old'") == 0
 	}, wait, 10*time.Millisecond)
-	rows, err := b.pool.Query(b.ctx, "SELECT msg_id FROM inbox WHERE msg_id IN ('recent', 'theirs') ORDER BY msg_id")
-	require.NoError(t, err)
-	left, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	require.NoError(t, err)
+	left := pgtest.Strings(t, b.pool, "SELECT msg_id FROM inbox WHERE msg_id IN ('recent', 'theirs') ORDER BY msg_id")
 	require.Equal(t, []string{"recent", "theirs"}, left)
 
 	_, err = jobs.NewProjector(jobs.ProjectorConfig{Pool: b.pool, JS: b.js, InboxRetention: time.Minute})

@@ -9,11 +9,11 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/retryd/retryd/internal/audit"
 	"github.com/retryd/retryd/internal/serve"
+	"github.com/retryd/retryd/migrations/pgtest"
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/projections/retrystore"
 	"github.com/retryd/retryd/services/scheduler"
@@ -33,11 +33,7 @@ func (ts tokens) Authenticate(_ context.Context, tok string) (serve.Principal, e
 // "principal role action target".
 func auditRows(t *testing.T, b *bundle) []string {
 	t.Helper()
-	rows, err := b.pool.Query(b.ctx, `SELECT principal || ' ' || role || ' ' || action || ' ' || target FROM audit_log ORDER BY id`)
-	require.NoError(t, err)
-	out, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	require.NoError(t, err)
-	return out
+	return pgtest.Strings(t, b.pool, `SELECT principal || ' ' || role || ' ' || action || ' ' || target FROM audit_log ORDER BY id`)
 }
 
 // Operator actions and policy changes through the API record the token's

@@ -1,12 +1,10 @@
 package scheduler_test
 
 import (
-	"context"
 	"fmt"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -19,17 +17,10 @@ import (
 
 // snapshot renders the projection as JSON text: every column of every row
 // but the bookkeeping timestamps, and each item's history in fact order.
-func snapshot(t *testing.T, ctx context.Context, pool *pgxpool.Pool) (rows, history []string) {
+func snapshot(t *testing.T, pool *pgxpool.Pool) (rows, history []string) {
 	t.Helper()
-	r, err := pool.Query(ctx, `SELECT (to_jsonb(r) - 'created_at' - 'updated_at')::text FROM retries r ORDER BY kind, item_id`)
-	require.NoError(t, err)
-	rows, err = pgx.CollectRows(r, pgx.RowTo[string])
-	require.NoError(t, err)
-	h, err := pool.Query(ctx, `SELECT (to_jsonb(h) - 'id')::text FROM retry_history h ORDER BY kind, item_id, at, attempt, event`)
-	require.NoError(t, err)
-	history, err = pgx.CollectRows(h, pgx.RowTo[string])
-	require.NoError(t, err)
-	return rows, history
+	return pgtest.Strings(t, pool, `SELECT (to_jsonb(r) - 'created_at' - 'updated_at')::text FROM retries r ORDER BY kind, item_id`),
+		pgtest.Strings(t, pool, `SELECT (to_jsonb(h) - 'id')::text FROM retry_history h ORDER BY kind, item_id, at, attempt, event`)
 }
 
 // The projection rebuilt from RETRIES into an empty database equals the
@@ -111,7 +102,7 @@ func TestRebuildEqualsOriginal(t *testing.T) {
 	b.waitRow(t, "rb", "s29", inState(retrystore.StateSucceeded, 4))
 	b.waitQuiet(t)
 	b.stop(t, s)
-	wantRows, wantHistory := snapshot(t, b.ctx, b.pool)
+	wantRows, wantHistory := snapshot(t, b.pool)
 	require.Len(t, wantRows, 30+11)
 	// The executors are in the history the rebuild must reproduce.
 	require.Equal(t, []string{"worker-1", "", "", "worker-ok"}, executors(b.history(t, "rb", "s00")))
@@ -127,7 +118,7 @@ func TestRebuildEqualsOriginal(t *testing.T) {
 	require.Zero(t, stats.Malformed)
 	require.Equal(t, int64(len(wantRows)), stats.Retries)
 	require.Positive(t, stats.Stale, "the late failure of c2 and the cancelled event of the API are stale or duplicates")
-	gotRows, gotHistory := snapshot(t, b.ctx, fresh)
+	gotRows, gotHistory := snapshot(t, fresh)
 	require.Equal(t, wantRows, gotRows)
 	require.Equal(t, wantHistory, gotHistory)
 

@@ -5,8 +5,9 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
+
+	"github.com/retryd/retryd/migrations/pgtest"
 )
 
 func TestTriggerAPI(t *testing.T) {
@@ -81,11 +82,8 @@ func TestTriggerAPI(t *testing.T) {
 
 	// The audit trail has one entry per version, none for the PUT that
 	// changed nothing or for the refused ones after the delete.
-	rows, err := b.pool.Query(b.ctx, `SELECT principal || ' ' || action || ' @' || (detail->>'version')
+	entries := pgtest.Strings(t, b.pool, `SELECT principal || ' ' || action || ' @' || (detail->>'version')
 		FROM audit_log WHERE target = $1 ORDER BY id`, "trigger/"+created.ID)
-	require.NoError(t, err)
-	entries, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	require.NoError(t, err)
 	require.Equal(t, []string{"local trigger.create @1", "local trigger.update @2", "local trigger.disable @3",
 		"local trigger.enable @4", "local trigger.delete @5"}, entries)
 

@@ -28,10 +28,7 @@ VALUES ('alpha-released:src:2', 'alpha', 'src', '{}', 0, now(), now(), '', now()
 	for range 2 { // a rerun changes nothing more
 		require.NoError(t, copyReleases(ctx, src, map[int]*pgx.Conn{1: dst}))
 	}
-	rows, err := dst.Query(ctx, `SELECT consumer || '/' || msg_id FROM inbox ORDER BY 1`)
-	require.NoError(t, err)
-	claims, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	require.NoError(t, err)
+	claims := pgtest.Strings(t, dst, `SELECT consumer || '/' || msg_id FROM inbox ORDER BY 1`)
 	require.Equal(t, []string{"scheduler/alpha-released:src:1"}, claims)
 	var at string
 	require.NoError(t, dst.QueryRow(ctx, `SELECT to_char(released_at AT TIME ZONE 'UTC', 'YYYY-MM-DD') FROM retry_hold_releases WHERE kind = 'alpha' AND hold_key = 'src'`).Scan(&at))

@@ -7,6 +7,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/retryd/retryd/migrations/pgtest"
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/services/ingress/internal/ingressstore"
 )
@@ -81,10 +82,7 @@ func TestPaceReleaseGivesHeldEventsSlotsInArrivalOrder(t *testing.T) {
 	}))
 	require.Nil(t, pace)
 	require.EqualValues(t, len(held), n)
-	rows, err = b.pool.Query(b.ctx, `SELECT event_id FROM event_source_holds WHERE source = 'line' AND released ORDER BY slot_at`)
-	require.NoError(t, err)
-	line, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	require.NoError(t, err)
+	line := pgtest.Strings(t, b.pool, `SELECT event_id FROM event_source_holds WHERE source = 'line' AND released ORDER BY slot_at`)
 	require.Equal(t, held, line)
 }
 
