@@ -60,10 +60,11 @@ func signIn(token, whoami string) chromedp.Action[chromedp.Void] {
 	)
 }
 
-// clickRow clicks the first element sel matches, found and clicked in one
-// step of the page: the live refresh redraws list rows, so a node that
-// one step found may be gone by the next (chromedp's "Could not find
-// node with given id", seen under load).
-func clickRow(sel string) chromedp.Action[chromedp.Void] {
+// clickLive clicks the first element sel matches, found and clicked in one
+// step of the page: the live refresh redraws list rows and a detail
+// panel's buttons every few seconds, so a node that one step found may be
+// gone by the next (chromedp's "Could not find node with given id", seen
+// under load). Use it for anything in a list or a detail panel.
+func clickLive(sel string) chromedp.Action[chromedp.Void] {
 	return poll(fmt.Sprintf(`(() => { const el = document.querySelector(%q); if (!el) return false; el.click(); return true; })()`, sel))
 }

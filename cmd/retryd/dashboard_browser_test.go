@@ -207,7 +207,7 @@ func TestDashboardBrowser(t *testing.T) {
 
 	t.Log("open the timeline")
 	require.NoError(t, chromedp.Do(ctx,
-		clickRow(row(crm)),
+		clickLive(row(crm)),
 		chromedp.WaitVisible(chromedp.CSS(`[data-test="timeline"] li[data-event="scheduled"]`)),
 	))
 	timeline := eval[string](t, ctx, `document.querySelector('[data-test="timeline"]').innerText`)
@@ -246,7 +246,7 @@ func TestDashboardBrowser(t *testing.T) {
 
 	t.Log("cancel it and see the state change")
 	require.NoError(t, chromedp.Do(ctx,
-		chromedp.Click(chromedp.CSS(`[data-test="detail"] [data-test="cancel"]`)),
+		clickLive(`[data-test="detail"] [data-test="cancel"]`),
 		giveReason("duplicate contact"),
 		poll(`document.querySelector('[data-test="detail-state"]')?.dataset.state === "cancelled"`),
 		chromedp.WaitVisible(chromedp.CSS(`[data-test="timeline"] li[data-event="cancelled"]`)),
@@ -363,9 +363,8 @@ func TestDashboardBrowser(t *testing.T) {
 	t.Log("pause a source")
 	require.NoError(t, chromedp.Do(ctx,
 		chromedp.Navigate(b.api+"/ui/#/sources"),
-		chromedp.Click(chromedp.CSS(`tr[data-source="dash_source"] [data-test="pause"]`)),
-		chromedp.SendKeys(chromedp.CSS(`.dialog input[name="reason"]`), "maintenance"),
-		chromedp.Click(chromedp.CSS(`[data-test="dialog-confirm"]`)),
+		clickLive(`tr[data-source="dash_source"] [data-test="pause"]`),
+		giveReason("maintenance"),
 		chromedp.WaitVisible(chromedp.CSS(`tr[data-source="dash_source"] [data-test="resume"]`)),
 	))
 	var s sourceView
@@ -376,10 +375,7 @@ func TestDashboardBrowser(t *testing.T) {
 	t.Log("edit a policy")
 	require.NoError(t, chromedp.Do(ctx,
 		chromedp.Navigate(b.api+"/ui/#/policies"),
-		// The list renders once its data has loaded: wait for the row, or
-		// the click may land on a node the render just replaced.
-		chromedp.WaitVisible(chromedp.CSS(`tr[data-policy="job/dash_email"] [data-test="edit-policy"]`)),
-		chromedp.Click(chromedp.CSS(`tr[data-policy="job/dash_email"] [data-test="edit-policy"]`)),
+		clickLive(`tr[data-policy="job/dash_email"] [data-test="edit-policy"]`),
 		chromedp.WaitVisible(chromedp.CSS(`[data-test="policy-editor"] svg rect`)),
 		chromedp.WaitVisible(chromedp.CSS(`[data-test="policy-editor"] input[name="max_retries"]`)),
 		chromedp.SetValue(chromedp.CSS(`[data-test="policy-editor"] input[name="max_retries"]`), "6"),
@@ -403,8 +399,7 @@ func TestDashboardBrowser(t *testing.T) {
 	require.Equal(t, strconv.Itoa(tmpl.MaxRetries), eval[string](t, ctx, `document.querySelector('[data-test="policy-editor"] input[name="max_retries"]').value`))
 	require.Equal(t, strconv.FormatInt(tmpl.MaxHold.Milliseconds(), 10), eval[string](t, ctx, `document.querySelector('[data-test="policy-editor"] input[name="max_hold"]').value`))
 	require.NoError(t, chromedp.Do(ctx,
-		chromedp.WaitVisible(chromedp.CSS(`tr[data-policy="job/dash_email"] [data-test="edit-policy"]`)),
-		chromedp.Click(chromedp.CSS(`tr[data-policy="job/dash_email"] [data-test="edit-policy"]`)),
+		clickLive(`tr[data-policy="job/dash_email"] [data-test="edit-policy"]`),
 		chromedp.WaitVisible(chromedp.CSS(`[data-test="policy-editor"] input[name="max_retries"]`)),
 		poll(`document.querySelector('[data-test="policy-editor"] input[name="max_retries"]')?.value === "6"`),
 	))

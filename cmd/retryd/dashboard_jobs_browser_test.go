@@ -118,7 +118,7 @@ func TestDashboardJobsBrowser(t *testing.T) {
 	require.NoError(t, chromedp.Do(ctx,
 		chromedp.Navigate(b.api+"/ui/#/jobs?job_type=dj_email"),
 		rowsAre(t, list, email1, email2),
-		clickRow(row(list, email1)),
+		clickLive(row(list, email1)),
 		chromedp.WaitVisible(chromedp.CSS(`[data-test="job-history"] tr[data-event="scheduled"]`)),
 	))
 	require.Contains(t, eval[string](t, ctx, `location.hash`), "job="+email1)
@@ -137,7 +137,7 @@ func TestDashboardJobsBrowser(t *testing.T) {
 
 	t.Log("retry it by hand")
 	require.NoError(t, chromedp.Do(ctx,
-		chromedp.Click(chromedp.CSS(`[data-test="job-retry"]`)),
+		clickLive(`[data-test="job-retry"]`),
 		giveReason("upstream fixed"),
 		poll(`document.querySelector('[data-test="job-history"] tr[data-event="rescheduled"]')?.innerText.includes("manual")`),
 	))
@@ -146,10 +146,10 @@ func TestDashboardJobsBrowser(t *testing.T) {
 
 	t.Log("cancel another")
 	require.NoError(t, chromedp.Do(ctx,
-		clickRow(row(list, email2)),
+		clickLive(row(list, email2)),
 		poll(fmt.Sprintf(`document.querySelector('[data-test="job-detail"] h2')?.textContent === %q`, "job / "+email2)),
 		chromedp.WaitVisible(chromedp.CSS(`[data-test="job-cancel"]`)),
-		chromedp.Click(chromedp.CSS(`[data-test="job-cancel"]`)),
+		clickLive(`[data-test="job-cancel"]`),
 		giveReason("customer left"),
 		poll(`document.querySelector('[data-test="job-status"]')?.dataset.status === "cancelled"`),
 		poll(`document.querySelector('[data-test="job-cancel"]') === null`),
@@ -218,7 +218,7 @@ func TestDashboardJobsViewer(t *testing.T) {
 		chromedp.Navigate(b.api+"/ui/#/jobs"),
 		signIn(viewer, "jobs-viewer (viewer)"),
 		chromedp.WaitVisible(chromedp.CSS(fmt.Sprintf(`[data-test="jobs-list"] tr[data-id=%q]`, id))),
-		clickRow(fmt.Sprintf(`[data-test="jobs-list"] tr[data-id=%q]`, id)),
+		clickLive(fmt.Sprintf(`[data-test="jobs-list"] tr[data-id=%q]`, id)),
 		chromedp.WaitVisible(chromedp.CSS(`[data-test="job-history"] tr[data-event="failed"]`)),
 	))
 	for _, sel := range []string{`[data-test="job-retry"]`, `[data-test="job-cancel"]`, `[data-test="bulk-dry-run"]`} {

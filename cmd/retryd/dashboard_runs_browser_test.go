@@ -97,7 +97,7 @@ func TestDashboardRunsBrowser(t *testing.T) {
 	require.NoError(t, chromedp.Do(ctx,
 		chromedp.Navigate(b.api+"/ui/#/runs?workflow=onboard"),
 		rowsAre(t, list, retrying, done, running),
-		clickRow(row(retrying)),
+		clickLive(row(retrying)),
 		chromedp.WaitVisible(chromedp.CSS(`[data-test="run-steps"] tr[data-node="enrich"]`)),
 	))
 	require.Contains(t, eval[string](t, ctx, `location.hash`), "run="+retrying)
@@ -123,7 +123,7 @@ func TestDashboardRunsBrowser(t *testing.T) {
 
 	t.Log("retry it by hand: the scheduler's retry of kind run")
 	require.NoError(t, chromedp.Do(ctx,
-		chromedp.Click(chromedp.CSS(`[data-test="run-retry"]`)),
+		clickLive(`[data-test="run-retry"]`),
 		giveReason("crm back up"),
 		poll(`document.querySelector('.dialog') === null`),
 	))
@@ -134,7 +134,7 @@ func TestDashboardRunsBrowser(t *testing.T) {
 
 	t.Log("its retry timeline: the scheduler's decisions, on the Retries tab")
 	require.NoError(t, chromedp.Do(ctx,
-		chromedp.Click(chromedp.CSS(`[data-test="run-retry-history"]`)),
+		clickLive(`[data-test="run-retry-history"]`),
 		poll(`document.querySelector('.tabs a[data-view="retries"]').classList.contains("active")`),
 		poll(`document.querySelector('[data-test="timeline"]')?.innerText.includes("crm back up")`),
 	))
@@ -146,7 +146,7 @@ func TestDashboardRunsBrowser(t *testing.T) {
 
 	t.Log("a run in progress offers no retry")
 	require.NoError(t, chromedp.Do(ctx,
-		clickRow(row(running)),
+		clickLive(row(running)),
 		poll(fmt.Sprintf(`document.querySelector('[data-test="run-detail"] h2')?.textContent === %q`, "run / "+running)),
 	))
 	require.True(t, eval[bool](t, ctx, `document.querySelector('[data-test="run-retry"]') === null`))
@@ -156,7 +156,7 @@ func TestDashboardRunsBrowser(t *testing.T) {
 	require.NoError(t, chromedp.Do(ctx,
 		chromedp.Navigate(b.api+"/ui/#/runs?run="+dead),
 		poll(fmt.Sprintf(`document.querySelector('[data-test="run-detail"] h2')?.textContent === %q`, "run / "+dead)),
-		chromedp.Click(chromedp.CSS(`[data-test="run-retry"]`)),
+		clickLive(`[data-test="run-retry"]`),
 		confirmDialog(),
 		chromedp.WaitVisible(chromedp.CSS(`.dialog .error`)),
 	))

@@ -34,9 +34,8 @@ func TestDashboardSchedulesBrowser(t *testing.T) {
 
 	t.Log("delete one through the dialog")
 	require.NoError(t, chromedp.Do(ctx,
-		chromedp.Click(chromedp.CSS(list+` tr[data-schedule="report/nightly"] [data-test="delete-schedule"]`)),
-		chromedp.WaitVisible(chromedp.CSS(`[data-test="dialog-confirm"]`)),
-		chromedp.Click(chromedp.CSS(`[data-test="dialog-confirm"]`)),
+		clickLive(list+` tr[data-schedule="report/nightly"] [data-test="delete-schedule"]`),
+		confirmDialog(),
 		poll(`document.querySelectorAll('[data-test="schedules-list"] tr[data-schedule]').length === 1`),
 	))
 	r := cli(t, "--api", b.api, "schedules", "show", "report", "nightly")
@@ -44,7 +43,7 @@ func TestDashboardSchedulesBrowser(t *testing.T) {
 
 	t.Log("a job type opens its jobs")
 	require.NoError(t, chromedp.Do(ctx,
-		chromedp.Click(chromedp.CSS(list+` tr[data-schedule="heartbeat/every-hour"] a`)),
+		clickLive(list+` tr[data-schedule="heartbeat/every-hour"] a`),
 		poll(`location.hash.startsWith("#/jobs") && location.hash.includes("job_type=heartbeat")`),
 	))
 	require.Empty(t, errs.list(), "the page logged errors")
