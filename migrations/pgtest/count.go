@@ -5,15 +5,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
+	"github.com/retryd/retryd/internal/pgrows"
 )
 
 // Querier is what Count and Strings query: *pgxpool.Pool, *pgx.Conn and
-// pgx.Tx all are one.
-type Querier interface {
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
+// pgx.Tx all are one. It is the stores' pgrows.Querier, which Strings
+// reads with.
+type Querier = pgrows.Querier
 
 // queryTimeout bounds one Count or Strings, so that a query stuck behind a
 // lock fails its test with the query named instead of hanging until go
