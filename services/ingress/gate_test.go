@@ -320,10 +320,16 @@ func TestGateDecidesEachSourceInArrivalOrder(t *testing.T) {
 		}
 	}
 	b.waitCount(t, len(burst)+len(picky), `SELECT count(*) FROM workflow_events WHERE status IN ('admitted', 'deferred')`)
+	// At least once, not exactly once: a message that waits in the
+	// client's pull buffer past the 1 s ack wait (a busy machine) comes
+	// back, and the gate counts the copy as a duplicate, or rejects it
+	// again (internal/durable's inHand). What must be exactly once is what
+	// is stored: b-005 once in the orders below, p-040 not at all.
 	require.Eventually(t, func() bool {
-		return b.counter(t, "retryd_ingress_gate_total", map[string]string{"source": "picky", "decision": "rejected"}) == 1 &&
-			b.counter(t, "retryd_ingress_gate_total", map[string]string{"source": "burst", "decision": "duplicate"}) == 1
+		return b.counter(t, "retryd_ingress_gate_total", map[string]string{"source": "picky", "decision": "rejected"}) >= 1 &&
+			b.counter(t, "retryd_ingress_gate_total", map[string]string{"source": "burst", "decision": "duplicate"}) >= 1
 	}, eventually, 20*time.Millisecond)
+	require.Zero(t, pgtest.Count(t, b.pool, `SELECT count(*) FROM workflow_events WHERE event_id = 'p-040'`), "the refused type is not stored")
 
 	for source, want := range map[string][]string{"burst": burst, "picky": picky} {
 		require.Eventually(t, func() bool {
