@@ -451,7 +451,8 @@ func holdReleaseCall(h http.Handler, method, path string, body any) error {
 			return err
 		}
 	}
-	req := httptest.NewRequest(method, path, &buf)
+	// A loopback Host: with authentication off, h serves no other.
+	req := httptest.NewRequest(method, "http://127.0.0.1"+path, &buf)
 	req.Header.Set("Content-Type", "application/json")
 	rec := httptest.NewRecorder()
 	h.ServeHTTP(rec, req)

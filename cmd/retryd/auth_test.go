@@ -60,6 +60,12 @@ func call(t *testing.T, method, url, token, body string) (int, string) {
 	if token != "" {
 		req.Header.Set("Authorization", "Bearer "+token)
 	}
+	return do(t, req)
+}
+
+// do sends req and returns the status and body of the answer.
+func do(t *testing.T, req *http.Request) (int, string) {
+	t.Helper()
 	resp, err := http.DefaultClient.Do(req)
 	require.NoError(t, err)
 	defer resp.Body.Close()

@@ -175,7 +175,7 @@ func runDev(cmd *cobra.Command, g *globals, f devFlags) error {
 			return fmt.Errorf("start demo: %w", err)
 		}
 	}
-	printBanner(out, stack, f, abs, logName)
+	printBanner(out, stack, f, abs, logName, authCfg.AdminTokenFrom)
 
 	statusLoop(ctx, out, stack, f.statusEvery)
 	// A second Ctrl-C during the graceful stop kills the process at once.
@@ -225,7 +225,10 @@ func (w logWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-func printBanner(out io.Writer, s *devstack.Stack, f devFlags, dataDir, logName string) {
+// printBanner says where everything listens. An admin token the stack
+// made is shown (once: each start makes a new one); one the user set is
+// named by tokenFrom, the variable it came from, never printed.
+func printBanner(out io.Writer, s *devstack.Stack, f devFlags, dataDir, logName, tokenFrom string) {
 	url := s.URL()
 	pg := "the server of --database-url (DATABASE_URL)"
 	if local, dir := s.LocalPostgres(); local {
@@ -242,15 +245,26 @@ retryd is running.
   Data       %s
   Logs       %s
 `, url, url, url, url, url, url, s.NATSURL(), s.NATSURL(), pg, dataDir, logName)
-	if tok := s.AdminToken(); tok != "" {
+	switch tok := s.AdminToken(); {
+	case tok != "" && tokenFrom != "":
+		fmt.Fprintf(out, `  Auth       tokens (RETRYD_AUTH=tokens). Admin token: the one in %s
+             export RETRYD_TOKEN=<it> for the CLI; the dashboard asks for it.
+`, tokenFrom)
+	case tok != "":
 		fmt.Fprintf(out, `  Auth       tokens (RETRYD_AUTH=tokens). Admin token, shown once:
                %s
              export RETRYD_TOKEN=<it> for the CLI; the dashboard asks for it.
 `, tok)
-	} else {
+	default:
 		fmt.Fprintf(out, `  Auth       OFF: every request acts as admin. Allowed only because %s is loopback;
              RETRYD_AUTH=tokens turns tokens on (see docs/security.md).
 `, f.httpAddr)
+	}
+	if !serve.IsLoopback(f.natsHost) {
+		// Only with tokens on: off is refused for a NATS beyond loopback.
+		fmt.Fprintf(out, `  WARNING    NATS listens on %s with no users: tokens guard the HTTP server only, and anyone
+             who reaches NATS may read, publish and purge the streams.
+`, f.natsHost)
 	}
 	if f.demo {
 		fmt.Fprintf(out, `  Demo       source %s (rate limit 3/s, bursts), source %s (paused 15s every minute, then resumed: the resume releases its held events),

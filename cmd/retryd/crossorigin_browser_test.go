@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"testing"
 
 	"github.com/chromedp/chromedp"
@@ -64,4 +65,31 @@ func TestCrossOriginPageCannotAct(t *testing.T) {
 	b.ok(t, "sources", "pause", "xsite", "--reason", "operator")
 	b.okJSON(t, &src, "sources", "show", "xsite")
 	require.True(t, src.Paused)
+}
+
+// TestRebindingPageCannotAct is DNS rebinding in Chromium: the browser
+// resolves the page's name, rebind.example, to retryd dev's address (the
+// resolver rule stands in for the attacker's DNS), so the page and the
+// API are one origin to it. The page cannot load the dashboard, and its
+// same-origin fetch cannot pause a source: authentication is off, and
+// the Host it sends is not loopback.
+func TestRebindingPageCannotAct(t *testing.T) {
+	t.Parallel()
+	ctx := browser(t, chromedp.Flag("host-resolver-rules", "MAP rebind.example 127.0.0.1"))
+	b := setup(t, nil)
+	u, err := url.Parse(b.api)
+	require.NoError(t, err)
+
+	page := "http://rebind.example:" + u.Port()
+	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(page+"/ui/")))
+	require.Contains(t, eval[string](t, ctx, `document.body.innerText`), `"code":"foreign_host"`, "the dashboard is not served to it")
+	require.NoError(t, chromedp.Do(ctx, chromedp.Evaluate[chromedp.Void](`fetch("/v1/sources/rebound/pause", {method: "POST",
+  headers: {"Content-Type": "application/json"}, body: '{"reason":"rebound"}'})
+  .then((r) => r.text().then((body) => { window.result = r.status + " " + body; }), (e) => { window.result = "blocked: " + e; })`),
+		poll(`window.result !== undefined`)))
+	res := eval[string](t, ctx, `window.result`)
+	require.Contains(t, res, `403 {"error":{"code":"foreign_host"`)
+
+	code, body := call(t, "GET", b.api+"/v1/sources/rebound", "", "")
+	require.Equal(t, http.StatusNotFound, code, "a rebinding page paused a source: %s", body)
 }

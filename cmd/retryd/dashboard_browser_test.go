@@ -36,13 +36,14 @@ func chromiumPath() string {
 	return ""
 }
 
-// browser starts headless Chromium with a throwaway profile.
-func browser(t *testing.T) context.Context {
+// browser starts headless Chromium with a throwaway profile, and opts
+// (flags of a test's own).
+func browser(t *testing.T, opts ...chromedp.ExecAllocatorOption) context.Context {
 	t.Helper()
 	path := chromiumPath()
 	needTool(t, path, "no chromium binary found: CI must install Debian's chromium package (.ci/run does when this file exists)",
 		"no chromium binary found (apt-get install -y chromium, or set CHROMIUM): skipping the dashboard browser test")
-	allocCtx, cancelAlloc := chromedp.NewExecAllocator(context.Background(),
+	allocCtx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), append([]chromedp.ExecAllocatorOption{
 		chromedp.ExecPath(path),
 		chromedp.Headless,
 		chromedp.NoSandbox,
@@ -54,7 +55,7 @@ func browser(t *testing.T) context.Context {
 		chromedp.Flag("disable-dev-shm-usage", true),
 		chromedp.UserDataDir(t.TempDir()),
 		chromedp.WindowSize(1500, 1000),
-	)
+	}, opts...)...)
 	t.Cleanup(cancelAlloc)
 	ctx, cancel := chromedp.NewContext(allocCtx)
 	t.Cleanup(cancel)

@@ -29,7 +29,7 @@ func NewAPI(store *Store) *API { return &API{store: store} }
 // can be minted here.
 var endpoints = []serve.Endpoint[*API]{
 	{Route: serve.Route{Method: http.MethodPost, Path: "/v1/tokens", Role: serve.RoleAdmin,
-		Description: `Create an API token ({"name", "role", "expires_at"}); the answer holds the token, shown this once.`}, Serve: (*API).create},
+		Description: `Create an API token ({"name", "role", "expires_at"}); the answer holds the token, shown this once. Refused (403) with authentication off.`}, Serve: (*API).create},
 	{Route: serve.Route{Method: http.MethodGet, Path: "/v1/tokens", Role: serve.RoleAdmin,
 		Description: "List API tokens (never their secrets), revoked ones too."}, Serve: (*API).list},
 	{Route: serve.Route{Method: http.MethodDelete, Path: "/v1/tokens/{id}", Role: serve.RoleAdmin,
@@ -57,7 +57,21 @@ type Created struct {
 	Secret string `json:"token"`
 }
 
+// errCreateAuthOff is the message of POST /v1/tokens with authentication
+// off.
+var errCreateAuthOff = fmt.Sprintf("tokens can only be created with %s=tokens: with authentication off every caller "+
+	"is admin, so a token made now would let whoever made it in once tokens are on. Start with %s=tokens "+
+	"(retryd dev then prints an admin token, or takes %s) and create tokens with that admin token",
+	EnvMode, EnvMode, EnvAdminToken)
+
 func (a *API) create(w http.ResponseWriter, r *http.Request) {
+	// Refused rather than marked: a dev data dir then holds no token its
+	// owner did not make with tokens on, whoever reached the API while
+	// it was off.
+	if serve.AuthOff(r.Context()) {
+		serve.WriteJSON(w, http.StatusForbidden, serve.ErrorBody{Error: serve.ErrorDetail{Code: serve.CodeForbidden, Message: errCreateAuthOff}})
+		return
+	}
 	var req CreateRequest
 	if err := serve.DecodeJSON(r, maxBody, &req); err != nil {
 		serve.WriteError(w, err)

@@ -201,8 +201,12 @@ func TestFromEnv(t *testing.T) {
 	c, err = auth.FromEnv(env(map[string]string{"RETRYD_ADMIN_TOKEN_FILE": file, "RETRYD_METRICS_ROLE": "viewer", "RETRYD_AUTH": "off"}))
 	require.NoError(t, err)
 	require.Equal(t, secret, c.AdminToken)
+	require.Equal(t, auth.EnvAdminTokenFile, c.AdminTokenFrom, "where the secret came from, to name rather than print")
 	require.Equal(t, serve.RoleViewer, c.MetricsRole)
 	require.Equal(t, auth.ModeOff, c.Mode)
+	c, err = auth.FromEnv(env(map[string]string{"RETRYD_ADMIN_TOKEN": secret}))
+	require.NoError(t, err)
+	require.Equal(t, auth.EnvAdminToken, c.AdminTokenFrom)
 
 	_, err = auth.FromEnv(env(map[string]string{"RETRYD_AUTH": "none", "RETRYD_ADMIN_TOKEN": "short", "RETRYD_METRICS_ROLE": "root", "RETRYD_AUTH_CACHE_TTL": "1h"}))
 	for _, name := range []string{"RETRYD_AUTH=", "RETRYD_ADMIN_TOKEN:", "RETRYD_METRICS_ROLE:", "RETRYD_AUTH_CACHE_TTL="} {
@@ -255,6 +259,36 @@ func TestTokenAPI(t *testing.T) {
 	require.NotNil(t, revoked["revoked_at"])
 	code, _ = call("DELETE", "/v1/tokens/nosuch", admin, "")
 	require.Equal(t, http.StatusNotFound, code)
+}
+
+// With authentication off, POST /v1/tokens is refused and creates
+// nothing: a token made then would outlive the mode, letting whoever
+// reached the loopback API in once tokens are on. Listing and revoking
+// stay.
+func TestTokenCreateRefusedWithAuthOff(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.NewPool(t)
+	guard, store, err := auth.Config{Mode: auth.ModeOff}.Guard(context.Background(), pool, zerolog.Nop(), "127.0.0.1:0")
+	require.NoError(t, err)
+	mux := serve.NewMux(nil, nil)
+	auth.NewAPI(store).Register(mux)
+	srv := httptest.NewServer(guard.Handler(mux))
+	t.Cleanup(srv.Close)
+
+	code, body := request(t, srv, "POST", "/v1/tokens", "", `{"name":"rebind-admin","role":"admin"}`)
+	require.Equal(t, http.StatusForbidden, code, body)
+	require.Contains(t, body, `"code":"forbidden"`)
+	require.Contains(t, body, "tokens can only be created with RETRYD_AUTH=tokens")
+	require.Zero(t, pgtest.Count(t, pool, `SELECT count(*) FROM api_tokens`))
+	require.Zero(t, pgtest.Count(t, pool, `SELECT count(*) FROM audit_log`))
+
+	tok, _, err := store.Create(context.Background(), "made-with-tokens", serve.RoleViewer, nil)
+	require.NoError(t, err)
+	code, body = request(t, srv, "GET", "/v1/tokens", "", "")
+	require.Equal(t, http.StatusOK, code, body)
+	require.Contains(t, body, "made-with-tokens")
+	code, body = request(t, srv, "DELETE", "/v1/tokens/"+tok.ID, "", "")
+	require.Equal(t, http.StatusOK, code, body)
 }
 
 // tokenServer serves the token API and the routes routes adds (when not

@@ -47,6 +47,11 @@ type Config struct {
 	// AdminToken, when set, is ensured as the live admin token named
 	// "bootstrap" at start (Store.EnsureBootstrap).
 	AdminToken string
+	// AdminTokenFrom names where FromEnv read AdminToken
+	// (RETRYD_ADMIN_TOKEN or RETRYD_ADMIN_TOKEN_FILE; empty: not from the
+	// environment), so a banner can say where the secret is rather than
+	// print it.
+	AdminTokenFrom string
 	// MetricsRole is what GET /metrics needs; RolePublic when zero.
 	MetricsRole serve.Role
 	// CacheTTL bounds how long a revoked token keeps working
@@ -87,6 +92,9 @@ func FromEnv(getenv func(string) string) (Config, error) {
 		c.AdminToken = strings.TrimSpace(string(b))
 	default:
 		c.AdminToken = strings.TrimSpace(tok)
+	}
+	if c.AdminToken != "" {
+		c.AdminTokenFrom = adminTokenVar(tok)
 	}
 	if c.AdminToken != "" && !wellFormed(c.AdminToken) {
 		errs = append(errs, fmt.Errorf("%s: the admin token must start with %q and be at least %d characters (e.g. \"rtd_$(openssl rand -hex 32)\")",

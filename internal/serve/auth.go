@@ -123,6 +123,9 @@ const (
 	CodeUnauthenticated = "unauthenticated"
 	CodeForbidden       = "forbidden"
 	CodeAuthUnavailable = "auth_unavailable"
+	// CodeForeignHost: refused by a Guard with authentication off
+	// because the request's Host is not loopback.
+	CodeForeignHost = "foreign_host"
 )
 
 // SessionCookie is the cookie a browser may carry the token in instead of
@@ -136,6 +139,9 @@ type authState struct {
 	principal Principal
 	ok        bool
 	err       error // why ok is false: no token, bad token, check failed
+	// off: the principal is LocalPrincipal because authentication is
+	// off, not because of a credential.
+	off bool
 }
 
 type authKey struct{}
@@ -151,6 +157,14 @@ func PrincipalFrom(ctx context.Context) (Principal, bool) {
 		return Principal{}, false
 	}
 	return st.principal, true
+}
+
+// AuthOff reports whether the request came through a Guard with
+// authentication off: its caller is LocalPrincipal whoever it is. Routes
+// whose effect would outlive that mode (creating a token) refuse it.
+func AuthOff(ctx context.Context) bool {
+	st, _ := ctx.Value(authKey{}).(*authState)
+	return st != nil && st.off
 }
 
 // Actor is who audit records name for the request: the authenticated
@@ -173,14 +187,18 @@ func WithPrincipal(ctx context.Context, p Principal) context.Context {
 // Guard authenticates every request before the mux sees it: it finds the
 // bearer token (or the session cookie), asks Verifier who it belongs to
 // and puts the answer in the request's context, where the rule of each
-// route (Require, mounted by Mount) decides. Guard itself refuses
-// nothing, so the public routes stay reachable with a bad token or with
-// Postgres down; only /metrics, served by NewMux for every binary, gets
-// its rule here.
+// route (Require, mounted by Mount) decides. With tokens on, Guard itself
+// refuses nothing, so the public routes stay reachable with a bad token
+// or with Postgres down; only /metrics, served by NewMux for every
+// binary, gets its rule here. With authentication off it refuses every
+// request whose Host is not loopback (see Verifier).
 type Guard struct {
 	// Verifier checks tokens; nil turns authentication off: every request
 	// is LocalPrincipal. Only allowed on loopback listeners (see
-	// internal/auth).
+	// internal/auth), and only for a loopback Host: a web page whose own
+	// name its DNS rebinds to 127.0.0.1 reaches the listener with its
+	// name in Host and, being same-origin with itself, passes the
+	// cross-origin check; without this it would act as admin.
 	Verifier Authenticator
 	// MetricsRole is what GET /metrics needs; zero or RolePublic leaves it
 	// open to scrapers without a token.
@@ -196,7 +214,11 @@ func (g Guard) Handler(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		st := &authState{}
 		if g.Verifier == nil {
-			st.principal, st.ok = LocalPrincipal, true
+			if !IsLoopback(r.Host) {
+				refuseForeignHost(w, r)
+				return
+			}
+			st.principal, st.ok, st.off = LocalPrincipal, true, true
 		} else if tok := bearer(r); tok == "" {
 			st.err = errNoCredential
 		} else if p, err := g.Verifier.Authenticate(r.Context(), tok); err != nil {
@@ -369,14 +391,40 @@ func unauthenticated(w http.ResponseWriter, err error) {
 	WriteJSON(w, http.StatusUnauthorized, ErrorBody{Error: ErrorDetail{Code: CodeUnauthenticated, Message: err.Error()}})
 }
 
-// IsLoopback reports whether a listen address (host:port) binds only the
-// loopback interface. An empty host (":8080") binds every interface.
+func refuseForeignHost(w http.ResponseWriter, r *http.Request) {
+	here := "127.0.0.1:<port>"
+	if a, ok := r.Context().Value(http.LocalAddrContextKey).(net.Addr); ok {
+		here = a.String()
+	}
+	scheme := "http"
+	if r.TLS != nil {
+		scheme = "https"
+	}
+	WriteJSON(w, http.StatusForbidden, ErrorBody{Error: ErrorDetail{
+		Code: CodeForeignHost,
+		Message: fmt.Sprintf("Host %q refused: authentication is off (RETRYD_AUTH=off), so only a loopback Host "+
+			"(127.0.0.1, localhost, [::1]) is served, lest a web page that points its own name at this machine act as admin; "+
+			"open %s://%s/ instead, or turn tokens on (RETRYD_AUTH=tokens, docs/security.md) to serve other names",
+			r.Host, scheme, here),
+	}})
+}
+
+// IsLoopback reports whether a listen address or a request's Host
+// (host, host:port, [v6] or [v6]:port) names only the loopback
+// interface: an IP of 127.0.0.0/8 or ::1 (IPv4-mapped too), or localhost
+// in any case, with or without the trailing dot of its absolute form. An
+// empty host (":8080") binds every interface, and an empty Host names
+// nothing: both are not loopback. Any other name is refused, even one
+// that resolves to 127.0.0.1 here: a DNS rebinding attacker's name does.
 func IsLoopback(addr string) bool {
 	host, _, err := net.SplitHostPort(addr)
 	if err != nil {
 		host = addr
 	}
-	if host == "localhost" {
+	if strings.HasPrefix(host, "[") && strings.HasSuffix(host, "]") {
+		host = host[1 : len(host)-1]
+	}
+	if strings.EqualFold(strings.TrimSuffix(host, "."), "localhost") {
 		return true
 	}
 	ip := net.ParseIP(host)

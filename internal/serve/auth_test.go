@@ -163,8 +163,50 @@ func TestGuardOffIsLocalAdmin(t *testing.T) {
 	mux := http.NewServeMux()
 	serve.Mount(mux, &greeter{}, greeterEndpoints)
 	rec := httptest.NewRecorder()
-	serve.Guard{}.Handler(mux).ServeHTTP(rec, httptest.NewRequest("POST", "/v1/hello", nil))
+	serve.Guard{}.Handler(mux).ServeHTTP(rec, httptest.NewRequest("POST", "http://127.0.0.1:8080/v1/hello", nil))
 	require.Equal(t, http.StatusOK, rec.Code)
+}
+
+// With authentication off, a request whose Host is not loopback is
+// refused on every path, public ones and the sign-in included: a page
+// whose name its DNS rebinds to 127.0.0.1 sends its own name, and the
+// browser counts it same-origin. With tokens on, Host does not matter.
+func TestGuardOffServesOnlyLoopbackHosts(t *testing.T) {
+	t.Parallel()
+	mux := serve.NewMux(nil, &serve.Health{})
+	serve.Mount(mux, &greeter{}, greeterEndpoints)
+	off := serve.Guard{}.Handler(mux)
+	on := serve.Guard{Verifier: tokens{"rtd_v": {Name: "ann", Role: serve.RoleOperator}}}.Handler(mux)
+	send := func(h http.Handler, method, path, host string) *httptest.ResponseRecorder {
+		req := httptest.NewRequest(method, path, strings.NewReader(`{"token":"rtd_v"}`))
+		req.Host = host
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Sec-Fetch-Site", "same-origin")
+		req.Header.Set("Authorization", "Bearer rtd_v")
+		rec := httptest.NewRecorder()
+		serve.NewServer("", h).Handler.ServeHTTP(rec, req)
+		return rec
+	}
+	for _, host := range []string{"rebind.example:8080", "rebind.example", "localhost.rebind.example", "127.0.0.1.nip.io:8080",
+		"0.0.0.0:8080", "10.0.0.1", "[::]:8080", "[::1%25lo]:8080", ""} {
+		for _, path := range []string{"/v1/hello", "/healthz", "/metrics", serve.LoginPath, serve.WhoamiPath} {
+			method := http.MethodGet
+			if path == "/v1/hello" || path == serve.LoginPath {
+				method = http.MethodPost
+			}
+			rec := send(off, method, path, host)
+			require.Equal(t, http.StatusForbidden, rec.Code, "%s %s", host, path)
+			require.Contains(t, rec.Body.String(), `"code":"foreign_host"`)
+			require.Contains(t, rec.Body.String(), "RETRYD_AUTH=tokens", "says how to serve other names")
+		}
+		rec := send(on, http.MethodPost, "/v1/hello", host)
+		require.Equal(t, http.StatusOK, rec.Code, "tokens on: %q", host)
+	}
+	for _, host := range []string{"127.0.0.1:8080", "127.0.0.1", "localhost:8080", "LOCALHOST", "localhost.:8080",
+		"[::1]:8080", "[::1]", "[0:0:0:0:0:0:0:1]:8080", "127.1.2.3:8080"} {
+		rec := send(off, http.MethodPost, "/v1/hello", host)
+		require.Equal(t, http.StatusOK, rec.Code, "%s: %s", host, rec.Body.String())
+	}
 }
 
 func TestIsLoopback(t *testing.T) {
@@ -172,6 +214,11 @@ func TestIsLoopback(t *testing.T) {
 	for addr, want := range map[string]bool{
 		"127.0.0.1:8080": true, "[::1]:80": true, "localhost:1": true, "127.0.0.2:9": true,
 		":8080": false, "0.0.0.0:8080": false, "10.0.0.1:80": false, "[::]:80": false, "example.com:80": false,
+		// Host headers: no port, IPv6 in brackets, localhost's absolute
+		// form and any case.
+		"127.0.0.1": true, "[::1]": true, "localhost": true, "localhost.": true, "LocalHost.:8080": true,
+		"[::ffff:127.0.0.1]:80": true, "": false, "[::1": false, "localhost]": false, "localhost..": false,
+		"localhost.example": false, "127.0.0.1.": false, "2130706433": false,
 	} {
 		require.Equal(t, want, serve.IsLoopback(addr), addr)
 	}
@@ -251,6 +298,6 @@ func TestWhoami(t *testing.T) {
 
 	// Authentication off: the local admin, no session to end.
 	rec = httptest.NewRecorder()
-	serve.Guard{}.Handler(serve.NewMux(nil, nil)).ServeHTTP(rec, httptest.NewRequest(http.MethodGet, serve.WhoamiPath, nil))
+	serve.Guard{}.Handler(serve.NewMux(nil, nil)).ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "http://localhost:8080"+serve.WhoamiPath, nil))
 	require.JSONEq(t, `{"name":"local","role":"admin","session":false}`, rec.Body.String())
 }

@@ -109,7 +109,7 @@ func TestTraceFromAPIToCancelled(t *testing.T) {
 	b.failTo(t, "traced", "t2", 1, "timeout", retrystore.StateScheduled)
 
 	h := telemetry.Handler(serve.Guard{}.Handler(s.Handler()), "retryd-scheduler")
-	req := httptest.NewRequest(http.MethodPost, "/v1/retries/traced/t2/cancel", strings.NewReader(`{"reason":"test"}`))
+	req := httptest.NewRequest(http.MethodPost, "http://127.0.0.1/v1/retries/traced/t2/cancel", strings.NewReader(`{"reason":"test"}`))
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("traceparent", "00-"+ownerTraceID+"-"+ownerSpanID+"-01")
 	rec := httptest.NewRecorder()

@@ -3,13 +3,13 @@ package devstack
 import (
 	"errors"
 	"fmt"
-	"github.com/retryd/retryd/internal/auth"
-	"github.com/retryd/retryd/internal/serve"
 	"io"
 	"time"
 
 	"github.com/rs/zerolog"
 
+	"github.com/retryd/retryd/internal/auth"
+	"github.com/retryd/retryd/internal/serve"
 	"github.com/retryd/retryd/pkg/worker"
 )
 
@@ -48,7 +48,9 @@ type Config struct {
 	IntakeRate  float64
 	IntakeBurst int
 	// NATSHost and NATSPort are where the embedded NATS server listens.
-	// Default 127.0.0.1:4222; port -1 picks a free port.
+	// Default 127.0.0.1:4222; port -1 picks a free port. The server has
+	// no users, so with authentication off NATSHost must be loopback, as
+	// HTTPAddr must.
 	NATSHost string
 	NATSPort int
 	// NATSSyncAlways makes JetStream fsync every write (sync_interval:
@@ -104,6 +106,12 @@ func (c *Config) validate() error {
 	}
 	if c.NATSPort < -1 || c.NATSPort > 65535 {
 		return fmt.Errorf("Config.NATSPort must be a port or -1, got %d", c.NATSPort)
+	}
+	// The embedded NATS server has no users: with authentication off, it
+	// is held to the HTTP listener's rule, as anyone who reaches it may
+	// purge a stream or publish a forged fact.
+	if err := c.Auth.Validate(c.NATSHost); err != nil {
+		return fmt.Errorf("NATSHost: %w (with tokens, NATS is still open to whoever reaches it: the embedded server has no users)", err)
 	}
 	if c.NATSSyncInterval < 0 {
 		return fmt.Errorf("Config.NATSSyncInterval must not be negative, got %s", c.NATSSyncInterval)
