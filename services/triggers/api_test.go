@@ -112,6 +112,10 @@ func TestTriggerAPIRefusesInvalidDefinitions(t *testing.T) {
 	}{
 		{`{"name":"x","source":"billing","event_type":"invoice.paid","workflow":"w","predicate":"data.amount >"}`, 400, "predicate", "not a valid CEL expression"},
 		{`{"name":"x","source":"billing","event_type":"invoice.paid","workflow":"w","predicate":"data.amount + 1"}`, 400, "predicate", "must return bool"},
+		{`{"name":"x","source":"billing","event_type":"invoice.paid","workflow":"w","predicate":"` + doublingPredicate(18) + `"}`, 400, "predicate",
+			"nests comprehensions (all, exists, exists_one, map, filter) 18 deep, more than the limit of 3"},
+		{`{"name":"x","source":"billing","event_type":"invoice.paid","workflow":"w","predicate":"` + doublingPredicate(40) + `"}`, 400, "predicate",
+			"40 deep, more than the limit of 3"},
 		{`{"name":"x","source":"billing","event_type":"invoice.paid","workflow":"w","throttle":{"limit":-5,"window":"1m"}}`, 400, "throttle.limit", "between 1 and"},
 		{`{"name":"x","source":"billing","event_type":"invoice.paid","workflow":"w","throttle":{"window":"1m"}}`, 400, "throttle.limit", "required when throttle.window"},
 		{`{"name":"x","source":"billing","event_type":"invoice.paid","workflow":"w","throttle":{"limit":5,"window":"soon"}}`, 400, "throttle.window", "not a duration"},

@@ -3,13 +3,16 @@ package triggers
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
 
+	"github.com/retryd/retryd/internal/servicetest"
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/services/triggers/internal/triggerstore"
 )
@@ -191,4 +194,70 @@ func TestCrashOnTheRunRetryPath(t *testing.T) {
 	}
 	require.Equal(t, []int{1, 2}, attempts, "each attempt requested once")
 	require.Equal(t, 2, b.run(t, d.RunID).Attempt)
+}
+
+// Predicates stored before the limits of issue 41 (written here straight
+// into Postgres, past the API's checks), with their events waiting in
+// EVENTS. An instance evaluates them, again on each redelivery, without
+// running out of memory; it dies before each commit. The next one, started
+// with the events still pending, settles them as evaluation errors: the
+// deliveries are filtered, with definition_error for the predicate that no
+// longer compiles and predicate_error for one that compiles but reaches the
+// run-time limits, and the event's other trigger launches.
+func TestPoisonPredicatesSettleAcrossRestarts(t *testing.T) {
+	t.Parallel()
+	b := setup(t, false)
+	store := func(id, typ, predicate string) {
+		_, err := triggerstore.CreateTrigger(b.ctx, b.pool, id, triggerstore.Definition{
+			Name: id, Source: "shop", EventType: typ, Predicate: predicate, Workflow: "fulfil", Enabled: true})
+		require.NoError(t, err)
+	}
+	// Within MaxComprehensionDepth, but a 1 KB string becomes 512 KiB.
+	const wide = `[data.s + data.s + data.s + data.s].exists(a, [a + a + a + a].exists(b, [b + b + b + b].exists(c,
+		size(c + c + c + c + c + c + c + c) > 0)))`
+	store("a-nested", "order.placed", doublingPredicate(18))
+	store("b-plain", "order.placed", `data.s != ""`)
+	store("a-wide", "order.paid", wide)
+	data := map[string]any{"s": strings.Repeat("x", 1000)}
+	b.publishEvent(t, "shop", "order.placed", "placed-1", data)
+	b.publishEvent(t, "shop", "order.paid", "paid-1", data)
+
+	var evaluated atomic.Int32
+	crashed := b.testConfig(t)
+	crashed.failpoint = func(_ context.Context, name string) error {
+		if name == failpointDeliverBeforeCommit {
+			evaluated.Add(1)
+			return fmt.Errorf("killed")
+		}
+		return nil
+	}
+	first := b.start(t, crashed)
+	// Each delivery of an event reaches the failpoint once, at its first
+	// trigger (a-nested, a-wide): four hits are two deliveries of each.
+	require.Eventually(t, func() bool { return evaluated.Load() >= 4 }, eventually, tick)
+	stopNow(t, first)
+	require.Empty(t, b.countDeliveries(t, "a-nested"), "nothing committed: the events are still pending")
+	require.Empty(t, b.countDeliveries(t, "a-wide"))
+
+	var logs servicetest.Buffer
+	cfg := b.testConfig(t)
+	cfg.Logger = zerolog.New(&logs)
+	second := b.start(t, cfg)
+	settled := func(id string) triggerstore.Delivery {
+		return b.waitDelivery(t, id, func(triggerstore.Delivery) bool { return true })
+	}
+	nested := settled(DeliveryID("placed-1", "a-nested"))
+	require.Equal(t, triggerstore.StatusFiltered, nested.Status)
+	require.Equal(t, ReasonDefinitionError, nested.StatusReason)
+	wideD := settled(DeliveryID("paid-1", "a-wide"))
+	require.Equal(t, triggerstore.StatusFiltered, wideD.Status)
+	require.Equal(t, ReasonPredicateError, wideD.StatusReason)
+	plain := settled(DeliveryID("placed-1", "b-plain"))
+	require.Equal(t, triggerstore.StatusLaunched, plain.Status)
+	require.Eventually(t, func() bool { return b.outboxEmpty(t) }, eventually, tick)
+	require.Equal(t, map[string]int{plain.RunID: 1}, b.requestedRuns(t))
+	require.Equal(t, 1.0, counter(t, second.metrics.filtered, "a-nested", ReasonDefinitionError))
+	require.Equal(t, 1.0, counter(t, second.metrics.filtered, "a-wide", ReasonPredicateError))
+	require.Contains(t, logs.String(), `"limit":"operation cancelled: actual cost limit exceeded","trigger_id":"a-wide"`)
+	require.Contains(t, logs.String(), `"error":"predicate nests comprehensions (all, exists, exists_one, map, filter) 18 deep, more than the limit of 3`)
 }

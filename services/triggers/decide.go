@@ -3,9 +3,11 @@ package triggers
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"time"
 
+	"cel.dev/cel-go/interpreter"
 	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go"
 
@@ -125,8 +127,7 @@ func (s *Service) decide(ctx context.Context, tx pgx.Tx, t triggerstore.Trigger,
 	if progs.predicate != nil {
 		ok, err := evalBool(ctx, progs.predicate, o.act)
 		if err != nil {
-			// Not the error's text: CEL quotes the event's values in it.
-			s.log.Debug().Str("trigger_id", t.ID).Int("version", t.Version).Str("event_id", o.env.ID).Msg("predicate failed")
+			s.evalFailed(err, t, o, "predicate failed")
 			return decision{status: triggerstore.StatusFiltered, reason: ReasonPredicateError}, nil
 		}
 		if !ok {
@@ -137,7 +138,7 @@ func (s *Service) decide(ctx context.Context, tx pgx.Tx, t triggerstore.Trigger,
 	if t.ThrottleLimit > 0 {
 		if progs.key != nil {
 			if key, err = evalKey(ctx, progs.key, o.act); err != nil {
-				s.log.Debug().Str("trigger_id", t.ID).Int("version", t.Version).Str("event_id", o.env.ID).Msg("throttle key failed")
+				s.evalFailed(err, t, o, "throttle key failed")
 				return decision{status: triggerstore.StatusFiltered, reason: ReasonThrottleKeyError}, nil
 			}
 		}
@@ -172,6 +173,19 @@ func (s *Service) decide(ctx context.Context, tx pgx.Tx, t triggerstore.Trigger,
 		launch.launchAt = at
 	}
 	return launch, nil
+}
+
+// evalFailed logs an expression that failed on an event. Not the error's
+// text, in which CEL quotes the event's values, unless a limit stopped the
+// evaluation: that message names only sizes and limits, and an operator
+// wants to see it, because such a trigger filters every large event alike.
+func (s *Service) evalFailed(err error, t triggerstore.Trigger, o offer, msg string) {
+	ev := s.log.Debug()
+	var stopped interpreter.EvalCancelledError
+	if errors.As(err, &stopped) && stopped.Cause != interpreter.ContextCancelled {
+		ev = s.log.Warn().Str("limit", stopped.Message)
+	}
+	ev.Str("trigger_id", t.ID).Int("version", t.Version).Str("event_id", o.env.ID).Msg(msg)
 }
 
 // throttle applies a trigger's throttle to one delivery: held reports

@@ -12,8 +12,12 @@ import (
 
 	"cel.dev/cel-go/cel"
 	celast "cel.dev/cel-go/common/ast"
+	"cel.dev/cel-go/common/operators"
 	"cel.dev/cel-go/common/types"
+	"cel.dev/cel-go/common/types/ref"
+	"cel.dev/cel-go/common/types/traits"
 	"cel.dev/cel-go/ext"
+	"cel.dev/cel-go/interpreter"
 
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/projections/pgtext"
@@ -28,6 +32,21 @@ const (
 	// units, roughly one per operation); comprehensions over large lists
 	// are what reaches it.
 	DefaultCostLimit = 100_000
+	// MaxComprehensionDepth bounds how deeply comprehensions (all,
+	// exists, exists_one, map, filter) nest in one expression: each level
+	// has a variable of its own that can double what the level around it
+	// made, so 18 levels made a string of about 256 MB from a 1 kB event.
+	MaxComprehensionDepth = 3
+	// MaxValueBytes bounds every string or bytes value an evaluation makes
+	// (twice the largest event data, contract.MaxDataBytes).
+	MaxValueBytes = 2 * contract.MaxDataBytes
+	// MaxListLen bounds every list an evaluation makes: about the longest
+	// list an event's data can hold ([0,0,...] in contract.MaxDataBytes).
+	MaxListLen = contract.MaxDataBytes / 2
+	// concatBytesPerUnit is what `+` on strings and bytes charges: one
+	// cost unit per this many bytes of its result, as CEL charges it when
+	// the checker knows both sides are strings.
+	concatBytesPerUnit = 10
 	// maxThrottleKeyLen is the longest throttle key stored as is; longer
 	// keys are stored as a SHA-256 digest.
 	maxThrottleKeyLen = 128
@@ -45,6 +64,7 @@ func newExprEnv(costLimit uint64) (*exprEnv, error) {
 		cel.Variable("event", cel.MapType(cel.StringType, cel.DynType)),
 		cel.Variable("data", cel.DynType),
 		ext.Strings(),
+		boundedJoin(),
 		cel.CrossTypeNumericComparisons(true),
 		cel.ParserExpressionSizeLimit(MaxExpressionLen),
 		cel.ParserRecursionLimit(64),
@@ -69,6 +89,9 @@ func (e *exprEnv) compile(field, src, hint string, want ...*cel.Type) (cel.Progr
 	if err := boundedAllocation(ast); err != nil {
 		return nil, invalidField(field, err.Error())
 	}
+	if err := boundedNesting(ast); err != nil {
+		return nil, invalidField(field, err.Error())
+	}
 	out := ast.OutputType()
 	ok := false
 	for _, w := range want {
@@ -83,28 +106,36 @@ func (e *exprEnv) compile(field, src, hint string, want ...*cel.Type) (cel.Progr
 		}
 		return nil, invalidField(field, fmt.Sprintf("must return %s, but returns %s%s", strings.Join(names, " or "), out, hint))
 	}
-	prg, err := e.env.Program(ast,
-		cel.CostLimit(e.costLimit),
-		cel.InterruptCheckFrequency(64),
-		cel.EvalOptions(cel.OptOptimize),
-	)
+	prg, err := e.env.Program(ast, e.programOptions()...)
 	if err != nil {
 		return nil, invalidField(field, "cannot be planned: "+err.Error())
 	}
 	return prg, nil
 }
 
-// maxJoinSeparator is the longest separator join() may use: with a
-// literal this short the result stays within a few times the event's size.
+// programOptions are the run-time limits of every evaluation: the cost
+// limit, with `+` charged by the size of what it makes, and the size
+// limits of allocationGuard. They do not rely on compile's checks: what
+// gets past those is still bounded.
+func (e *exprEnv) programOptions() []cel.ProgramOption {
+	return []cel.ProgramOption{
+		cel.CostLimit(e.costLimit),
+		cel.CostTracking(allocationGuard{}),
+		cel.InterruptCheckFrequency(64),
+		cel.EvalOptions(cel.OptOptimize),
+	}
+}
+
+// maxJoinSeparator is the longest separator join() may use.
 const maxJoinSeparator = 8
 
-// boundedAllocation refuses the string functions whose result can be far
-// larger than the event they read. CEL charges a call's cost from the size
-// of its result, that is, after allocating it: the cost limit cannot stop
-// `data.s.replace("a", data.s)` (a 30 kB string became 858 MiB) or
-// `"%s%s%s%s".format([data.s, data.s, data.s, data.s])`. What is left (size, contains, matches,
-// split, substring, lowerAscii, join with a short literal, +, ...) makes
-// results at most a few times its inputs, which the cost limit bounds.
+// boundedAllocation refuses the string functions whose one call can make a
+// result far larger than the event they read. CEL charges a call's cost
+// from the size of its result, that is, after allocating it: the cost limit
+// cannot stop `data.s.replace("a", data.s)` (a 30 kB string became 858 MiB)
+// or `"%s%s%s%s".format([data.s, data.s, data.s, data.s])`. What a call of
+// the others makes can still add up (`+` of `+`, join() of a long list):
+// allocationGuard bounds that at run time.
 func boundedAllocation(checked *cel.Ast) error {
 	nav := celast.NavigateAST(checked.NativeRep())
 	for _, call := range celast.MatchDescendants(nav, func(e celast.NavigableExpr) bool { return e.Kind() == celast.CallKind }) {
@@ -129,6 +160,137 @@ func boundedAllocation(checked *cel.Ast) error {
 		}
 	}
 	return nil
+}
+
+// boundedNesting refuses comprehensions nested deeper than
+// MaxComprehensionDepth. The run-time limits stop such an expression too;
+// this says why when the trigger is saved, instead of filtering every
+// delivery with predicate_error.
+func boundedNesting(checked *cel.Ast) error {
+	nav := celast.NavigateAST(checked.NativeRep())
+	deepest := 0
+	for _, c := range celast.MatchDescendants(nav, celast.KindMatcher(celast.ComprehensionKind)) {
+		depth := 1
+		for p, ok := c.Parent(); ok; p, ok = p.Parent() {
+			if p.Kind() == celast.ComprehensionKind {
+				depth++
+			}
+		}
+		deepest = max(deepest, depth)
+	}
+	if deepest > MaxComprehensionDepth {
+		return fmt.Errorf("nests comprehensions (all, exists, exists_one, map, filter) %d deep, more than the limit of %d: "+
+			"each level can double the strings and lists of the one around it", deepest, MaxComprehensionDepth)
+	}
+	return nil
+}
+
+// allocationGuard is the run-time bound on what an evaluation allocates.
+// CEL calls it after each call it has no cost model of its own for, which
+// includes every `+`: it charges `+` on strings and bytes by the size of
+// the result (CEL charged 1 unit when an operand came from `data`, whose
+// type it knows only per event, so four 500 kB strings cost 13 units), and
+// it stops the evaluation at a string or bytes value over MaxValueBytes or
+// a list over MaxListLen. A call makes at most twice its largest operand
+// (`+`), so what one step allocates past the limits stays bounded; join(),
+// which can make far more, checks before it allocates (boundedJoin).
+type allocationGuard struct{}
+
+func (allocationGuard) CallCost(function, _ string, _ []ref.Val, result ref.Val) *uint64 {
+	var n int
+	switch v := result.(type) {
+	case types.String:
+		n = len(v)
+	case types.Bytes:
+		n = len(v)
+	case traits.Lister:
+		if size, ok := v.Size().(types.Int); ok && size > MaxListLen {
+			stopAtLimit("%s made a list of %d elements, more than the limit of %d", callName(function), size, MaxListLen)
+		}
+		return nil
+	default:
+		return nil
+	}
+	if n > MaxValueBytes {
+		stopAtLimit("%s made a value of %d bytes, more than the limit of %d bytes", callName(function), n, MaxValueBytes)
+	}
+	if function != operators.Add {
+		return nil
+	}
+	cost := uint64(1 + n/concatBytesPerUnit)
+	return &cost
+}
+
+// stopAtLimit ends the evaluation the way CEL ends one at its own limits.
+// The message names sizes and limits only, never the event's values.
+func stopAtLimit(format string, args ...any) {
+	panic(interpreter.EvalCancelledError{Cause: interpreter.MemoryLimitExceeded,
+		Message: "operation cancelled: " + fmt.Sprintf(format, args...)})
+}
+
+// callName is a function as it is written: `+` for _+_, size() for size.
+func callName(function string) string {
+	if op, ok := operators.FindReverse(function); ok {
+		return "`" + op + "`"
+	}
+	return function + "()"
+}
+
+// boundedJoin replaces the bindings of the strings extension's join() with
+// ones that add up the result's size before allocating it: a list can be
+// far larger than its memory (`l + l` shares l) and each element can be a
+// string of the event, so the result can be far larger than anything
+// allocationGuard saw. It stops the evaluation as allocationGuard does,
+// rather than return an error value that `||` or exists() could pass over.
+func boundedJoin() cel.EnvOption {
+	strList := []*cel.Type{cel.ListType(cel.StringType)}
+	return cel.Function("join",
+		cel.MemberOverload("list_join", strList, cel.StringType,
+			cel.UnaryBinding(func(list ref.Val) ref.Val { return joinBounded(list, "") })),
+		cel.MemberOverload("list_join_string", append(strList, cel.StringType), cel.StringType,
+			cel.BinaryBinding(func(list, sep ref.Val) ref.Val {
+				s, ok := sep.(types.String)
+				if !ok {
+					return types.MaybeNoSuchOverloadErr(sep)
+				}
+				return joinBounded(list, string(s))
+			})))
+}
+
+func joinBounded(list ref.Val, sep string) ref.Val {
+	l, ok := list.(traits.Lister)
+	if !ok {
+		return types.MaybeNoSuchOverloadErr(list)
+	}
+	n, ok := l.Size().(types.Int)
+	if !ok {
+		return types.MaybeNoSuchOverloadErr(list)
+	}
+	if n > MaxListLen {
+		stopAtLimit("join() of a list of %d elements, more than the limit of %d", n, MaxListLen)
+	}
+	total := 0
+	for i := range n {
+		s, ok := l.Get(i).(types.String)
+		if !ok {
+			return types.NewErr("join: element %d is not a string", i)
+		}
+		if i > 0 {
+			total += len(sep)
+		}
+		if total += len(s); total > MaxValueBytes {
+			stopAtLimit("join() would make more than the limit of %d bytes", MaxValueBytes)
+		}
+	}
+	var b strings.Builder
+	b.Grow(total)
+	for i := range n {
+		if i > 0 {
+			b.WriteString(sep)
+		}
+		b.WriteString(string(l.Get(i).(types.String)))
+	}
+	return types.String(b.String())
 }
 
 func literalString(e celast.Expr) (string, bool) {
