@@ -503,6 +503,27 @@ func TestNATSConfig(t *testing.T) {
 		require.GreaterOrEqual(t, checked, 12, "every service durable")
 	})
 
+	t.Run("every durable consumer says what it is for", func(t *testing.T) {
+		// Every component ran above: each durable it created is on the
+		// server. runner is this test's, standing in for a workflow engine.
+		admin := connect("admin")
+		seen := 0
+		for _, name := range streams.Names {
+			s, err := admin.Stream(ctx, name)
+			require.NoError(t, err)
+			lister := s.ListConsumers(ctx)
+			for info := range lister.Info() {
+				if info.Config.Durable == "" || info.Name == "runner" {
+					continue
+				}
+				seen++
+				require.NotEmpty(t, info.Config.Description, "`nats consumer info %s %s` says what it is for", name, info.Name)
+			}
+			require.NoError(t, lister.Err())
+		}
+		require.GreaterOrEqual(t, seen, 12, "scheduler, jobs projection (2), ingress (3), triggers (5), worker")
+	})
+
 	t.Run("operator creates no consumer, and is told so", func(t *testing.T) {
 		operatorRefusals(ctx, t, url, certs.CA, connect("admin"))
 	})
