@@ -97,16 +97,20 @@ func (nf *natsFlags) connect(ctx context.Context, g *globals) (*nats.Conn, jetst
 }
 
 // run connects to NATS and runs fn with a context bounded by --timeout;
-// the connection is closed after.
+// the connection is closed after. A request the server refuses (the
+// `operator` user running `streams ensure`, say) fails at once with the
+// server's permissions violation, not as a timeout.
 func (nf *natsFlags) run(cmd *cobra.Command, g *globals, fn func(ctx context.Context, js jetstream.JetStream) error) error {
 	nc, js, err := nf.connect(cmd.Context(), g)
 	if err != nil {
 		return err
 	}
 	defer nc.Close()
-	ctx, cancel := context.WithTimeout(cmd.Context(), g.timeout)
+	ctx, stop := natsconn.WithRefusals(cmd.Context(), nc)
+	defer stop()
+	ctx, cancel := context.WithTimeout(ctx, g.timeout)
 	defer cancel()
-	return fn(ctx, js)
+	return natsconn.Refused(ctx, fn(ctx, js))
 }
 
 // replicasOptions are the stream options of --replicas, a usage error

@@ -19,6 +19,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
 	slogzerolog "github.com/samber/slog-zerolog/v2"
 	"github.com/stretchr/testify/require"
 
@@ -431,21 +432,19 @@ func TestNATSConfig(t *testing.T) {
 		cons, err := js.Consumer(ctx, "RETRIES", "scheduler")
 		require.NoError(t, err)
 		require.Equal(t, "scheduler", cons.CachedInfo().Name)
-		// nats stream get.
+		// nats stream get, by sequence and --last-for; nats stream
+		// subjects; the direct get a worker uses too.
 		_, err = stream.GetMsg(ctx, 1)
 		require.NoError(t, err)
-		// nats stream view: a consumer of its own, pulled, never acked.
-		ordered, err := stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{FilterSubjects: []string{"retry.job.>"}})
+		first, err := stream.GetMsg(ctx, 1, jetstream.WithGetMsgSubject("retry.job.>"))
+		require.NoError(t, err, "the operator pages RETRIES by sequence and subject")
+		require.True(t, strings.HasPrefix(first.Subject, "retry.job."), first.Subject)
+		_, err = stream.GetLastMsgForSubject(ctx, first.Subject)
 		require.NoError(t, err)
-		batch, err := ordered.Fetch(1, jetstream.FetchMaxWait(5*time.Second))
+		withSubjects, err := stream.Info(ctx, jetstream.WithSubjectFilter("retry.job.>"))
 		require.NoError(t, err)
-		var viewed []string
-		for m := range batch.Messages() {
-			viewed = append(viewed, m.Subject())
-		}
-		require.NoError(t, batch.Error())
-		require.Len(t, viewed, 1, "the operator reads RETRIES through its own consumer")
-		require.True(t, strings.HasPrefix(viewed[0], "retry.job."), viewed[0])
+		require.Contains(t, withSubjects.State.Subjects, first.Subject)
+		require.False(t, denied(t, url, certs.CA, "operator", "pub", "$JS.API.DIRECT.GET.RETRIES."+first.Subject))
 
 		// nats sub 'retry.>': a job's first failure arrives live.
 		sub, err := nc.SubscribeSync("retry.>")
@@ -468,8 +467,13 @@ func TestNATSConfig(t *testing.T) {
 			"$JS.API.STREAM.CREATE.X", "$JS.API.STREAM.UPDATE.RETRIES", "$JS.API.STREAM.DELETE.RETRIES",
 			"$JS.API.STREAM.PURGE.RETRIES", "$JS.API.STREAM.MSG.DELETE.RETRIES",
 			"$JS.API.CONSUMER.DELETE.RETRIES.scheduler", "$JS.API.CONSUMER.DURABLE.CREATE.RETRIES.x",
-			"$JS.ACK.RETRIES.scheduler.1.1.1.1.1", "$JS.ACK.RETRIES." + ordered.CachedInfo().Name + ".1.1.1.1.1",
+			"$JS.ACK.RETRIES.scheduler.1.1.1.1.1",
 			"$JS.API.CONSUMER.CREATE.JOBS.worker-perm_job", "$JS.API.CONSUMER.MSG.NEXT.JOBS.worker-perm_job",
+			// No consumer of its own, in any of the four forms of a create:
+			// nothing it creates can deliver into a stream or outlive it.
+			"$JS.API.CONSUMER.CREATE.EVENTS", "$JS.API.CONSUMER.CREATE.EVENTS.probe",
+			"$JS.API.CONSUMER.CREATE.EVENTS.probe.events.>", "$JS.API.CONSUMER.DURABLE.CREATE.EVENTS.probe",
+			"$JS.API.CONSUMER.CREATE.RETRIES.probe.retry.job.>",
 		} {
 			require.True(t, denied(t, url, certs.CA, "operator", "pub", subject), "operator may publish %s", subject)
 		}
@@ -498,6 +502,113 @@ func TestNATSConfig(t *testing.T) {
 		}
 		require.GreaterOrEqual(t, checked, 12, "every service durable")
 	})
+
+	t.Run("every durable consumer says what it is for", func(t *testing.T) {
+		// Every component ran above: each durable it created is on the
+		// server. runner is this test's, standing in for a workflow engine.
+		admin := connect("admin")
+		seen := 0
+		for _, name := range streams.Names {
+			s, err := admin.Stream(ctx, name)
+			require.NoError(t, err)
+			lister := s.ListConsumers(ctx)
+			for info := range lister.Info() {
+				if info.Config.Durable == "" || info.Name == "runner" {
+					continue
+				}
+				seen++
+				require.NotEmpty(t, info.Config.Description, "`nats consumer info %s %s` says what it is for", name, info.Name)
+			}
+			require.NoError(t, lister.Err())
+		}
+		require.GreaterOrEqual(t, seen, 12, "scheduler, jobs projection (2), ingress (3), triggers (5), worker")
+	})
+
+	t.Run("operator creates no consumer, and is told so", func(t *testing.T) {
+		operatorRefusals(ctx, t, url, certs.CA, connect("admin"))
+	})
+}
+
+// probePush is the push consumer of issue 41: on EVENTS, delivering to
+// a subject RETRIES stores. Created, the messages it delivered would be
+// stored in RETRIES as forged failures while anyone listened there.
+const probePush = `{"stream_name":"EVENTS","config":{"durable_name":"probe-push","deliver_subject":"retry.job.failed.01FORGED0000000000000000000","filter_subject":"events.>","ack_policy":"none"}}`
+
+// operatorRefusals checks that the operator creates no consumer, push,
+// pull, durable or ordered, and that each refusal reads as one: the
+// server's permissions violation, at once, not a request timing out.
+func operatorRefusals(ctx context.Context, t *testing.T, url, ca string, admin jetstream.JetStream) {
+	o := natsconn.Options{URL: url, Name: "test-operator", User: "operator", Password: password("operator"),
+		TLSCA: ca, InboxPrefix: "_INBOX_operator"}
+	nc, js, err := natsconn.Connect(ctx, o, zerolog.Nop())
+	require.NoError(t, err)
+	t.Cleanup(nc.Close)
+	retries, err := admin.Stream(ctx, "RETRIES")
+	require.NoError(t, err)
+	before := retries.CachedInfo().State.Msgs
+	// What activated the push consumer: the operator listening on its
+	// deliver subject, which it may.
+	_, err = nc.SubscribeSync("retry.job.failed.01FORGED0000000000000000000")
+	require.NoError(t, err)
+	require.NoError(t, nc.Flush())
+
+	for name, create := range map[string]func(context.Context) error{
+		"push consumer delivering into RETRIES": func(ctx context.Context) error {
+			_, err := nc.RequestWithContext(ctx, "$JS.API.CONSUMER.CREATE.EVENTS.probe-push.events.>", []byte(probePush))
+			return err
+		},
+		"the same, legacy ephemeral form": func(ctx context.Context) error {
+			_, err := nc.RequestWithContext(ctx, "$JS.API.CONSUMER.CREATE.EVENTS", []byte(strings.Replace(probePush, `"durable_name"`, `"name"`, 1)))
+			return err
+		},
+		"durable pull consumer": func(ctx context.Context) error {
+			_, err := js.CreateConsumer(ctx, "RETRIES", jetstream.ConsumerConfig{Durable: "probe-durable", FilterSubject: "retry.job.>"})
+			return err
+		},
+		"durable, legacy form": func(ctx context.Context) error {
+			_, err := nc.RequestWithContext(ctx, "$JS.API.CONSUMER.DURABLE.CREATE.RETRIES.probe-durable", []byte(`{"stream_name":"RETRIES","config":{"durable_name":"probe-durable"}}`))
+			return err
+		},
+		"ordered consumer (nats stream view)": func(ctx context.Context) error {
+			s, err := js.Stream(ctx, "RETRIES")
+			if err == nil {
+				_, err = s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{FilterSubjects: []string{"retry.job.>"}})
+			}
+			return err
+		},
+	} {
+		rctx, stop := natsconn.WithRefusals(ctx, nc)
+		err := natsconn.Refused(rctx, create(rctx))
+		stop()
+		require.ErrorIs(t, err, nats.ErrPermissionViolation, name)
+		require.ErrorContains(t, err, "Permissions Violation for Publish to", name)
+	}
+
+	for stream, consumer := range map[string]string{"EVENTS": "probe-push", "RETRIES": "probe-durable"} {
+		_, err := admin.Consumer(ctx, stream, consumer)
+		require.ErrorIs(t, err, jetstream.ErrConsumerNotFound, "%s has no %s", stream, consumer)
+	}
+	retries, err = admin.Stream(ctx, "RETRIES")
+	require.NoError(t, err)
+	require.Equal(t, before, retries.CachedInfo().State.Msgs, "the operator stored nothing in RETRIES")
+
+	// retryd's own commands say so too: the operator may list the
+	// streams, not create them.
+	t.Setenv(natsconn.EnvUser, "operator")
+	t.Setenv(natsconn.EnvPassword, password("operator"))
+	t.Setenv(natsconn.EnvTLSCA, ca)
+	t.Setenv(natsconn.EnvInboxPrefix, "_INBOX_operator")
+	for _, env := range []string{natsconn.EnvCreds, natsconn.EnvNKey, natsconn.EnvToken, natsconn.EnvTLSCert, natsconn.EnvTLSKey} {
+		t.Setenv(env, "")
+	}
+	r := cli(t, "--timeout", "30s", "streams", "list", "--nats-url", url)
+	require.Equal(t, exitOK, r.code, "stdout %q stderr %q", r.stdout, r.stderr)
+	require.Contains(t, r.stdout, "RETRIES")
+	r = cli(t, "--timeout", "30s", "streams", "ensure", "--nats-url", url)
+	require.NotEqual(t, exitOK, r.code)
+	require.Contains(t, r.stderr, "Permissions Violation for Publish to", "a refusal, not a timeout")
+	require.Contains(t, r.stderr, "$JS.API.STREAM.")
+	require.NotContains(t, r.stderr, "deadline")
 }
 
 // denied reports whether the server refuses user's publish to or

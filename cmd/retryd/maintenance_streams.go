@@ -94,8 +94,11 @@ func readNATSAges(ctx context.Context, g *globals, natsURL string, names []strin
 		return err
 	}
 	defer nc.Close()
+	ctx, stop := natsconn.WithRefusals(ctx, nc)
+	defer stop()
 	for _, name := range names {
 		s, err := js.Stream(ctx, name)
+		err = natsconn.Refused(ctx, err)
 		if errors.Is(err, jetstream.ErrStreamNotFound) {
 			continue // not created yet: what ensure would create it with
 		}

@@ -36,7 +36,7 @@ type NATSConfig struct {
 
 // NewNATSServer writes a config for a free port and a store directory
 // under dir and returns the server, not started. Its max_file_store is a
-// cap, not an allocation, and must hold the 9 GiB the streams reserve by
+// cap, not an allocation, and must hold the 10 GiB the streams reserve by
 // default (their max_bytes; docs/operations.md, "Stream limits").
 func NewNATSServer(bins *Binaries, dir string, cfg NATSConfig) (*NATSServer, error) {
 	port, err := freeaddr.Port()

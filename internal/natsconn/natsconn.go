@@ -311,3 +311,42 @@ func RedactURL(urls string) string {
 	}
 	return strings.Join(parts, ",")
 }
+
+// WithRefusals returns a context that also ends when the server refuses
+// a publish or a subscription of nc as a permissions violation, with the
+// violation as its cause. The server answers a refused JetStream API
+// request with no reply, only an asynchronous -ERR; without this the
+// request waits out its timeout and reports a deadline. It suits a
+// connection doing one thing at a time, such as the CLI's: any refusal
+// ends the context. The connection's error handler keeps being called;
+// cancel restores it alone. Refused turns the request's error into the
+// refusal.
+func WithRefusals(ctx context.Context, nc *nats.Conn) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	prev := nc.ErrorHandler()
+	nc.SetErrorHandler(func(c *nats.Conn, sub *nats.Subscription, err error) {
+		if errors.Is(err, nats.ErrPermissionViolation) {
+			cancel(err)
+		}
+		if prev != nil {
+			prev(c, sub, err)
+		}
+	})
+	return ctx, func() {
+		nc.SetErrorHandler(prev)
+		cancel(context.Canceled)
+	}
+}
+
+// Refused returns err, or in its place the permissions violation that
+// ended ctx (a context of WithRefusals): the reason a request failed,
+// rather than the timeout it became.
+func Refused(ctx context.Context, err error) error {
+	if err == nil {
+		return nil
+	}
+	if cause := context.Cause(ctx); errors.Is(cause, nats.ErrPermissionViolation) {
+		return fmt.Errorf("refused by the NATS server, the user lacks the permission: %w", cause)
+	}
+	return err
+}

@@ -23,12 +23,12 @@ import (
 // was -1, as every stream's was before retryd set limits, gets the
 // default, and discard new, in place: nothing is deleted (with discard
 // new the server never removes messages to meet a limit). SCHEDULES keeps
-// discard old and no max_bytes.
+// discard old and gets its default max_bytes only if it stores less.
 //
 // Changes a server cannot apply in place (storage type, for instance) are
 // returned as errors naming the stream, and so is a max_bytes below what
 // an existing stream already stores, which would make it refuse every new
-// message: then no stream is changed.
+// message (SCHEDULES: delete its oldest): then no stream is changed.
 func Ensure(ctx context.Context, js jetstream.JetStream, opts Options) error {
 	if err := opts.Validate(); err != nil {
 		return fmt.Errorf("ensure streams: %w", err)
@@ -69,7 +69,7 @@ func keepOperatorLimits(cfg, existing jetstream.StreamConfig, opts Options) jets
 	if opts.Replicas == 0 && existing.Replicas > 0 {
 		cfg.Replicas = existing.Replicas
 	}
-	if _, named := opts.MaxBytes[cfg.Name]; !named && existing.MaxBytes > 0 && cfg.Discard == jetstream.DiscardNew {
+	if _, named := opts.MaxBytes[cfg.Name]; !named && existing.MaxBytes > 0 {
 		cfg.MaxBytes = existing.MaxBytes
 	}
 	return cfg
@@ -116,13 +116,18 @@ func keepShards(cfg, existing jetstream.StreamConfig, opts Options) (jetstream.S
 }
 
 // fits refuses a max_bytes below what the stream stores: with discard new
-// the stream would refuse every message until max_age freed enough.
+// the stream would refuse every message until max_age freed enough; with
+// discard old (SCHEDULES) the server would delete the oldest at once.
 func fits(cfg jetstream.StreamConfig, state jetstream.StreamState) error {
 	if cfg.MaxBytes <= 0 || state.Bytes <= uint64(cfg.MaxBytes) {
 		return nil
 	}
-	return fmt.Errorf("ensure stream %s: it stores %d bytes, more than the max_bytes %d it would get, so it would refuse every new message: set %s above %d (or -1, no limit) and run again; nothing was changed",
-		cfg.Name, state.Bytes, cfg.MaxBytes, EnvMaxBytes(cfg.Name), state.Bytes)
+	effect := "refuse every new message"
+	if cfg.Discard == jetstream.DiscardOld {
+		effect = "delete its oldest messages to fit"
+	}
+	return fmt.Errorf("ensure stream %s: it stores %d bytes, more than the max_bytes %d it would get, so it would %s: set %s above %d (or -1, no limit) and run again; nothing was changed",
+		cfg.Name, state.Bytes, cfg.MaxBytes, effect, EnvMaxBytes(cfg.Name), state.Bytes)
 }
 
 // ensure is CreateOrUpdateStream made safe against a concurrent creator:

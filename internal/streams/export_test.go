@@ -122,3 +122,31 @@ func TestExportR3(t *testing.T) {
 		require.Equal(t, 3, sc.Replicas, name)
 	}
 }
+
+// TestShippedStreamsAreBounded fails on any stream retryd ships without
+// a max_bytes: one unbounded stream can fill the server's store, and a
+// full store refuses every stream's publishes. It reads every JSON file
+// under deploy/streams, whatever directory a later layout adds, and the
+// configurations Ensure creates.
+func TestShippedStreamsAreBounded(t *testing.T) {
+	t.Parallel()
+	files := 0
+	require.NoError(t, filepath.WalkDir(deployDir, func(path string, d os.DirEntry, err error) error {
+		if err != nil || d.IsDir() || filepath.Ext(path) != ".json" {
+			return err
+		}
+		raw, err := os.ReadFile(path)
+		require.NoError(t, err)
+		var sc server.StreamConfig
+		require.NoError(t, json.Unmarshal(raw, &sc), path)
+		require.Positive(t, sc.MaxBytes, "%s: max_bytes", path)
+		files++
+		return nil
+	}))
+	require.GreaterOrEqual(t, files, 2*len(streams.Names), "deploy/streams and deploy/streams/r3")
+	for _, d := range append(streams.DeployDirs, streams.DeployDir{Options: streams.Options{}}) {
+		for _, c := range streams.Configs(d.Options) {
+			require.Positive(t, c.MaxBytes, "%s (%s): max_bytes", c.Name, d.Dir)
+		}
+	}
+}

@@ -16,18 +16,22 @@
 //     Nats-Msg-Id and a relay that crashed between publish and commit
 //     republishes well within it.
 //   - MaxMsgSize 1 MiB (contract.MaxEnvelopeBytes), headers included.
-//   - A max_bytes (DefaultMaxBytes) and discard new on every stream but
-//     SCHEDULES: a full stream refuses new messages rather than deleting
-//     old facts that a consumer has not read yet or that the retry
-//     projection is rebuilt from. A refused publish is an error its
-//     publisher sees: the HTTP intake answers 503, an outbox keeps its
-//     row, the due emission rolls back, and JOBS's source from SCHEDULES
-//     waits and resumes. Only max_age removes messages.
+//   - A max_bytes (DefaultMaxBytes) on every stream, and discard new on
+//     every stream but SCHEDULES: a full stream refuses new messages
+//     rather than deleting old facts that a consumer has not read yet or
+//     that the retry projection is rebuilt from. A refused publish is an
+//     error its publisher sees: the HTTP intake answers 503, an outbox
+//     keeps its row, the due emission rolls back, and JOBS's source from
+//     SCHEDULES waits and resumes. Only max_age removes messages.
 //   - SCHEDULES discards old, as the server requires of a stream with
-//     message schedules, and so has no max_bytes: at a byte limit it would
-//     delete its oldest messages, the schedules. It holds the schedules and
-//     each fired job for 7 days (its TTL); the storage limit of the server
-//     or the account is what refuses its publishes.
+//     message schedules, so at its max_bytes it deletes its oldest
+//     messages, schedules included. It has one anyway: without it, a
+//     SCHEDULES that kept growing (fired jobs JOBS refuses, a flood of
+//     delayed jobs) would fill the server's store, which every stream
+//     shares (the server checks what is stored, not what the others'
+//     max_bytes reserve), and the server would then refuse every stream's
+//     publishes, RETRIES's too. It holds the schedules, the delayed jobs
+//     and each fired job for 7 days (its TTL).
 package streams
 
 import (
@@ -55,25 +59,27 @@ const (
 )
 
 // DefaultMaxBytes is each stream's max_bytes unless Options.MaxBytes names
-// it. Together they take 9 GiB, under half of the 20 GB (nats-server reads
+// it. Together they take 10 GiB, half of the 20 GB (nats-server reads
 // GiB) max_file_store of deploy/nats: the server reserves a stream's
 // max_bytes against that limit when it creates the stream, so their sum
-// must fit, and the rest is for SCHEDULES (no max_bytes), the server's
-// own overhead and other streams. Per stream:
+// must fit, and the rest is for the server's own overhead and other
+// streams. Per stream:
 //   - RETRIES 4 GiB: it keeps 30 days and the retry projection is rebuilt
 //     from it, so it holds the most.
 //   - JOBS 2 GiB: every job and every retry of one, 7 days.
 //   - INGEST, EVENTS, RUNS 1 GiB each: inputs whose effects are in Postgres
 //     minutes later; a full one stops its publishers until max_age frees
 //     room or the limit is raised.
-//
-// SCHEDULES is not here: it has no max_bytes (see the package comment).
+//   - SCHEDULES 1 GiB: schedules and delayed jobs are small and few next
+//     to this, and fired jobs go within 7 days; reaching it deletes the
+//     oldest (see the package comment), which the 80% alert warns of.
 var DefaultMaxBytes = map[string]int64{
-	contract.StreamIngest:  1 * GiB,
-	contract.StreamEvents:  1 * GiB,
-	contract.StreamRetries: 4 * GiB,
-	contract.StreamRuns:    1 * GiB,
-	contract.StreamJobs:    2 * GiB,
+	contract.StreamIngest:    1 * GiB,
+	contract.StreamEvents:    1 * GiB,
+	contract.StreamRetries:   4 * GiB,
+	contract.StreamRuns:      1 * GiB,
+	contract.StreamSchedules: 1 * GiB,
+	contract.StreamJobs:      2 * GiB,
 }
 
 // Names lists the streams in the order Configs returns them.
@@ -103,8 +109,7 @@ type Options struct {
 	// MaxBytes overrides the max_bytes of streams by name, e.g.
 	// {"RETRIES": 16 * streams.GiB}; -1 is no limit. A stream it does not
 	// name gets DefaultMaxBytes when Ensure creates it, and keeps a
-	// max_bytes someone set (`nats stream edit`) when it exists. SCHEDULES
-	// takes none.
+	// max_bytes someone set (`nats stream edit`) when it exists.
 	MaxBytes map[string]int64
 	// Shards splits RETRIES into that many scheduler shards: the stream's
 	// subject transform appends each item's shard as a fifth token
@@ -139,9 +144,6 @@ func (o Options) Validate() error {
 	for name, n := range o.MaxBytes {
 		if !isStream(name) {
 			return fmt.Errorf("Options.MaxBytes: %q is not a retryd stream (%v)", name, Names)
-		}
-		if name == contract.StreamSchedules {
-			return fmt.Errorf("Options.MaxBytes: %s has no max_bytes: it discards old (message schedules require it), so at a limit it would delete its schedules", name)
 		}
 		// Smaller than one message of the largest size is a typo, not a
 		// limit: the stream could refuse every message.
@@ -247,11 +249,9 @@ func Configs(opts Options) []jetstream.StreamConfig {
 		if v, ok := opts.MaxAge[d.name]; ok {
 			age = v
 		}
-		maxBytes, discard := int64(-1), jetstream.DiscardNew
+		maxBytes, discard := DefaultMaxBytes[d.name], jetstream.DiscardNew
 		if d.schedules {
 			discard = jetstream.DiscardOld
-		} else {
-			maxBytes = DefaultMaxBytes[d.name]
 		}
 		if v, ok := opts.MaxBytes[d.name]; ok {
 			maxBytes = v

@@ -51,15 +51,13 @@ func TestConfigsDocumentedChoices(t *testing.T) {
 		require.Equal(t, jetstream.LimitsPolicy, c.Retention, c.Name)
 		require.Equal(t, jetstream.FileStorage, c.Storage, c.Name)
 		if c.Name == contract.StreamSchedules {
-			// The server refuses discard new with message schedules, and a
-			// limit with discard old would delete schedules.
+			// The server refuses discard new with message schedules.
 			require.Equal(t, jetstream.DiscardOld, c.Discard)
-			require.EqualValues(t, -1, c.MaxBytes)
 		} else {
 			require.Equal(t, jetstream.DiscardNew, c.Discard, c.Name, "a full stream refuses, it deletes nothing")
-			require.Equal(t, streams.DefaultMaxBytes[c.Name], c.MaxBytes, c.Name)
-			require.GreaterOrEqual(t, c.MaxBytes, int64(streams.MaxMsgSize), c.Name)
 		}
+		require.Equal(t, streams.DefaultMaxBytes[c.Name], c.MaxBytes, c.Name)
+		require.GreaterOrEqual(t, c.MaxBytes, int64(streams.MaxMsgSize), c.Name)
 		require.Equal(t, 2*time.Minute, c.Duplicates, c.Name)
 		require.Equal(t, int32(contract.MaxEnvelopeBytes), c.MaxMsgSize, c.Name)
 		require.Equal(t, 1, c.Replicas, c.Name)
@@ -80,8 +78,8 @@ func TestConfigsDocumentedChoices(t *testing.T) {
 	for _, n := range streams.DefaultMaxBytes {
 		total += n
 	}
-	require.Len(t, streams.DefaultMaxBytes, len(streams.Names)-1, "all but SCHEDULES")
-	require.Equal(t, 9*streams.GiB, total, "the sum the docs and deploy/nats's max_file_store are sized for")
+	require.Len(t, streams.DefaultMaxBytes, len(streams.Names), "every stream")
+	require.Equal(t, 10*streams.GiB, total, "the sum the docs and deploy/nats's max_file_store are sized for")
 	big, _ := streams.Config("RETRIES", streams.Options{MaxBytes: map[string]int64{"RETRIES": 16 * streams.GiB}})
 	require.Equal(t, 16*streams.GiB, big.MaxBytes)
 	open, _ := streams.Config("INGEST", streams.Options{MaxBytes: map[string]int64{"INGEST": -1}})
@@ -112,7 +110,7 @@ func TestOptionsValidate(t *testing.T) {
 		{streams.Options{MaxBytes: map[string]int64{"ingest": streams.GiB}}, `Options.MaxBytes: "ingest" is not a retryd stream`},
 		{streams.Options{MaxBytes: map[string]int64{"INGEST": 4096}}, "Options.MaxBytes[INGEST] must be -1 (no limit) or at least the max message size"},
 		{streams.Options{MaxBytes: map[string]int64{"INGEST": 0}}, "Options.MaxBytes[INGEST]"},
-		{streams.Options{MaxBytes: map[string]int64{"SCHEDULES": streams.GiB}}, "Options.MaxBytes: SCHEDULES has no max_bytes"},
+		{streams.Options{MaxBytes: map[string]int64{"SCHEDULES": 4096}}, "Options.MaxBytes[SCHEDULES] must be -1 (no limit) or at least the max message size"},
 	}
 	for _, tc := range tests {
 		require.ErrorContains(t, tc.opts.Validate(), tc.want)

@@ -105,24 +105,26 @@ func (s *Service) IntakeHandler() http.Handler { return s.intake }
 func (s *Service) OperatorHandler() http.Handler { return s.operator }
 
 func (s *Service) consumerSpecs() []durable.Spec {
-	spec := func(stream string, h durable.Handler, workers int, name string, filters ...string) durable.Spec {
-		return durable.Spec{Stream: stream, Handle: tracing.ConsumeHandler(name, h), Workers: workers,
-			Config: s.consumerConfig(name, filters...)}
-	}
 	return []durable.Spec{
 		s.gateSpec(),
 		{Stream: contract.StreamRetries, HandleBatch: s.handleDues, Workers: 1, Batch: consumeBatch,
-			Progress: s.cfg.AckWait / 4, Config: s.consumerConfig(ConsumerRetry, contract.RetryFilter(contract.KindEvent, contract.Due))},
-		spec(contract.StreamRetries, s.handleRetryState, 1, ConsumerRetryState,
-			contract.RetryFilter(contract.KindEvent, contract.Scheduled), contract.RetryFilter(contract.KindEvent, contract.Rescheduled),
-			contract.RetryFilter(contract.KindEvent, contract.Exhausted), contract.RetryFilter(contract.KindEvent, contract.Cancelled)),
+			Progress: s.cfg.AckWait / 4, Config: s.consumerConfig(ConsumerRetry,
+				"retryd ingress: due event retries, each event evaluated at its source gate again",
+				contract.RetryFilter(contract.KindEvent, contract.Due))},
+		{Stream: contract.StreamRetries, Handle: tracing.ConsumeHandler(ConsumerRetryState, s.handleRetryState), Workers: 1,
+			Config: s.consumerConfig(ConsumerRetryState,
+				"retryd ingress: the scheduler's decisions on deferred events (scheduled, rescheduled, exhausted, cancelled), kept in step in Postgres",
+				contract.RetryFilter(contract.KindEvent, contract.Scheduled), contract.RetryFilter(contract.KindEvent, contract.Rescheduled),
+				contract.RetryFilter(contract.KindEvent, contract.Exhausted), contract.RetryFilter(contract.KindEvent, contract.Cancelled))},
 	}
 }
 
-// consumerConfig is the durable consumer name of ingress, on filters.
-func (s *Service) consumerConfig(name string, filters ...string) jetstream.ConsumerConfig {
+// consumerConfig is the durable consumer name of ingress, on filters;
+// description is what `nats consumer info` shows of it.
+func (s *Service) consumerConfig(name, description string, filters ...string) jetstream.ConsumerConfig {
 	return jetstream.ConsumerConfig{
 		Durable:        name,
+		Description:    description,
 		FilterSubjects: filters,
 		AckPolicy:      jetstream.AckExplicitPolicy,
 		AckWait:        s.cfg.AckWait,
@@ -138,7 +140,8 @@ func (s *Service) consumerConfig(name string, filters ...string) jetstream.Consu
 // the database is slow to decide from being delivered again meanwhile.
 func (s *Service) gateSpec() durable.Spec {
 	return durable.Spec{Stream: contract.StreamIngest, HandleBatch: s.handleIngest, Workers: 1, Batch: consumeBatch,
-		Progress: s.cfg.AckWait / 4, Config: s.consumerConfig(ConsumerGate, "ingest.*")}
+		Progress: s.cfg.AckWait / 4, Config: s.consumerConfig(ConsumerGate,
+			"retryd ingress: the source gate, admitting INGEST's events to EVENTS or holding them back", "ingest.*")}
 }
 
 // consumeBatch bounds the messages the gate and the due consumer decide

@@ -58,6 +58,12 @@ func ConsumerConfig(cfg Config) jetstream.ConsumerConfig {
 	if cfg.Shards > 1 {
 		desc += fmt.Sprintf(", shard %d of %d (and every release)", cfg.Shard, cfg.Shards)
 	}
+	if cfg.Shard == 0 {
+		// `nats consumer info` shows the .0 filters on an unsplit stream,
+		// where they match nothing yet: say why they are there.
+		desc += "; shard 0 takes the four-token subjects of an unsplit RETRIES and those a split one stores with token 0 (.0), " +
+			"the latter from the start so that a split loses no fact (docs/shards.md)"
+	}
 	return jetstream.ConsumerConfig{
 		Durable:        ConsumerNameOf(cfg.Shard),
 		Description:    desc,

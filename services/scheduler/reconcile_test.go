@@ -166,3 +166,27 @@ func TestRedueAfterTimeout(t *testing.T) {
 		return metric(t, s.reg, "retryd_scheduler_redue_total", "kind", "rd") >= 1
 	}, waitFor, 20*time.Millisecond)
 }
+
+// The unsplit scheduler's .0 filters match nothing until RETRIES is split
+// and must be there before it is: `retryd shards split` gives them to
+// shard 0's consumer first, and a running unsplit scheduler that dropped
+// them (at its next consumer check, or on a restart with its old count)
+// would pass over the facts stored with token 0 for good. Its
+// description says so, for whoever reads them in `nats consumer info`.
+func TestConsumerConfigShardZeroTakesTokenZeroFromTheStart(t *testing.T) {
+	t.Parallel()
+	unsplit := scheduler.ConsumerConfig(scheduler.Config{})
+	split := scheduler.ConsumerConfig(scheduler.Config{Shards: 4, Shard: 0})
+	require.Equal(t, split.FilterSubjects, unsplit.FilterSubjects, "a split changes nothing shard 0 takes")
+	for _, ev := range []contract.Lifecycle{contract.Failed, contract.Held, contract.Succeeded, contract.Cancelled} {
+		require.Contains(t, unsplit.FilterSubjects, contract.RetryUnsplitFilter("*", ev))
+		require.Contains(t, unsplit.FilterSubjects, contract.RetryShardFilter(ev, 0))
+	}
+	for _, cfg := range []jetstream.ConsumerConfig{unsplit, split} {
+		require.Contains(t, cfg.Description, "token 0 (.0)")
+		require.Contains(t, cfg.Description, "docs/shards.md")
+	}
+	other := scheduler.ConsumerConfig(scheduler.Config{Shards: 4, Shard: 1})
+	require.NotContains(t, other.FilterSubjects, contract.RetryShardFilter(contract.Failed, 0))
+	require.NotContains(t, other.Description, "token 0")
+}

@@ -87,9 +87,10 @@ func New(cfg Config) (*Service, error) {
 			return nil, fmt.Errorf("create outbox relay: %w", err)
 		}
 	}
-	spec := func(name, stream string, h durable.Handler, filters ...string) durable.Spec {
+	spec := func(name, stream, description string, h durable.Handler, filters ...string) durable.Spec {
 		return durable.Spec{Stream: stream, Handle: tracing.ConsumeHandler(name, h), Workers: cfg.Concurrency, Config: jetstream.ConsumerConfig{
 			Durable:        name,
+			Description:    description,
 			FilterSubjects: filters,
 			AckPolicy:      jetstream.AckExplicitPolicy,
 			AckWait:        cfg.AckWait,
@@ -105,17 +106,23 @@ func New(cfg Config) (*Service, error) {
 		Malformed: m.malformed, Failed: m.errors,
 		NakDelay: func(uint64) time.Duration { return cfg.NakDelay },
 	},
-		spec(ConsumerEvents, contract.StreamEvents, s.handleEvent, "events.>"),
-		spec(ConsumerRetry, contract.StreamRetries, s.handleDue, contract.RetryFilter(contract.KindEventTrigger, contract.Due)),
-		spec(ConsumerRetryState, contract.StreamRetries, s.handleRetryState,
+		spec(ConsumerEvents, contract.StreamEvents, "retryd triggers: admitted events, offered to the triggers of their source and type",
+			s.handleEvent, "events.>"),
+		spec(ConsumerRetry, contract.StreamRetries, "retryd triggers: due trigger-delivery retries, each delivery tried again",
+			s.handleDue, contract.RetryFilter(contract.KindEventTrigger, contract.Due)),
+		spec(ConsumerRetryState, contract.StreamRetries,
+			"retryd triggers: the scheduler's decisions on deliveries (scheduled, rescheduled, exhausted, cancelled), kept in step in Postgres",
+			s.handleRetryState,
 			contract.RetryFilter(contract.KindEventTrigger, contract.Scheduled),
 			contract.RetryFilter(contract.KindEventTrigger, contract.Rescheduled),
 			contract.RetryFilter(contract.KindEventTrigger, contract.Exhausted),
 			contract.RetryFilter(contract.KindEventTrigger, contract.Cancelled)),
-		spec(ConsumerRuns, contract.StreamRuns, s.handleRun,
+		spec(ConsumerRuns, contract.StreamRuns, "retryd triggers: what workflow engines report of runs (completed, failed, heartbeat, step)",
+			s.handleRun,
 			"runs.*."+contract.RunCompleted+".*", "runs.*."+contract.RunFailed+".*", "runs.*."+contract.RunHeartbeat+".*",
 			"runs.*."+contract.RunStep+".*"),
-		spec(ConsumerRunRetries, contract.StreamRetries, s.handleRunRetry, runRetryFilters()...),
+		spec(ConsumerRunRetries, contract.StreamRetries, "retryd triggers: run retries (due, scheduled, rescheduled, exhausted, cancelled); a due launches the run again",
+			s.handleRunRetry, runRetryFilters()...),
 	)
 	if err != nil {
 		return nil, err
