@@ -130,11 +130,12 @@ func newRetriesListCmd(g *globals) *cobra.Command {
 	return cmd
 }
 
-// lastError is an item's last error. A held item's last reason is its
-// hold's, which is no error: the state column shows it.
+// lastError is an item's last error. The last reason of an item held now
+// or last (and since admitted, released or exhausted) is its hold's,
+// which is no error: a held item's state column shows it.
 func lastError(r retrystore.Retry) string {
 	switch {
-	case r.LastErrorClass == "" && r.LastErrorMessage == "" && r.Held != nil:
+	case r.LastErrorClass == "" && r.LastErrorMessage == "" && (r.Held != nil || r.LastReason == r.HoldReason):
 		return ""
 	case r.LastErrorClass == "" && r.LastErrorMessage == "":
 		return r.LastReason

@@ -111,6 +111,17 @@ func TestRetriesCommands(t *testing.T) {
 		require.NotNil(t, v.Retry.Held)
 		require.Equal(t, "crm", v.Retry.Held.Key)
 		require.Nil(t, v.Retry.Held.Until)
+		// Admitted after its hold, its last reason is the hold's: no error.
+		admitted := contract.NewID()
+		b.held(t, contract.HeldData{Kind: contract.KindJob, ID: admitted, Attempt: 1, JobType: "cli_admitted", Reason: contract.HoldConcurrency})
+		b.waitRetry(t, "job", admitted, "scheduled")
+		m, err := contract.NewLifecycleMsg("retryd/test", contract.Succeeded, contract.SucceededData{Kind: contract.KindJob, ID: admitted, Attempt: 2}, time.Now())
+		b.publish(t, m, err)
+		b.waitRetry(t, "job", admitted, "succeeded")
+		out = b.ok(t, "retries", "list", "--job-type", "cli_admitted")
+		require.Regexp(t, `job\s+`+admitted+`\s+succeeded\s+2\s+0/5\s+-\s+cli_admitted\s+-\s+-\n`, out)
+		require.NotContains(t, out, "concurrency")
+
 		// --all writes the rows again: the hold stays.
 		var page retryPage
 		b.okJSON(t, &page, "retries", "list", "--job-type", "cli_held", "--limit", "1", "--all")

@@ -198,8 +198,19 @@ func TestDashboardBrowser(t *testing.T) {
 	require.Equal(t, "scheduled", eval[string](t, ctx, `document.querySelector('select[data-test="filter-state"]').value`))
 
 	t.Log("at 1400 px the top bar keeps its counters on one line")
+	// With counts of a busy deployment (compact: 12.3K, 4.5M), a long
+	// token name with its sign-out button, and "updated 59s ago". The live
+	// refresh is off meanwhile, so that nothing redraws them.
 	require.NoError(t, chromedp.Do(ctx, chromedp.EmulateViewport(1400, 900)))
 	bar := eval[string](t, ctx, `(() => {
+		document.getElementById("autorefresh").checked = false;
+		const saved = ["whoami", "updated"].map((id) => document.getElementById(id).textContent);
+		const counts = ["12.3K", "345", "1.2K", "4.5M", "67"];
+		document.querySelectorAll("#summary .chip b").forEach((b, i) => { b.textContent = counts[i]; });
+		document.getElementById("account").hidden = false;
+		document.getElementById("whoami").textContent = "ci-deploy-operator-with-a-long-token-name-of-sixty-four-letters (operator)";
+		document.getElementById("signout").hidden = false;
+		document.getElementById("updated").textContent = "updated 59s ago";
 		const bar = document.querySelector(".topbar").getBoundingClientRect();
 		const chips = [...document.querySelectorAll("#summary .chip")].map((c) => c.getBoundingClientRect());
 		const out = [];
@@ -208,6 +219,10 @@ func TestDashboardBrowser(t *testing.T) {
 		for (const c of chips) if (c.top < bar.top || c.bottom > bar.bottom) out.push("a counter leaves the bar: " + c.top + "-" + c.bottom + " outside " + bar.top + "-" + bar.bottom);
 		const el = document.querySelector(".topbar");
 		if (el.scrollWidth > el.clientWidth) out.push("the bar overflows: " + el.scrollWidth + " > " + el.clientWidth);
+		if (document.documentElement.scrollWidth > innerWidth) out.push("the page scrolls sideways: " + document.documentElement.scrollWidth + " > " + innerWidth);
+		["whoami", "updated"].forEach((id, i) => { document.getElementById(id).textContent = saved[i]; });
+		document.getElementById("signout").hidden = true;
+		document.getElementById("autorefresh").checked = true;
 		return out.join("; ");
 	})()`)
 	require.Empty(t, bar)
@@ -332,7 +347,7 @@ func TestDashboardBrowser(t *testing.T) {
 		require.Equal(t, "rgb(21, 94, 117)", eval[string](t, ctx, fmt.Sprintf(`getComputedStyle(document.querySelector(%q)).color`, row(id)+` [data-test="row-hold"] span`)),
 			"the hold reads as information, not in an error's red")
 	}
-	require.Regexp(t, `^pause · key dash_waiting · since `, text(t, ctx, row(waitingID)+` [data-test="row-hold"]`))
+	require.Regexp(t, `^pause · key dash_waiting · held \d`, text(t, ctx, row(waitingID)+` [data-test="row-hold"]`))
 	require.Regexp(t, `^until released \(at most (30d|29d23h)\)$`, text(t, ctx, row(waitingID)+` [data-test="row-next"]`),
 		"a pause without an end waits for a release, not for an attempt in 30d")
 	require.Regexp(t, `^in (2h|1h59m)$`, text(t, ctx, row(heldID)+` [data-test="row-next"]`), "a pause with an end ends then")
@@ -376,6 +391,12 @@ func TestDashboardBrowser(t *testing.T) {
 	openItem(admittedID)
 	require.NoError(t, chromedp.Do(ctx, chromedp.WaitVisible(chromedp.CSS(`[data-test="timeline"] li[data-event="succeeded"][data-decided-by="resume"]`))))
 	require.Contains(t, text(t, ctx, `[data-test="timeline"] li[data-event="succeeded"]`), "Admitted by its owner after a release (the source resumed), no retry spent")
+	require.NoError(t, chromedp.Do(ctx,
+		chromedp.Navigate(b.api+"/ui/#/retries?state=succeeded&job_type=dash_hold"),
+		chromedp.WaitVisible(chromedp.CSS(row(admittedID)+` [data-test="row-hold"]`)),
+	))
+	require.Equal(t, "held (pause), no error", text(t, ctx, row(admittedID)+` [data-test="row-hold"]`), "its last reason is its hold's")
+	require.Zero(t, eval[int](t, ctx, fmt.Sprintf(`document.querySelectorAll(%q).length`, row(admittedID)+` .err`)), "no error styling")
 
 	t.Log("an item held past its max_hold explains why it was exhausted")
 	expiredID := contract.NewID()

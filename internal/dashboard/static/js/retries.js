@@ -81,6 +81,7 @@ export async function render(root, params, { navigate }) {
         h("td", { class: "nowrap", "data-test": "row-next", text: held ? holdEnd(held, now) : pending ? relTime(r.next_attempt_at, now) : "" }),
         h("td", { class: "wide-only", text: [r.job_type, r.source].filter(Boolean).join(" · ") }),
         held ? h("td", { class: "lasterr", "data-test": "row-hold", title: holdTitle(held) }, h("span", { class: "hold", text: holdLine(held, now) }))
+          : holdWasLast(r) ? h("td", { class: "lasterr", "data-test": "row-hold" }, h("span", { class: "hold", text: `held (${r.last_reason}), no error` }))
           : h("td", { class: "lasterr", title: r.last_error_message || r.last_reason || "" },
             classTag(r.last_error_class), " ", h("span", { class: "err", text: trunc(r.last_error_message || r.last_reason || "", 60) })),
         h("td", { class: "wide-only" }, h("div", { class: "actions nowrap" },
@@ -234,7 +235,14 @@ function holdLeft(held, now) {
 
 // holdLine is a held item's list cell where a failed one shows its error.
 function holdLine(held, now) {
-  return [held.reason, held.key && `key ${held.key}`, `since ${relTime(held.since, now)}`].filter(Boolean).join(" · ");
+  return [held.reason, held.key && `key ${held.key}`, `held ${fmtMS(Math.max(now - Date.parse(held.since), 0))}`].filter(Boolean).join(" · ");
+}
+
+// holdWasLast reports whether an item's last reason is its last hold's
+// (it was held, then admitted, released or exhausted) rather than an
+// error's.
+function holdWasLast(r) {
+  return !r.last_error_class && !r.last_error_message && !!r.last_reason && r.last_reason === r.hold_reason;
 }
 
 function holdTitle(held) {
