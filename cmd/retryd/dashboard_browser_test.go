@@ -205,8 +205,10 @@ func TestDashboardBrowser(t *testing.T) {
 	bar := eval[string](t, ctx, `(() => {
 		document.getElementById("autorefresh").checked = false;
 		const saved = ["whoami", "updated"].map((id) => document.getElementById(id).textContent);
+		const shown = [...document.querySelectorAll("#summary .chip b")];
+		const savedCounts = shown.map((b) => b.textContent);
 		const counts = ["12.3K", "345", "1.2K", "4.5M", "67"];
-		document.querySelectorAll("#summary .chip b").forEach((b, i) => { b.textContent = counts[i]; });
+		shown.forEach((b, i) => { b.textContent = counts[i]; });
 		document.getElementById("account").hidden = false;
 		document.getElementById("whoami").textContent = "ci-deploy-operator-with-a-long-token-name-of-sixty-four-letters (operator)";
 		document.getElementById("signout").hidden = false;
@@ -221,6 +223,7 @@ func TestDashboardBrowser(t *testing.T) {
 		if (el.scrollWidth > el.clientWidth) out.push("the bar overflows: " + el.scrollWidth + " > " + el.clientWidth);
 		if (document.documentElement.scrollWidth > innerWidth) out.push("the page scrolls sideways: " + document.documentElement.scrollWidth + " > " + innerWidth);
 		["whoami", "updated"].forEach((id, i) => { document.getElementById(id).textContent = saved[i]; });
+		shown.forEach((b, i) => { b.textContent = savedCounts[i]; });
 		document.getElementById("signout").hidden = true;
 		document.getElementById("autorefresh").checked = true;
 		return out.join("; ");
