@@ -108,11 +108,14 @@ func newRetriesListCmd(g *globals) *cobra.Command {
 				page:    func(rows []retrystore.Retry) retryPage { return retryPage{Retries: rows} },
 				columns: []string{"KIND", "ID", "STATE", "ATTEMPT", "RETRIES", "NEXT ATTEMPT", "JOB TYPE", "SOURCE", "LAST ERROR"},
 				row: func(r retrystore.Retry, now time.Time) []string {
-					next := ""
+					state, next := string(r.State), ""
 					if r.State == "scheduled" || r.State == "due" {
 						next = relTime(r.NextAttemptAt, now)
 					}
-					return []string{r.Kind, r.ItemID, string(r.State), strconv.Itoa(r.Attempt), fmt.Sprintf("%d/%d", r.RetryCount, r.MaxRetries),
+					if h := r.Held; h != nil {
+						state, next = heldState(h), holdEnd(h, now)
+					}
+					return []string{r.Kind, r.ItemID, state, strconv.Itoa(r.Attempt), fmt.Sprintf("%d/%d", r.RetryCount, r.MaxRetries),
 						next, r.JobType, r.Source, lastError(r)}
 				},
 			})
@@ -127,14 +130,38 @@ func newRetriesListCmd(g *globals) *cobra.Command {
 	return cmd
 }
 
+// lastError is an item's last error. The last reason of an item held now
+// or last (and since admitted, released or exhausted) is its hold's,
+// which is no error: a held item's state column shows it.
 func lastError(r retrystore.Retry) string {
 	switch {
+	case r.LastErrorClass == "" && r.LastErrorMessage == "" && (r.Held != nil || r.LastReason == r.HoldReason):
+		return ""
 	case r.LastErrorClass == "" && r.LastErrorMessage == "":
 		return r.LastReason
 	case r.LastErrorMessage == "":
 		return r.LastErrorClass
 	}
 	return trunc(r.LastErrorClass+": "+r.LastErrorMessage, 60)
+}
+
+// heldState is a held item's state as the list shows it: held, what for
+// and under which hold key. The API's state stays scheduled.
+func heldState(h *retrystore.Hold) string {
+	if h.Key == "" {
+		return "held (" + h.Reason + ")"
+	}
+	return "held (" + h.Reason + ", key " + h.Key + ")"
+}
+
+// holdEnd says when a hold ends: its end if known, else that it lasts
+// until released, at most for what is left of its max_hold (the time the
+// scheduler would otherwise show, which no attempt is waiting for).
+func holdEnd(h *retrystore.Hold, now time.Time) string {
+	if h.Until != nil {
+		return relTime(h.Until, now)
+	}
+	return "until released (at most " + shortDuration(max(h.MaxHoldAt.Sub(now), 0)) + ")"
 }
 
 // itemArgs reads KIND ID, or KIND/ID as one argument.
@@ -174,10 +201,14 @@ func newRetriesShowCmd(g *globals) *cobra.Command {
 
 func printRetry(g *globals, v retryView) error {
 	r, now := v.Retry, time.Now()
+	state := string(r.State)
+	if r.Held != nil {
+		state = "held (state " + state + ": waits on a hold, which uses no retry)"
+	}
 	pairs := []string{
 		"Kind", r.Kind,
 		"ID", r.ItemID,
-		"State", string(r.State),
+		"State", state,
 		"Attempt", strconv.Itoa(r.Attempt),
 		"Retries used", retriesUsed(r.RetryCount, r.MaxRetries),
 		"Policy", fmt.Sprintf("%s v%d", r.PolicyName, r.PolicyVersion),
@@ -188,21 +219,39 @@ func printRetry(g *globals, v retryView) error {
 	if r.Source != "" {
 		pairs = append(pairs, "Source", r.Source)
 	}
-	if r.State == "scheduled" || r.State == "due" {
+	switch h := r.Held; {
+	case h != nil:
+		held := h.Reason + " since " + stamp(&h.Since, now)
+		if h.Key != "" {
+			held += ", hold key " + h.Key
+		}
+		pairs = append(pairs, "Held", held+" (uses no retry)")
+		if h.Until != nil {
+			pairs = append(pairs, "Hold ends", stamp(h.Until, now))
+		} else {
+			pairs = append(pairs, "Hold ends", "until released, at most until "+stamp(&h.MaxHoldAt, now))
+			if r.NextAttemptAt != nil && r.NextAttemptAt.Before(h.MaxHoldAt) {
+				// A throttle or concurrency hold with no end given: the
+				// owner looks at it again then, and may hold it again.
+				pairs = append(pairs, "Next check", stamp(r.NextAttemptAt, now))
+			}
+		}
+		pairs = append(pairs, "Max hold", msDuration(h.MaxHoldMS)+" from held since, to "+stamp(&h.MaxHoldAt, now))
+	case r.State == "scheduled" || r.State == "due":
 		pairs = append(pairs, "Next attempt", stamp(r.NextAttemptAt, now))
 	}
 	if r.LastErrorClass != "" || r.LastErrorMessage != "" {
 		pairs = append(pairs, "Last error", strings.TrimPrefix(r.LastErrorClass+": "+r.LastErrorMessage, ": "))
 	}
-	if r.LastReason != "" {
+	if r.LastReason != "" && (r.Held == nil || r.LastReason != r.Held.Reason) {
 		pairs = append(pairs, "Last reason", r.LastReason)
 	}
-	if r.HeldSince != nil && (r.State == "scheduled" || r.State == "due") {
+	if r.HeldSince != nil && r.Held == nil && r.State == "due" {
 		held := r.HoldReason + " since " + stamp(r.HeldSince, now)
 		if r.HoldKey != "" {
 			held += ", hold key " + r.HoldKey
 		}
-		pairs = append(pairs, "Held", held+" (uses no retry)")
+		pairs = append(pairs, "Held", held+" (uses no retry; due now, its owner looks at it again)")
 	}
 	if r.ExhaustedReason != "" {
 		pairs = append(pairs, "Exhausted", r.ExhaustedReason)

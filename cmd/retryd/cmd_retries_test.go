@@ -79,6 +79,58 @@ func TestRetriesCommands(t *testing.T) {
 		require.Regexp(t, `scheduled\s+2\s+-\s+-\s+pause_until\s+(2h|1h59m)\S*\s+job-cli_slow v1\s+\S+\s+held: pause; base \S+; retry 0 of 3`, out)
 	})
 
+	t.Run("list and show holds as holds", func(t *testing.T) {
+		paused, throttled := contract.NewID(), contract.NewID()
+		b.held(t, contract.HeldData{Kind: contract.KindJob, ID: paused, Attempt: 1, JobType: "cli_held", Reason: contract.HoldPause,
+			HoldKey: "crm", Detail: "source_paused: source is paused"})
+		until := time.Now().Add(45 * time.Minute).UTC()
+		b.held(t, contract.HeldData{Kind: contract.KindJob, ID: throttled, Attempt: 1, JobType: "cli_held", Reason: contract.HoldThrottle,
+			Until: &until, Detail: "rate limit of 10 per 1s reached"})
+		b.waitRetry(t, "job", paused, "scheduled")
+		b.waitRetry(t, "job", throttled, "scheduled")
+
+		out := b.ok(t, "retries", "list", "--job-type", "cli_held")
+		// No next attempt at max_hold, and no hold reason as the last error.
+		require.Regexp(t, `job\s+`+paused+`\s+held \(pause, key crm\)\s+2\s+0/5\s+until released \(at most (30d|29d23h59m)\)\s+cli_held\s+-\s+-\n`, out)
+		require.Regexp(t, `job\s+`+throttled+`\s+held \(throttle\)\s+2\s+0/5\s+in (45m|44m\d*s?)\s+cli_held\s+-\s+-\n`, out)
+		require.NotContains(t, out, "in 30d")
+
+		out = b.ok(t, "retries", "show", "job", paused)
+		require.Regexp(t, `State:\s+held \(state scheduled: waits on a hold, which uses no retry\)`, out)
+		require.Regexp(t, `Held:\s+pause since .*hold key crm \(uses no retry\)`, out)
+		require.Regexp(t, `Hold ends:\s+until released, at most until \S+ \(in (30d|29d23h59m)\)`, out)
+		require.Regexp(t, `Max hold:\s+30d from held since`, out)
+		require.NotContains(t, out, "Next attempt:", "a pause without an end has no next attempt")
+		require.NotContains(t, out, "Last reason:", "the hold's reason is no error")
+		require.NotContains(t, out, "Next check:")
+		out = b.ok(t, "retries", "show", "job", throttled)
+		require.Regexp(t, `Hold ends:\s+\S+ \(in (45m|44m)`, out)
+
+		var v retryView
+		b.okJSON(t, &v, "retries", "show", "job", paused)
+		require.NotNil(t, v.Retry.Held)
+		require.Equal(t, "crm", v.Retry.Held.Key)
+		require.Nil(t, v.Retry.Held.Until)
+		// Admitted after its hold, its last reason is the hold's: no error.
+		admitted := contract.NewID()
+		b.held(t, contract.HeldData{Kind: contract.KindJob, ID: admitted, Attempt: 1, JobType: "cli_admitted", Reason: contract.HoldConcurrency})
+		b.waitRetry(t, "job", admitted, "scheduled")
+		m, err := contract.NewLifecycleMsg("retryd/test", contract.Succeeded, contract.SucceededData{Kind: contract.KindJob, ID: admitted, Attempt: 2}, time.Now())
+		b.publish(t, m, err)
+		b.waitRetry(t, "job", admitted, "succeeded")
+		out = b.ok(t, "retries", "list", "--job-type", "cli_admitted")
+		require.Regexp(t, `job\s+`+admitted+`\s+succeeded\s+2\s+0/5\s+-\s+cli_admitted\s+-\s+-\n`, out)
+		require.NotContains(t, out, "concurrency")
+
+		// --all writes the rows again: the hold stays.
+		var page retryPage
+		b.okJSON(t, &page, "retries", "list", "--job-type", "cli_held", "--limit", "1", "--all")
+		require.Len(t, page.Retries, 2)
+		for _, r := range page.Retries {
+			require.NotNil(t, r.Held, r.ItemID)
+		}
+	})
+
 	t.Run("cancel", func(t *testing.T) {
 		out := b.ok(t, "retries", "cancel", "job", a, "--reason", "customer deleted")
 		require.Equal(t, "Cancelled job/"+a+" at attempt 2: state cancelled.\n", out)

@@ -198,6 +198,40 @@ func TestDashboardBrowser(t *testing.T) {
 	))
 	require.Equal(t, "scheduled", eval[string](t, ctx, `document.querySelector('select[data-test="filter-state"]').value`))
 
+	t.Log("at 1400 px the top bar keeps its counters on one line")
+	// With counts of a busy deployment (compact: 12.3K, 4.5M), a long
+	// token name with its sign-out button, and "updated 59s ago". The live
+	// refresh is off meanwhile, so that nothing redraws them.
+	require.NoError(t, chromedp.Do(ctx, chromedp.EmulateViewport(1400, 900)))
+	bar := eval[string](t, ctx, `(() => {
+		document.getElementById("autorefresh").checked = false;
+		const saved = ["whoami", "updated"].map((id) => document.getElementById(id).textContent);
+		const shown = [...document.querySelectorAll("#summary .chip b")];
+		const savedCounts = shown.map((b) => b.textContent);
+		const counts = ["12.3K", "345", "1.2K", "4.5M", "67"];
+		shown.forEach((b, i) => { b.textContent = counts[i]; });
+		document.getElementById("account").hidden = false;
+		document.getElementById("whoami").textContent = "ci-deploy-operator-with-a-long-token-name-of-sixty-four-letters (operator)";
+		document.getElementById("signout").hidden = false;
+		document.getElementById("updated").textContent = "updated 59s ago";
+		const bar = document.querySelector(".topbar").getBoundingClientRect();
+		const chips = [...document.querySelectorAll("#summary .chip")].map((c) => c.getBoundingClientRect());
+		const out = [];
+		if (chips.length !== 5) out.push(chips.length + " counters, want 5");
+		if (new Set(chips.map((c) => c.top)).size > 1) out.push("the counters are on several lines: tops " + chips.map((c) => c.top).join(", "));
+		for (const c of chips) if (c.top < bar.top || c.bottom > bar.bottom) out.push("a counter leaves the bar: " + c.top + "-" + c.bottom + " outside " + bar.top + "-" + bar.bottom);
+		const el = document.querySelector(".topbar");
+		if (el.scrollWidth > el.clientWidth) out.push("the bar overflows: " + el.scrollWidth + " > " + el.clientWidth);
+		if (document.documentElement.scrollWidth > innerWidth) out.push("the page scrolls sideways: " + document.documentElement.scrollWidth + " > " + innerWidth);
+		["whoami", "updated"].forEach((id, i) => { document.getElementById(id).textContent = saved[i]; });
+		shown.forEach((b, i) => { b.textContent = savedCounts[i]; });
+		document.getElementById("signout").hidden = true;
+		document.getElementById("autorefresh").checked = true;
+		return out.join("; ");
+	})()`)
+	require.Empty(t, bar)
+	require.NoError(t, chromedp.Do(ctx, chromedp.EmulateViewport(1500, 1000)))
+
 	t.Log("filter by job type")
 	require.NoError(t, chromedp.Do(ctx,
 		chromedp.SendKeys(chromedp.CSS(`input[data-test="filter-job_type"]`), "dash_crm"+kb.Enter),
@@ -295,6 +329,41 @@ func TestDashboardBrowser(t *testing.T) {
 	require.Contains(t, why, "allows 3 retries (0 used so far)")
 	require.NotContains(t, why, "chose a delay")
 	require.Contains(t, text(t, ctx, `[data-test="detail"] dl`), "pause since")
+	require.Equal(t, "held", text(t, ctx, `[data-test="detail-state"] .badge`))
+	require.Regexp(t, `Hold ends\s+\S+ \S+ \(in (2h|1h59m)`, text(t, ctx, `[data-test="detail"] dl`), "a pause with an end ends then")
+
+	t.Log("the list shows held items as held, not as failures")
+	waitingID := contract.NewID()
+	b.held(t, contract.HeldData{Kind: contract.KindJob, ID: waitingID, Attempt: 1, JobType: "dash_hold", Reason: contract.HoldPause,
+		HoldKey: "dash_waiting", Detail: "source_paused: source is paused"})
+	b.waitRetry(t, "job", waitingID, "scheduled")
+	require.NoError(t, chromedp.Do(ctx,
+		chromedp.Navigate(b.api+"/ui/#/retries?job_type=dash_hold&item=job/"+waitingID),
+		chromedp.WaitVisible(chromedp.CSS(row(waitingID)+` [data-test="row-hold"]`)),
+		chromedp.WaitVisible(chromedp.CSS(row(heldID))),
+		poll(`document.querySelector('[data-test="detail-state"]')?.dataset.held === "pause"`),
+	))
+	for _, id := range []string{waitingID, heldID} {
+		require.Equal(t, "held", text(t, ctx, row(id)+` .badge`), "a held badge, not scheduled")
+		require.Equal(t, "pause", eval[string](t, ctx, fmt.Sprintf(`document.querySelector(%q).dataset.held`, row(id))))
+		require.Zero(t, eval[int](t, ctx, fmt.Sprintf(`document.querySelectorAll(%q).length`, row(id)+` .err, `+row(id)+` .cls`)),
+			"no error styling on a held row")
+		require.Equal(t, "rgb(21, 94, 117)", eval[string](t, ctx, fmt.Sprintf(`getComputedStyle(document.querySelector(%q)).color`, row(id)+` [data-test="row-hold"] span`)),
+			"the hold reads as information, not in an error's red")
+	}
+	require.Regexp(t, `^pause · key dash_waiting · held \d`, text(t, ctx, row(waitingID)+` [data-test="row-hold"]`))
+	require.Regexp(t, `^until released \(at most (30d|29d23h)\)$`, text(t, ctx, row(waitingID)+` [data-test="row-next"]`),
+		"a pause without an end waits for a release, not for an attempt in 30d")
+	require.Regexp(t, `^in (2h|1h59m)$`, text(t, ctx, row(heldID)+` [data-test="row-next"]`), "a pause with an end ends then")
+	waiting := text(t, ctx, `[data-test="detail"] dl`)
+	require.Contains(t, waiting, "pause since")
+	require.Contains(t, waiting, "hold key dash_waiting; uses no retry")
+	require.Regexp(t, `Hold ends\s+until released, at most until `, waiting)
+	require.NotContains(t, waiting, "Next attempt")
+	require.Contains(t, text(t, ctx, `[data-test="why"]`), "runs when the hold is released (at most ")
+	pause := text(t, ctx, `[data-test="timeline"] li[data-decided-by="pause"]`)
+	require.Contains(t, pause, "held until released, at most until ")
+	require.NotContains(t, pause, "runs at", "the decision's time is max_hold's, no attempt's")
 	shot(t, ctx, "held")
 
 	t.Log("a resume releases a paused item early")
@@ -326,6 +395,12 @@ func TestDashboardBrowser(t *testing.T) {
 	openItem(admittedID)
 	require.NoError(t, chromedp.Do(ctx, chromedp.WaitVisible(chromedp.CSS(`[data-test="timeline"] li[data-event="succeeded"][data-decided-by="resume"]`))))
 	require.Contains(t, text(t, ctx, `[data-test="timeline"] li[data-event="succeeded"]`), "Admitted by its owner after a release (the source resumed), no retry spent")
+	require.NoError(t, chromedp.Do(ctx,
+		chromedp.Navigate(b.api+"/ui/#/retries?state=succeeded&job_type=dash_hold"),
+		chromedp.WaitVisible(chromedp.CSS(row(admittedID)+` [data-test="row-hold"]`)),
+	))
+	require.Equal(t, "held (pause), no error", text(t, ctx, row(admittedID)+` [data-test="row-hold"]`), "its last reason is its hold's")
+	require.Zero(t, eval[int](t, ctx, fmt.Sprintf(`document.querySelectorAll(%q).length`, row(admittedID)+` .err`)), "no error styling")
 
 	t.Log("an item held past its max_hold explains why it was exhausted")
 	expiredID := contract.NewID()

@@ -162,10 +162,17 @@ func TestOpenAPIResponses(t *testing.T) {
 		Error: contract.ErrorInfo{Class: "timeout", Message: "upstream timed out"}})
 	c.waitFor("/v1/jobs/"+job, "viewer", status200(`"status":"retrying"`))
 	c.waitFor("/v1/jobs/"+dead, "viewer", status200(`"status":"failed_max_retries"`))
+	// And a held one, whose answers carry every field of its hold.
+	heldJob, heldUntil := contract.NewID(), time.Now().Add(time.Hour).UTC()
+	b.held(t, contract.HeldData{Kind: contract.KindJob, ID: heldJob, Attempt: 1, JobType: "openapi_held", Reason: contract.HoldThrottle,
+		Until: &heldUntil, HoldKey: "openapi_key", Detail: "openapi test"})
+	c.waitFor("/v1/retries/job/"+heldJob, "viewer", status200(`"max_hold_at":`))
 	var opID string
 	c.run(
 		apiCall{method: get, path: "/v1/retries", as: "viewer", want: ok},
 		apiCall{method: get, path: "/v1/retries?kind=job&state=scheduled&job_type=openapi_job&limit=10", as: "viewer", want: ok},
+		apiCall{method: get, path: "/v1/retries?kind=job&job_type=openapi_held", as: "viewer", want: ok},
+		apiCall{method: get, path: "/v1/retries/job/" + heldJob, as: "viewer", want: ok},
 		apiCall{method: get, path: "/v1/retries?limit=0", as: "viewer", want: http.StatusBadRequest, refused: true},
 		apiCall{method: get, path: "/v1/retries", want: http.StatusUnauthorized, refused: true},
 		apiCall{method: get, path: "/v1/retries/job/" + job, as: "viewer", want: ok},

@@ -143,17 +143,18 @@ WITH held AS (
 		(g % $9::bigint) * $11::bigint / $12::bigint * $12::bigint AS bucket
 	FROM (SELECT kind, item_id, n, $8::bigint + n - 1 AS g FROM numbered) x
 ), upd AS (
-	UPDATE retries r SET next_attempt_at = $14::bigint * interval '1 microsecond'
-		+ CASE WHEN $7::timestamptz IS NULL THEN now() + ranked.n * interval '1 microsecond'
+	-- The hold ends at the item's slot (hold_until, for the views); the
+	-- due comes then, or the owner's grace after it.
+	UPDATE retries r SET next_attempt_at = $14::bigint * interval '1 microsecond' + slotted.slot,
+		hold_until = slotted.slot, updated_at = now()
+	FROM (SELECT kind, item_id, CASE WHEN $7::timestamptz IS NULL THEN now() + ranked.n * interval '1 microsecond'
 		ELSE $7::timestamptz + (ranked.w * $10::bigint + ranked.bucket + ranked.pos - (ranked.bucket + $11::bigint - 1) / $11::bigint)
-			* interval '1 microsecond' END,
-		updated_at = now()
-	FROM ranked
+			* interval '1 microsecond' END AS slot FROM ranked) slotted
 	-- No FOR UPDATE above: locking each row and then updating it wrote
 	-- every tuple twice. A row closed since the snapshot is rechecked
 	-- here and left alone; it keeps its rank, so the ranks stay the
 	-- owner's.
-	WHERE r.kind = ranked.kind AND r.item_id = ranked.item_id AND r.state = 'scheduled'
+	WHERE r.kind = slotted.kind AND r.item_id = slotted.item_id AND r.state = 'scheduled'
 	RETURNING r.kind, r.item_id, r.attempt, r.job_type, r.source, r.policy_name, r.policy_version,
 		r.next_attempt_at, r.retry_count, r.max_retries, r.held_since, r.hold_reason
 ), hist AS (

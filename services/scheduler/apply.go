@@ -154,7 +154,7 @@ func recordFailure(row *retrystore.Retry, f fact, class string) (retrystore.Retr
 	r.LastErrorMessage = fd.Error.Message
 	r.LastErrorAt = &at
 	// An attempt ran: whatever held the item before has lifted.
-	r.HeldSince, r.HoldReason, r.HoldKey = nil, "", ""
+	r.HeldSince, r.HoldReason, r.HoldKey, r.HoldUntil, r.MaxHoldMS = nil, "", "", nil, nil
 
 	h := entry(&r, fd.Attempt, contract.Failed, f.msgID, f.at)
 	h.Executor = fd.Executor
@@ -237,6 +237,28 @@ func applyScheduleDecision(r *retrystore.Retry, sd *contract.ScheduledData) {
 	r.BudgetBase = max(sd.Attempt-1-sd.Decision.RetryCount, 0)
 	if sd.Decision.DecidedBy != contract.DecidedByManual && sd.Decision.ErrorClass != "" {
 		r.LastErrorClass = sd.Decision.ErrorClass
+	}
+	holdView(r, &sd.Decision, next)
+}
+
+// holdView keeps on the row what the views show of a hold
+// (retrystore.Retry.CurrentHold): a hold decision's max_hold and, where
+// the hold's end is known, that end, which is then its next attempt (the
+// owner's until, a release, max_hold); a pause without an end, or a
+// throttle or concurrency hold looked at again after a backoff delay,
+// has none. Any other decision (a backoff, a manual retry) ends the hold.
+func holdView(r *retrystore.Retry, d *contract.Decision, next time.Time) {
+	if d.HoldReason == "" || d.MaxHoldMS <= 0 {
+		r.HoldUntil, r.MaxHoldMS = nil, nil
+		return
+	}
+	maxHold := d.MaxHoldMS
+	r.MaxHoldMS = &maxHold
+	known := d.DecidedBy == contract.DecidedByResume || d.DecidedBy == contract.DecidedByPauseUntil ||
+		d.CappedBy == contract.CappedByMaxHold || (d.DecidedBy == contract.DecidedByHold && r.HoldUntil != nil)
+	r.HoldUntil = nil
+	if known {
+		r.HoldUntil = &next
 	}
 }
 

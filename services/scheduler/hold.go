@@ -97,6 +97,9 @@ func recordHold(row *retrystore.Retry, f fact, hd *contract.HeldData) (retrystor
 		r.HeldSince = &at
 	}
 	r.HoldReason, r.HoldKey = hd.Reason, hd.HoldKey
+	// The owner's end of the hold, if it gave one; the decision settles
+	// what the views show (applyScheduleDecision).
+	r.HoldUntil = hd.Until
 
 	h := entry(&r, hd.Attempt, contract.Held, f.msgID, f.at)
 	h.Executor = hd.Executor

@@ -63,11 +63,15 @@ async function refreshSummary() {
   const totals = Object.fromEntries(summaryStates.map((st) => [st, 0]));
   for (const c of sum.counts) totals[c.state] = (totals[c.state] || 0) + c.count;
   clear(el).append(...summaryStates.map((st) =>
-    h("button", { class: "chip", title: `Show ${st} retries`, "data-state": st, onclick: () => navigate("retries", { state: st }) },
+    h("button", { class: "chip", title: `Show ${st} retries (${totals[st].toLocaleString()})`, "data-state": st, onclick: () => navigate("retries", { state: st }) },
       h("span", { class: "dot", style: { background: stateColors[st] } }),
       st === "scheduled" ? "pending" : st,
-      h("b", { text: totals[st].toLocaleString() }))));
+      h("b", { text: compact.format(totals[st]) }))));
 }
+
+// The counters are short (1.2K, 3.4M, the exact count in their title), so
+// that the top bar keeps them on one line however large they grow.
+const compact = new Intl.NumberFormat(undefined, { notation: "compact", maximumFractionDigits: 1 });
 
 function banner(text) {
   const el = document.getElementById("banner");
@@ -107,7 +111,8 @@ async function whoami() {
     return;
   }
   document.body.dataset.role = me.role;
-  document.getElementById("whoami").textContent = `${me.name} (${me.role})`;
+  const who = document.getElementById("whoami");
+  who.textContent = who.title = `${me.name} (${me.role})`;
   document.getElementById("signout").hidden = !me.session;
   document.getElementById("account").hidden = false;
 }

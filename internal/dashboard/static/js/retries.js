@@ -38,7 +38,7 @@ export async function render(root, params, { navigate }) {
       filterInput("job_type", "Job type", "e.g. send_email"),
       count),
     h("div", { class: "table-wrap" }, h("table", {},
-      h("thead", {}, h("tr", {}, ["Kind", "ID", "State", "Attempt", "Retries", "Next attempt", "Type / source", "Last error", ""].map((t, i) =>
+      h("thead", {}, h("tr", {}, ["Kind", "ID", "State", "Attempt", "Retries", "Next attempt", "Type / source", "Last error / hold", ""].map((t, i) =>
         h("th", { class: i === 6 || i === 8 ? "wide-only" : "", text: t })))),
       list)),
     h("div", { class: "panel-body", style: { "text-align": "center" } }, more));
@@ -68,17 +68,22 @@ export async function render(root, params, { navigate }) {
     for (const r of rows) {
       const key = `${r.kind}/${r.id}`;
       const pending = r.state === "scheduled" || r.state === "due";
+      // A held item waits for permission, it did not fail: a held badge,
+      // when the hold ends, and the hold in place of an error.
+      const held = r.held;
       list.appendChild(h("tr", { class: `clickable${p.item === key ? " selected" : ""}`, "data-id": r.id, "data-kind": r.kind, "data-state": r.state,
-        onclick: () => go({ item: key }) },
+        "data-held": held ? held.reason : null, onclick: () => go({ item: key }) },
         h("td", { text: r.kind }),
         h("td", { class: "id", title: r.id, text: trunc(r.id, 28) }),
-        h("td", {}, badge(r.state)),
+        h("td", {}, badge(held ? "held" : r.state)),
         h("td", { class: "num", text: r.attempt }),
         h("td", { class: "num", text: `${r.retry_count}/${r.max_retries}` }),
-        h("td", { class: "nowrap", text: pending ? relTime(r.next_attempt_at, now) : "" }),
+        h("td", { class: "nowrap", "data-test": "row-next", text: held ? holdEnd(held, now) : pending ? relTime(r.next_attempt_at, now) : "" }),
         h("td", { class: "wide-only", text: [r.job_type, r.source].filter(Boolean).join(" · ") }),
-        h("td", { class: "lasterr", title: r.last_error_message || r.last_reason || "" },
-          classTag(r.last_error_class), " ", h("span", { class: "err", text: trunc(r.last_error_message || r.last_reason || "", 60) })),
+        held ? h("td", { class: "lasterr", "data-test": "row-hold", title: holdTitle(held) }, h("span", { class: "hold", text: holdLine(held, now) }))
+          : holdWasLast(r) ? h("td", { class: "lasterr", "data-test": "row-hold" }, h("span", { class: "hold", text: `held (${r.last_reason}), no error` }))
+          : h("td", { class: "lasterr", title: r.last_error_message || r.last_reason || "" },
+            classTag(r.last_error_class), " ", h("span", { class: "err", text: trunc(r.last_error_message || r.last_reason || "", 60) })),
         h("td", { class: "wide-only" }, h("div", { class: "actions nowrap" },
           pending ? h("button", { class: "small danger needs-operator", "data-test": "row-cancel", onclick: (e) => { e.stopPropagation(); cancel(r); }, text: "Cancel" }) : null,
           h("button", { class: "small needs-operator", "data-test": "row-retry", onclick: (e) => { e.stopPropagation(); retryNow(r); }, text: "Retry now" })))));
@@ -116,7 +121,8 @@ export async function render(root, params, { navigate }) {
       h("div", { class: "panel-head" },
         h("div", {}, h("h2", { text: `${r.kind} / ${r.id}` }),
           h("div", { class: "muted", text: [r.job_type && `job type ${r.job_type}`, r.source && `source ${r.source}`].filter(Boolean).join(" · ") })),
-        h("span", { "data-test": "detail-state", "data-state": r.state, style: { "margin-left": "auto" } }, badge(r.state)),
+        h("span", { "data-test": "detail-state", "data-state": r.state, "data-held": r.held ? r.held.reason : null, style: { "margin-left": "auto" } },
+          badge(r.held ? "held" : r.state)),
         h("button", { class: "small", title: "Close", onclick: () => go({ item: "" }), text: "✕" })),
       h("div", { class: "panel-body stack" },
         h("div", { class: "actions" },
@@ -127,8 +133,11 @@ export async function render(root, params, { navigate }) {
         h("dl", { class: "kv" },
           kv("Attempt", `${r.attempt} (retries used ${retriesUsed(r.retry_count, r.max_retries)}${r.retry_enabled ? "" : ", retries disabled"})`),
           kv("Policy", r.policy_name ? `${r.policy_name} v${r.policy_version}` : "–"),
-          pending ? kv("Next attempt", r.next_attempt_at ? stamp(r.next_attempt_at, now) : "–") : null,
-          pending && r.held_since ? kv("Held", heldSummary(r, now)) : null,
+          pending && !r.held ? kv("Next attempt", r.next_attempt_at ? stamp(r.next_attempt_at, now) : "–") : null,
+          r.held ? kv("Held", heldSummary(r.held, now)) : pending && r.held_since ? kv("Held", `${r.hold_reason || "held"} since ${stamp(r.held_since, now)}; due now, its owner looks at it again`) : null,
+          r.held ? kv("Hold ends", r.held.until ? stamp(r.held.until, now) : `until released, at most until ${stamp(r.held.max_hold_at, now)}`) : null,
+          r.held && !r.held.until && r.next_attempt_at && Date.parse(r.next_attempt_at) < Date.parse(r.held.max_hold_at)
+            ? kv("Next check", `${stamp(r.next_attempt_at, now)}: its owner looks again, and may hold it again`) : null,
           r.last_error_class || r.last_error_message ? kv("Last error", `${r.last_error_class || "?"}: ${r.last_error_message || ""}`) : null,
           r.exhausted_reason ? kv("Exhausted", r.exhausted_reason === "hold_expired" ? `hold expired: ${ctx.holdExpired}` : r.exhausted_reason.replaceAll("_", " ")) : null,
           kv("Created", dateTime(r.created_at)),
@@ -206,9 +215,38 @@ function retriesUsed(used, allowed) {
   return used > allowed ? `${used}, over the ${allowed} allowed` : `${used} of ${allowed}`;
 }
 
-// heldSummary is the item's current hold, as `retryd retries show` prints it.
-function heldSummary(r, now) {
-  return `${r.hold_reason || "held"} since ${stamp(r.held_since, now)}${r.hold_key ? `, hold key ${r.hold_key}` : ""}; uses no retry`;
+// heldSummary is the item's current hold (the API's held), as `retryd
+// retries show` prints it.
+function heldSummary(held, now) {
+  return `${held.reason} since ${stamp(held.since, now)}${held.key ? `, hold key ${held.key}` : ""}; uses no retry`;
+}
+
+// holdEnd says when a hold ends: its end if known, else that it lasts
+// until released, at most for what is left of its max_hold (the time a
+// next attempt would show, which no attempt waits for).
+function holdEnd(held, now) {
+  return held.until ? relTime(held.until, now) : `until released (at most ${holdLeft(held, now)})`;
+}
+
+// holdLeft is what is left of a hold's max_hold.
+function holdLeft(held, now) {
+  return fmtMS(Math.max(Date.parse(held.max_hold_at) - now, 0));
+}
+
+// holdLine is a held item's list cell where a failed one shows its error.
+function holdLine(held, now) {
+  return [held.reason, held.key && `key ${held.key}`, `held ${fmtMS(Math.max(now - Date.parse(held.since), 0))}`].filter(Boolean).join(" · ");
+}
+
+// holdWasLast reports whether an item's last reason is its last hold's
+// (it was held, then admitted, released or exhausted) rather than an
+// error's.
+function holdWasLast(r) {
+  return !r.last_error_class && !r.last_error_message && !!r.last_reason && r.last_reason === r.hold_reason;
+}
+
+function holdTitle(held) {
+  return `held (${held.reason})${held.key ? ` under hold key ${held.key}` : ""} since ${dateTime(held.since)}; max_hold ${fmtMS(held.max_hold_ms)}, until ${dateTime(held.max_hold_at)}`;
 }
 
 function kv(k, v) {
@@ -362,7 +400,10 @@ function whyScheduled(r, sched, held, failure, now) {
     const heldNow = held && held.attempt === sched.attempt - 1 && sched.decided_by !== "resume";
     const what = heldNow ? `Attempt ${held.attempt} was ${explain(sched)}` : sentence(explain(sched));
     const limit = d.max_hold_ms ? ` A hold may last ${fmtMS(d.max_hold_ms)} (max_hold)${d.held_since ? ` from ${dateTime(d.held_since)}` : ""}.` : "";
-    return failure + `${what}, so attempt ${r.attempt} runs ${relTime(r.next_attempt_at, now)}.${cap}${limit} ${policy}.`;
+    // No end known: the time shown would be max_hold's, or when the
+    // owner looks again, not when the attempt runs.
+    const runs = r.held && !r.held.until ? `when the hold is released (at most ${holdLeft(r.held, now)} from now)` : relTime(r.next_attempt_at, now);
+    return failure + `${what}, so attempt ${r.attempt} runs ${runs}.${cap}${limit} ${policy}.`;
   }
   return failure + `${policy}; ${explain(sched)}, so attempt ${r.attempt} runs ${relTime(r.next_attempt_at, now)}.${cap}`;
 }
@@ -383,8 +424,12 @@ const titles = {
 // the limits that applied and the retry budget.
 function decisionMeta(e, d) {
   const meta = [];
+  // A pause without an end waits for a release: its delay and time are
+  // max_hold's, no attempt's.
+  const untilReleased = e.decided_by === "pause";
   if (e.decided_by) meta.push(`decided by ${e.decided_by.replaceAll("_", "-")}`);
-  if (e.delay_ms !== undefined && e.delay_ms !== null) meta.push(`delay ${fmtMS(e.delay_ms)}${isHold(e) ? "" : delayParts(d)}`);
+  if (untilReleased && e.next_attempt_at) meta.push(`held until released, at most until ${dateTime(e.next_attempt_at)}`);
+  else if (e.delay_ms !== undefined && e.delay_ms !== null) meta.push(`delay ${fmtMS(e.delay_ms)}${isHold(e) ? "" : delayParts(d)}`);
   if (d.backoff_class) meta.push(`backoff of class ${d.backoff_class}`);
   if (d.retry_after_ms) meta.push(`retry-after ${fmtMS(d.retry_after_ms)}`);
   if (d.capped_by) meta.push(cappedText(d));
@@ -394,7 +439,7 @@ function decisionMeta(e, d) {
   if (d.retry_count !== undefined) {
     meta.push(spendsNoRetry(e) ? `no retry spent (${d.retry_count} of ${d.max_retries} used)` : `retry ${d.retry_count} of ${d.max_retries}`);
   }
-  if (e.next_attempt_at) meta.push(`runs at ${clock(e.next_attempt_at)}`);
+  if (e.next_attempt_at && !untilReleased) meta.push(`runs at ${clock(e.next_attempt_at)}`);
   if (d.note) meta.push(d.note);
   return meta;
 }
