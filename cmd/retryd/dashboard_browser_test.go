@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/retryd/retryd/internal/servicetest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -41,8 +42,7 @@ func chromiumPath() string {
 func browser(t *testing.T, opts ...chromedp.ExecAllocatorOption) context.Context {
 	t.Helper()
 	path := chromiumPath()
-	needTool(t, path, "no chromium binary found: CI must install Debian's chromium package (.ci/run does when this file exists)",
-		"no chromium binary found (apt-get install -y chromium, or set CHROMIUM): skipping the dashboard browser test")
+	servicetest.NeedTool(t, path != "", "chromium", "apt-get install chromium (or set CHROMIUM)")
 	allocCtx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), append([]chromedp.ExecAllocatorOption{
 		chromedp.ExecPath(path),
 		chromedp.Headless,

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"github.com/retryd/retryd/internal/servicetest"
 	"net/url"
 	"os"
 	"os/exec"
@@ -28,8 +29,7 @@ func helmTemplate(t *testing.T, values ...string) []map[string]any {
 	if _, err := os.Stat(helm); helm != "" && err != nil {
 		helm = ""
 	}
-	needTool(t, helm, "HELM names no helm binary: in CI, scripts/lint installs it in bin/ and scripts/test sets HELM",
-		"HELM not set (scripts/lint installs helm: HELM=$PWD/bin/helm)")
+	servicetest.NeedTool(t, helm != "", "helm (HELM)", "run scripts/lint, which installs it in bin/, or set HELM")
 	// The chart's minimum (Chart.yaml kubeVersion): helm built from its
 	// module assumes 1.20 without a cluster.
 	args := []string{"template", "retryd", chartDir, "--kube-version", "1.30.0"}

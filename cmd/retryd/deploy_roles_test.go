@@ -3,8 +3,8 @@ package main
 import (
 	"context"
 	"errors"
+	"github.com/retryd/retryd/internal/servicetest"
 	"net/url"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"testing"
@@ -29,21 +29,6 @@ func psqlPath() string {
 		return m[len(m)-1]
 	}
 	return ""
-}
-
-// needTool skips the test when path, where a tool the test runs was
-// found, is empty; in CI, which installs every such tool, it fails the
-// test with inCI instead: a missing tool there is a broken CI, not a
-// reason to test less.
-func needTool(t *testing.T, path, inCI, skip string) {
-	t.Helper()
-	if path != "" {
-		return
-	}
-	if os.Getenv("CI") == "true" {
-		t.Fatal(inCI)
-	}
-	t.Skip(skip)
 }
 
 // TestRolesSQL runs deploy/postgres/roles.sql with psql, migrates and
@@ -129,7 +114,7 @@ func TestRolesSQL(t *testing.T) {
 func runRolesSQL(ctx context.Context, t *testing.T, db string, drop []string, vars ...string) (admin string, as func(role, password string) string) {
 	t.Helper()
 	psql := psqlPath()
-	needTool(t, psql, "psql not found: CI installs postgresql-15", "psql not found")
+	servicetest.NeedTool(t, psql != "", "psql", "apt-get install postgresql-15")
 	admin = pgtest.NewEmptyDatabaseURL(t)
 	args := []string{"--no-psqlrc", "-X", "-q", "-d", admin, "-v", "db=" + db}
 	for i := 0; i+1 < len(vars); i += 2 {

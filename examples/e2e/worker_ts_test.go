@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/retryd/retryd/internal/servicetest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -202,34 +203,20 @@ func TestTypeScriptWorker(t *testing.T) {
 	e.waitJob(t, slow, jobstore.StatusCompleted)
 }
 
-// ciSet reports whether CI is set, as scripts/lint reads it.
-func ciSet() bool {
-	ci := os.Getenv("CI")
-	return ci != "" && ci != "false" && ci != "0"
-}
-
 // npmInstall copies the example (sources, package.json, lock, tsconfig) to a
 // temp dir and runs `npm ci` there, so the repository gets no
 // node_modules. Without node or npm it skips, unless CI is set.
 func npmInstall(t *testing.T) string {
 	t.Helper()
 	for _, tool := range []string{"node", "npm"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			if ciSet() {
-				t.Fatalf("%s not found and CI is set: .ci/run installs Debian's nodejs and npm", tool)
-			}
-			t.Skipf("%s not found: install Node 18+ and npm to run the TypeScript worker test", tool)
-		}
+		_, err := exec.LookPath(tool)
+		servicetest.NeedTool(t, err == nil, tool, "apt-get install nodejs npm (Node 18 or later)")
 	}
 	out, err := exec.Command("node", "--version").Output()
 	require.NoError(t, err)
 	major, _, _ := strings.Cut(strings.TrimPrefix(strings.TrimSpace(string(out)), "v"), ".")
-	if n, err := strconv.Atoi(major); err != nil || n < 18 {
-		if ciSet() {
-			t.Fatalf("node %s: the TypeScript worker needs Node 18 or later", out)
-		}
-		t.Skipf("node %s: the TypeScript worker needs Node 18 or later", out)
-	}
+	n, err := strconv.Atoi(major)
+	servicetest.NeedTool(t, err == nil && n >= 18, "node 18 or later (found "+strings.TrimSpace(string(out))+")", "install Node 18 or later")
 
 	dir := t.TempDir()
 	files, err := filepath.Glob(filepath.Join(workerTSDir, "*.mjs"))
