@@ -42,7 +42,7 @@ func TestSourcesCommands(t *testing.T) {
 	v := b.waitRetry(t, "event", "evt-paused-1", "scheduled")
 	require.Equal(t, "pause_until", v.History[len(v.History)-1].DecidedBy)
 	out = b.ok(t, "retries", "list", "--kind", "event", "--source", "shop")
-	require.Regexp(t, `event\s+evt-paused-1\s+scheduled\s+2\s+0/\d+\s+in (10m|9m)`, out)
+	require.Regexp(t, `event\s+evt-paused-1\s+held \(pause, key shop\)\s+2\s+0/\d+\s+in (10m|9m)`, out)
 	r := b.cli(t, "sources", "resume", "shop")
 	require.Equal(t, exitOK, r.code, r.stderr)
 	require.Regexp(t, `Paused:\s+no`, r.stdout)
