@@ -23,14 +23,14 @@ func newStreamsCmd(g *globals) *cobra.Command {
 	cmd := group(&cobra.Command{
 		Use:     "streams",
 		Aliases: []string{"stream"},
-		Short:   "retryd's JetStream streams: export, create, inspect",
-		Long: `retryd's six streams: INGEST, EVENTS, RETRIES, RUNS, SCHEDULES and JOBS. ensure and
-list connect to NATS with the NATS_* environment variables (NATS_URL,
+		Short:   "retryd's JetStream streams: export, create, inspect, view",
+		Long: `retryd's six streams: INGEST, EVENTS, RETRIES, RUNS, SCHEDULES and JOBS. ensure,
+list and view connect to NATS with the NATS_* environment variables (NATS_URL,
 NATS_CREDS, NATS_TLS_CA, ...; see docs/operations.md) or --nats-url.
 export and ensure take each stream's limits from RETRYD_STREAM_<NAME>_MAX_BYTES
 (e.g. 8GiB; -1 is no limit) and RETRYD_STREAM_<NAME>_MAX_AGE (e.g. 720h).`,
 	})
-	cmd.AddCommand(newStreamsExportCmd(g), newStreamsEnsureCmd(g), newStreamsListCmd(g))
+	cmd.AddCommand(newStreamsExportCmd(g), newStreamsEnsureCmd(g), newStreamsListCmd(g), newStreamsViewCmd(g))
 	return cmd
 }
 

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -503,6 +504,39 @@ func TestNATSConfig(t *testing.T) {
 		require.GreaterOrEqual(t, checked, 12, "every service durable")
 	})
 
+	t.Run("operator pages a stream with retryd streams view, creating no consumer", func(t *testing.T) {
+		retries, err := connect("admin").Stream(ctx, "RETRIES")
+		require.NoError(t, err)
+		consumers := func() []string {
+			var names []string
+			lister := retries.ConsumerNames(ctx)
+			for n := range lister.Name() {
+				names = append(names, n)
+			}
+			require.NoError(t, lister.Err())
+			return names
+		}
+		before := consumers()
+		operatorEnv(t, certs.CA)
+		r := cli(t, "--timeout", "30s", "streams", "view", "RETRIES", "--subject", "retry.job.>", "--nats-url", url)
+		require.Equal(t, exitOK, r.code, "stdout %q stderr %q", r.stdout, r.stderr)
+		require.Contains(t, r.stdout, "] Subject: retry.job.failed.", "the job subtest's facts")
+		require.Contains(t, r.stdout, "  Nats-Msg-Id: job-failed:")
+		require.Contains(t, r.stdout, "  Retryd-Kind: job\n")
+		require.Contains(t, r.stdout, `"specversion": "1.0"`)
+		r = cli(t, "--timeout", "30s", "--json", "streams", "view", "RETRIES", "--last", "3", "--nats-url", url)
+		require.Equal(t, exitOK, r.code, "stdout %q stderr %q", r.stdout, r.stderr)
+		lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
+		require.Len(t, lines, 3)
+		for _, l := range lines {
+			var v viewedMsg
+			require.NoError(t, json.Unmarshal([]byte(l), &v), l)
+			require.True(t, strings.HasPrefix(v.Subject, "retry."), v.Subject)
+			require.NotEmpty(t, v.Data, "a lifecycle fact's JSON")
+		}
+		require.ElementsMatch(t, before, consumers(), "the operator viewed RETRIES without a consumer")
+	})
+
 	t.Run("every durable consumer says what it is for", func(t *testing.T) {
 		// Every component ran above: each durable it created is on the
 		// server. runner is this test's, standing in for a workflow engine.
@@ -594,13 +628,7 @@ func operatorRefusals(ctx context.Context, t *testing.T, url, ca string, admin j
 
 	// retryd's own commands say so too: the operator may list the
 	// streams, not create them.
-	t.Setenv(natsconn.EnvUser, "operator")
-	t.Setenv(natsconn.EnvPassword, password("operator"))
-	t.Setenv(natsconn.EnvTLSCA, ca)
-	t.Setenv(natsconn.EnvInboxPrefix, "_INBOX_operator")
-	for _, env := range []string{natsconn.EnvCreds, natsconn.EnvNKey, natsconn.EnvToken, natsconn.EnvTLSCert, natsconn.EnvTLSKey} {
-		t.Setenv(env, "")
-	}
+	operatorEnv(t, ca)
 	r := cli(t, "--timeout", "30s", "streams", "list", "--nats-url", url)
 	require.Equal(t, exitOK, r.code, "stdout %q stderr %q", r.stdout, r.stderr)
 	require.Contains(t, r.stdout, "RETRIES")
@@ -609,6 +637,17 @@ func operatorRefusals(ctx context.Context, t *testing.T, url, ca string, admin j
 	require.Contains(t, r.stderr, "Permissions Violation for Publish to", "a refusal, not a timeout")
 	require.Contains(t, r.stderr, "$JS.API.STREAM.")
 	require.NotContains(t, r.stderr, "deadline")
+}
+
+// operatorEnv connects the retryd commands as the operator user.
+func operatorEnv(t *testing.T, ca string) {
+	t.Setenv(natsconn.EnvUser, "operator")
+	t.Setenv(natsconn.EnvPassword, password("operator"))
+	t.Setenv(natsconn.EnvTLSCA, ca)
+	t.Setenv(natsconn.EnvInboxPrefix, "_INBOX_operator")
+	for _, env := range []string{natsconn.EnvCreds, natsconn.EnvNKey, natsconn.EnvToken, natsconn.EnvTLSCert, natsconn.EnvTLSKey} {
+		t.Setenv(env, "")
+	}
 }
 
 // denied reports whether the server refuses user's publish to or
