@@ -263,7 +263,7 @@ func printRetry(g *globals, v retryView) error {
 	if err := keyValues(g.stdout, pairs...); err != nil {
 		return err
 	}
-	fmt.Fprintf(g.stdout, "\nLifecycle (%d events; nats stream view RETRIES --subject 'retry.%s.*.%s'):\n", len(v.History), r.Kind, r.ItemID)
+	fmt.Fprintf(g.stdout, "\nLifecycle (%d events; retryd streams view RETRIES --subject 'retry.%s.*.%s'):\n", len(v.History), r.Kind, r.ItemID)
 	if len(v.History) == 0 {
 		fmt.Fprintln(g.stdout, "  (no history)")
 		return nil
