@@ -144,7 +144,7 @@ export async function render(root, params, { navigate }) {
           kv("Updated", stamp(r.updated_at, now))),
         h("h3", { text: `Lifecycle (${history.length})`, style: { "font-size": "14px" } }),
         h("ol", { class: "timeline", "data-test": "timeline" }, history.map((e) => timelineItem(e, ctx))),
-        h("p", { class: "hint" }, "From the terminal: ", h("code", { text: `nats stream view RETRIES --subject 'retry.${r.kind}.*.${r.id}'` }),
+        h("p", { class: "hint" }, "From the terminal: ", h("code", { text: `retryd streams view RETRIES --subject 'retry.${r.kind}.*.${r.id}'` }),
           " or ", h("code", { text: `retryd retries show ${r.kind} ${r.id}` }))));
   }
 
