@@ -2,7 +2,9 @@ package faults_test
 
 import (
 	"context"
+	"flag"
 	"fmt"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -14,7 +16,17 @@ import (
 	"github.com/retryd/retryd/pkg/contract"
 )
 
-func TestMain(m *testing.M) { pgtest.Main(m) }
+// TestMain skips the whole suite with -short (make test-short): its
+// scenarios start real processes and are most of make test's time. make
+// test runs them at their short size, make faults at full size.
+func TestMain(m *testing.M) {
+	flag.Parse()
+	if testing.Short() {
+		fmt.Println("faults: fault scenarios skipped with -short; make test runs their short size, make faults their full size")
+		os.Exit(0)
+	}
+	pgtest.Main(m)
+}
 
 // scenarioTimeout bounds one scenario.
 func scenarioTimeout() time.Duration {
