@@ -85,12 +85,25 @@ func ScheduleRunRetry(ctx context.Context, db DB, id string, attempt int, next t
 	}
 	if _, err := db.Exec(ctx, `
 		UPDATE workflow_run_steps
-		SET retry_state = 'scheduled', next_attempt_at = $3, retry_attempts = retry_attempts + 1,
+		SET retry_state = 'scheduled', next_attempt_at = $3, `+countRetry("$2::int")+`,
 		    retry_metadata = retry_metadata || $4::jsonb, updated_at = now()
 		WHERE run_id = $1 AND run_attempt = $2 AND status = 'failed'`, id, attempt, next, raw); err != nil {
 		return false, fmt.Errorf("schedule step retry: %w", err)
 	}
 	return true, nil
+}
+
+// countRetry counts the retry of the run attempt (an SQL expression) in
+// a workflow_run_steps row's retry_attempts. The node's failed report,
+// the scheduler's decision and the launch of the next attempt are applied
+// in any order, and each counts the retry when it finds the other facts
+// it needs; retried_run_attempts keeps the attempts already counted, so
+// the retry is counted once whichever comes first, and a decision
+// rescheduled by an operator does not count it again.
+func countRetry(attempt string) string {
+	return `retry_attempts = retry_attempts + CASE WHEN ` + attempt + ` = ANY(retried_run_attempts) THEN 0 ELSE 1 END,
+		    retried_run_attempts = CASE WHEN ` + attempt + ` = ANY(retried_run_attempts) THEN retried_run_attempts
+		                                ELSE array_append(retried_run_attempts, ` + attempt + `) END`
 }
 
 // EndRun ends a retrying run the scheduler gave up on (exhausted, or
@@ -174,6 +187,15 @@ func RelaunchRun(ctx context.Context, tx pgx.Tx, id string, attempt int, default
 	if err != nil {
 		return Run{}, false, false, fmt.Errorf("relaunch run: %w", err)
 	}
+	// A node whose failure was applied before the scheduler's decision,
+	// when the decision comes after this launch (or never: an operator's
+	// retry of a failed run), is retried all the same.
+	if _, err := tx.Exec(ctx, `
+		UPDATE workflow_run_steps SET `+countRetry("run_attempt")+`,
+		    retry_state = CASE WHEN retry_state = 'none' THEN 'scheduled' ELSE retry_state END, updated_at = now()
+		WHERE run_id = $1 AND status = 'failed' AND run_attempt < $2`, id, attempt); err != nil {
+		return Run{}, false, false, fmt.Errorf("relaunch run steps: %w", err)
+	}
 	return r, true, false, nil
 }
 
@@ -200,8 +222,9 @@ type Step struct {
 // RecordStep stores a node's report. A node is reported once per attempt
 // of its run: a report of an attempt the row already has (a redelivery)
 // changes nothing, and neither does one for a run retryd did not launch
-// (ErrNotFound). The first report of the run's current attempt moves it
-// to in_progress.
+// (ErrNotFound). A failed report of an attempt older than the row's only
+// counts its run and its retry (see lateFailure). The first report of the
+// run's current attempt moves it to in_progress.
 func RecordStep(ctx context.Context, tx pgx.Tx, d contract.RunStepData, reportedAt time.Time) (r Run, recorded bool, err error) {
 	r, err = pgrows.One(ctx, tx, "record step", scanRun, `SELECT `+runColumns+` FROM workflow_runs WHERE run_id = $1 FOR UPDATE`, d.RunID)
 	if err != nil {
@@ -216,22 +239,28 @@ func RecordStep(ctx context.Context, tx pgx.Tx, d contract.RunStepData, reported
 	if d.Status == contract.StepCompleted && len(d.Output) > 0 {
 		output = string(d.Output)
 	}
-	// Reports are applied concurrently with the run's end and the
-	// scheduler's decision: a failed node reported after them takes the
-	// retry state they gave the run.
-	failedState, retries, next := "none", 0, (*time.Time)(nil)
-	if d.Status == contract.StepFailed && attempt == r.Attempt {
-		switch {
-		case r.Status == RunFailed || r.Status == RunFailedMaxRetries:
+	// Reports are applied concurrently with the run's end, the
+	// scheduler's decision and the launch of the next attempt: a failed
+	// node reported after them takes the retry state they gave the run,
+	// and its retry is counted here when one of them already happened
+	// (see countRetry).
+	failedState, retried, next := "none", []int{}, (*time.Time)(nil)
+	if d.Status == contract.StepFailed {
+		if attempt < r.Attempt || (attempt == r.Attempt && r.Status == RunRetrying && r.NextRetryAt != nil) {
+			failedState, retried = "scheduled", []int{attempt}
+			if attempt == r.Attempt {
+				next = r.NextRetryAt
+			}
+		}
+		if r.Status == RunFailed || r.Status == RunFailedMaxRetries {
 			failedState = "exhausted"
-		case r.Status == RunRetrying && r.NextRetryAt != nil:
-			failedState, retries, next = "scheduled", 1, r.NextRetryAt
 		}
 	}
 	tag, err := tx.Exec(ctx, `
 		INSERT INTO workflow_run_steps AS s (run_id, step_id, status, attempts, run_attempt, output,
-		    last_error_class, last_error_message, executor, reported_at, retry_state, retry_attempts, next_attempt_at)
-		VALUES ($1, $2, $3, 1, $4, $5, $6, $7, $8, $9, $10, $11, $12)
+		    last_error_class, last_error_message, executor, reported_at, retry_state, retry_attempts,
+		    retried_run_attempts, next_attempt_at)
+		VALUES ($1, $2, $3, 1, $4, $5, $6, $7, $8, $9, $10, cardinality($11::int[]), $11, $12)
 		ON CONFLICT (run_id, step_id) DO UPDATE SET
 		    status = EXCLUDED.status, attempts = s.attempts + 1, run_attempt = EXCLUDED.run_attempt,
 		    output = EXCLUDED.output, executor = EXCLUDED.executor,
@@ -240,15 +269,17 @@ func RecordStep(ctx context.Context, tx pgx.Tx, d contract.RunStepData, reported
 		    retry_state = CASE WHEN EXCLUDED.status = 'completed' AND s.status = 'failed' THEN 'succeeded'
 		                       WHEN EXCLUDED.status = 'failed' THEN EXCLUDED.retry_state ELSE s.retry_state END,
 		    retry_attempts = s.retry_attempts + EXCLUDED.retry_attempts,
+		    retried_run_attempts = s.retried_run_attempts || EXCLUDED.retried_run_attempts,
 		    next_attempt_at = EXCLUDED.next_attempt_at, updated_at = now()
 		WHERE s.run_attempt < EXCLUDED.run_attempt`,
 		d.RunID, d.Node, d.Status, attempt, output, errClass, errMsg, pgtext.Truncate(d.Executor, 128), reportedAt,
-		failedState, retries, next)
+		failedState, retried, next)
 	if err != nil {
 		return Run{}, false, fmt.Errorf("record step: %w", err)
 	}
 	if tag.RowsAffected() == 0 {
-		return r, false, nil
+		recorded, err := lateFailure(ctx, tx, d, attempt, r)
+		return r, recorded, err
 	}
 	// The node the executor reported last (by its clock) in the attempt
 	// is the run's current node, unless the run failed: then it stays the
@@ -266,6 +297,21 @@ func RecordStep(ctx context.Context, tx pgx.Tx, d contract.RunStepData, reported
 		}
 	}
 	return r, true, nil
+}
+
+// lateFailure applies a node's failed report of an attempt older than
+// the row's last report: the newer report stays the node's state, but
+// the node ran in that attempt too, and a later attempt exists, so that
+// attempt was retried. A redelivery finds its attempt counted already
+// and changes nothing.
+func lateFailure(ctx context.Context, tx pgx.Tx, d contract.RunStepData, attempt int, r Run) (bool, error) {
+	if d.Status != contract.StepFailed || attempt >= r.Attempt {
+		return false, nil
+	}
+	return pgrows.Changed(ctx, tx, "record late step failure", `
+		UPDATE workflow_run_steps SET attempts = attempts + 1, `+countRetry("$3::int")+`, updated_at = now()
+		WHERE run_id = $1 AND step_id = $2 AND run_attempt > $3 AND NOT $3 = ANY(retried_run_attempts)`,
+		d.RunID, d.Node, attempt)
 }
 
 const stepColumns = `run_id, step_id, status, reported_at, attempts, run_attempt, retry_state, retry_attempts,

@@ -681,3 +681,98 @@ func TestEndRunOnlyEndsARetryingRun(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
 }
+
+// A node's retries are counted once each, whatever the order in which
+// its reports, the scheduler's decisions and the next attempts' launches
+// are applied (they come from different streams, handled concurrently),
+// and a report or decision delivered again counts nothing.
+func TestStepRetriesCountedInAnyOrder(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := b.ctx
+	three := 3
+	type op func(t *testing.T, id string)
+	report := func(attempt int, status string, recorded bool) op {
+		return func(t *testing.T, id string) {
+			t.Helper()
+			d := contract.RunStepData{RunID: id, Workflow: "w", Attempt: attempt, Node: "enrich", Status: status, Executor: "engine-1"}
+			if status == contract.StepFailed {
+				d.Error = &contract.ErrorInfo{Class: "network", Message: "reset"}
+			} else {
+				d.Output = json.RawMessage(`{}`)
+			}
+			require.NoError(t, pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+				_, got, err := triggerstore.RecordStep(ctx, tx, d, time.Now())
+				require.Equal(t, recorded, got, "%s report of attempt %d recorded", status, attempt)
+				return err
+			}))
+		}
+	}
+	fail := func(attempt int) op {
+		return func(t *testing.T, id string) {
+			t.Helper()
+			_, changed, err := triggerstore.FailRun(ctx, b.pool, id, triggerstore.RunFailure{Attempt: attempt, Class: "network", Message: "reset"})
+			require.NoError(t, err)
+			require.True(t, changed)
+		}
+	}
+	decide := func(attempt int, applied bool) op {
+		return func(t *testing.T, id string) {
+			t.Helper()
+			ok, err := triggerstore.ScheduleRunRetry(ctx, b.pool, id, attempt, time.Now().Add(time.Second), attempt, &three, map[string]any{"policy": "workflow_run"})
+			require.NoError(t, err)
+			require.Equal(t, applied, ok)
+		}
+	}
+	launch := func(attempt int) op {
+		return func(t *testing.T, id string) {
+			t.Helper()
+			require.NoError(t, pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+				_, changed, _, err := triggerstore.RelaunchRun(ctx, tx, id, attempt, time.Minute)
+				require.True(t, changed)
+				return err
+			}))
+		}
+	}
+	// Attempt 1 failed in order and was retried: one retry counted.
+	first := []op{report(1, contract.StepFailed, true), fail(1), decide(1, true), launch(2)}
+	for _, c := range []struct {
+		name     string
+		ops      []op
+		status   string
+		state    string
+		attempts int
+	}{
+		{"failed report after the next attempt launched",
+			[]op{fail(2), decide(2, true), launch(3), report(2, contract.StepFailed, true), report(2, contract.StepFailed, false)},
+			contract.StepFailed, "scheduled", 2},
+		{"failed report after the next attempt's completed report",
+			[]op{fail(2), decide(2, true), launch(3), report(3, contract.StepCompleted, true),
+				report(2, contract.StepFailed, true), report(2, contract.StepFailed, false)},
+			contract.StepCompleted, "succeeded", 3},
+		{"decision after the next attempt launched",
+			[]op{report(2, contract.StepFailed, true), fail(2), launch(3), decide(2, false)},
+			contract.StepFailed, "scheduled", 2},
+		{"report after the decision, then the decision rescheduled and the report delivered again",
+			[]op{fail(2), decide(2, true), report(2, contract.StepFailed, true), decide(2, true),
+				report(2, contract.StepFailed, false), launch(3), report(3, contract.StepCompleted, true)},
+			contract.StepCompleted, "succeeded", 3},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			id := "r-" + c.name
+			_, err := triggerstore.InsertRun(ctx, b.pool, triggerstore.Run{ID: id, Workflow: "w", DeliveryID: "d-" + id, TriggerID: "t1", RequestedAt: time.Now()})
+			require.NoError(t, err)
+			for _, o := range append(append([]op{}, first...), c.ops...) {
+				o(t, id)
+			}
+			steps, err := triggerstore.Steps(ctx, b.pool, id)
+			require.NoError(t, err)
+			require.Len(t, steps, 1)
+			s := steps[0]
+			require.Equal(t, 2, s.RetryAttempts, "attempts 1 and 2 were retried")
+			require.Equal(t, c.status, s.Status)
+			require.Equal(t, c.state, s.RetryState)
+			require.Equal(t, c.attempts, s.Attempts)
+		})
+	}
+}
