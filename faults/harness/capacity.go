@@ -116,7 +116,15 @@ func (s *System) Pace(r *Report, assumed float64) Pace {
 	p := Pace{Scenario: r.Scenario, Measured: rate, Assumed: assumed}
 	r.Note("pace: NATS stores %.0f msg/s (one stream, sync_interval: always, measured at the start); the scenario assumes at least %.0f msg/s", rate, assumed)
 	if rate < assumed {
-		s.T.Fatalf("machine too slow for scenario %q: %s", r.Scenario, p.Explain())
+		// The full suite (make faults) is sized for the rate it assumes.
+		// The short run in make test shares a busy machine with every
+		// other package, so it goes on: its waits are sized by the rate
+		// measured here, and a timeout quotes Explain, which then says
+		// the machine was slower than assumed.
+		if Full() {
+			s.T.Fatalf("machine too slow for scenario %q: %s", r.Scenario, p.Explain())
+		}
+		r.Note("below the assumed rate: the short run goes on, its waits sized by the measured rate")
 	}
 	return p
 }
