@@ -31,7 +31,7 @@ func TestItemHeldByFrozenPeerDoesNotStallOthers(t *testing.T) {
 	defer peer.Rollback(b.ctx) //nolint:errcheck // committed below
 	_, err = retrystore.TryLockItems(b.ctx, peer, []retrystore.Key{{Kind: "busy", ItemID: "held"}})
 	require.NoError(t, err)
-	_, err = retrystore.GetManyForUpdate(b.ctx, peer, []retrystore.Key{{Kind: "busy", ItemID: "held"}})
+	_, _, err = retrystore.TryGetManyForUpdate(b.ctx, peer, []retrystore.Key{{Kind: "busy", ItemID: "held"}})
 	require.NoError(t, err)
 
 	b.publish(t, contract.Succeeded, contract.SucceededData{Kind: "busy", ID: "held", Attempt: 2})
@@ -57,4 +57,47 @@ func TestItemHeldByFrozenPeerDoesNotStallOthers(t *testing.T) {
 	// The peer thaws and commits: the handed-back fact is applied once.
 	require.NoError(t, peer.Commit(b.ctx))
 	b.waitRow(t, "busy", "held", inState(retrystore.StateSucceeded, 2))
+}
+
+// The due loop's claims (and the releases, the operator actions) lock a
+// row without the item's advisory lock. A peer frozen inside one holds
+// the row; this instance hands that item's fact back instead of waiting
+// the lock timeout on it (fault scenario 3 under load resolved 0 retries
+// in 8 s, each batch failing on lock_timeout, then each message alone).
+func TestRowLockedWithoutAdvisoryLockDoesNotStallOthers(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	// Waiting on the row would take a minute: longer than the deadline
+	// below.
+	s := b.start(t, func(c *scheduler.Config) { c.LockTimeout = time.Minute })
+	b.policy(t, "rowlock", "", 3, 60_000, 60_000)
+	b.failTo(t, "rowlock", "held", 1, "timeout", retrystore.StateScheduled)
+
+	// The frozen peer, as a due claim holds a row: FOR UPDATE, no
+	// advisory lock.
+	peer, err := b.pool.Begin(b.ctx)
+	require.NoError(t, err)
+	defer peer.Rollback(b.ctx) //nolint:errcheck // rolled back below
+	_, err = peer.Exec(b.ctx, `SELECT 1 FROM retries WHERE kind = $1 AND item_id = $2 FOR UPDATE`, "rowlock", "held")
+	require.NoError(t, err)
+
+	b.publish(t, contract.Succeeded, contract.SucceededData{Kind: "rowlock", ID: "held", Attempt: 2})
+	b.publish(t, contract.Failed, failed("rowlock", "other", 1, "timeout"))
+	require.Eventually(t, func() bool {
+		r, err := retrystore.Get(b.ctx, b.pool, "rowlock", "other")
+		return err == nil && r.State == retrystore.StateScheduled
+	}, 20*time.Second, 20*time.Millisecond, "the other item is applied while the row is held")
+	require.Eventually(t, func() bool {
+		return metric(t, s.reg, "retryd_scheduler_busy_total") >= 1
+	}, waitFor, 20*time.Millisecond, "the held item's fact is handed back")
+	require.Zero(t, metric(t, s.reg, "retryd_scheduler_errors_total", "stage", "policy"), "no transaction failed")
+	r, err := retrystore.Get(b.ctx, b.pool, "rowlock", "held")
+	require.NoError(t, err)
+	require.Equal(t, retrystore.StateScheduled, r.State, "not applied while held")
+
+	// The peer thaws and ends: the handed-back fact is applied once.
+	require.NoError(t, peer.Rollback(b.ctx))
+	b.waitRow(t, "rowlock", "held", inState(retrystore.StateSucceeded, 2))
+	b.waitQuiet(t)
+	require.Equal(t, []string{"failed:1", "scheduled:2", "succeeded:2"}, events(b.history(t, "rowlock", "held")))
 }
