@@ -441,3 +441,39 @@ func TestReleasedAfterIsPerHoldReason(t *testing.T) {
 	require.True(t, released("throttle"))
 	require.True(t, released("pause"))
 }
+
+// A row another transaction locks, with or without the item's advisory
+// lock, is reported busy at once; the free rows are locked; a key without
+// a row is in neither.
+func TestTryGetManyForUpdateSkipsHeldRows(t *testing.T) {
+	t.Parallel()
+	ctx, pool := setup(t)
+	now := time.Now()
+	for _, id := range []string{"free", "held"} {
+		_, err := retrystore.Save(ctx, pool, scheduledRow("try", id, now))
+		require.NoError(t, err)
+	}
+	peer, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer peer.Rollback(ctx) //nolint:errcheck // read-only
+	_, err = peer.Exec(ctx, `SELECT 1 FROM retries WHERE kind = 'try' AND item_id = 'held' FOR UPDATE`)
+	require.NoError(t, err)
+
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx) //nolint:errcheck // read-only
+	_, err = tx.Exec(ctx, `SET LOCAL lock_timeout = '1min'`)
+	require.NoError(t, err)
+	keys := []retrystore.Key{{Kind: "try", ItemID: "free"}, {Kind: "try", ItemID: "held"}, {Kind: "try", ItemID: "new"}}
+	rows, busy, err := retrystore.TryGetManyForUpdate(ctx, tx, keys)
+	require.NoError(t, err)
+	require.Equal(t, map[retrystore.Key]bool{{Kind: "try", ItemID: "held"}: true}, busy)
+	require.Len(t, rows, 1)
+	require.Equal(t, retrystore.StateScheduled, rows[retrystore.Key{Kind: "try", ItemID: "free"}].State)
+
+	// The free row is locked by tx now: the peer cannot take it.
+	_, err = peer.Exec(ctx, `SET LOCAL lock_timeout = '50ms'`)
+	require.NoError(t, err)
+	_, err = peer.Exec(ctx, `SELECT 1 FROM retries WHERE kind = 'try' AND item_id = 'free' FOR UPDATE`)
+	require.ErrorContains(t, err, "55P03")
+}

@@ -301,7 +301,7 @@ func (s *Scheduler) observe(r applied) {
 }
 
 // applyBatch applies items in one transaction, set-based: one statement
-// claims every message id in the inbox, one reads and locks every row,
+// reads and locks every row, one claims every message id in the inbox,
 // the decisions are made in memory in stream order (an item with several
 // facts in the batch sees its own earlier changes), one round trip saves
 // the rows, one COPY writes the history and one statement the outbox.
@@ -323,19 +323,34 @@ func (s *Scheduler) applyBatch(ctx context.Context, items []inbound) ([]applied,
 	if err != nil {
 		return nil, err
 	}
-	ids := make([]string, 0, len(items))
 	free := make([]retrystore.Key, 0, len(items))
-	for i, in := range items {
-		if !busy[keys[i]] {
-			ids = append(ids, in.f.msgID)
-			free = append(free, keys[i])
+	for _, k := range keys {
+		if !busy[k] {
+			free = append(free, k)
 		}
 	}
-	claimed, err := inbox.ClaimMany(ctx, tx, Owner, ids)
+	// The rows are locked without waiting, and before the inbox claims so
+	// that a busy item's fact is not claimed: the advisory lock does not
+	// cover the row locks of the due loop, the releases and the operator
+	// actions (TryGetManyForUpdate). Taking them first adds no wait: this
+	// step never waits. An item without a row is inserted by SaveMany;
+	// the only writers that insert a row under a peer's feet hold its
+	// advisory lock (this stage), or are short (a shard move, a rebuild),
+	// so that insert waits on no frozen peer.
+	locked, rowBusy, err := retrystore.TryGetManyForUpdate(ctx, tx, free)
 	if err != nil {
 		return nil, err
 	}
-	locked, err := retrystore.GetManyForUpdate(ctx, tx, free)
+	for k := range rowBusy {
+		busy[k] = true
+	}
+	ids := make([]string, 0, len(items))
+	for i, in := range items {
+		if !busy[keys[i]] {
+			ids = append(ids, in.f.msgID)
+		}
+	}
+	claimed, err := inbox.ClaimMany(ctx, tx, Owner, ids)
 	if err != nil {
 		return nil, err
 	}
