@@ -28,6 +28,21 @@ import (
 // is redelivered.
 const nakDelay = 5 * time.Second
 
+// busyDelay is how long a fact whose item another transaction holds waits
+// before it comes back: 50 ms on its first hand-back, doubling with each
+// delivery up to nakDelay. The holder is nearly always the due loop's
+// claim, which publishes the due inside its transaction, so a fast
+// owner's outcome can arrive before that commit and only needs a moment;
+// a peer frozen mid-transaction (fault scenario 3) costs a few
+// redeliveries, not a stall.
+func busyDelay(delivered uint64) time.Duration {
+	d := 50 * time.Millisecond
+	for i := uint64(1); i < delivered && d < nakDelay; i++ {
+		d *= 2
+	}
+	return min(d, nakDelay)
+}
+
 // inbound is a decoded message waiting to be applied.
 type inbound struct {
 	msg jetstream.Msg
@@ -244,9 +259,13 @@ func (s *Scheduler) afterCommit(results []applied) {
 	}
 	for _, r := range results {
 		if r.busy {
-			// Redelivered after the delay, when the holder has finished
-			// or its transaction was ended with its connection.
-			_ = r.in.msg.NakWithDelay(nakDelay)
+			// Redelivered when the holder has finished or its
+			// transaction was ended with its connection.
+			n := uint64(1)
+			if md, err := r.in.msg.Metadata(); err == nil {
+				n = md.NumDelivered
+			}
+			_ = r.in.msg.NakWithDelay(busyDelay(n))
 			continue
 		}
 		s.lag.applied(r.in.msg)
