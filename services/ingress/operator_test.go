@@ -257,6 +257,9 @@ func TestManualRetryDueBeforeItsConfirmation(t *testing.T) {
 	b.publishStored(t, due)
 	b.waitStatus(t, "admitted", "slow")
 	for _, id := range []string{"quick", "slow"} {
+		// The succeeded fact goes out through the outbox after the
+		// admission commits: wait for it, then count it.
+		require.Eventually(t, func() bool { return len(b.lifecycle(t, id)[contract.Succeeded]) >= 1 }, eventually, 20*time.Millisecond, id)
 		require.Len(t, b.lifecycle(t, id)[contract.Succeeded], 1, id)
 		require.Equal(t, 1, b.admittedIDs(t)[id], id)
 	}
