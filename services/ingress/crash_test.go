@@ -16,6 +16,7 @@ import (
 
 	"github.com/retryd/retryd/internal/natstest"
 	"github.com/retryd/retryd/internal/serve"
+	"github.com/retryd/retryd/internal/servicetest"
 	"github.com/retryd/retryd/internal/streams"
 	"github.com/retryd/retryd/migrations/pgtest"
 	"github.com/retryd/retryd/pkg/contract"
@@ -70,6 +71,7 @@ func TestCrashAfterGateCommitAdmitsOnce(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	require.NoError(t, b.svc.Stop(b.ctx)) // only the crashing instance runs at first
+	servicetest.ClearOfWindowEdge(t, time.Hour, time.Minute)
 	b.putSource(t, "billing", map[string]any{"rate_limit": 3, "rate_window": "1h"})
 	_, crashHTTP, kill := b.crashAt(t, ingress.FailpointGateCommitted)
 	b.http = crashHTTP
@@ -193,6 +195,7 @@ func dueMsg(t *testing.T, id, source string, attempt int) *nats.Msg {
 func TestPurgedIngestAndRepeatedMessagesAdmitOnce(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
+	servicetest.ClearOfWindowEdge(t, time.Hour, time.Minute)
 	b.putSource(t, "billing", map[string]any{"rate_limit": 2, "rate_window": "1h"})
 	ids := []string{"r-0", "r-1", "r-2", "r-3"}
 	for i, id := range ids {

@@ -79,6 +79,7 @@ func TestE2EThrottledEventsAdmittedAfterWindowReset(t *testing.T) {
 	b.withScheduler(t, 100*time.Millisecond, 2*time.Second, 2)
 	// A day-long window first, so exactly three are admitted whatever the
 	// machine's speed; then one-second windows.
+	servicetest.ClearOfWindowEdge(t, 24*time.Hour, time.Minute)
 	b.putSource(t, "billing", map[string]any{"rate_limit": 3, "rate_window": "24h"})
 
 	all := ids("t", 9)
@@ -256,6 +257,7 @@ func TestE2EPurgedRetriesStillAdmitOnce(t *testing.T) {
 	// The window outlasts the test: the events stay held until the limit
 	// is lifted after the purges, which releases them.
 	b.withScheduler(t, 100*time.Millisecond, 2*time.Second, 50)
+	servicetest.ClearOfWindowEdge(t, time.Hour, time.Minute)
 	b.putSource(t, "billing", map[string]any{"rate_limit": 1, "rate_window": "1h"})
 	all := ids("g", 4)
 	b.postAll(t, "billing", "invoice.paid", all...)

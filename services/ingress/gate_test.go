@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
+	"github.com/retryd/retryd/internal/servicetest"
 	"github.com/retryd/retryd/migrations/pgtest"
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/services/ingress"
@@ -275,6 +276,7 @@ func TestGateDecidesEachSourceInArrivalOrder(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	const limit = 20
+	servicetest.ClearOfWindowEdge(t, 8760*time.Hour, time.Minute)
 	b.putSource(t, "burst", map[string]any{"rate_limit": limit, "rate_window": "8760h"})
 	b.putSource(t, "picky", map[string]any{"rate_limit": limit, "rate_window": "8760h", "allowed_types": []string{"tick.happened"}})
 

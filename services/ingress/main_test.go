@@ -114,6 +114,7 @@ func (b *bundle) waitCount(t *testing.T, want int, query string, args ...any) {
 // gate defers; it returns when each is in its state.
 func (b *bundle) throttled(t *testing.T, source, typ, admitted string, deferred ...string) {
 	t.Helper()
+	servicetest.ClearOfWindowEdge(t, time.Hour, time.Minute)
 	b.putSource(t, source, map[string]any{"rate_limit": 1, "rate_window": "1h"})
 	b.post(t, event(admitted, source, typ))
 	b.waitStatus(t, "admitted", admitted)

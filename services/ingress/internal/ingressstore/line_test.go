@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/retryd/retryd/internal/servicetest"
 	"github.com/retryd/retryd/migrations/pgtest"
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/services/ingress/internal/ingressstore"
@@ -177,6 +178,7 @@ func TestAdmitReleasedWaitsForAPause(t *testing.T) {
 func TestAdmitReleasedKeepsTheWindowsLimit(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
+	servicetest.ClearOfWindowEdge(t, time.Hour, 10*time.Second)
 	b.putSource(t, ingressstore.SourceConfig{Source: "capped", RateLimit: 3, RateWindow: time.Hour})
 	ids := b.holdLine(t, "capped", 5)
 	// Every slot has come (as when the releaser ran late).

@@ -7,6 +7,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/retryd/retryd/internal/servicetest"
 	"github.com/retryd/retryd/migrations/pgtest"
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/services/ingress/internal/ingressstore"
@@ -21,6 +22,7 @@ func TestPaceReleaseGivesHeldEventsSlotsInArrivalOrder(t *testing.T) {
 	b := setup(t)
 	_, err := ingressstore.PauseSource(b.ctx, b.pool, "line", nil, "", "test")
 	require.NoError(t, err)
+	servicetest.ClearOfWindowEdge(t, time.Hour, 10*time.Second)
 	_, err = ingressstore.PutSource(b.ctx, b.pool, ingressstore.SourceConfig{Source: "line", RateLimit: 4, RateWindow: time.Hour})
 	require.NoError(t, err)
 	// Deferred in the order d0..d9, though their ids sort the other way.

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/retryd/retryd/internal/servicetest"
 	"github.com/retryd/retryd/migrations/pgtest"
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/services/ingress/internal/ingressstore"
@@ -209,6 +210,7 @@ func TestGateWithoutSourceRowAdmits(t *testing.T) {
 func TestGateRateLimitIsSharedByConcurrentTransactions(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
+	servicetest.ClearOfWindowEdge(t, time.Hour, 10*time.Second)
 	b.putSource(t, ingressstore.SourceConfig{Source: "billing", RateLimit: 3, RateWindow: time.Hour})
 
 	// Ten "instances" evaluate at once; the window must hold exactly three.
@@ -250,6 +252,7 @@ func TestGateRateLimitIsSharedByConcurrentTransactions(t *testing.T) {
 func TestGateSlotsAreOrderedAndPaced(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
+	servicetest.ClearOfWindowEdge(t, time.Hour, 10*time.Second)
 	b.putSource(t, ingressstore.SourceConfig{Source: "paced", RateLimit: 2, RateWindow: time.Hour})
 	require.True(t, b.gate(t, "paced", "invoice.paid").Admitted)
 	require.True(t, b.gate(t, "paced", "invoice.paid").Admitted)
@@ -280,6 +283,7 @@ func TestGateSlotsAreOrderedAndPaced(t *testing.T) {
 	require.True(t, b.gateDue(t, "paced", ids[0]).Admitted)
 
 	// A limit change drops the slots: the next event is admitted again.
+	servicetest.ClearOfWindowEdge(t, time.Hour, 10*time.Second)
 	b.putSource(t, ingressstore.SourceConfig{Source: "paced", RateLimit: 5, RateWindow: time.Hour})
 	require.True(t, b.gate(t, "paced", "invoice.paid").Admitted)
 }
@@ -509,6 +513,7 @@ func TestGateHoldersDoNotPassAHolderWhoseSlotCame(t *testing.T) {
 func TestGateRejectedTransactionDoesNotCount(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
+	servicetest.ClearOfWindowEdge(t, time.Hour, 10*time.Second)
 	b.putSource(t, ingressstore.SourceConfig{Source: "billing", RateLimit: 1, RateWindow: time.Hour})
 	tx, err := b.pool.Begin(b.ctx)
 	require.NoError(t, err)
@@ -527,6 +532,7 @@ func TestGateRejectedTransactionDoesNotCount(t *testing.T) {
 func TestGateRaceForTheLastRoomCountsOne(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
+	servicetest.ClearOfWindowEdge(t, time.Hour, 10*time.Second)
 	b.putSource(t, ingressstore.SourceConfig{Source: "race", RateLimit: 1, RateWindow: time.Hour})
 	var txs []pgx.Tx
 	var verdicts []ingressstore.Verdict
@@ -775,6 +781,7 @@ func TestPruneWindows(t *testing.T) {
 func TestGateSlotsAreWholeMicroseconds(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
+	servicetest.ClearOfWindowEdge(t, time.Hour, 10*time.Second)
 	b.putSource(t, ingressstore.SourceConfig{Source: "odd", RateLimit: 7, RateWindow: time.Hour})
 	for range 7 {
 		require.True(t, b.gate(t, "odd", "invoice.paid").Admitted)
