@@ -1,4 +1,5 @@
-# retryd — every target loops over all modules of go.work.
+# retryd — three modules (the server at the root, the SDK in pkg, the
+# bench), joined by go.work; github.com/retryd/retryd/... names all three.
 # `make test` is the command CI runs (through .ci/run); it needs Go and the
 # Postgres 15 binaries, and starts everything else itself.
 
@@ -13,13 +14,12 @@ BINARIES := \
 	github.com/retryd/retryd/cmd/retryd \
 	github.com/retryd/retryd/bench
 
-.PHONY: all build test test-race test-short lint fmt fuzz faults run dev bench-quick clean
+.PHONY: all build test test-race test-short lint fmt tidy fuzz faults run dev bench-quick clean
 
 all: build test
 
 build:
-	@mkdir -p $(BIN)
-	@for b in $(BINARIES); do echo "go build $$b"; GOBIN=$(BIN) $(GO) install $$b || exit 1; done
+	GOBIN=$(BIN) $(GO) install $(BINARIES)
 
 test:
 	./scripts/test
@@ -35,6 +35,11 @@ lint:
 
 fmt:
 	gofmt -w $$(git ls-files '*.go')
+
+# go mod tidy for the three modules (go mod tidy alone does not read
+# go.work; the script explains).
+tidy:
+	./scripts/tidy
 
 # A short fuzzing pass over every decoder (FUZZTIME per target).
 fuzz:

@@ -2,14 +2,7 @@ module github.com/retryd/retryd/bench
 
 go 1.26.0
 
-require (
-	github.com/google/pprof v0.0.0-20261105003125-4bf881d7fb0b
-	github.com/retryd/retryd/internal v0.0.0-00010101000000-000000000000
-	github.com/retryd/retryd/migrations v0.0.0-00010101000000-000000000000
-	github.com/retryd/retryd/pkg v0.0.0-00010101000000-000000000000
-	github.com/retryd/retryd/projections v0.0.0-00010101000000-000000000000
-	github.com/retryd/retryd/services/scheduler v0.0.0-00010101000000-000000000000
-)
+require github.com/google/pprof v0.0.0-20261105003125-4bf881d7fb0b
 
 require (
 	github.com/beorn7/perks v1.0.1 // indirect
@@ -59,7 +52,6 @@ require (
 	github.com/nats-io/nkeys v0.4.16 // indirect
 	github.com/nats-io/nuid v1.0.1 // indirect
 	github.com/prometheus/client_golang v1.25.0
-	github.com/retryd/retryd/services/ingress v0.0.0-00010101000000-000000000000
 	github.com/riverqueue/river v0.51.1
 	github.com/riverqueue/river/riverdriver v0.51.1 // indirect
 	github.com/riverqueue/river/riverdriver/riverpgxv5 v0.51.1
@@ -79,15 +71,3 @@ require (
 	golang.org/x/time v0.16.0 // indirect
 	gonum.org/v1/plot v0.17.0
 )
-
-replace github.com/retryd/retryd/pkg => ../pkg
-
-replace github.com/retryd/retryd/migrations => ../migrations
-
-replace github.com/retryd/retryd/projections => ../projections
-
-replace github.com/retryd/retryd/services/scheduler => ../services/scheduler
-
-replace github.com/retryd/retryd/services/ingress => ../services/ingress
-
-replace github.com/retryd/retryd/internal => ../internal

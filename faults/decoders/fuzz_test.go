@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/retryd/retryd/internal/contracttest"
+	"github.com/retryd/retryd/pkg/contract/contracttest"
 	"github.com/retryd/retryd/internal/serve"
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/services/scheduler"

@@ -8,7 +8,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/retryd/retryd/internal/contracttest"
+	"github.com/retryd/retryd/pkg/contract/contracttest"
 	"github.com/retryd/retryd/pkg/contract"
 )
 

@@ -15,7 +15,6 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/retryd/retryd/internal/freeaddr"
 	"github.com/retryd/retryd/pkg/errclass"
 )
 
@@ -191,11 +190,14 @@ func TestClassifyTypes(t *testing.T) {
 	}
 }
 
-// refusedAddr is an address nothing listens on: a dial is refused.
+// refusedAddr is an address nothing listens on: a dial is refused. The
+// port is taken from a listener and closed again.
 func refusedAddr(t *testing.T) string {
 	t.Helper()
-	addr, err := freeaddr.Loopback()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
+	addr := l.Addr().String()
+	require.NoError(t, l.Close())
 	return addr
 }
 

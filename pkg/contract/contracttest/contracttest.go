@@ -1,6 +1,9 @@
-// Package contracttest holds the check that the decoder fuzz tests of
-// pkg/contract and faults/decoders share. It lives under internal so that
-// it is no part of the SDK's API.
+// Package contracttest holds checks for tests of code that decodes or
+// builds retryd's messages: what a refusal must look like, and lifecycle
+// messages of any type. The decoder fuzz tests of pkg/contract and
+// faults/decoders share it, and a custom owner's tests may use it too. No
+// program needs it at run time: TestSDKDependenciesStayLight keeps it out
+// of the SDK's packages.
 package contracttest
 
 import (

@@ -6,7 +6,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/retryd/retryd/internal/contracttest"
+	"github.com/retryd/retryd/pkg/contract/contracttest"
 	"github.com/retryd/retryd/pkg/contract"
 )
 

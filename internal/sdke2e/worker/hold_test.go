@@ -293,7 +293,7 @@ func TestReplayedHeldJobIsNotRunAgain(t *testing.T) {
 // of docs/contract.md under heading.
 func docExample(t *testing.T, heading string) (text, body string) {
 	t.Helper()
-	raw, err := os.ReadFile("../../docs/contract.md")
+	raw, err := os.ReadFile("../../../docs/contract.md")
 	require.NoError(t, err)
 	_, section, ok := strings.Cut(string(raw), "\n"+heading+"\n")
 	require.True(t, ok, "docs/contract.md has no %q", heading)
