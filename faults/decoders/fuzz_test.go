@@ -7,9 +7,9 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/retryd/retryd/pkg/contract/contracttest"
 	"github.com/retryd/retryd/internal/serve"
 	"github.com/retryd/retryd/pkg/contract"
+	"github.com/retryd/retryd/pkg/contract/contracttest"
 	"github.com/retryd/retryd/services/scheduler"
 )
 

@@ -8,8 +8,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/retryd/retryd/pkg/contract/contracttest"
 	"github.com/retryd/retryd/pkg/contract"
+	"github.com/retryd/retryd/pkg/contract/contracttest"
 )
 
 func mustJSON(t *testing.T, v any) string {

@@ -6,8 +6,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/retryd/retryd/pkg/contract/contracttest"
 	"github.com/retryd/retryd/pkg/contract"
+	"github.com/retryd/retryd/pkg/contract/contracttest"
 )
 
 // fatalT records a failure instead of ending the test, so the test can
