@@ -5,17 +5,14 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"strconv"
-	"strings"
 	"time"
-	"unicode"
-	"unicode/utf8"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/pkg/errclass"
+	"github.com/retryd/retryd/pkg/owner"
 )
 
 // Defaults of Config.
@@ -28,9 +25,9 @@ const (
 	DefaultFetchWait   = 5 * time.Second
 	// DefaultPendingLimit is how many failed and held facts a worker keeps
 	// until their decision: a few hundred bytes to 1 MiB each.
-	DefaultPendingLimit = 100_000
+	DefaultPendingLimit = owner.DefaultPendingLimit
 	// DefaultRepublishAfter outlasts RETRIES' 2-minute duplicate window.
-	DefaultRepublishAfter = 3 * time.Minute
+	DefaultRepublishAfter = owner.DefaultRepublishAfter
 	// DueRouterDurable is the durable consumer on RETRIES that turns
 	// retry.job.due.<id> into jobs.<job_type>; every worker process shares it.
 	DueRouterDurable = "worker-due-router"
@@ -114,7 +111,7 @@ func (c *Config) validate() error {
 		return errors.New("Config.Source must be at most 256 characters")
 	}
 	if c.ExecutorID == "" {
-		c.ExecutorID = defaultExecutorID(os.Hostname, os.Getpid())
+		c.ExecutorID = owner.DefaultExecutorID(os.Hostname, os.Getpid())
 	}
 	if err := contract.ValidateExecutor("Config.ExecutorID", c.ExecutorID); err != nil {
 		return err
@@ -173,28 +170,4 @@ func (c *Config) validate() error {
 		c.Now = time.Now
 	}
 	return nil
-}
-
-// defaultExecutorID is "<host name>-<pid>", shortened to
-// contract.MaxTokenLen bytes by cutting the host name (at a rune
-// boundary), not the pid: two processes on one host must stay apart.
-// Characters the contract refuses become '_'; a host name that cannot be
-// read is "unknown".
-func defaultExecutorID(hostname func() (string, error), pid int) string {
-	host, err := hostname()
-	if err != nil || host == "" {
-		host = "unknown"
-	}
-	host = strings.Map(func(r rune) rune {
-		if r == utf8.RuneError || !unicode.IsPrint(r) {
-			return '_'
-		}
-		return r
-	}, host)
-	suffix := "-" + strconv.Itoa(pid)
-	for len(host)+len(suffix) > contract.MaxTokenLen {
-		_, size := utf8.DecodeLastRuneInString(host)
-		host = host[:len(host)-size]
-	}
-	return host + suffix
 }

@@ -95,7 +95,7 @@ func ExampleHold() {
 	// Output:
 	// 10m0s concurrency tenant-t1
 	// tenant t1 is at its sync cap
-	// hold job: after must be more than 0, got -1s
+	// hold: after must be more than 0, got -1s
 }
 
 // New needs a JetStream context; the logger is any *slog.Logger, here JSON

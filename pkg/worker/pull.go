@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/retryd/retryd/pkg/contract"
+	"github.com/retryd/retryd/pkg/owner"
 )
 
 // outcomeLookupTimeout bounds the reads of RETRIES that check a replayed
@@ -103,7 +104,7 @@ func (w *Worker) alreadyDone(p *pull, msg jetstream.Msg, id string, attempt int,
 	ctx, cancel := context.WithTimeout(context.Background(), outcomeLookupTimeout)
 	defer cancel()
 	for _, ev := range []contract.Lifecycle{contract.Succeeded, contract.Failed, contract.Held, contract.Exhausted, contract.Cancelled} {
-		m, err := lastFact(ctx, g.retries, contract.RetrySubject(contract.KindJob, ev, id))
+		m, err := owner.LastFact(ctx, g.retries, contract.RetrySubject(contract.KindJob, ev, id))
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
 			continue
 		}

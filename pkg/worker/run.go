@@ -203,9 +203,9 @@ func (w *Worker) process(p *pull, jobType string, h Handler, msg jetstream.Msg) 
 	case res.err == nil:
 		out, err = w.succeededMsg(data)
 	case res.hold != nil:
-		out, err = w.heldMsg(data, job.checkpoint(), res.hold, log)
+		out, err = w.heldMsg(data, job.checkpoint(), res.hold)
 	default:
-		out, err = w.failedMsg(data, job.checkpoint(), res, log)
+		out, err = w.failedMsg(data, job.checkpoint(), res)
 	}
 	if err != nil {
 		// Only an internal bug gets here: the job decoded and validated.
@@ -289,7 +289,7 @@ func (w *Worker) runHandler(tctx context.Context, h Handler, job *Job, timeout t
 	case errors.As(err, &p):
 		res.outcome = outcomePanicked
 		log.Error("handler panicked", slog.String("stack", p.stack))
-	case held && hold.validate() == nil:
+	case held && hold.Validate() == nil:
 		// Before the timeout check: a handler that decided to hold as its
 		// time ran out still decided; the hold is its answer.
 		res.outcome, res.hold = outcomeHeld, hold
@@ -352,19 +352,6 @@ func (w *Worker) terminate(consumer string, msg jetstream.Msg, err error) {
 		w.log.Warn("term failed", slog.Any("error", err), slog.String("consumer", consumer))
 	}
 }
-
-// truncate cuts s to at most n bytes without splitting a UTF-8 sequence.
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	for n > 0 && !utf8RuneStart(s[n]) {
-		n--
-	}
-	return s[:n]
-}
-
-func utf8RuneStart(b byte) bool { return b&0xC0 != 0x80 }
 
 // nameFired gives a job fired by a periodic schedule the id of its tick
 // (contract.FiredJobID), from the message's sequence in JOBS.

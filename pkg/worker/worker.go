@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/retryd/retryd/pkg/contract"
+	"github.com/retryd/retryd/pkg/owner"
 )
 
 // ErrStarted is returned by Handle after Start, and by Start after Start or
@@ -38,10 +39,11 @@ type Worker struct {
 	loops      sync.WaitGroup
 	inflight   sync.WaitGroup
 
-	// pending keeps the failed and held facts until their decision; nil
-	// when Config.PendingLimit is -1. republishAfter is set by Start.
-	pending        *pendingSet
-	republishAfter time.Duration
+	// reporter publishes the outcomes and keeps the failed and held facts
+	// until their decision (the owner runtime's, pkg/owner); set by Start.
+	reporter *owner.Reporter
+	rm       *owner.ReporterMetrics
+	facts    owner.Facts
 
 	stopOnce sync.Once
 	stopped  chan struct{}
@@ -58,10 +60,17 @@ func New(cfg Config) (*Worker, error) {
 	if err != nil {
 		return nil, fmt.Errorf("new worker: %w", err)
 	}
+	rm, err := owner.NewReporterMetrics(cfg.Registerer, "worker")
+	if err != nil {
+		return nil, fmt.Errorf("new worker: %w", err)
+	}
+	log := cfg.Logger.With(slog.String("component", "worker"))
 	w := &Worker{
 		cfg:      cfg,
-		log:      cfg.Logger.With(slog.String("component", "worker")),
+		log:      log,
 		m:        m,
+		rm:       rm,
+		facts:    owner.Facts{Source: cfg.Source, Executor: cfg.ExecutorID, Now: cfg.Now, Logger: log},
 		handlers: map[string]Handler{},
 		stopped:  make(chan struct{}),
 	}
@@ -178,15 +187,16 @@ func (w *Worker) Start(ctx context.Context) error {
 		}
 	}
 
-	var retries jetstream.Stream
-	if w.cfg.PendingLimit > 0 {
-		var err error
-		if retries, err = w.keepPending(ctx); err != nil {
-			return err
-		}
-		w.loops.Add(1)
-		go w.republishLoop(retries)
+	// RepublishAfter is checked against the duplicate window RETRIES
+	// has, not the one it should have.
+	rep, err := owner.NewReporter(ctx, owner.ReporterConfig{
+		JS: w.cfg.JS, Kind: contract.KindJob, PendingLimit: w.cfg.PendingLimit, RepublishAfter: w.cfg.RepublishAfter,
+		Metrics: w.rm, Logger: w.log, Now: w.cfg.Now,
+	})
+	if err != nil {
+		return fmt.Errorf("start worker: %w", err)
 	}
+	w.reporter = rep
 
 	for _, t := range types {
 		w.loops.Add(1)
@@ -197,23 +207,8 @@ func (w *Worker) Start(ctx context.Context) error {
 		go w.consumeDues(router)
 	}
 	w.log.Info("worker started", slog.Any("job_types", types), slog.Bool("due_router", router != nil), slog.Int("concurrency", w.cfg.Concurrency),
-		slog.Int("pending_limit", w.cfg.PendingLimit), slog.Duration("republish_after", w.republishAfter))
+		slog.Int("pending_limit", w.cfg.PendingLimit), slog.Duration("republish_after", rep.RepublishAfter()))
 	return nil
-}
-
-// keepPending sets up the pending set: RepublishAfter is checked against
-// the duplicate window RETRIES has, not the one it should have.
-func (w *Worker) keepPending(ctx context.Context) (jetstream.Stream, error) {
-	retries, err := w.cfg.JS.Stream(ctx, contract.StreamRetries)
-	if err != nil {
-		return nil, fmt.Errorf("start worker: read stream %s: %w", contract.StreamRetries, err)
-	}
-	w.republishAfter, err = republishWindow(w.cfg.RepublishAfter, retries.CachedInfo().Config.Duplicates)
-	if err != nil {
-		return nil, fmt.Errorf("start worker: %w", err)
-	}
-	w.pending = newPendingSet(w.cfg.JS.Conn(), w.cfg.PendingLimit, w.republishAfter, w.cfg.Now, w.log, w.m)
-	return retries, nil
 }
 
 // Stop stops fetching, waits for running handlers to finish and report,
@@ -245,8 +240,8 @@ func (w *Worker) Stop(ctx context.Context) error {
 			}
 		}
 		w.hardCancel()
-		if w.pending != nil {
-			if n := w.pending.close(); n > 0 {
+		if w.reporter != nil {
+			if n := w.reporter.Close(); n > 0 {
 				// Their facts are on RETRIES for the scheduler to read;
 				// only a purge before it does loses them.
 				w.log.Warn("worker stopped with facts the scheduler has not decided; no longer kept", slog.Int("pending", n))

@@ -163,13 +163,13 @@ func TestHoldRejectsBadInput(t *testing.T) {
 		err  error
 		want string
 	}{
-		{"zero", worker.Hold(0, "x"), "hold job: after must be more than 0, got 0s"},
-		{"negative", worker.Hold(-time.Second, "x"), "hold job: after must be more than 0, got -1s"},
-		{"huge", worker.Hold(worker.MaxHoldAfter+time.Nanosecond, "x"), "hold job: after must be at most 8784h0m0s (366 days), got 8784h0m0.000000001s"},
-		{"forever", worker.Hold(time.Duration(1<<63-1), "x"), "hold job: after must be at most 8784h0m0s (366 days)"},
-		{"key", worker.Hold(time.Second, "x", worker.WithHoldKey("tenant.1")), `hold job: key "tenant.1" must use only letters, digits, '_' and '-'`},
-		{"long key", worker.Hold(time.Second, "x", worker.WithHoldKey(strings.Repeat("k", 129))), "hold job: key is 129 characters, more than the limit of 128"},
-		{"reason", worker.Hold(time.Second, "x", worker.WithHoldReason("nap")), `hold job: reason must be throttle, concurrency or pause, got "nap"`},
+		{"zero", worker.Hold(0, "x"), "hold: after must be more than 0, got 0s"},
+		{"negative", worker.Hold(-time.Second, "x"), "hold: after must be more than 0, got -1s"},
+		{"huge", worker.Hold(worker.MaxHoldAfter+time.Nanosecond, "x"), "hold: after must be at most 8784h0m0s (366 days), got 8784h0m0.000000001s"},
+		{"forever", worker.Hold(time.Duration(1<<63-1), "x"), "hold: after must be at most 8784h0m0s (366 days)"},
+		{"key", worker.Hold(time.Second, "x", worker.WithHoldKey("tenant.1")), `hold: key "tenant.1" must use only letters, digits, '_' and '-'`},
+		{"long key", worker.Hold(time.Second, "x", worker.WithHoldKey(strings.Repeat("k", 129))), "hold: key is 129 characters, more than the limit of 128"},
+		{"reason", worker.Hold(time.Second, "x", worker.WithHoldReason("nap")), `hold: reason must be throttle, concurrency or pause, got "nap"`},
 	} {
 		require.ErrorIs(t, tc.err, contract.ErrInvalid, tc.name)
 		require.ErrorContains(t, tc.err, tc.want, tc.name)
@@ -186,8 +186,8 @@ func TestHoldRejectsBadInput(t *testing.T) {
 		"by_hand":  func(context.Context, *worker.Job) error { return &worker.HoldError{After: 400 * 24 * time.Hour} },
 	})
 	for typ, want := range map[string]string{
-		"negative": "hold job: after must be more than 0, got -1m0s",
-		"by_hand":  "hold job: after must be at most 8784h0m0s (366 days), got 9600h0m0s",
+		"negative": "hold: after must be more than 0, got -1m0s",
+		"by_hand":  "hold: after must be at most 8784h0m0s (366 days), got 9600h0m0s",
 	} {
 		b.enqueue(t, contract.JobData{JobType: typ})
 		ev := b.nextOutcome(t)

@@ -1,4 +1,4 @@
-package worker
+package owner
 
 import (
 	"errors"
@@ -28,7 +28,7 @@ func TestDefaultExecutorID(t *testing.T) {
 		{"cut at a rune boundary", host(strings.Repeat("é", 40), nil), strings.Repeat("é", 29) + "-4242"},
 		{"unprintable characters replaced", host("bad\x00host\n", nil), "bad_host_-4242"},
 	} {
-		got := defaultExecutorID(tc.hostname, 4242)
+		got := DefaultExecutorID(tc.hostname, 4242)
 		require.Equal(t, tc.want, got, tc.name)
 		require.NoError(t, contract.ValidateExecutor("executor", got), tc.name)
 		require.LessOrEqual(t, len(got), contract.MaxTokenLen, tc.name)

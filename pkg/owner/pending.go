@@ -1,4 +1,4 @@
-package worker
+package owner
 
 import (
 	"container/list"
@@ -16,7 +16,7 @@ import (
 // consumer); the republish loop finds a dropped decision on the stream.
 const decisionBuffer = 8192
 
-// pendingFact is a failed or held fact this worker published and the
+// pendingFact is a failed or held fact this owner published and the
 // scheduler has not decided yet: what it takes to publish it again.
 type pendingFact struct {
 	id      string
@@ -41,15 +41,16 @@ type pendingFact struct {
 }
 
 // pendingSet is the facts waiting for their decision, oldest first. A
-// purge of RETRIES removes a fact the scheduler had not read; the worker
+// purge of RETRIES removes a fact the scheduler had not read; the owner
 // keeps its own copy until the decision shows that it was read.
 type pendingSet struct {
 	nc        *nats.Conn
+	kind      string
 	limit     int
 	wait      time.Duration
 	now       func() time.Time
 	log       *slog.Logger
-	m         *metrics
+	m         *ReporterMetrics
 	decisions chan *nats.Msg
 	done      chan struct{}
 
@@ -59,9 +60,9 @@ type pendingSet struct {
 	closed bool
 }
 
-func newPendingSet(nc *nats.Conn, limit int, wait time.Duration, now func() time.Time, log *slog.Logger, m *metrics) *pendingSet {
+func newPendingSet(nc *nats.Conn, kind string, limit int, wait time.Duration, now func() time.Time, log *slog.Logger, m *ReporterMetrics) *pendingSet {
 	p := &pendingSet{
-		nc: nc, limit: limit, wait: wait, now: now, log: log, m: m,
+		nc: nc, kind: kind, limit: limit, wait: wait, now: now, log: log, m: m,
 		decisions: make(chan *nats.Msg, decisionBuffer),
 		done:      make(chan struct{}),
 		byID:      map[string]*pendingFact{},
@@ -101,14 +102,14 @@ func (p *pendingSet) track(id string, attempt int, ev contract.Lifecycle) *pendi
 		if p.order.Len() >= p.limit {
 			p.evictOldest()
 		}
-		sub, err := p.nc.ChanSubscribe(contract.RetryItemFilter(contract.KindJob, id), p.decisions)
+		sub, err := p.nc.ChanSubscribe(contract.RetryItemFilter(p.kind, id), p.decisions)
 		if err != nil {
-			p.log.Warn("cannot follow the decision of a failure; it is published without a copy kept", slog.String("job_id", id), slog.Int("attempt", attempt), slog.Any("error", err))
+			p.log.Warn("cannot follow the decision of a failure; it is published without a copy kept", slog.String("id", id), slog.Int("attempt", attempt), slog.Any("error", err))
 			return nil
 		}
 		f.sub = sub
-		// Inc and Dec, not Set: workers sharing a registry share the gauge.
-		p.m.pending.Inc()
+		// Inc and Dec, not Set: owners sharing a registry share the gauge.
+		p.m.Pending.Inc()
 	}
 	f.elem = p.order.PushBack(f)
 	p.byID[id] = f
@@ -122,8 +123,8 @@ func (p *pendingSet) track(id string, attempt int, ev contract.Lifecycle) *pendi
 func (p *pendingSet) evictOldest() {
 	f := p.order.Front().Value.(*pendingFact)
 	p.removeLocked(f)
-	p.m.pendingEvicted.Inc()
-	p.log.Warn("pending facts at Config.PendingLimit; the oldest is no longer kept", slog.String("job_id", f.id), slog.Int("attempt", f.attempt), slog.Int("limit", p.limit))
+	p.m.Evicted.Inc()
+	p.log.Warn("pending facts at Config.PendingLimit; the oldest is no longer kept", slog.String("id", f.id), slog.Int("attempt", f.attempt), slog.Int("limit", p.limit))
 }
 
 // published records the PubAck of f's fact: msg is what was published and
@@ -147,8 +148,8 @@ func (p *pendingSet) published(f *pendingFact, msg *nats.Msg, seq uint64) {
 	f.nextCheck = p.now().Add(p.wait)
 }
 
-// abandon forgets f after its publish failed: the job goes back to the
-// broker and its next attempt reports again. A fact stored by an earlier
+// abandon forgets f after its publish failed: the item's message goes
+// back to the broker and its next delivery reports again. A fact stored by an earlier
 // delivery stays.
 func (p *pendingSet) abandon(f *pendingFact) {
 	p.mu.Lock()
@@ -165,7 +166,7 @@ func (p *pendingSet) removeLocked(f *pendingFact) {
 	if f.sub != nil {
 		_ = f.sub.Unsubscribe()
 	}
-	p.m.pending.Dec()
+	p.m.Pending.Dec()
 }
 
 // decides reports whether a lifecycle event of an item at attempt a shows

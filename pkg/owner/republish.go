@@ -1,4 +1,4 @@
-package worker
+package owner
 
 import (
 	"context"
@@ -36,36 +36,36 @@ func republishWindow(configured, duplicates time.Duration) (time.Duration, error
 	return configured, nil
 }
 
-// republishLoop checks the pending facts every quarter of RepublishAfter
-// until the worker stops; each fact is checked RepublishAfter after its
-// publish, then every RepublishAfter while it stays undecided.
-func (w *Worker) republishLoop(retries jetstream.Stream) {
-	defer w.loops.Done()
-	t := time.NewTicker(w.republishAfter / 4)
+// republishLoop checks the pending facts every quarter of the wait until
+// ctx ends; each fact is checked one wait after its publish, then every
+// wait while it stays undecided.
+func (r *Reporter) republishLoop(ctx context.Context) {
+	defer close(r.loopDone)
+	t := time.NewTicker(r.wait / 4)
 	defer t.Stop()
 	for {
 		select {
 		case <-t.C:
-			w.checkPending(retries)
-		case <-w.loopCtx.Done():
+			r.checkPending(ctx)
+		case <-ctx.Done():
 			return
 		}
 	}
 }
 
 // checkPending checks every pending fact that is due.
-func (w *Worker) checkPending(retries jetstream.Stream) {
-	for _, f := range w.pending.due(w.cfg.Now()) {
-		if w.loopCtx.Err() != nil {
+func (r *Reporter) checkPending(loopCtx context.Context) {
+	for _, f := range r.pending.due(r.cfg.Now()) {
+		if loopCtx.Err() != nil {
 			return
 		}
-		ctx, cancel := context.WithTimeout(w.loopCtx, checkTimeout)
-		err := w.checkFact(ctx, retries, f)
+		ctx, cancel := context.WithTimeout(loopCtx, checkTimeout)
+		err := r.checkFact(ctx, f)
 		cancel()
-		if err != nil && w.loopCtx.Err() == nil {
+		if err != nil && loopCtx.Err() == nil {
 			// RETRIES unreachable or missing: every other fact would fail
 			// the same way; try them all at the next tick.
-			w.log.Warn("cannot check a pending fact; trying at the next check", slog.String("job_id", f.id), slog.Int("attempt", f.attempt), slog.Any("error", err))
+			r.log.Warn("cannot check a pending fact; trying at the next check", slog.String("id", f.id), slog.Int("attempt", f.attempt), slog.Any("error", err))
 			return
 		}
 	}
@@ -76,42 +76,43 @@ func (w *Worker) checkPending(retries jetstream.Stream) {
 // scheduler, so f keeps waiting; a fact gone from the stream (purged, aged
 // out, deleted) is published again with its Nats-Msg-Id: the scheduler's
 // inbox recognises a copy it has read already.
-func (w *Worker) checkFact(ctx context.Context, retries jetstream.Stream, f pendingFact) error {
-	seq, stored, decided, err := storedCopy(ctx, retries, f)
+func (r *Reporter) checkFact(ctx context.Context, f pendingFact) error {
+	seq, stored, decided, err := storedCopy(ctx, r.retries, f)
 	if err != nil {
 		return err
 	}
 	if !decided {
-		if decided, err = decisionStored(ctx, retries, f); err != nil {
+		if decided, err = decisionStored(ctx, r.retries, r.cfg.Kind, f); err != nil {
 			return err
 		}
 	}
 	if decided || stored {
-		w.pending.checked(f, decided, seq)
+		r.pending.checked(f, decided, seq)
 		return nil
 	}
 	msg := &nats.Msg{Subject: f.subject, Header: f.header, Data: f.data}
-	ack, err := w.cfg.JS.PublishMsg(ctx, msg)
+	ack, err := r.cfg.JS.PublishMsg(ctx, msg)
 	if err != nil {
 		return fmt.Errorf("republish %s: %w", f.event, err)
 	}
-	w.pending.checked(f, false, ack.Sequence)
+	r.pending.checked(f, false, ack.Sequence)
 	if !ack.Duplicate {
-		w.m.republished.WithLabelValues(string(f.event)).Inc()
+		r.cfg.Metrics.Republished.WithLabelValues(string(f.event)).Inc()
 	}
-	w.log.Info("fact was gone from the stream before its decision; published it again",
-		slog.String("job_id", f.id), slog.Int("attempt", f.attempt), slog.String("event", string(f.event)),
+	r.log.Info("fact was gone from the stream before its decision; published it again",
+		slog.String("id", f.id), slog.Int("attempt", f.attempt), slog.String("event", string(f.event)),
 		slog.Uint64("stream_seq", ack.Sequence), slog.Bool("duplicate", ack.Duplicate))
 	return nil
 }
 
 // storedCopy reports whether a copy of f is in the stream, and its
-// sequence. It reads the last message on f's subject (the worker's
-// permissions allow reading job lifecycle subjects, not any sequence) and
+// sequence. It reads the last message on f's subject (an owner's
+// permissions allow reading its kind's lifecycle subjects, not any
+// sequence) and
 // compares its Nats-Msg-Id. A message of a later attempt there means f
 // was decided (later is set).
 func storedCopy(ctx context.Context, retries jetstream.Stream, f pendingFact) (seq uint64, stored, later bool, err error) {
-	m, err := lastFact(ctx, retries, f.subject)
+	m, err := LastFact(ctx, retries, f.subject)
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
 		return 0, false, false, nil
 	}
@@ -126,12 +127,12 @@ func storedCopy(ctx context.Context, retries jetstream.Stream, f pendingFact) (s
 }
 
 // decisionStored reports whether RETRIES holds a decision of f: it covers
-// a decision published while the worker's subscription missed it (a
+// a decision published while the owner's subscription missed it (a
 // reconnect, a full buffer).
-func decisionStored(ctx context.Context, retries jetstream.Stream, f pendingFact) (bool, error) {
+func decisionStored(ctx context.Context, retries jetstream.Stream, kind string, f pendingFact) (bool, error) {
 	for _, ev := range decisionEvents {
-		subj := contract.RetrySubject(contract.KindJob, ev, f.id)
-		m, err := lastFact(ctx, retries, subj)
+		subj := contract.RetrySubject(kind, ev, f.id)
+		m, err := LastFact(ctx, retries, subj)
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
 			continue
 		}
@@ -145,11 +146,11 @@ func decisionStored(ctx context.Context, retries jetstream.Stream, f pendingFact
 	return false, nil
 }
 
-// lastFact reads the last message published on subject, a four-token
+// LastFact reads the last message published on subject, a four-token
 // RETRIES subject: as stored unsplit, or with the shard token a split
 // stream appends (contract.RetryShardTransform). A stream split while
 // the item was pending holds both, so both are read and the later wins.
-func lastFact(ctx context.Context, retries jetstream.Stream, subject string) (*jetstream.RawStreamMsg, error) {
+func LastFact(ctx context.Context, retries jetstream.Stream, subject string) (*jetstream.RawStreamMsg, error) {
 	m, err := retries.GetLastMsgForSubject(ctx, subject)
 	if err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
 		return nil, err
