@@ -20,6 +20,12 @@ import (
 // job for an outcome.
 const outcomeLookupTimeout = 5 * time.Second
 
+// recreateTimeout bounds the look-up, stream reads and creation of a
+// deleted consumer. Not FetchWait: a short pull wait (tests use 200 ms)
+// made a loaded server's create time out after it had created the
+// consumer, which then went uncounted.
+const recreateTimeout = 5 * time.Second
+
 // pull is one durable pull consumer of the worker and what it takes to
 // create it again.
 type pull struct {
@@ -131,7 +137,7 @@ func (w *Worker) alreadyDone(p *pull, msg jetstream.Msg, id string, attempt int,
 // published meanwhile is lost; what was there before is checked for an
 // outcome and not run twice (alreadyDone).
 func (w *Worker) recreateIfDeleted(p *pull, log *slog.Logger) {
-	ctx, cancel := context.WithTimeout(w.loopCtx, w.cfg.FetchWait)
+	ctx, cancel := context.WithTimeout(w.loopCtx, recreateTimeout)
 	defer cancel()
 	_, err := w.cfg.JS.Consumer(ctx, p.stream, p.cfg.Durable)
 	if !errors.Is(err, jetstream.ErrConsumerNotFound) {
