@@ -11,6 +11,7 @@ import (
 
 	"github.com/retryd/retryd/internal/serve"
 	"github.com/retryd/retryd/pkg/contract"
+	"github.com/retryd/retryd/projections/pgdb"
 	"github.com/retryd/retryd/projections/retrystore"
 )
 
@@ -31,16 +32,16 @@ func encodeShardCursor(states []string) string {
 
 // decodeShardCursor reads a cursor encodeShardCursor made for n shards;
 // anything else (another shard count included: the list must start
-// again after the shards change) is retrystore.ErrBadCursor, a 400 as
+// again after the shards change) is pgdb.ErrBadCursor, a 400 as
 // the scheduler answers for a cursor it did not make.
 func decodeShardCursor(c string, n int) ([]string, error) {
 	b, err := base64.RawURLEncoding.DecodeString(c)
 	if err != nil {
-		return nil, retrystore.ErrBadCursor
+		return nil, pgdb.ErrBadCursor
 	}
 	var states []string
 	if json.Unmarshal(b, &states) != nil || len(states) != n {
-		return nil, retrystore.ErrBadCursor
+		return nil, pgdb.ErrBadCursor
 	}
 	open := false
 	for _, st := range states {
@@ -49,12 +50,12 @@ func decodeShardCursor(c string, n int) ([]string, error) {
 			continue
 		}
 		if _, _, err := retrystore.ParseListCursor(st); err != nil {
-			return nil, retrystore.ErrBadCursor
+			return nil, pgdb.ErrBadCursor
 		}
 		open = true
 	}
 	if !open {
-		return nil, retrystore.ErrBadCursor
+		return nil, pgdb.ErrBadCursor
 	}
 	return states, nil
 }
@@ -110,7 +111,7 @@ func (s *schedulerShards) serveList(w http.ResponseWriter, r *http.Request) {
 	if c := q["cursor"]; len(c) == 1 && c[0] != "" {
 		var err error
 		if states, err = decodeShardCursor(c[0], n); err != nil {
-			serve.ReplyPage(w, nil, err, retrystore.ErrBadCursor)
+			serve.ReplyPage(w, nil, err)
 			return
 		}
 	}

@@ -23,6 +23,7 @@ import (
 	"github.com/retryd/retryd/internal/streams"
 	"github.com/retryd/retryd/migrations/pgtest"
 	"github.com/retryd/retryd/pkg/contract"
+	"github.com/retryd/retryd/projections/pgdb"
 	"github.com/retryd/retryd/projections/retrystore"
 	schedulersvc "github.com/retryd/retryd/services/scheduler"
 )
@@ -222,7 +223,7 @@ func TestGatewayShardsFindListAndAct(t *testing.T) {
 	require.Equal(t, http.StatusOK, code, body)
 	require.Contains(t, body, `"id":"`+onZero+`"`)
 	_, err := retrystore.Get(s.be.Ctx, s.pools[1], contract.KindJob, onZero)
-	require.ErrorIs(t, err, retrystore.ErrNotFound, "shard 1 never saw it")
+	require.ErrorIs(t, err, pgdb.ErrNotFound, "shard 1 never saw it")
 	// Its cancellation went to its shard now: it is on both shards until
 	// the split moves it, and the list shows it once.
 	s.waitRow(1, s.legacy, retrystore.StateCancelled)

@@ -12,7 +12,6 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -25,6 +24,7 @@ import (
 	"github.com/retryd/retryd/internal/pgquery"
 	"github.com/retryd/retryd/internal/pgrows"
 	"github.com/retryd/retryd/internal/serve"
+	"github.com/retryd/retryd/projections/pgdb"
 )
 
 // Actions recorded; the target names what they act on.
@@ -159,9 +159,6 @@ type Page struct {
 	NextCursor string `json:"next_cursor,omitempty"`
 }
 
-// ErrBadCursor is returned by List for a cursor it did not produce.
-var ErrBadCursor = errors.New("cursor is not valid")
-
 // List returns the entries matching f, newest first, one page at a time
 // (keyset pagination on id: entries written meanwhile do not shift later
 // pages).
@@ -179,11 +176,11 @@ func List(ctx context.Context, q Querier, f Filter) (Page, error) {
 	if f.Cursor != "" {
 		raw, err := base64.RawURLEncoding.DecodeString(f.Cursor)
 		if err != nil {
-			return Page{}, ErrBadCursor
+			return Page{}, pgdb.ErrBadCursor
 		}
 		id, err := strconv.ParseInt(string(raw), 10, 64)
 		if err != nil || id < 1 {
-			return Page{}, ErrBadCursor
+			return Page{}, pgdb.ErrBadCursor
 		}
 		w.Add("id < ?", id)
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/retryd/retryd/internal/audit"
 	"github.com/retryd/retryd/internal/serve"
 	"github.com/retryd/retryd/pkg/contract"
+	"github.com/retryd/retryd/projections/pgdb"
 )
 
 // maxBody caps a token request's body.
@@ -115,7 +116,7 @@ type TokenList struct {
 func (a *API) revoke(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
 	if err := contract.ValidateID("id", id); err != nil {
-		serve.WriteError(w, fmt.Errorf("token %q: %w", id, serve.ErrNotFound))
+		serve.WriteError(w, fmt.Errorf("token %q: %w", id, pgdb.ErrNotFound))
 		return
 	}
 	t, err := a.store.Revoke(r.Context(), id)
@@ -129,7 +130,7 @@ func (a *API) audit(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	page, err := audit.List(r.Context(), a.store.pool, f)
-	serve.ReplyPage(w, page, err, audit.ErrBadCursor)
+	serve.ReplyPage(w, page, err)
 }
 
 // auditQuery parses the audit filter strictly: unknown parameters are

@@ -22,6 +22,7 @@ import (
 	"github.com/retryd/retryd/internal/serve"
 	"github.com/retryd/retryd/migrations/pgtest"
 	"github.com/retryd/retryd/pkg/contract"
+	"github.com/retryd/retryd/projections/pgdb"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
@@ -54,7 +55,7 @@ func TestTokenLifecycle(t *testing.T) {
 	require.Equal(t, serve.RoleOperator, tok.Role)
 
 	_, _, err = store.Create(ctx, "oncall", serve.RoleViewer, nil)
-	require.ErrorIs(t, err, serve.ErrConflict, "two live tokens may not share a name")
+	require.ErrorIs(t, err, pgdb.ErrConflict, "two live tokens may not share a name")
 	// A name is the by of its holder's lifecycle facts, which allow 64.
 	_, _, err = store.Create(ctx, strings.Repeat("n", contract.MaxTokenLen+1), serve.RoleViewer, nil)
 	require.ErrorIs(t, err, contract.ErrInvalid)
@@ -102,7 +103,7 @@ func TestTokenLifecycle(t *testing.T) {
 	require.NoError(t, err, "revoking twice is fine")
 	require.NotNil(t, again.RevokedAt)
 	_, err = store.Revoke(ctx, "01NOSUCHTOKEN")
-	require.ErrorIs(t, err, serve.ErrNotFound)
+	require.ErrorIs(t, err, pgdb.ErrNotFound)
 
 	// The name is free again once revoked.
 	exp := clk.Now().Add(time.Hour)

@@ -23,6 +23,7 @@ import (
 	"github.com/retryd/retryd/internal/pgrows"
 	"github.com/retryd/retryd/internal/serve"
 	"github.com/retryd/retryd/pkg/contract"
+	"github.com/retryd/retryd/projections/pgdb"
 )
 
 // Prefix starts every token, so a token pasted in a chat or a log is
@@ -170,7 +171,7 @@ func (s *Store) Create(ctx context.Context, name string, role serve.Role, expire
 	})
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "23505" {
-		return Token{}, "", fmt.Errorf("create token: a live token is named %q already: %w", name, serve.ErrConflict)
+		return Token{}, "", fmt.Errorf("create token: a live token is named %q already: %w", name, pgdb.ErrConflict)
 	}
 	if err != nil {
 		return Token{}, "", fmt.Errorf("create token: %w", err)
@@ -200,7 +201,7 @@ func (s *Store) Revoke(ctx context.Context, id string) (Token, error) {
 		return audit.Record(ctx, tx, audit.TokenRevoke, "token/"+t.ID, audit.Detail{"name": t.Name})
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
-		return Token{}, fmt.Errorf("token %q: %w", id, serve.ErrNotFound)
+		return Token{}, fmt.Errorf("token %q: %w", id, pgdb.ErrNotFound)
 	}
 	if err != nil {
 		return Token{}, fmt.Errorf("revoke token: %w", err)

@@ -1,7 +1,7 @@
 // Package pgrows runs the statements of the stores (the services'
 // triggerstore and ingressstore, the projections' jobstore and retrystore,
 // the audit log, the tokens) row-wise: it reads one row, where no row is
-// contract.ErrNotFound, all of them, or one page of a list, and tells
+// pgdb.ErrNotFound, all of them, or one page of a list, and tells
 // whether a statement changed its row. The scan functions stay with the store that owns the
 // table; this package only runs the statement, collects the rows and
 // names the failure.
@@ -15,7 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/retryd/retryd/pkg/contract"
+	"github.com/retryd/retryd/projections/pgdb"
 )
 
 // Querier is what a read needs from a connection: a *pgxpool.Pool, a
@@ -25,14 +25,14 @@ type Querier interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
-// One scans the row sql returns. No row is contract.ErrNotFound (the
+// One scans the row sql returns. No row is pgdb.ErrNotFound (the
 // stores' ErrNotFound, a 404 at the API); errors are wrapped as
 // "what: …".
 func One[T any](ctx context.Context, db Querier, what string, scan func(pgx.Row) (T, error), sql string, args ...any) (T, error) {
 	v, err := scan(db.QueryRow(ctx, sql, args...))
 	if err != nil {
 		if errors.Is(err, pgx.ErrNoRows) {
-			err = contract.ErrNotFound
+			err = pgdb.ErrNotFound
 		}
 		var zero T
 		return zero, fmt.Errorf("%s: %w", what, err)

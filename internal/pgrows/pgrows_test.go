@@ -10,7 +10,7 @@ import (
 
 	"github.com/retryd/retryd/internal/pgrows"
 	"github.com/retryd/retryd/migrations/pgtest"
-	"github.com/retryd/retryd/pkg/contract"
+	"github.com/retryd/retryd/projections/pgdb"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
@@ -21,7 +21,7 @@ func scanNumber(row pgx.Row) (int, error) {
 	return n, err
 }
 
-// One maps a missing row to contract.ErrNotFound and names what failed;
+// One maps a missing row to pgdb.ErrNotFound and names what failed;
 // All and Strings return every row, and [] (not nil) for none.
 func TestOneAndAll(t *testing.T) {
 	t.Parallel()
@@ -33,12 +33,12 @@ func TestOneAndAll(t *testing.T) {
 	require.Equal(t, 7, n)
 
 	_, err = pgrows.One(ctx, pool, "get number", scanNumber, `SELECT 1 WHERE false`)
-	require.ErrorIs(t, err, contract.ErrNotFound)
-	require.EqualError(t, err, "get number: "+contract.ErrNotFound.Error())
+	require.ErrorIs(t, err, pgdb.ErrNotFound)
+	require.EqualError(t, err, "get number: "+pgdb.ErrNotFound.Error())
 
 	_, err = pgrows.One(ctx, pool, "get number", scanNumber, `SELECT 'x'::text`)
 	require.Error(t, err)
-	require.NotErrorIs(t, err, contract.ErrNotFound)
+	require.NotErrorIs(t, err, pgdb.ErrNotFound)
 	require.Contains(t, err.Error(), "get number: ")
 
 	ns, err := pgrows.All(ctx, pool, "list numbers", scanNumber, `SELECT generate_series(1, $1::int)`, 3)

@@ -7,8 +7,9 @@
 //	{"error": {"code": "invalid_input", "message": "...", "field": "..."}}
 //
 // with 400 (contract.ErrInvalid), 413 (contract.ErrTooLarge), 404
-// (ErrNotFound), 409 (ErrConflict) and 500 for anything else, whose message
-// is not shown to the client.
+// (pgdb.ErrNotFound), 409 (pgdb.ErrConflict), 415
+// (ErrUnsupportedMediaType) and 500 for anything else, whose message is
+// not shown to the client.
 //
 // # Stopping
 //

@@ -9,19 +9,14 @@ import (
 
 	"github.com/retryd/retryd/internal/streams"
 	"github.com/retryd/retryd/pkg/contract"
+	"github.com/retryd/retryd/projections/pgdb"
 )
 
-var (
-	// ErrNotFound is wrapped by handlers for a missing resource (404). It
-	// is contract.ErrNotFound, which the stores return too.
-	ErrNotFound = contract.ErrNotFound
-	// ErrConflict is wrapped when the request clashes with the resource's
-	// state, e.g. retrying a retry that is still pending (409).
-	ErrConflict = errors.New("conflict")
-	// ErrUnsupportedMediaType is wrapped when a body is not JSON by its
-	// Content-Type (415).
-	ErrUnsupportedMediaType = errors.New("unsupported media type")
-)
+// ErrUnsupportedMediaType is wrapped when a body is not JSON by its
+// Content-Type (415). Not found and conflict are the stores' errors
+// (pgdb.ErrNotFound, pgdb.ErrConflict), which handlers wrap too: one
+// value each, whichever part said it.
+var ErrUnsupportedMediaType = errors.New("unsupported media type")
 
 // Error codes of the error body.
 const (
@@ -91,10 +86,10 @@ func Reply(w http.ResponseWriter, v any, err error) {
 }
 
 // ReplyPage answers a list read as Reply does; the store's error for a
-// cursor it did not make (badCursor, in err) is the client's: a 400
-// naming the cursor parameter.
-func ReplyPage(w http.ResponseWriter, page any, err, badCursor error) {
-	if errors.Is(err, badCursor) {
+// cursor it did not make (pgdb.ErrBadCursor, in err) is the client's: a
+// 400 naming the cursor parameter.
+func ReplyPage(w http.ResponseWriter, page any, err error) {
+	if errors.Is(err, pgdb.ErrBadCursor) {
 		err = &contract.FieldError{Field: "cursor", Reason: "is not a cursor returned by this API", Err: contract.ErrInvalid}
 	}
 	Reply(w, page, err)
@@ -127,11 +122,11 @@ func Describe(err error) (int, ErrorDetail) {
 		return http.StatusRequestEntityTooLarge, ErrorDetail{Code: CodeTooLarge, Message: err.Error(), Field: fieldName}
 	case errors.Is(err, contract.ErrInvalid):
 		return http.StatusBadRequest, ErrorDetail{Code: CodeInvalidInput, Message: err.Error(), Field: fieldName}
-	case errors.Is(err, ErrNotFound):
+	case errors.Is(err, pgdb.ErrNotFound):
 		return http.StatusNotFound, ErrorDetail{Code: CodeNotFound, Message: err.Error()}
 	case errors.Is(err, ErrUnsupportedMediaType):
 		return http.StatusUnsupportedMediaType, ErrorDetail{Code: CodeMediaType, Message: err.Error(), Field: "Content-Type"}
-	case errors.Is(err, ErrConflict):
+	case errors.Is(err, pgdb.ErrConflict):
 		return http.StatusConflict, ErrorDetail{Code: CodeConflict, Message: err.Error()}
 	case streams.Full(err):
 		// The request changed nothing: JetStream refused to store it.

@@ -22,6 +22,7 @@ import (
 
 	"github.com/retryd/retryd/internal/serve"
 	"github.com/retryd/retryd/pkg/contract"
+	"github.com/retryd/retryd/projections/pgdb"
 )
 
 func get(t *testing.T, h http.Handler, path string) (int, string) {
@@ -102,8 +103,8 @@ func TestWriteErrorMapping(t *testing.T) {
 		{"contract too large", tooBig, 413, "too_large", "event", "limit"},
 		{"max bytes", &http.MaxBytesError{Limit: 10}, 413, "too_large", "body", "too large"},
 		{"bare invalid", contract.ErrInvalid, 400, "invalid_input", "", "invalid input"},
-		{"not found", fmt.Errorf("retry event/abc: %w", serve.ErrNotFound), 404, "not_found", "", "retry event/abc: not found"},
-		{"conflict", fmt.Errorf("retry is pending: %w", serve.ErrConflict), 409, "conflict", "", "retry is pending: conflict"},
+		{"not found", fmt.Errorf("retry event/abc: %w", pgdb.ErrNotFound), 404, "not_found", "", "retry event/abc: not found"},
+		{"conflict", fmt.Errorf("retry is pending: %w", pgdb.ErrConflict), 409, "conflict", "", "retry is pending: conflict"},
 		{"internal hidden", errors.New("pq: password authentication failed for user x"), 500, "internal", "", "internal error"},
 		{"stream full", fmt.Errorf("publish job j1: nats: %w", &jetstream.APIError{Code: 503, ErrorCode: 10077, Description: "maximum bytes exceeded"}),
 			503, "unavailable", "", "a stream is full"},
@@ -142,7 +143,7 @@ func TestReply(t *testing.T) {
 	require.Equal(t, http.StatusOK, rec.Code)
 	require.JSONEq(t, `{"n":1}`, rec.Body.String())
 	rec = httptest.NewRecorder()
-	serve.Reply(rec, map[string]int{"n": 1}, fmt.Errorf("thing t1: %w", serve.ErrNotFound))
+	serve.Reply(rec, map[string]int{"n": 1}, fmt.Errorf("thing t1: %w", pgdb.ErrNotFound))
 	require.Equal(t, http.StatusNotFound, rec.Code)
 	require.NotContains(t, rec.Body.String(), `"n"`)
 }
@@ -151,16 +152,15 @@ func TestReply(t *testing.T) {
 // cursor, and answers anything else as Reply does.
 func TestReplyPage(t *testing.T) {
 	t.Parallel()
-	badCursor := errors.New("cursor is not valid")
 	rec := httptest.NewRecorder()
-	serve.ReplyPage(rec, nil, fmt.Errorf("list things: %w", badCursor), badCursor)
+	serve.ReplyPage(rec, nil, fmt.Errorf("list things: %w", pgdb.ErrBadCursor))
 	require.Equal(t, http.StatusBadRequest, rec.Code)
 	var body serve.ErrorBody
 	require.NoError(t, json.Unmarshal(rec.Body.Bytes(), &body))
 	require.Equal(t, serve.ErrorDetail{Code: serve.CodeInvalidInput, Field: "cursor", Message: "cursor is not a cursor returned by this API"}, body.Error)
 
 	rec = httptest.NewRecorder()
-	serve.ReplyPage(rec, map[string]int{"n": 1}, nil, badCursor)
+	serve.ReplyPage(rec, map[string]int{"n": 1}, nil)
 	require.Equal(t, http.StatusOK, rec.Code)
 	require.JSONEq(t, `{"n":1}`, rec.Body.String())
 }
@@ -174,7 +174,7 @@ func TestWriteErrorLog(t *testing.T) {
 	r := httptest.NewRequest(http.MethodGet, "/v1/things/t1", nil)
 
 	rec := httptest.NewRecorder()
-	serve.WriteErrorLog(rec, r, log, fmt.Errorf("thing t1: %w", serve.ErrNotFound))
+	serve.WriteErrorLog(rec, r, log, fmt.Errorf("thing t1: %w", pgdb.ErrNotFound))
 	require.Equal(t, http.StatusNotFound, rec.Code)
 	require.Empty(t, logs.String())
 

@@ -14,10 +14,6 @@ var (
 	ErrInvalid = errors.New("invalid input")
 	// ErrTooLarge is wrapped when input exceeds a size limit (HTTP 413).
 	ErrTooLarge = errors.New("input too large")
-	// ErrNotFound is wrapped when what a request names (an event, a retry,
-	// a trigger, a job, a policy) does not exist (HTTP 404). It is the one
-	// such error: every store of retryd and the HTTP layer wrap this one.
-	ErrNotFound = errors.New("not found")
 )
 
 // FieldError says which field of an input is wrong and why.

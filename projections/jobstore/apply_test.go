@@ -14,6 +14,7 @@ import (
 	"github.com/retryd/retryd/migrations/pgtest"
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/projections/jobstore"
+	"github.com/retryd/retryd/projections/pgdb"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
@@ -276,7 +277,7 @@ func TestCurrentStepComesFromTheCheckpoint(t *testing.T) {
 		require.JSONEq(t, tc.cp, string(j.Checkpoint))
 	}
 	_, err := jobstore.Get(b.ctx, b.pool, "missing")
-	require.ErrorIs(t, err, jobstore.ErrNotFound)
+	require.ErrorIs(t, err, pgdb.ErrNotFound)
 }
 
 func held(id, typ string, attempt int, reason string, until *time.Time, at time.Time) step {

@@ -21,7 +21,3 @@ import (
 
 // Querier is a *pgxpool.Pool, a *pgx.Conn or a pgx.Tx.
 type Querier = pgdb.DB
-
-// ErrNotFound is returned for a job or an operation that does not exist.
-// It is pgdb.ErrNotFound.
-var ErrNotFound = pgdb.ErrNotFound

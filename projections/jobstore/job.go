@@ -94,7 +94,7 @@ func scanJob(row pgx.Row) (Job, error) {
 	return j, err
 }
 
-// Get returns one job, or ErrNotFound.
+// Get returns one job, or pgdb.ErrNotFound.
 func Get(ctx context.Context, q Querier, id string) (Job, error) {
 	return pgrows.One(ctx, q, "get job "+id, scanJob, `SELECT `+jobColumns+` FROM jobs WHERE job_id = $1`, id)
 }

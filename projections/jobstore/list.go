@@ -2,19 +2,16 @@ package jobstore
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
 	"github.com/retryd/retryd/internal/pgquery"
 	"github.com/retryd/retryd/internal/pgrows"
+	"github.com/retryd/retryd/projections/pgdb"
 )
 
 // MaxListLimit bounds one page of List.
 const MaxListLimit = 1000
-
-// ErrBadCursor is returned by List for a cursor it did not produce.
-var ErrBadCursor = errors.New("cursor is not valid")
 
 // Filter selects jobs; zero fields match everything. It is what the jobs
 // list and bulk retry filter on.
@@ -75,7 +72,7 @@ func List(ctx context.Context, q Querier, f Filter, limit int, cursor string) (P
 	}
 	w := f.where()
 	if !w.BeforeTimeCursor("updated_at, job_id", cursor) {
-		return Page{}, fmt.Errorf("list jobs: %w", ErrBadCursor)
+		return Page{}, fmt.Errorf("list jobs: %w", pgdb.ErrBadCursor)
 	}
 	sql := `SELECT ` + jobColumns + ` FROM jobs` + w.SQL() + ` ORDER BY updated_at DESC, job_id DESC LIMIT ` + w.Arg(limit+1)
 	var page Page

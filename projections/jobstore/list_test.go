@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/retryd/retryd/projections/jobstore"
+	"github.com/retryd/retryd/projections/pgdb"
 )
 
 // seedList inserts 30 jobs: statuses cycle through failed_max_retries,
@@ -71,7 +72,7 @@ func TestListFiltersAndPages(t *testing.T) {
 	require.Empty(t, all.NextCursor)
 
 	_, err = jobstore.List(b.ctx, b.pool, f, 2, "garbage")
-	require.ErrorIs(t, err, jobstore.ErrBadCursor)
+	require.ErrorIs(t, err, pgdb.ErrBadCursor)
 	_, err = jobstore.List(b.ctx, b.pool, f, jobstore.MaxListLimit+1, "")
 	require.Error(t, err)
 }
@@ -152,5 +153,5 @@ func TestBulkRetryOperation(t *testing.T) {
 	require.NoError(t, err)
 	require.Empty(t, ids)
 	_, err = jobstore.GetOperation(b.ctx, b.pool, "missing")
-	require.ErrorIs(t, err, jobstore.ErrNotFound)
+	require.ErrorIs(t, err, pgdb.ErrNotFound)
 }

@@ -6,6 +6,7 @@ import (
 
 	"github.com/retryd/retryd/internal/pgquery"
 	"github.com/retryd/retryd/internal/pgrows"
+	"github.com/retryd/retryd/projections/pgdb"
 )
 
 // OperationPage is one page of ListOperations: the newest first.
@@ -26,7 +27,7 @@ func ListOperations(ctx context.Context, q Querier, status string, limit int, cu
 	var w pgquery.Where
 	w.Equal("status", status)
 	if !w.BeforeTimeCursor("created_at, operation_id", cursor) {
-		return OperationPage{}, fmt.Errorf("list operations: %w", ErrBadCursor)
+		return OperationPage{}, fmt.Errorf("list operations: %w", pgdb.ErrBadCursor)
 	}
 	sql := `SELECT ` + operationColumns + ` FROM job_operations` + w.SQL() +
 		` ORDER BY created_at DESC, operation_id DESC LIMIT ` + w.Arg(limit+1)

@@ -115,7 +115,7 @@ WHERE operation_id = $1 RETURNING `+operationColumns, op.ID, tag.RowsAffected(),
 	return o, nil
 }
 
-// GetOperation returns an operation, or ErrNotFound.
+// GetOperation returns an operation, or pgdb.ErrNotFound.
 func GetOperation(ctx context.Context, q Querier, id string) (Operation, error) {
 	return pgrows.One(ctx, q, "get operation "+id, scanOperation, `SELECT `+operationColumns+` FROM job_operations WHERE operation_id = $1`, id)
 }

@@ -1,6 +1,9 @@
 // Package pgdb holds what every store of retryd shares: the connection
 // its functions take (a *pgxpool.Pool, a *pgx.Conn or a pgx.Tx) and the
-// error for a row that does not exist.
+// sentinel errors of a store: a row that does not exist, a change that
+// clashes with a row, a list cursor the store did not make. Each is
+// defined here only, so the HTTP layer (internal/serve) answers 404, 409
+// and 400 for whichever store or handler wrapped it.
 package pgdb
 
 import (
@@ -9,8 +12,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-
-	"github.com/retryd/retryd/pkg/contract"
 )
 
 // DB is what a store function needs from a connection: a *pgxpool.Pool,
@@ -27,9 +28,18 @@ type Copier interface {
 	CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, rows pgx.CopyFromSource) (int64, error)
 }
 
-// ErrNotFound is returned when a row a caller names does not exist. It is
-// contract.ErrNotFound, so the HTTP layer answers 404 for it as it is.
-var ErrNotFound = contract.ErrNotFound
+var (
+	// ErrNotFound is wrapped when what a caller names (an event, a retry,
+	// a trigger, a job, a policy, a token) does not exist (HTTP 404).
+	ErrNotFound = errors.New("not found")
+	// ErrConflict is wrapped when a change clashes with the state of what
+	// it names: an id that is taken, cancelling a retry that finished, a
+	// policy version that changed (HTTP 409).
+	ErrConflict = errors.New("conflict")
+	// ErrBadCursor is wrapped when a list is given a cursor it did not
+	// make; the client sent it, so the API answers 400 for it.
+	ErrBadCursor = errors.New("cursor is not valid")
+)
 
 // NotFound turns pgx.ErrNoRows into ErrNotFound and returns any other
 // error as it is.

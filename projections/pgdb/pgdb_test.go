@@ -11,29 +11,27 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/retryd/retryd/internal/serve"
-	"github.com/retryd/retryd/pkg/contract"
-	"github.com/retryd/retryd/projections/jobstore"
 	"github.com/retryd/retryd/projections/pgdb"
-	"github.com/retryd/retryd/projections/retrystore"
 )
 
-// Every store's not-found error is the one contract.ErrNotFound, so a
-// handler can pass a store's error on and the client gets a 404. (The
-// stores the services own internally check theirs in their own tests.)
-func TestOneNotFound(t *testing.T) {
+// A missing row is pgdb.ErrNotFound, and a store's sentinel passed on as
+// it is gets its status from the HTTP layer: a handler need not map it.
+func TestSentinels(t *testing.T) {
 	t.Parallel()
-	for name, err := range map[string]error{
-		"retrystore": retrystore.ErrNotFound, "jobstore": jobstore.ErrNotFound, "serve": serve.ErrNotFound,
-	} {
-		require.Same(t, contract.ErrNotFound, err, name)
-	}
-
-	require.ErrorIs(t, pgdb.NotFound(fmt.Errorf("get: %w", pgx.ErrNoRows)), contract.ErrNotFound)
+	require.ErrorIs(t, pgdb.NotFound(fmt.Errorf("get: %w", pgx.ErrNoRows)), pgdb.ErrNotFound)
 	other := errors.New("connection refused")
 	require.Same(t, other, pgdb.NotFound(other))
 	require.NoError(t, pgdb.NotFound(nil))
 
+	for err, status := range map[error]int{
+		fmt.Errorf("get retry %q: %w", "r1", pgdb.ErrNotFound):                   http.StatusNotFound,
+		fmt.Errorf("create trigger t1: it already exists: %w", pgdb.ErrConflict): http.StatusConflict,
+	} {
+		rec := httptest.NewRecorder()
+		serve.WriteError(rec, err)
+		require.Equal(t, status, rec.Code, err.Error())
+	}
 	rec := httptest.NewRecorder()
-	serve.WriteError(rec, fmt.Errorf("get retry %q: %w", "r1", retrystore.ErrNotFound))
-	require.Equal(t, http.StatusNotFound, rec.Code)
+	serve.ReplyPage(rec, nil, fmt.Errorf("list retries: %w", pgdb.ErrBadCursor))
+	require.Equal(t, http.StatusBadRequest, rec.Code)
 }

@@ -28,8 +28,4 @@ type Querier = pgdb.DB
 // a transaction).
 type Copier = pgdb.Copier
 
-// ErrNotFound is returned when a retry or a policy does not exist. It is
-// pgdb.ErrNotFound.
-var ErrNotFound = pgdb.ErrNotFound
-
 func isNoRows(err error) bool { return errors.Is(err, pgx.ErrNoRows) }

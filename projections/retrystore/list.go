@@ -3,7 +3,6 @@ package retrystore
 import (
 	"context"
 	"encoding/base64"
-	"errors"
 	"fmt"
 	"strings"
 
@@ -11,13 +10,11 @@ import (
 
 	"github.com/retryd/retryd/internal/pgquery"
 	"github.com/retryd/retryd/internal/pgrows"
+	"github.com/retryd/retryd/projections/pgdb"
 )
 
 // MaxListLimit bounds one page of List.
 const MaxListLimit = 1000
-
-// ErrBadCursor is returned by List for a cursor it did not produce.
-var ErrBadCursor = errors.New("cursor is not valid")
 
 // ListFilter selects retries; empty fields match everything.
 type ListFilter struct {
@@ -71,7 +68,7 @@ func List(ctx context.Context, q Querier, f ListFilter) (Page, error) {
 func ListCursor(kind, item string) string { return encodeCursor(kind, item) }
 
 // ParseListCursor returns the kind and item id a List cursor resumes
-// after, or ErrBadCursor.
+// after, or pgdb.ErrBadCursor.
 func ParseListCursor(c string) (kind, item string, err error) { return decodeCursor(c) }
 
 // Cursors are opaque to clients: base64 of "kind\x00item_id". Neither part
@@ -83,11 +80,11 @@ func encodeCursor(kind, item string) string {
 func decodeCursor(c string) (kind, item string, err error) {
 	b, err := base64.RawURLEncoding.DecodeString(c)
 	if err != nil {
-		return "", "", ErrBadCursor
+		return "", "", pgdb.ErrBadCursor
 	}
 	kind, item, ok := strings.Cut(string(b), "\x00")
 	if !ok || kind == "" || item == "" {
-		return "", "", ErrBadCursor
+		return "", "", pgdb.ErrBadCursor
 	}
 	return kind, item, nil
 }

@@ -71,7 +71,7 @@ func scanPolicy(row pgx.Row) (policy.Policy, error) {
 
 // LookupPolicy returns the policy that governs kind and jobType: the exact
 // (kind, jobType) row, else the kind's default (kind, ""), else the
-// fallback ("*", ""). ErrNotFound means none of them exists.
+// fallback ("*", ""). pgdb.ErrNotFound means none of them exists.
 func LookupPolicy(ctx context.Context, q Querier, kind, jobType string) (policy.Policy, error) {
 	return pgrows.One(ctx, q, "look up policy "+kind+"/"+jobType, scanPolicy, `SELECT `+policyColumns+` FROM retry_policies
 WHERE (kind = $1 AND job_type IN ($2, '')) OR (kind = '*' AND job_type = '')

@@ -206,7 +206,7 @@ func scanRetry(row pgx.Row, extra ...any) (Retry, error) {
 	return r, nil
 }
 
-// Get returns the retry kind/itemID, or ErrNotFound.
+// Get returns the retry kind/itemID, or pgdb.ErrNotFound.
 func Get(ctx context.Context, q Querier, kind, itemID string) (Retry, error) {
 	return get(ctx, q, kind, itemID, "")
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/retryd/retryd/pkg/backoff"
 	"github.com/retryd/retryd/pkg/errclass"
 	"github.com/retryd/retryd/pkg/policy"
+	"github.com/retryd/retryd/projections/pgdb"
 	"github.com/retryd/retryd/projections/retrystore"
 )
 
@@ -66,7 +67,7 @@ func TestSaveGetRoundTrip(t *testing.T) {
 	require.True(t, saved.CreatedAt.Equal(again.CreatedAt), "created_at is kept on update")
 
 	_, err = retrystore.Get(ctx, pool, "job", "nope")
-	require.ErrorIs(t, err, retrystore.ErrNotFound)
+	require.ErrorIs(t, err, pgdb.ErrNotFound)
 
 	bad := r
 	bad.State = "waiting"
@@ -315,7 +316,7 @@ func TestListPagination(t *testing.T) {
 	require.Empty(t, page.NextCursor)
 
 	_, err = retrystore.List(ctx, pool, retrystore.ListFilter{Cursor: "!!"})
-	require.ErrorIs(t, err, retrystore.ErrBadCursor)
+	require.ErrorIs(t, err, pgdb.ErrBadCursor)
 	_, err = retrystore.List(ctx, pool, retrystore.ListFilter{Limit: retrystore.MaxListLimit + 1})
 	require.Error(t, err)
 
@@ -344,7 +345,7 @@ func TestPolicies(t *testing.T) {
 	require.Equal(t, []errclass.Class{errclass.Authentication, errclass.Permission, errclass.Validation}, p.NonRetryableClasses)
 
 	_, err = retrystore.GetPolicy(ctx, pool, "webhook", "")
-	require.ErrorIs(t, err, retrystore.ErrNotFound)
+	require.ErrorIs(t, err, pgdb.ErrNotFound)
 
 	created, err := retrystore.PutPolicy(ctx, pool, policy.Policy{
 		Kind: "webhook", Name: "webhooks", MaxRetries: 2, Enabled: true,

@@ -13,6 +13,7 @@ import (
 	"github.com/retryd/retryd/internal/serve"
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/projections/outbox"
+	"github.com/retryd/retryd/projections/pgdb"
 	"github.com/retryd/retryd/projections/pgtext"
 	"github.com/retryd/retryd/services/ingress/internal/ingressstore"
 )
@@ -378,7 +379,7 @@ func (s *Service) eventView(ctx context.Context, db ingressstore.DB, ev ingresss
 		ReceivedAt: ev.ReceivedAt, AdmittedAt: ev.AdmittedAt, UpdatedAt: ev.UpdatedAt}
 	r, err := ingressstore.GetRetry(ctx, db, ev.ID)
 	switch {
-	case errors.Is(err, ingressstore.ErrNotFound):
+	case errors.Is(err, pgdb.ErrNotFound):
 	case err != nil:
 		return EventView{}, err
 	default:
@@ -450,7 +451,7 @@ func (s *Service) cancelEvent(w http.ResponseWriter, r *http.Request) {
 			last := 0
 			if rr, err := ingressstore.GetRetry(r.Context(), tx, id); err == nil {
 				last = rr.Attempts
-			} else if !errors.Is(err, ingressstore.ErrNotFound) {
+			} else if !errors.Is(err, pgdb.ErrNotFound) {
 				return err
 			}
 			if err := s.cancelDeferral(r.Context(), tx, ev, last, req.By, req.Reason); err != nil {
@@ -466,7 +467,7 @@ func (s *Service) cancelEvent(w http.ResponseWriter, r *http.Request) {
 				return err
 			}
 		default:
-			return fmt.Errorf("event %q is %s, only a deferred event can be cancelled: %w", id, ev.Status, serve.ErrConflict)
+			return fmt.Errorf("event %q is %s, only a deferred event can be cancelled: %w", id, ev.Status, pgdb.ErrConflict)
 		}
 		view, err = s.eventView(r.Context(), tx, ev)
 		return err
@@ -489,11 +490,11 @@ func (s *Service) writeErr(w http.ResponseWriter, r *http.Request, err error) {
 	serve.WriteErrorLog(w, r, s.log, err)
 }
 
-// notFoundAs says what a store's ErrNotFound in err means to the client
-// (a 404 with that message); other errors stay as they are.
+// notFoundAs says what the store's pgdb.ErrNotFound in err means to the
+// client (a 404 with that message); other errors stay as they are.
 func notFoundAs(err error, what string) error {
-	if errors.Is(err, ingressstore.ErrNotFound) {
-		return fmt.Errorf("%s: %w", what, serve.ErrNotFound)
+	if errors.Is(err, pgdb.ErrNotFound) {
+		return fmt.Errorf("%s: %w", what, pgdb.ErrNotFound)
 	}
 	return err
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/projections/inbox"
 	"github.com/retryd/retryd/projections/outbox"
+	"github.com/retryd/retryd/projections/pgdb"
 	"github.com/retryd/retryd/services/ingress/internal/ingressstore"
 )
 
@@ -189,7 +190,7 @@ func (s *Service) reportDue(due *contract.DueData, out dueOutcome) {
 func (s *Service) decideDue(ctx context.Context, tx pgx.Tx, msgID string, due *contract.DueData, wait bool) (dueOutcome, error) {
 	out := dueOutcome{source: due.Source}
 	ev, err := ingressstore.LockEvent(ctx, tx, due.ID)
-	if errors.Is(err, ingressstore.ErrNotFound) {
+	if errors.Is(err, pgdb.ErrNotFound) {
 		return s.dueForMissingEvent(ctx, tx, msgID, due)
 	}
 	if err != nil {
@@ -249,7 +250,7 @@ func (s *Service) dueForAdmittedEvent(ctx context.Context, tx pgx.Tx, due *contr
 func (s *Service) dueForEndedDeferral(ctx context.Context, tx pgx.Tx, due *contract.DueData, wait bool, out dueOutcome) (dueOutcome, error) {
 	ev := out.ev
 	r, err := ingressstore.GetRetry(ctx, tx, ev.ID)
-	if errors.Is(err, ingressstore.ErrNotFound) {
+	if errors.Is(err, pgdb.ErrNotFound) {
 		out.result = dueResolved
 		return out, nil
 	}
@@ -287,7 +288,7 @@ func (s *Service) dueForDeferredEvent(ctx context.Context, tx pgx.Tx, due *contr
 	last := due.Attempt - 1
 	r, err := ingressstore.GetRetry(ctx, tx, ev.ID)
 	switch {
-	case errors.Is(err, ingressstore.ErrNotFound):
+	case errors.Is(err, pgdb.ErrNotFound):
 	case err != nil:
 		return out, err
 	case due.Attempt <= r.Attempts:

@@ -11,6 +11,7 @@ import (
 	"github.com/retryd/retryd/internal/lifecyclemsg"
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/projections/inbox"
+	"github.com/retryd/retryd/projections/pgdb"
 	"github.com/retryd/retryd/services/ingress/internal/ingressstore"
 )
 
@@ -95,7 +96,7 @@ func (s *Service) handleRetryState(ctx context.Context, msg jetstream.Msg) error
 // change nothing.
 func (s *Service) reopenDeferral(ctx context.Context, tx pgx.Tx, d *contract.ScheduledData, decision map[string]any) (applied, reopened bool, err error) {
 	ev, err := ingressstore.LockEvent(ctx, tx, d.ID)
-	if errors.Is(err, ingressstore.ErrNotFound) {
+	if errors.Is(err, pgdb.ErrNotFound) {
 		return false, false, nil
 	}
 	if err != nil {
@@ -118,7 +119,7 @@ func (s *Service) reopenDeferral(ctx context.Context, tx pgx.Tx, d *contract.Sch
 // admitted event stays admitted.
 func (s *Service) endDeferral(ctx context.Context, tx pgx.Tx, id string, status ingressstore.Status, lastError string, md map[string]any) (source string, applied bool, err error) {
 	ev, err := ingressstore.LockEvent(ctx, tx, id)
-	if errors.Is(err, ingressstore.ErrNotFound) {
+	if errors.Is(err, pgdb.ErrNotFound) {
 		return "", false, nil
 	}
 	if err != nil {

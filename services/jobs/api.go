@@ -22,14 +22,15 @@ import (
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/pkg/errclass"
 	"github.com/retryd/retryd/projections/jobstore"
+	"github.com/retryd/retryd/projections/pgdb"
 	"github.com/retryd/retryd/projections/pgtext"
 	"github.com/retryd/retryd/projections/retrystore"
 )
 
 // RetryController is what the jobs API needs from the scheduler: a manual
 // retry and a cancel of one item. The scheduler's methods fit it through a
-// small adapter (see docs/jobs.md). Errors wrapping serve.ErrNotFound,
-// serve.ErrConflict or contract.ErrInvalid answer 404, 409 and 400.
+// small adapter (see docs/jobs.md). Errors wrapping pgdb.ErrNotFound,
+// pgdb.ErrConflict or contract.ErrInvalid answer 404, 409 and 400.
 type RetryController interface {
 	// RetryNow schedules a new attempt of kind/id now. errorClass, when
 	// not empty, is the class the operator gives the retry (a valid
@@ -403,7 +404,7 @@ func (a *API) writePage(w http.ResponseWriter, r *http.Request, q url.Values, re
 	}
 	page, err := read(limit, q.Get("cursor"))
 	switch {
-	case errors.Is(err, jobstore.ErrBadCursor):
+	case errors.Is(err, pgdb.ErrBadCursor):
 		serve.WriteError(w, invalid("cursor", "is not a cursor this API returned"))
 	case err != nil:
 		a.writeErr(w, r, err)
@@ -437,7 +438,7 @@ func (a *API) handleGet(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case err == nil:
 		detail.Job = &job
-	case !errors.Is(err, jobstore.ErrNotFound):
+	case !errors.Is(err, pgdb.ErrNotFound):
 		a.writeErr(w, r, err)
 		return
 	}
@@ -447,7 +448,7 @@ func (a *API) handleGet(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if detail.Job == nil && len(detail.History) == 0 {
-		serve.WriteError(w, fmt.Errorf("job %s: %w", id, serve.ErrNotFound))
+		serve.WriteError(w, fmt.Errorf("job %s: %w", id, pgdb.ErrNotFound))
 		return
 	}
 	if detail.History == nil {

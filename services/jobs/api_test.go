@@ -17,6 +17,7 @@ import (
 	"github.com/retryd/retryd/internal/servicetest"
 	"github.com/retryd/retryd/migrations/pgtest"
 	"github.com/retryd/retryd/projections/jobstore"
+	"github.com/retryd/retryd/projections/pgdb"
 	"github.com/retryd/retryd/services/jobs"
 )
 
@@ -203,8 +204,8 @@ func TestAPIAnalyticsPeriod(t *testing.T) {
 func TestAPIRetryAndCancel(t *testing.T) {
 	t.Parallel()
 	b := setupAPI(t, jobs.APIConfig{MaxBodyBytes: 256})
-	b.rec.errors["gone"] = fmt.Errorf("retry job/gone: %w", serve.ErrNotFound)
-	b.rec.errors["done"] = fmt.Errorf("cancel job/done: it is in state succeeded, not pending: %w", serve.ErrConflict)
+	b.rec.errors["gone"] = fmt.Errorf("retry job/gone: %w", pgdb.ErrNotFound)
+	b.rec.errors["done"] = fmt.Errorf("cancel job/done: it is in state succeeded, not pending: %w", pgdb.ErrConflict)
 
 	var ok jobs.ActionResponse
 	require.Equal(t, 202, b.do(t, "POST", "/v1/jobs/j1/retry", `{"reason":"provider fixed","reset_attempts":true}`, &ok))
@@ -252,7 +253,7 @@ func TestAPIBulkRetry(t *testing.T) {
 		b.insertJob(t, fmt.Sprintf("j%d", i), "email_campaign", status, "timeout", 5, t0.Add(time.Duration(i)*time.Minute))
 	}
 	b.insertJob(t, "other", "data_enrichment", "failed_max_retries", "timeout", 5, t0)
-	b.rec.errors["j2"] = fmt.Errorf("retry job/j2: %w", serve.ErrNotFound)
+	b.rec.errors["j2"] = fmt.Errorf("retry job/j2: %w", pgdb.ErrNotFound)
 
 	var dry jobs.DryRunResponse
 	filter := `"filter":{"status":"failed_max_retries","job_type":"email_campaign","error_class":"timeout"}`

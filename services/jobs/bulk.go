@@ -17,6 +17,7 @@ import (
 	"github.com/retryd/retryd/internal/wait"
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/projections/jobstore"
+	"github.com/retryd/retryd/projections/pgdb"
 	"github.com/retryd/retryd/projections/pgtext"
 )
 
@@ -200,8 +201,8 @@ func (a *API) operationID(w http.ResponseWriter, r *http.Request) (string, bool)
 }
 
 func (a *API) writeOperation(w http.ResponseWriter, r *http.Request, op jobstore.Operation, err error) {
-	if errors.Is(err, jobstore.ErrNotFound) {
-		serve.WriteError(w, fmt.Errorf("operation %s: %w", op.ID, serve.ErrNotFound))
+	if errors.Is(err, pgdb.ErrNotFound) {
+		serve.WriteError(w, fmt.Errorf("operation %s: %w", op.ID, pgdb.ErrNotFound))
 		return
 	}
 	if err != nil {
@@ -383,7 +384,7 @@ func (a *API) releaseOne(ctx context.Context, id, reason string, op jobstore.Ope
 		state = jobstore.ItemReleased
 		switch rerr := a.cfg.Retry.RetryNow(ctx, contract.KindJob, jobID, pgtext.Truncate(reason, contract.MaxMessageLen), op.RequestedBy, op.ResetAttempts, ""); {
 		case rerr == nil:
-		case errors.Is(rerr, serve.ErrNotFound), errors.Is(rerr, serve.ErrConflict):
+		case errors.Is(rerr, pgdb.ErrNotFound), errors.Is(rerr, pgdb.ErrConflict):
 			state, msg = jobstore.ItemSkipped, pgtext.Truncate(rerr.Error(), 512)
 		case errors.Is(rerr, contract.ErrInvalid):
 			state, msg = jobstore.ItemFailed, pgtext.Truncate(rerr.Error(), 512)

@@ -24,6 +24,7 @@ import (
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/pkg/contract/contracttest"
 	"github.com/retryd/retryd/projections/jobstore"
+	"github.com/retryd/retryd/projections/pgdb"
 	"github.com/retryd/retryd/services/jobs"
 )
 
@@ -301,7 +302,7 @@ CREATE TRIGGER refuse_poison BEFORE INSERT OR UPDATE ON jobs FOR EACH ROW EXECUT
 		return natstest.Settled(t, b.ctx, b.js, contract.StreamRetries, jobs.ProjectionDurable)
 	}, wait, 20*time.Millisecond, "the refused message is terminated, not redelivered")
 	_, err = jobstore.Get(b.ctx, b.pool, "poison")
-	require.ErrorIs(t, err, jobstore.ErrNotFound)
+	require.ErrorIs(t, err, pgdb.ErrNotFound)
 }
 
 // A consumer deleted while the projector runs is created again (from the

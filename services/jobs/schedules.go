@@ -14,6 +14,7 @@ import (
 	"github.com/retryd/retryd/internal/audit"
 	"github.com/retryd/retryd/internal/serve"
 	"github.com/retryd/retryd/pkg/contract"
+	"github.com/retryd/retryd/projections/pgdb"
 )
 
 // MaxSchedules is how many schedules GET /v1/schedules lists.
@@ -177,7 +178,7 @@ func (a *API) handleListSchedules(w http.ResponseWriter, r *http.Request) {
 			continue
 		}
 		view, err := a.schedule(r.Context(), jobType, name)
-		if errors.Is(err, serve.ErrNotFound) {
+		if errors.Is(err, pgdb.ErrNotFound) {
 			continue // deleted since the stream's info
 		}
 		if err != nil {
@@ -203,7 +204,7 @@ func (a *API) schedule(ctx context.Context, jobType, name string) (ScheduleView,
 	}
 	raw, err := s.GetLastMsgForSubject(ctx, contract.ScheduleSubject(jobType, name))
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
-		return ScheduleView{}, fmt.Errorf("schedule %s/%s: %w", jobType, name, serve.ErrNotFound)
+		return ScheduleView{}, fmt.Errorf("schedule %s/%s: %w", jobType, name, pgdb.ErrNotFound)
 	}
 	if err != nil {
 		return ScheduleView{}, fmt.Errorf("read schedule %s/%s: %w", jobType, name, err)

@@ -10,21 +10,21 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/retryd/retryd/internal/audit"
-	"github.com/retryd/retryd/internal/serve"
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/pkg/errclass"
 	"github.com/retryd/retryd/projections/inbox"
+	"github.com/retryd/retryd/projections/pgdb"
 	"github.com/retryd/retryd/projections/retrystore"
 )
 
 var (
 	// ErrNotFound: no retry (or policy) with that key. It wraps
-	// serve.ErrNotFound, so serve.WriteError answers 404.
-	ErrNotFound = fmt.Errorf("retry %w", serve.ErrNotFound)
+	// pgdb.ErrNotFound, so serve.WriteError answers 404.
+	ErrNotFound = fmt.Errorf("retry %w", pgdb.ErrNotFound)
 	// ErrConflict: the action does not fit the item's state (cancelling a
 	// finished item, or a policy version that changed). It wraps
-	// serve.ErrConflict (409).
-	ErrConflict = fmt.Errorf("retry state %w", serve.ErrConflict)
+	// pgdb.ErrConflict (409).
+	ErrConflict = fmt.Errorf("retry state %w", pgdb.ErrConflict)
 	// ErrShards: the scheduler's shard count does not fit how RETRIES is
 	// split (Start refuses to run).
 	ErrShards = errors.New("shard count does not fit the RETRIES stream")
@@ -239,4 +239,4 @@ func (s *Scheduler) action(ctx context.Context, kind, id string, do func(tx pgx.
 }
 
 // isNotFound reports a missing row or policy from the store.
-func isNotFound(err error) bool { return errors.Is(err, retrystore.ErrNotFound) }
+func isNotFound(err error) bool { return errors.Is(err, pgdb.ErrNotFound) }

@@ -102,7 +102,7 @@ func (s *Scheduler) handleList(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	page, err := retrystore.List(r.Context(), s.cfg.Pool, f)
-	serve.ReplyPage(w, page, err, retrystore.ErrBadCursor)
+	serve.ReplyPage(w, page, err)
 }
 
 // RetryView is one retry with its history: everything that answers "why

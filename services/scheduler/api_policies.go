@@ -15,6 +15,7 @@ import (
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/pkg/errclass"
 	"github.com/retryd/retryd/pkg/policy"
+	"github.com/retryd/retryd/projections/pgdb"
 	"github.com/retryd/retryd/projections/retrystore"
 )
 
@@ -89,15 +90,15 @@ func (s *Scheduler) handlePolicyVersions(w http.ResponseWriter, r *http.Request)
 	policyRead(w, r, func(kind, jobType string) (any, error) {
 		vs, err := retrystore.PolicyVersions(r.Context(), s.cfg.Pool, kind, jobType)
 		if err == nil && len(vs) == 0 {
-			err = retrystore.ErrNotFound
+			err = pgdb.ErrNotFound
 		}
 		return PolicyVersionList{Versions: vs}, err
 	})
 }
 
 // policyRead serves a read of the policy the path names: what read
-// returns, or its error, where a store's ErrNotFound is a 404 naming the
-// policy.
+// returns, or its error, where the store's pgdb.ErrNotFound is a 404
+// naming the policy.
 func policyRead(w http.ResponseWriter, r *http.Request, read func(kind, jobType string) (any, error)) {
 	kind, jobType, err := pathPolicy(r)
 	if err != nil {
@@ -106,7 +107,7 @@ func policyRead(w http.ResponseWriter, r *http.Request, read func(kind, jobType 
 	}
 	v, err := read(kind, jobType)
 	if isNotFound(err) {
-		err = fmt.Errorf("policy %s/%s: %w", kind, jobType, serve.ErrNotFound)
+		err = fmt.Errorf("policy %s/%s: %w", kind, jobType, pgdb.ErrNotFound)
 	}
 	serve.Reply(w, v, err)
 }

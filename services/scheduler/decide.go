@@ -12,6 +12,7 @@ import (
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/pkg/errclass"
 	"github.com/retryd/retryd/pkg/policy"
+	"github.com/retryd/retryd/projections/pgdb"
 	"github.com/retryd/retryd/projections/retrystore"
 )
 
@@ -37,7 +38,7 @@ func (c policyCache) lookup(ctx context.Context, q retrystore.Querier, kind, job
 	}
 	p, err := retrystore.LookupPolicy(ctx, q, kind, jobType)
 	switch {
-	case errors.Is(err, retrystore.ErrNotFound):
+	case errors.Is(err, pgdb.ErrNotFound):
 		p = builtinPolicy
 	case err != nil:
 		return policy.Policy{}, err

@@ -14,6 +14,7 @@ import (
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/pkg/errclass"
 	"github.com/retryd/retryd/pkg/policy"
+	"github.com/retryd/retryd/projections/pgdb"
 	"github.com/retryd/retryd/projections/retrystore"
 	"github.com/retryd/retryd/services/scheduler"
 )
@@ -224,7 +225,7 @@ func TestSucceededClosesAndStaleFactsAreIgnored(t *testing.T) {
 	waitMetric(t, s.reg, 2, "retryd_scheduler_stale_total", "kind", "ok", "event", "failed")
 	require.Equal(t, []string{"failed:1", "scheduled:2", "due:2", "succeeded:2"}, events(b.history(t, "ok", "a")))
 	_, err = retrystore.Get(b.ctx, b.pool, "ok", "never-failed")
-	require.ErrorIs(t, err, retrystore.ErrNotFound)
+	require.ErrorIs(t, err, pgdb.ErrNotFound)
 	require.Equal(t, 1.0, metric(t, s.reg, "retryd_scheduler_succeeded_total", "kind", "ok"))
 }
 

@@ -7,6 +7,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/retryd/retryd/pkg/contract"
+	"github.com/retryd/retryd/projections/pgdb"
 	"github.com/retryd/retryd/projections/retrystore"
 	"github.com/retryd/retryd/services/scheduler"
 )
@@ -50,6 +51,6 @@ func TestFactsWithBadHeadersAreTerminatedAndCounted(t *testing.T) {
 			continue
 		}
 		_, err := retrystore.Get(b.ctx, b.pool, "hdr", id)
-		require.ErrorIs(t, err, contract.ErrNotFound, "%s must not be applied", id)
+		require.ErrorIs(t, err, pgdb.ErrNotFound, "%s must not be applied", id)
 	}
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/retryd/retryd/pkg/tracing"
 	"github.com/retryd/retryd/projections/inbox"
 	"github.com/retryd/retryd/projections/outbox"
+	"github.com/retryd/retryd/projections/pgdb"
 	"github.com/retryd/retryd/projections/retrystore"
 )
 
@@ -475,7 +476,7 @@ func (s *Scheduler) applyFailed(ctx context.Context, tx pgx.Tx, d *decider, row 
 // lockRow reads and locks the row of an item; nil when it has none.
 func lockRow(ctx context.Context, tx pgx.Tx, kind, id string) (*retrystore.Retry, error) {
 	r, err := retrystore.GetForUpdate(ctx, tx, kind, id)
-	if errors.Is(err, retrystore.ErrNotFound) {
+	if errors.Is(err, pgdb.ErrNotFound) {
 		return nil, nil
 	}
 	if err != nil {

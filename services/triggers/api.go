@@ -13,6 +13,7 @@ import (
 	"github.com/retryd/retryd/internal/audit"
 	"github.com/retryd/retryd/internal/serve"
 	"github.com/retryd/retryd/pkg/contract"
+	"github.com/retryd/retryd/projections/pgdb"
 	"github.com/retryd/retryd/services/triggers/internal/triggerstore"
 )
 
@@ -52,7 +53,7 @@ func (s *Service) Handler() http.Handler {
 	mux := http.NewServeMux()
 	serve.Mount(mux, s, allEndpoints())
 	mux.HandleFunc("/v1/", func(w http.ResponseWriter, r *http.Request) {
-		serve.WriteError(w, fmt.Errorf("%s %s: %w", r.Method, r.URL.Path, serve.ErrNotFound))
+		serve.WriteError(w, fmt.Errorf("%s %s: %w", r.Method, r.URL.Path, pgdb.ErrNotFound))
 	})
 	return mux
 }
@@ -60,10 +61,10 @@ func (s *Service) Handler() http.Handler {
 // storeErr maps store errors to the API's; what names the resource.
 func storeErr(err error, what string) error {
 	switch {
-	case errors.Is(err, triggerstore.ErrNotFound):
-		return fmt.Errorf("%s %w", what, serve.ErrNotFound)
-	case errors.Is(err, triggerstore.ErrConflict):
-		return fmt.Errorf("%s already exists (ids are never reused): %w", what, serve.ErrConflict)
+	case errors.Is(err, pgdb.ErrNotFound):
+		return fmt.Errorf("%s %w", what, pgdb.ErrNotFound)
+	case errors.Is(err, pgdb.ErrConflict):
+		return fmt.Errorf("%s already exists (ids are never reused): %w", what, pgdb.ErrConflict)
 	}
 	return err
 }
@@ -149,7 +150,7 @@ func (s *Service) putTrigger(w http.ResponseWriter, r *http.Request) {
 			return storeErr(err, "trigger "+id)
 		}
 		if cur.Deleted() {
-			return storeErr(triggerstore.ErrNotFound, "trigger "+id)
+			return storeErr(pgdb.ErrNotFound, "trigger "+id)
 		}
 		def, p, err := in.definition(s.exprs, cur.Enabled)
 		if err != nil {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/retryd/retryd/internal/serve"
 	"github.com/retryd/retryd/pkg/contract"
+	"github.com/retryd/retryd/projections/pgdb"
 	"github.com/retryd/retryd/services/triggers/internal/triggerstore"
 )
 
@@ -202,7 +203,7 @@ func (s *Service) listRuns(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	page, err := triggerstore.ListRuns(r.Context(), s.cfg.Pool, f, limit, q.Get("cursor"))
-	if errors.Is(err, triggerstore.ErrBadRunCursor) {
+	if errors.Is(err, pgdb.ErrBadCursor) {
 		err = invalidField("cursor", "is not a cursor this API returned")
 	}
 	if err != nil {

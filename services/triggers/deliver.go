@@ -12,6 +12,7 @@ import (
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/projections/inbox"
 	"github.com/retryd/retryd/projections/outbox"
+	"github.com/retryd/retryd/projections/pgdb"
 	"github.com/retryd/retryd/services/triggers/internal/triggerstore"
 )
 
@@ -74,7 +75,7 @@ func (s *Service) deliver(ctx context.Context, o offer, triggerID string) error 
 			return nil
 		}
 		t, err := triggerstore.LockTrigger(ctx, tx, triggerID)
-		if errors.Is(err, triggerstore.ErrNotFound) {
+		if errors.Is(err, pgdb.ErrNotFound) {
 			res.skipped = true
 			return nil
 		}
@@ -90,7 +91,7 @@ func (s *Service) deliver(ctx context.Context, o offer, triggerID string) error 
 		if _, err := triggerstore.GetDelivery(ctx, tx, id); err == nil {
 			res.duplicate = true
 			return nil
-		} else if !errors.Is(err, triggerstore.ErrNotFound) {
+		} else if !errors.Is(err, pgdb.ErrNotFound) {
 			return err
 		}
 		now, err := triggerstore.Now(ctx, tx)

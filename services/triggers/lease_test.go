@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/retryd/retryd/pkg/contract"
+	"github.com/retryd/retryd/projections/pgdb"
 	"github.com/retryd/retryd/services/triggers/internal/triggerstore"
 )
 
@@ -229,7 +230,7 @@ func TestHeartbeatsThatChangeNothing(t *testing.T) {
 	after := b.run(t, d0.RunID)
 	require.Equal(t, finished, after, "a heartbeat for a finished run changes nothing")
 	_, err = triggerstore.GetRun(b.ctx, b.pool, "run-nobody-launched")
-	require.ErrorIs(t, err, triggerstore.ErrNotFound)
+	require.ErrorIs(t, err, pgdb.ErrNotFound)
 
 	// Malformed heartbeats: not JSON, an unknown field, a run id that
 	// differs from the subject's.

@@ -14,6 +14,7 @@ import (
 	"github.com/retryd/retryd/pkg/errclass"
 	"github.com/retryd/retryd/projections/inbox"
 	"github.com/retryd/retryd/projections/outbox"
+	"github.com/retryd/retryd/projections/pgdb"
 	"github.com/retryd/retryd/services/triggers/internal/triggerstore"
 )
 
@@ -179,7 +180,7 @@ func (s *Service) reconcileOne(ctx context.Context, id string) (bool, error) {
 			if p, err := json.Marshal(retryPayload{Event: stored}); err == nil {
 				hd.Payload = p
 			}
-		} else if err != nil && !errors.Is(err, triggerstore.ErrNotFound) {
+		} else if err != nil && !errors.Is(err, pgdb.ErrNotFound) {
 			return err
 		}
 		msg, err := contract.NewLifecycleMsg(EventSource, contract.Held, hd, now)

@@ -16,6 +16,7 @@ import (
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/projections/inbox"
 	"github.com/retryd/retryd/projections/outbox"
+	"github.com/retryd/retryd/projections/pgdb"
 	"github.com/retryd/retryd/projections/pgtext"
 	"github.com/retryd/retryd/services/triggers/internal/triggerstore"
 )
@@ -41,7 +42,7 @@ func (s *Service) handleDue(ctx context.Context, msg jetstream.Msg) error {
 		return err
 	}
 	first, err := triggerstore.GetDelivery(ctx, s.cfg.Pool, due.ID)
-	if errors.Is(err, triggerstore.ErrNotFound) {
+	if errors.Is(err, pgdb.ErrNotFound) {
 		return s.cancelUnknown(ctx, inboxID, due)
 	}
 	if err != nil {
@@ -78,7 +79,7 @@ func (s *Service) applyDue(ctx context.Context, tx pgx.Tx, inboxID, triggerID st
 		return res, err
 	}
 	t, err := triggerstore.LockTrigger(ctx, tx, triggerID)
-	missing := errors.Is(err, triggerstore.ErrNotFound)
+	missing := errors.Is(err, pgdb.ErrNotFound)
 	if err != nil && !missing {
 		return res, err
 	}
@@ -222,7 +223,7 @@ func (s *Service) rehydrate(ctx context.Context, tx pgx.Tx, d triggerstore.Deliv
 		s.log.Warn().Str("delivery_id", d.ID).Msg("due payload holds no usable event; reading trigger_events")
 	}
 	stored, err := triggerstore.GetEvent(ctx, tx, d.EventID)
-	if errors.Is(err, triggerstore.ErrNotFound) {
+	if errors.Is(err, pgdb.ErrNotFound) {
 		return contract.Envelope{}, false, nil
 	}
 	if err != nil {
@@ -316,7 +317,7 @@ func (s *Service) handleRetryState(ctx context.Context, msg jetstream.Msg) error
 		default:
 			return invalidField("subject", fmt.Sprintf("%q is not scheduled, rescheduled, exhausted or cancelled", msg.Subject()))
 		}
-		if errors.Is(err, triggerstore.ErrNotFound) {
+		if errors.Is(err, pgdb.ErrNotFound) {
 			return nil
 		}
 		return err

@@ -16,6 +16,7 @@ import (
 	"github.com/retryd/retryd/pkg/errclass"
 	"github.com/retryd/retryd/projections/inbox"
 	"github.com/retryd/retryd/projections/outbox"
+	"github.com/retryd/retryd/projections/pgdb"
 	"github.com/retryd/retryd/services/triggers/internal/triggerstore"
 )
 
@@ -54,7 +55,7 @@ func (s *Service) handleRunStep(ctx context.Context, msg jetstream.Msg) error {
 			return err
 		}
 		_, recorded, err = triggerstore.RecordStep(ctx, tx, d, stepTime(env))
-		if errors.Is(err, triggerstore.ErrNotFound) {
+		if errors.Is(err, pgdb.ErrNotFound) {
 			unknown = true
 			return nil
 		}
@@ -193,7 +194,7 @@ func (s *Service) handleRunRetry(ctx context.Context, msg jetstream.Msg) error {
 		default:
 			return invalidField("subject", fmt.Sprintf("%q is not due, scheduled, rescheduled, exhausted or cancelled", msg.Subject()))
 		}
-		if errors.Is(err, triggerstore.ErrNotFound) {
+		if errors.Is(err, pgdb.ErrNotFound) {
 			return nil
 		}
 		if err != nil || !applied || run.TriggerID == "" {
@@ -221,7 +222,7 @@ func (s *Service) handleRunRetry(ctx context.Context, msg jetstream.Msg) error {
 // from the due's checkpoint, with the event its first request carried.
 func (s *Service) relaunch(ctx context.Context, inboxID string, due contract.DueData) error {
 	run, err := triggerstore.GetRun(ctx, s.cfg.Pool, due.ID)
-	if errors.Is(err, triggerstore.ErrNotFound) {
+	if errors.Is(err, pgdb.ErrNotFound) {
 		s.log.Warn().Str("run_id", due.ID).Int("attempt", due.Attempt).Msg("due for a run triggers does not have; ignored")
 		return nil
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/projections/inbox"
 	"github.com/retryd/retryd/projections/outbox"
+	"github.com/retryd/retryd/projections/pgdb"
 	"github.com/retryd/retryd/services/triggers/internal/triggerstore"
 )
 
@@ -52,7 +53,7 @@ func (s *Service) handleHeartbeat(ctx context.Context, msg jetstream.Msg) error 
 	}
 	run, extended, err := triggerstore.ExtendLease(ctx, s.cfg.Pool, data.RunID, sentAt, s.cfg.RunTimeout)
 	switch {
-	case errors.Is(err, triggerstore.ErrNotFound):
+	case errors.Is(err, pgdb.ErrNotFound):
 		s.metrics.heartbeats.WithLabelValues(heartbeatIgnored).Inc()
 		s.log.Debug().Str("run_id", data.RunID).Str("workflow", data.Workflow).Msg("heartbeat for a run not launched by a trigger; ignored")
 		return nil
@@ -177,7 +178,7 @@ func (s *Service) handleRunFinished(ctx context.Context, msg jetstream.Msg) erro
 
 // unknownRun turns ErrNotFound into unknown and keeps other errors.
 func unknownRun(err error, unknown *bool) error {
-	if errors.Is(err, triggerstore.ErrNotFound) {
+	if errors.Is(err, pgdb.ErrNotFound) {
 		*unknown = true
 		return nil
 	}

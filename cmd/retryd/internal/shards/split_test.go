@@ -22,6 +22,7 @@ import (
 	"github.com/retryd/retryd/pkg/backoff"
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/pkg/policy"
+	"github.com/retryd/retryd/projections/pgdb"
 	"github.com/retryd/retryd/projections/retrystore"
 	"github.com/retryd/retryd/services/scheduler"
 )
@@ -225,7 +226,7 @@ func TestSplitOneIntoTwo(t *testing.T) {
 	e.fail(t, fresh[0], "soon", 1)
 	e.waitRow(t, 0, fresh[0], func(r retrystore.Retry) bool { return r.Attempt == 2 })
 	_, err = retrystore.Get(e.ctx, e.pools[0], contract.KindJob, fresh[1])
-	require.ErrorIs(t, err, retrystore.ErrNotFound)
+	require.ErrorIs(t, err, pgdb.ErrNotFound)
 	items = append(items, fresh[0], fresh[1])
 
 	e.stop(t, old)
@@ -239,7 +240,7 @@ func TestSplitOneIntoTwo(t *testing.T) {
 		r := e.waitRow(t, own, id, func(r retrystore.Retry) bool { return r.State == retrystore.StateDue })
 		require.JSONEq(t, `{"b": 1, "a": [2]}`, string(r.Payload))
 		_, err := retrystore.Get(e.ctx, e.pools[1-own], contract.KindJob, id)
-		require.ErrorIs(t, err, retrystore.ErrNotFound, id)
+		require.ErrorIs(t, err, pgdb.ErrNotFound, id)
 		if own == 1 {
 			moved = id
 		}
@@ -331,7 +332,7 @@ func TestSplitTwoIntoFour(t *testing.T) {
 			if k == own {
 				require.NoError(t, err, id)
 			} else {
-				require.ErrorIs(t, err, retrystore.ErrNotFound, "%s on shard %d", id, k)
+				require.ErrorIs(t, err, pgdb.ErrNotFound, "%s on shard %d", id, k)
 			}
 		}
 	}

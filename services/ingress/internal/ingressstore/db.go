@@ -5,7 +5,3 @@ import "github.com/retryd/retryd/projections/pgdb"
 // DB is what the store needs from a connection: pgx.Tx, *pgx.Conn and
 // *pgxpool.Pool satisfy it.
 type DB = pgdb.DB
-
-// ErrNotFound is returned when the event, source or retry row does not
-// exist. It is pgdb.ErrNotFound (contract.ErrNotFound) under this name.
-var ErrNotFound = pgdb.ErrNotFound

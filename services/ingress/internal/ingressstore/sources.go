@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/retryd/retryd/internal/pgrows"
+	"github.com/retryd/retryd/projections/pgdb"
 	"github.com/retryd/retryd/projections/pgtext"
 )
 
@@ -189,7 +190,7 @@ func PauseSource(ctx context.Context, db DB, source string, until *time.Time, re
 	return GetSource(ctx, db, source)
 }
 
-// ResumeSource ends a source's pause. ErrNotFound when the source has no row.
+// ResumeSource ends a source's pause. pgdb.ErrNotFound when the source has no row.
 func ResumeSource(ctx context.Context, db DB, source, by string) (Source, error) {
 	tag, err := db.Exec(ctx, `
 		UPDATE event_sources
@@ -199,7 +200,7 @@ func ResumeSource(ctx context.Context, db DB, source, by string) (Source, error)
 		return Source{}, fmt.Errorf("resume event source: %w", err)
 	}
 	if tag.RowsAffected() == 0 {
-		return Source{}, fmt.Errorf("resume event source: %w", ErrNotFound)
+		return Source{}, fmt.Errorf("resume event source: %w", pgdb.ErrNotFound)
 	}
 	return GetSource(ctx, db, source)
 }

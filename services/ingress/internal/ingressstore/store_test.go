@@ -15,18 +15,11 @@ import (
 
 	"github.com/retryd/retryd/internal/servicetest"
 	"github.com/retryd/retryd/migrations/pgtest"
-	"github.com/retryd/retryd/pkg/contract"
+	"github.com/retryd/retryd/projections/pgdb"
 	"github.com/retryd/retryd/services/ingress/internal/ingressstore"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
-
-// The store's not-found error is the one contract.ErrNotFound, so the
-// service's handlers answer 404 for it (see projections/pgdb).
-func TestNotFoundIsTheContractsOne(t *testing.T) {
-	t.Parallel()
-	require.Same(t, contract.ErrNotFound, ingressstore.ErrNotFound)
-}
 
 type bundle struct {
 	ctx  context.Context
@@ -145,7 +138,7 @@ func TestInsertEventStoresAnIDOnce(t *testing.T) {
 	require.NotNil(t, ev.AdmittedAt)
 
 	_, err = ingressstore.GetEvent(b.ctx, b.pool, "missing")
-	require.ErrorIs(t, err, ingressstore.ErrNotFound)
+	require.ErrorIs(t, err, pgdb.ErrNotFound)
 }
 
 // The gate counts an admission in the rate window of its decision, which
@@ -586,7 +579,7 @@ func TestGatePause(t *testing.T) {
 	require.True(t, b.gate(t, "crm", "contact.created").Admitted)
 
 	_, err = ingressstore.ResumeSource(b.ctx, b.pool, "nope", "test")
-	require.ErrorIs(t, err, ingressstore.ErrNotFound)
+	require.ErrorIs(t, err, pgdb.ErrNotFound)
 }
 
 func TestGateAllowedTypes(t *testing.T) {
@@ -651,7 +644,7 @@ func TestSources(t *testing.T) {
 	require.NoError(t, err)
 	require.EqualValues(t, 1, got.Deferred)
 	_, err = ingressstore.GetSource(b.ctx, b.pool, "zzz")
-	require.ErrorIs(t, err, ingressstore.ErrNotFound)
+	require.ErrorIs(t, err, pgdb.ErrNotFound)
 }
 
 func TestRetryRowLifecycle(t *testing.T) {
@@ -731,7 +724,7 @@ func TestRetryRowLifecycle(t *testing.T) {
 	_, err = ingressstore.ResolveRetry(b.ctx, b.pool, "ev", ingressstore.RetryCompleted, "")
 	require.Error(t, err)
 	_, err = ingressstore.GetRetry(b.ctx, b.pool, "missing")
-	require.ErrorIs(t, err, ingressstore.ErrNotFound)
+	require.ErrorIs(t, err, pgdb.ErrNotFound)
 }
 
 func TestUnconfirmedSkipsRecentAndLockedRows(t *testing.T) {

@@ -16,14 +16,6 @@ import (
 // *pgxpool.Pool satisfy it.
 type DB = pgdb.DB
 
-var (
-	// ErrNotFound is returned when a trigger, delivery or run does not
-	// exist (or the trigger was deleted). It is pgdb.ErrNotFound.
-	ErrNotFound = pgdb.ErrNotFound
-	// ErrConflict is returned when a trigger id is already taken.
-	ErrConflict = errors.New("already exists")
-)
-
 var notFound = pgdb.NotFound
 
 // Now reads the database clock. Launch times and throttle windows use it,

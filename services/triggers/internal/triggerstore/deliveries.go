@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/retryd/retryd/internal/pgrows"
+	"github.com/retryd/retryd/projections/pgdb"
 	"github.com/retryd/retryd/projections/pgtext"
 )
 
@@ -177,7 +178,7 @@ func SaveOutcome(ctx context.Context, db DB, d Delivery) error {
 		return fmt.Errorf("save delivery outcome: %w", err)
 	}
 	if tag.RowsAffected() != 1 {
-		return fmt.Errorf("save delivery outcome: %w", ErrNotFound)
+		return fmt.Errorf("save delivery outcome: %w", pgdb.ErrNotFound)
 	}
 	return nil
 }

@@ -19,7 +19,7 @@ func KeepEvent(ctx context.Context, db DB, id string, envelope json.RawMessage) 
 }
 
 // GetEvent returns the envelope KeepEvent stored for event id, or
-// ErrNotFound.
+// pgdb.ErrNotFound.
 func GetEvent(ctx context.Context, db DB, id string) (json.RawMessage, error) {
 	var env []byte
 	if err := db.QueryRow(ctx, `SELECT envelope FROM trigger_events WHERE event_id = $1`, id).Scan(&env); err != nil {

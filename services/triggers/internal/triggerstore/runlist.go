@@ -2,11 +2,11 @@ package triggerstore
 
 import (
 	"context"
-	"errors"
 	"fmt"
 
 	"github.com/retryd/retryd/internal/pgquery"
 	"github.com/retryd/retryd/internal/pgrows"
+	"github.com/retryd/retryd/projections/pgdb"
 )
 
 // The operator views' list of workflow runs: filtered, newest first, a
@@ -14,10 +14,6 @@ import (
 
 // MaxRunListLimit bounds one page of ListRuns.
 const MaxRunListLimit = 500
-
-// ErrBadRunCursor is returned by ListRuns for a cursor it did not
-// produce.
-var ErrBadRunCursor = errors.New("cursor is not valid")
 
 // RunFilter selects runs; zero fields match everything.
 type RunFilter struct {
@@ -50,7 +46,7 @@ func ListRuns(ctx context.Context, db DB, f RunFilter, limit int, cursor string)
 	w.AnyOf("status", f.Statuses)
 	w.Equal("last_error_class", f.ErrorClass)
 	if !w.BeforeTimeCursor("requested_at, run_id", cursor) {
-		return RunPage{}, fmt.Errorf("list runs: %w", ErrBadRunCursor)
+		return RunPage{}, fmt.Errorf("list runs: %w", pgdb.ErrBadCursor)
 	}
 	sql := `SELECT ` + runColumns + ` FROM workflow_runs` + w.SQL() +
 		` ORDER BY requested_at DESC, run_id DESC LIMIT ` + w.Arg(limit+1)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/retryd/retryd/internal/pgrows"
 	"github.com/retryd/retryd/pkg/contract"
+	"github.com/retryd/retryd/projections/pgdb"
 	"github.com/retryd/retryd/projections/pgtext"
 )
 
@@ -29,7 +30,7 @@ type RunFailure struct {
 // recorded. A run whose retries an operator cancelled while the attempt
 // ran (retry_enabled false) ends failed instead, and the caller frees its
 // slot. Only the attempt in flight can fail (changed is false for a stale
-// or repeated report, or a run that ended); ErrNotFound means retryd did
+// or repeated report, or a run that ended); pgdb.ErrNotFound means retryd did
 // not launch it.
 func FailRun(ctx context.Context, db DB, id string, f RunFailure) (r Run, changed bool, err error) {
 	msg := pgtext.Clean(pgtext.Truncate(f.Message, maxRunError))
@@ -162,7 +163,7 @@ func RelaunchRun(ctx context.Context, tx pgx.Tx, id string, attempt int, default
 	}
 	if r.Status.Ended() && r.TriggerID != "" {
 		t, err := LockTrigger(ctx, tx, r.TriggerID)
-		if err != nil && !errors.Is(err, ErrNotFound) {
+		if err != nil && !errors.Is(err, pgdb.ErrNotFound) {
 			return Run{}, false, false, err
 		}
 		if err == nil && t.MaxConcurrency > 0 {
@@ -222,7 +223,7 @@ type Step struct {
 // RecordStep stores a node's report. A node is reported once per attempt
 // of its run: a report of an attempt the row already has (a redelivery)
 // changes nothing, and neither does one for a run retryd did not launch
-// (ErrNotFound). A failed report of an attempt older than the row's only
+// (pgdb.ErrNotFound). A failed report of an attempt older than the row's only
 // counts its run and its retry (see lateFailure). The first report of the
 // run's current attempt moves it to in_progress.
 func RecordStep(ctx context.Context, tx pgx.Tx, d contract.RunStepData, reportedAt time.Time) (r Run, recorded bool, err error) {

@@ -174,7 +174,7 @@ func ExpireRuns(ctx context.Context, db DB, now time.Time, defaultTimeout time.D
 // sentAt capped at the database's now(): a heartbeat redelivered or
 // replayed long after it was sent extends the lease no further than it
 // did when it was new, and a lease never moves backwards. extended is
-// false for a run that has finished (left as it was); ErrNotFound means
+// false for a run that has finished (left as it was); pgdb.ErrNotFound means
 // retryd did not launch the run.
 func ExtendLease(ctx context.Context, db DB, id string, sentAt time.Time, defaultTimeout time.Duration) (r Run, extended bool, err error) {
 	r, err = scanRun(db.QueryRow(ctx, `

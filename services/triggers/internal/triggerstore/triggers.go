@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/retryd/retryd/internal/pgrows"
+	"github.com/retryd/retryd/projections/pgdb"
 )
 
 // Definition is the part of a trigger a user writes. Every change to it
@@ -144,8 +145,9 @@ func nullable(d Definition) (limit, windowMS, maxConc, runTimeoutMS any) {
 }
 
 // CreateTrigger inserts a trigger at version 1 and records that version.
-// It returns ErrConflict when the id is taken, also by a deleted trigger:
-// ids are never reused, so deliveries always name one definition history.
+// It returns pgdb.ErrConflict when the id is taken, also by a deleted
+// trigger: ids are never reused, so deliveries always name one definition
+// history.
 func CreateTrigger(ctx context.Context, db DB, id string, d Definition) (Trigger, error) {
 	limit, windowMS, maxConc, runTimeoutMS := nullable(d)
 	t, err := scanTrigger(db.QueryRow(ctx, `
@@ -157,7 +159,7 @@ func CreateTrigger(ctx context.Context, db DB, id string, d Definition) (Trigger
 		id, d.Name, d.Source, d.EventType, d.Predicate, limit, windowMS, d.ThrottleKey, maxConc, d.Workflow, d.Enabled, runTimeoutMS))
 	if err != nil {
 		if errors.Is(err, pgx.ErrNoRows) {
-			return Trigger{}, fmt.Errorf("create trigger %s: %w", id, ErrConflict)
+			return Trigger{}, fmt.Errorf("create trigger %s: it already exists: %w", id, pgdb.ErrConflict)
 		}
 		return Trigger{}, fmt.Errorf("create trigger: %w", err)
 	}
@@ -288,7 +290,7 @@ func MatchingTriggerIDs(ctx context.Context, db DB, source, eventType string) ([
 }
 
 // ListVersions returns every version of a trigger, deleted or not, oldest
-// first. ErrNotFound means the trigger never existed.
+// first. pgdb.ErrNotFound means the trigger never existed.
 func ListVersions(ctx context.Context, db DB, id string) ([]Version, error) {
 	out, err := pgrows.All(ctx, db, "list trigger versions", scanVersion, `
 		SELECT trigger_id, version, definition, created_at FROM workflow_trigger_versions
@@ -297,7 +299,7 @@ func ListVersions(ctx context.Context, db DB, id string) ([]Version, error) {
 		return nil, err
 	}
 	if len(out) == 0 {
-		return nil, fmt.Errorf("list trigger versions: %w", ErrNotFound)
+		return nil, fmt.Errorf("list trigger versions: %w", pgdb.ErrNotFound)
 	}
 	return out, nil
 }

@@ -12,17 +12,11 @@ import (
 
 	"github.com/retryd/retryd/migrations/pgtest"
 	"github.com/retryd/retryd/pkg/contract"
+	"github.com/retryd/retryd/projections/pgdb"
 	"github.com/retryd/retryd/services/triggers/internal/triggerstore"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
-
-// The store's not-found error is the one contract.ErrNotFound, so the
-// service's handlers answer 404 for it (see projections/pgdb).
-func TestNotFoundIsTheContractsOne(t *testing.T) {
-	t.Parallel()
-	require.Same(t, contract.ErrNotFound, triggerstore.ErrNotFound)
-}
 
 type bundle struct {
 	ctx  context.Context
@@ -52,7 +46,7 @@ func TestTriggerLifecycleVersions(t *testing.T) {
 	require.Equal(t, definition(), created.Definition)
 
 	_, err = triggerstore.CreateTrigger(b.ctx, b.pool, "t1", definition())
-	require.ErrorIs(t, err, triggerstore.ErrConflict)
+	require.ErrorIs(t, err, pgdb.ErrConflict)
 
 	same, changed, err := triggerstore.UpdateTrigger(b.ctx, b.pool, "t1", definition())
 	require.NoError(t, err)
@@ -82,13 +76,13 @@ func TestTriggerLifecycleVersions(t *testing.T) {
 	require.True(t, deleted.Deleted())
 
 	_, err = triggerstore.GetTrigger(b.ctx, b.pool, "t1")
-	require.ErrorIs(t, err, triggerstore.ErrNotFound)
+	require.ErrorIs(t, err, pgdb.ErrNotFound)
 	_, err = triggerstore.DeleteTrigger(b.ctx, b.pool, "t1")
-	require.ErrorIs(t, err, triggerstore.ErrNotFound)
+	require.ErrorIs(t, err, pgdb.ErrNotFound)
 	_, _, err = triggerstore.UpdateTrigger(b.ctx, b.pool, "t1", d)
-	require.ErrorIs(t, err, triggerstore.ErrNotFound)
+	require.ErrorIs(t, err, pgdb.ErrNotFound)
 	_, err = triggerstore.CreateTrigger(b.ctx, b.pool, "t1", definition())
-	require.ErrorIs(t, err, triggerstore.ErrConflict, "ids of deleted triggers are not reused")
+	require.ErrorIs(t, err, pgdb.ErrConflict, "ids of deleted triggers are not reused")
 
 	versions, err := triggerstore.ListVersions(b.ctx, b.pool, "t1")
 	require.NoError(t, err)
@@ -99,7 +93,7 @@ func TestTriggerLifecycleVersions(t *testing.T) {
 	require.True(t, versions[3].Deleted)
 
 	_, err = triggerstore.ListVersions(b.ctx, b.pool, "nope")
-	require.ErrorIs(t, err, triggerstore.ErrNotFound)
+	require.ErrorIs(t, err, pgdb.ErrNotFound)
 
 	err = pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error {
 		locked, err := triggerstore.LockTrigger(b.ctx, tx, "t1")
@@ -188,7 +182,7 @@ func TestDeliveriesStoredOnce(t *testing.T) {
 	require.Error(t, err, "the status check constraint refuses unknown statuses")
 
 	_, err = triggerstore.GetDelivery(b.ctx, b.pool, "missing")
-	require.ErrorIs(t, err, triggerstore.ErrNotFound)
+	require.ErrorIs(t, err, pgdb.ErrNotFound)
 }
 
 // insert stores a delivery the test starts from.
@@ -280,7 +274,7 @@ func TestRunsAndConcurrency(t *testing.T) {
 	require.Equal(t, 1, n)
 
 	_, _, err = triggerstore.CompleteRun(b.ctx, b.pool, "unknown", "")
-	require.ErrorIs(t, err, triggerstore.ErrNotFound)
+	require.ErrorIs(t, err, pgdb.ErrNotFound)
 	_, _, err = triggerstore.EndRun(b.ctx, b.pool, "r2", triggerstore.RunRequested, "", 0, nil)
 	require.Error(t, err)
 }
@@ -329,7 +323,7 @@ func TestRunLeases(t *testing.T) {
 	require.NoError(t, err)
 	require.False(t, extended, "a finished run keeps no lease")
 	_, _, err = triggerstore.ExtendLease(b.ctx, b.pool, "unknown", now, time.Hour)
-	require.ErrorIs(t, err, triggerstore.ErrNotFound)
+	require.ErrorIs(t, err, pgdb.ErrNotFound)
 
 	got, err := triggerstore.GetTrigger(b.ctx, b.pool, "t1")
 	require.NoError(t, err)
@@ -391,7 +385,7 @@ func TestRetryStateGuards(t *testing.T) {
 	require.Equal(t, triggerstore.StatusLaunched, d.Status)
 
 	_, _, err = triggerstore.ApplyCancelled(b.ctx, b.pool, "missing", 0, "x", nil)
-	require.ErrorIs(t, err, triggerstore.ErrNotFound)
+	require.ErrorIs(t, err, pgdb.ErrNotFound)
 }
 
 func TestUnconfirmedAndListing(t *testing.T) {
@@ -457,7 +451,7 @@ func TestKeptEventsLiveWhileADeliveryNeedsThem(t *testing.T) {
 	require.NoError(t, err)
 	require.EqualValues(t, 1, n, "only the event whose delivery launched")
 	_, err = triggerstore.GetEvent(b.ctx, b.pool, "e-done")
-	require.ErrorIs(t, err, triggerstore.ErrNotFound)
+	require.ErrorIs(t, err, pgdb.ErrNotFound)
 	_, err = triggerstore.GetEvent(b.ctx, b.pool, "e-held")
 	require.NoError(t, err)
 }
@@ -616,7 +610,7 @@ func TestRunRetryPath(t *testing.T) {
 	// A step of a run retryd did not launch.
 	require.NoError(t, pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
 		_, _, err := triggerstore.RecordStep(ctx, tx, contract.RunStepData{RunID: "nope", Workflow: "w", Node: "a", Status: contract.StepCompleted}, time.Now())
-		require.ErrorIs(t, err, triggerstore.ErrNotFound)
+		require.ErrorIs(t, err, pgdb.ErrNotFound)
 		return nil
 	}))
 }
