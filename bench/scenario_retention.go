@@ -10,7 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/rs/zerolog"
 
-	"github.com/retryd/retryd/projections/retention"
+	"github.com/retryd/retryd/stores/retention"
 )
 
 func init() {

@@ -39,7 +39,7 @@ const tokenCheck = "SELECT, UPDATE"
 
 // Grants lists, per service, the tables it reads or writes and the
 // privileges it needs, derived from the SQL of its stores
-// (services/*/internal/*store, projections/*). A migration that adds a
+// (services/*/internal/*store, stores/*, internal/outbox and internal/inbox). A migration that adds a
 // table adds it here; TestGrantsCoverEveryTable fails until it does.
 //
 // inbox and outbox are shared: each service's rows carry its consumer or

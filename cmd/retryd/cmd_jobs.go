@@ -11,7 +11,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/retryd/retryd/pkg/contract"
-	"github.com/retryd/retryd/projections/jobstore"
+	"github.com/retryd/retryd/stores/jobstore"
 )
 
 // The jobs commands work the jobs API (services/jobs): the jobs table the

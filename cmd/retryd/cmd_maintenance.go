@@ -11,7 +11,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/retryd/retryd/internal/streams"
-	"github.com/retryd/retryd/projections/retention"
+	"github.com/retryd/retryd/stores/retention"
 )
 
 func newMaintenanceCmd(g *globals) *cobra.Command {

@@ -11,7 +11,7 @@ import (
 	"github.com/retryd/retryd/internal/natstest"
 	"github.com/retryd/retryd/internal/streams"
 	"github.com/retryd/retryd/migrations/pgtest"
-	"github.com/retryd/retryd/projections/retention"
+	"github.com/retryd/retryd/stores/retention"
 )
 
 func TestMaintenance(t *testing.T) {

@@ -10,7 +10,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/retryd/retryd/projections/jobstore"
+	"github.com/retryd/retryd/stores/jobstore"
 )
 
 // operationStatuses are the statuses GET /v1/operations filters on.

@@ -13,7 +13,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/retryd/retryd/internal/serve"
-	"github.com/retryd/retryd/projections/retrystore"
+	"github.com/retryd/retryd/stores/retrystore"
 )
 
 func (g *globals) client() (*apiClient, error) {

@@ -20,7 +20,7 @@ import (
 const monitoringDir = deployDir + "/monitoring"
 
 // registeredMetrics reads every metric retryd registers from the sources of
-// the services, projections, internal packages and the worker SDK: the
+// the services, the stores, the internal packages and the SDK: the
 // promreg.Builder calls (name under the builder's namespace and
 // subsystem), the prometheus.*Opts literals (also inside a helper such as
 // triggers' counter(name, help, labels...)) and prometheus.NewDesc. It
@@ -41,7 +41,7 @@ func registeredMetrics(t *testing.T) map[string][]string {
 			out[name+"_count"] = labels
 		}
 	}
-	for _, root := range []string{"../../services", "../../projections", "../../internal", "../../pkg"} {
+	for _, root := range []string{"../../services", "../../stores", "../../internal", "../../pkg"} {
 		err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
 			if err != nil || d.IsDir() || !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
 				return err

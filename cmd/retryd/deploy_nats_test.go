@@ -32,11 +32,11 @@ import (
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/pkg/errclass"
 	"github.com/retryd/retryd/pkg/worker"
-	"github.com/retryd/retryd/projections/retrystore"
 	"github.com/retryd/retryd/services/ingress"
 	"github.com/retryd/retryd/services/jobs"
 	"github.com/retryd/retryd/services/scheduler"
 	"github.com/retryd/retryd/services/triggers"
+	"github.com/retryd/retryd/stores/retrystore"
 )
 
 const natsConfPath = "../../deploy/nats/nats-server.conf"

@@ -11,8 +11,8 @@ import (
 
 	"github.com/retryd/retryd/internal/serve"
 	"github.com/retryd/retryd/pkg/contract"
-	"github.com/retryd/retryd/projections/pgdb"
-	"github.com/retryd/retryd/projections/retrystore"
+	"github.com/retryd/retryd/stores/pgdb"
+	"github.com/retryd/retryd/stores/retrystore"
 )
 
 // shardDone marks, in the gateway's list cursor, a shard whose list has

@@ -23,9 +23,9 @@ import (
 	"github.com/retryd/retryd/internal/streams"
 	"github.com/retryd/retryd/migrations/pgtest"
 	"github.com/retryd/retryd/pkg/contract"
-	"github.com/retryd/retryd/projections/pgdb"
-	"github.com/retryd/retryd/projections/retrystore"
 	schedulersvc "github.com/retryd/retryd/services/scheduler"
+	"github.com/retryd/retryd/stores/pgdb"
+	"github.com/retryd/retryd/stores/retrystore"
 )
 
 const shardAdminToken = "rtd_gatewayshardsadmintoken0123456789abcdef"

@@ -15,7 +15,7 @@ import (
 	"github.com/retryd/retryd/internal/envvar"
 	"github.com/retryd/retryd/internal/natsconn"
 	"github.com/retryd/retryd/internal/streams"
-	"github.com/retryd/retryd/projections/retention"
+	"github.com/retryd/retryd/stores/retention"
 )
 
 // Where a stream's max age was read (retention.StreamAge.From).

@@ -3,12 +3,12 @@ package main
 import (
 	"github.com/retryd/retryd/internal/audit"
 	"github.com/retryd/retryd/internal/auth"
-	"github.com/retryd/retryd/projections/jobstore"
-	"github.com/retryd/retryd/projections/retrystore"
 	"github.com/retryd/retryd/services/ingress"
 	"github.com/retryd/retryd/services/jobs"
 	"github.com/retryd/retryd/services/scheduler"
 	"github.com/retryd/retryd/services/triggers"
+	"github.com/retryd/retryd/stores/jobstore"
+	"github.com/retryd/retryd/stores/retrystore"
 )
 
 // The API's answers as the CLI names them: each is the type the route

@@ -29,10 +29,10 @@ import (
 	"github.com/retryd/retryd/migrations/pgtest"
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/pkg/worker"
-	"github.com/retryd/retryd/projections/jobstore"
-	"github.com/retryd/retryd/projections/retrystore"
 	"github.com/retryd/retryd/services/jobs"
 	"github.com/retryd/retryd/services/scheduler"
+	"github.com/retryd/retryd/stores/jobstore"
+	"github.com/retryd/retryd/stores/retrystore"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }

@@ -17,8 +17,8 @@ import (
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/pkg/errclass"
 	"github.com/retryd/retryd/pkg/worker"
-	"github.com/retryd/retryd/projections/jobstore"
 	"github.com/retryd/retryd/services/jobs"
+	"github.com/retryd/retryd/stores/jobstore"
 )
 
 func TestTimeoutTwiceThenSuccess(t *testing.T) {

@@ -23,8 +23,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/retryd/retryd/pkg/contract"
-	"github.com/retryd/retryd/projections/jobstore"
 	"github.com/retryd/retryd/services/jobs"
+	"github.com/retryd/retryd/stores/jobstore"
 )
 
 // workerTSDir is the TypeScript example: plain JavaScript with JSDoc

@@ -22,7 +22,7 @@ import (
 	"github.com/retryd/retryd/internal/serve"
 	"github.com/retryd/retryd/migrations/pgtest"
 	"github.com/retryd/retryd/pkg/contract"
-	"github.com/retryd/retryd/projections/pgdb"
+	"github.com/retryd/retryd/stores/pgdb"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }

@@ -23,7 +23,7 @@ import (
 	"github.com/retryd/retryd/internal/pgrows"
 	"github.com/retryd/retryd/internal/serve"
 	"github.com/retryd/retryd/pkg/contract"
-	"github.com/retryd/retryd/projections/pgdb"
+	"github.com/retryd/retryd/stores/pgdb"
 )
 
 // Prefix starts every token, so a token pasted in a chat or a log is

@@ -10,7 +10,7 @@ import (
 
 	"github.com/retryd/retryd/internal/pgrows"
 	"github.com/retryd/retryd/migrations/pgtest"
-	"github.com/retryd/retryd/projections/pgdb"
+	"github.com/retryd/retryd/stores/pgdb"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }

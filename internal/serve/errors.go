@@ -9,7 +9,7 @@ import (
 
 	"github.com/retryd/retryd/internal/streams"
 	"github.com/retryd/retryd/pkg/contract"
-	"github.com/retryd/retryd/projections/pgdb"
+	"github.com/retryd/retryd/stores/pgdb"
 )
 
 // ErrUnsupportedMediaType is wrapped when a body is not JSON by its

@@ -22,7 +22,7 @@ import (
 
 	"github.com/retryd/retryd/internal/serve"
 	"github.com/retryd/retryd/pkg/contract"
-	"github.com/retryd/retryd/projections/pgdb"
+	"github.com/retryd/retryd/stores/pgdb"
 )
 
 func get(t *testing.T, h http.Handler, path string) (int, string) {

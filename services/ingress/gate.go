@@ -13,10 +13,10 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/retryd/retryd/internal/durable"
+	"github.com/retryd/retryd/internal/inbox"
+	"github.com/retryd/retryd/internal/outbox"
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/pkg/tracing"
-	"github.com/retryd/retryd/projections/inbox"
-	"github.com/retryd/retryd/projections/outbox"
 	"github.com/retryd/retryd/services/ingress/internal/ingressstore"
 )
 

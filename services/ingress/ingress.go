@@ -12,9 +12,9 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/retryd/retryd/internal/durable"
+	"github.com/retryd/retryd/internal/outbox"
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/pkg/tracing"
-	"github.com/retryd/retryd/projections/outbox"
 )
 
 // ErrStopped is returned by Start after Stop.

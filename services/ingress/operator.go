@@ -10,12 +10,12 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/retryd/retryd/internal/audit"
+	"github.com/retryd/retryd/internal/outbox"
 	"github.com/retryd/retryd/internal/serve"
 	"github.com/retryd/retryd/pkg/contract"
-	"github.com/retryd/retryd/projections/outbox"
-	"github.com/retryd/retryd/projections/pgdb"
-	"github.com/retryd/retryd/projections/pgtext"
 	"github.com/retryd/retryd/services/ingress/internal/ingressstore"
+	"github.com/retryd/retryd/stores/pgdb"
+	"github.com/retryd/retryd/stores/pgtext"
 )
 
 // maxOperatorBody caps the body of operator requests.

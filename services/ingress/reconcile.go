@@ -7,9 +7,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go"
 
+	"github.com/retryd/retryd/internal/inbox"
+	"github.com/retryd/retryd/internal/outbox"
 	"github.com/retryd/retryd/pkg/errclass"
-	"github.com/retryd/retryd/projections/inbox"
-	"github.com/retryd/retryd/projections/outbox"
 	"github.com/retryd/retryd/services/ingress/internal/ingressstore"
 )
 

@@ -8,7 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go"
 
-	"github.com/retryd/retryd/projections/outbox"
+	"github.com/retryd/retryd/internal/outbox"
 	"github.com/retryd/retryd/services/ingress/internal/ingressstore"
 )
 

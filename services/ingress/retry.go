@@ -10,12 +10,12 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/retryd/retryd/internal/durable"
+	"github.com/retryd/retryd/internal/inbox"
 	"github.com/retryd/retryd/internal/lifecyclemsg"
+	"github.com/retryd/retryd/internal/outbox"
 	"github.com/retryd/retryd/pkg/contract"
-	"github.com/retryd/retryd/projections/inbox"
-	"github.com/retryd/retryd/projections/outbox"
-	"github.com/retryd/retryd/projections/pgdb"
 	"github.com/retryd/retryd/services/ingress/internal/ingressstore"
+	"github.com/retryd/retryd/stores/pgdb"
 )
 
 // A due for an ended deferral that does not know its attempt is handed back

@@ -8,11 +8,11 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/retryd/retryd/internal/inbox"
 	"github.com/retryd/retryd/internal/lifecyclemsg"
 	"github.com/retryd/retryd/pkg/contract"
-	"github.com/retryd/retryd/projections/inbox"
-	"github.com/retryd/retryd/projections/pgdb"
 	"github.com/retryd/retryd/services/ingress/internal/ingressstore"
+	"github.com/retryd/retryd/stores/pgdb"
 )
 
 // handleRetryState keeps event_ingress_retries and the event's status in

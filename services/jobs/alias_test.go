@@ -6,8 +6,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/retryd/retryd/projections/jobstore"
 	"github.com/retryd/retryd/services/jobs"
+	"github.com/retryd/retryd/stores/jobstore"
 )
 
 // The puppet retry API's names (docs/jobs.md, "Puppet API names") are

@@ -21,10 +21,10 @@ import (
 	"github.com/retryd/retryd/internal/serve"
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/pkg/errclass"
-	"github.com/retryd/retryd/projections/jobstore"
-	"github.com/retryd/retryd/projections/pgdb"
-	"github.com/retryd/retryd/projections/pgtext"
-	"github.com/retryd/retryd/projections/retrystore"
+	"github.com/retryd/retryd/stores/jobstore"
+	"github.com/retryd/retryd/stores/pgdb"
+	"github.com/retryd/retryd/stores/pgtext"
+	"github.com/retryd/retryd/stores/retrystore"
 )
 
 // RetryController is what the jobs API needs from the scheduler: a manual

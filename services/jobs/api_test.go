@@ -16,9 +16,9 @@ import (
 	"github.com/retryd/retryd/internal/serve"
 	"github.com/retryd/retryd/internal/servicetest"
 	"github.com/retryd/retryd/migrations/pgtest"
-	"github.com/retryd/retryd/projections/jobstore"
-	"github.com/retryd/retryd/projections/pgdb"
 	"github.com/retryd/retryd/services/jobs"
+	"github.com/retryd/retryd/stores/jobstore"
+	"github.com/retryd/retryd/stores/pgdb"
 )
 
 // recorder is a RetryController that records the calls it gets and

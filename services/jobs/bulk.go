@@ -16,9 +16,9 @@ import (
 	"github.com/retryd/retryd/internal/serve"
 	"github.com/retryd/retryd/internal/wait"
 	"github.com/retryd/retryd/pkg/contract"
-	"github.com/retryd/retryd/projections/jobstore"
-	"github.com/retryd/retryd/projections/pgdb"
-	"github.com/retryd/retryd/projections/pgtext"
+	"github.com/retryd/retryd/stores/jobstore"
+	"github.com/retryd/retryd/stores/pgdb"
+	"github.com/retryd/retryd/stores/pgtext"
 )
 
 // BulkFilter selects the jobs of a bulk retry. Status defaults to the

@@ -6,7 +6,7 @@ import (
 	"slices"
 
 	"github.com/retryd/retryd/internal/serve"
-	"github.com/retryd/retryd/projections/jobstore"
+	"github.com/retryd/retryd/stores/jobstore"
 )
 
 // operationStatuses are the statuses GET /v1/operations filters on.

@@ -18,11 +18,11 @@ import (
 
 	"github.com/retryd/retryd/internal/durable"
 	"github.com/retryd/retryd/internal/failpoint"
+	"github.com/retryd/retryd/internal/inbox"
 	"github.com/retryd/retryd/internal/wait"
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/pkg/tracing"
-	"github.com/retryd/retryd/projections/inbox"
-	"github.com/retryd/retryd/projections/jobstore"
+	"github.com/retryd/retryd/stores/jobstore"
 )
 
 // ProjectionDurable is the durable consumer name of the projection on both

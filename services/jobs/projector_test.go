@@ -23,9 +23,9 @@ import (
 	"github.com/retryd/retryd/migrations/pgtest"
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/pkg/contract/contracttest"
-	"github.com/retryd/retryd/projections/jobstore"
-	"github.com/retryd/retryd/projections/pgdb"
 	"github.com/retryd/retryd/services/jobs"
+	"github.com/retryd/retryd/stores/jobstore"
+	"github.com/retryd/retryd/stores/pgdb"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }

@@ -14,8 +14,8 @@ import (
 	"github.com/retryd/retryd/internal/serve"
 	"github.com/retryd/retryd/internal/servicetest"
 	"github.com/retryd/retryd/pkg/worker"
-	"github.com/retryd/retryd/projections/jobstore"
 	"github.com/retryd/retryd/services/jobs"
+	"github.com/retryd/retryd/stores/jobstore"
 )
 
 // A schedule that fires every second for 10 seconds runs one job a tick,

@@ -10,11 +10,11 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/retryd/retryd/internal/audit"
+	"github.com/retryd/retryd/internal/inbox"
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/pkg/errclass"
-	"github.com/retryd/retryd/projections/inbox"
-	"github.com/retryd/retryd/projections/pgdb"
-	"github.com/retryd/retryd/projections/retrystore"
+	"github.com/retryd/retryd/stores/pgdb"
+	"github.com/retryd/retryd/stores/retrystore"
 )
 
 var (

@@ -15,8 +15,8 @@ import (
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/pkg/errclass"
 	"github.com/retryd/retryd/pkg/policy"
-	"github.com/retryd/retryd/projections/pgdb"
-	"github.com/retryd/retryd/projections/retrystore"
+	"github.com/retryd/retryd/stores/pgdb"
+	"github.com/retryd/retryd/stores/retrystore"
 )
 
 // DefaultJobTypeNames are the path segments that mean "the kind's default

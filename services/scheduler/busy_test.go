@@ -9,8 +9,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/retryd/retryd/pkg/contract"
-	"github.com/retryd/retryd/projections/retrystore"
 	"github.com/retryd/retryd/services/scheduler"
+	"github.com/retryd/retryd/stores/retrystore"
 )
 
 // startWithFrozenPeer starts a scheduler whose lock waits last a minute

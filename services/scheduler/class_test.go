@@ -7,7 +7,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/retryd/retryd/pkg/contract"
-	"github.com/retryd/retryd/projections/retrystore"
+	"github.com/retryd/retryd/stores/retrystore"
 )
 
 // A policy set over the API with a backoff per error class: each failure

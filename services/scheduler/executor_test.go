@@ -8,7 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/retryd/retryd/pkg/contract"
-	"github.com/retryd/retryd/projections/retrystore"
+	"github.com/retryd/retryd/stores/retrystore"
 )
 
 // executors lists the executor of each history entry, in order.

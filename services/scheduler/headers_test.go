@@ -7,9 +7,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/retryd/retryd/pkg/contract"
-	"github.com/retryd/retryd/projections/pgdb"
-	"github.com/retryd/retryd/projections/retrystore"
 	"github.com/retryd/retryd/services/scheduler"
+	"github.com/retryd/retryd/stores/pgdb"
+	"github.com/retryd/retryd/stores/retrystore"
 )
 
 // Facts whose headers break the contract (docs/contract.md, headers) are

@@ -13,8 +13,8 @@ import (
 	"github.com/retryd/retryd/migrations/pgtest"
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/pkg/policy"
-	"github.com/retryd/retryd/projections/retrystore"
 	"github.com/retryd/retryd/services/scheduler"
+	"github.com/retryd/retryd/stores/retrystore"
 )
 
 func held(kind, id string, attempt int, reason string, until *time.Time) contract.HeldData {

@@ -9,8 +9,8 @@ import (
 	"github.com/retryd/retryd/internal/audit"
 	"github.com/retryd/retryd/internal/serve"
 	"github.com/retryd/retryd/pkg/contract"
-	"github.com/retryd/retryd/projections/retrystore"
 	"github.com/retryd/retryd/services/scheduler"
+	"github.com/retryd/retryd/stores/retrystore"
 )
 
 // A manual retry filed under an error class (the jobs API's error_class,

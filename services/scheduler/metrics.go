@@ -9,7 +9,7 @@ import (
 	"github.com/retryd/retryd/internal/promreg"
 	"github.com/retryd/retryd/internal/wait"
 	"github.com/retryd/retryd/pkg/contract"
-	"github.com/retryd/retryd/projections/retrystore"
+	"github.com/retryd/retryd/stores/retrystore"
 )
 
 type metrics struct {

@@ -8,10 +8,10 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/retryd/retryd/internal/durable"
+	"github.com/retryd/retryd/internal/inbox"
 	"github.com/retryd/retryd/internal/streams"
 	"github.com/retryd/retryd/internal/wait"
 	"github.com/retryd/retryd/pkg/contract"
-	"github.com/retryd/retryd/projections/inbox"
 )
 
 // ConsumerName is the durable consumer of the policy stage on RETRIES: of

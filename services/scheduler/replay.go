@@ -2,7 +2,7 @@ package scheduler
 
 import (
 	"github.com/retryd/retryd/pkg/contract"
-	"github.com/retryd/retryd/projections/retrystore"
+	"github.com/retryd/retryd/stores/retrystore"
 )
 
 // The rebuild folds the scheduler's own facts (scheduled, rescheduled,

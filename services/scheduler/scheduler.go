@@ -33,10 +33,10 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/retryd/retryd/internal/durable"
+	"github.com/retryd/retryd/internal/outbox"
 	"github.com/retryd/retryd/internal/promreg"
 	"github.com/retryd/retryd/internal/streams"
 	"github.com/retryd/retryd/internal/wait"
-	"github.com/retryd/retryd/projections/outbox"
 )
 
 // Owner is the outbox owner and the inbox consumer name of the scheduler.

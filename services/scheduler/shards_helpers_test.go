@@ -19,8 +19,8 @@ import (
 	"github.com/retryd/retryd/migrations/pgcluster"
 	"github.com/retryd/retryd/migrations/pgtest"
 	"github.com/retryd/retryd/pkg/contract"
-	"github.com/retryd/retryd/projections/retrystore"
 	"github.com/retryd/retryd/services/scheduler"
+	"github.com/retryd/retryd/stores/retrystore"
 )
 
 // shardKinds are the kinds the shard tests publish: the shard of an item

@@ -20,7 +20,7 @@ import (
 	"github.com/retryd/retryd/internal/telemetry"
 	"github.com/retryd/retryd/internal/telemetry/telemetrytest"
 	"github.com/retryd/retryd/pkg/contract"
-	"github.com/retryd/retryd/projections/retrystore"
+	"github.com/retryd/retryd/stores/retrystore"
 )
 
 const (

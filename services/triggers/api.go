@@ -13,8 +13,8 @@ import (
 	"github.com/retryd/retryd/internal/audit"
 	"github.com/retryd/retryd/internal/serve"
 	"github.com/retryd/retryd/pkg/contract"
-	"github.com/retryd/retryd/projections/pgdb"
 	"github.com/retryd/retryd/services/triggers/internal/triggerstore"
+	"github.com/retryd/retryd/stores/pgdb"
 )
 
 // endpoints is the trigger API. Each description is what GET /v1/ says

@@ -12,8 +12,8 @@ import (
 
 	"github.com/retryd/retryd/internal/serve"
 	"github.com/retryd/retryd/pkg/contract"
-	"github.com/retryd/retryd/projections/pgdb"
 	"github.com/retryd/retryd/services/triggers/internal/triggerstore"
+	"github.com/retryd/retryd/stores/pgdb"
 )
 
 // The operator views of workflow runs (docs/operations.md, "Runs"). They

@@ -9,11 +9,11 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/retryd/retryd/internal/inbox"
+	"github.com/retryd/retryd/internal/outbox"
 	"github.com/retryd/retryd/pkg/contract"
-	"github.com/retryd/retryd/projections/inbox"
-	"github.com/retryd/retryd/projections/outbox"
-	"github.com/retryd/retryd/projections/pgdb"
 	"github.com/retryd/retryd/services/triggers/internal/triggerstore"
+	"github.com/retryd/retryd/stores/pgdb"
 )
 
 // result is what one transaction did, reported after the commit (metrics

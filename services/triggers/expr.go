@@ -20,7 +20,7 @@ import (
 	"cel.dev/cel-go/interpreter"
 
 	"github.com/retryd/retryd/pkg/contract"
-	"github.com/retryd/retryd/projections/pgtext"
+	"github.com/retryd/retryd/stores/pgtext"
 )
 
 // Limits on trigger expressions.

@@ -9,8 +9,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/retryd/retryd/pkg/contract"
-	"github.com/retryd/retryd/projections/pgdb"
 	"github.com/retryd/retryd/services/triggers/internal/triggerstore"
+	"github.com/retryd/retryd/stores/pgdb"
 )
 
 // publishHeartbeat publishes a heartbeat for a run, as an executor would.

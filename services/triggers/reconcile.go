@@ -9,13 +9,13 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/retryd/retryd/internal/inbox"
+	"github.com/retryd/retryd/internal/outbox"
 	"github.com/retryd/retryd/internal/wait"
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/pkg/errclass"
-	"github.com/retryd/retryd/projections/inbox"
-	"github.com/retryd/retryd/projections/outbox"
-	"github.com/retryd/retryd/projections/pgdb"
 	"github.com/retryd/retryd/services/triggers/internal/triggerstore"
+	"github.com/retryd/retryd/stores/pgdb"
 )
 
 // reconcileBatch bounds the deliveries one reconcile pass republishes.

@@ -11,13 +11,13 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/retryd/retryd/internal/durable"
+	"github.com/retryd/retryd/internal/inbox"
 	"github.com/retryd/retryd/internal/lifecyclemsg"
+	"github.com/retryd/retryd/internal/outbox"
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/pkg/errclass"
-	"github.com/retryd/retryd/projections/inbox"
-	"github.com/retryd/retryd/projections/outbox"
-	"github.com/retryd/retryd/projections/pgdb"
 	"github.com/retryd/retryd/services/triggers/internal/triggerstore"
+	"github.com/retryd/retryd/stores/pgdb"
 )
 
 // ConsumerRunRetries reads the scheduler's facts about runs (kind run):

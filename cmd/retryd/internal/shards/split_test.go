@@ -22,9 +22,9 @@ import (
 	"github.com/retryd/retryd/pkg/backoff"
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/pkg/policy"
-	"github.com/retryd/retryd/projections/pgdb"
-	"github.com/retryd/retryd/projections/retrystore"
 	"github.com/retryd/retryd/services/scheduler"
+	"github.com/retryd/retryd/stores/pgdb"
+	"github.com/retryd/retryd/stores/retrystore"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }

@@ -9,8 +9,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/retryd/retryd/internal/streams"
-	"github.com/retryd/retryd/projections/retention"
 	"github.com/retryd/retryd/services/ingress/internal/ingressstore"
+	"github.com/retryd/retryd/stores/retention"
 )
 
 // The gate stores an event id once, and `retryd maintenance` deletes

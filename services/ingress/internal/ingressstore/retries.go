@@ -9,7 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/retryd/retryd/internal/pgrows"
-	"github.com/retryd/retryd/projections/pgtext"
+	"github.com/retryd/retryd/stores/pgtext"
 )
 
 // RetryState is event_ingress_retries.retry_state.

@@ -15,8 +15,8 @@ import (
 
 	"github.com/retryd/retryd/internal/servicetest"
 	"github.com/retryd/retryd/migrations/pgtest"
-	"github.com/retryd/retryd/projections/pgdb"
 	"github.com/retryd/retryd/services/ingress/internal/ingressstore"
+	"github.com/retryd/retryd/stores/pgdb"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }

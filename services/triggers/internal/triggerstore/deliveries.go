@@ -10,8 +10,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/retryd/retryd/internal/pgrows"
-	"github.com/retryd/retryd/projections/pgdb"
-	"github.com/retryd/retryd/projections/pgtext"
+	"github.com/retryd/retryd/stores/pgdb"
+	"github.com/retryd/retryd/stores/pgtext"
 )
 
 // Status is where a delivery stands.

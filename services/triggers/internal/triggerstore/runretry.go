@@ -11,8 +11,8 @@ import (
 
 	"github.com/retryd/retryd/internal/pgrows"
 	"github.com/retryd/retryd/pkg/contract"
-	"github.com/retryd/retryd/projections/pgdb"
-	"github.com/retryd/retryd/projections/pgtext"
+	"github.com/retryd/retryd/stores/pgdb"
+	"github.com/retryd/retryd/stores/pgtext"
 )
 
 // RunFailure is a failed attempt of a run, as its executor or the lease

@@ -16,7 +16,7 @@
 package jobstore
 
 import (
-	"github.com/retryd/retryd/projections/pgdb"
+	"github.com/retryd/retryd/stores/pgdb"
 )
 
 // Querier is a *pgxpool.Pool, a *pgx.Conn or a pgx.Tx.

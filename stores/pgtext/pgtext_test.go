@@ -11,7 +11,7 @@ import (
 
 	"github.com/retryd/retryd/migrations/pgtest"
 	"github.com/retryd/retryd/pkg/contract"
-	"github.com/retryd/retryd/projections/pgtext"
+	"github.com/retryd/retryd/stores/pgtext"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }

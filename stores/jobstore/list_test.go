@@ -9,8 +9,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
-	"github.com/retryd/retryd/projections/jobstore"
-	"github.com/retryd/retryd/projections/pgdb"
+	"github.com/retryd/retryd/stores/jobstore"
+	"github.com/retryd/retryd/stores/pgdb"
 )
 
 // seedList inserts 30 jobs: statuses cycle through failed_max_retries,

@@ -11,8 +11,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
+	"github.com/retryd/retryd/internal/outbox"
 	"github.com/retryd/retryd/pkg/contract"
-	"github.com/retryd/retryd/projections/outbox"
 )
 
 // A service writes its state change and the message announcing it in one

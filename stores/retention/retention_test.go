@@ -13,9 +13,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/retryd/retryd/migrations/pgtest"
-	"github.com/retryd/retryd/projections/jobstore"
-	"github.com/retryd/retryd/projections/retention"
-	"github.com/retryd/retryd/projections/retrystore"
+	"github.com/retryd/retryd/stores/jobstore"
+	"github.com/retryd/retryd/stores/retention"
+	"github.com/retryd/retryd/stores/retrystore"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }

@@ -6,7 +6,7 @@ import (
 
 	"github.com/retryd/retryd/internal/pgquery"
 	"github.com/retryd/retryd/internal/pgrows"
-	"github.com/retryd/retryd/projections/pgdb"
+	"github.com/retryd/retryd/stores/pgdb"
 )
 
 // OperationPage is one page of ListOperations: the newest first.

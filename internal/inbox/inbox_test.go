@@ -9,8 +9,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/retryd/retryd/internal/inbox"
 	"github.com/retryd/retryd/migrations/pgtest"
-	"github.com/retryd/retryd/projections/inbox"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }

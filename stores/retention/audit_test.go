@@ -8,7 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/retryd/retryd/migrations/pgtest"
-	"github.com/retryd/retryd/projections/retention"
+	"github.com/retryd/retryd/stores/retention"
 )
 
 const week = 7 * day

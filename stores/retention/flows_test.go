@@ -6,7 +6,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/retryd/retryd/projections/retention"
+	"github.com/retryd/retryd/stores/retention"
 )
 
 // The item tables of ingress and triggers: terminal rows older than the

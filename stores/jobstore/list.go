@@ -7,7 +7,7 @@ import (
 
 	"github.com/retryd/retryd/internal/pgquery"
 	"github.com/retryd/retryd/internal/pgrows"
-	"github.com/retryd/retryd/projections/pgdb"
+	"github.com/retryd/retryd/stores/pgdb"
 )
 
 // MaxListLimit bounds one page of List.

@@ -13,8 +13,8 @@ import (
 	"github.com/retryd/retryd/pkg/backoff"
 	"github.com/retryd/retryd/pkg/errclass"
 	"github.com/retryd/retryd/pkg/policy"
-	"github.com/retryd/retryd/projections/pgdb"
-	"github.com/retryd/retryd/projections/retrystore"
+	"github.com/retryd/retryd/stores/pgdb"
+	"github.com/retryd/retryd/stores/retrystore"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }

@@ -6,7 +6,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/retryd/retryd/projections/jobstore"
+	"github.com/retryd/retryd/stores/jobstore"
 )
 
 // seedAnalytics inserts a fixed data set; the expected figures in

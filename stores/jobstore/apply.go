@@ -10,7 +10,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/retryd/retryd/pkg/contract"
-	"github.com/retryd/retryd/projections/pgtext"
+	"github.com/retryd/retryd/stores/pgtext"
 )
 
 // Ranks of facts within one attempt; see the package documentation.

@@ -12,8 +12,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/retryd/retryd/migrations/pgtest"
-	"github.com/retryd/retryd/projections/jobstore"
-	"github.com/retryd/retryd/projections/retention"
+	"github.com/retryd/retryd/stores/jobstore"
+	"github.com/retryd/retryd/stores/retention"
 )
 
 // Item tables are not partitioned: their terminal rows older than the
