@@ -27,8 +27,8 @@ import (
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/pkg/errclass"
 	"github.com/retryd/retryd/pkg/policy"
-	"github.com/retryd/retryd/stores/retrystore"
 	"github.com/retryd/retryd/services/scheduler"
+	"github.com/retryd/retryd/stores/retrystore"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
