@@ -17,6 +17,7 @@ import (
 
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/pkg/errclass"
+	"github.com/retryd/retryd/pkg/internal/sdkconfig"
 )
 
 // Defaults of Config.
@@ -118,18 +119,7 @@ func (c *Config) validate() error {
 	if c.AckWait < 300*time.Millisecond {
 		return fmt.Errorf("Config.AckWait must be at least 300ms, got %s", c.AckWait)
 	}
-	if c.Classifier == nil {
-		c.Classifier = errclass.DefaultClassifier()
-	}
-	if c.Registerer == nil {
-		c.Registerer = prometheus.NewRegistry()
-	}
-	if c.Logger == nil {
-		c.Logger = slog.New(slog.DiscardHandler)
-	}
-	if c.Now == nil {
-		c.Now = time.Now
-	}
+	sdkconfig.Fill(&c.Classifier, &c.Registerer, &c.Logger, &c.Now)
 	return nil
 }
 

@@ -12,6 +12,7 @@ import (
 
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/pkg/errclass"
+	"github.com/retryd/retryd/pkg/internal/sdkconfig"
 	"github.com/retryd/retryd/pkg/owner"
 )
 
@@ -157,17 +158,6 @@ func (c *Config) validate() error {
 	if c.FetchWait < 100*time.Millisecond {
 		return fmt.Errorf("Config.FetchWait must be at least 100ms, got %s", c.FetchWait)
 	}
-	if c.Classifier == nil {
-		c.Classifier = errclass.DefaultClassifier()
-	}
-	if c.Registerer == nil {
-		c.Registerer = prometheus.NewRegistry()
-	}
-	if c.Logger == nil {
-		c.Logger = slog.New(slog.DiscardHandler)
-	}
-	if c.Now == nil {
-		c.Now = time.Now
-	}
+	sdkconfig.Fill(&c.Classifier, &c.Registerer, &c.Logger, &c.Now)
 	return nil
 }
