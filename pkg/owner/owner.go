@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -14,6 +15,9 @@ import (
 	"github.com/retryd/retryd/pkg/contract"
 	"github.com/retryd/retryd/pkg/errclass"
 )
+
+// pullBackoff is the pause after a failed pull of dues.
+const pullBackoff = time.Second
 
 // stopGrace is how long Stop waits, once its deadline passed, for
 // cancelled handlers to return.
@@ -54,10 +58,14 @@ type Owner struct {
 	// hardCtx ends running handlers and publishes: Stop's deadline passed.
 	hardCtx    context.Context
 	hardCancel context.CancelFunc
-	loopDone   chan struct{}
-	inflight   sync.WaitGroup
-	stopOnce   sync.Once
-	stopErr    error
+	// stopping and stopCh tell the pull loop that Stop, not an error,
+	// ended its iterator.
+	stopping atomic.Bool
+	stopCh   chan struct{}
+	loopDone chan struct{}
+	inflight sync.WaitGroup
+	stopOnce sync.Once
+	stopErr  error
 }
 
 // ConsumerName is the durable consumer of a kind's dues on RETRIES,
@@ -78,7 +86,7 @@ func New(cfg Config) (*Owner, error) {
 		return nil, fmt.Errorf("new owner: %w", err)
 	}
 	log := cfg.Logger.With(slog.String("component", "owner"), slog.String("kind", cfg.Kind))
-	o := &Owner{cfg: cfg, log: log, m: m, rm: rm, loopDone: make(chan struct{}),
+	o := &Owner{cfg: cfg, log: log, m: m, rm: rm, loopDone: make(chan struct{}), stopCh: make(chan struct{}),
 		facts: Facts{Source: cfg.Source, Executor: cfg.ExecutorID, Now: cfg.Now, Logger: log}}
 	o.hardCtx, o.hardCancel = context.WithCancel(context.Background())
 	return o, nil
@@ -89,11 +97,12 @@ func New(cfg Config) (*Owner, error) {
 // set-up only; Stop ends the owner.
 func (o *Owner) Start(ctx context.Context) error {
 	o.mu.Lock()
-	defer o.mu.Unlock()
 	if o.started {
+		o.mu.Unlock()
 		return ErrStarted
 	}
 	o.started = true
+	o.mu.Unlock()
 	rep, err := NewReporter(ctx, ReporterConfig{
 		JS: o.cfg.JS, Kind: o.cfg.Kind, PendingLimit: o.cfg.PendingLimit, RepublishAfter: o.cfg.RepublishAfter,
 		Metrics: o.rm, Logger: o.log, Now: o.cfg.Now,
@@ -101,6 +110,63 @@ func (o *Owner) Start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("start owner: %w", err)
 	}
+	if _, err := o.openIter(ctx); err != nil {
+		rep.Close()
+		return fmt.Errorf("start owner: %w", err)
+	}
+	o.mu.Lock()
+	o.reporter = rep
+	o.mu.Unlock()
+	go o.consume()
+	o.log.Info("owner started", slog.Int("concurrency", o.cfg.Concurrency), slog.Duration("republish_after", rep.RepublishAfter()))
+	return nil
+}
+
+// consume runs each due in a slot of Concurrency until Stop. A consumer
+// deleted under the owner (`nats consumer rm`, a restored stream) ends
+// its iterator: it is created again, and its dues are delivered again
+// from the stream (a due already reported repeats its fact, with the same
+// Nats-Msg-Id).
+func (o *Owner) consume() {
+	defer close(o.loopDone)
+	slots := make(chan struct{}, o.cfg.Concurrency)
+	iter := o.currentIter()
+	for {
+		msg, err := iter.Next()
+		if err != nil {
+			if o.stopping.Load() {
+				return
+			}
+			o.log.Warn("pull dues failed; trying again", slog.Any("error", err))
+			select {
+			case <-time.After(pullBackoff):
+			case <-o.stopCh:
+				return
+			}
+			if errors.Is(err, jetstream.ErrMsgIteratorClosed) || errors.Is(err, jetstream.ErrConsumerDeleted) {
+				if next, err := o.openIter(context.Background()); err == nil {
+					if o.stopping.Load() { // Stop may have drained the old one only
+						next.Stop()
+						return
+					}
+					iter = next
+				} else {
+					o.log.Warn("cannot consume dues again; trying at the next pull", slog.Any("error", err))
+				}
+			}
+			continue
+		}
+		slots <- struct{}{}
+		o.inflight.Add(1)
+		go func() {
+			defer func() { <-slots; o.inflight.Done() }()
+			o.due(msg)
+		}()
+	}
+}
+
+// openIter creates or updates the due consumer and starts pulling from it.
+func (o *Owner) openIter(ctx context.Context) (jetstream.MessagesContext, error) {
 	cons, err := o.cfg.JS.CreateOrUpdateConsumer(ctx, contract.StreamRetries, jetstream.ConsumerConfig{
 		Durable:       ConsumerName(o.cfg.Kind),
 		Description:   "retryd owner runtime: runs retry." + o.cfg.Kind + ".due.<id>",
@@ -114,40 +180,22 @@ func (o *Owner) Start(ctx context.Context) error {
 		MaxDeliver: -1,
 	})
 	if err != nil {
-		rep.Close()
-		return fmt.Errorf("start owner: create consumer %s: %w", ConsumerName(o.cfg.Kind), err)
+		return nil, fmt.Errorf("create consumer %s: %w", ConsumerName(o.cfg.Kind), err)
 	}
 	iter, err := cons.Messages(jetstream.PullMaxMessages(o.cfg.Concurrency))
 	if err != nil {
-		rep.Close()
-		return fmt.Errorf("start owner: consume %s: %w", ConsumerName(o.cfg.Kind), err)
+		return nil, fmt.Errorf("consume %s: %w", ConsumerName(o.cfg.Kind), err)
 	}
-	o.reporter, o.iter = rep, iter
-	go o.consume()
-	o.log.Info("owner started", slog.Int("concurrency", o.cfg.Concurrency), slog.Duration("republish_after", rep.RepublishAfter()))
-	return nil
+	o.mu.Lock()
+	o.iter = iter
+	o.mu.Unlock()
+	return iter, nil
 }
 
-// consume runs each due in a slot of Concurrency until the iterator stops.
-func (o *Owner) consume() {
-	defer close(o.loopDone)
-	slots := make(chan struct{}, o.cfg.Concurrency)
-	for {
-		msg, err := o.iter.Next()
-		if errors.Is(err, jetstream.ErrMsgIteratorClosed) {
-			return
-		}
-		if err != nil {
-			o.log.Warn("pull dues failed; trying again", slog.Any("error", err))
-			continue
-		}
-		slots <- struct{}{}
-		o.inflight.Add(1)
-		go func() {
-			defer func() { <-slots; o.inflight.Done() }()
-			o.due(msg)
-		}()
-	}
+func (o *Owner) currentIter() jetstream.MessagesContext {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.iter
 }
 
 // due runs the attempt a due event asks for, reports it, then acks.
@@ -284,6 +332,8 @@ func (p *panicError) Error() string { return fmt.Sprintf("handler panicked: %v",
 // ctx's error. Stop is idempotent.
 func (o *Owner) Stop(ctx context.Context) error {
 	o.stopOnce.Do(func() {
+		o.stopping.Store(true)
+		close(o.stopCh)
 		o.mu.Lock()
 		iter, rep := o.iter, o.reporter
 		o.started = true // no Start after Stop
