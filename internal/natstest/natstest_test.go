@@ -124,3 +124,32 @@ func TestWithStoreDirSharesStreamsAcrossServers(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, uint64(1), s.CachedInfo().State.Msgs)
 }
+
+// PublishAll stores every message, in order, through a client whose cap
+// on outstanding async publishes is far smaller than the batch.
+func TestPublishAllUnderASmallCap(t *testing.T) {
+	t.Parallel()
+	srv := natstest.RunServer(t)
+	nc, js := natstest.Connect(t, srv)
+	natstest.EnsureStreams(t, js)
+	small, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(2))
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+
+	msgs := make([]*nats.Msg, 50)
+	for i := range msgs {
+		msgs[i] = nats.NewMsg(contract.JobSubject("email"))
+		msgs[i].Data = []byte{byte(i)}
+	}
+	acks := natstest.PublishAll(t, ctx, small, msgs)
+	require.Len(t, acks, len(msgs))
+	for i, ack := range acks {
+		require.Equal(t, uint64(i+1), ack.Sequence)
+	}
+	got := natstest.Messages(t, ctx, js, contract.StreamJobs, ">")
+	require.Len(t, got, len(msgs))
+	for i, m := range got {
+		require.Equal(t, []byte{byte(i)}, m.Data())
+	}
+}

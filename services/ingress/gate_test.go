@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
+	"github.com/retryd/retryd/internal/natstest"
 	"github.com/retryd/retryd/internal/servicetest"
 	"github.com/retryd/retryd/migrations/pgtest"
 	"github.com/retryd/retryd/pkg/contract"
@@ -281,16 +282,14 @@ func TestGateDecidesEachSourceInArrivalOrder(t *testing.T) {
 	b.putSource(t, "picky", map[string]any{"rate_limit": limit, "rate_window": "8760h", "allowed_types": []string{"tick.happened"}})
 
 	var burst, picky []string
-	var futures []jetstream.PubAckFuture
+	var msgs []*nats.Msg
 	publish := func(source, id, typ string, header bool) {
 		msg := nats.NewMsg("ingest." + source)
 		msg.Data = []byte(fmt.Sprintf(`{"id":%q,"source":%q,"type":%q}`, id, source, typ))
 		if header {
 			msg.Header.Set(nats.MsgIdHdr, id)
 		}
-		f, err := b.js.PublishMsgAsync(msg)
-		require.NoError(t, err)
-		futures = append(futures, f)
+		msgs = append(msgs, msg)
 	}
 	for i := range 150 {
 		id := fmt.Sprintf("b-%03d", i)
@@ -312,15 +311,7 @@ func TestGateDecidesEachSourceInArrivalOrder(t *testing.T) {
 			publish("burst", "b-005", "tick.happened", false)
 		}
 	}
-	for _, f := range futures {
-		select {
-		case <-f.Ok():
-		case err := <-f.Err():
-			require.NoError(t, err)
-		case <-b.ctx.Done():
-			t.Fatal("publish acks outstanding")
-		}
-	}
+	natstest.PublishAll(t, b.ctx, b.js, msgs)
 	b.waitCount(t, len(burst)+len(picky), `SELECT count(*) FROM workflow_events WHERE status IN ('admitted', 'deferred')`)
 	// At least once, not exactly once: a message that waits in the
 	// client's pull buffer past the 1 s ack wait (a busy machine) comes

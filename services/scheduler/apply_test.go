@@ -109,6 +109,18 @@ func TestReplayDueBeforeDecision(t *testing.T) {
 	require.Equal(t, 1, inOrder.row.DueEmissions)
 	require.Equal(t, 1, inOrder.row.RetryCount)
 
+	// The owner's answer to the due may overtake the decision too: the
+	// decision read late ends in the same row as read in order.
+	closed := fact{ev: contract.LifecycleEvent{Kind: "event", ID: "e", Event: contract.Succeeded,
+		Succeeded: &contract.SucceededData{Kind: "event", ID: "e", Attempt: 2}}, msgID: "ok", at: next.Add(time.Millisecond)}
+	inOrderClosed := applySucceeded(inOrder.row, closed)
+	lateClosed := applySucceeded(replayDue(&awaiting, due).row, closed)
+	require.True(t, replayScheduled(lateClosed.row, sched).stale, "without the rebuilder's note of the overtaking due")
+	late := replayLateDecision(lateClosed.row, sched)
+	require.Equal(t, *inOrderClosed.row, *late.row)
+	require.Equal(t, 1, late.row.RetryCount)
+	require.Equal(t, contract.Scheduled, late.outcome)
+
 	// The same due again is a re-emission; an older one is stale.
 	again := replayDue(inOrder.row, due)
 	require.Equal(t, 2, again.row.DueEmissions)

@@ -118,7 +118,7 @@ func Rebuild(ctx context.Context, js jetstream.JetStream, pool *pgxpool.Pool, lo
 		return stats, fmt.Errorf("rebuild: %w", err)
 	}
 	rb := &rebuilder{conn: conn.Conn(), classifier: o.classifier, stats: &stats, undo: map[retrystore.Key]undoFailure{},
-		shard: o.shard, shards: o.shards}
+		late: map[retrystore.Key]int{}, shard: o.shard, shards: o.shards}
 	if last > 0 {
 		if err := rb.replay(ctx, js, last); err != nil {
 			return stats, err
@@ -152,6 +152,11 @@ type rebuilder struct {
 	// the row before the failure. Entries live from a failure to its
 	// decision, so the map holds the failures in flight, not the items.
 	undo map[retrystore.Key]undoFailure
+	// late holds, per item a due moved to an attempt whose decision was
+	// not read yet, that attempt: the decision follows in the stream
+	// (replayLateDecision). Entries live from such a due to the item's
+	// next decision.
+	late map[retrystore.Key]int
 	// shard of shards: facts of items on other shards are skipped.
 	shard, shards int
 }
@@ -285,6 +290,7 @@ func (rb *rebuilder) apply(ctx context.Context, tx pgx.Tx, f fact) error {
 		}
 	}
 	var ch change
+	lateDecision := false
 	hd, held := heldFact(f)
 	switch {
 	case held:
@@ -305,10 +311,16 @@ func (rb *rebuilder) apply(ctx context.Context, tx pgx.Tx, f fact) error {
 		rb.undo[key] = undoFailure{prev: row, msgID: f.msgID}
 	case ev.Event == contract.Scheduled || ev.Event == contract.Rescheduled:
 		ch = replayScheduled(row, f)
+		if attempt, ok := rb.late[key]; ch.stale && ok && attempt == ev.Scheduled.Attempt {
+			ch, lateDecision = replayLateDecision(row, f), true
+		}
 	case ev.Event == contract.Exhausted:
 		ch = replayExhausted(row, f)
 	case ev.Event == contract.Due:
 		ch = replayDue(row, f)
+		if !ch.stale && (row == nil || ev.Due.Attempt > row.Attempt) {
+			rb.late[key] = ev.Due.Attempt
+		}
 	case ev.Event == contract.Succeeded:
 		ch = applySucceeded(row, f)
 	case ev.Event == contract.Cancelled:
@@ -322,8 +334,16 @@ func (rb *rebuilder) apply(ctx context.Context, tx pgx.Tx, f fact) error {
 		return nil
 	}
 	rb.stats.Applied++
-	if ev.Event != contract.Failed && ev.Event != contract.Held {
+	switch {
+	case lateDecision && awaitingDecision(row):
+		// The failure awaiting its decision is a later one; it stays
+		// undoable.
+	case ev.Event != contract.Failed && ev.Event != contract.Held:
 		delete(rb.undo, key) // decided, or closed
+	}
+	switch ev.Event {
+	case contract.Scheduled, contract.Rescheduled, contract.Exhausted:
+		delete(rb.late, key)
 	}
 	if err := write(ctx, tx, ch); err != nil {
 		return err

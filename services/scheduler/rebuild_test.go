@@ -11,6 +11,7 @@ import (
 	"github.com/retryd/retryd/internal/servicetest"
 	"github.com/retryd/retryd/migrations/pgtest"
 	"github.com/retryd/retryd/pkg/contract"
+	"github.com/retryd/retryd/pkg/contract/contracttest"
 	"github.com/retryd/retryd/services/scheduler"
 	"github.com/retryd/retryd/stores/retrystore"
 )
@@ -217,4 +218,83 @@ func TestRebuildOperatorActionOvertakingAFailure(t *testing.T) {
 	require.Equal(t, 3, row.Attempt)
 	require.Zero(t, row.DueEmissions)
 	require.Equal(t, []string{"failed:1", "scheduled:2", "due:2", "rescheduled:3"}, events(b.history(t, "job", "manual")))
+}
+
+// A decision the relay published after the due loop had published its
+// due (the due loop's flush skips outbox rows the relay holds), and after
+// the owner had answered that due: the live scheduler applied the
+// decision before the due, so the rebuild applies it too, late, and keeps
+// what the due and the answer did. Issue 39: TestRebuildEqualsOriginal
+// rebuilt a success with the retry_count of the attempt before.
+func TestRebuildDecisionAfterItsAttemptsOutcome(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	s := b.start(t)
+	require.NoError(t, s.Stop(b.ctx))
+
+	t0 := time.Now().UTC().Truncate(time.Millisecond)
+	decidedAt, next := t0.Add(time.Millisecond), t0.Add(10*time.Millisecond)
+	pub := func(source string, ev contract.Lifecycle, data any, at time.Time) {
+		_, err := b.js.PublishMsg(b.ctx, contracttest.LifecycleMsg(t, source, ev, data, at))
+		require.NoError(t, err)
+	}
+	owner := func(ev contract.Lifecycle, data any, at time.Time) { pub("test/owner", ev, data, at) }
+	decision := func(id string, attempt, retryCount int, at time.Time) {
+		pub("retryd/scheduler", contract.Scheduled, contract.ScheduledData{Kind: "job", ID: id, Attempt: attempt, NextAttemptAt: at.Add(9 * time.Millisecond),
+			Decision: contract.Decision{Policy: "job-default", PolicyVersion: 1, DecidedBy: contract.DecidedByBackoff, ErrorClass: "timeout",
+				RetryCount: retryCount, MaxRetries: 5, DelayMS: 9}}, at)
+	}
+	due := func(id string, attempt int, at time.Time) {
+		pub("retryd/scheduler", contract.Due, contract.DueData{Kind: "job", ID: id, Attempt: attempt, NextAttemptAt: at}, at)
+	}
+	failedAt := func(id string, attempt int, at time.Time) {
+		f := failed("job", id, attempt, "timeout")
+		owner(contract.Failed, f, at)
+	}
+
+	// Stream order: failed:1, due:2, the outcome of attempt 2, scheduled:2.
+	failedAt("succeeded", 1, t0)
+	due("succeeded", 2, next)
+	owner(contract.Succeeded, contract.SucceededData{Kind: "job", ID: "succeeded", Attempt: 2}, next.Add(time.Millisecond))
+	decision("succeeded", 2, 1, decidedAt)
+
+	failedAt("cancelled", 1, t0)
+	due("cancelled", 2, next)
+	owner(contract.Cancelled, contract.CancelledData{Kind: "job", ID: "cancelled", Attempt: 2, By: "owner", Reason: "gone"}, next.Add(time.Millisecond))
+	decision("cancelled", 2, 1, decidedAt)
+
+	// Attempt 2 failed too before the decision that scheduled it arrived;
+	// the decision of that failure follows in order.
+	failedAt("again", 1, t0)
+	due("again", 2, next)
+	failedAt("again", 2, next.Add(time.Millisecond))
+	decision("again", 2, 1, decidedAt)
+	decision("again", 3, 2, next.Add(2*time.Millisecond))
+
+	fresh := pgtest.NewPool(t)
+	stats, err := scheduler.Rebuild(b.ctx, b.js, fresh, servicetest.Logger(t))
+	require.NoError(t, err)
+	require.Zero(t, stats.Decided)
+	require.Zero(t, stats.Stale)
+
+	check := func(id string, state retrystore.State, attempt, retryCount int, history ...string) {
+		t.Helper()
+		row, err := retrystore.Get(b.ctx, fresh, "job", id)
+		require.NoError(t, err)
+		require.Equal(t, state, row.State, id)
+		require.Equal(t, attempt, row.Attempt, id)
+		require.Equal(t, retryCount, row.RetryCount, id)
+		require.Equal(t, attempt-1-retryCount, row.BudgetBase, id)
+		require.Equal(t, "job-default", row.PolicyName, id)
+		require.Equal(t, 5, row.MaxRetries, id)
+		require.Equal(t, history, pgtest.Strings(t, fresh, `SELECT event || ':' || attempt FROM retry_history
+WHERE kind = 'job' AND item_id = $1 ORDER BY at, attempt, event`, id), id)
+	}
+	check("succeeded", retrystore.StateSucceeded, 2, 1, "failed:1", "scheduled:2", "due:2", "succeeded:2")
+	row, err := retrystore.Get(b.ctx, fresh, "job", "succeeded")
+	require.NoError(t, err)
+	require.Equal(t, 1, row.DueEmissions, "the due's emission is kept")
+	require.NotNil(t, row.ResolvedAt)
+	check("cancelled", retrystore.StateCancelled, 2, 1, "failed:1", "scheduled:2", "due:2", "cancelled:2")
+	check("again", retrystore.StateScheduled, 3, 2, "failed:1", "scheduled:2", "due:2", "failed:2", "scheduled:3")
 }

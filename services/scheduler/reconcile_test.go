@@ -39,21 +39,11 @@ func TestPurgedStreamPendingStillComeDue(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = sub.Unsubscribe() })
 
-	futures := make([]jetstream.PubAckFuture, 0, n)
-	for i := range n {
-		f, err := b.js.PublishMsgAsync(lifecycleMsg(t, contract.Failed, failed("bulk", fmt.Sprintf("b%05d", i), 1, "timeout")))
-		require.NoError(t, err)
-		futures = append(futures, f)
+	msgs := make([]*nats.Msg, n)
+	for i := range msgs {
+		msgs[i] = lifecycleMsg(t, contract.Failed, failed("bulk", fmt.Sprintf("b%05d", i), 1, "timeout"))
 	}
-	for _, f := range futures {
-		select {
-		case <-f.Ok():
-		case err := <-f.Err():
-			t.Fatal(err)
-		case <-time.After(waitFor):
-			t.Fatal("no PubAck")
-		}
-	}
+	publishAll(t, b, msgs)
 	countState := func(state retrystore.State) int {
 		return pgtest.Count(t, b.pool, `SELECT count(*) FROM retries WHERE kind = 'bulk' AND state = $1`, string(state))
 	}

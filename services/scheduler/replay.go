@@ -40,6 +40,52 @@ func replayScheduled(row *retrystore.Retry, f fact) change {
 	return change{row: &r, history: []retrystore.HistoryEntry{scheduledEntry(&r, f.ev.Event, sd, f.msgID, f.at)}, outcome: f.ev.Event}
 }
 
+// replayLateDecision applies a scheduled fact that reached the stream
+// after the row had moved past it: its due overtook it (the due loop's
+// flush of the outbox skips rows the relay is publishing), and the
+// attempt's outcome may have followed before it. The live scheduler
+// applied the decision before any of them, so the row takes the
+// decision's figures and keeps what the later facts set. The rebuilder
+// calls it only for the attempt an overtaking due moved the row to, whose
+// decision it has not read yet: anything else is stale.
+func replayLateDecision(row *retrystore.Retry, f fact) change {
+	sd := f.ev.Scheduled
+	if row == nil || sd.Attempt != row.Attempt || sd.Decision.DecidedBy == contract.DecidedByManual {
+		return staleChange()
+	}
+	r := *row
+	switch {
+	case row.State == retrystore.StateSucceeded || row.State == retrystore.StateCancelled:
+		// Due, then closed: as live, the decision, then its due, then the
+		// outcome.
+		applyScheduleDecision(&r, sd)
+		r.State, r.NextAttemptAt, r.DueAt, r.DueEmissions = row.State, row.NextAttemptAt, row.DueAt, row.DueEmissions
+		r.ExhaustedReason, r.ResolvedAt = row.ExhaustedReason, row.ResolvedAt
+	case awaitingDecision(row):
+		// The attempt failed or was held again: the row awaits the
+		// decision of that. Live, the failure (or hold) was recorded on
+		// the decision's figures; it set the rest (awaitDecision,
+		// recordFailure, recordHold).
+		r.MaxRetries = sd.Decision.MaxRetries
+		r.PolicyName, r.PolicyVersion = sd.Decision.Policy, sd.Decision.PolicyVersion
+		r.BudgetBase = max(sd.Attempt-1-sd.Decision.RetryCount, 0)
+		r.RetryCount = max(r.Attempt-1-r.BudgetBase, 0)
+		if r.HoldReason != "" {
+			// Held: a hold keeps the decision's class and max_hold, where
+			// a failure sets its own class and clears the hold.
+			var scratch retrystore.Retry
+			holdView(&scratch, &sd.Decision, sd.NextAttemptAt)
+			r.MaxHoldMS = scratch.MaxHoldMS
+			if sd.Decision.ErrorClass != "" {
+				r.LastErrorClass = sd.Decision.ErrorClass
+			}
+		}
+	default:
+		return staleChange()
+	}
+	return change{row: &r, history: []retrystore.HistoryEntry{scheduledEntry(&r, f.ev.Event, sd, f.msgID, f.at)}, outcome: f.ev.Event}
+}
+
 // replayExhausted applies an exhausted fact to the row awaiting it.
 func replayExhausted(row *retrystore.Retry, f fact) change {
 	ed := f.ev.Exhausted

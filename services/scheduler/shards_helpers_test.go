@@ -233,29 +233,9 @@ func (w *wireDues) waitEach(t *testing.T, ids []string) {
 	}
 }
 
-// publishAll publishes msgs a part at a time without waiting for each
-// ack, and checks every ack: thousands of facts in about a second, and
-// no more in flight than the client allows.
+// publishAll publishes msgs without waiting for each ack and checks
+// every ack (natstest.PublishAll): thousands of facts in about a second.
 func publishAll(t *testing.T, b *bundle, msgs []*nats.Msg) {
 	t.Helper()
-	const part = 500
-	for len(msgs) > 0 {
-		n := min(part, len(msgs))
-		futures := make([]jetstream.PubAckFuture, n)
-		for i, m := range msgs[:n] {
-			f, err := b.js.PublishMsgAsync(m)
-			require.NoError(t, err)
-			futures[i] = f
-		}
-		for _, f := range futures {
-			select {
-			case <-f.Ok():
-			case err := <-f.Err():
-				require.NoError(t, err, f.Msg().Subject)
-			case <-b.ctx.Done():
-				t.Fatal("async publishes never acknowledged")
-			}
-		}
-		msgs = msgs[n:]
-	}
+	natstest.PublishAll(t, b.ctx, b.js, msgs)
 }
