@@ -275,6 +275,7 @@ func TestDueIsRoutedAndResumesFromCheckpoint(t *testing.T) {
 	due := contract.DueData{
 		Kind: contract.KindJob, ID: "job-1", Attempt: 3, NextAttemptAt: time.Now(), JobType: "steps",
 		Payload: json.RawMessage(`{"n":1}`), Checkpoint: json.RawMessage(`{"step":"two"}`),
+		//lint:ignore SA1019 the dues of an older scheduler carry the deprecated keys, which the router must still read
 		Metadata: map[string]string{"tenant": "t1", worker.MetaMaxRetries: "2", worker.MetaTimeoutMS: "1500", worker.MetaRetryEnabled: "nope"},
 	}
 	publishDue(t, b.js, due)
@@ -328,6 +329,7 @@ func TestDueWithOverrideFieldsIsRouted(t *testing.T) {
 	publishDue(t, b.js, contract.DueData{
 		Kind: contract.KindJob, ID: "job-2", Attempt: 2, NextAttemptAt: time.Now(), JobType: "steps",
 		MaxRetries: &maxRetries, RetryEnabled: &disabled, TimeoutMS: 2500,
+		//lint:ignore SA1019 a due field wins over the deprecated key an older scheduler sent
 		Metadata: map[string]string{"tenant": "t2", worker.MetaMaxRetries: "9"},
 	})
 	select {
