@@ -75,6 +75,22 @@ type StoredMsg struct {
 	Time    time.Time
 }
 
+// SubjectsStored is how many distinct subjects matching filter stream
+// holds: for a filter like retry.<kind>.scheduled.>, how many items have
+// one. It reads the stream's info, not its messages, so it is cheap to
+// poll.
+func SubjectsStored(ctx context.Context, js jetstream.JetStream, stream, filter string) (int, error) {
+	st, err := js.Stream(ctx, stream)
+	if err != nil {
+		return 0, fmt.Errorf("read %s: %w", stream, err)
+	}
+	info, err := st.Info(ctx, jetstream.WithSubjectFilter(filter))
+	if err != nil {
+		return 0, fmt.Errorf("read %s %s: %w", stream, filter, err)
+	}
+	return len(info.State.Subjects), nil
+}
+
 // Stored reads every message of stream matching filter, in order.
 func Stored(ctx context.Context, js jetstream.JetStream, stream, filter string) ([]StoredMsg, error) {
 	cons, err := js.CreateConsumer(ctx, stream, jetstream.ConsumerConfig{
